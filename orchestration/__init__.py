@@ -1,0 +1,1 @@
+"""Thin layers over pipelines/ and training/: the ``mmlinks`` CLI (and, later, Dagster)."""

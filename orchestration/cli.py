@@ -1,0 +1,331 @@
+"""``mmlinks``: the command line over the dataset pipelines and the training stack.
+
+Every command prints human-readable output by default and exactly one JSON object on stdout
+with ``--json``. Expected failures (missing paths, bad manifests, unknown schema versions) end
+with a one-line ``mmlinks: error: ...`` and exit code 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from schemas.errors import MmlinksError
+
+EPILOG = "Every command accepts --json (one JSON object on stdout) and --help."
+
+
+def _quiet_libraries() -> None:
+    """Keep library chatter (Beam's optional-dependency warnings, Ray banners) off the console."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("apache_beam", "root", "alembic", "mlflow", "ray"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _existing_dir(value: str) -> str:
+    if not Path(value).exists():
+        raise MmlinksError(f"{value} does not exist")
+    if not Path(value).is_dir():
+        raise MmlinksError(f"{value} is not a directory")
+    return value
+
+
+# ---------------------------------------------------------------------------------- commands
+
+
+def cmd_synth(args) -> dict:
+    from tqdm import tqdm
+
+    from pipelines.synthetic_corpus import SynthConfig, write_corpus
+
+    cfg = SynthConfig(
+        docs=args.docs,
+        seed=args.seed,
+        images_min=args.images_min,
+        images_max=args.images_max,
+        extra_sentence_rate=args.extra_sentence_rate,
+        extra_image_rate=args.extra_image_rate,
+        palette_similarity=args.palette_similarity,
+        image_size=args.image_size,
+    )
+    if cfg.docs < 1 or cfg.images_min < 1 or cfg.images_max < cfg.images_min:
+        raise MmlinksError("need --docs >= 1 and 1 <= --images-min <= --images-max")
+    with tqdm(total=cfg.docs, desc="synth", unit="doc", file=sys.stderr, disable=args.quiet) as bar:
+        path = write_corpus(args.out, cfg, bar.update)
+    return {"corpus": str(path.parent), "documents": cfg.docs, "seed": cfg.seed}
+
+
+def cmd_build(args) -> dict:
+    from pipelines.build import BuildConfig, build_dataset
+
+    _existing_dir(args.input)
+    ratios = dict(zip(("train", "val", "test"), map(float, args.split.split(",")), strict=True))
+    cfg = BuildConfig(
+        source=args.source,
+        input=args.input,
+        out=args.out,
+        extractor=args.extractor,
+        num_shards=args.num_shards,
+        split_ratios=ratios,
+        runner=args.runner,
+        device=args.device,
+        batch_size=args.batch_size,
+        beam_args=args.beam_arg or [],
+    )
+    print(f"building {cfg.source} dataset with Beam ({cfg.runner}) -> {cfg.out}", file=sys.stderr)
+    manifest = build_dataset(cfg)
+    return {"manifest": str(Path(cfg.out) / "manifest.json"), **_manifest_summary(manifest)}
+
+
+def _manifest_summary(m) -> dict:
+    return {
+        "dataset_version": m.dataset_version,
+        "schema_version": m.schema_version,
+        "source": m.source,
+        "splits": m.counts.get("splits", {}),
+        "dropped": m.counts.get("dropped", {}),
+        "feature_extractor": vars(m.feature_extractor),
+        "shards": len(m.shards),
+    }
+
+
+def cmd_inspect(args) -> dict:
+    import json
+
+    from schemas.manifest import Manifest
+
+    if not Path(args.dir).exists():
+        raise MmlinksError(f"{args.dir} does not exist")
+    m = Manifest.read(args.dir)
+    return json.loads(m.to_json())
+
+
+def _train_config(args):
+    from training.config import TrainConfig
+
+    return TrainConfig(
+        data=args.data,
+        similarity=args.similarity,
+        k=args.k,
+        negatives=args.negatives,
+        batch_docs=args.batch_docs,
+        lr=args.lr,
+        epochs=args.epochs,
+        d_multi=args.d_multi,
+        max_tokens=args.max_tokens,
+        min_word_count=args.min_word_count,
+        word_vectors=args.word_vectors,
+        seed=args.seed,
+        num_workers=args.workers,
+        use_gpu=args.gpu,
+        max_failures=args.max_failures,
+        storage_path=args.storage_path,
+        ray_address=args.ray_address,
+    )
+
+
+def cmd_train(args) -> dict:
+    from schemas.manifest import Manifest
+    from training.experiment import run_experiment
+    from training.tracking import tracking_uri
+
+    _existing_dir(args.data)
+    Manifest.read(args.data)
+    cfg = _train_config(args)
+    cfg.validate()
+    res = run_experiment(
+        cfg, tracking_uri(args.workdir), args.model_name or None, args.alias or None
+    )
+    return {
+        "run_id": res.run_id,
+        "model_uri": res.model_uri,
+        "model_version": res.model_version,
+        "best_epoch": res.best_epoch,
+        "test": res.test,
+        "random": res.random,
+        "tracking_uri": res.tracking_uri,
+    }
+
+
+def cmd_demo(args) -> dict:
+    from orchestration.demo import run_demo
+
+    return run_demo(args)
+
+
+# ---------------------------------------------------------------------------------- parser
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
+
+
+def _add_train_args(p: argparse.ArgumentParser, epochs: int, d_multi: int, lr: float) -> None:
+    g = p.add_argument_group("model and objective (defaults: Hessel et al. 2019 unless noted)")
+    g.add_argument("--similarity", choices=["dc", "tk", "ap"], default="ap",
+                   help="document similarity: DC, TK or AP (assignment) (default: ap)")
+    g.add_argument("--k", choices=["full", "half"], default="full", help="k for TK/AP (default: full)")
+    g.add_argument("--negatives", choices=["hard", "mean"], default="hard",
+                   help="pool in-batch negatives by max (hard) or mean (default: hard)")
+    g.add_argument("--batch-docs", type=int, default=11, help="documents per batch, B (default: 11)")
+    g.add_argument("--lr", type=float, default=lr, help=f"Adam learning rate (default: {lr:g})")
+    g.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default: {epochs})")
+    g.add_argument("--d-multi", type=int, default=d_multi,
+                   help=f"joint space width = GRU units (default: {d_multi}; paper: 1024)")
+    g.add_argument("--max-tokens", type=int, default=20, help="tokens kept per sentence (default: 20)")
+    g.add_argument("--min-word-count", type=int, default=5, help="vocabulary min count (default: 5)")
+    g.add_argument("--word-vectors", default="glove",
+                   help="'glove' (offline GloVe 6B 50-d), 'random', or a word2vec/GloVe text file")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    r = p.add_argument_group("Ray Train")
+    r.add_argument("--workers", type=int, default=2, help="training workers (0 = in-process) (default: 2)")
+    r.add_argument("--gpu", action="store_true", help="one GPU per worker")
+    r.add_argument("--max-failures", type=int, default=0, help="worker failures to retry from the last checkpoint")
+    r.add_argument("--storage-path", default="", help="Ray Train storage (path or URI; default: next to the data)")
+    r.add_argument("--ray-address", default="", help="existing Ray cluster address (default: local Ray)")
+    t = p.add_argument_group("MLflow")
+    t.add_argument("--model-name", default="mmlinks-ap", help="registered model name ('' = do not register)")
+    t.add_argument("--alias", default="production", help="alias given to the new version ('' = none)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmlinks",
+        description="Discover links between the images and sentences of multimodal documents "
+        "(Hessel, Lee & Mimno, EMNLP 2019): build datasets with Apache Beam, train with Ray "
+        "Train, track and register models with MLflow.",
+        epilog="Start with `mmlinks demo` (offline, ~5 min). " + EPILOG,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="run synth -> build -> train -> evaluate -> register -> promote offline",
+        description="The whole job on this machine with no servers and no network: generate a "
+        "synthetic corpus, build Parquet shards with Beam, train the AP model with Ray Train "
+        "(2 CPU workers), evaluate on the test split against Random, and register the model "
+        "in a local MLflow (SQLite) with the alias 'production'.",
+        epilog=EPILOG,
+    )
+    demo.add_argument("--workdir", default="mmlinks-demo", help="where everything is written (default: ./mmlinks-demo)")
+    demo.add_argument("--docs", type=int, default=600, help="synthetic documents (default: 600)")
+    _add_train_args(demo, epochs=20, d_multi=256, lr=1e-3)
+    _add_common(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    data = sub.add_parser("data", help="dataset commands: synth, build, inspect",
+                          description="Create, build and inspect datasets.", epilog=EPILOG)
+    dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+
+    synth = dsub.add_parser(
+        "synth",
+        help="generate a synthetic corpus with known links",
+        description="Write rendered object photos and sentences that describe some of them "
+        "(plus distractor sentences and images) in the raw format `data build` reads.",
+        epilog=EPILOG,
+    )
+    synth.add_argument("--out", required=True, help="output directory")
+    synth.add_argument("--docs", type=int, default=600, help="number of documents (default: 600)")
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    synth.add_argument("--images-min", type=int, default=3, help="min linked images per document (default: 3)")
+    synth.add_argument("--images-max", type=int, default=6, help="max linked images per document (default: 6)")
+    synth.add_argument("--extra-sentence-rate", type=float, default=0.3,
+                       help="distractor sentences per linked image (default: 0.3)")
+    synth.add_argument("--extra-image-rate", type=float, default=0.2,
+                       help="distractor images per linked image (default: 0.2)")
+    synth.add_argument("--palette-similarity", type=float, default=0.2,
+                       help="share of documents whose objects share a 2-colour palette; higher is harder (default: 0.2)")
+    synth.add_argument("--image-size", type=int, default=128, help="image side in pixels (default: 128)")
+    synth.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_common(synth)
+    synth.set_defaults(func=cmd_synth)
+
+    build = dsub.add_parser(
+        "build",
+        help="build Parquet document shards + manifest with Apache Beam",
+        description="Read a raw source, validate images and sentences (bad ones go to "
+        "dead_letter.jsonl with a reason), compute perceptual hashes and CNN features with "
+        "Beam RunInference, assign deterministic splits, and write shards + manifest.json.",
+        epilog=EPILOG,
+    )
+    build.add_argument("--source", default="synthetic", choices=["synthetic"], help="raw source format")
+    build.add_argument("--input", required=True, help="raw source directory")
+    build.add_argument("--out", required=True, help="dataset output directory")
+    build.add_argument("--extractor", default="efficientnet-lite0", help="CNN feature extractor")
+    build.add_argument("--num-shards", type=int, default=2, help="shards per split (default: 2)")
+    build.add_argument("--split", default="0.8,0.1,0.1", help="train,val,test ratios (default: 0.8,0.1,0.1)")
+    build.add_argument("--runner", default="DirectRunner", help="Beam runner (default: DirectRunner)")
+    build.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="feature extraction device")
+    build.add_argument("--batch-size", type=int, default=32, help="max images per inference batch")
+    build.add_argument("--beam-arg", action="append", metavar="ARG",
+                       help="extra Beam pipeline option, repeatable (e.g. --beam-arg=--direct_num_workers=2)")
+    _add_common(build)
+    build.set_defaults(func=cmd_build)
+
+    inspect = dsub.add_parser("inspect", help="print a dataset manifest",
+                              description="Print the manifest of a built dataset.", epilog=EPILOG)
+    inspect.add_argument("dir", help="dataset directory (or its manifest.json)")
+    _add_common(inspect)
+    inspect.set_defaults(func=cmd_inspect)
+
+    train = sub.add_parser(
+        "train",
+        help="train a model with Ray Train, evaluate on test, register in MLflow",
+        description="Train on a built dataset, keep the checkpoint with the lowest unsupervised "
+        "validation loss, evaluate it on the test split, log everything to MLflow "
+        "(MLFLOW_TRACKING_URI, or sqlite under --workdir) and register the model.",
+        epilog=EPILOG,
+    )
+    train.add_argument("--data", required=True, help="dataset directory (holds manifest.json)")
+    train.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
+    _add_train_args(train, epochs=50, d_multi=1024, lr=1e-4)
+    _add_common(train)
+    train.set_defaults(func=cmd_train)
+    return parser
+
+
+def _print_human(command: str, result: dict) -> None:
+    import json
+
+    if command == "demo":
+        return  # the demo prints its own summary
+    print(json.dumps(result, indent=2, sort_keys=True, default=str))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orchestration.output import emit_json, stdout_to_stderr
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.debug:
+        _quiet_libraries()
+    try:
+        with stdout_to_stderr(args.json):
+            result = args.func(args)
+    except MmlinksError as exc:
+        if args.debug:
+            raise
+        print(f"mmlinks: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mmlinks: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        emit_json(result)
+    else:
+        _print_human(args.command, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

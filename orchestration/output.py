@@ -1,0 +1,57 @@
+"""Console conventions: human text on stderr while working, one JSON object on stdout with --json.
+
+Ray and Beam print from background threads and worker processes; with ``--json`` the process's
+stdout file descriptor is pointed at stderr while work runs, so stdout carries only the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _clean(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def emit_json(obj: dict) -> None:
+    sys.stdout.write(json.dumps(_clean(obj), indent=None, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def step(index: int, total: int, text: str) -> None:
+    print(f"[{index}/{total}] {text}", file=sys.stderr, flush=True)
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*["-" * w for w in widths])]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(lines)

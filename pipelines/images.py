@@ -1,0 +1,88 @@
+"""Decode, validate and fingerprint image bytes; the pixel guard and reasons live here."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import warnings
+from dataclasses import dataclass
+
+import imagehash
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+MAX_PIXELS = 50_000_000  # decompression-bomb guard
+MIN_SIDE = 16
+
+
+class InvalidImage(ValueError):
+    """Raised with a short machine-readable ``reason`` (used as a metric name)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    content_id: str  # sha256 of the bytes
+    width: int
+    height: int
+    phash: int  # unsigned 64-bit DCT perceptual hash
+
+
+def decode(data: bytes) -> Image.Image:
+    """Fully decode ``data`` into RGB, or raise InvalidImage; truncation is caught by load()."""
+    if not data:
+        raise InvalidImage("empty_image")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            if img.width * img.height > MAX_PIXELS:
+                raise InvalidImage("too_many_pixels", f"{img.width}x{img.height}")
+            if getattr(img, "is_animated", False):
+                raise InvalidImage("animated")
+            img.load()
+    except InvalidImage:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning) as exc:
+        raise InvalidImage("undecodable", str(exc)[:200]) from exc
+    if min(img.size) < MIN_SIDE:
+        raise InvalidImage("too_small", f"{img.width}x{img.height}")
+    return img.convert("RGB")
+
+
+def phash64(img: Image.Image) -> int:
+    """imagehash.phash as an unsigned 64-bit int (never key dicts on ImageHash objects)."""
+    bits = imagehash.phash(img, hash_size=8).hash.flatten()
+    return int("".join("1" if b else "0" for b in bits), 2)
+
+
+def inspect_image(data: bytes) -> tuple[ImageInfo, Image.Image]:
+    img = decode(data)
+    info = ImageInfo(
+        content_id=hashlib.sha256(data).hexdigest(),
+        width=img.width,
+        height=img.height,
+        phash=phash64(img),
+    )
+    return info, img
+
+
+def to_model_input(
+    img: Image.Image, size: int, mean: tuple[float, ...], std: tuple[float, ...], resize: int | None = None
+) -> np.ndarray:
+    """Resize (shorter side to ``resize``), centre-crop ``size``, normalise; CHW float32."""
+    resize = resize or size
+    w, h = img.size
+    scale = resize / min(w, h)
+    img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
+    w, h = img.size
+    left, top = (w - size) // 2, (h - size) // 2
+    img = img.crop((left, top, left + size, top + size))
+    arr = np.asarray(img, dtype=np.float32) / 255.0
+    arr = (arr - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
+    return np.ascontiguousarray(arr.transpose(2, 0, 1))

@@ -1,0 +1,46 @@
+"""Records that flow between pipeline stages, and dead-letter records."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import apache_beam as beam
+
+DEAD_LETTER = "dead_letter"
+DROPPED_NAMESPACE = "mmlinks.dropped"
+COUNTS_NAMESPACE = "mmlinks.counts"
+
+
+@dataclass
+class RawDocument:
+    """A source's document before validation; ``image_uris`` are readable by Beam FileSystems."""
+
+    doc_id: str
+    source: str
+    sentences: list[str]
+    image_uris: list[str]
+    links: list[tuple[int, int]] | None
+    metadata: dict[str, str] = field(default_factory=dict)
+    split: str | None = None  # set when the source defines its own splits
+
+
+@dataclass
+class DeadLetter:
+    kind: str  # line | document | image | sentence
+    source_id: str  # doc id, "doc_id#image-k", or the start of an unparseable line
+    reason: str
+    detail: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def dead_letter(kind: str, source_id: str, reason: str, detail: str = "") -> beam.pvalue.TaggedOutput:
+    """Count the drop under ``kind:reason`` and route the record to the dead-letter output."""
+    beam.metrics.Metrics.counter(DROPPED_NAMESPACE, f"{kind}:{reason}").inc()
+    return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(kind, source_id, reason, detail[:500]))
+
+
+def count(name: str, n: int = 1) -> None:
+    beam.metrics.Metrics.counter(COUNTS_NAMESPACE, name).inc(n)

@@ -1,0 +1,67 @@
+"""Reads the synthetic corpus (see ``pipelines.synthetic_corpus``) as RawDocuments.
+
+Malformed lines go to the dead-letter output instead of failing the build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from schemas.errors import MmlinksError
+
+SOURCE = "synthetic"
+
+
+class ParseSyntheticLine(beam.DoFn):
+    def __init__(self, root: str):
+        self.root = root
+
+    def process(self, line: str):
+        if not line.strip():
+            return
+        count("lines_in")
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("line is not a JSON object")
+            doc_id = str(rec["doc_id"])
+            sentences = rec["sentences"]
+            images = rec["images"]
+            if not isinstance(sentences, list) or not isinstance(images, list):
+                raise ValueError("sentences and images must be lists")
+            links = rec.get("links")
+            links = None if links is None else [(int(s), int(i)) for s, i in links]
+        except (ValueError, KeyError, TypeError) as exc:
+            yield dead_letter("line", line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
+            return
+        count("documents_in")
+        yield RawDocument(
+            doc_id=doc_id,
+            source=SOURCE,
+            sentences=[str(s) for s in sentences],
+            image_uris=[FileSystems.join(self.root, str(p)) for p in images],
+            links=links,
+            metadata={str(k): str(v) for k, v in (rec.get("metadata") or {}).items()},
+        )
+
+
+class ReadSyntheticCorpus(beam.PTransform):
+    """``DIR/documents.jsonl`` -> RawDocument, with a ``dead_letter`` tagged output."""
+
+    def __init__(self, input_dir: str):
+        super().__init__()
+        self.input_dir = str(input_dir)
+        if not Path(self.input_dir, "documents.jsonl").exists() and "://" not in self.input_dir:
+            raise MmlinksError(f"{self.input_dir} is not a synthetic corpus (no documents.jsonl)")
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "ReadLines" >> beam.io.ReadFromText(FileSystems.join(self.input_dir, "documents.jsonl"))
+            | "Parse" >> beam.ParDo(ParseSyntheticLine(self.input_dir)).with_outputs(DEAD_LETTER, main="documents")
+        )

@@ -1,0 +1,233 @@
+"""Synthetic multi-image, multi-sentence documents with known links (the offline default corpus).
+
+Each document is a small "post": rendered photos of objects (shape, colour, size, position on a
+textured background) and sentences, some of which describe one of the photos. Distractor
+sentences describe nothing in the document and distractor images are described by no sentence,
+as in the paper's MSCOCO/Story-DII constructions. ``palette_similarity`` is the difficulty knob:
+that fraction of documents draws all its objects from a 2-colour palette, so within-document
+images look alike and only shape/size/position tell them apart (like Story-DII vs MSCOCO).
+
+On-disk format (ingested by ``pipelines.sources.synthetic`` like any other raw source)::
+
+    DIR/corpus.json        generator parameters
+    DIR/documents.jsonl    {"doc_id", "sentences", "images": [relative paths], "links": [[s, i]]}
+    DIR/images/<doc_id>/<k>.png
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageFilter
+
+COLOURS = {
+    "red": (210, 30, 35),
+    "green": (40, 160, 60),
+    "blue": (35, 70, 200),
+    "yellow": (240, 210, 40),
+    "orange": (240, 130, 20),
+    "purple": (130, 50, 170),
+    "pink": (245, 140, 190),
+    "brown": (120, 75, 35),
+    "white": (245, 245, 245),
+    "black": (20, 20, 20),
+}
+SHAPES = ("circle", "square", "triangle", "star", "cross", "ring", "diamond")
+SIZES = {"small": (0.22, 0.30), "big": (0.48, 0.62)}
+POSITIONS = {
+    "top left": (0.3, 0.3),
+    "top right": (0.7, 0.3),
+    "bottom left": (0.3, 0.7),
+    "bottom right": (0.7, 0.7),
+    "middle": (0.5, 0.5),
+}
+PATTERNS = ("stripes", "checks", "dots", "plain")
+
+TEMPLATES = (
+    "here is the {size} {colour} {shape} in the {pos} corner on a {pattern} background",
+    "this photo shows a {size} {colour} {shape} near the {pos}",
+    "i painted a {colour} {shape} , it is {size} and sits at the {pos}",
+    "the next step was adding a {size} {shape} in {colour}",
+    "you can see the {colour} {shape} on the {pattern} wall",
+    "finally a {colour} {shape} that came out {size}",
+)
+FILLER = (
+    "thanks for reading and let me know what you think",
+    "this project took me about two weekends in total",
+    "i bought most of the supplies at the local hardware store",
+    "sorry for the bad lighting in some of these",
+    "edit : a few people asked about the cost , it was cheap",
+    "my wife says it looks great but i am not so sure",
+)
+
+
+@dataclass
+class SynthConfig:
+    docs: int = 600
+    seed: int = 0
+    images_min: int = 3
+    images_max: int = 6
+    extra_sentence_rate: float = 0.3  # expected distractor sentences per linked image
+    extra_image_rate: float = 0.2  # expected distractor images per linked image
+    palette_similarity: float = 0.2  # share of documents drawn from a 2-colour palette
+    image_size: int = 128
+
+
+@dataclass
+class ObjectSpec:
+    shape: str
+    colour: str
+    size: str
+    pos: str
+    pattern: str
+    background: tuple[int, int, int]
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, spec: ObjectSpec, cx: float, cy: float, r: float) -> None:
+    fill = COLOURS[spec.colour]
+    outline = (0, 0, 0) if spec.colour != "black" else (90, 90, 90)
+    if spec.shape == "circle":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill, outline=outline, width=2)
+    elif spec.shape == "ring":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], outline=fill, width=max(3, int(r * 0.35)))
+    elif spec.shape == "square":
+        draw.rectangle([cx - r, cy - r, cx + r, cy + r], fill=fill, outline=outline, width=2)
+    elif spec.shape == "diamond":
+        draw.polygon([(cx, cy - r), (cx + r, cy), (cx, cy + r), (cx - r, cy)], fill=fill, outline=outline)
+    elif spec.shape == "triangle":
+        draw.polygon([(cx, cy - r), (cx + r, cy + r), (cx - r, cy + r)], fill=fill, outline=outline)
+    elif spec.shape == "star":
+        pts = []
+        for k in range(10):
+            rad = r if k % 2 == 0 else r * 0.42
+            a = -math.pi / 2 + k * math.pi / 5
+            pts.append((cx + rad * math.cos(a), cy + rad * math.sin(a)))
+        draw.polygon(pts, fill=fill, outline=outline)
+    elif spec.shape == "cross":
+        w = r * 0.35
+        draw.rectangle([cx - w, cy - r, cx + w, cy + r], fill=fill)
+        draw.rectangle([cx - r, cy - w, cx + r, cy + w], fill=fill)
+    else:  # pragma: no cover - SHAPES is closed
+        raise ValueError(spec.shape)
+
+
+def render(spec: ObjectSpec, size: int, rng: random.Random) -> Image.Image:
+    """A textured background with one object; jitter keeps no two renders identical."""
+    bg = spec.background
+    img = Image.new("RGB", (size, size), bg)
+    draw = ImageDraw.Draw(img)
+    alt = tuple(max(0, min(255, c + rng.choice((-45, 45)))) for c in bg)
+    step = rng.randint(8, 16)
+    if spec.pattern == "stripes":
+        for x in range(-size, size * 2, step * 2):
+            draw.line([(x, 0), (x + size, size)], fill=alt, width=step // 2)
+    elif spec.pattern == "checks":
+        for y in range(0, size, step):
+            for x in range((y // step % 2) * step, size, step * 2):
+                draw.rectangle([x, y, x + step - 1, y + step - 1], fill=alt)
+    elif spec.pattern == "dots":
+        for _ in range(size // 3):
+            x, y = rng.uniform(0, size), rng.uniform(0, size)
+            draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=alt)
+    lo, hi = SIZES[spec.size]
+    r = rng.uniform(lo, hi) * size / 2
+    px, py = POSITIONS[spec.pos]
+    cx = (px + rng.uniform(-0.05, 0.05)) * size
+    cy = (py + rng.uniform(-0.05, 0.05)) * size
+    _draw_shape(draw, spec, cx, cy, r)
+    return img.filter(ImageFilter.GaussianBlur(radius=rng.uniform(0.0, 0.8)))
+
+
+def describe(spec: ObjectSpec, rng: random.Random) -> str:
+    return rng.choice(TEMPLATES).format(
+        size=spec.size, colour=spec.colour, shape=spec.shape, pos=spec.pos, pattern=spec.pattern
+    )
+
+
+def _random_spec(rng: random.Random, colours: list[str]) -> ObjectSpec:
+    bg = tuple(rng.randint(90, 200) for _ in range(3))
+    return ObjectSpec(
+        shape=rng.choice(SHAPES),
+        colour=rng.choice(colours),
+        size=rng.choice(list(SIZES)),
+        pos=rng.choice(list(POSITIONS)),
+        pattern=rng.choice(PATTERNS),
+        background=bg,  # type: ignore[arg-type]
+    )
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    # Knuth's method: lam is small here (a few distractors per document).
+    limit, k, p = math.exp(-lam), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def generate_document(cfg: SynthConfig, index: int) -> tuple[dict, list[Image.Image]]:
+    """One document and its images; depends only on (seed, index), so any slice is reproducible."""
+    rng = random.Random(f"{cfg.seed}:{index}")
+    hard = rng.random() < cfg.palette_similarity
+    colours = rng.sample(list(COLOURS), 2) if hard else list(COLOURS)
+    n_linked = rng.randint(cfg.images_min, cfg.images_max)
+    n_extra_img = _poisson(rng, cfg.extra_image_rate * n_linked)
+    n_extra_sent = _poisson(rng, cfg.extra_sentence_rate * n_linked)
+
+    specs: list[ObjectSpec] = []
+    seen: set[tuple[str, str, str]] = set()
+    while len(specs) < n_linked + n_extra_img:
+        spec = _random_spec(rng, colours)
+        key = (spec.shape, spec.colour, spec.size)
+        if key in seen and len(seen) < 2 * len(SHAPES):
+            continue  # keep objects in one document distinguishable
+        seen.add(key)
+        specs.append(spec)
+    rng.shuffle(specs)
+    linked = sorted(rng.sample(range(len(specs)), n_linked))
+
+    sentences: list[tuple[str, int]] = [(describe(specs[i], rng), i) for i in linked]
+    for _ in range(n_extra_sent):
+        if rng.random() < 0.5:
+            sentences.append((rng.choice(FILLER), -1))
+        else:  # a described object that is not in the document: a hard distractor
+            sentences.append((describe(_random_spec(rng, list(COLOURS)), rng), -1))
+    rng.shuffle(sentences)
+
+    doc_id = f"synth-{cfg.seed}-{index:06d}"
+    images = [render(s, cfg.image_size, rng) for s in specs]
+    record = {
+        "doc_id": doc_id,
+        "sentences": [s for s, _ in sentences],
+        "images": [f"images/{doc_id}/{k}.png" for k in range(len(images))],
+        "links": [[si, img] for si, (_, img) in enumerate(sentences) if img >= 0],
+        "metadata": {"palette": "shared" if hard else "free"},
+    }
+    return record, images
+
+
+def write_corpus(
+    out: str | Path, cfg: SynthConfig, progress: Callable[[int], None] | None = None
+) -> Path:
+    """Write the corpus under ``out``; returns the path of ``documents.jsonl``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "corpus.json").write_text(json.dumps({"format": "mmlinks-synthetic/1", **asdict(cfg)}, indent=2))
+    docs_path = out / "documents.jsonl"
+    with docs_path.open("w") as fh:
+        for i in range(cfg.docs):
+            record, images = generate_document(cfg, i)
+            for rel, img in zip(record["images"], images, strict=True):
+                path = out / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                img.save(path, format="PNG", optimize=False)
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+            if progress:
+                progress(1)
+    return docs_path

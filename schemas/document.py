@@ -1,0 +1,146 @@
+"""The document-shard schema: one Parquet row per multi-image, multi-sentence document.
+
+The schema version lives in the Arrow schema metadata of every shard (and in the manifest), so
+a reader can refuse a shard written by a future layout instead of mis-reading it. Everything is
+plain Arrow types, so pyarrow, DuckDB and polars read the shards without this package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+SCHEMA_NAME = "mmlinks.document-shard"
+META_VERSION_KEY = b"mmlinks.schema_version"
+META_NAME_KEY = b"mmlinks.schema_name"
+
+REGION_TYPE = pa.struct(
+    [
+        pa.field("boxes", pa.list_(pa.list_(pa.float32(), 4))),  # x0, y0, x1, y1 in pixels
+        pa.field("vectors", pa.list_(pa.list_(pa.float32()))),
+        pa.field("labels", pa.list_(pa.string())),
+    ]
+)
+
+IMAGE_TYPE = pa.struct(
+    [
+        pa.field("content_id", pa.string(), nullable=False),  # sha256 of the image bytes
+        pa.field("uri", pa.string()),
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
+        pa.field("phash", pa.uint64()),  # 64-bit DCT perceptual hash
+        pa.field("features", pa.list_(pa.float32())),  # global CNN feature vector
+        pa.field("regions", REGION_TYPE),  # optional region features (null when absent)
+    ]
+)
+
+LINK_TYPE = pa.struct(
+    [pa.field("sentence", pa.int32(), nullable=False), pa.field("image", pa.int32(), nullable=False)]
+)
+
+
+def document_schema() -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("doc_id", pa.string(), nullable=False),
+            pa.field("source", pa.string(), nullable=False),
+            pa.field("split", pa.string(), nullable=False),
+            pa.field("sentences", pa.list_(pa.string()), nullable=False),
+            pa.field("images", pa.list_(IMAGE_TYPE), nullable=False),
+            # null = the corpus has no ground truth; [] = labelled, no link in this document.
+            pa.field("links", pa.list_(LINK_TYPE)),
+            pa.field("metadata", pa.map_(pa.string(), pa.string())),
+        ],
+        metadata={META_VERSION_KEY: str(SCHEMA_VERSION).encode(), META_NAME_KEY: SCHEMA_NAME.encode()},
+    )
+
+
+@dataclass
+class RegionFeatures:
+    boxes: list[list[float]]
+    vectors: list[list[float]]
+    labels: list[str]
+
+
+@dataclass
+class ImageRecord:
+    content_id: str
+    uri: str
+    width: int
+    height: int
+    phash: int
+    features: list[float] | None = None
+    regions: RegionFeatures | None = None
+
+
+@dataclass
+class Document:
+    """In-memory form of one shard row; ``links`` are (sentence index, image index) pairs."""
+
+    doc_id: str
+    source: str
+    split: str
+    sentences: list[str]
+    images: list[ImageRecord]
+    links: list[tuple[int, int]] | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def to_row(self) -> dict:
+        return {
+            "doc_id": self.doc_id,
+            "source": self.source,
+            "split": self.split,
+            "sentences": list(self.sentences),
+            "images": [
+                {
+                    "content_id": im.content_id,
+                    "uri": im.uri,
+                    "width": im.width,
+                    "height": im.height,
+                    "phash": im.phash,
+                    "features": im.features,
+                    "regions": None
+                    if im.regions is None
+                    else {
+                        "boxes": im.regions.boxes,
+                        "vectors": im.regions.vectors,
+                        "labels": im.regions.labels,
+                    },
+                }
+                for im in self.images
+            ],
+            "links": None
+            if self.links is None
+            else [{"sentence": s, "image": i} for s, i in self.links],
+            "metadata": sorted(self.metadata.items()),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict) -> Document:
+        images = []
+        for im in row["images"]:
+            reg = im.get("regions")
+            images.append(
+                ImageRecord(
+                    content_id=im["content_id"],
+                    uri=im["uri"],
+                    width=im["width"],
+                    height=im["height"],
+                    phash=im["phash"],
+                    features=im["features"],
+                    regions=None if reg is None else RegionFeatures(**reg),
+                )
+            )
+        links = row.get("links")
+        meta = row.get("metadata") or []
+        return cls(
+            doc_id=row["doc_id"],
+            source=row["source"],
+            split=row["split"],
+            sentences=list(row["sentences"]),
+            images=images,
+            links=None if links is None else [(lk["sentence"], lk["image"]) for lk in links],
+            metadata=dict(meta),
+        )

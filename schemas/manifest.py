@@ -1,0 +1,103 @@
+"""Dataset manifest: the JSON file that names a dataset version and everything in it.
+
+A manifest is what downstream stages (training, MLflow, Dagster) pin: its ``dataset_version`` is
+a hash of the shard checksums and the build parameters, so identical inputs and parameters give
+the same id, and any change in data or parameters gives a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from schemas.document import SCHEMA_VERSION
+from schemas.errors import MmlinksError
+
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass
+class ShardInfo:
+    path: str  # relative to the dataset directory
+    split: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class FeatureExtractorInfo:
+    name: str
+    version: str
+    dim: int
+
+
+@dataclass
+class Manifest:
+    schema_version: int
+    dataset_version: str
+    source: str
+    counts: dict[str, dict[str, int]]  # {"splits": {...}, "dropped": {...}, "input": {...}}
+    feature_extractor: FeatureExtractorInfo
+    shards: list[ShardInfo]
+    build_params: dict = field(default_factory=dict)
+    dead_letter: str | None = None  # relative path of the dead-letter file
+
+    @staticmethod
+    def version_id(shards: list[ShardInfo], build_params: dict) -> str:
+        h = hashlib.sha256()
+        for s in sorted(shards, key=lambda s: s.path):
+            h.update(f"{s.path}:{s.sha256}\n".encode())
+        h.update(json.dumps(build_params, sort_keys=True).encode())
+        return h.hexdigest()[:16]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    def write(self, directory: str | Path) -> Path:
+        path = Path(directory) / MANIFEST_NAME
+        path.write_text(self.to_json())
+        return path
+
+    def shard_paths(self, directory: str | Path, split: str | None = None) -> list[Path]:
+        return [Path(directory) / s.path for s in self.shards if split is None or s.split == split]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Manifest:
+        try:
+            version = int(data["schema_version"])
+            if version > SCHEMA_VERSION or version < 1:
+                raise MmlinksError(
+                    f"manifest has schema version {version}; this mmlinks reads version "
+                    f"{SCHEMA_VERSION} (upgrade mmlinks or rebuild the dataset)"
+                )
+            return cls(
+                schema_version=version,
+                dataset_version=str(data["dataset_version"]),
+                source=str(data["source"]),
+                counts=dict(data["counts"]),
+                feature_extractor=FeatureExtractorInfo(**data["feature_extractor"]),
+                shards=[ShardInfo(**s) for s in data["shards"]],
+                build_params=dict(data.get("build_params", {})),
+                dead_letter=data.get("dead_letter"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MmlinksError(f"manifest is malformed: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def read(cls, path: str | Path) -> Manifest:
+        """Read ``path`` (a manifest file or the dataset directory holding one)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / MANIFEST_NAME
+        if not path.exists():
+            raise MmlinksError(f"no manifest at {path}")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MmlinksError(f"cannot read manifest {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise MmlinksError(f"manifest {path} is not a JSON object")
+        return cls.from_dict(data)

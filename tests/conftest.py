@@ -1,0 +1,79 @@
+"""Shared fixtures: a small synthetic corpus with planted bad records, built once by real Beam."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+# A transparent 1x1 GIF is too small; a truncated PNG is undecodable; text is not an image.
+BAD_DOC_IDS = {
+    "bad-empty": "empty_document",
+    "bad-noimg": "no_valid_images",
+    "bad-nosent": "no_sentences",
+}
+
+
+def add_bad_records(corpus: Path) -> dict:
+    """Append records in the corpus's real format that the build must dead-letter or repair."""
+    docs = corpus / "documents.jsonl"
+    lines = docs.read_text().splitlines()
+    first = json.loads(lines[0])
+    img_dir = corpus / "images" / "bad"
+    img_dir.mkdir(parents=True, exist_ok=True)
+    good_png = (corpus / first["images"][0]).read_bytes()
+    (img_dir / "truncated.png").write_bytes(good_png[: len(good_png) // 3])
+    (img_dir / "text.png").write_text("this is not an image")
+    (img_dir / "tiny.png").write_bytes(_tiny_png())
+    extra = [
+        {"doc_id": "bad-empty", "sentences": [], "images": [], "links": []},
+        {"doc_id": "bad-noimg", "sentences": ["a red circle"], "images": ["images/bad/truncated.png",
+                                                                         "images/bad/text.png"], "links": [[0, 0]]},
+        {"doc_id": "bad-nosent", "sentences": ["!!!", "  "], "images": [first["images"][0]], "links": []},
+        # One good image, one corrupt, one missing; a token-less sentence; an out-of-range link.
+        {"doc_id": "mixed", "sentences": ["??", "the big blue square", "a small red star"],
+         "images": ["images/bad/truncated.png", first["images"][1], "images/bad/missing.png",
+                    first["images"][2], "images/bad/tiny.png"],
+         "links": [[1, 1], [2, 3], [0, 0], [5, 1]]},
+    ]
+    with docs.open("a") as fh:
+        for rec in extra:
+            fh.write(json.dumps(rec) + "\n")
+        fh.write("{this is not json\n")
+        fh.write('["a list", "not an object"]\n')
+    return {"documents": len(lines) + len(extra), "malformed_lines": 2}
+
+
+def _tiny_png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (255, 0, 0)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    from pipelines.synthetic_corpus import SynthConfig, write_corpus
+
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root, SynthConfig(docs=40, seed=3, image_size=64))
+    add_bad_records(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def dataset(corpus, tmp_path_factory) -> Path:
+    from pipelines.build import BuildConfig, build_dataset
+
+    out = tmp_path_factory.mktemp("dataset")
+    build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(out),
+                              split_ratios={"train": 0.6, "val": 0.2, "test": 0.2}))
+    return out

@@ -1,0 +1,85 @@
+"""The Beam build on a real corpus with planted bad records (tests/conftest.py)."""
+
+import json
+from collections import Counter
+
+import duckdb
+import polars as pl
+import pyarrow.parquet as pq
+
+from pipelines.build import BuildConfig, build_dataset, dead_letters
+from pipelines.splits import assign_split
+from schemas.manifest import Manifest
+from schemas.shards import read_documents
+
+
+def test_manifest_accounts_for_every_input_document(dataset, corpus):
+    m = Manifest.read(dataset)
+    raw_lines = len((corpus / "documents.jsonl").read_text().splitlines())
+    dropped = m.counts["dropped"]
+    doc_drops = sum(v for k, v in dropped.items() if k.startswith(("document:", "line:")))
+    assert sum(m.counts["splits"].values()) + doc_drops == raw_lines
+    assert m.counts["input"]["lines_in"] == raw_lines
+    assert dropped["line:malformed_record"] == 2
+    assert dropped["document:empty_document"] == 1
+    assert dropped["document:no_valid_images"] == 1
+    assert dropped["document:no_sentences"] == 1
+    assert dropped["link:out_of_range"] == 1
+    assert dropped["image:undecodable"] == 3  # two truncated copies + one text file
+    assert dropped["image:unreadable"] == 1  # missing file
+    assert dropped["image:too_small"] == 1
+    assert dropped["sentence:no_tokens"] == 3
+
+
+def test_dead_letter_file_matches_the_counters(dataset):
+    m = Manifest.read(dataset)
+    records = dead_letters(dataset)
+    counted = Counter(f"{r['kind']}:{r['reason']}" for r in records)
+    assert dict(counted) == m.counts["dropped"]
+    assert all(r["source_id"] for r in records)
+    assert {"bad-empty", "bad-noimg", "bad-nosent"} <= {r["source_id"] for r in records}
+
+
+def test_mixed_document_keeps_good_items_and_remaps_links(dataset, corpus):
+    docs = {d.doc_id: d for d in read_documents(Manifest.read(dataset).shard_paths(dataset))}
+    mixed = docs["mixed"]
+    assert mixed.sentences == ["the big blue square", "a small red star"]
+    assert len(mixed.images) == 2  # inputs 1 and 3 survive, now 0 and 1
+    assert mixed.links == [(0, 0), (1, 1)]  # (1,1)->(0,0), (2,3)->(1,1); (0,0) lost its sentence
+    first = json.loads((corpus / "documents.jsonl").read_text().splitlines()[0])
+    assert mixed.images[0].uri.endswith(first["images"][1])
+
+
+def test_every_image_has_features_phash_and_content_id(dataset):
+    m = Manifest.read(dataset)
+    docs = read_documents(m.shard_paths(dataset))
+    assert len(docs) == sum(m.counts["splits"].values())
+    for d in docs:
+        assert d.split == assign_split(d.doc_id, {"train": 0.6, "val": 0.2, "test": 0.2})
+        assert d.links is not None
+        for im in d.images:
+            assert len(im.features) == m.feature_extractor.dim == 1280
+            assert len(im.content_id) == 64 and 0 <= im.phash < 2**64
+
+
+def test_shards_are_sorted_and_readable_without_mmlinks(dataset):
+    m = Manifest.read(dataset)
+    for s in m.shards:
+        ids = pq.read_table(dataset / s.path, columns=["doc_id"]).column("doc_id").to_pylist()
+        assert ids == sorted(ids) and len(ids) == s.rows
+    glob = str(dataset / "shards" / "*.parquet")
+    n_duck = duckdb.sql(f"select count(*) from read_parquet('{glob}')").fetchone()[0]
+    n_images = duckdb.sql(f"select sum(len(images)) from read_parquet('{glob}')").fetchone()[0]
+    assert n_duck == sum(m.counts["splits"].values())
+    frame = pl.read_parquet(glob)
+    assert frame.height == n_duck
+    assert frame.select(pl.col("images").list.len().sum()).item() == n_images
+
+
+def test_rebuild_is_byte_identical(corpus, dataset, tmp_path):
+    m1 = Manifest.read(dataset)
+    m2 = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(tmp_path),
+                                   split_ratios={"train": 0.6, "val": 0.2, "test": 0.2}))
+    assert [(s.path, s.sha256) for s in m1.shards] == [(s.path, s.sha256) for s in m2.shards]
+    assert m1.dataset_version == m2.dataset_version
+    assert m1.to_json() == m2.to_json()

@@ -1,0 +1,80 @@
+"""The installed ``mmlinks`` console script, run as a user runs it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+MMLINKS = shutil.which("mmlinks", path=str(Path(sys.executable).parent)) or "mmlinks"
+
+
+def run(*args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.run([MMLINKS, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("cmd", [[], ["demo"], ["data"], ["data", "synth"], ["data", "build"],
+                                 ["data", "inspect"], ["train"]])
+def test_every_command_has_help(cmd):
+    proc = run(*cmd, "--help")
+    assert proc.returncode == 0
+    assert "usage: mmlinks" in proc.stdout
+    assert "--json" in proc.stdout or cmd in ([], ["data"])
+
+
+def test_synth_json_output_is_one_object(tmp_path):
+    proc = run("data", "synth", "--out", str(tmp_path / "c"), "--docs", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["documents"] == 3
+    assert len((tmp_path / "c" / "documents.jsonl").read_text().splitlines()) == 3
+
+
+def test_inspect_prints_the_manifest(dataset):
+    proc = run("data", "inspect", str(dataset), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == json.loads((dataset / "manifest.json").read_text())
+    human = run("data", "inspect", str(dataset))
+    assert "dataset_version" in human.stdout
+
+
+def _one_line_error(proc, fragment):
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mmlinks: error:") and fragment in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_path_is_a_one_line_error(tmp_path):
+    _one_line_error(run("data", "inspect", str(tmp_path / "nope")), "does not exist")
+    _one_line_error(run("data", "build", "--input", str(tmp_path / "nope"), "--out", str(tmp_path)),
+                    "does not exist")
+    _one_line_error(run("train", "--data", str(tmp_path / "nope")), "does not exist")
+
+
+def test_unreadable_manifest_is_a_one_line_error(tmp_path):
+    (tmp_path / "manifest.json").write_text("{oops")
+    _one_line_error(run("data", "inspect", str(tmp_path)), "cannot read manifest")
+    _one_line_error(run("train", "--data", str(tmp_path)), "cannot read manifest")
+
+
+def test_unknown_schema_version_shards_are_refused(dataset, tmp_path):
+    copy = tmp_path / "ds"
+    shutil.copytree(dataset, copy)
+    shard = next((copy / "shards").glob("train-*.parquet"))
+    table = pq.read_table(shard)
+    meta = {**table.schema.metadata, b"mmlinks.schema_version": b"2"}
+    pq.write_table(pa.Table.from_batches(table.to_batches(), table.schema.with_metadata(meta)), shard)
+    _one_line_error(run("train", "--data", str(copy), "--epochs", "1"), "schema version 2")
+
+
+def test_build_refuses_non_corpus_directory(tmp_path):
+    _one_line_error(run("data", "build", "--input", str(tmp_path), "--out", str(tmp_path / "o")),
+                    "not a synthetic corpus")

@@ -1,0 +1,43 @@
+"""The offline ImageNet weights load into our EfficientNet-Lite0 and classify a real photo."""
+
+import numpy as np
+import torch
+from PIL import Image
+from skimage import data
+
+from pipelines.features.efficientnet_lite import EfficientNetLite0Features, load_pretrained
+from pipelines.features.extractor import get_extractor
+
+CAT_CLASSES = {281, 282, 283, 284, 285}  # tabby, tiger cat, Persian, Siamese, Egyptian cat
+
+
+def test_pretrained_lite0_classifies_chelsea_the_cat():
+    model = load_pretrained()
+    ext = get_extractor("efficientnet-lite0")
+    x = torch.from_numpy(ext.preprocess(Image.fromarray(data.chelsea())))[None]
+    with torch.no_grad():
+        probs = model(x).softmax(-1)[0]
+    top = int(probs.argmax())
+    assert top in CAT_CLASSES, top
+    assert float(probs[sorted(CAT_CLASSES)].sum()) > 0.8
+
+
+def test_random_weights_do_not_classify_chelsea():
+    """Guards the test above: it must depend on the pretrained weights."""
+    torch.manual_seed(0)
+    model = EfficientNetLite0Features().eval()
+    ext = get_extractor("efficientnet-lite0")
+    x = torch.from_numpy(ext.preprocess(Image.fromarray(data.chelsea())))[None]
+    with torch.no_grad():
+        feats = model(x)
+    assert feats.shape == (1, 1280)
+    assert np.isfinite(feats.numpy()).all()
+
+
+def test_features_are_pooled_penultimate_activations():
+    model = load_pretrained()
+    feat_model = load_pretrained(EfficientNetLite0Features)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        feats = feat_model(x)
+        assert torch.allclose(model._fc(feats), model(x), atol=1e-4)

@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from training.metrics import document_metrics, precision_at_k, random_baseline, roc_auc
+
+
+def pairwise_auc(scores, labels):
+    pos, neg = scores[labels], scores[~labels]
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float64, st.integers(2, 30), elements=st.sampled_from([0.0, 0.1, 0.5, 0.7, 1.0])), st.data())
+def test_auc_equals_pairwise_definition_with_ties(scores, data):
+    labels = np.array(data.draw(st.lists(st.booleans(), min_size=len(scores), max_size=len(scores))))
+    if labels.all() or not labels.any():
+        with pytest.raises(ValueError):
+            roc_auc(scores, labels)
+        return
+    assert roc_auc(scores, labels) == pytest.approx(pairwise_auc(scores, labels))
+
+
+def test_precision_at_k_ranks_all_cells_and_caps_k():
+    scores = np.array([[0.9, 0.1], [0.8, 0.2]])
+    labels = np.array([[True, False], [False, True]])
+    assert precision_at_k(scores, labels, 1) == 1.0
+    assert precision_at_k(scores, labels, 2) == 0.5
+    assert precision_at_k(scores, labels, 5) == 0.5  # k > n*m: all 4 cells
+
+
+def test_documents_without_or_with_only_positive_cells_are_skipped():
+    s = np.zeros((2, 2))
+    assert document_metrics("d", s, None) is None
+    assert document_metrics("d", s, []) is None
+    assert document_metrics("d", s, [(0, 0), (0, 1), (1, 0), (1, 1)]) is None
+    m = document_metrics("d", np.array([[1.0, 0.0], [0.0, 1.0]]), [(0, 0), (1, 1)])
+    assert (m.auc, m.p_at_1, m.p_at_5) == (1.0, 1.0, 0.5)
+
+
+def test_random_baseline_is_near_fifty():
+    docs = [(f"d{i}", 5, 5, [(j, j) for j in range(5)]) for i in range(400)]
+    r = random_baseline(docs, seed=1)
+    assert 47 < r["auc"] < 53
+    assert r["n_docs"] == 400

@@ -1,0 +1,94 @@
+"""The batched similarities and the loss against direct per-pair implementations of
+algorithms.md."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from training.data import pad_documents
+from training.objectives.assignment import max_weight_matching
+from training.objectives.loss import in_batch_loss
+from training.objectives.similarity import document_similarity
+
+
+def oracle_sim(kind: str, M: np.ndarray, k_mode: str) -> float:
+    n, m = M.shape
+    k = min(n, m) if k_mode == "full" else math.ceil(min(n, m) / 2)
+    if kind == "dc":
+        return M.max(1).mean() + M.max(0).mean()
+    if kind == "tk":
+        return np.sort(M.max(1))[::-1][:k].mean() + np.sort(M.max(0))[::-1][:k].mean()
+    r, c = max_weight_matching(M, k)
+    return M[r, c].mean()
+
+
+def random_batch(rng, B, max_n, max_m, d=6):
+    ns = rng.integers(1, max_n + 1, B).tolist()
+    ms = rng.integers(1, max_m + 1, B).tolist()
+    s = torch.nn.functional.normalize(torch.randn(sum(ns), d, dtype=torch.float64), dim=-1)
+    v = torch.nn.functional.normalize(torch.randn(sum(ms), d, dtype=torch.float64), dim=-1)
+    return s, ns, v, ms
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 5), st.sampled_from(["dc", "tk", "ap"]),
+       st.sampled_from(["full", "half"]))
+def test_batched_similarity_matches_per_pair_oracle(seed, B, kind, k_mode):
+    rng = np.random.default_rng(seed)
+    s, ns, v, ms = random_batch(rng, B, 6, 6)
+    sp, smask = pad_documents(s, ns)
+    vp, vmask = pad_documents(v, ms)
+    got = document_similarity(kind, sp, smask, vp, vmask, k_mode).numpy()
+    so = np.cumsum([0, *ns])
+    vo = np.cumsum([0, *ms])
+    for a in range(B):
+        for b in range(B):
+            M = (s[so[a]:so[a + 1]] @ v[vo[b]:vo[b + 1]].T).numpy()
+            assert got[a, b] == pytest.approx(oracle_sim(kind, M, k_mode), abs=1e-9)
+
+
+def test_ap_gradient_flows_only_through_matched_cells():
+    M = torch.tensor([[[[0.9, 0.1, 0.0], [0.8, 0.7, 0.2]]]], requires_grad=True)
+    mask_s = torch.tensor([[True, True]])
+    mask_v = torch.tensor([[True, True, True]])
+    sim = document_similarity("ap", M[0, 0][None], mask_s, torch.eye(3)[None], mask_v)
+    sim.sum().backward()
+    # matching (0,0)+(1,1) = 1.6 beats (0,1)+(1,0) = 0.9 and others; mean over k=2
+    expected = torch.zeros(2, 3)
+    expected[0, 0] = expected[1, 1] = 0.5
+    assert torch.allclose(M.grad[0, 0], expected)
+
+
+def oracle_loss(D: np.ndarray, margin: float, negatives: str) -> float:
+    B = len(D)
+    h = lambda p, n: max(0.0, margin - p + n)  # noqa: E731
+    total = 0.0
+    for i in range(B):
+        a = [h(D[i, i], D[i, j]) for j in range(B) if j != i]
+        b = [h(D[i, i], D[j, i]) for j in range(B) if j != i]
+        pool = max if negatives == "hard" else (lambda x: sum(x) / len(x))
+        total += pool(a) + pool(b)
+    return total / B
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 8), st.integers(0, 10_000), st.sampled_from(["hard", "mean"]))
+def test_in_batch_loss_matches_definition(B, seed, negatives):
+    D = np.random.default_rng(seed).uniform(-2, 2, (B, B))
+    got = in_batch_loss(torch.tensor(D), 0.2, negatives).item()
+    assert got == pytest.approx(oracle_loss(D, 0.2, negatives), abs=1e-9)
+
+
+def test_loss_is_zero_when_true_pairs_win_by_the_margin():
+    D = torch.full((3, 3), 0.1)
+    D.fill_diagonal_(0.31)
+    assert in_batch_loss(D, 0.2).item() == 0.0
+
+
+def test_loss_needs_two_documents():
+    with pytest.raises(ValueError):
+        in_batch_loss(torch.zeros(1, 1))

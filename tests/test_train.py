@@ -1,0 +1,81 @@
+"""Training through Ray Train on the built fixture dataset, and the MLflow tracking around it."""
+
+import json
+import subprocess
+import sys
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from training.config import TrainConfig
+from training.experiment import run_experiment
+from training.train import fit
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def small_cfg(dataset, tmp_path, **kw) -> TrainConfig:
+    base = dict(data=str(dataset), epochs=3, d_multi=32, batch_docs=4, lr=3e-3, min_word_count=1,
+                num_workers=1, storage_path=str(tmp_path / "ray"), run_name="t")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_fit_keeps_the_lowest_validation_loss_checkpoint(dataset, tmp_path, ray_local):
+    res = fit(small_cfg(dataset, tmp_path))
+    losses = {int(h["epoch"]): h["val_loss"] for h in res.history}
+    assert sorted(losses) == [0, 1, 2]
+    assert res.best_epoch == min(losses, key=losses.get)
+    assert res.best_val_loss == pytest.approx(min(losses.values()))
+    assert res.model.cfg.image_dim == 1280 and res.model.cfg.d_multi == 32
+    # feature standardisation statistics travel with the weights
+    assert not np.allclose(res.model.image.feature_mean.numpy(), 0)
+
+
+def test_invalid_config_is_refused(dataset, tmp_path):
+    from schemas.errors import MmlinksError
+
+    with pytest.raises(MmlinksError, match="similarity"):
+        fit(small_cfg(dataset, tmp_path, similarity="cosine"))
+
+
+@pytest.mark.slow
+def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, ray_local):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = small_cfg(dataset, tmp_path, num_workers=2, epochs=2)
+    res = run_experiment(cfg, uri, model_name="test-model", alias="production")
+    assert res.model_uri == "models:/test-model@production"
+    client = MlflowClient(uri)
+    run = client.get_run(res.run_id)
+    assert run.data.params["similarity"] == "ap"
+    assert run.data.params["dataset_version"]
+    assert {"test_auc", "test_p_at_1", "test_p_at_5", "random_auc"} <= set(run.data.metrics)
+    hist = client.get_metric_history(res.run_id, "val_loss")
+    assert [m.step for m in hist] == [0, 1]  # one value per epoch, logged by rank 0 only
+    assert client.get_model_version_by_alias("test-model", "production").version == res.model_version
+
+    # The registered model loads by alias in a fresh process and scores a document.
+    code = (
+        "import json, sys, mlflow, pandas as pd;"
+        f"mlflow.set_tracking_uri({uri!r});"
+        "m = mlflow.pyfunc.load_model('models:/test-model@production');"
+        "doc = {'sentences': ['a big red star', 'thanks for reading'], 'image_features': [[0.1]*1280, [0.3]*1280, [0.0]*1280]};"
+        "out = m.predict(pd.DataFrame([doc]));"
+        "print(json.dumps({'scores': out['scores'][0], 'links': out['links'][0]}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    scores = np.asarray(out["scores"])
+    assert scores.shape == (2, 3) and (np.abs(scores) <= 1 + 1e-6).all()
+    assert all(len(link) == 2 for link in out["links"])
+    mlflow.set_tracking_uri(None)

@@ -1,0 +1,78 @@
+"""One tracked experiment: train with Ray, evaluate the best checkpoint, log and register it.
+
+This is what ``mmlinks train`` and the demo call; an orchestrator calls the same function.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+
+from schemas.manifest import Manifest
+from schemas.shards import read_table
+from training import tracking
+from training.config import TrainConfig
+from training.evaluate import evaluate
+from training.packaging import example_document, log_link_model
+from training.train import fit
+
+EXPERIMENT = "mmlinks"
+
+
+@dataclass
+class ExperimentResult:
+    run_id: str
+    model_uri: str  # models:/<name>@<alias> when registered, else runs:/...
+    model_version: str | None
+    best_epoch: int
+    test: dict
+    random: dict
+    tracking_uri: str
+
+
+def run_experiment(
+    cfg: TrainConfig,
+    tracking_uri: str,
+    model_name: str | None = "mmlinks-ap",
+    alias: str | None = "production",
+) -> ExperimentResult:
+    manifest = Manifest.read(cfg.data)
+    tracking.configure(tracking_uri, EXPERIMENT)
+    mlflow.set_experiment(EXPERIMENT)
+    with mlflow.start_run(run_name=f"{cfg.similarity}-{cfg.k}-{cfg.negatives}") as run:
+        tracking.log_training_params(cfg, manifest)
+        mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
+        result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
+        scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
+        test, rand = scores["model"], scores["random"]
+        mlflow.log_metrics({f"test_{k}": v for k, v in test.items() if not math.isnan(v)})
+        mlflow.log_metrics({f"random_{k}": v for k, v in rand.items() if not math.isnan(v)})
+        mlflow.log_metric("best_epoch", result.best_epoch)
+        with tempfile.TemporaryDirectory() as tmp:
+            per_doc = Path(tmp) / "test_per_document.json"
+            per_doc.write_text(json.dumps(scores["per_doc"], indent=1))
+            mlflow.log_artifact(str(per_doc))
+        first = read_table(manifest.shard_paths(cfg.data, "test")[:1], ["sentences", "images"]).slice(0, 1)
+        example = example_document(
+            first.column("sentences")[0].as_py(),
+            [im["features"] for im in first.column("images")[0].as_py()],
+        )
+        model_uri = log_link_model(result.checkpoint_path, result.vocab, example)
+        version = None
+        if model_name:
+            version = tracking.register(model_uri, model_name, alias, tracking_uri)
+            model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
+    return ExperimentResult(
+        run_id=run.info.run_id,
+        model_uri=model_uri,
+        model_version=version,
+        best_epoch=result.best_epoch,
+        test=test,
+        random=rand,
+        tracking_uri=tracking_uri,
+    )

@@ -1,0 +1,93 @@
+"""The registered model: an ``mlflow.pyfunc`` wrapper so downstream stages need no training code.
+
+Input: one row per document with ``sentences`` (list of strings) and ``image_features`` (list of
+CNN feature vectors, same extractor as the training data). Output per document: the sentence x
+image cosine matrix and the predicted links (the max-weight assignment, kept where the score is
+at least ``threshold``), as in the paper's qualitative examples.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+from mlflow.models import ModelSignature
+from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
+
+from training.data import make_batch
+from training.model import MulLink
+from training.objectives.assignment import max_weight_matching
+from training.text import Vocabulary
+
+SIGNATURE = ModelSignature(
+    inputs=Schema(
+        [ColSpec(Array(DataType.string), "sentences"), ColSpec(Array(Array(DataType.double)), "image_features")]
+    ),
+    outputs=Schema([ColSpec(Array(Array(DataType.double)), "scores"), ColSpec(Array(Array(DataType.long)), "links")]),
+    params=ParamSchema([ParamSpec("threshold", DataType.double, 0.0)]),
+)
+
+
+class LinkModel(mlflow.pyfunc.PythonModel):
+    def load_context(self, context) -> None:
+        from training.train import load_checkpoint_model
+
+        self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
+        self.vocab = Vocabulary.load(context.artifacts["vocab"])
+        self.max_tokens = int(meta["train"]["max_tokens"])
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        import pyarrow as pa
+
+        threshold = float((params or {}).get("threshold", 0.0))
+        rows = []
+        for sentences, feats in zip(model_input["sentences"], model_input["image_features"], strict=True):
+            sentences = [str(s) for s in sentences]
+            feats = np.asarray([np.asarray(f, dtype=np.float32) for f in feats])
+            if not sentences or feats.ndim != 2 or feats.shape[1] != self.model.cfg.image_dim:
+                raise ValueError(
+                    f"each document needs >= 1 sentence and image features of width {self.model.cfg.image_dim}"
+                )
+            table = pa.table(
+                {
+                    "doc_id": ["input"],
+                    "sentences": [sentences],
+                    "images": [[{"features": f.tolist()} for f in feats]],
+                }
+            )
+            batch = make_batch(table, self.vocab, self.max_tokens)
+            with torch.no_grad():
+                scores = self.model.score_matrix(batch.tokens, batch.lengths, batch.features)
+            r, c = max_weight_matching(scores)
+            links = [[int(a), int(b)] for a, b in zip(r, c, strict=True) if scores[a, b] >= threshold]
+            rows.append({"scores": scores.astype(float).tolist(), "links": links})
+        return pd.DataFrame(rows, columns=["scores", "links"])
+
+
+def log_link_model(checkpoint_dir: str, vocab: Vocabulary, example: dict | None = None) -> str:
+    """Log the pyfunc model into the active run; returns its model URI."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "checkpoint"
+        shutil.copytree(checkpoint_dir, ckpt)
+        vocab_path = Path(tmp) / "vocab.json"
+        vocab.save(vocab_path)
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=LinkModel(),
+            artifacts={"checkpoint": str(ckpt), "vocab": str(vocab_path)},
+            signature=SIGNATURE,
+            input_example=pd.DataFrame([example]) if example else None,
+        )
+    return info.model_uri
+
+
+def example_document(sentences: list[str], features: list[list[float]]) -> dict:
+    return {"sentences": list(sentences), "image_features": [list(map(float, f)) for f in features]}
+
+
+__all__ = ["SIGNATURE", "LinkModel", "example_document", "log_link_model"]

