@@ -66,8 +66,10 @@ def cmd_synth(args) -> dict:
 
 def cmd_build(args) -> dict:
     from pipelines.build import BuildConfig, build_dataset
+    from pipelines.sources import get_source
 
     _existing_dir(args.input)
+    get_source(args.source, args.input)  # fails fast on a directory that is not this source
     ratios = dict(zip(("train", "val", "test"), map(float, args.split.split(",")), strict=True))
     cfg = BuildConfig(
         source=args.source,
@@ -130,6 +132,7 @@ def _train_config(args):
         max_failures=args.max_failures,
         storage_path=args.storage_path,
         ray_address=args.ray_address,
+        ray_logs=args.debug,
     )
 
 
@@ -143,7 +146,7 @@ def cmd_train(args) -> dict:
     cfg = _train_config(args)
     cfg.validate()
     res = run_experiment(
-        cfg, tracking_uri(args.workdir), args.model_name or None, args.alias or None
+        cfg, tracking_uri(args.workdir), args.model_name or None, args.alias or None, progress=True
     )
     return {
         "run_id": res.run_id,
@@ -172,26 +175,45 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def _add_train_args(p: argparse.ArgumentParser, epochs: int, d_multi: int, lr: float) -> None:
     g = p.add_argument_group("model and objective (defaults: Hessel et al. 2019 unless noted)")
-    g.add_argument("--similarity", choices=["dc", "tk", "ap"], default="ap",
-                   help="document similarity: DC, TK or AP (assignment) (default: ap)")
+    g.add_argument(
+        "--similarity",
+        choices=["dc", "tk", "ap"],
+        default="ap",
+        help="document similarity: DC, TK or AP (assignment) (default: ap)",
+    )
     g.add_argument("--k", choices=["full", "half"], default="full", help="k for TK/AP (default: full)")
-    g.add_argument("--negatives", choices=["hard", "mean"], default="hard",
-                   help="pool in-batch negatives by max (hard) or mean (default: hard)")
+    g.add_argument(
+        "--negatives",
+        choices=["hard", "mean"],
+        default="hard",
+        help="pool in-batch negatives by max (hard) or mean (default: hard)",
+    )
     g.add_argument("--batch-docs", type=int, default=11, help="documents per batch, B (default: 11)")
     g.add_argument("--lr", type=float, default=lr, help=f"Adam learning rate (default: {lr:g})")
     g.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default: {epochs})")
-    g.add_argument("--d-multi", type=int, default=d_multi,
-                   help=f"joint space width = GRU units (default: {d_multi}; paper: 1024)")
+    g.add_argument(
+        "--d-multi",
+        type=int,
+        default=d_multi,
+        help=f"joint space width = GRU units (default: {d_multi}; paper: 1024)",
+    )
     g.add_argument("--max-tokens", type=int, default=20, help="tokens kept per sentence (default: 20)")
     g.add_argument("--min-word-count", type=int, default=5, help="vocabulary min count (default: 5)")
-    g.add_argument("--word-vectors", default="glove",
-                   help="'glove' (offline GloVe 6B 50-d), 'random', or a word2vec/GloVe text file")
+    g.add_argument(
+        "--word-vectors",
+        default="glove",
+        help="'glove' (offline GloVe 6B 50-d), 'random', or a word2vec/GloVe text file",
+    )
     g.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     r = p.add_argument_group("Ray Train")
     r.add_argument("--workers", type=int, default=2, help="training workers (0 = in-process) (default: 2)")
     r.add_argument("--gpu", action="store_true", help="one GPU per worker")
-    r.add_argument("--max-failures", type=int, default=0, help="worker failures to retry from the last checkpoint")
-    r.add_argument("--storage-path", default="", help="Ray Train storage (path or URI; default: next to the data)")
+    r.add_argument(
+        "--max-failures", type=int, default=0, help="worker failures to retry from the last checkpoint"
+    )
+    r.add_argument(
+        "--storage-path", default="", help="Ray Train storage (path or URI; default: next to the data)"
+    )
     r.add_argument("--ray-address", default="", help="existing Ray cluster address (default: local Ray)")
     t = p.add_argument_group("MLflow")
     t.add_argument("--model-name", default="mmlinks-ap", help="registered model name ('' = do not register)")
@@ -217,14 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
         "in a local MLflow (SQLite) with the alias 'production'.",
         epilog=EPILOG,
     )
-    demo.add_argument("--workdir", default="mmlinks-demo", help="where everything is written (default: ./mmlinks-demo)")
+    demo.add_argument(
+        "--workdir", default="mmlinks-demo", help="where everything is written (default: ./mmlinks-demo)"
+    )
     demo.add_argument("--docs", type=int, default=600, help="synthetic documents (default: 600)")
     _add_train_args(demo, epochs=20, d_multi=256, lr=1e-3)
     _add_common(demo)
     demo.set_defaults(func=cmd_demo)
 
-    data = sub.add_parser("data", help="dataset commands: synth, build, inspect",
-                          description="Create, build and inspect datasets.", epilog=EPILOG)
+    data = sub.add_parser(
+        "data",
+        help="dataset commands: synth, build, inspect",
+        description="Create, build and inspect datasets.",
+        epilog=EPILOG,
+    )
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
 
     synth = dsub.add_parser(
@@ -237,14 +265,30 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True, help="output directory")
     synth.add_argument("--docs", type=int, default=600, help="number of documents (default: 600)")
     synth.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    synth.add_argument("--images-min", type=int, default=3, help="min linked images per document (default: 3)")
-    synth.add_argument("--images-max", type=int, default=6, help="max linked images per document (default: 6)")
-    synth.add_argument("--extra-sentence-rate", type=float, default=0.3,
-                       help="distractor sentences per linked image (default: 0.3)")
-    synth.add_argument("--extra-image-rate", type=float, default=0.2,
-                       help="distractor images per linked image (default: 0.2)")
-    synth.add_argument("--palette-similarity", type=float, default=0.2,
-                       help="share of documents whose objects share a 2-colour palette; higher is harder (default: 0.2)")
+    synth.add_argument(
+        "--images-min", type=int, default=3, help="min linked images per document (default: 3)"
+    )
+    synth.add_argument(
+        "--images-max", type=int, default=6, help="max linked images per document (default: 6)"
+    )
+    synth.add_argument(
+        "--extra-sentence-rate",
+        type=float,
+        default=0.3,
+        help="distractor sentences per linked image (default: 0.3)",
+    )
+    synth.add_argument(
+        "--extra-image-rate",
+        type=float,
+        default=0.2,
+        help="distractor images per linked image (default: 0.2)",
+    )
+    synth.add_argument(
+        "--palette-similarity",
+        type=float,
+        default=0.2,
+        help="share of documents whose objects share a 2-colour palette; higher is harder (default: 0.2)",
+    )
     synth.add_argument("--image-size", type=int, default=128, help="image side in pixels (default: 128)")
     synth.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(synth)
@@ -267,13 +311,21 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--runner", default="DirectRunner", help="Beam runner (default: DirectRunner)")
     build.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="feature extraction device")
     build.add_argument("--batch-size", type=int, default=32, help="max images per inference batch")
-    build.add_argument("--beam-arg", action="append", metavar="ARG",
-                       help="extra Beam pipeline option, repeatable (e.g. --beam-arg=--direct_num_workers=2)")
+    build.add_argument(
+        "--beam-arg",
+        action="append",
+        metavar="ARG",
+        help="extra Beam pipeline option, repeatable (e.g. --beam-arg=--direct_num_workers=2)",
+    )
     _add_common(build)
     build.set_defaults(func=cmd_build)
 
-    inspect = dsub.add_parser("inspect", help="print a dataset manifest",
-                              description="Print the manifest of a built dataset.", epilog=EPILOG)
+    inspect = dsub.add_parser(
+        "inspect",
+        help="print a dataset manifest",
+        description="Print the manifest of a built dataset.",
+        epilog=EPILOG,
+    )
     inspect.add_argument("dir", help="dataset directory (or its manifest.json)")
     _add_common(inspect)
     inspect.set_defaults(func=cmd_inspect)

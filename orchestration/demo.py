@@ -48,12 +48,18 @@ def run_demo(args) -> dict:
     step(2, STEPS, "dataset build (Apache Beam, DirectRunner): validate, phash, CNN features, shards")
     manifest = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(dataset)))
     dropped = sum(manifest.counts.get("dropped", {}).values())
-    print(f"    {manifest.counts['splits']} documents, {dropped} dropped, version {manifest.dataset_version}",
-          file=sys.stderr)
+    print(
+        f"    {manifest.counts['splits']} documents, {dropped} dropped, version {manifest.dataset_version}",
+        file=sys.stderr,
+    )
 
     uri = tracking_uri(work)
-    step(3, STEPS, f"training {args.similarity.upper()} with Ray Train ({args.workers} workers), "
-         f"up to {args.epochs} epochs; metrics -> MLflow")
+    step(
+        3,
+        STEPS,
+        f"training {args.similarity.upper()} with Ray Train ({args.workers} workers), "
+        f"up to {args.epochs} epochs; metrics -> MLflow",
+    )
     cfg = TrainConfig(
         data=str(dataset),
         similarity=args.similarity,
@@ -73,10 +79,13 @@ def run_demo(args) -> dict:
         storage_path=args.storage_path or str(work / "ray_results"),
         run_name=f"demo-{int(time.time())}",
         ray_address=args.ray_address,
+        ray_logs=args.debug,
     )
     name = args.model_name or "mmlinks-ap"
-    res = run_experiment(cfg, uri, model_name=name, alias=None)
-    step(4, STEPS, f"evaluated best checkpoint (epoch {res.best_epoch}) on {res.test['n_docs']} test documents")
+    res = run_experiment(cfg, uri, model_name=name, alias=None, progress=True)
+    step(
+        4, STEPS, f"evaluated best checkpoint (epoch {res.best_epoch}) on {res.test['n_docs']} test documents"
+    )
     step(5, STEPS, f"registered {name} version {res.model_version} (run {res.run_id})")
     alias = args.alias or "production"
     MlflowClient(uri).set_registered_model_alias(name, alias, res.model_version)
@@ -103,8 +112,18 @@ def run_demo(args) -> dict:
     }
     if not args.json:
         rows = [
-            [f"{args.similarity.upper()} (this run)", f"{res.test['auc']:.1f}", f"{res.test['p_at_1']:.1f}", f"{res.test['p_at_5']:.1f}"],
-            ["Random", f"{res.random['auc']:.1f}", f"{res.random['p_at_1']:.1f}", f"{res.random['p_at_5']:.1f}"],
+            [
+                f"{args.similarity.upper()} (this run)",
+                f"{res.test['auc']:.1f}",
+                f"{res.test['p_at_1']:.1f}",
+                f"{res.test['p_at_5']:.1f}",
+            ],
+            [
+                "Random",
+                f"{res.random['auc']:.1f}",
+                f"{res.random['p_at_1']:.1f}",
+                f"{res.random['p_at_5']:.1f}",
+            ],
         ]
         print(f"\nTest split, {res.test['n_docs']} documents (macro-averaged, x100):")
         print(table(rows, ["method", "AUC", "p@1", "p@5"]))

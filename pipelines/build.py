@@ -138,9 +138,7 @@ def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str, dead_letter
         checked[IMAGE_BYTES]
         | "DedupeImages" >> beam.CombinePerKey(lambda blobs: next(iter(blobs), b""))
         | "Preprocess" >> beam.Map(_preprocess, extractor)
-        | "CNN" >> RunInference(
-            extractor.model_handler(cfg.device, max_batch=cfg.batch_size)
-        )
+        | "CNN" >> RunInference(extractor.model_handler(cfg.device, max_batch=cfg.batch_size))
         | "ToList" >> beam.Map(_to_features)
     )
     refs = checked.docs | "ImageRefs" >> beam.FlatMap(
@@ -166,9 +164,7 @@ def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str, dead_letter
         (read[DEAD_LETTER], checked[DEAD_LETTER], assembled[DEAD_LETTER])
         | "AllDeadLetters" >> beam.Flatten()
         | "DeadLetterJson" >> beam.Map(lambda r: r.to_json())
-        | "WriteDeadLetters" >> beam.io.WriteToText(
-            dead_letter_prefix, shard_name_template="", num_shards=1
-        )
+        | "WriteDeadLetters" >> beam.io.WriteToText(dead_letter_prefix, shard_name_template="", num_shards=1)
     )
 
 
@@ -189,9 +185,7 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
     out.mkdir(parents=True, exist_ok=True)
     staging = out / f".staging-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
-    options = PipelineOptions(
-        [f"--runner={cfg.runner}", *cfg.beam_args], save_main_session=False
-    )
+    options = PipelineOptions([f"--runner={cfg.runner}", *cfg.beam_args], save_main_session=False)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     try:
         with beam.Pipeline(options=options) as p:

@@ -47,8 +47,14 @@ def decode(data: bytes) -> Image.Image:
             img.load()
     except InvalidImage:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning) as exc:
+    except (
+        UnidentifiedImageError,
+        OSError,
+        SyntaxError,
+        ValueError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+    ) as exc:
         raise InvalidImage("undecodable", str(exc)[:200]) from exc
     if min(img.size) < MIN_SIDE:
         raise InvalidImage("too_small", f"{img.width}x{img.height}")

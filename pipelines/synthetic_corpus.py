@@ -212,9 +212,7 @@ def generate_document(cfg: SynthConfig, index: int) -> tuple[dict, list[Image.Im
     return record, images
 
 
-def write_corpus(
-    out: str | Path, cfg: SynthConfig, progress: Callable[[int], None] | None = None
-) -> Path:
+def write_corpus(out: str | Path, cfg: SynthConfig, progress: Callable[[int], None] | None = None) -> Path:
     """Write the corpus under ``out``; returns the path of ``documents.jsonl``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,8 +47,15 @@ class LoadAndValidate(beam.DoFn):
                 yield dead_letter("image", f"{doc.doc_id}#image-{k}", "unreadable", f"{uri}: {exc}")
                 continue
             image_map[k] = len(images)
-            images.append({"content_id": info.content_id, "uri": uri, "width": info.width,
-                           "height": info.height, "phash": info.phash})
+            images.append(
+                {
+                    "content_id": info.content_id,
+                    "uri": uri,
+                    "width": info.width,
+                    "height": info.height,
+                    "phash": info.phash,
+                }
+            )
             yield beam.pvalue.TaggedOutput(IMAGE_BYTES, (info.content_id, data))
 
         sentences, sentence_map = [], {}

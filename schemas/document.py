@@ -111,9 +111,7 @@ class Document:
                 }
                 for im in self.images
             ],
-            "links": None
-            if self.links is None
-            else [{"sentence": s, "image": i} for s, i in self.links],
+            "links": None if self.links is None else [{"sentence": s, "image": i} for s, i in self.links],
             "metadata": sorted(self.metadata.items()),
         }
 

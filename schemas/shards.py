@@ -35,6 +35,19 @@ def check_schema(schema: pa.Schema, where: str | Path) -> None:
         )
 
 
+def check_shards(paths: Iterable[str | Path]) -> None:
+    """Check every shard's existence and schema version from its footer alone (no data read)."""
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise MmlinksError(f"shard {p} does not exist")
+        try:
+            schema = pq.read_schema(p)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise MmlinksError(f"cannot read shard {p}: {exc}") from exc
+        check_schema(schema, p)
+
+
 def write_shard(path: str | Path, docs: Iterable[Document]) -> tuple[int, int, str]:
     """Write documents in the given order; returns (rows, bytes, sha256).
 

@@ -32,14 +32,26 @@ def add_bad_records(corpus: Path) -> dict:
     (img_dir / "tiny.png").write_bytes(_tiny_png())
     extra = [
         {"doc_id": "bad-empty", "sentences": [], "images": [], "links": []},
-        {"doc_id": "bad-noimg", "sentences": ["a red circle"], "images": ["images/bad/truncated.png",
-                                                                         "images/bad/text.png"], "links": [[0, 0]]},
+        {
+            "doc_id": "bad-noimg",
+            "sentences": ["a red circle"],
+            "images": ["images/bad/truncated.png", "images/bad/text.png"],
+            "links": [[0, 0]],
+        },
         {"doc_id": "bad-nosent", "sentences": ["!!!", "  "], "images": [first["images"][0]], "links": []},
         # One good image, one corrupt, one missing; a token-less sentence; an out-of-range link.
-        {"doc_id": "mixed", "sentences": ["??", "the big blue square", "a small red star"],
-         "images": ["images/bad/truncated.png", first["images"][1], "images/bad/missing.png",
-                    first["images"][2], "images/bad/tiny.png"],
-         "links": [[1, 1], [2, 3], [0, 0], [5, 1]]},
+        {
+            "doc_id": "mixed",
+            "sentences": ["??", "the big blue square", "a small red star"],
+            "images": [
+                "images/bad/truncated.png",
+                first["images"][1],
+                "images/bad/missing.png",
+                first["images"][2],
+                "images/bad/tiny.png",
+            ],
+            "links": [[1, 1], [2, 3], [0, 0], [5, 1]],
+        },
     ]
     with docs.open("a") as fh:
         for rec in extra:
@@ -74,6 +86,12 @@ def dataset(corpus, tmp_path_factory) -> Path:
     from pipelines.build import BuildConfig, build_dataset
 
     out = tmp_path_factory.mktemp("dataset")
-    build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(out),
-                              split_ratios={"train": 0.6, "val": 0.2, "test": 0.2}))
+    build_dataset(
+        BuildConfig(
+            source="synthetic",
+            input=str(corpus),
+            out=str(out),
+            split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
+        )
+    )
     return out

@@ -36,8 +36,11 @@ def test_matching_value_equals_brute_force(w, data):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.tuples(st.integers(1, 12), st.integers(1, 12)).flatmap(
-    lambda s: arrays(np.float64, s, elements=st.floats(-1, 1, allow_nan=False, width=32))))
+@given(
+    st.tuples(st.integers(1, 12), st.integers(1, 12)).flatmap(
+        lambda s: arrays(np.float64, s, elements=st.floats(-1, 1, allow_nan=False, width=32))
+    )
+)
 def test_full_k_matches_scipy_on_larger_matrices(w):
     rows, cols = max_weight_matching(w)
     r, c = linear_sum_assignment(w, maximize=True)

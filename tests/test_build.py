@@ -68,8 +68,8 @@ def test_shards_are_sorted_and_readable_without_mmlinks(dataset):
         ids = pq.read_table(dataset / s.path, columns=["doc_id"]).column("doc_id").to_pylist()
         assert ids == sorted(ids) and len(ids) == s.rows
     glob = str(dataset / "shards" / "*.parquet")
-    n_duck = duckdb.sql(f"select count(*) from read_parquet('{glob}')").fetchone()[0]
-    n_images = duckdb.sql(f"select sum(len(images)) from read_parquet('{glob}')").fetchone()[0]
+    n_duck = duckdb.sql(f"select count(*) from read_parquet('{glob}')").fetchall()[0][0]
+    n_images = duckdb.sql(f"select sum(len(images)) from read_parquet('{glob}')").fetchall()[0][0]
     assert n_duck == sum(m.counts["splits"].values())
     frame = pl.read_parquet(glob)
     assert frame.height == n_duck
@@ -78,8 +78,14 @@ def test_shards_are_sorted_and_readable_without_mmlinks(dataset):
 
 def test_rebuild_is_byte_identical(corpus, dataset, tmp_path):
     m1 = Manifest.read(dataset)
-    m2 = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(tmp_path),
-                                   split_ratios={"train": 0.6, "val": 0.2, "test": 0.2}))
+    m2 = build_dataset(
+        BuildConfig(
+            source="synthetic",
+            input=str(corpus),
+            out=str(tmp_path),
+            split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
+        )
+    )
     assert [(s.path, s.sha256) for s in m1.shards] == [(s.path, s.sha256) for s in m2.shards]
     assert m1.dataset_version == m2.dataset_version
     assert m1.to_json() == m2.to_json()

@@ -19,8 +19,9 @@ def run(*args, timeout=300):
     return subprocess.run([MMLINKS, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize("cmd", [[], ["demo"], ["data"], ["data", "synth"], ["data", "build"],
-                                 ["data", "inspect"], ["train"]])
+@pytest.mark.parametrize(
+    "cmd", [[], ["demo"], ["data"], ["data", "synth"], ["data", "build"], ["data", "inspect"], ["train"]]
+)
 def test_every_command_has_help(cmd):
     proc = run(*cmd, "--help")
     assert proc.returncode == 0
@@ -54,8 +55,9 @@ def _one_line_error(proc, fragment):
 
 def test_missing_path_is_a_one_line_error(tmp_path):
     _one_line_error(run("data", "inspect", str(tmp_path / "nope")), "does not exist")
-    _one_line_error(run("data", "build", "--input", str(tmp_path / "nope"), "--out", str(tmp_path)),
-                    "does not exist")
+    _one_line_error(
+        run("data", "build", "--input", str(tmp_path / "nope"), "--out", str(tmp_path)), "does not exist"
+    )
     _one_line_error(run("train", "--data", str(tmp_path / "nope")), "does not exist")
 
 
@@ -76,5 +78,6 @@ def test_unknown_schema_version_shards_are_refused(dataset, tmp_path):
 
 
 def test_build_refuses_non_corpus_directory(tmp_path):
-    _one_line_error(run("data", "build", "--input", str(tmp_path), "--out", str(tmp_path / "o")),
-                    "not a synthetic corpus")
+    _one_line_error(
+        run("data", "build", "--input", str(tmp_path), "--out", str(tmp_path / "o")), "not a synthetic corpus"
+    )

@@ -18,8 +18,15 @@ def make_doc(doc_id="d1", links=((0, 1),)):
         sentences=["a red star", "a blue ring"],
         images=[
             ImageRecord("a" * 64, "file:///x/0.png", 64, 48, 2**63 + 5, [0.5, 1.5]),
-            ImageRecord("b" * 64, "file:///x/1.png", 64, 48, 7, [1.0, 2.0],
-                        RegionFeatures([[0, 0, 10, 10]], [[0.1, 0.2]], ["cat"])),
+            ImageRecord(
+                "b" * 64,
+                "file:///x/1.png",
+                64,
+                48,
+                7,
+                [1.0, 2.0],
+                RegionFeatures([[0, 0, 10, 10]], [[0.25, 0.75]], ["cat"]),
+            ),
         ],
         links=None if links is None else list(links),
         metadata={"k": "v"},

@@ -35,8 +35,12 @@ def random_batch(rng, B, max_n, max_m, d=6):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 5), st.sampled_from(["dc", "tk", "ap"]),
-       st.sampled_from(["full", "half"]))
+@given(
+    st.integers(0, 10_000),
+    st.integers(1, 5),
+    st.sampled_from(["dc", "tk", "ap"]),
+    st.sampled_from(["full", "half"]),
+)
 def test_batched_similarity_matches_per_pair_oracle(seed, B, kind, k_mode):
     rng = np.random.default_rng(seed)
     s, ns, v, ms = random_batch(rng, B, 6, 6)
@@ -47,7 +51,7 @@ def test_batched_similarity_matches_per_pair_oracle(seed, B, kind, k_mode):
     vo = np.cumsum([0, *ms])
     for a in range(B):
         for b in range(B):
-            M = (s[so[a]:so[a + 1]] @ v[vo[b]:vo[b + 1]].T).numpy()
+            M = (s[so[a] : so[a + 1]] @ v[vo[b] : vo[b + 1]].T).numpy()
             assert got[a, b] == pytest.approx(oracle_sim(kind, M, k_mode), abs=1e-9)
 
 
@@ -65,7 +69,7 @@ def test_ap_gradient_flows_only_through_matched_cells():
 
 def oracle_loss(D: np.ndarray, margin: float, negatives: str) -> float:
     B = len(D)
-    h = lambda p, n: max(0.0, margin - p + n)  # noqa: E731
+    h = lambda p, n: max(0.0, margin - p + n)
     total = 0.0
     for i in range(B):
         a = [h(D[i, i], D[i, j]) for j in range(B) if j != i]

@@ -7,13 +7,27 @@ from training.text import PAD, UNK, Vocabulary, embedding_matrix
 
 def test_tokenizer_lowercases_and_splits_punctuation():
     assert tokenize("I painted a RED star, it's done!") == [
-        "i", "painted", "a", "red", "star", ",", "it's", "done", "!"
+        "i",
+        "painted",
+        "a",
+        "red",
+        "star",
+        ",",
+        "it's",
+        "done",
+        "!",
     ]
 
 
 def test_tokenizer_keeps_urls_handles_and_numbers_whole():
     assert tokenize("see http://imgur.com/a/xyz @bob #diy 3/4 inch :)") == [
-        "see", "http://imgur.com/a/xyz", "@bob", "#diy", "3/4", "inch", ":)"
+        "see",
+        "http://imgur.com/a/xyz",
+        "@bob",
+        "#diy",
+        "3/4",
+        "inch",
+        ":)",
     ]
 
 
@@ -35,7 +49,7 @@ def test_vocabulary_min_count_and_reserved_ids():
     assert set(vocab.words[2:]) == {"a", "red", "star"}  # "blue" seen only 4 times
     ids = vocab.encode("a blue star", max_tokens=20)
     assert ids[1] == UNK and PAD not in ids
-    assert vocab.encode("a red star a red star", max_tokens=2) == ids[:1] + [vocab.index["red"]]
+    assert vocab.encode("a red star a red star", max_tokens=2) == [*ids[:1], vocab.index["red"]]
 
 
 def test_glove_vectors_load_offline_and_cover_common_words():

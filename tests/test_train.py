@@ -24,8 +24,17 @@ def ray_local():
 
 
 def small_cfg(dataset, tmp_path, **kw) -> TrainConfig:
-    base = dict(data=str(dataset), epochs=3, d_multi=32, batch_docs=4, lr=3e-3, min_word_count=1,
-                num_workers=1, storage_path=str(tmp_path / "ray"), run_name="t")
+    base = dict(
+        data=str(dataset),
+        epochs=3,
+        d_multi=32,
+        batch_docs=4,
+        lr=3e-3,
+        min_word_count=1,
+        num_workers=1,
+        storage_path=str(tmp_path / "ray"),
+        run_name="t",
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -61,14 +70,15 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
     assert {"test_auc", "test_p_at_1", "test_p_at_5", "random_auc"} <= set(run.data.metrics)
     hist = client.get_metric_history(res.run_id, "val_loss")
     assert [m.step for m in hist] == [0, 1]  # one value per epoch, logged by rank 0 only
-    assert client.get_model_version_by_alias("test-model", "production").version == res.model_version
+    assert str(client.get_model_version_by_alias("test-model", "production").version) == res.model_version
 
     # The registered model loads by alias in a fresh process and scores a document.
     code = (
         "import json, sys, mlflow, pandas as pd;"
         f"mlflow.set_tracking_uri({uri!r});"
         "m = mlflow.pyfunc.load_model('models:/test-model@production');"
-        "doc = {'sentences': ['a big red star', 'thanks for reading'], 'image_features': [[0.1]*1280, [0.3]*1280, [0.0]*1280]};"
+        "doc = {'sentences': ['a big red star', 'thanks for reading'],"
+        " 'image_features': [[0.1]*1280, [0.3]*1280, [0.0]*1280]};"
         "out = m.predict(pd.DataFrame([doc]));"
         "print(json.dumps({'scores': out['scores'][0], 'links': out['links'][0]}))"
     )

@@ -30,6 +30,7 @@ class TrainConfig:
     storage_path: str = ""  # Ray Train run storage (local path or a shared URI)
     run_name: str = "mmlinks-train"
     ray_address: str = ""  # empty: start or reuse a local Ray
+    ray_logs: bool = False  # forward worker logs to this console
 
     def to_dict(self) -> dict:
         return asdict(self)

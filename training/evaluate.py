@@ -17,8 +17,13 @@ from training.train import link_scores
 
 
 def evaluate(
-    model: MulLink, vocab: Vocabulary, data: str | Path, split: str = "test", max_tokens: int = 20,
-    batch_docs: int = 64, seed: int = 0,
+    model: MulLink,
+    vocab: Vocabulary,
+    data: str | Path,
+    split: str = "test",
+    max_tokens: int = 20,
+    batch_docs: int = 64,
+    seed: int = 0,
 ) -> dict:
     """{"model": {...}, "random": {...}, "per_doc": [...]} on ``split`` of the dataset."""
     manifest = Manifest.read(data)
@@ -32,7 +37,9 @@ def evaluate(
     with torch.no_grad():
         for start in range(0, table.num_rows, batch_docs):
             batch = make_batch(table.slice(start, batch_docs), vocab, max_tokens)
-            for doc_id, scores, links in zip(batch.doc_ids, link_scores(model, batch), batch.links, strict=True):
+            for doc_id, scores, links in zip(
+                batch.doc_ids, link_scores(model, batch), batch.links, strict=True
+            ):
                 shapes.append((doc_id, *scores.shape, links))
                 m = document_metrics(doc_id, scores, links)
                 if m is not None:

@@ -5,16 +5,20 @@ This is what ``mmlinks train`` and the demo call; an orchestrator calls the same
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
 
 from schemas.manifest import Manifest
-from schemas.shards import read_table
+from schemas.shards import check_shards, read_table
 from training import tracking
 from training.config import TrainConfig
 from training.evaluate import evaluate
@@ -35,19 +39,60 @@ class ExperimentResult:
     tracking_uri: str
 
 
+@contextlib.contextmanager
+def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool) -> Iterator[None]:
+    """A progress bar on stderr fed by the per-epoch metrics rank 0 logs to MLflow.
+
+    The training loop runs in Ray worker processes; polling the tracking store is the one
+    channel the driver already shares with them, and it works the same on a remote cluster.
+    """
+    if not enabled:
+        yield
+        return
+    from mlflow.tracking import MlflowClient
+    from tqdm import tqdm
+
+    client, stop = MlflowClient(tracking_uri), threading.Event()
+    bar = tqdm(total=epochs, desc="train", unit="epoch", file=sys.stderr)
+
+    def poll() -> None:
+        while not stop.wait(2.0):
+            hist = client.get_metric_history(run_id, "val_loss")
+            auc = client.get_metric_history(run_id, "val_auc")
+            if len(hist) > bar.n:
+                bar.update(len(hist) - bar.n)
+                post = {"val_loss": f"{hist[-1].value:.4f}"}
+                if auc:
+                    post["val_auc"] = f"{auc[-1].value:.1f}"
+                bar.set_postfix(post)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        bar.close()
+
+
 def run_experiment(
     cfg: TrainConfig,
     tracking_uri: str,
     model_name: str | None = "mmlinks-ap",
     alias: str | None = "production",
+    progress: bool = False,
 ) -> ExperimentResult:
     manifest = Manifest.read(cfg.data)
+    cfg.validate()
+    check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
     tracking.configure(tracking_uri, EXPERIMENT)
     mlflow.set_experiment(EXPERIMENT)
     with mlflow.start_run(run_name=f"{cfg.similarity}-{cfg.k}-{cfg.negatives}") as run:
         tracking.log_training_params(cfg, manifest)
         mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
-        result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
+        with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
+            result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
         scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
         test, rand = scores["model"], scores["random"]
         mlflow.log_metrics({f"test_{k}": v for k, v in test.items() if not math.isnan(v)})

@@ -46,7 +46,9 @@ class DocMetrics:
     p_at_5: float
 
 
-def document_metrics(doc_id: str, scores: np.ndarray, links: list[tuple[int, int]] | None) -> DocMetrics | None:
+def document_metrics(
+    doc_id: str, scores: np.ndarray, links: list[tuple[int, int]] | None
+) -> DocMetrics | None:
     if links is None:
         return None
     y = label_matrix(*scores.shape, links)

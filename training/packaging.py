@@ -20,15 +20,19 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
 from training.data import make_batch
-from training.model import MulLink
 from training.objectives.assignment import max_weight_matching
 from training.text import Vocabulary
 
 SIGNATURE = ModelSignature(
     inputs=Schema(
-        [ColSpec(Array(DataType.string), "sentences"), ColSpec(Array(Array(DataType.double)), "image_features")]
+        [
+            ColSpec(Array(DataType.string), "sentences"),
+            ColSpec(Array(Array(DataType.double)), "image_features"),
+        ]
     ),
-    outputs=Schema([ColSpec(Array(Array(DataType.double)), "scores"), ColSpec(Array(Array(DataType.long)), "links")]),
+    outputs=Schema(
+        [ColSpec(Array(Array(DataType.double)), "scores"), ColSpec(Array(Array(DataType.long)), "links")]
+    ),
     params=ParamSchema([ParamSpec("threshold", DataType.double, 0.0)]),
 )
 
@@ -49,10 +53,9 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         for sentences, feats in zip(model_input["sentences"], model_input["image_features"], strict=True):
             sentences = [str(s) for s in sentences]
             feats = np.asarray([np.asarray(f, dtype=np.float32) for f in feats])
-            if not sentences or feats.ndim != 2 or feats.shape[1] != self.model.cfg.image_dim:
-                raise ValueError(
-                    f"each document needs >= 1 sentence and image features of width {self.model.cfg.image_dim}"
-                )
+            width = self.model.cfg.image_dim
+            if not sentences or feats.ndim != 2 or feats.shape[1] != width:
+                raise ValueError(f"each document needs >= 1 sentence and image features of width {width}")
             table = pa.table(
                 {
                     "doc_id": ["input"],

@@ -86,7 +86,7 @@ def embedding_matrix(vocab: Vocabulary, vectors: str = "glove", dim: int = 300, 
     if vectors == "glove":
         words, table = load_glove()
         row_of = {w: i for i, w in enumerate(words)}
-        lookup = lambda w: table[row_of[w]] if w in row_of else None  # noqa: E731
+        lookup = lambda w: table[row_of[w]] if w in row_of else None
         dim = table.shape[1]
     else:
         path = Path(vectors)

@@ -32,7 +32,7 @@ def configure(uri: str, experiment: str) -> str:
     if exp is None:
         artifact_location = None
         if uri.startswith("sqlite:///"):  # keep artifacts next to the local database
-            artifact_location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+            artifact_location = (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
         return client.create_experiment(experiment, artifact_location=artifact_location)
     return exp.experiment_id
 

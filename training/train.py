@@ -72,7 +72,7 @@ def train_loop_per_worker(config: dict) -> None:
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
         opt, mode="min", factor=cfg.plateau_factor, patience=cfg.plateau_patience
     )
-    start, best_val, best_epoch = 0, float("inf"), -1
+    start, best_val, best_epoch, history = 0, float("inf"), -1, []
     ckpt = ray.train.get_checkpoint()
     if ckpt:  # resume after a failure or a restarted job
         with ckpt.as_directory() as d:
@@ -81,6 +81,7 @@ def train_loop_per_worker(config: dict) -> None:
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         start, best_val, best_epoch = state["epoch"] + 1, state["best_val_loss"], state["best_epoch"]
+        history = state.get("history", [])
 
     mlflow_client = None
     if rank == 0 and config.get("mlflow_run_id"):
@@ -123,7 +124,9 @@ def train_loop_per_worker(config: dict) -> None:
                 batch = to_device(make_batch(table, vocab, cfg.max_tokens))
                 sums[0] += batch_loss(model, batch, cfg).item()
                 sums[1] += 1
-                for doc_id, scores, links in zip(batch.doc_ids, link_scores(_unwrap(model), batch), batch.links, strict=True):
+                for doc_id, scores, links in zip(
+                    batch.doc_ids, link_scores(_unwrap(model), batch), batch.links, strict=True
+                ):
                     m = document_metrics(doc_id, scores, links)
                     if m is not None:
                         sums[2] += m.auc
@@ -145,6 +148,7 @@ def train_loop_per_worker(config: dict) -> None:
             "best_epoch": best_epoch,
             "best_val_loss": best_val,
         }
+        history.append(metrics)
         if mlflow_client is not None:
             run_id = config["mlflow_run_id"]
             for k in ("train_loss", "val_loss", "val_auc", "lr", "docs_per_s"):
@@ -162,11 +166,19 @@ def train_loop_per_worker(config: dict) -> None:
                         "best_val_loss": best_val,
                         "best_epoch": best_epoch,
                         "val_loss": val_loss,
+                        "history": history,
                     },
                     Path(tmp) / CHECKPOINT_FILE,
                 )
                 (Path(tmp) / "meta.json").write_text(
-                    json.dumps({"model": config["model"], "train": config["train"], "epoch": epoch})
+                    json.dumps(
+                        {
+                            "model": config["model"],
+                            "train": config["train"],
+                            "epoch": epoch,
+                            "history": history,
+                        }
+                    )
                 )
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=checkpoint)
@@ -246,12 +258,16 @@ def fit(
 
     if not ray.is_initialized():
         if cfg.ray_address:
-            ray.init(address=cfg.ray_address, log_to_driver=True)
+            ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)
         else:
             # Logical CPUs above the core count leave room for Ray Data's read tasks next to the
             # training workers (otherwise two workers on two cores starve the data pipeline).
-            ray.init(num_cpus=max(4, (os.cpu_count() or 1) * 2), include_dashboard=False,
-                     log_to_driver=True, configure_logging=False)
+            ray.init(
+                num_cpus=max(4, (os.cpu_count() or 1) * 2),
+                include_dashboard=False,
+                log_to_driver=cfg.ray_logs,
+                configure_logging=cfg.ray_logs,
+            )
     ray.data.DataContext.get_current().enable_progress_bars = False
     storage = cfg.storage_path or str(Path(cfg.data).resolve().parent / "ray_results")
     trainer = TorchTrainer(
@@ -287,7 +303,12 @@ def fit(
         raise MmlinksError("training produced no checkpoint")
     with best.as_directory() as d:
         model, meta = load_checkpoint_model(d)
-    history = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None else []
+    # Ray Train keeps metrics only next to retained checkpoints; the latest one carries the
+    # whole per-epoch history.
+    history = meta.get("history", [])
+    if result.checkpoint is not None:
+        with result.checkpoint.as_directory() as d:
+            history = json.loads((Path(d) / "meta.json").read_text()).get("history", history)
     return TrainResult(
         model=model,
         vocab=vocab,

@@ -72,9 +72,7 @@ class MBConvBlock(nn.Module):
         if self.has_expand:
             self._expand_conv = SameConv2d(c_in, hidden, 1, bias=False)
             self._bn0 = nn.BatchNorm2d(hidden, eps=BN_EPS)
-        self._depthwise_conv = SameConv2d(
-            hidden, hidden, kernel, stride=stride, groups=hidden, bias=False
-        )
+        self._depthwise_conv = SameConv2d(hidden, hidden, kernel, stride=stride, groups=hidden, bias=False)
         self._bn1 = nn.BatchNorm2d(hidden, eps=BN_EPS)
         self._project_conv = SameConv2d(hidden, c_out, 1, bias=False)
         self._bn2 = nn.BatchNorm2d(c_out, eps=BN_EPS)

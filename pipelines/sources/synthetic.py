@@ -63,5 +63,6 @@ class ReadSyntheticCorpus(beam.PTransform):
         return (
             pbegin
             | "ReadLines" >> beam.io.ReadFromText(FileSystems.join(self.input_dir, "documents.jsonl"))
-            | "Parse" >> beam.ParDo(ParseSyntheticLine(self.input_dir)).with_outputs(DEAD_LETTER, main="documents")
+            | "Parse"
+            >> beam.ParDo(ParseSyntheticLine(self.input_dir)).with_outputs(DEAD_LETTER, main="documents")
         )

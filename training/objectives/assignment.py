@@ -1,10 +1,12 @@
 """Exact k-cardinality maximum-weight bipartite matching (the AP similarity's inner problem).
 
 The reduction follows the reference solver: for k < min(n, m), add (min - k) dummy nodes of a
-very high value that can only absorb nodes of the smaller side, pad to square with a very low
-constant, and solve one linear assignment with lapjv (which minimises cost on square matrices).
-Every dummy must be used (each is worth more than any real edge), so exactly k real nodes of the
-smaller side remain, and they get the best k-edge matching among all real pairs.
+high value that can only absorb nodes of the smaller side, pad to square with a constant, and
+solve one linear assignment with lapjv (which minimises cost on square matrices). Every dummy is
+used (each is worth more than any real edge), so exactly k real nodes of the smaller side remain,
+and they get the best k-edge matching among all real pairs. Padding rows are constant, so they
+never change which real pairs win. The constants are kept near the weights' scale and lapjv runs
+in float64: its float32 default cannot tell 1e4 + 1e-5 from 1e4.
 """
 
 from __future__ import annotations
@@ -13,9 +15,6 @@ import math
 
 import lapjv
 import numpy as np
-
-HIGH = 1e4  # worth more than any sum of cosine similarities
-LOW = -1e4  # worth less than any real edge
 
 
 def choose_k(n: int, m: int, mode: str) -> int:
@@ -47,13 +46,14 @@ def max_weight_matching(weights: np.ndarray, k: int | None = None) -> tuple[np.n
     dummies = n - k
     cols = m + dummies
     size = max(n, cols)
-    aug = np.full((size, size), LOW)
+    high = 2.0 * float(np.abs(w).max()) + 1.0  # beats any real edge and the constant padding
+    aug = np.zeros((size, size))
     aug[:n, :m] = w
-    aug[:n, m:cols] = HIGH  # dummy columns absorb exactly n - k real rows
+    aug[:n, m:cols] = high  # dummy columns absorb exactly n - k real rows
     if size == 1:
         row_to_col = np.zeros(1, dtype=np.int64)
     else:
-        row_to_col = np.asarray(lapjv.lapjv(-aug)[0])
+        row_to_col = np.asarray(lapjv.lapjv(-aug, force_doubles=True)[0])
     rows = np.arange(n)
     chosen = row_to_col[:n]
     real = chosen < m

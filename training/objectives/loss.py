@@ -23,8 +23,7 @@ def in_batch_loss(doc_sims: torch.Tensor, margin: float = 0.2, negatives: str = 
     wrong_images = hinge(pos[:, None], doc_sims, margin)  # row a: S_a vs V_b
     wrong_texts = hinge(pos[None, :], doc_sims, margin)  # column b: S_a vs V_b
     if negatives == "hard":
-        pooled = (wrong_images.masked_fill(~off, 0).amax(1)
-                  + wrong_texts.masked_fill(~off, 0).amax(0))
+        pooled = wrong_images.masked_fill(~off, 0).amax(1) + wrong_texts.masked_fill(~off, 0).amax(0)
     elif negatives == "mean":
         pooled = ((wrong_images * off).sum(1) + (wrong_texts * off).sum(0)) / (B - 1)
     else:

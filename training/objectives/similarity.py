@@ -68,14 +68,19 @@ def ap(sims, valid, s_mask, v_mask, k_mode: str = "full") -> torch.Tensor:
             idx_c.append(c)
             pair.append(np.full(k, a * B + b))
             ks[a, b] = k
-    to_t = lambda x: torch.from_numpy(np.concatenate(x)).to(sims.device)  # noqa: E731
+    to_t = lambda x: torch.from_numpy(np.concatenate(x)).to(sims.device)
     picked = sims[to_t(idx_a), to_t(idx_b), to_t(idx_r), to_t(idx_c)]
     total = torch.zeros(B * B, dtype=sims.dtype, device=sims.device).index_add(0, to_t(pair), picked)
     return total.view(B, B) / torch.from_numpy(ks).to(sims.device)
 
 
 def document_similarity(
-    kind: str, s: torch.Tensor, s_mask: torch.Tensor, v: torch.Tensor, v_mask: torch.Tensor, k_mode: str = "full"
+    kind: str,
+    s: torch.Tensor,
+    s_mask: torch.Tensor,
+    v: torch.Tensor,
+    v_mask: torch.Tensor,
+    k_mode: str = "full",
 ) -> torch.Tensor:
     """[B, B] matrix: entry (a, b) = sim(sentences of a, images of b)."""
     sims, valid = pair_matrices(s, s_mask, v, v_mask)

@@ -1,0 +1,51 @@
+"""`mmlinks demo --json` end to end, as the README tells a new user to run it (small sizes)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.test_cli import MMLINKS
+
+
+@pytest.mark.slow
+def test_demo_json_runs_every_layer(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(
+        [
+            MMLINKS,
+            "demo",
+            "--workdir",
+            str(tmp_path),
+            "--docs",
+            "80",
+            "--epochs",
+            "3",
+            "--d-multi",
+            "64",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)  # stdout holds exactly one JSON object
+    for key in ("auc", "p_at_1", "p_at_5", "random_auc", "model_uri", "tracking_uri", "dataset_manifest"):
+        assert key in out
+    assert out["model_uri"] == "models:/mmlinks-ap@production"
+    assert out["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert 0 <= out["auc"] <= 100 and 0 <= out["random_auc"] <= 100
+    assert os.path.exists(out["dataset_manifest"])
+    assert "[6/6] promoted" in proc.stderr
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(out["tracking_uri"])
+    mv = client.get_model_version_by_alias("mmlinks-ap", "production")
+    assert str(mv.version) == out["model_version"]
+    run = client.get_run(out["run_id"])
+    assert run.data.metrics["test_auc"] == pytest.approx(out["auc"])
+    assert len(client.get_metric_history(out["run_id"], "train_loss")) == 3
