@@ -206,7 +206,7 @@ def _add_train_args(p: argparse.ArgumentParser, epochs: int, d_multi: int, lr: f
     )
     g.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     r = p.add_argument_group("Ray Train")
-    r.add_argument("--workers", type=int, default=2, help="training workers (0 = in-process) (default: 2)")
+    r.add_argument("--workers", type=int, default=2, help="Ray Train workers, each one process (default: 2)")
     r.add_argument("--gpu", action="store_true", help="one GPU per worker")
     r.add_argument(
         "--max-failures", type=int, default=0, help="worker failures to retry from the last checkpoint"
@@ -346,12 +346,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_human(command: str, result: dict) -> None:
+def _print_human(args, result: dict) -> None:
     import json
 
+    from orchestration.output import table
+
+    command = args.command if args.command != "data" else args.data_command
     if command == "demo":
         return  # the demo prints its own summary
-    print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    if command == "synth":
+        print(f"wrote {result['documents']} documents to {result['corpus']}")
+    elif command == "build":
+        version = f"{result['dataset_version']} (schema v{result['schema_version']})"
+        print(f"dataset {version} -> {result['manifest']}")
+        print("documents per split: " + ", ".join(f"{k}={v}" for k, v in result["splits"].items()))
+        dropped = result["dropped"]
+        print("dropped: " + (", ".join(f"{k}={v}" for k, v in dropped.items()) if dropped else "nothing"))
+        print("details of every drop: dead_letter.jsonl next to the manifest")
+    elif command == "train":
+        t, r = result["test"], result["random"]
+        rows = [
+            ["model", *(f"{t[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5"))],
+            ["Random", *(f"{r[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5"))],
+        ]
+        print(f"test split, {t['n_docs']} documents (best epoch {result['best_epoch']}):")
+        print(table(rows, ["method", "AUC", "p@1", "p@5"]))
+        print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
+    else:  # inspect: the manifest itself
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         emit_json(result)
     else:
-        _print_human(args.command, result)
+        _print_human(args, result)
     return 0
 
 

@@ -33,6 +33,7 @@ def run_demo(args) -> dict:
     from training.tracking import tracking_uri
 
     t0 = time.perf_counter()
+    stage_s: dict[str, float] = {}
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     corpus, dataset = work / "corpus", work / "dataset"
@@ -44,9 +45,12 @@ def run_demo(args) -> dict:
         step(1, STEPS, f"synthetic corpus: {synth_cfg.docs} documents -> {corpus}")
         with tqdm(total=synth_cfg.docs, unit="doc", file=sys.stderr) as bar:
             write_corpus(corpus, synth_cfg, bar.update)
+    stage_s["synth"] = time.perf_counter() - t0
 
     step(2, STEPS, "dataset build (Apache Beam, DirectRunner): validate, phash, CNN features, shards")
+    t = time.perf_counter()
     manifest = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(dataset)))
+    stage_s["build"] = time.perf_counter() - t
     dropped = sum(manifest.counts.get("dropped", {}).values())
     print(
         f"    {manifest.counts['splits']} documents, {dropped} dropped, version {manifest.dataset_version}",
@@ -82,7 +86,9 @@ def run_demo(args) -> dict:
         ray_logs=args.debug,
     )
     name = args.model_name or "mmlinks-ap"
+    t = time.perf_counter()
     res = run_experiment(cfg, uri, model_name=name, alias=None, progress=True)
+    stage_s["train_evaluate_register"] = time.perf_counter() - t
     step(
         4, STEPS, f"evaluated best checkpoint (epoch {res.best_epoch}) on {res.test['n_docs']} test documents"
     )
@@ -109,6 +115,7 @@ def run_demo(args) -> dict:
         "dataset_manifest": str(dataset / "manifest.json"),
         "dataset_version": manifest.dataset_version,
         "wall_time_s": round(wall, 1),
+        "stage_s": {k: round(v, 1) for k, v in stage_s.items()},
     }
     if not args.json:
         rows = [

@@ -225,7 +225,7 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
         schema_version=SCHEMA_VERSION,
         dataset_version=Manifest.version_id(shards, params),
         source=cfg.source,
-        counts={"input": counts, "dropped": dropped, "splits": splits},
+        counts={"pipeline": counts, "dropped": dropped, "splits": splits},
         feature_extractor=FeatureExtractorInfo(extractor.name, extractor.version, extractor.dim),
         shards=shards,
         build_params=params,

@@ -39,7 +39,7 @@ class Manifest:
     schema_version: int
     dataset_version: str
     source: str
-    counts: dict[str, dict[str, int]]  # {"splits": {...}, "dropped": {...}, "input": {...}}
+    counts: dict[str, dict[str, int]]  # {"splits", "dropped" (kind:reason), "pipeline" counters}
     feature_extractor: FeatureExtractorInfo
     shards: list[ShardInfo]
     build_params: dict = field(default_factory=dict)

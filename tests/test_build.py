@@ -19,7 +19,7 @@ def test_manifest_accounts_for_every_input_document(dataset, corpus):
     dropped = m.counts["dropped"]
     doc_drops = sum(v for k, v in dropped.items() if k.startswith(("document:", "line:")))
     assert sum(m.counts["splits"].values()) + doc_drops == raw_lines
-    assert m.counts["input"]["lines_in"] == raw_lines
+    assert m.counts["pipeline"]["lines_in"] == raw_lines
     assert dropped["line:malformed_record"] == 2
     assert dropped["document:empty_document"] == 1
     assert dropped["document:no_valid_images"] == 1

@@ -23,7 +23,7 @@ class TrainConfig:
     d_multi: int = 1024
     image_dropout: float = 0.4
     seed: int = 0
-    num_workers: int = 2  # Ray Train workers; 0 runs the loop in-process
+    num_workers: int = 2  # Ray Train workers (1 = a single worker process)
     use_gpu: bool = False
     threads_per_worker: int = 1
     max_failures: int = 0
@@ -49,7 +49,7 @@ class TrainConfig:
             "negatives": self.negatives in ("hard", "mean"),
             "batch_docs (>= 2)": self.batch_docs >= 2,
             "epochs (>= 1)": self.epochs >= 1,
-            "num_workers (>= 0)": self.num_workers >= 0,
+            "num_workers (>= 1)": self.num_workers >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

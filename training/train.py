@@ -298,7 +298,10 @@ def fit(
     result = trainer.fit()
     if result.error:
         raise MmlinksError(f"training failed: {result.error}")
-    best = result.get_best_checkpoint(metric="val_loss", mode="min")
+    try:
+        best = result.get_best_checkpoint(metric="val_loss", mode="min")
+    except RuntimeError as exc:  # Ray raises when the run directory holds no checkpoint
+        raise MmlinksError(f"training produced no checkpoint: {exc}") from exc
     if best is None:
         raise MmlinksError("training produced no checkpoint")
     with best.as_directory() as d:
