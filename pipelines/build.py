@@ -12,6 +12,7 @@ interrupted build leaves the previous dataset version intact.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import RunInference
@@ -28,7 +30,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.features.extractor import FeatureExtractor, get_extractor
 from pipelines.images import decode
-from pipelines.records import COUNTS_NAMESPACE, DEAD_LETTER, DROPPED_NAMESPACE, count, dead_letter
+from pipelines.records import (
+    COUNTS_NAMESPACE,
+    DEAD_LETTER,
+    DROPPED_NAMESPACE,
+    DeadLetter,
+    count,
+    dead_letter,
+)
 from pipelines.sources import get_source
 from pipelines.splits import DEFAULT_RATIOS, assign_split, shard_index
 from pipelines.validate import IMAGE_BYTES, LoadAndValidate
@@ -70,6 +79,13 @@ def _preprocess(kv: tuple[str, bytes], extractor: FeatureExtractor):
 def _to_features(kv) -> tuple[str, list[float]]:
     cid, result = kv
     return cid, np.asarray(result.inference, dtype=np.float32).tolist()
+
+
+def _failed_batch(batch_and_error):
+    batch, error = batch_and_error
+    for cid, _ in batch:
+        beam.metrics.Metrics.counter(DROPPED_NAMESPACE, "image:inference_failed").inc()
+        yield DeadLetter("image", cid, "inference_failed", repr(error)[:500])
 
 
 def _fan_out_features(kv):
@@ -134,13 +150,17 @@ def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str, dead_letter
     checked = read.documents | "Validate" >> beam.ParDo(LoadAndValidate()).with_outputs(
         DEAD_LETTER, IMAGE_BYTES, main="docs"
     )
-    features = (
+    handler = extractor.model_handler(cfg.device, max_batch=cfg.batch_size)
+    inferred, failed = (
         checked[IMAGE_BYTES]
         | "DedupeImages" >> beam.CombinePerKey(lambda blobs: next(iter(blobs), b""))
         | "Preprocess" >> beam.Map(_preprocess, extractor)
-        | "CNN" >> RunInference(extractor.model_handler(cfg.device, max_batch=cfg.batch_size))
-        | "ToList" >> beam.Map(_to_features)
+        | "CNN" >> RunInference(handler).with_exception_handling()
     )
+    features = inferred | "ToList" >> beam.Map(_to_features)
+    # A batch that fails inference loses only its images (each dead-lettered); their documents
+    # are then dead-lettered by AssembleDocument instead of crashing the build.
+    inference_dead = failed.failed_inferences | "FailedInference" >> beam.FlatMap(_failed_batch)
     refs = checked.docs | "ImageRefs" >> beam.FlatMap(
         lambda d: [(im["content_id"], d["doc_id"]) for im in d["images"]]
     )
@@ -161,7 +181,7 @@ def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str, dead_letter
         | "WriteShards" >> beam.ParDo(WriteShard(staging))
     )
     _ = (
-        (read[DEAD_LETTER], checked[DEAD_LETTER], assembled[DEAD_LETTER])
+        (read[DEAD_LETTER], checked[DEAD_LETTER], inference_dead, assembled[DEAD_LETTER])
         | "AllDeadLetters" >> beam.Flatten()
         | "DeadLetterJson" >> beam.Map(lambda r: r.to_json())
         | "WriteDeadLetters" >> beam.io.WriteToText(dead_letter_prefix, shard_name_template="", num_shards=1)
@@ -203,10 +223,6 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
 
     shards = []
     for path in sorted((out / SHARDS_DIR).glob("*.parquet")):
-        import hashlib
-
-        import pyarrow.parquet as pq
-
         data = path.read_bytes()
         shards.append(
             ShardInfo(

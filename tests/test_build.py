@@ -6,6 +6,7 @@ from collections import Counter
 import duckdb
 import polars as pl
 import pyarrow.parquet as pq
+import torch
 
 from pipelines.build import BuildConfig, build_dataset, dead_letters
 from pipelines.splits import assign_split
@@ -78,14 +79,48 @@ def test_shards_are_sorted_and_readable_without_mmlinks(dataset):
 
 def test_rebuild_is_byte_identical(corpus, dataset, tmp_path):
     m1 = Manifest.read(dataset)
+    # A different inference batch size must not change a single byte (see fixed_chunk_inference).
     m2 = build_dataset(
         BuildConfig(
             source="synthetic",
             input=str(corpus),
             out=str(tmp_path),
             split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
+            batch_size=5,
         )
     )
     assert [(s.path, s.sha256) for s in m1.shards] == [(s.path, s.sha256) for s in m2.shards]
     assert m1.dataset_version == m2.dataset_version
     assert m1.to_json() == m2.to_json()
+
+
+class ExplodingModel(torch.nn.Module):
+    """Stands in for a CNN whose forward pass fails (out of memory, bad weights, ...)."""
+
+    def forward(self, x):
+        raise RuntimeError("simulated inference failure")
+
+
+def test_inference_failure_dead_letters_instead_of_crashing(tmp_path, monkeypatch):
+    from apache_beam.ml.inference.base import KeyedModelHandler
+    from apache_beam.ml.inference.pytorch_inference import PytorchModelHandlerTensor
+
+    from pipelines.features.extractor import FeatureExtractor
+    from pipelines.synthetic_corpus import SynthConfig, write_corpus
+
+    state = tmp_path / "empty.pt"
+    torch.save({}, state)
+
+    def failing_handler(self, device="cpu", min_batch=8, max_batch=32):
+        return KeyedModelHandler(
+            PytorchModelHandlerTensor(state_dict_path=str(state), model_class=ExplodingModel, model_params={})
+        )
+
+    monkeypatch.setattr(FeatureExtractor, "model_handler", failing_handler)
+    write_corpus(tmp_path / "c", SynthConfig(docs=4, seed=9, image_size=48))
+    m = build_dataset(BuildConfig(source="synthetic", input=str(tmp_path / "c"), out=str(tmp_path / "d")))
+    assert sum(m.counts["splits"].values()) == 0
+    assert m.counts["dropped"]["document:feature_extraction_failed"] == 4
+    assert m.counts["dropped"]["image:inference_failed"] >= 1
+    records = dead_letters(tmp_path / "d")
+    assert any("simulated inference failure" in r["detail"] for r in records)

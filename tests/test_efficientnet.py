@@ -41,3 +41,14 @@ def test_features_are_pooled_penultimate_activations():
     with torch.no_grad():
         feats = feat_model(x)
         assert torch.allclose(model._fc(feats), model(x), atol=1e-4)
+
+
+def test_fixed_chunk_inference_is_independent_of_batch_composition():
+    from pipelines.features.extractor import fixed_chunk_inference
+
+    model = load_pretrained(EfficientNetLite0Features)
+    torch.manual_seed(1)
+    images = list(torch.randn(11, 3, 224, 224))
+    alone = fixed_chunk_inference(images[:1], model, "cpu")[0].inference
+    for batch in (images[:3], images[:11], [images[0], *images[5:9]]):
+        assert torch.equal(fixed_chunk_inference(batch, model, "cpu")[0].inference, alone)

@@ -56,9 +56,14 @@ def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool) -
     bar = tqdm(total=epochs, desc="train", unit="epoch", file=sys.stderr)
 
     def poll() -> None:
+        from mlflow.exceptions import MlflowException
+
         while not stop.wait(2.0):
-            hist = client.get_metric_history(run_id, "val_loss")
-            auc = client.get_metric_history(run_id, "val_auc")
+            try:
+                hist = client.get_metric_history(run_id, "val_loss")
+                auc = client.get_metric_history(run_id, "val_auc")
+            except MlflowException:  # a busy store only delays the bar; training is unaffected
+                continue
             if len(hist) > bar.n:
                 bar.update(len(hist) - bar.n)
                 post = {"val_loss": f"{hist[-1].value:.4f}"}

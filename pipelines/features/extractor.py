@@ -6,14 +6,42 @@ An extractor names its weights, output dimension and preprocessing, and gives Be
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from PIL import Image
 
 from pipelines.features import efficientnet_lite
 from pipelines.images import to_model_input
 from schemas.errors import MmlinksError
+
+FORWARD_CHUNK = 8
+
+
+def fixed_chunk_inference(
+    batch: Sequence[torch.Tensor], model: torch.nn.Module, device, inference_args=None, model_id=None
+):
+    """Run the model on fixed-size chunks (the last one zero-padded).
+
+    CPU kernels pick different code paths for different batch sizes, so an image's features
+    can change in the last bits with the size of the batch it lands in, and RunInference sizes
+    batches by timing. A fixed forward size makes every image's features independent of its
+    batch, so rebuilding the same inputs gives byte-identical shards.
+    """
+    from apache_beam.ml.inference.base import PredictionResult
+
+    x = torch.stack(list(batch)).to(device)
+    outs = []
+    with torch.no_grad():
+        for start in range(0, len(x), FORWARD_CHUNK):
+            chunk = x[start : start + FORWARD_CHUNK]
+            n = len(chunk)
+            if n < FORWARD_CHUNK:
+                chunk = torch.cat([chunk, chunk.new_zeros(FORWARD_CHUNK - n, *chunk.shape[1:])])
+            outs.append(model(chunk)[:n].cpu())
+    return [PredictionResult(ex, out, model_id) for ex, out in zip(batch, torch.cat(outs), strict=True)]
 
 
 @dataclass(frozen=True)
@@ -40,7 +68,8 @@ class FeatureExtractor:
             model_class=efficientnet_lite.EfficientNetLite0Features,
             model_params={},
             device="GPU" if device == "cuda" else "CPU",
-            min_batch_size=min_batch,
+            inference_fn=fixed_chunk_inference,
+            min_batch_size=min(min_batch, max_batch),
             max_batch_size=max_batch,
         )
         return KeyedModelHandler(handler)
