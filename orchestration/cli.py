@@ -159,6 +159,26 @@ def cmd_train(args) -> dict:
     }
 
 
+def cmd_promote(args) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    from training.registry import Gate, promote, rollback
+    from training.tracking import tracking_uri
+
+    client = MlflowClient(tracking_uri(args.workdir))
+    if args.rollback:
+        was, now = rollback(client, args.model_name)
+        return {"rolled_back": True, "name": args.model_name, "from_version": was, "to_version": now}
+    if not args.data:
+        raise MmlinksError("--data DIR is required (the dataset both models are scored on)")
+    _existing_dir(args.data)
+    gate = Gate(args.max_auc_drop, args.max_p1_drop, args.min_auc)
+    result = promote(client, args.model_name, args.data, gate, args.split).to_dict()
+    if not result["promoted"]:
+        args.exit_code = 1
+    return result
+
+
 def cmd_demo(args) -> dict:
     from orchestration.demo import run_demo
 
@@ -171,6 +191,23 @@ def cmd_demo(args) -> dict:
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
+
+
+def _add_gate_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("promotion gate (metric points, x100 scale)")
+    g.add_argument(
+        "--max-auc-drop",
+        type=float,
+        default=0.5,
+        help="refuse if candidate AUC is more than this below production's (default: 0.5)",
+    )
+    g.add_argument(
+        "--max-p1-drop",
+        type=float,
+        default=0.0,
+        help="refuse if candidate p@1 is more than this below production's (default: 0)",
+    )
+    g.add_argument("--min-auc", type=float, default=0.0, help="absolute AUC floor (default: 0)")
 
 
 def _add_train_args(p: argparse.ArgumentParser, epochs: int, d_multi: int, lr: float) -> None:
@@ -217,7 +254,11 @@ def _add_train_args(p: argparse.ArgumentParser, epochs: int, d_multi: int, lr: f
     r.add_argument("--ray-address", default="", help="existing Ray cluster address (default: local Ray)")
     t = p.add_argument_group("MLflow")
     t.add_argument("--model-name", default="mmlinks-ap", help="registered model name ('' = do not register)")
-    t.add_argument("--alias", default="production", help="alias given to the new version ('' = none)")
+    t.add_argument(
+        "--alias",
+        default="candidate",
+        help="alias for the new version (default: candidate; `mmlinks promote` moves production)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="The whole job on this machine with no servers and no network: generate a "
         "synthetic corpus, build Parquet shards with Beam, train the AP model with Ray Train "
         "(2 CPU workers), evaluate on the test split against Random, and register the model "
-        "in a local MLflow (SQLite) with the alias 'production'.",
+        "in a local MLflow (SQLite) as 'candidate', then promote it to 'production' through the "
+        "evaluation gate.",
         epilog=EPILOG,
     )
     demo.add_argument(
@@ -244,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--docs", type=int, default=600, help="synthetic documents (default: 600)")
     _add_train_args(demo, epochs=20, d_multi=256, lr=1e-3)
+    _add_gate_args(demo)
     _add_common(demo)
     demo.set_defaults(func=cmd_demo)
 
@@ -343,6 +386,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(train, epochs=50, d_multi=1024, lr=1e-4)
     _add_common(train)
     train.set_defaults(func=cmd_train)
+
+    prom = sub.add_parser(
+        "promote",
+        help="move 'production' to the 'candidate' version if it passes the gate (or --rollback)",
+        description="Score the candidate and the current production version of a registered "
+        "model on the same frozen split of a dataset; move the 'production' alias to the "
+        "candidate only if every gate holds, recording the previous version so --rollback can "
+        "restore it. Exit code 1 when the gate refuses (the reasons are printed).",
+        epilog=EPILOG,
+    )
+    prom.add_argument("--model-name", default="mmlinks-ap", help="registered model (default: mmlinks-ap)")
+    prom.add_argument("--data", help="dataset directory to evaluate on (required unless --rollback)")
+    prom.add_argument("--split", default="test", help="split of --data to evaluate on (default: test)")
+    prom.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
+    prom.add_argument("--rollback", action="store_true", help="restore the previous production version")
+    _add_gate_args(prom)
+    _add_common(prom)
+    prom.set_defaults(func=cmd_promote)
     return parser
 
 
@@ -363,6 +424,19 @@ def _print_human(args, result: dict) -> None:
         dropped = result["dropped"]
         print("dropped: " + (", ".join(f"{k}={v}" for k, v in dropped.items()) if dropped else "nothing"))
         print("details of every drop: dead_letter.jsonl next to the manifest")
+    elif command == "promote":
+        if result.get("rolled_back"):
+            moved = f"{result['from_version']} to {result['to_version']}"
+            print(f"{result['name']}: production moved back from {moved}")
+        elif result["promoted"]:
+            print(
+                f"{result['name']}: production -> version {result['candidate_version']} "
+                f"(was {result['production_version']}); candidate {result['candidate_metrics']}"
+            )
+        else:
+            print(f"{result['name']}: promotion of version {result['candidate_version']} refused:")
+            for reason in result["failures"]:
+                print(f"  - {reason}")
     elif command == "train":
         t, r = result["test"], result["random"]
         rows = [
@@ -398,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         emit_json(result)
     else:
         _print_human(args, result)
-    return 0
+    return getattr(args, "exit_code", 0)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ def run_demo(args) -> dict:
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
     from training.config import TrainConfig
     from training.experiment import run_experiment
+    from training.registry import Gate, promote
     from training.tracking import tracking_uri
 
     t0 = time.perf_counter()
@@ -87,16 +88,26 @@ def run_demo(args) -> dict:
     )
     name = args.model_name or "mmlinks-ap"
     t = time.perf_counter()
-    res = run_experiment(cfg, uri, model_name=name, alias=None, progress=True)
+    res = run_experiment(cfg, uri, model_name=name, alias="candidate", progress=True)
     stage_s["train_evaluate_register"] = time.perf_counter() - t
     step(
         4, STEPS, f"evaluated best checkpoint (epoch {res.best_epoch}) on {res.test['n_docs']} test documents"
     )
-    step(5, STEPS, f"registered {name} version {res.model_version} (run {res.run_id})")
-    alias = args.alias or "production"
-    MlflowClient(uri).set_registered_model_alias(name, alias, res.model_version)
-    model_uri = f"models:/{name}@{alias}"
-    step(6, STEPS, f"promoted: {model_uri} -> version {res.model_version}")
+    step(5, STEPS, f"registered {name} version {res.model_version} as 'candidate' (run {res.run_id})")
+    t = time.perf_counter()
+    gate = Gate(args.max_auc_drop, args.max_p1_drop, args.min_auc)
+    promotion = promote(MlflowClient(uri), name, dataset, gate)
+    stage_s["promote"] = time.perf_counter() - t
+    model_uri = f"models:/{name}@production"
+    if promotion.promoted:
+        step(6, STEPS, f"promoted: {model_uri} -> version {res.model_version} (gate passed)")
+    else:
+        step(
+            6,
+            STEPS,
+            f"promotion refused, production stays version {promotion.production_version}: "
+            + "; ".join(promotion.failures),
+        )
 
     wall = time.perf_counter() - t0
     summary = {
@@ -110,6 +121,9 @@ def run_demo(args) -> dict:
         "best_epoch": res.best_epoch,
         "model_uri": model_uri,
         "model_version": res.model_version,
+        "promoted": promotion.promoted,
+        "promotion_failures": promotion.failures,
+        "production_version": res.model_version if promotion.promoted else promotion.production_version,
         "run_id": res.run_id,
         "tracking_uri": uri,
         "dataset_manifest": str(dataset / "manifest.json"),
@@ -134,7 +148,7 @@ def run_demo(args) -> dict:
         ]
         print(f"\nTest split, {res.test['n_docs']} documents (macro-averaged, x100):")
         print(table(rows, ["method", "AUC", "p@1", "p@5"]))
-        print(f"\nmodel:     {model_uri}  (version {res.model_version})")
+        print(f"\nmodel:     {model_uri}  (version {summary['production_version']})")
         print(f"manifest:  {dataset / 'manifest.json'}   (mmlinks data inspect {dataset})")
         ui = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else uri
         print(f"MLflow UI: {ui}")

@@ -95,3 +95,38 @@ def dataset(corpus, tmp_path_factory) -> Path:
         )
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def small_train_config(dataset, storage, **kw):
+    from training.config import TrainConfig
+
+    base = dict(
+        data=str(dataset),
+        epochs=3,
+        d_multi=32,
+        batch_docs=4,
+        lr=3e-3,
+        min_word_count=1,
+        num_workers=1,
+        storage_path=str(storage),
+        run_name="t",
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="session")
+def trained(dataset, tmp_path_factory, ray_local):
+    """One real single-worker Ray Train run on the fixture dataset, shared by several tests."""
+    from training.train import fit
+
+    return fit(small_train_config(dataset, tmp_path_factory.mktemp("ray")))

@@ -9,38 +9,18 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.conftest import small_train_config
 from training.config import TrainConfig
 from training.experiment import run_experiment
 from training.train import fit
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def small_cfg(dataset, tmp_path, **kw) -> TrainConfig:
-    base = dict(
-        data=str(dataset),
-        epochs=3,
-        d_multi=32,
-        batch_docs=4,
-        lr=3e-3,
-        min_word_count=1,
-        num_workers=1,
-        storage_path=str(tmp_path / "ray"),
-        run_name="t",
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    return small_train_config(dataset, tmp_path / "ray", **kw)
 
 
-def test_fit_keeps_the_lowest_validation_loss_checkpoint(dataset, tmp_path, ray_local):
-    res = fit(small_cfg(dataset, tmp_path))
+def test_fit_keeps_the_lowest_validation_loss_checkpoint(trained):
+    res = trained
     losses = {int(h["epoch"]): h["val_loss"] for h in res.history}
     assert sorted(losses) == [0, 1, 2]
     assert res.best_epoch == min(losses, key=losses.get)

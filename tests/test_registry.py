@@ -1,0 +1,136 @@
+"""Gated promotion, rollback and the promotion lock against a real MLflow SQLite registry."""
+
+import shutil
+import threading
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from schemas.errors import MmlinksError
+from training.packaging import log_link_model
+from training.registry import CANDIDATE, PRODUCTION, Gate, PromotionLock, promote, rollback
+
+NAME = "reg-test"
+
+
+def _flipped_checkpoint(src: str, dst: Path) -> str:
+    """The same model with its image projection negated: every score flips sign."""
+    shutil.copytree(src, dst)
+    state = torch.load(dst / "state.pt", weights_only=False)
+    for key in ("image.proj.weight", "image.proj.bias"):
+        state["model"][key] = -state["model"][key]
+    torch.save(state, dst / "state.pt")
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def registry(trained, dataset, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("registry-tests")
+    uris = {}
+    for label, ckpt in (
+        ("trained", trained.checkpoint_path),
+        ("flipped", _flipped_checkpoint(trained.checkpoint_path, root / "flipped")),
+    ):
+        with mlflow.start_run(run_name=label):
+            uris[label] = log_link_model(ckpt, trained.vocab)
+    yield MlflowClient(uri), uris
+    mlflow.set_tracking_uri(None)
+
+
+def _register(client, uri, alias=CANDIDATE) -> str:
+    v = str(mlflow.register_model(uri, NAME).version)
+    client.set_registered_model_alias(NAME, alias, v)
+    return v
+
+
+def test_gate_promotes_rolls_back_and_explains_refusals(registry, dataset):
+    client, uris = registry
+    from training.registry import evaluate_model_uri
+
+    scores = {k: evaluate_model_uri(u, dataset) for k, u in uris.items()}
+    better = max(scores, key=lambda k: scores[k]["auc"])
+    worse = min(scores, key=lambda k: scores[k]["auc"])
+    assert scores[better]["auc"] > scores[worse]["auc"]  # flipping scores flips AUC around 50
+
+    # 1. No production yet: the candidate only has to clear the absolute floor.
+    v_good = _register(client, uris[better])
+    res = promote(client, NAME, dataset, Gate())
+    assert res.promoted and res.production_version is None
+    assert str(client.get_model_version_by_alias(NAME, PRODUCTION).version) == v_good
+
+    # 2. A worse candidate is refused, with the failing metric named; production stays.
+    v_bad = _register(client, uris[worse])
+    res = promote(client, NAME, dataset, Gate(max_auc_drop=0.5))
+    assert not res.promoted
+    assert any(f.startswith("auc ") and "below production" in f for f in res.failures)
+    assert str(client.get_model_version_by_alias(NAME, PRODUCTION).version) == v_good
+    assert "mmlinks.promotion_check" in client.get_model_version(NAME, v_bad).tags
+
+    # 3. A lenient gate lets it through; rollback restores the previous version, twice undoes.
+    res = promote(client, NAME, dataset, Gate(max_auc_drop=100, max_p_at_1_drop=100))
+    assert res.promoted and res.production_version == v_good
+    assert rollback(client, NAME) == (v_bad, v_good)
+    assert str(client.get_model_version_by_alias(NAME, PRODUCTION).version) == v_good
+    assert rollback(client, NAME) == (v_good, v_bad)
+
+
+def test_floor_refuses_even_without_production(registry, dataset):
+    client, uris = registry
+    mlflow.register_model(uris["trained"], "floor-test")
+    client.set_registered_model_alias("floor-test", CANDIDATE, "1")
+    res = promote(client, "floor-test", dataset, Gate(min_auc=101))
+    assert not res.promoted and "below the floor" in res.failures[0]
+
+
+def test_unknown_model_or_alias_is_a_clear_error(registry, dataset):
+    client, _ = registry
+    with pytest.raises(MmlinksError, match="no 'candidate' version"):
+        promote(client, "no-such-model", dataset, Gate())
+    with pytest.raises(MmlinksError, match=r"no registered model|no previous production"):
+        rollback(client, "no-such-model")
+
+
+def test_concurrent_promotions_do_not_interleave(registry, dataset):
+    client, uris = registry
+    name = "race-test"
+    v = str(mlflow.register_model(uris["trained"], name).version)
+    client.set_registered_model_alias(name, CANDIDATE, v)
+
+    # A promotion that finds the lock held is refused rather than interleaved.
+    with PromotionLock(client, name):
+        with pytest.raises(MmlinksError, match="another promotion"):
+            promote(client, name, dataset, Gate())
+        assert str(client.get_model_version_by_alias(name, CANDIDATE).version) == v
+
+    # Two promotions racing for the same candidate: exactly one moves production.
+    outcomes, barrier = [], threading.Barrier(2)
+
+    def attempt():
+        barrier.wait()
+        try:
+            outcomes.append(promote(MlflowClient(client.tracking_uri), name, dataset, Gate()).promoted)
+        except MmlinksError as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=attempt) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count(True) == 1, outcomes
+    assert str(client.get_model_version_by_alias(name, PRODUCTION).version) == v
+
+
+def test_stale_lock_is_broken_after_its_ttl(registry):
+    client, _ = registry
+    PromotionLock(client, "stale-test").__enter__()  # a crashed promotion never released it
+    with pytest.raises(MmlinksError):
+        PromotionLock(client, "stale-test").__enter__()
+    with PromotionLock(client, "stale-test", ttl_s=0.0):
+        pass

@@ -1,0 +1,215 @@
+"""Gated promotion of registered models, with rollback and a store-level lock.
+
+A new model version gets the alias ``candidate``. ``promote`` evaluates the candidate and the
+current ``production`` version on the same frozen evaluation split, moves ``production`` only
+when every gate holds, and records why (metrics, the previous production version) in tags, so
+``rollback`` can restore the previous version and a refused promotion names the failing metric.
+
+Concurrent promotions of one model are serialised by a lock that is itself a registered model
+(``<name>.promotion-lock``): registered-model names are unique in every MLflow store, so
+creating it is an atomic compare-and-set on SQLite, PostgreSQL or a tracking server alike. After
+taking the lock the production alias is re-read; if it moved since the evaluation, the
+promotion is refused instead of overwriting someone else's decision.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from schemas.errors import MmlinksError
+from schemas.manifest import Manifest
+from schemas.shards import read_table
+from training.data import TRAINING_COLUMNS, features_of
+from training.metrics import document_metrics, summarize
+
+CANDIDATE, PRODUCTION = "candidate", "production"
+PREVIOUS_TAG = "mmlinks.previous_production"
+LOCK_SUFFIX = ".promotion-lock"
+LOCK_TTL_S = 600.0
+
+
+@dataclass
+class Gate:
+    """How much worse than production a candidate may be, in metric points (x100 scale)."""
+
+    max_auc_drop: float = 0.0
+    max_p_at_1_drop: float = 0.0
+    min_auc: float = 0.0  # absolute floor, also applied when there is no production yet
+
+
+@dataclass
+class PromotionResult:
+    promoted: bool
+    name: str
+    candidate_version: str
+    production_version: str | None  # production before this call
+    candidate_metrics: dict
+    production_metrics: dict | None
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _version_by_alias(client: MlflowClient, name: str, alias: str) -> str | None:
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException as exc:
+        if "not found" in str(exc).lower() or "RESOURCE_DOES_NOT_EXIST" in str(exc):
+            return None
+        raise
+
+
+def evaluate_model_uri(model_uri: str, data: str | Path, split: str = "test") -> dict:
+    """Score a registered model on a dataset split through its pyfunc interface."""
+    import mlflow.pyfunc
+    import pandas as pd
+
+    manifest = Manifest.read(data)
+    paths = manifest.shard_paths(data, split)
+    if not paths:
+        raise MmlinksError(f"{data} has no {split!r} shards to evaluate on")
+    table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
+    try:
+        model = mlflow.pyfunc.load_model(model_uri)
+    except MlflowException as exc:
+        raise MmlinksError(f"cannot load {model_uri}: {exc.message}") from exc
+    feats, _ = features_of(table)
+    frame = pd.DataFrame(
+        {"sentences": table.column("sentences").to_pylist(), "image_features": [f.tolist() for f in feats]}
+    )
+    scores = model.predict(frame)["scores"]
+    per_doc = []
+    for doc_id, s, links in zip(
+        table.column("doc_id").to_pylist(), scores, table.column("links").to_pylist(), strict=True
+    ):
+        lk = None if links is None else [(d["sentence"], d["image"]) for d in links]
+        m = document_metrics(doc_id, np.asarray(s), lk)
+        if m is not None:
+            per_doc.append(m)
+    if not per_doc:
+        raise MmlinksError(f"no labelled {split} document in {data} to evaluate on")
+    return summarize(per_doc)
+
+
+def check_gate(cand: dict, prod: dict | None, gate: Gate) -> list[str]:
+    """Human-readable reasons the candidate fails; empty when it passes."""
+    failures = []
+    if cand["auc"] < gate.min_auc:
+        failures.append(f"auc {cand['auc']:.2f} is below the floor {gate.min_auc:.2f}")
+    if prod is not None:
+        if cand["auc"] < prod["auc"] - gate.max_auc_drop:
+            failures.append(
+                f"auc {cand['auc']:.2f} is more than {gate.max_auc_drop:g} below "
+                f"production's {prod['auc']:.2f}"
+            )
+        if cand["p_at_1"] < prod["p_at_1"] - gate.max_p_at_1_drop:
+            failures.append(
+                f"p_at_1 {cand['p_at_1']:.2f} is more than {gate.max_p_at_1_drop:g} below "
+                f"production's {prod['p_at_1']:.2f}"
+            )
+    return failures
+
+
+class PromotionLock:
+    """An exclusive lock held as a registered model named ``<name>.promotion-lock``."""
+
+    def __init__(self, client: MlflowClient, name: str, ttl_s: float = LOCK_TTL_S):
+        self.client, self.lock_name, self.ttl_s = client, name + LOCK_SUFFIX, ttl_s
+        self.token = uuid.uuid4().hex
+
+    def __enter__(self) -> PromotionLock:
+        try:
+            self.client.create_registered_model(
+                self.lock_name,
+                tags={"token": self.token, "acquired_at": str(time.time())},
+                description="held while a promotion runs; safe to delete if stale",
+            )
+            return self
+        except MlflowException as exc:
+            if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+                raise
+        holder = self.client.get_registered_model(self.lock_name)
+        age = time.time() - float(holder.tags.get("acquired_at", "0"))
+        if age > self.ttl_s:  # a crashed promotion left it behind
+            self.client.delete_registered_model(self.lock_name)
+            return self.__enter__()
+        raise MmlinksError(
+            f"another promotion of this model is in progress (lock {self.lock_name!r}, held {age:.0f} s)"
+        )
+
+    def __exit__(self, *exc) -> None:
+        try:
+            holder = self.client.get_registered_model(self.lock_name)
+            if holder.tags.get("token") == self.token:
+                self.client.delete_registered_model(self.lock_name)
+        except MlflowException:
+            pass  # already broken as stale by someone else; nothing of ours to release
+
+
+def promote(
+    client: MlflowClient,
+    name: str,
+    data: str | Path,
+    gate: Gate,
+    split: str = "test",
+) -> PromotionResult:
+    """Evaluate candidate vs production on ``data``/``split`` and move production if gates hold."""
+    cand_v = _version_by_alias(client, name, CANDIDATE)
+    if cand_v is None:
+        raise MmlinksError(f"model {name!r} has no {CANDIDATE!r} version to promote")
+    prod_v = _version_by_alias(client, name, PRODUCTION)
+    if prod_v == cand_v:
+        raise MmlinksError(f"version {cand_v} of {name!r} is already {PRODUCTION}")
+    cand_m = evaluate_model_uri(f"models:/{name}/{cand_v}", data, split)
+    prod_m = evaluate_model_uri(f"models:/{name}/{prod_v}", data, split) if prod_v else None
+    failures = check_gate(cand_m, prod_m, gate)
+    result = PromotionResult(not failures, name, cand_v, prod_v, cand_m, prod_m, failures)
+    record = {
+        "candidate": cand_m,
+        "production": prod_m,
+        "production_version": prod_v,
+        "gate": asdict(gate),
+        "failures": failures,
+        "data": str(data),
+        "split": split,
+    }
+    client.set_model_version_tag(name, cand_v, "mmlinks.promotion_check", json.dumps(record)[:5000])
+    if failures:
+        return result
+    with PromotionLock(client, name):
+        now = _version_by_alias(client, name, PRODUCTION)
+        if now != prod_v:
+            raise MmlinksError(
+                f"production of {name!r} moved from {prod_v} to {now} during this promotion; run it again"
+            )
+        if prod_v is not None:
+            client.set_registered_model_tag(name, PREVIOUS_TAG, prod_v)
+        client.set_registered_model_alias(name, PRODUCTION, cand_v)
+        client.delete_registered_model_alias(name, CANDIDATE)
+        client.set_model_version_tag(name, cand_v, "mmlinks.promoted_at", str(time.time()))
+    return result
+
+
+def rollback(client: MlflowClient, name: str) -> tuple[str, str]:
+    """Point production back at the version it replaced; returns (from, to)."""
+    with PromotionLock(client, name):
+        try:
+            previous = client.get_registered_model(name).tags.get(PREVIOUS_TAG)
+        except MlflowException as exc:
+            raise MmlinksError(f"no registered model {name!r}: {exc.message}") from exc
+        current = _version_by_alias(client, name, PRODUCTION)
+        if not previous or current is None:
+            raise MmlinksError(f"model {name!r} has no previous production version to roll back to")
+        client.set_registered_model_alias(name, PRODUCTION, previous)
+        client.set_registered_model_tag(name, PREVIOUS_TAG, current)  # a second rollback undoes this one
+        client.set_model_version_tag(name, current, "mmlinks.rolled_back_at", str(time.time()))
+    return current, previous
