@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestration.output import step, table
+from orchestration.output import heartbeat, step, table
 
 STEPS = 6
 
@@ -50,7 +50,8 @@ def run_demo(args) -> dict:
 
     step(2, STEPS, "dataset build (Apache Beam, DirectRunner): validate, phash, CNN features, shards")
     t = time.perf_counter()
-    manifest = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(dataset)))
+    with heartbeat("beam build"):
+        manifest = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(dataset)))
     stage_s["build"] = time.perf_counter() - t
     dropped = sum(manifest.counts.get("dropped", {}).values())
     print(
@@ -82,7 +83,7 @@ def run_demo(args) -> dict:
         use_gpu=args.gpu,
         max_failures=args.max_failures,
         storage_path=args.storage_path or str(work / "ray_results"),
-        run_name=f"demo-{int(time.time())}",
+        run_name=args.run_name,
         ray_address=args.ray_address,
         ray_logs=args.debug,
     )
@@ -110,6 +111,8 @@ def run_demo(args) -> dict:
         )
 
     wall = time.perf_counter() - t0
+    # Metrics are those of the model this run trained (the candidate); "production_version"
+    # says which version serves models:/NAME@production after the gate.
     summary = {
         "auc": res.test["auc"],
         "p_at_1": res.test["p_at_1"],

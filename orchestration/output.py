@@ -55,3 +55,34 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     lines = [fmt.format(*header), fmt.format(*["-" * w for w in widths])]
     lines += [fmt.format(*map(str, r)) for r in rows]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def heartbeat(desc: str, enabled: bool = True) -> Iterator[None]:
+    """An elapsed-time bar for steps that report no progress of their own (a Beam run).
+
+    The direct runner exposes no live counters to the driver, so this shows that work goes on
+    and for how long, not how much is left.
+    """
+    if not enabled:
+        yield
+        return
+    import threading
+
+    from tqdm import tqdm
+
+    stop = threading.Event()
+    bar = tqdm(desc=desc, unit="s", file=sys.stderr, bar_format="{desc}: {elapsed} elapsed")
+
+    def tick() -> None:
+        while not stop.wait(1.0):
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        bar.close()

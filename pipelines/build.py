@@ -43,7 +43,7 @@ from pipelines.splits import DEFAULT_RATIOS, assign_split, shard_index
 from pipelines.validate import IMAGE_BYTES, LoadAndValidate
 from schemas.document import SCHEMA_VERSION, Document, ImageRecord
 from schemas.errors import MmlinksError
-from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
+from schemas.manifest import MANIFEST_NAME, FeatureExtractorInfo, Manifest, ShardInfo
 from schemas.shards import write_shard
 
 SHARDS_DIR = "shards"
@@ -109,16 +109,11 @@ class AssembleDocument(beam.DoFn):
             return
         doc = docs[0]
         feats = {cid: f for cid, f in grouped["feat"]}
-        images = []
-        for im in doc["images"]:
-            f = feats.get(im["content_id"])
-            if f is None:
-                yield dead_letter("image", doc_id, "no_features", im["uri"])
-                continue
-            images.append(ImageRecord(features=f, regions=None, **im))
-        if len(images) != len(doc["images"]):
-            yield dead_letter("document", doc_id, "feature_extraction_failed")
+        missing = [im["uri"] for im in doc["images"] if feats.get(im["content_id"]) is None]
+        if missing:  # each failed image is already dead-lettered once, by content id
+            yield dead_letter("document", doc_id, "feature_extraction_failed", ", ".join(missing))
             return
+        images = [ImageRecord(features=feats[im["content_id"]], regions=None, **im) for im in doc["images"]]
         split = doc["split"] or assign_split(doc_id, self.ratios)
         count(f"documents_out:{split}")
         yield Document(
@@ -196,33 +191,9 @@ def _counters(result, namespace: str) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def build_dataset(cfg: BuildConfig) -> Manifest:
-    """Run the build and write ``OUT/shards/*.parquet``, ``dead_letter.jsonl`` and the manifest."""
-    if cfg.num_shards < 1:
-        raise MmlinksError("--num-shards must be >= 1")
-    extractor = get_extractor(cfg.extractor)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    staging = out / f".staging-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    options = PipelineOptions([f"--runner={cfg.runner}", *cfg.beam_args], save_main_session=False)
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    try:
-        with beam.Pipeline(options=options) as p:
-            build_pipeline(p, cfg, str(staging / SHARDS_DIR), str(staging / DEAD_LETTER_FILE))
-        result = p.result
-        counts = _counters(result, COUNTS_NAMESPACE)
-        dropped = _counters(result, DROPPED_NAMESPACE)
-        # Swap in the new version only now that every stage succeeded.
-        shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
-        (staging / SHARDS_DIR).mkdir(exist_ok=True)  # a build with zero documents has no shards
-        (staging / SHARDS_DIR).rename(out / SHARDS_DIR)
-        (staging / DEAD_LETTER_FILE).replace(out / DEAD_LETTER_FILE)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
+def _describe_shards(shard_dir: Path) -> list[ShardInfo]:
     shards = []
-    for path in sorted((out / SHARDS_DIR).glob("*.parquet")):
+    for path in sorted(shard_dir.glob("*.parquet")):
         data = path.read_bytes()
         shards.append(
             ShardInfo(
@@ -233,21 +204,67 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
                 sha256=hashlib.sha256(data).hexdigest(),
             )
         )
-    splits = {s: 0 for s in cfg.split_ratios}
-    for s in shards:
-        splits[s.split] = splits.get(s.split, 0) + s.rows
-    params = cfg.params()
-    manifest = Manifest(
-        schema_version=SCHEMA_VERSION,
-        dataset_version=Manifest.version_id(shards, params),
-        source=cfg.source,
-        counts={"pipeline": counts, "dropped": dropped, "splits": splits},
-        feature_extractor=FeatureExtractorInfo(extractor.name, extractor.version, extractor.dim),
-        shards=shards,
-        build_params=params,
-        dead_letter=DEAD_LETTER_FILE,
-    )
-    manifest.write(out)
+    return shards
+
+
+def build_dataset(cfg: BuildConfig) -> Manifest:
+    """Run the build and write ``OUT/shards/*.parquet``, ``dead_letter.jsonl`` and the manifest.
+
+    Everything is produced in a staging folder first, manifest included; the previous version
+    is replaced only after the pipeline succeeded, by a few renames (shards, dead letters, then
+    the manifest last), so an interrupted build leaves the old version readable.
+    """
+    if cfg.num_shards < 1:
+        raise MmlinksError("--num-shards must be >= 1")
+    if (
+        not cfg.split_ratios
+        or any(v < 0 for v in cfg.split_ratios.values())
+        or not sum(cfg.split_ratios.values())
+    ):
+        raise MmlinksError(f"split ratios must be non-negative with a positive sum: {cfg.split_ratios}")
+    extractor = get_extractor(cfg.extractor)
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise MmlinksError(f"{out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    staging = out / f".staging-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    options = PipelineOptions([f"--runner={cfg.runner}", *cfg.beam_args], save_main_session=False)
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    try:
+        with beam.Pipeline(options=options) as p:
+            build_pipeline(p, cfg, str(staging / SHARDS_DIR), str(staging / DEAD_LETTER_FILE))
+        result = p.result
+        (staging / SHARDS_DIR).mkdir(exist_ok=True)  # a build with zero documents has no shards
+        shards = _describe_shards(staging / SHARDS_DIR)
+        splits = {s: 0 for s in cfg.split_ratios}
+        for s in shards:
+            splits[s.split] = splits.get(s.split, 0) + s.rows
+        params = cfg.params()
+        manifest = Manifest(
+            schema_version=SCHEMA_VERSION,
+            dataset_version=Manifest.version_id(shards, params),
+            source=cfg.source,
+            counts={
+                "pipeline": _counters(result, COUNTS_NAMESPACE),
+                "dropped": _counters(result, DROPPED_NAMESPACE),
+                "splits": splits,
+            },
+            feature_extractor=FeatureExtractorInfo(extractor.name, extractor.version, extractor.dim),
+            shards=shards,
+            build_params=params,
+            dead_letter=DEAD_LETTER_FILE,
+        )
+        manifest.write(staging)
+        old = out / f".old-{uuid.uuid4().hex[:8]}"
+        if (out / SHARDS_DIR).exists():
+            (out / SHARDS_DIR).rename(old)
+        (staging / SHARDS_DIR).rename(out / SHARDS_DIR)
+        (staging / DEAD_LETTER_FILE).replace(out / DEAD_LETTER_FILE)
+        (staging / MANIFEST_NAME).replace(out / MANIFEST_NAME)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return manifest
 
 

@@ -197,7 +197,10 @@ def generate_document(cfg: SynthConfig, index: int) -> tuple[dict, list[Image.Im
         if rng.random() < 0.5:
             sentences.append((rng.choice(FILLER), -1))
         else:  # a described object that is not in the document: a hard distractor
-            sentences.append((describe(_random_spec(rng, list(COLOURS)), rng), -1))
+            spec = _random_spec(rng, list(COLOURS))
+            while (spec.shape, spec.colour, spec.size) in seen:
+                spec = _random_spec(rng, list(COLOURS))
+            sentences.append((describe(spec, rng), -1))
     rng.shuffle(sentences)
 
     doc_id = f"synth-{cfg.seed}-{index:06d}"
@@ -216,7 +219,7 @@ def write_corpus(out: str | Path, cfg: SynthConfig, progress: Callable[[int], No
     """Write the corpus under ``out``; returns the path of ``documents.jsonl``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "corpus.json").write_text(json.dumps({"format": "mmlinks-synthetic/1", **asdict(cfg)}, indent=2))
+    (out / "corpus.json").unlink(missing_ok=True)  # written last: its presence marks a complete corpus
     docs_path = out / "documents.jsonl"
     with docs_path.open("w") as fh:
         for i in range(cfg.docs):
@@ -228,4 +231,5 @@ def write_corpus(out: str | Path, cfg: SynthConfig, progress: Callable[[int], No
             fh.write(json.dumps(record, sort_keys=True) + "\n")
             if progress:
                 progress(1)
+    (out / "corpus.json").write_text(json.dumps({"format": "mmlinks-synthetic/1", **asdict(cfg)}, indent=2))
     return docs_path

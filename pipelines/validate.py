@@ -35,7 +35,7 @@ class LoadAndValidate(beam.DoFn):
         count("images_in", len(doc.image_uris))
         count("sentences_in", len(doc.sentences))
 
-        images, image_map = [], {}
+        images, image_map, blobs = [], {}, []
         for k, uri in enumerate(doc.image_uris):
             try:
                 data = read_bytes(uri)
@@ -56,7 +56,7 @@ class LoadAndValidate(beam.DoFn):
                     "phash": info.phash,
                 }
             )
-            yield beam.pvalue.TaggedOutput(IMAGE_BYTES, (info.content_id, data))
+            blobs.append((info.content_id, data))
 
         sentences, sentence_map = [], {}
         for k, text in enumerate(doc.sentences):
@@ -79,9 +79,14 @@ class LoadAndValidate(beam.DoFn):
             for s, i in doc.links:
                 if not (0 <= s < len(doc.sentences) and 0 <= i < len(doc.image_uris)):
                     yield dead_letter("link", doc.doc_id, "out_of_range", f"({s}, {i})")
-                elif s in sentence_map and i in image_map:  # else its sentence/image was dropped
+                elif s in sentence_map and i in image_map:
                     kept.add((sentence_map[s], image_map[i]))
+                else:
+                    yield dead_letter("link", doc.doc_id, "endpoint_dropped", f"({s}, {i})")
             links = sorted(kept)
+        # Only images of kept documents go on to (costly) feature extraction.
+        for blob in blobs:
+            yield beam.pvalue.TaggedOutput(IMAGE_BYTES, blob)
         yield {
             "doc_id": doc.doc_id,
             "source": doc.source,

@@ -58,7 +58,10 @@ def add_bad_records(corpus: Path) -> dict:
             fh.write(json.dumps(rec) + "\n")
         fh.write("{this is not json\n")
         fh.write('["a list", "not an object"]\n')
-    return {"documents": len(lines) + len(extra), "malformed_lines": 2}
+        fh.write('{"doc_id": "bad-meta", "sentences": ["a"], "images": [], "metadata": [1]}\n')
+    with docs.open("ab") as fh:
+        fh.write(b'{"doc_id": "bad-bytes", "sentences": ["caf\xe9"], "images": []}\n')  # Latin-1, not UTF-8
+    return {"documents": len(lines) + len(extra), "malformed_lines": 4}
 
 
 def _tiny_png() -> bytes:
@@ -101,7 +104,9 @@ def dataset(corpus, tmp_path_factory) -> Path:
 def ray_local():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
     yield
     ray.shutdown()
 

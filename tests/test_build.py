@@ -16,16 +16,18 @@ from schemas.shards import read_documents
 
 def test_manifest_accounts_for_every_input_document(dataset, corpus):
     m = Manifest.read(dataset)
-    raw_lines = len((corpus / "documents.jsonl").read_text().splitlines())
+    raw_lines = len((corpus / "documents.jsonl").read_bytes().splitlines())
     dropped = m.counts["dropped"]
     doc_drops = sum(v for k, v in dropped.items() if k.startswith(("document:", "line:")))
     assert sum(m.counts["splits"].values()) + doc_drops == raw_lines
     assert m.counts["pipeline"]["lines_in"] == raw_lines
-    assert dropped["line:malformed_record"] == 2
+    assert dropped["line:malformed_record"] == 3
+    assert dropped["line:not_utf8"] == 1
     assert dropped["document:empty_document"] == 1
     assert dropped["document:no_valid_images"] == 1
     assert dropped["document:no_sentences"] == 1
     assert dropped["link:out_of_range"] == 1
+    assert dropped["link:endpoint_dropped"] == 1  # mixed: (0, 0) lost its token-less sentence
     assert dropped["image:undecodable"] == 3  # two truncated copies + one text file
     assert dropped["image:unreadable"] == 1  # missing file
     assert dropped["image:too_small"] == 1
@@ -47,7 +49,7 @@ def test_mixed_document_keeps_good_items_and_remaps_links(dataset, corpus):
     assert mixed.sentences == ["the big blue square", "a small red star"]
     assert len(mixed.images) == 2  # inputs 1 and 3 survive, now 0 and 1
     assert mixed.links == [(0, 0), (1, 1)]  # (1,1)->(0,0), (2,3)->(1,1); (0,0) lost its sentence
-    first = json.loads((corpus / "documents.jsonl").read_text().splitlines()[0])
+    first = json.loads((corpus / "documents.jsonl").read_bytes().splitlines()[0])
     assert mixed.images[0].uri.endswith(first["images"][1])
 
 

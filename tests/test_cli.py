@@ -77,6 +77,17 @@ def test_unknown_schema_version_shards_are_refused(dataset, tmp_path):
     _one_line_error(run("train", "--data", str(copy), "--epochs", "1"), "schema version 2")
 
 
+def test_bad_split_and_output_paths_are_one_line_errors(tmp_path, corpus):
+    for split in ("0.8,0.2", "a,b,c", "0,0,0", "-1,1,1"):
+        _one_line_error(
+            run("data", "build", "--input", str(corpus), "--out", str(tmp_path / "o"), f"--split={split}"),
+            "--split",
+        )
+    (tmp_path / "file").write_text("x")
+    _one_line_error(run("data", "synth", "--out", str(tmp_path / "file"), "--docs", "1"), "not a directory")
+    _one_line_error(run("demo", "--workdir", str(tmp_path / "file")), "not a directory")
+
+
 def test_build_refuses_non_corpus_directory(tmp_path):
     _one_line_error(
         run("data", "build", "--input", str(tmp_path), "--out", str(tmp_path / "o")), "not a synthetic corpus"

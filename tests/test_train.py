@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -38,15 +39,37 @@ def test_invalid_config_is_refused(dataset, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, ray_local):
+def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, ray_local, monkeypatch):
+    secret = "s3cr3t-token-7f2a9c"
+    for var in ("MLFLOW_TRACKING_TOKEN", "praw_client_secret", "IMGUR_CLIENT_ID"):
+        monkeypatch.setenv(var, secret)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = small_cfg(dataset, tmp_path, num_workers=2, epochs=2)
+    # batch_docs 3 gives the two workers different numbers of validation batches (a DDP trap)
+    cfg = small_cfg(
+        dataset,
+        tmp_path,
+        num_workers=2,
+        epochs=2,
+        batch_docs=3,
+        storage_path=f"{tmp_path}/ray-{secret}",
+    )
     res = run_experiment(cfg, uri, model_name="test-model", alias="production")
     assert res.model_uri == "models:/test-model@production"
     client = MlflowClient(uri)
     run = client.get_run(res.run_id)
     assert run.data.params["similarity"] == "ap"
     assert run.data.params["dataset_version"]
+    assert len(run.data.params["dataset_manifest_sha256"]) == 64
+    assert run.data.params["version.torch"] and run.data.params["git_commit"]
+    assert [d.dataset.digest for d in run.inputs.dataset_inputs] == [run.data.params["dataset_version"]]
+    # Credentials from the environment (or inside a URI) never reach params, tags or artifacts.
+    assert secret not in json.dumps(run.data.params) + json.dumps(run.data.tags)
+    local = mlflow.artifacts.download_artifacts(
+        run_id=res.run_id, tracking_uri=uri, dst_path=str(tmp_path / "a")
+    )
+    for f in Path(local).rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
     assert {"test_auc", "test_p_at_1", "test_p_at_5", "random_auc"} <= set(run.data.metrics)
     hist = client.get_metric_history(res.run_id, "val_loss")
     assert [m.step for m in hist] == [0, 1]  # one value per epoch, logged by rank 0 only

@@ -28,12 +28,17 @@ class TrainConfig:
     threads_per_worker: int = 1
     max_failures: int = 0
     storage_path: str = ""  # Ray Train run storage (local path or a shared URI)
-    run_name: str = "mmlinks-train"
+    run_name: str = ""  # Ray Train run name; empty = a fresh unique name (reuse one to resume)
     ray_address: str = ""  # empty: start or reuse a local Ray
     ray_logs: bool = False  # forward worker logs to this console
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def public_dict(self) -> dict:
+        """The config minus fields that may carry hosts or credentials (cluster address, a
+        storage URI with keys); this is what goes into params, artifacts and checkpoints."""
+        return {k: v for k, v in asdict(self).items() if k not in ("ray_address", "storage_path")}
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:

@@ -94,7 +94,9 @@ def run_experiment(
     tracking.configure(tracking_uri, EXPERIMENT)
     mlflow.set_experiment(EXPERIMENT)
     with mlflow.start_run(run_name=f"{cfg.similarity}-{cfg.k}-{cfg.negatives}") as run:
-        tracking.log_training_params(cfg, manifest)
+        tracking.log_training_params(cfg, manifest, cfg.data)
+        mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
+        mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
         mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
@@ -112,7 +114,10 @@ def run_experiment(
             first.column("sentences")[0].as_py(),
             [im["features"] for im in first.column("images")[0].as_py()],
         )
-        model_uri = log_link_model(result.checkpoint_path, result.vocab, example)
+        mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
+        mlflow.log_dict({"history": result.history}, "training_history.json")
+        with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
+            model_uri = log_link_model(ckpt_dir, result.vocab, example)
         version = None
         if model_name:
             version = tracking.register(model_uri, model_name, alias, tracking_uri)

@@ -1,4 +1,7 @@
-"""The registered model: an ``mlflow.pyfunc`` wrapper so downstream stages need no training code.
+"""The registered model: an ``mlflow.pyfunc`` wrapper, so downstream stages call one ``predict``.
+
+Loading it needs the installed ``mmlinks`` package (the wrapper class is pickled by reference),
+not this repository's source tree.
 
 Input: one row per document with ``sentences`` (list of strings) and ``image_features`` (list of
 CNN feature vectors, same extractor as the training data). Output per document: the sentence x

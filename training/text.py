@@ -97,10 +97,15 @@ def embedding_matrix(vocab: Vocabulary, vectors: str = "glove", dim: int = 300, 
             for line in fh:
                 parts = line.rstrip().split(" ")
                 if len(parts) > 2 and parts[0] in wanted:
-                    found[parts[0]] = np.asarray(parts[1:], dtype=np.float32)
+                    try:
+                        found[parts[0]] = np.asarray(parts[1:], dtype=np.float32)
+                    except ValueError:
+                        raise MmlinksError(f"{path}: the vector of {parts[0]!r} is not numeric") from None
         if not found:
             raise MmlinksError(f"no vocabulary word found in {path}")
         dim = len(next(iter(found.values())))
+        if any(len(v) != dim for v in found.values()):
+            raise MmlinksError(f"{path}: word vectors have different lengths")
         lookup = found.get
     mat = rng.uniform(-0.2, 0.2, (len(vocab), dim)).astype(np.float32)
     mat[PAD] = 0

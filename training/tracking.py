@@ -7,7 +7,11 @@ environment (MLFLOW_TRACKING_TOKEN etc.), which MLflow reads itself; nothing her
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
+import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import mlflow
@@ -37,17 +41,68 @@ def configure(uri: str, experiment: str) -> str:
     return exp.experiment_id
 
 
-def log_training_params(cfg: TrainConfig, manifest: Manifest) -> None:
-    params = {k: v for k, v in cfg.to_dict().items() if k not in ("ray_address",)}
+PACKAGES = ("torch", "ray", "apache-beam", "mlflow", "pyarrow", "numpy", "mmlinks")
+
+
+def git_commit(cwd: str | Path | None = None) -> str:
+    """The commit of the checkout the code runs from, or "unknown" (e.g. an installed wheel)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=cwd or Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def log_training_params(cfg: TrainConfig, manifest: Manifest, data_dir: str | Path) -> None:
+    """Config, dataset identity and provenance as params; system facts as tags; the dataset as
+    an MLflow dataset input."""
+    import mlflow.data
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    manifest_path = Path(data_dir) / "manifest.json"
+    params = cfg.public_dict()
     params.update(
         {
             "dataset_version": manifest.dataset_version,
             "dataset_source": manifest.source,
+            "dataset_manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest(),
             "feature_extractor": f"{manifest.feature_extractor.name}@{manifest.feature_extractor.version}",
             "schema_version": manifest.schema_version,
+            "git_commit": git_commit(),
+            **{f"version.{k}": v for k, v in package_versions().items()},
         }
     )
     mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+    mlflow.set_tags(
+        {
+            "system.python": platform.python_version(),
+            "system.platform": platform.platform(),
+            "system.cpus": str(os.cpu_count()),
+            "system.hostname": platform.node(),
+        }
+    )
+    source = resolve_dataset_source(str(manifest_path.resolve()))
+    dataset = MetaDataset(
+        source=source, name=f"{manifest.source}-{manifest.dataset_version}", digest=manifest.dataset_version
+    )
+    mlflow.log_input(dataset, context="training")
 
 
 def register(model_uri: str, name: str, alias: str | None, uri: str) -> str:

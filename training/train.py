@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,25 @@ def link_scores(model: MulLink, batch: DocBatch) -> list[np.ndarray]:
     return out
 
 
+def validation_batches(paths: list[str], batch_docs: int, rank: int, world: int) -> list:
+    """This worker's share of fixed validation batches.
+
+    The validation loss picks the checkpoint, so it must not depend on which documents happen
+    to share a batch: documents are sorted by id, cut into batches of ``batch_docs`` (a short
+    tail joins the previous batch, so none has fewer than 2 documents), and batch i goes to
+    worker i % world. The loss is then averaged per document, not per batch.
+    """
+    from schemas.shards import read_table
+
+    table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
+    starts = list(range(0, table.num_rows, batch_docs))
+    if len(starts) > 1 and table.num_rows - starts[-1] < 2:
+        starts.pop()
+    bounds = [*starts[1:], table.num_rows]
+    batches = [table.slice(s, e - s) for s, e in zip(starts, bounds, strict=True)]
+    return [b for i, b in enumerate(batches) if i % world == rank and b.num_rows >= 2]
+
+
 def _unwrap(model):
     return model.module if hasattr(model, "module") else model
 
@@ -69,8 +89,10 @@ def train_loop_per_worker(config: dict) -> None:
     model = ray.train.torch.prepare_model(model) if world > 1 or cfg.use_gpu else model
     device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    # torch lowers the rate once num_bad_epochs > patience; the paper's rule is "after
+    # plateau_patience epochs without improvement", hence the - 1.
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        opt, mode="min", factor=cfg.plateau_factor, patience=cfg.plateau_patience
+        opt, mode="min", factor=cfg.plateau_factor, patience=max(0, cfg.plateau_patience - 1)
     )
     start, best_val, best_epoch, history = 0, float("inf"), -1, []
     ckpt = ray.train.get_checkpoint()
@@ -90,7 +112,7 @@ def train_loop_per_worker(config: dict) -> None:
         mlflow_client = MlflowClient(tracking_uri=config["mlflow_tracking_uri"])
 
     train_shard = ray.train.get_dataset_shard("train")
-    val_shard = ray.train.get_dataset_shard("val")
+    val_batches = validation_batches(config["val_paths"], cfg.batch_docs, rank, world)
 
     def to_device(b: DocBatch) -> DocBatch:
         if device.type == "cpu":
@@ -116,14 +138,15 @@ def train_loop_per_worker(config: dict) -> None:
         train_time = time.perf_counter() - t0
 
         model.eval()
-        sums = torch.zeros(4, dtype=torch.float64)  # loss sum, batches, auc sum, auc docs
+        sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss x docs, docs, auc sum, auc docs
         with torch.no_grad():
-            for table in val_shard.iter_batches(batch_size=cfg.batch_docs, batch_format="pyarrow"):
-                if table.num_rows < 2:
-                    continue
+            for table in val_batches:
                 batch = to_device(make_batch(table, vocab, cfg.max_tokens))
-                sums[0] += batch_loss(model, batch, cfg).item()
-                sums[1] += 1
+                # The unwrapped module: workers hold different numbers of validation batches,
+                # and a DDP forward would wait for a matching forward (buffer sync) on every
+                # other worker, which never comes.
+                sums[0] += batch_loss(_unwrap(model), batch, cfg).item() * len(batch)
+                sums[1] += len(batch)
                 for doc_id, scores, links in zip(
                     batch.doc_ids, link_scores(_unwrap(model), batch), batch.links, strict=True
                 ):
@@ -174,7 +197,8 @@ def train_loop_per_worker(config: dict) -> None:
                     json.dumps(
                         {
                             "model": config["model"],
-                            "train": config["train"],
+                            # checkpoints travel into model artifacts: no addresses or URIs
+                            "train": cfg.public_dict(),
                             "epoch": epoch,
                             "history": history,
                         }
@@ -191,7 +215,8 @@ class TrainResult:
     model_config: ModelConfig
     best_epoch: int
     best_val_loss: float
-    checkpoint_path: str
+    checkpoint_path: str  # where Ray stored it (a path or a URI under storage_path)
+    checkpoint: object  # the ray.train.Checkpoint; use .as_directory() to read it anywhere
     history: list[dict]
 
 
@@ -244,7 +269,9 @@ def fit(
         raise MmlinksError(f"{cfg.data} needs train and val shards to train")
     # Reading the sentences also checks every shard's schema version before Ray starts.
     sentences = read_table(train_paths, columns=["sentences"]).column("sentences").to_pylist()
-    read_table(val_paths, columns=["doc_id"])
+    n_val = read_table(val_paths, columns=["doc_id"]).num_rows
+    if n_val < 2:
+        raise MmlinksError(f"{cfg.data} has {n_val} validation document(s); the validation loss needs >= 2")
     feature_stats = training_feature_stats(train_paths)
     vocab = Vocabulary.build((s for doc in sentences for s in doc), cfg.min_word_count)
     emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
@@ -262,7 +289,9 @@ def fit(
         else:
             # Logical CPUs above the core count leave room for Ray Data's read tasks next to the
             # training workers (otherwise two workers on two cores starve the data pipeline).
+            # address="local" always starts a fresh instance, never attaches to a stray cluster.
             ray.init(
+                address="local",
                 num_cpus=max(4, (os.cpu_count() or 1) * 2),
                 include_dashboard=False,
                 log_to_driver=cfg.ray_logs,
@@ -270,6 +299,10 @@ def fit(
             )
     ray.data.DataContext.get_current().enable_progress_bars = False
     storage = cfg.storage_path or str(Path(cfg.data).resolve().parent / "ray_results")
+    # A fresh name per run: Ray resumes any run whose name already exists under storage, so
+    # reusing a fixed name would silently continue (or re-register) an old run. Pass the same
+    # run_name and storage_path explicitly to resume after a crash.
+    run_name = cfg.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -278,12 +311,13 @@ def fit(
             "vocab": vocab.words,
             "embeddings": emb,
             "feature_stats": feature_stats,
+            "val_paths": val_paths,
             "mlflow_run_id": mlflow_run_id,
             "mlflow_tracking_uri": mlflow_tracking_uri,
         },
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
         run_config=RunConfig(
-            name=cfg.run_name,
+            name=run_name,
             storage_path=storage,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=2, checkpoint_score_attribute="val_loss", checkpoint_score_order="min"
@@ -292,10 +326,14 @@ def fit(
         ),
         datasets={
             "train": ray.data.read_parquet(train_paths, columns=TRAINING_COLUMNS).materialize(),
-            "val": ray.data.read_parquet(val_paths, columns=TRAINING_COLUMNS).materialize(),
         },
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except ray.train.TrainingFailedError as exc:  # V2 raises instead of returning result.error
+        raise MmlinksError(
+            f"training failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
     if result.error:
         raise MmlinksError(f"training failed: {result.error}")
     try:
@@ -319,5 +357,6 @@ def fit(
         best_epoch=int(meta["epoch"]),
         best_val_loss=float(meta["val_loss"]),
         checkpoint_path=best.path,
+        checkpoint=best,
         history=history,
     )

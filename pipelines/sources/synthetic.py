@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import apache_beam as beam
+from apache_beam import coders
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
@@ -21,10 +22,15 @@ class ParseSyntheticLine(beam.DoFn):
     def __init__(self, root: str):
         self.root = root
 
-    def process(self, line: str):
-        if not line.strip():
+    def process(self, raw: bytes):
+        if not raw.strip():
             return
         count("lines_in")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
+            return
         try:
             rec = json.loads(line)
             if not isinstance(rec, dict):
@@ -36,6 +42,9 @@ class ParseSyntheticLine(beam.DoFn):
                 raise ValueError("sentences and images must be lists")
             links = rec.get("links")
             links = None if links is None else [(int(s), int(i)) for s, i in links]
+            metadata = rec.get("metadata") or {}
+            if not isinstance(metadata, dict):
+                raise ValueError("metadata must be an object")
         except (ValueError, KeyError, TypeError) as exc:
             yield dead_letter("line", line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
             return
@@ -46,7 +55,7 @@ class ParseSyntheticLine(beam.DoFn):
             sentences=[str(s) for s in sentences],
             image_uris=[FileSystems.join(self.root, str(p)) for p in images],
             links=links,
-            metadata={str(k): str(v) for k, v in (rec.get("metadata") or {}).items()},
+            metadata={str(k): str(v) for k, v in metadata.items()},
         )
 
 
@@ -62,7 +71,11 @@ class ReadSyntheticCorpus(beam.PTransform):
     def expand(self, pbegin):
         return (
             pbegin
-            | "ReadLines" >> beam.io.ReadFromText(FileSystems.join(self.input_dir, "documents.jsonl"))
+            # Bytes, not str: one non-UTF-8 line must become a dead letter, not fail the read.
+            | "ReadLines"
+            >> beam.io.ReadFromText(
+                FileSystems.join(self.input_dir, "documents.jsonl"), coder=coders.BytesCoder()
+            )
             | "Parse"
             >> beam.ParDo(ParseSyntheticLine(self.input_dir)).with_outputs(DEAD_LETTER, main="documents")
         )

@@ -1,0 +1,1 @@
+"""Deployment configuration (container images, cluster manifests); see infra/README.md."""
