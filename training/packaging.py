@@ -40,6 +40,19 @@ SIGNATURE = ModelSignature(
 )
 
 
+MAX_SENTENCES = 200  # per document; a serving request beyond this is refused with HTTP 400
+MAX_IMAGES = 200
+
+
+def _bad_request(message: str) -> Exception:
+    """MLflow's scoring server answers an MlflowException with its own status code (400 here)
+    and message; any other exception becomes an opaque 'unexpected error'."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
 class LinkModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from training.train import load_checkpoint_model
@@ -53,12 +66,30 @@ class LinkModel(mlflow.pyfunc.PythonModel):
 
         threshold = float((params or {}).get("threshold", 0.0))
         rows = []
-        for sentences, feats in zip(model_input["sentences"], model_input["image_features"], strict=True):
+        missing = {"sentences", "image_features"} - set(model_input.columns)
+        if missing:
+            raise _bad_request(f"input is missing column(s) {sorted(missing)}")
+        width = self.model.cfg.image_dim
+        for row, (sentences, feats) in enumerate(
+            zip(model_input["sentences"], model_input["image_features"], strict=True)
+        ):
+            if sentences is None or feats is None or isinstance(sentences, str):
+                raise _bad_request(f"document {row}: sentences and image_features must be lists")
             sentences = [str(s) for s in sentences]
-            feats = np.asarray([np.asarray(f, dtype=np.float32) for f in feats])
-            width = self.model.cfg.image_dim
-            if not sentences or feats.ndim != 2 or feats.shape[1] != width:
-                raise ValueError(f"each document needs >= 1 sentence and image features of width {width}")
+            if not sentences or len(feats) == 0:
+                raise _bad_request(f"document {row}: needs >= 1 sentence and >= 1 image")
+            if len(sentences) > MAX_SENTENCES or len(feats) > MAX_IMAGES:
+                raise _bad_request(
+                    f"document {row}: at most {MAX_SENTENCES} sentences and {MAX_IMAGES} images per document"
+                )
+            try:
+                feats = np.asarray([np.asarray(f, dtype=np.float32) for f in feats])
+            except (TypeError, ValueError) as exc:
+                raise _bad_request(f"document {row}: image_features must be numbers: {exc}") from None
+            if feats.ndim != 2 or feats.shape[1] != width:
+                raise _bad_request(f"document {row}: each image feature vector must have {width} numbers")
+            if not np.isfinite(feats).all():
+                raise _bad_request(f"document {row}: image_features contain NaN or infinity")
             table = pa.table(
                 {
                     "doc_id": ["input"],

@@ -1,0 +1,127 @@
+"""The registered model behind `mlflow models serve`: real HTTP over loopback."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from training.packaging import MAX_SENTENCES, log_link_model
+
+MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def served_model(trained, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("serving-tests")
+    with mlflow.start_run():
+        model_uri = log_link_model(trained.checkpoint_path, trained.vocab)
+    version = mlflow.register_model(model_uri, "served").version
+    MlflowClient(uri).set_registered_model_alias("served", "production", version)
+    mlflow.set_tracking_uri(None)
+
+    port = free_port()
+    # the scoring server execs `uvicorn` from PATH, so the venv must be on it
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": uri,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    log = (root / "server.log").open("w")
+    proc = subprocess.Popen(
+        [
+            MLFLOW,
+            "models",
+            "serve",
+            "-m",
+            "models:/served@production",
+            "--env-manager",
+            "local",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow models serve exited: {(root / 'server.log').read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{base}/ping", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("mlflow models serve did not answer /ping within 180 s")
+    yield base
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)
+
+
+def doc(n_sent=2, n_img=3, width=1280):
+    return {
+        "sentences": [f"a big red star number {i}" for i in range(n_sent)],
+        "image_features": [[0.1 * (j + 1)] * width for j in range(n_img)],
+    }
+
+
+@pytest.mark.slow
+def test_served_model_scores_a_document(served_model):
+    status, body = post(f"{served_model}/invocations", {"dataframe_records": [doc()]})
+    assert status == 200, body
+    pred = body["predictions"][0]
+    assert len(pred["scores"]) == 2 and len(pred["scores"][0]) == 3
+    assert all(-1.0001 <= v <= 1.0001 for row in pred["scores"] for v in row)
+    assert all(len(link) == 2 for link in pred["links"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        (doc(width=7), "1280 numbers"),
+        (doc(n_sent=MAX_SENTENCES + 1), f"at most {MAX_SENTENCES} sentences"),
+        ({"sentences": ["x"], "image_features": [["a", "b"]]}, "image_features"),  # the signature catches it
+    ],
+)
+def test_bad_requests_get_a_4xx_with_a_reason_and_the_server_survives(served_model, bad, fragment):
+    status, body = post(f"{served_model}/invocations", {"dataframe_records": [bad]})
+    assert 400 <= status < 500, body
+    assert fragment in body.get("message", ""), body
+    status, _ = post(f"{served_model}/invocations", {"dataframe_records": [doc()]})
+    assert status == 200
