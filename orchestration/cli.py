@@ -179,6 +179,7 @@ def cmd_train(args) -> dict:
         "test": res.test,
         "random": res.random,
         "tracking_uri": res.tracking_uri,
+        "report": res.report_path,
     }
 
 
@@ -200,6 +201,20 @@ def cmd_promote(args) -> dict:
     if not result["promoted"]:
         args.exit_code = 1
     return result
+
+
+def cmd_report(args) -> dict:
+    from training.report import report_for_run, write_report
+    from training.tracking import tracking_uri
+
+    uri = tracking_uri(args.workdir)
+    run_id, html = report_for_run(uri, args.run, args.data)
+    path = write_report(args.out or Path(args.workdir) / "reports" / f"{run_id}.html", html)
+    if not args.no_log:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(uri).log_text(run_id, html, "report.html")
+    return {"run_id": run_id, "report": str(path.resolve())}
 
 
 def cmd_demo(args) -> dict:
@@ -433,6 +448,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gate_args(prom)
     _add_common(prom)
     prom.set_defaults(func=cmd_promote)
+
+    rep = sub.add_parser(
+        "report",
+        help="render the HTML evaluation report of a run or registered model",
+        description="Metrics vs Random, learning curves (val loss vs val AUC by epoch), the "
+        "per-document AUC histogram and document cards with predicted and true links; written to "
+        "disk and logged to the run as report.html.",
+        epilog=EPILOG,
+    )
+    rep.add_argument("run", help="MLflow run id or model URI (models:/NAME@ALIAS, models:/NAME/VERSION)")
+    rep.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
+    rep.add_argument("--data", help="dataset for the document cards (default: the run's dataset)")
+    rep.add_argument("--out", help="output HTML file (default: WORKDIR/reports/RUN_ID.html)")
+    rep.add_argument("--no-log", action="store_true", help="do not log the report to the MLflow run")
+    _add_common(rep)
+    rep.set_defaults(func=cmd_report)
     return parser
 
 
@@ -466,6 +497,8 @@ def _print_human(args, result: dict) -> None:
             print(f"{result['name']}: promotion of version {result['candidate_version']} refused:")
             for reason in result["failures"]:
                 print(f"  - {reason}")
+    elif command == "report":
+        print(f"report of run {result['run_id']}: {result['report']}")
     elif command == "train":
         t, r = result["test"], result["random"]
         rows = [

@@ -89,7 +89,9 @@ def run_demo(args) -> dict:
     )
     name = args.model_name or "mmlinks-ap"
     t = time.perf_counter()
-    res = run_experiment(cfg, uri, model_name=name, alias="candidate", progress=True)
+    res = run_experiment(
+        cfg, uri, model_name=name, alias="candidate", progress=True, report_dir=work / "reports"
+    )
     stage_s["train_evaluate_register"] = time.perf_counter() - t
     step(
         4, STEPS, f"evaluated best checkpoint (epoch {res.best_epoch}) on {res.test['n_docs']} test documents"
@@ -131,6 +133,7 @@ def run_demo(args) -> dict:
         "tracking_uri": uri,
         "dataset_manifest": str(dataset / "manifest.json"),
         "dataset_version": manifest.dataset_version,
+        "report": res.report_path,
         "wall_time_s": round(wall, 1),
         "stage_s": {k: round(v, 1) for k, v in stage_s.items()},
     }
@@ -155,5 +158,6 @@ def run_demo(args) -> dict:
         print(f"manifest:  {dataset / 'manifest.json'}   (mmlinks data inspect {dataset})")
         ui = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else uri
         print(f"MLflow UI: {ui}")
+        print(f"report:    {res.report_path}")
         print(f"wall time: {wall:.0f} s")
     return summary

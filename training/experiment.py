@@ -37,6 +37,7 @@ class ExperimentResult:
     test: dict
     random: dict
     tracking_uri: str
+    report_path: str = ""
 
 
 @contextlib.contextmanager
@@ -87,7 +88,10 @@ def run_experiment(
     model_name: str | None = "mmlinks-ap",
     alias: str | None = "production",
     progress: bool = False,
+    report_dir: str | Path | None = None,
 ) -> ExperimentResult:
+    """Train, evaluate, log, register; the HTML report goes to MLflow and to ``report_dir``
+    (default: ``reports/`` next to the dataset)."""
     manifest = Manifest.read(cfg.data)
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
@@ -114,6 +118,31 @@ def run_experiment(
             first.column("sentences")[0].as_py(),
             [im["features"] for im in first.column("images")[0].as_py()],
         )
+        from training.report import document_cards, render_report, write_report
+
+        info = {
+            "run": run.info.run_id,
+            "objective": f"{cfg.similarity} k={cfg.k} negatives={cfg.negatives}",
+            "dataset": f"{manifest.source} {manifest.dataset_version}",
+            "features": f"{manifest.feature_extractor.name}",
+            "best epoch": str(result.best_epoch),
+        }
+        cards = document_cards(
+            result.model, result.vocab, cfg.data, "test", cfg.max_tokens, scores["per_doc"]
+        )
+        html = render_report(
+            f"mmlinks evaluation: {run.info.run_name}",
+            test,
+            rand,
+            result.history,
+            scores["per_doc"],
+            cards,
+            info,
+        )
+        mlflow.log_text(html, "report.html")
+        report_path = write_report(
+            Path(report_dir or Path(cfg.data).resolve().parent / "reports") / f"{run.info.run_id}.html", html
+        )
         mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
         mlflow.log_dict({"history": result.history}, "training_history.json")
         with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
@@ -130,4 +159,5 @@ def run_experiment(
         test=test,
         random=rand,
         tracking_uri=tracking_uri,
+        report_path=str(report_path),
     )

@@ -1,0 +1,142 @@
+"""The HTML evaluation report: content, re-rendering from a run, and a real headless-Chromium render."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.test_cli import MMLINKS
+from training.report import document_card, render_report
+
+
+def chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not exe:
+        pytest.skip("chromium is not installed; .ci/run installs it")
+    return exe
+
+
+def screenshot(html_path, png_path, height=2400):
+    proc = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={png_path.parent / 'chrome-profile'}",
+            f"--window-size=1200,{height}",
+            f"--screenshot={png_path}",
+            html_path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert png_path.exists(), proc.stderr[-2000:]
+    return Image.open(png_path).convert("RGB")
+
+
+def test_document_card_marks_predicted_true_and_both():
+    scores = np.array([[0.9, 0.1], [0.2, 0.8], [0.3, 0.4]])
+    card = document_card(
+        "d1",
+        ["a red star", "a blue ring", "thanks <b>all</b>"],
+        ["/nope/0.png", "/nope/1.png"],
+        scores,
+        [(0, 0), (2, 1)],
+        0.75,
+    )
+    assert "AUC 75.0" in card
+    assert "#0 0.90" in card  # predicted and true
+    assert "#1 (true)" in card  # true link the model missed
+    assert "#1 0.80" in card  # predicted, not true
+    assert "&lt;b&gt;all&lt;/b&gt;" in card  # text is escaped
+    assert card.count("class=noimg") == 2  # unreadable images get a placeholder, not a crash
+
+
+@pytest.mark.slow
+def test_report_renders_in_headless_chromium(trained, dataset, tmp_path):
+    from training.evaluate import evaluate
+    from training.report import document_cards
+
+    scores = evaluate(trained.model, trained.vocab, dataset)
+    cards = document_cards(trained.model, trained.vocab, dataset, "test", 20, scores["per_doc"], limit=4)
+    assert 1 <= len(cards) <= 4
+    html = render_report(
+        "test report",
+        scores["model"],
+        scores["random"],
+        trained.history,
+        scores["per_doc"],
+        cards,
+        {"run": "r1"},
+    )
+    assert html.count("data:image/png;base64") == 2  # learning curves + histogram
+    assert html.count("data:image/jpeg;base64") >= 3  # thumbnails of real images
+    path = tmp_path / "report.html"
+    path.write_text(html)
+    img = np.asarray(screenshot(path, tmp_path / "report.png"))
+    assert img.shape[0] >= 1000
+    non_white = (img < 240).any(axis=2).mean()
+    assert 0.02 < non_white < 0.9, non_white  # text, charts and thumbnails were drawn
+
+
+@pytest.mark.slow
+def test_report_command_rerenders_a_logged_run(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    work = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    demo = subprocess.run(
+        [
+            MMLINKS,
+            "demo",
+            "--workdir",
+            str(work),
+            "--docs",
+            "40",
+            "--epochs",
+            "2",
+            "--d-multi",
+            "32",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    out = json.loads(demo.stdout)
+    assert os.path.exists(out["report"])
+    proc = subprocess.run(
+        [MMLINKS, "report", "models:/mmlinks-ap@production", "--workdir", str(work), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.loads(proc.stdout)
+    assert rep["run_id"] == out["run_id"]
+    text = open(rep["report"]).read()
+    assert "Learning curves" in text and "class=card" in text
+    client = MlflowClient(out["tracking_uri"])
+    assert "report.html" in [a.path for a in client.list_artifacts(out["run_id"])]
+    bad = subprocess.run(
+        [MMLINKS, "report", "models:/no-such@production", "--workdir", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("mmlinks: error:")
