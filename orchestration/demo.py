@@ -9,7 +9,7 @@ from pathlib import Path
 
 from orchestration.output import heartbeat, step, table
 
-STEPS = 6
+STEPS = 7
 
 
 def _corpus_matches(corpus: Path, cfg) -> bool:
@@ -20,6 +20,27 @@ def _corpus_matches(corpus: Path, cfg) -> bool:
         return False
     saved = json.loads(meta.read_text())
     return all(saved.get(k) == v for k, v in asdict(cfg).items())
+
+
+def query_production(uri: str, model_uri: str, dataset: Path) -> dict:
+    """Load the production model the way a downstream stage does and link one test document."""
+    import mlflow
+    import pandas as pd
+
+    from schemas.manifest import Manifest
+    from schemas.shards import read_table
+    from training.data import features_of
+
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(model_uri)
+    paths = Manifest.read(dataset).shard_paths(dataset, "test")
+    doc = read_table(paths[:1], columns=["doc_id", "sentences", "images", "links"]).slice(0, 1)
+    feats, _ = features_of(doc)
+    out = model.predict(
+        pd.DataFrame([{"sentences": doc.column("sentences")[0].as_py(), "image_features": feats[0].tolist()}])
+    )
+    truth = [[lk["sentence"], lk["image"]] for lk in (doc.column("links")[0].as_py() or [])]
+    return {"doc_id": doc.column("doc_id")[0].as_py(), "links": out["links"][0], "true_links": sorted(truth)}
 
 
 def run_demo(args) -> dict:
@@ -112,6 +133,9 @@ def run_demo(args) -> dict:
             + "; ".join(promotion.failures),
         )
 
+    query = query_production(uri, model_uri, dataset)
+    step(7, STEPS, f"queried {model_uri}: document {query['doc_id']} -> links {query['links']}")
+
     wall = time.perf_counter() - t0
     # Metrics are those of the model this run trained (the candidate); "production_version"
     # says which version serves models:/NAME@production after the gate.
@@ -134,6 +158,7 @@ def run_demo(args) -> dict:
         "dataset_manifest": str(dataset / "manifest.json"),
         "dataset_version": manifest.dataset_version,
         "report": res.report_path,
+        "production_query": query,
         "wall_time_s": round(wall, 1),
         "stage_s": {k: round(v, 1) for k, v in stage_s.items()},
     }

@@ -39,7 +39,11 @@ def test_demo_json_runs_every_layer(tmp_path):
     assert out["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert 0 <= out["auc"] <= 100 and 0 <= out["random_auc"] <= 100
     assert os.path.exists(out["dataset_manifest"])
-    assert "[6/6] promoted" in proc.stderr
+    assert "[6/7] promoted" in proc.stderr
+    assert "[7/7] queried models:/mmlinks-ap@production" in proc.stderr
+    query = out["production_query"]
+    assert query["doc_id"] and all(len(link) == 2 for link in query["links"])
+    assert os.path.exists(out["report"])
 
     from mlflow.tracking import MlflowClient
 

@@ -134,3 +134,53 @@ def test_stale_lock_is_broken_after_its_ttl(registry):
         PromotionLock(client, "stale-test").__enter__()
     with PromotionLock(client, "stale-test", ttl_s=0.0):
         pass
+
+
+def test_model_trained_on_other_features_is_refused(registry, dataset, trained):
+    client, _ = registry
+    with mlflow.start_run(run_name="other-features"):
+        mlflow.log_params({"feature_extractor": "densenet169@imagenet", "schema_version": "1"})
+        uri = log_link_model(trained.checkpoint_path, trained.vocab)
+    v = str(mlflow.register_model(uri, "compat-test").version)
+    client.set_registered_model_alias("compat-test", CANDIDATE, v)
+    with pytest.raises(MmlinksError, match="trained with feature_extractor=densenet169"):
+        promote(client, "compat-test", dataset, Gate())
+    assert client.get_registered_model("compat-test").aliases.get(PRODUCTION) is None
+
+
+def test_promote_command_exit_codes_and_json(registry, dataset):
+    import json
+    import os
+    import subprocess
+
+    from tests.test_cli import MMLINKS
+
+    client, uris = registry
+    name = "cli-test"
+    for label in ("trained", "flipped"):
+        v = str(mlflow.register_model(uris[label], name).version)
+    client.set_registered_model_alias(name, PRODUCTION, "1")
+    client.set_registered_model_alias(name, CANDIDATE, v)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": client.tracking_uri}
+    base = [MMLINKS, "promote", "--model-name", name, "--data", str(dataset), "--json"]
+    refused = subprocess.run(
+        [*base, "--max-auc-drop", "-100"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert json.loads(refused.stdout)["failures"]
+    passed = subprocess.run(
+        [*base, "--max-auc-drop", "100", "--max-p1-drop", "100"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert passed.returncode == 0 and json.loads(passed.stdout)["promoted"]
+    back = subprocess.run(
+        [MMLINKS, "promote", "--model-name", name, "--rollback", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert back.returncode == 0 and json.loads(back.stdout)["to_version"] == "1"

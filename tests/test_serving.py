@@ -125,3 +125,23 @@ def test_bad_requests_get_a_4xx_with_a_reason_and_the_server_survives(served_mod
     assert fragment in body.get("message", ""), body
     status, _ = post(f"{served_model}/invocations", {"dataframe_records": [doc()]})
     assert status == 200
+
+
+@pytest.mark.slow
+def test_served_model_accepts_images_instead_of_features(served_model, corpus):
+    import base64
+
+    pngs = sorted((corpus / "images").glob("synth-*/*.png"))[:3]
+    images = [base64.b64encode(p.read_bytes()).decode() for p in pngs[:2]]
+    images.append("data:image/png;base64," + base64.b64encode(pngs[2].read_bytes()).decode())
+    status, body = post(
+        f"{served_model}/invocations",
+        {"dataframe_records": [{"sentences": ["a red star", "a blue ring"], "images": images}]},
+    )
+    assert status == 200, body
+    assert len(body["predictions"][0]["scores"][0]) == 3
+    status, body = post(
+        f"{served_model}/invocations",
+        {"dataframe_records": [{"sentences": ["x"], "images": ["bm90IGFuIGltYWdl"]}]},
+    )
+    assert status == 400 and "not a readable image" in body["message"]

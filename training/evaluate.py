@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from schemas.errors import MmlinksError
@@ -33,7 +34,7 @@ def evaluate(
     table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
     model.eval()
     per_doc: list[DocMetrics] = []
-    shapes = []
+    shapes, predictions = [], []
     with torch.no_grad():
         for start in range(0, table.num_rows, batch_docs):
             batch = make_batch(table.slice(start, batch_docs), vocab, max_tokens)
@@ -41,6 +42,7 @@ def evaluate(
                 batch.doc_ids, link_scores(model, batch), batch.links, strict=True
             ):
                 shapes.append((doc_id, *scores.shape, links))
+                predictions.append({"doc_id": doc_id, "scores": np.round(scores, 4).tolist()})
                 m = document_metrics(doc_id, scores, links)
                 if m is not None:
                     per_doc.append(m)
@@ -50,4 +52,5 @@ def evaluate(
         "model": summarize(per_doc),
         "random": random_baseline(shapes, seed),
         "per_doc": [m.__dict__ for m in per_doc],
+        "predictions": predictions,
     }

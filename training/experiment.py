@@ -113,6 +113,9 @@ def run_experiment(
             per_doc = Path(tmp) / "test_per_document.json"
             per_doc.write_text(json.dumps(scores["per_doc"], indent=1))
             mlflow.log_artifact(str(per_doc))
+            preds = Path(tmp) / "test_predictions.json"  # every test document's score matrix
+            preds.write_text(json.dumps(scores["predictions"]))
+            mlflow.log_artifact(str(preds))
         first = read_table(manifest.shard_paths(cfg.data, "test")[:1], ["sentences", "images"]).slice(0, 1)
         example = example_document(
             first.column("sentences")[0].as_py(),
@@ -146,7 +149,7 @@ def run_experiment(
         mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
         mlflow.log_dict({"history": result.history}, "training_history.json")
         with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
-            model_uri = log_link_model(ckpt_dir, result.vocab, example)
+            model_uri = log_link_model(ckpt_dir, result.vocab, example, manifest.feature_extractor.name)
         version = None
         if model_name:
             version = tracking.register(model_uri, model_name, alias, tracking_uri)

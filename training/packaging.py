@@ -11,6 +11,7 @@ at least ``threshold``), as in the paper's qualitative examples.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,7 +31,11 @@ SIGNATURE = ModelSignature(
     inputs=Schema(
         [
             ColSpec(Array(DataType.string), "sentences"),
-            ColSpec(Array(Array(DataType.double)), "image_features"),
+            # either precomputed CNN features (same extractor as the training data) ...
+            ColSpec(Array(Array(DataType.double)), "image_features", required=False),
+            # ... or the images themselves: base64 bytes, data: URIs or local file paths, run
+            # through the packaged feature extractor
+            ColSpec(Array(DataType.string), "images", required=False),
         ]
     ),
     outputs=Schema(
@@ -53,6 +58,11 @@ def _bad_request(message: str) -> Exception:
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 
+def _empty(value) -> bool:
+    """None, a pandas NaN filler (a column another record set), or an empty list."""
+    return value is None or isinstance(value, float) or (not isinstance(value, str) and len(value) == 0)
+
+
 class LinkModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from training.train import load_checkpoint_model
@@ -60,21 +70,64 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
         self.vocab = Vocabulary.load(context.artifacts["vocab"])
         self.max_tokens = int(meta["train"]["max_tokens"])
+        extractor = context.artifacts.get("extractor")
+        self.extractor_name = json.loads(Path(extractor).read_text())["name"] if extractor else None
+        self._cnn = None  # loaded on the first request that sends images
+
+    def _featurize(self, row: int, images: list[str]) -> np.ndarray:
+        """Decode images and run the extractor the training data was built with."""
+        import base64
+        import binascii
+
+        from pipelines.features.efficientnet_lite import EfficientNetLite0Features, load_pretrained
+        from pipelines.features.extractor import get_extractor
+        from pipelines.images import InvalidImage, decode
+
+        if self.extractor_name is None:
+            raise _bad_request("this model was packaged without a feature extractor; send image_features")
+        extractor = get_extractor(self.extractor_name)
+        if self._cnn is None:
+            self._cnn = load_pretrained(EfficientNetLite0Features)
+        batch = []
+        for k, item in enumerate(images):
+            item = str(item)
+            try:
+                if item.startswith("data:"):
+                    data = base64.b64decode(item.split(",", 1)[1], validate=True)
+                elif Path(item).is_file():
+                    data = Path(item).read_bytes()
+                else:
+                    data = base64.b64decode(item, validate=True)
+                batch.append(extractor.preprocess(decode(data)))
+            except (binascii.Error, IndexError, ValueError, InvalidImage) as exc:
+                raise _bad_request(f"document {row}: image {k} is not a readable image ({exc})") from None
+        with torch.no_grad():
+            return self._cnn(torch.from_numpy(np.stack(batch))).numpy()
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         import pyarrow as pa
 
         threshold = float((params or {}).get("threshold", 0.0))
         rows = []
-        missing = {"sentences", "image_features"} - set(model_input.columns)
-        if missing:
-            raise _bad_request(f"input is missing column(s) {sorted(missing)}")
-        width = self.model.cfg.image_dim
-        for row, (sentences, feats) in enumerate(
-            zip(model_input["sentences"], model_input["image_features"], strict=True)
+        if "sentences" not in model_input.columns or not (
+            {"image_features", "images"} & set(model_input.columns)
         ):
-            if sentences is None or feats is None or isinstance(sentences, str):
-                raise _bad_request(f"document {row}: sentences and image_features must be lists")
+            raise _bad_request("input needs a sentences column and image_features or images")
+        width = self.model.cfg.image_dim
+        n = len(model_input)
+        feature_col = model_input["image_features"] if "image_features" in model_input else [None] * n
+        image_col = model_input["images"] if "images" in model_input else [None] * n
+        for row, (sentences, feats, images) in enumerate(
+            zip(model_input["sentences"], feature_col, image_col, strict=True)
+        ):
+            if _empty(feats) and not _empty(images):
+                if len(images) > MAX_IMAGES:
+                    raise _bad_request(f"document {row}: at most {MAX_IMAGES} images per document")
+                feats = self._featurize(row, list(images))
+            if _empty(feats):
+                raise _bad_request(f"document {row}: send image_features or images")
+            if sentences is None or isinstance(sentences, str | float):
+                raise _bad_request(f"document {row}: sentences must be a list of strings")
             sentences = [str(s) for s in sentences]
             if not sentences or len(feats) == 0:
                 raise _bad_request(f"document {row}: needs >= 1 sentence and >= 1 image")
@@ -106,17 +159,30 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=["scores", "links"])
 
 
-def log_link_model(checkpoint_dir: str, vocab: Vocabulary, example: dict | None = None) -> str:
-    """Log the pyfunc model into the active run; returns its model URI."""
+def log_link_model(
+    checkpoint_dir: str,
+    vocab: Vocabulary,
+    example: dict | None = None,
+    extractor: str | None = "efficientnet-lite0",
+) -> str:
+    """Log the pyfunc model into the active run; returns its model URI.
+
+    ``extractor`` names the feature extractor of the training data, so requests may send
+    images instead of features (None: features only).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "checkpoint"
         shutil.copytree(checkpoint_dir, ckpt)
         vocab_path = Path(tmp) / "vocab.json"
         vocab.save(vocab_path)
+        artifacts = {"checkpoint": str(ckpt), "vocab": str(vocab_path)}
+        if extractor:
+            (Path(tmp) / "extractor.json").write_text(json.dumps({"name": extractor}))
+            artifacts["extractor"] = str(Path(tmp) / "extractor.json")
         info = mlflow.pyfunc.log_model(
             name="model",
             python_model=LinkModel(),
-            artifacts={"checkpoint": str(ckpt), "vocab": str(vocab_path)},
+            artifacts=artifacts,
             signature=SIGNATURE,
             input_example=pd.DataFrame([example]) if example else None,
         )

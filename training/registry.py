@@ -155,6 +155,24 @@ class PromotionLock:
             pass  # already broken as stale by someone else; nothing of ours to release
 
 
+def check_compatible(client: MlflowClient, name: str, version: str, manifest: Manifest) -> None:
+    """Refuse to score a version trained on another schema version or feature extractor: its
+    image projection expects other inputs, so its metrics here would be meaningless."""
+    run_id = client.get_model_version(name, version).run_id
+    params = client.get_run(run_id).data.params if run_id else {}
+    want = {
+        "schema_version": str(manifest.schema_version),
+        "feature_extractor": f"{manifest.feature_extractor.name}@{manifest.feature_extractor.version}",
+    }
+    for key, expected in want.items():
+        got = params.get(key)
+        if got is not None and got != expected:
+            raise MmlinksError(
+                f"version {version} of {name!r} was trained with {key}={got}, "
+                f"but the evaluation dataset has {expected}"
+            )
+
+
 def promote(
     client: MlflowClient,
     name: str,
@@ -169,6 +187,9 @@ def promote(
     prod_v = _version_by_alias(client, name, PRODUCTION)
     if prod_v == cand_v:
         raise MmlinksError(f"version {cand_v} of {name!r} is already {PRODUCTION}")
+    manifest = Manifest.read(data)
+    for v in filter(None, (cand_v, prod_v)):
+        check_compatible(client, name, v, manifest)
     cand_m = evaluate_model_uri(f"models:/{name}/{cand_v}", data, split)
     prod_m = evaluate_model_uri(f"models:/{name}/{prod_v}", data, split) if prod_v else None
     failures = check_gate(cand_m, prod_m, gate)
