@@ -166,6 +166,10 @@ def cmd_train(args) -> dict:
 
     _existing_dir(args.data)
     Manifest.read(args.data)
+    if args.alias == "production":
+        raise MmlinksError(
+            "--alias production would skip the gate; register a candidate and run `mmlinks promote`"
+        )
     cfg = _train_config(args)
     cfg.validate()
     res = run_experiment(

@@ -133,8 +133,12 @@ def run_demo(args) -> dict:
             + "; ".join(promotion.failures),
         )
 
-    query = query_production(uri, model_uri, dataset)
-    step(7, STEPS, f"queried {model_uri}: document {query['doc_id']} -> links {query['links']}")
+    if promotion.promoted or promotion.production_version:
+        query = query_production(uri, model_uri, dataset)
+        step(7, STEPS, f"queried {model_uri}: document {query['doc_id']} -> links {query['links']}")
+    else:  # the very first candidate was refused: there is no production model to query
+        query = None
+        step(7, STEPS, f"no production version of {name} yet; nothing to query")
 
     wall = time.perf_counter() - t0
     # Metrics are those of the model this run trained (the candidate); "production_version"

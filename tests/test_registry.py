@@ -123,7 +123,10 @@ def test_concurrent_promotions_do_not_interleave(registry, dataset):
         t.start()
     for t in threads:
         t.join()
+    assert len(outcomes) == 2, outcomes  # neither thread died with an unexpected error
     assert outcomes.count(True) == 1, outcomes
+    loser = next(o for o in outcomes if o is not True)
+    assert "another promotion" in loser or "moved from" in loser or "already production" in loser, loser
     assert str(client.get_model_version_by_alias(name, PRODUCTION).version) == v
 
 

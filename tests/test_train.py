@@ -64,12 +64,17 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
     assert [d.dataset.digest for d in run.inputs.dataset_inputs] == [run.data.params["dataset_version"]]
     # Credentials from the environment (or inside a URI) never reach params, tags or artifacts.
     assert secret not in json.dumps(run.data.params) + json.dumps(run.data.tags)
-    local = mlflow.artifacts.download_artifacts(
-        run_id=res.run_id, tracking_uri=uri, dst_path=str(tmp_path / "a")
+    mlflow.set_tracking_uri(uri)
+    run_files = mlflow.artifacts.download_artifacts(run_id=res.run_id, dst_path=str(tmp_path / "a"))
+    model_files = mlflow.artifacts.download_artifacts(
+        artifact_uri=res.model_uri, dst_path=str(tmp_path / "m")
     )
-    for f in Path(local).rglob("*"):
-        if f.is_file():
-            assert secret.encode() not in f.read_bytes(), f
+    files = [f for root in (run_files, model_files) for f in Path(root).rglob("*") if f.is_file()]
+    assert any(f.name == "meta.json" for f in files)  # the checkpoint inside the model was scanned
+    for f in files:
+        assert secret.encode() not in f.read_bytes(), f
+    tags = client.get_model_version("test-model", res.model_version).tags
+    assert secret not in json.dumps(tags) + json.dumps(client.get_registered_model("test-model").tags)
     assert {"test_auc", "test_p_at_1", "test_p_at_5", "random_auc"} <= set(run.data.metrics)
     hist = client.get_metric_history(res.run_id, "val_loss")
     assert [m.step for m in hist] == [0, 1]  # one value per epoch, logged by rank 0 only
@@ -85,7 +90,10 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
         "out = m.predict(pd.DataFrame([doc]));"
         "print(json.dumps({'scores': out['scores'][0], 'links': out['links'][0]}))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    # -P and a foreign cwd: only the installed package is importable, not this checkout
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     scores = np.asarray(out["scores"])

@@ -86,7 +86,7 @@ def run_experiment(
     cfg: TrainConfig,
     tracking_uri: str,
     model_name: str | None = "mmlinks-ap",
-    alias: str | None = "production",
+    alias: str | None = "candidate",
     progress: bool = False,
     report_dir: str | Path | None = None,
 ) -> ExperimentResult:

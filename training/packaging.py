@@ -12,6 +12,7 @@ at least ``threshold``), as in the paper's qualitative examples.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -58,6 +59,24 @@ def _bad_request(message: str) -> Exception:
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 
+IMAGE_ROOT_ENV = "MMLINKS_IMAGE_ROOT"  # set it to let requests name image files under this folder
+MAX_IMAGE_BYTES = 32 * 1024 * 1024
+
+
+def _looks_like_base64(item: str) -> bool:
+    return len(item) > 256 or ("/" not in item and "." not in item)
+
+
+def _read_under_root(item: str, root: Path) -> bytes:
+    """Read a named image file, only inside the configured root (a served model must not read
+    arbitrary server files)."""
+    path = (root / item).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise ValueError(f"path outside {IMAGE_ROOT_ENV}")
+    with path.open("rb") as fh:
+        return fh.read(MAX_IMAGE_BYTES + 1)
+
+
 def _empty(value) -> bool:
     """None, a pandas NaN filler (a column another record set), or an empty list."""
     return value is None or isinstance(value, float) or (not isinstance(value, str) and len(value) == 0)
@@ -94,19 +113,34 @@ class LinkModel(mlflow.pyfunc.PythonModel):
             try:
                 if item.startswith("data:"):
                     data = base64.b64decode(item.split(",", 1)[1], validate=True)
-                elif Path(item).is_file():
-                    data = Path(item).read_bytes()
+                elif IMAGE_ROOT_ENV in os.environ and not _looks_like_base64(item):
+                    data = _read_under_root(item, Path(os.environ[IMAGE_ROOT_ENV]))
                 else:
                     data = base64.b64decode(item, validate=True)
+                if len(data) > MAX_IMAGE_BYTES:
+                    raise ValueError(f"larger than {MAX_IMAGE_BYTES} bytes")
                 batch.append(extractor.preprocess(decode(data)))
-            except (binascii.Error, IndexError, ValueError, InvalidImage) as exc:
+            except (binascii.Error, IndexError, ValueError, OSError, InvalidImage) as exc:
                 raise _bad_request(f"document {row}: image {k} is not a readable image ({exc})") from None
         with torch.no_grad():
             return self._cnn(torch.from_numpy(np.stack(batch))).numpy()
 
-    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+    def score(self, sentences: list[str], features: np.ndarray) -> np.ndarray:
+        """The sentence x image cosine matrix of one document (no request limits)."""
         import pyarrow as pa
 
+        table = pa.table(
+            {
+                "doc_id": ["input"],
+                "sentences": [list(sentences)],
+                "images": [[{"features": np.asarray(f, dtype=np.float32).tolist()} for f in features]],
+            }
+        )
+        batch = make_batch(table, self.vocab, self.max_tokens)
+        with torch.no_grad():
+            return self.model.score_matrix(batch.tokens, batch.lengths, batch.features)
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         threshold = float((params or {}).get("threshold", 0.0))
         rows = []
         if "sentences" not in model_input.columns or not (
@@ -143,16 +177,7 @@ class LinkModel(mlflow.pyfunc.PythonModel):
                 raise _bad_request(f"document {row}: each image feature vector must have {width} numbers")
             if not np.isfinite(feats).all():
                 raise _bad_request(f"document {row}: image_features contain NaN or infinity")
-            table = pa.table(
-                {
-                    "doc_id": ["input"],
-                    "sentences": [sentences],
-                    "images": [[{"features": f.tolist()} for f in feats]],
-                }
-            )
-            batch = make_batch(table, self.vocab, self.max_tokens)
-            with torch.no_grad():
-                scores = self.model.score_matrix(batch.tokens, batch.lengths, batch.features)
+            scores = self.score(sentences, feats)
             r, c = max_weight_matching(scores)
             links = [[int(a), int(b)] for a, b in zip(r, c, strict=True) if scores[a, b] >= threshold]
             rows.append({"scores": scores.astype(float).tolist(), "links": links})

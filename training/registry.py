@@ -68,31 +68,41 @@ def _version_by_alias(client: MlflowClient, name: str, alias: str) -> str | None
         raise
 
 
-def evaluate_model_uri(model_uri: str, data: str | Path, split: str = "test") -> dict:
-    """Score a registered model on a dataset split through its pyfunc interface."""
-    import mlflow.pyfunc
-    import pandas as pd
+def evaluate_model_uri(
+    model_uri: str, data: str | Path, split: str = "test", tracking_uri: str | None = None
+) -> dict:
+    """Score a registered model on a dataset split through its pyfunc model.
+
+    The serving limits (documents of at most 200 sentences/images) do not apply here: a
+    dataset's long documents must not make promotion impossible.
+    """
+    import mlflow
 
     manifest = Manifest.read(data)
     paths = manifest.shard_paths(data, split)
     if not paths:
         raise MmlinksError(f"{data} has no {split!r} shards to evaluate on")
     table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)  # models:/ URIs resolve against the global registry
     try:
-        model = mlflow.pyfunc.load_model(model_uri)
+        linker = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
     except MlflowException as exc:
         raise MmlinksError(f"cannot load {model_uri}: {exc.message}") from exc
+    except Exception as exc:  # a corrupt or missing artifact surfaces from load_context as anything
+        raise MmlinksError(f"cannot load {model_uri}: {type(exc).__name__}: {exc}") from exc
     feats, _ = features_of(table)
-    frame = pd.DataFrame(
-        {"sentences": table.column("sentences").to_pylist(), "image_features": [f.tolist() for f in feats]}
-    )
-    scores = model.predict(frame)["scores"]
     per_doc = []
-    for doc_id, s, links in zip(
-        table.column("doc_id").to_pylist(), scores, table.column("links").to_pylist(), strict=True
+    for doc_id, sentences, f, links in zip(
+        table.column("doc_id").to_pylist(),
+        table.column("sentences").to_pylist(),
+        feats,
+        table.column("links").to_pylist(),
+        strict=True,
     ):
+        scores = linker.score(sentences, f)
         lk = None if links is None else [(d["sentence"], d["image"]) for d in links]
-        m = document_metrics(doc_id, np.asarray(s), lk)
+        m = document_metrics(doc_id, scores, lk)
         if m is not None:
             per_doc.append(m)
     if not per_doc:
@@ -101,17 +111,27 @@ def evaluate_model_uri(model_uri: str, data: str | Path, split: str = "test") ->
 
 
 def check_gate(cand: dict, prod: dict | None, gate: Gate) -> list[str]:
-    """Human-readable reasons the candidate fails; empty when it passes."""
-    failures = []
-    if cand["auc"] < gate.min_auc:
+    """Human-readable reasons the candidate fails; empty when it passes.
+
+    Each rule is written as "passes when value >= limit", so a NaN metric (a broken model)
+    fails every rule instead of slipping through comparisons that are all False.
+    """
+    failures = [
+        f"{k} is not a finite number ({cand.get(k)})"
+        for k in ("auc", "p_at_1")
+        if not np.isfinite(cand.get(k, np.nan))
+    ]
+    if failures:
+        return failures
+    if not cand["auc"] >= gate.min_auc:
         failures.append(f"auc {cand['auc']:.2f} is below the floor {gate.min_auc:.2f}")
     if prod is not None:
-        if cand["auc"] < prod["auc"] - gate.max_auc_drop:
+        if not cand["auc"] >= prod["auc"] - gate.max_auc_drop:
             failures.append(
                 f"auc {cand['auc']:.2f} is more than {gate.max_auc_drop:g} below "
                 f"production's {prod['auc']:.2f}"
             )
-        if cand["p_at_1"] < prod["p_at_1"] - gate.max_p_at_1_drop:
+        if not cand["p_at_1"] >= prod["p_at_1"] - gate.max_p_at_1_drop:
             failures.append(
                 f"p_at_1 {cand['p_at_1']:.2f} is more than {gate.max_p_at_1_drop:g} below "
                 f"production's {prod['p_at_1']:.2f}"
@@ -119,32 +139,60 @@ def check_gate(cand: dict, prod: dict | None, gate: Gate) -> list[str]:
     return failures
 
 
+def _is_missing(exc: MlflowException) -> bool:
+    return "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower()
+
+
 class PromotionLock:
-    """An exclusive lock held as a registered model named ``<name>.promotion-lock``."""
+    """An exclusive lock held as a registered model named ``<name>.promotion-lock``.
 
-    def __init__(self, client: MlflowClient, name: str, ttl_s: float = LOCK_TTL_S):
+    Creation is the atomic step (names are unique). Breaking a stale lock is not atomic in
+    MLflow's API: the holder's token is re-read right before the delete to keep the window
+    small, and a lock that vanished in between is simply taken again.
+    """
+
+    def __init__(self, client: MlflowClient, name: str, ttl_s: float = LOCK_TTL_S, attempts: int = 5):
         self.client, self.lock_name, self.ttl_s = client, name + LOCK_SUFFIX, ttl_s
-        self.token = uuid.uuid4().hex
+        self.token, self.attempts = uuid.uuid4().hex, attempts
 
-    def __enter__(self) -> PromotionLock:
+    def _try_create(self) -> bool:
         try:
             self.client.create_registered_model(
                 self.lock_name,
                 tags={"token": self.token, "acquired_at": str(time.time())},
                 description="held while a promotion runs; safe to delete if stale",
             )
-            return self
+            return True
         except MlflowException as exc:
-            if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
-                raise
-        holder = self.client.get_registered_model(self.lock_name)
-        age = time.time() - float(holder.tags.get("acquired_at", "0"))
-        if age > self.ttl_s:  # a crashed promotion left it behind
-            self.client.delete_registered_model(self.lock_name)
-            return self.__enter__()
-        raise MmlinksError(
-            f"another promotion of this model is in progress (lock {self.lock_name!r}, held {age:.0f} s)"
-        )
+            if "already exists" in str(exc).lower() or "RESOURCE_ALREADY_EXISTS" in str(exc):
+                return False
+            raise MmlinksError(f"cannot take the promotion lock: {exc.message}") from exc
+
+    def __enter__(self) -> PromotionLock:
+        for _ in range(self.attempts):
+            if self._try_create():
+                return self
+            try:
+                holder = self.client.get_registered_model(self.lock_name)
+            except MlflowException as exc:
+                if _is_missing(exc):
+                    continue  # released between our create and this read: try again
+                raise MmlinksError(f"cannot read the promotion lock: {exc.message}") from exc
+            age = time.time() - float(holder.tags.get("acquired_at", "0"))
+            if age <= self.ttl_s:
+                raise MmlinksError(
+                    f"another promotion of this model is in progress "
+                    f"(lock {self.lock_name!r}, held {age:.0f} s)"
+                )
+            try:  # a crashed promotion left it behind; break it only if it is still that one
+                if self.client.get_registered_model(self.lock_name).tags.get("token") == holder.tags.get(
+                    "token"
+                ):
+                    self.client.delete_registered_model(self.lock_name)
+            except MlflowException as exc:
+                if not _is_missing(exc):
+                    raise MmlinksError(f"cannot break the stale promotion lock: {exc.message}") from exc
+        raise MmlinksError(f"could not take the promotion lock {self.lock_name!r}; try again")
 
     def __exit__(self, *exc) -> None:
         try:
@@ -158,8 +206,13 @@ class PromotionLock:
 def check_compatible(client: MlflowClient, name: str, version: str, manifest: Manifest) -> None:
     """Refuse to score a version trained on another schema version or feature extractor: its
     image projection expects other inputs, so its metrics here would be meaningless."""
-    run_id = client.get_model_version(name, version).run_id
-    params = client.get_run(run_id).data.params if run_id else {}
+    try:
+        run_id = client.get_model_version(name, version).run_id
+        params = client.get_run(run_id).data.params if run_id else {}
+    except MlflowException as exc:
+        raise MmlinksError(
+            f"cannot read the training run of {name!r} version {version}: {exc.message}"
+        ) from exc
     want = {
         "schema_version": str(manifest.schema_version),
         "feature_extractor": f"{manifest.feature_extractor.name}@{manifest.feature_extractor.version}",
@@ -190,8 +243,9 @@ def promote(
     manifest = Manifest.read(data)
     for v in filter(None, (cand_v, prod_v)):
         check_compatible(client, name, v, manifest)
-    cand_m = evaluate_model_uri(f"models:/{name}/{cand_v}", data, split)
-    prod_m = evaluate_model_uri(f"models:/{name}/{prod_v}", data, split) if prod_v else None
+    uri = client.tracking_uri
+    cand_m = evaluate_model_uri(f"models:/{name}/{cand_v}", data, split, uri)
+    prod_m = evaluate_model_uri(f"models:/{name}/{prod_v}", data, split, uri) if prod_v else None
     failures = check_gate(cand_m, prod_m, gate)
     result = PromotionResult(not failures, name, cand_v, prod_v, cand_m, prod_m, failures)
     record = {
@@ -201,6 +255,7 @@ def promote(
         "gate": asdict(gate),
         "failures": failures,
         "data": str(data),
+        "dataset_version": manifest.dataset_version,
         "split": split,
     }
     client.set_model_version_tag(name, cand_v, "mmlinks.promotion_check", json.dumps(record)[:5000])
@@ -212,10 +267,13 @@ def promote(
             raise MmlinksError(
                 f"production of {name!r} moved from {prod_v} to {now} during this promotion; run it again"
             )
+        # Move the alias first: if this fails, the previous-version tag still names the
+        # version that production really replaced last time.
+        client.set_registered_model_alias(name, PRODUCTION, cand_v)
         if prod_v is not None:
             client.set_registered_model_tag(name, PREVIOUS_TAG, prod_v)
-        client.set_registered_model_alias(name, PRODUCTION, cand_v)
-        client.delete_registered_model_alias(name, CANDIDATE)
+        if _version_by_alias(client, name, CANDIDATE) == cand_v:  # not a newer candidate
+            client.delete_registered_model_alias(name, CANDIDATE)
         client.set_model_version_tag(name, cand_v, "mmlinks.promoted_at", str(time.time()))
     return result
 
@@ -228,9 +286,12 @@ def rollback(client: MlflowClient, name: str) -> tuple[str, str]:
         except MlflowException as exc:
             raise MmlinksError(f"no registered model {name!r}: {exc.message}") from exc
         current = _version_by_alias(client, name, PRODUCTION)
-        if not previous or current is None:
+        if not previous or current is None or previous == current:
             raise MmlinksError(f"model {name!r} has no previous production version to roll back to")
-        client.set_registered_model_alias(name, PRODUCTION, previous)
+        try:
+            client.set_registered_model_alias(name, PRODUCTION, previous)
+        except MlflowException as exc:
+            raise MmlinksError(f"cannot roll back {name!r} to version {previous}: {exc.message}") from exc
         client.set_registered_model_tag(name, PREVIOUS_TAG, current)  # a second rollback undoes this one
         client.set_model_version_tag(name, current, "mmlinks.rolled_back_at", str(time.time()))
     return current, previous

@@ -247,15 +247,20 @@ def report_for_run(tracking_uri: str, run_ref: str, data: str | None = None) -> 
             history = _json_artifact(run_id, "training_history.json", tracking_uri, tmp)["history"]
             per_doc = _json_artifact(run_id, "test_per_document.json", tracking_uri, tmp)
         linker = mlflow.pyfunc.load_model(f"models:/{version.name}/{version.version}").unwrap_python_model()
-    except (MlflowException, OSError, KeyError) as exc:
+    except (MlflowException, OSError, KeyError, ValueError) as exc:  # ValueError: corrupt JSON
         raise MmlinksError(f"cannot build a report for {run_ref}: {exc}") from exc
     m, p = run.data.metrics, run.data.params
     metrics = {k: m.get(f"test_{k}", float("nan")) for k in ("auc", "p_at_1", "p_at_5", "n_docs")}
     rand = {k: m.get(f"random_{k}", float("nan")) for k in ("auc", "p_at_1", "p_at_5", "n_docs")}
     data = data or p.get("data")
-    cards = (
-        document_cards(linker.model, linker.vocab, data, "test", linker.max_tokens, per_doc) if data else []
-    )
+    try:
+        cards = (
+            document_cards(linker.model, linker.vocab, data, "test", linker.max_tokens, per_doc)
+            if data
+            else []
+        )
+    except (OSError, ValueError) as exc:  # the dataset moved or changed since the run
+        raise MmlinksError(f"cannot draw document cards from {data}: {exc}") from exc
     info = {
         "run": run_id,
         "model": f"{version.name} version {version.version}",
