@@ -133,11 +133,12 @@ def cmd_inspect(args) -> dict:
     return json.loads(m.to_json())
 
 
-def _train_config(args):
+def train_config_from_args(args, **overrides):
+    """The TrainConfig that `train` and `demo` build from their shared flags."""
     from training.config import TrainConfig
 
-    return TrainConfig(
-        data=args.data,
+    values = dict(
+        data=getattr(args, "data", ""),
         similarity=args.similarity,
         k=args.k,
         negatives=args.negatives,
@@ -157,6 +158,8 @@ def _train_config(args):
         run_name=args.run_name,
         ray_logs=args.debug,
     )
+    values.update(overrides)
+    return TrainConfig(**values)
 
 
 def cmd_train(args) -> dict:
@@ -170,7 +173,7 @@ def cmd_train(args) -> dict:
         raise MmlinksError(
             "--alias production would skip the gate; register a candidate and run `mmlinks promote`"
         )
-    cfg = _train_config(args)
+    cfg = train_config_from_args(args)
     cfg.validate()
     res = run_experiment(
         cfg, tracking_uri(args.workdir), args.model_name or None, args.alias or None, progress=True

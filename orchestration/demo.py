@@ -47,9 +47,9 @@ def run_demo(args) -> dict:
     from mlflow.tracking import MlflowClient
     from tqdm import tqdm
 
+    from orchestration.cli import train_config_from_args
     from pipelines.build import BuildConfig, build_dataset
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
-    from training.config import TrainConfig
     from training.experiment import run_experiment
     from training.registry import Gate, promote
     from training.tracking import tracking_uri
@@ -87,26 +87,8 @@ def run_demo(args) -> dict:
         f"training {args.similarity.upper()} with Ray Train ({args.workers} workers), "
         f"up to {args.epochs} epochs; metrics -> MLflow",
     )
-    cfg = TrainConfig(
-        data=str(dataset),
-        similarity=args.similarity,
-        k=args.k,
-        negatives=args.negatives,
-        batch_docs=args.batch_docs,
-        lr=args.lr,
-        epochs=args.epochs,
-        d_multi=args.d_multi,
-        max_tokens=args.max_tokens,
-        min_word_count=args.min_word_count,
-        word_vectors=args.word_vectors,
-        seed=args.seed,
-        num_workers=args.workers,
-        use_gpu=args.gpu,
-        max_failures=args.max_failures,
-        storage_path=args.storage_path or str(work / "ray_results"),
-        run_name=args.run_name,
-        ray_address=args.ray_address,
-        ray_logs=args.debug,
+    cfg = train_config_from_args(
+        args, data=str(dataset), storage_path=args.storage_path or str(work / "ray_results")
     )
     name = args.model_name or "mmlinks-ap"
     t = time.perf_counter()
