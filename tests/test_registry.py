@@ -2,6 +2,7 @@
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import mlflow
@@ -130,6 +131,45 @@ def test_concurrent_promotions_do_not_interleave(registry, dataset):
     assert str(client.get_model_version_by_alias(name, PRODUCTION).version) == v
 
 
+def _contend(tracking_uri: str, lock_name: str, threads: int = 4) -> tuple[list[str], int]:
+    """Start ``threads`` lock attempts at once; returns (unexpected errors, peak holders)."""
+    state = {"holders": 0, "peak": 0}
+    errors: list[str] = []
+    guard, barrier = threading.Lock(), threading.Barrier(threads)
+
+    def contend():
+        barrier.wait()
+        try:
+            with PromotionLock(MlflowClient(tracking_uri), lock_name):
+                with guard:
+                    state["holders"] += 1
+                    state["peak"] = max(state["peak"], state["holders"])
+                time.sleep(0.2)
+                with guard:
+                    state["holders"] -= 1
+        except MmlinksError as exc:
+            if "another promotion" not in str(exc):
+                errors.append(str(exc))
+        except Exception as exc:  # anything else is a bug in the lock
+            errors.append(repr(exc))
+
+    workers = [threading.Thread(target=contend) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return errors, state["peak"]
+
+
+def test_lock_admits_one_holder_under_contention(registry):
+    """Threads racing for the lock: never two holders, and losers get the clear refusal (a
+    create that loses the race can come back as 'not found' from SQL stores)."""
+    client, _ = registry
+    for round_ in range(3):
+        errors, peak = _contend(client.tracking_uri, f"contend-{round_}")
+        assert errors == [] and peak == 1, (errors, peak)
+
+
 def test_stale_lock_is_broken_after_its_ttl(registry):
     client, _ = registry
     PromotionLock(client, "stale-test").__enter__()  # a crashed promotion never released it
@@ -187,3 +227,17 @@ def test_promote_command_exit_codes_and_json(registry, dataset):
         timeout=300,
     )
     assert back.returncode == 0 and json.loads(back.stdout)["to_version"] == "1"
+
+
+def test_corrupt_model_artifact_is_a_clear_error(registry, dataset, trained, tmp_path):
+    client, _ = registry
+    broken = tmp_path / "broken"
+    shutil.copytree(trained.checkpoint_path, broken)
+    (broken / "state.pt").write_bytes(b"not a torch checkpoint")
+    with mlflow.start_run(run_name="corrupt"):
+        uri = log_link_model(str(broken), trained.vocab)
+    v = str(mlflow.register_model(uri, "corrupt-test").version)
+    client.set_registered_model_alias("corrupt-test", CANDIDATE, v)
+    with pytest.raises(MmlinksError, match="cannot load models:/corrupt-test/"):
+        promote(client, "corrupt-test", dataset, Gate())
+    assert client.get_registered_model("corrupt-test").aliases.get(PRODUCTION) is None

@@ -166,6 +166,10 @@ class PromotionLock:
         except MlflowException as exc:
             if "already exists" in str(exc).lower() or "RESOURCE_ALREADY_EXISTS" in str(exc):
                 return False
+            if _is_missing(exc):
+                # SQL stores answer a create that lost the race against a holder who already
+                # released with "not found" (the store re-reads the conflicting row): contention.
+                return False
             raise MmlinksError(f"cannot take the promotion lock: {exc.message}") from exc
 
     def __enter__(self) -> PromotionLock:
