@@ -65,17 +65,14 @@ def write_shard(path: str | Path, docs: Iterable[Document]) -> tuple[int, int, s
 
 
 def read_table(paths: Iterable[str | Path], columns: list[str] | None = None) -> pa.Table:
+    """Read shards after checking each one's schema version (see ``check_shards``)."""
     tables = []
     for p in paths:
-        p = Path(p)
-        if not p.exists():
-            raise MmlinksError(f"shard {p} does not exist")
+        check_shards([p])
         try:
-            pf = pq.ParquetFile(p)
+            tables.append(pq.read_table(p, columns=columns))
         except (OSError, pa.ArrowInvalid) as exc:
             raise MmlinksError(f"cannot read shard {p}: {exc}") from exc
-        check_schema(pf.schema_arrow, p)
-        tables.append(pf.read(columns=columns))
     if not tables:
         return document_schema().empty_table() if columns is None else pa.table({})
     return pa.concat_tables(tables)

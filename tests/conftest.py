@@ -135,3 +135,48 @@ def trained(dataset, tmp_path_factory, ray_local):
     from training.train import fit
 
     return fit(small_train_config(dataset, tmp_path_factory.mktemp("ray")))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def venv_env(**extra: str) -> dict:
+    """The environment for MLflow's server commands: they exec `uvicorn`, so the venv's bin
+    directory must be on PATH."""
+    import sys
+
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return {**env, "PATH": path, **extra}
+
+
+def start_http_server(cmd: list[str], probe_url: str, log_path: Path, env: dict, timeout_s: float = 180):
+    """Start ``cmd`` in its own process group and wait until ``probe_url`` answers 200."""
+    import subprocess
+    import time
+    import urllib.request
+
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{cmd[:3]} exited:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(probe_url, timeout=2) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(1)
+    os.killpg(proc.pid, 9)
+    pytest.fail(f"{cmd[:3]} did not answer {probe_url} within {timeout_s:.0f} s")
+
+
+def stop_http_server(proc) -> None:
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)

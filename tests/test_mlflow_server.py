@@ -4,25 +4,18 @@ for training, registration, promotion and loading the production model back."""
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
+
 MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pg_bin(name: str) -> str:
@@ -59,48 +52,25 @@ def postgres():
 def mlflow_server(postgres, tmp_path_factory):
     artifacts = tmp_path_factory.mktemp("artifacts")
     port = free_port()
-    log_path = artifacts.parent / "mlflow-server.log"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [
-                MLFLOW,
-                "server",
-                "--backend-store-uri",
-                postgres,
-                "--serve-artifacts",
-                "--artifacts-destination",
-                artifacts.as_uri(),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                "1",
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    cmd = [
+        MLFLOW,
+        "server",
+        "--backend-store-uri",
+        postgres,
+        "--serve-artifacts",
+        "--artifacts-destination",
+        artifacts.as_uri(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            time.sleep(1)
-    else:
-        os.killpg(proc.pid, 9)
-        pytest.fail("mlflow server did not become healthy within 180 s")
+    proc = start_http_server(cmd, f"{url}/health", artifacts.parent / "mlflow-server.log", venv_env())
     yield url
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=30)
+    stop_http_server(proc)
 
 
 @pytest.mark.slow

@@ -1,12 +1,8 @@
 """The registered model behind `mlflow models serve`: real HTTP over loopback."""
 
 import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,15 +11,10 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
 from training.packaging import MAX_SENTENCES, log_link_model
 
 MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
@@ -48,49 +39,23 @@ def served_model(trained, tmp_path_factory):
     mlflow.set_tracking_uri(None)
 
     port = free_port()
-    # the scoring server execs `uvicorn` from PATH, so the venv must be on it
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": uri,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    log = (root / "server.log").open("w")
-    proc = subprocess.Popen(
-        [
-            MLFLOW,
-            "models",
-            "serve",
-            "-m",
-            "models:/served@production",
-            "--env-manager",
-            "local",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow models serve exited: {(root / 'server.log').read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{base}/ping", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail("mlflow models serve did not answer /ping within 180 s")
+    cmd = [
+        MLFLOW,
+        "models",
+        "serve",
+        "-m",
+        "models:/served@production",
+        "--env-manager",
+        "local",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
+    proc = start_http_server(cmd, f"{base}/ping", root / "server.log", venv_env(MLFLOW_TRACKING_URI=uri))
     yield base
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=30)
+    stop_http_server(proc)
 
 
 def doc(n_sent=2, n_img=3, width=1280):
