@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from schemas.errors import MmlinksError
 from training.packaging import log_link_model
 from training.registry import CANDIDATE, PRODUCTION, Gate, PromotionLock, promote, rollback
+from training.tracking import configure
 
 NAME = "reg-test"
 
@@ -32,7 +33,7 @@ def registry(trained, dataset, tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("registry-tests")
+    mlflow.set_experiment(experiment_id=configure(uri, "registry-tests"))  # artifacts beside the db
     uris = {}
     for label, ckpt in (
         ("trained", trained.checkpoint_path),

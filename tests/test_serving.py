@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
 from training.packaging import MAX_SENTENCES, log_link_model
+from training.tracking import configure
 
 MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
 
@@ -31,7 +32,7 @@ def served_model(trained, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("serving-tests")
+    mlflow.set_experiment(experiment_id=configure(uri, "serving-tests"))  # artifacts beside the db
     with mlflow.start_run():
         model_uri = log_link_model(trained.checkpoint_path, trained.vocab)
     version = mlflow.register_model(model_uri, "served").version
