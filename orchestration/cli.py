@@ -83,24 +83,72 @@ def _writable_dir(value: str) -> str:
     return value
 
 
+def _key_values(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise MmlinksError(f"{flag} wants KEY=VALUE, not {item!r}")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def _split_sizes(text: str | None) -> dict[str, int] | None:
+    if not text:
+        return None
+    try:
+        sizes = {k: int(v) for k, v in _key_values(text.split(","), "--split-sizes").items()}
+    except ValueError:
+        raise MmlinksError(f"--split-sizes wants counts like val=500,test=1000, not {text!r}") from None
+    if any(n < 0 for n in sizes.values()):
+        raise MmlinksError(f"--split-sizes wants non-negative counts, not {text!r}")
+    return sizes
+
+
+def _dedupe_threshold(text: str) -> int | None:
+    if text.lower() == "off":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise MmlinksError(f"--dedupe-threshold wants a number of bits or 'off', not {text!r}") from None
+
+
 def cmd_build(args) -> dict:
     from pipelines.build import BuildConfig, build_dataset
     from pipelines.sources import get_source
 
     _existing_dir(args.input)
     get_source(args.source, args.input)  # fails fast on a directory that is not this source
-    ratios = _split_ratios(args.split)
+    extractor_options = _key_values(args.extractor_option, "--extractor-option")
+    if args.weights:
+        extractor_options["weights"] = args.weights
+    region_options = _key_values(args.region_option, "--region-option")
+    if args.region_weights:
+        region_options["weights"] = args.region_weights
     cfg = BuildConfig(
         source=args.source,
         input=args.input,
         out=args.out,
         extractor=args.extractor,
-        num_shards=args.num_shards,
-        split_ratios=ratios,
+        regions=None if args.regions in (None, "none") else args.regions,
+        extractor_options=extractor_options,
+        region_options=region_options,
+        precision=args.precision,
+        split_ratios=_split_ratios(args.split),
+        split_sizes=_split_sizes(args.split_sizes),
+        dedupe_threshold=_dedupe_threshold(args.dedupe_threshold),
+        dedupe_policy=args.dedupe_policy,
+        filter_preset=args.filter,
+        filter_options=_key_values(args.filter_option, "--filter-option"),
+        max_shard_rows=args.max_shard_rows,
+        max_shard_mb=args.max_shard_mb,
+        image_store=args.image_store,
         runner=args.runner,
+        direct_workers=args.direct_workers,
         device=args.device,
         batch_size=args.batch_size,
-        beam_args=args.beam_arg or [],
+        beam_args=[*(args.beam_arg or []), *[a for a in (args.beam_options or []) if a != "--"]],
     )
     from orchestration.output import heartbeat
 
@@ -108,6 +156,14 @@ def cmd_build(args) -> dict:
     with heartbeat("beam build"):
         manifest = build_dataset(cfg)
     return {"manifest": str(Path(cfg.out) / "manifest.json"), **_manifest_summary(manifest)}
+
+
+def cmd_migrate(args) -> dict:
+    from schemas.migrate import migrate_dataset
+
+    _existing_dir(args.dir)
+    manifest, changed = migrate_dataset(args.dir)
+    return {"migrated": changed, **_manifest_summary(manifest)}
 
 
 def _manifest_summary(m) -> dict:
@@ -118,6 +174,8 @@ def _manifest_summary(m) -> dict:
         "splits": m.counts.get("splits", {}),
         "dropped": m.counts.get("dropped", {}),
         "feature_extractor": vars(m.feature_extractor),
+        "region_extractor": vars(m.region_extractor) if m.region_extractor else None,
+        "feature_dtype": m.feature_dtype,
         "shards": len(m.shards),
     }
 
@@ -398,18 +456,83 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--source", default="synthetic", choices=["synthetic"], help="raw source format")
     build.add_argument("--input", required=True, help="raw source directory")
-    build.add_argument("--out", required=True, help="dataset output directory")
-    build.add_argument("--extractor", default="efficientnet-lite0", help="CNN feature extractor")
-    build.add_argument("--num-shards", type=int, default=2, help="shards per split (default: 2)")
-    build.add_argument("--split", default="0.8,0.1,0.1", help="train,val,test ratios (default: 0.8,0.1,0.1)")
-    build.add_argument("--runner", default="DirectRunner", help="Beam runner (default: DirectRunner)")
-    build.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="feature extraction device")
-    build.add_argument("--batch-size", type=int, default=32, help="max images per inference batch")
-    build.add_argument(
+    build.add_argument("--out", required=True, help="dataset output directory or URI (gs://..., s3://...)")
+    feats = build.add_argument_group("features")
+    feats.add_argument(
+        "--extractor",
+        default="efficientnet-lite0",
+        help="global CNN features: efficientnet-lite0 (offline default), "
+        "densenet169 (the paper's; needs --weights)",
+    )
+    feats.add_argument(
+        "--regions",
+        default=None,
+        help="region features for the Li et al. 2021 model: grid-lite0 (offline) or fasterrcnn-r50-fpn "
+        "(needs --weights); default: none",
+    )
+    feats.add_argument("--weights", help="local weight file for extractors that cannot ship weights")
+    feats.add_argument(
+        "--extractor-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extractor option, e.g. num_regions=36",
+    )
+    feats.add_argument(
+        "--precision", default="float32", choices=["float32", "float16"], help="feature storage dtype"
+    )
+    feats.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="feature extraction device")
+    feats.add_argument("--batch-size", type=int, default=32, help="images per inference batch (default: 32)")
+    feats.add_argument(
+        "--image-store",
+        help="content-addressed image store root (default: OUT/image-store); share it between builds",
+    )
+    docs = build.add_argument_group("documents")
+    docs.add_argument("--split", default="0.8,0.1,0.1", help="train,val,test ratios (default: 0.8,0.1,0.1)")
+    docs.add_argument(
+        "--split-sizes", help="fixed split sizes instead of ratios, e.g. val=500,test=1000 (rest: train)"
+    )
+    docs.add_argument(
+        "--dedupe-threshold",
+        default="3",
+        help="near-duplicate Hamming distance in bits, or 'off' (default: 3)",
+    )
+    docs.add_argument(
+        "--dedupe-policy",
+        default="drop_all",
+        choices=["drop_all", "keep_first"],
+        help="drop every document with a near-duplicate image (paper), or keep the earliest",
+    )
+    docs.add_argument("--filter", help="filter preset: none, diy, wiki, recipeqa (default: the source's)")
+    docs.add_argument(
+        "--filter-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a filter rule, e.g. max_images=20",
+    )
+    out = build.add_argument_group("shards and runner")
+    out.add_argument(
+        "--max-shard-rows", type=int, default=1000, help="documents per shard at most (default: 1000)"
+    )
+    out.add_argument(
+        "--max-shard-mb", type=float, default=256.0, help="estimated MB per shard at most (default: 256)"
+    )
+    out.add_argument(
+        "--runner",
+        default="DirectRunner",
+        choices=["DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner"],
+        help="Beam runner (default: DirectRunner); cluster runners need their options after --",
+    )
+    out.add_argument("--direct-workers", type=int, help="DirectRunner: run in N local processes")
+    out.add_argument(
         "--beam-arg",
         action="append",
         metavar="ARG",
         help="extra Beam pipeline option, repeatable (e.g. --beam-arg=--direct_num_workers=2)",
+    )
+    out.add_argument(
+        "beam_options",
+        nargs=argparse.REMAINDER,
+        help="Beam pipeline options after `--`, passed through verbatim (e.g. -- --project=p --region=r)",
     )
     _add_common(build)
     build.set_defaults(func=cmd_build)
@@ -423,6 +546,17 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("dir", help="dataset directory (or its manifest.json)")
     _add_common(inspect)
     inspect.set_defaults(func=cmd_inspect)
+
+    migrate = dsub.add_parser(
+        "migrate",
+        help="upgrade a dataset written by an older schema version",
+        description="Rewrite the shards of an older schema version in the current layout as a new "
+        "dataset version in the same directory, then switch its manifest to it.",
+        epilog=EPILOG,
+    )
+    migrate.add_argument("dir", help="dataset directory")
+    _add_common(migrate)
+    migrate.set_defaults(func=cmd_migrate)
 
     train = sub.add_parser(
         "train",

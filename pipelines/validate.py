@@ -1,32 +1,30 @@
-"""Load a document's images, drop what is unusable (counted, dead-lettered), remap links.
+"""Load a document's images through the image store, drop what is unusable, remap links.
 
 A bad image or an empty sentence costs only that item; a document is dropped only when nothing
 usable is left (no valid image, no sentence with tokens), so one corrupt file never sinks a post.
+Images are fetched and decoded at most once ever: the store remembers bytes, decode facts and
+rejections by URI, so a rebuild (or a rerun after an interruption) does no fetching or decoding.
 """
 
 from __future__ import annotations
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
-from pipelines.images import InvalidImage, inspect_image
+from pipelines.image_store import ImageStore, Placeholders
+from pipelines.images import InvalidImage
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from schemas.text import has_tokens
 
-IMAGE_BYTES = "image_bytes"
-MAX_IMAGE_BYTES = 32 * 1024 * 1024
-
-
-def read_bytes(uri: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
-    with FileSystems.open(uri) as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise InvalidImage("too_large", f"> {limit} bytes")
-    return data
-
 
 class LoadAndValidate(beam.DoFn):
-    """RawDocument -> cleaned document dict; side outputs image bytes and dead letters."""
+    """RawDocument -> cleaned document dict (images as store records); dead letters on the side."""
+
+    def __init__(self, store_root: str, placeholders: Placeholders | None = None):
+        self.store_root = store_root
+        self.placeholders = placeholders
+
+    def setup(self):
+        self.store = ImageStore(self.store_root, placeholders=self.placeholders)
 
     def process(self, doc: RawDocument):
         if not doc.sentences and not doc.image_uris:
@@ -35,28 +33,16 @@ class LoadAndValidate(beam.DoFn):
         count("images_in", len(doc.image_uris))
         count("sentences_in", len(doc.sentences))
 
-        images, image_map, blobs = [], {}, []
+        images, image_map = [], {}
         for k, uri in enumerate(doc.image_uris):
             try:
-                data = read_bytes(uri)
-                info, _ = inspect_image(data)
+                stored = self.store.load(uri)
             except InvalidImage as exc:
                 yield dead_letter("image", f"{doc.doc_id}#image-{k}", exc.reason, f"{uri}: {exc.detail}")
                 continue
-            except OSError as exc:  # missing or unreadable file
-                yield dead_letter("image", f"{doc.doc_id}#image-{k}", "unreadable", f"{uri}: {exc}")
-                continue
+            count("images_from_store" if stored.cached else "images_fetched")
             image_map[k] = len(images)
-            images.append(
-                {
-                    "content_id": info.content_id,
-                    "uri": uri,
-                    "width": info.width,
-                    "height": info.height,
-                    "phash": info.phash,
-                }
-            )
-            blobs.append((info.content_id, data))
+            images.append(stored.to_record())
 
         sentences, sentence_map = [], {}
         for k, text in enumerate(doc.sentences):
@@ -84,9 +70,6 @@ class LoadAndValidate(beam.DoFn):
                 else:
                     yield dead_letter("link", doc.doc_id, "endpoint_dropped", f"({s}, {i})")
             links = sorted(kept)
-        # Only images of kept documents go on to (costly) feature extraction.
-        for blob in blobs:
-            yield beam.pvalue.TaggedOutput(IMAGE_BYTES, blob)
         yield {
             "doc_id": doc.doc_id,
             "source": doc.source,
@@ -98,4 +81,4 @@ class LoadAndValidate(beam.DoFn):
         }
 
 
-__all__ = ["DEAD_LETTER", "IMAGE_BYTES", "LoadAndValidate"]
+__all__ = ["DEAD_LETTER", "LoadAndValidate"]

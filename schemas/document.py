@@ -11,49 +11,70 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+# Version history (``mmlinks data migrate`` upgrades older shards):
+#   1: first layout.
+#   2: regions gain per-box ``scores``; feature vectors may be stored as float16
+#      (``mmlinks.feature_dtype`` metadata; readers cast to float32).
+SCHEMA_VERSION = 2
 SCHEMA_NAME = "mmlinks.document-shard"
 META_VERSION_KEY = b"mmlinks.schema_version"
 META_NAME_KEY = b"mmlinks.schema_name"
+META_DTYPE_KEY = b"mmlinks.feature_dtype"
+FEATURE_DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
 
-REGION_TYPE = pa.struct(
-    [
-        pa.field("boxes", pa.list_(pa.list_(pa.float32(), 4))),  # x0, y0, x1, y1 in pixels
-        pa.field("vectors", pa.list_(pa.list_(pa.float32()))),
-        pa.field("labels", pa.list_(pa.string())),
-    ]
-)
 
-IMAGE_TYPE = pa.struct(
-    [
-        pa.field("content_id", pa.string(), nullable=False),  # sha256 of the image bytes
-        pa.field("uri", pa.string()),
-        pa.field("width", pa.int32()),
-        pa.field("height", pa.int32()),
-        pa.field("phash", pa.uint64()),  # 64-bit DCT perceptual hash
-        pa.field("features", pa.list_(pa.float32())),  # global CNN feature vector
-        pa.field("regions", REGION_TYPE),  # optional region features (null when absent)
-    ]
-)
+def region_type(feature_dtype: str = "float32") -> pa.DataType:
+    return pa.struct(
+        [
+            pa.field("boxes", pa.list_(pa.list_(pa.float32(), 4))),  # x0, y0, x1, y1 in pixels
+            pa.field("vectors", pa.list_(pa.list_(FEATURE_DTYPES[feature_dtype]))),
+            pa.field("labels", pa.list_(pa.string())),  # concept label of each region
+            pa.field("scores", pa.list_(pa.float32())),  # detector / classifier confidence
+        ]
+    )
+
+
+def image_type(feature_dtype: str = "float32") -> pa.DataType:
+    return pa.struct(
+        [
+            pa.field("content_id", pa.string(), nullable=False),  # sha256 of the image bytes
+            pa.field("uri", pa.string()),
+            pa.field("width", pa.int32()),
+            pa.field("height", pa.int32()),
+            pa.field("phash", pa.uint64()),  # 64-bit DCT perceptual hash
+            pa.field("features", pa.list_(FEATURE_DTYPES[feature_dtype])),  # global CNN vector
+            pa.field("regions", region_type(feature_dtype)),  # region features (null when absent)
+        ]
+    )
+
+
+REGION_TYPE = region_type()
+IMAGE_TYPE = image_type()
 
 LINK_TYPE = pa.struct(
     [pa.field("sentence", pa.int32(), nullable=False), pa.field("image", pa.int32(), nullable=False)]
 )
 
 
-def document_schema() -> pa.Schema:
+def document_schema(feature_dtype: str = "float32") -> pa.Schema:
+    if feature_dtype not in FEATURE_DTYPES:
+        raise ValueError(f"feature dtype must be one of {sorted(FEATURE_DTYPES)}, not {feature_dtype!r}")
     return pa.schema(
         [
             pa.field("doc_id", pa.string(), nullable=False),
             pa.field("source", pa.string(), nullable=False),
             pa.field("split", pa.string(), nullable=False),
             pa.field("sentences", pa.list_(pa.string()), nullable=False),
-            pa.field("images", pa.list_(IMAGE_TYPE), nullable=False),
+            pa.field("images", pa.list_(image_type(feature_dtype)), nullable=False),
             # null = the corpus has no ground truth; [] = labelled, no link in this document.
             pa.field("links", pa.list_(LINK_TYPE)),
             pa.field("metadata", pa.map_(pa.string(), pa.string())),
         ],
-        metadata={META_VERSION_KEY: str(SCHEMA_VERSION).encode(), META_NAME_KEY: SCHEMA_NAME.encode()},
+        metadata={
+            META_VERSION_KEY: str(SCHEMA_VERSION).encode(),
+            META_NAME_KEY: SCHEMA_NAME.encode(),
+            META_DTYPE_KEY: feature_dtype.encode(),
+        },
     )
 
 
@@ -62,6 +83,7 @@ class RegionFeatures:
     boxes: list[list[float]]
     vectors: list[list[float]]
     labels: list[str]
+    scores: list[float] | None = None
 
 
 @dataclass
@@ -107,6 +129,7 @@ class Document:
                         "boxes": im.regions.boxes,
                         "vectors": im.regions.vectors,
                         "labels": im.regions.labels,
+                        "scores": im.regions.scores,
                     },
                 }
                 for im in self.images

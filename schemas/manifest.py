@@ -44,12 +44,15 @@ class Manifest:
     shards: list[ShardInfo]
     build_params: dict = field(default_factory=dict)
     dead_letter: str | None = None  # relative path of the dead-letter file
+    region_extractor: FeatureExtractorInfo | None = None  # region features, when built
+    feature_dtype: str = "float32"  # storage dtype of feature vectors in the shards
 
     @staticmethod
     def version_id(shards: list[ShardInfo], build_params: dict) -> str:
+        """Hash of shard file names, their checksums, and the parameters (not of directories)."""
         h = hashlib.sha256()
         for s in sorted(shards, key=lambda s: s.path):
-            h.update(f"{s.path}:{s.sha256}\n".encode())
+            h.update(f"{s.path.rsplit('/', 1)[-1]}:{s.sha256}\n".encode())
         h.update(json.dumps(build_params, sort_keys=True).encode())
         return h.hexdigest()[:16]
 
@@ -65,9 +68,15 @@ class Manifest:
         return [Path(directory) / s.path for s in self.shards if split is None or s.split == split]
 
     @classmethod
-    def from_dict(cls, data: dict) -> Manifest:
+    def from_dict(cls, data: dict, allow_older: bool = False) -> Manifest:
+        """Parse a manifest; older schema versions only with ``allow_older`` (for migration)."""
         try:
             version = int(data["schema_version"])
+            if version < SCHEMA_VERSION and not allow_older and version >= 1:
+                raise MmlinksError(
+                    f"dataset has schema version {version}; this mmlinks reads version {SCHEMA_VERSION} "
+                    "(run `mmlinks data migrate DATASET_DIR` to upgrade it)"
+                )
             if version > SCHEMA_VERSION or version < 1:
                 raise MmlinksError(
                     f"manifest has schema version {version}; this mmlinks reads version "
@@ -82,12 +91,16 @@ class Manifest:
                 shards=[ShardInfo(**s) for s in data["shards"]],
                 build_params=dict(data.get("build_params", {})),
                 dead_letter=data.get("dead_letter"),
+                region_extractor=FeatureExtractorInfo(**data["region_extractor"])
+                if data.get("region_extractor")
+                else None,
+                feature_dtype=str(data.get("feature_dtype", "float32")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MmlinksError(f"manifest is malformed: {type(exc).__name__}: {exc}") from exc
 
     @classmethod
-    def read(cls, path: str | Path) -> Manifest:
+    def read(cls, path: str | Path, allow_older: bool = False) -> Manifest:
         """Read ``path`` (a manifest file or the dataset directory holding one)."""
         path = Path(path)
         if path.is_dir():
@@ -100,4 +113,4 @@ class Manifest:
             raise MmlinksError(f"cannot read manifest {path}: {exc}") from exc
         if not isinstance(data, dict):
             raise MmlinksError(f"manifest {path} is not a JSON object")
-        return cls.from_dict(data)
+        return cls.from_dict(data, allow_older=allow_older)

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import io
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.document import (
+    FEATURE_DTYPES,
     META_NAME_KEY,
     META_VERSION_KEY,
     SCHEMA_NAME,
     SCHEMA_VERSION,
     Document,
     document_schema,
+    image_type,
+    region_type,
 )
 from schemas.errors import MmlinksError
 
 ROW_GROUP_ROWS = 256
+ROW_GROUP_BYTES = 64 * 1024 * 1024  # bound a row group's (estimated) size: readers stream by group
 
 
 def check_schema(schema: pa.Schema, where: str | Path) -> None:
@@ -29,9 +35,13 @@ def check_schema(schema: pa.Schema, where: str | Path) -> None:
         raise MmlinksError(f"{where} is not an mmlinks document shard (no schema name metadata)")
     raw = meta.get(META_VERSION_KEY, b"?").decode()
     if raw != str(SCHEMA_VERSION):
+        hint = (
+            "run `mmlinks data migrate DATASET_DIR` to upgrade it"
+            if raw.isdigit() and int(raw) < SCHEMA_VERSION
+            else "upgrade mmlinks or rebuild the dataset"
+        )
         raise MmlinksError(
-            f"{where} has document schema version {raw}; this mmlinks reads version "
-            f"{SCHEMA_VERSION} (upgrade mmlinks or rebuild the dataset)"
+            f"{where} has document schema version {raw}; this mmlinks reads version {SCHEMA_VERSION} ({hint})"
         )
 
 
@@ -48,20 +58,120 @@ def check_shards(paths: Iterable[str | Path]) -> None:
         check_schema(schema, p)
 
 
-def write_shard(path: str | Path, docs: Iterable[Document]) -> tuple[int, int, str]:
-    """Write documents in the given order; returns (rows, bytes, sha256).
+def _offsets(lengths: Sequence[int]) -> pa.Array:
+    return pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32), pa.int32())
+
+
+def _vectors(rows: list, dtype: pa.DataType) -> pa.Array:
+    """list<dtype> from a list of 1-D arrays (None = null), built from one flat buffer."""
+    np_dtype = np.float16 if dtype == pa.float16() else np.float32
+    lengths = [0 if r is None else len(r) for r in rows]
+    flat = [np.asarray(r, dtype=np_dtype).ravel() for r in rows if r is not None]
+    values = pa.array(np.concatenate(flat) if flat else np.zeros(0, np_dtype), type=dtype)
+    mask = pa.array([r is None for r in rows], pa.bool_())
+    return pa.ListArray.from_arrays(
+        _offsets(lengths), values, mask=mask if any(r is None for r in rows) else None
+    )
+
+
+def _nested_vectors(groups: list, dtype: pa.DataType) -> pa.Array:
+    """list<list<dtype>> from a list of 2-D arrays (rows = vectors)."""
+    inner = [np.asarray(row) for g in groups for row in g]
+    return pa.ListArray.from_arrays(_offsets([len(g) for g in groups]), _vectors(inner, dtype))
+
+
+def _regions(images: list, feature_dtype: str) -> pa.Array:
+    regs = [im.regions for im in images]
+    present = [r for r in regs if r is not None]
+    dtype = FEATURE_DTYPES[feature_dtype]
+    rtype = region_type(feature_dtype)
+    # Images without regions get empty children and a null slot.
+    filled = regs
+    boxes = [
+        np.asarray(r.boxes, np.float32).reshape(-1, 4) if r else np.zeros((0, 4), np.float32) for r in filled
+    ]
+    flat_boxes = np.concatenate(boxes) if boxes else np.zeros((0, 4), np.float32)
+    box_arr = pa.ListArray.from_arrays(
+        _offsets([len(b) for b in boxes]),
+        pa.FixedSizeListArray.from_arrays(pa.array(flat_boxes.ravel(), pa.float32()), 4),
+    )
+    vectors = _nested_vectors([r.vectors if r else [] for r in filled], dtype)
+    labels = pa.array([list(r.labels) if r else [] for r in filled], pa.list_(pa.string()))
+    scores = pa.array(
+        [None if (r is None or r.scores is None) else np.asarray(r.scores, np.float32) for r in filled],
+        pa.list_(pa.float32()),
+    )
+    mask = pa.array([r is None for r in regs], pa.bool_()) if len(present) < len(regs) else None
+    return pa.StructArray.from_arrays([box_arr, vectors, labels, scores], fields=list(rtype), mask=mask)
+
+
+def documents_to_table(docs: Sequence[Document], feature_dtype: str = "float32") -> pa.Table:
+    """Columnar conversion: feature vectors go into Arrow as flat buffers, not Python floats.
+
+    Equivalent to ``pa.Table.from_pylist([d.to_row() ...])`` (a test checks it) but tens of
+    times faster for thousands of 1280-d vectors.
+    """
+    schema = document_schema(feature_dtype)
+    images = [im for d in docs for im in d.images]
+    dtype = FEATURE_DTYPES[feature_dtype]
+    image_arr = pa.StructArray.from_arrays(
+        [
+            pa.array([im.content_id for im in images], pa.string()),
+            pa.array([im.uri for im in images], pa.string()),
+            pa.array([im.width for im in images], pa.int32()),
+            pa.array([im.height for im in images], pa.int32()),
+            pa.array([int(im.phash) for im in images], pa.uint64()),
+            _vectors([im.features for im in images], dtype),
+            _regions(images, feature_dtype),
+        ],
+        fields=list(image_type(feature_dtype)),
+    )
+    columns = {
+        "doc_id": pa.array([d.doc_id for d in docs], pa.string()),
+        "source": pa.array([d.source for d in docs], pa.string()),
+        "split": pa.array([d.split for d in docs], pa.string()),
+        "sentences": pa.array([list(d.sentences) for d in docs], pa.list_(pa.string())),
+        "images": pa.ListArray.from_arrays(_offsets([len(d.images) for d in docs]), image_arr),
+        "links": pa.array(
+            [None if d.links is None else [{"sentence": s, "image": i} for s, i in d.links] for d in docs],
+            schema.field("links").type,
+        ),
+        "metadata": pa.array([sorted(d.metadata.items()) for d in docs], schema.field("metadata").type),
+    }
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def row_group_rows(table: pa.Table) -> int:
+    """Rows per row group: at most ROW_GROUP_ROWS, and about ROW_GROUP_BYTES of data each."""
+    if table.num_rows == 0:
+        return ROW_GROUP_ROWS
+    per_row = max(1, table.nbytes // table.num_rows)
+    return int(max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES // per_row)))
+
+
+def shard_bytes(docs: Iterable[Document], feature_dtype: str = "float32") -> bytes:
+    """Serialise documents, in the given order, to the bytes of one Parquet shard.
 
     The caller fixes the order (sorted doc ids), so equal inputs give byte-identical files.
     """
-    rows = [d.to_row() for d in docs]
-    table = pa.Table.from_pylist(rows, schema=document_schema())
+    table = documents_to_table(list(docs), feature_dtype)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=row_group_rows(table), compression="zstd")
+    return buf.getvalue()
+
+
+def write_shard(
+    path: str | Path, docs: Iterable[Document], feature_dtype: str = "float32"
+) -> tuple[int, int, str]:
+    """Write one local shard atomically; returns (rows, bytes, sha256)."""
+    docs = list(docs)
+    data = shard_bytes(docs, feature_dtype)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+    tmp.write_bytes(data)
     tmp.replace(path)  # atomic: a crashed build never leaves a half-written shard behind
-    data = path.read_bytes()
-    return len(rows), len(data), hashlib.sha256(data).hexdigest()
+    return len(docs), len(data), hashlib.sha256(data).hexdigest()
 
 
 def read_table(paths: Iterable[str | Path], columns: list[str] | None = None) -> pa.Table:

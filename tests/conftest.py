@@ -30,6 +30,12 @@ def add_bad_records(corpus: Path) -> dict:
     (img_dir / "truncated.png").write_bytes(good_png[: len(good_png) // 3])
     (img_dir / "text.png").write_text("this is not an image")
     (img_dir / "tiny.png").write_bytes(_tiny_png())
+    # Fresh images for "mixed" (sharing the first document's images would make it a duplicate).
+    for k in range(2):
+        (img_dir / f"mixed-{k}.png").write_bytes(_noise_png(seed=100 + k))
+    # A planted near-duplicate pair: dup-b re-encodes dup-a's first image as JPEG (other bytes,
+    # a perceptual hash within 3 bits), so near-duplicate removal must drop both documents.
+    _write_near_duplicates(img_dir)
     extra = [
         {"doc_id": "bad-empty", "sentences": [], "images": [], "links": []},
         {
@@ -45,12 +51,24 @@ def add_bad_records(corpus: Path) -> dict:
             "sentences": ["??", "the big blue square", "a small red star"],
             "images": [
                 "images/bad/truncated.png",
-                first["images"][1],
+                "images/bad/mixed-0.png",
                 "images/bad/missing.png",
-                first["images"][2],
+                "images/bad/mixed-1.png",
                 "images/bad/tiny.png",
             ],
             "links": [[1, 1], [2, 3], [0, 0], [5, 1]],
+        },
+        {
+            "doc_id": "dup-a",
+            "sentences": ["a green hexagon on grass", "a purple moon"],
+            "images": ["images/bad/dup-a.png", "images/bad/dup-a2.png"],
+            "links": [[0, 0]],
+        },
+        {
+            "doc_id": "dup-b",
+            "sentences": ["the same hexagon again", "an orange kite"],
+            "images": ["images/bad/dup-b.jpg", "images/bad/dup-b2.png"],
+            "links": [[0, 0]],
         },
     ]
     with docs.open("a") as fh:
@@ -62,6 +80,39 @@ def add_bad_records(corpus: Path) -> dict:
     with docs.open("ab") as fh:
         fh.write(b'{"doc_id": "bad-bytes", "sentences": ["caf\xe9"], "images": []}\n')  # Latin-1, not UTF-8
     return {"documents": len(lines) + len(extra), "malformed_lines": 4}
+
+
+def _noise_png(seed: int, size: int = 64) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (size // 8, size // 8, 3), dtype=np.uint8)
+    img = Image.fromarray(pixels).resize((size, size), Image.BILINEAR)  # smooth: a stable phash
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _write_near_duplicates(img_dir: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    from pipelines.images import inspect_image
+
+    original = _noise_png(seed=7)
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(original)).save(buf, format="JPEG", quality=85)
+    (img_dir / "dup-a.png").write_bytes(original)
+    (img_dir / "dup-b.jpg").write_bytes(buf.getvalue())
+    (img_dir / "dup-a2.png").write_bytes(_noise_png(seed=8))
+    (img_dir / "dup-b2.png").write_bytes(_noise_png(seed=9))
+    a, _ = inspect_image(original)
+    b, _ = inspect_image(buf.getvalue())
+    assert a.content_id != b.content_id and bin(a.phash ^ b.phash).count("1") <= 3
 
 
 def _tiny_png() -> bytes:

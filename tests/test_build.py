@@ -1,6 +1,5 @@
 """The Beam build on a real corpus with planted bad records (tests/conftest.py)."""
 
-import json
 from collections import Counter
 
 import duckdb
@@ -29,7 +28,8 @@ def test_manifest_accounts_for_every_input_document(dataset, corpus):
     assert dropped["link:out_of_range"] == 1
     assert dropped["link:endpoint_dropped"] == 1  # mixed: (0, 0) lost its token-less sentence
     assert dropped["image:undecodable"] == 3  # two truncated copies + one text file
-    assert dropped["image:unreadable"] == 1  # missing file
+    assert dropped["image:fetch_failed"] == 1  # missing file
+    assert dropped["document:near_duplicate"] == 2  # dup-a and dup-b (drop_all policy)
     assert dropped["image:too_small"] == 1
     assert dropped["sentence:no_tokens"] == 3
 
@@ -49,8 +49,7 @@ def test_mixed_document_keeps_good_items_and_remaps_links(dataset, corpus):
     assert mixed.sentences == ["the big blue square", "a small red star"]
     assert len(mixed.images) == 2  # inputs 1 and 3 survive, now 0 and 1
     assert mixed.links == [(0, 0), (1, 1)]  # (1,1)->(0,0), (2,3)->(1,1); (0,0) lost its sentence
-    first = json.loads((corpus / "documents.jsonl").read_bytes().splitlines()[0])
-    assert mixed.images[0].uri.endswith(first["images"][1])
+    assert mixed.images[0].uri.endswith("images/bad/mixed-0.png")
 
 
 def test_every_image_has_features_phash_and_content_id(dataset):
@@ -70,7 +69,7 @@ def test_shards_are_sorted_and_readable_without_mmlinks(dataset):
     for s in m.shards:
         ids = pq.read_table(dataset / s.path, columns=["doc_id"]).column("doc_id").to_pylist()
         assert ids == sorted(ids) and len(ids) == s.rows
-    glob = str(dataset / "shards" / "*.parquet")
+    glob = str(dataset / "versions" / m.dataset_version / "*.parquet")
     n_duck = duckdb.sql(f"select count(*) from read_parquet('{glob}')").fetchall()[0][0]
     n_images = duckdb.sql(f"select sum(len(images)) from read_parquet('{glob}')").fetchall()[0][0]
     assert n_duck == sum(m.counts["splits"].values())
@@ -104,21 +103,10 @@ class ExplodingModel(torch.nn.Module):
 
 
 def test_inference_failure_dead_letters_instead_of_crashing(tmp_path, monkeypatch):
-    from apache_beam.ml.inference.base import KeyedModelHandler
-    from apache_beam.ml.inference.pytorch_inference import PytorchModelHandlerTensor
-
-    from pipelines.features.extractor import FeatureExtractor
+    from pipelines.features.lite0 import EfficientNetLite0Extractor
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
-    state = tmp_path / "empty.pt"
-    torch.save({}, state)
-
-    def failing_handler(self, device="cpu", min_batch=8, max_batch=32):
-        return KeyedModelHandler(
-            PytorchModelHandlerTensor(state_dict_path=str(state), model_class=ExplodingModel, model_params={})
-        )
-
-    monkeypatch.setattr(FeatureExtractor, "model_handler", failing_handler)
+    monkeypatch.setattr(EfficientNetLite0Extractor, "load_model", lambda self, device="cpu": ExplodingModel())
     write_corpus(tmp_path / "c", SynthConfig(docs=4, seed=9, image_size=48))
     m = build_dataset(BuildConfig(source="synthetic", input=str(tmp_path / "c"), out=str(tmp_path / "d")))
     assert sum(m.counts["splits"].values()) == 0
@@ -126,3 +114,69 @@ def test_inference_failure_dead_letters_instead_of_crashing(tmp_path, monkeypatc
     assert m.counts["dropped"]["image:inference_failed"] >= 1
     records = dead_letters(tmp_path / "d")
     assert any("simulated inference failure" in r["detail"] for r in records)
+    # nothing was cached for the failed images: a rerun with a working model computes them
+    assert not list((tmp_path / "d" / "image-store").glob("features/*/*/*.npz"))
+
+
+def _cfg(corpus, out, **kw):
+    return BuildConfig(
+        source="synthetic",
+        input=str(corpus),
+        out=str(out),
+        split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
+        **kw,
+    )
+
+
+def test_rebuild_from_the_store_fetches_decodes_and_infers_nothing(corpus, dataset, tmp_path):
+    from pipelines.build import last_build
+
+    m1 = Manifest.read(dataset)
+    first = last_build(str(dataset))
+    m2 = build_dataset(_cfg(corpus, tmp_path, image_store=str(dataset / "image-store")))
+    again = last_build(str(tmp_path))
+    assert first["images_fetched"] > 0 and first["features_computed"] > 0
+    assert again["images_fetched"] == 0 and again["features_computed"] == 0
+    assert again["images_from_store"] == first["images_fetched"] + first["images_from_store"]
+    assert again["features_cached"] == first["features_computed"]
+    assert m2.to_json() == m1.to_json()  # same version, same shards, same counts of drops
+
+
+def test_bounded_float16_fixed_size_build_and_version_retention(corpus, dataset, tmp_path):
+    from pipelines.splits import split_rank_key
+
+    store = str(dataset / "image-store")
+    m = build_dataset(
+        _cfg(
+            corpus,
+            tmp_path,
+            image_store=store,
+            precision="float16",
+            max_shard_rows=3,
+            split_sizes={"test": 4, "val": 3},
+            dedupe_policy="keep_first",
+        )
+    )
+    assert m.feature_dtype == "float16" and m.counts["splits"] == {
+        "test": 4,
+        "val": 3,
+        "train": m.counts["splits"]["train"],
+    }
+    assert all(s.rows <= 3 for s in m.shards) and len(m.shards) >= sum(m.counts["splits"].values()) / 3
+    docs = read_documents(m.shard_paths(tmp_path))
+    ranked = sorted((d.doc_id for d in docs), key=split_rank_key)
+    assert {d.doc_id for d in docs if d.split == "test"} == set(ranked[:4])
+    assert {d.doc_id for d in docs if d.split == "val"} == set(ranked[4:7])
+    # keep_first: dup-a (earlier id) stays, dup-b goes
+    assert m.counts["dropped"]["document:near_duplicate"] == 1
+    assert "dup-a" in {d.doc_id for d in docs} and "dup-b" not in {d.doc_id for d in docs}
+    field = pq.read_schema(tmp_path / m.shards[0].path).field("images").type.value_type.field("features")
+    assert str(field.type) == "list<element: halffloat>"
+
+    # Versions: a rebuild with other parameters keeps the version it replaced; one more prunes.
+    m2 = build_dataset(_cfg(corpus, tmp_path, image_store=store, max_shard_rows=5))
+    assert Manifest.read(tmp_path) == m2
+    assert {p.name for p in (tmp_path / "versions").iterdir()} == {m.dataset_version, m2.dataset_version}
+    m3 = build_dataset(_cfg(corpus, tmp_path, image_store=store, max_shard_rows=7))
+    assert {p.name for p in (tmp_path / "versions").iterdir()} == {m2.dataset_version, m3.dataset_version}
+    assert not list(tmp_path.glob(".staging-*"))

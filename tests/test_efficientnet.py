@@ -5,8 +5,8 @@ import torch
 from PIL import Image
 from skimage import data
 
+from pipelines.features import get_extractor
 from pipelines.features.efficientnet_lite import EfficientNetLite0Features, load_pretrained
-from pipelines.features.extractor import get_extractor
 
 CAT_CLASSES = {281, 282, 283, 284, 285}  # tabby, tiger cat, Persian, Siamese, Egyptian cat
 
@@ -14,7 +14,7 @@ CAT_CLASSES = {281, 282, 283, 284, 285}  # tabby, tiger cat, Persian, Siamese, E
 def test_pretrained_lite0_classifies_chelsea_the_cat():
     model = load_pretrained()
     ext = get_extractor("efficientnet-lite0")
-    x = torch.from_numpy(ext.preprocess(Image.fromarray(data.chelsea())))[None]
+    x = ext.preprocess(Image.fromarray(data.chelsea()))[None]
     with torch.no_grad():
         probs = model(x).softmax(-1)[0]
     top = int(probs.argmax())
@@ -29,7 +29,7 @@ def test_random_weights_do_not_classify_chelsea():
     torch.manual_seed(0)
     model = EfficientNetLite0().eval()
     ext = get_extractor("efficientnet-lite0")
-    x = torch.from_numpy(ext.preprocess(Image.fromarray(data.chelsea())))[None]
+    x = ext.preprocess(Image.fromarray(data.chelsea()))[None]
     with torch.no_grad():
         probs = model(x).softmax(-1)[0]
         feats = EfficientNetLite0Features().eval()(x)
@@ -46,12 +46,11 @@ def test_features_are_pooled_penultimate_activations():
         assert torch.allclose(model._fc(feats), model(x), atol=1e-4)
 
 
-def test_fixed_chunk_inference_is_independent_of_batch_composition():
-    from pipelines.features.extractor import fixed_chunk_inference
-
-    model = load_pretrained(EfficientNetLite0Features)
+def test_fixed_chunk_forward_is_independent_of_batch_composition():
+    ext = get_extractor("efficientnet-lite0")
+    model = ext.load_model()
     torch.manual_seed(1)
     images = list(torch.randn(11, 3, 224, 224))
-    alone = fixed_chunk_inference(images[:1], model, "cpu")[0].inference
+    alone = ext.forward(model, images[:1])[0]
     for batch in (images[:3], images[:11], [images[0], *images[5:9]]):
-        assert torch.equal(fixed_chunk_inference(batch, model, "cpu")[0].inference, alone)
+        assert torch.equal(ext.forward(model, batch)[0], alone)

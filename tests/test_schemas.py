@@ -1,13 +1,17 @@
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.document import META_VERSION_KEY, Document, ImageRecord, RegionFeatures, document_schema
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
-from schemas.shards import read_documents, read_table, write_shard
+from schemas.migrate import migrate_dataset
+from schemas.shards import documents_to_table, read_documents, read_table, write_shard
 
 
 def make_doc(doc_id="d1", links=((0, 1),)):
@@ -66,11 +70,14 @@ def test_manifest_errors_are_one_line_messages(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(MmlinksError, match="cannot read manifest"):
         Manifest.read(tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 2}))
     with pytest.raises(MmlinksError, match="malformed"):
         Manifest.read(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 7}))
     with pytest.raises(MmlinksError, match="schema version 7"):
+        Manifest.read(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1}))
+    with pytest.raises(MmlinksError, match="mmlinks data migrate"):
         Manifest.read(tmp_path)
 
 
@@ -78,3 +85,133 @@ def test_manifest_round_trip(dataset):
     m = Manifest.read(dataset)
     assert Manifest.from_dict(json.loads(m.to_json())) == m
     assert m.dataset_version == Manifest.version_id(m.shards, m.build_params)
+
+
+def _oracle_table(docs, dtype):
+    """The obvious row-by-row conversion, with vectors rounded to the storage dtype."""
+    rows = [d.to_row() for d in docs]
+    for r in rows:
+        for im in r["images"]:
+            if im["features"] is not None:
+                im["features"] = np.asarray(im["features"], dtype).tolist()
+            if im["regions"]:
+                im["regions"]["vectors"] = [np.asarray(v, dtype).tolist() for v in im["regions"]["vectors"]]
+    return pa.Table.from_pylist(rows, schema=document_schema(dtype))
+
+
+floats = st.floats(-1e3, 1e3, width=32)
+regions = st.none() | st.integers(0, 3).flatmap(
+    lambda n: st.builds(
+        RegionFeatures,
+        boxes=st.lists(st.lists(floats, min_size=4, max_size=4), min_size=n, max_size=n),
+        vectors=st.lists(st.lists(floats, min_size=2, max_size=2), min_size=n, max_size=n),
+        labels=st.lists(st.text(max_size=5), min_size=n, max_size=n),
+        scores=st.none() | st.lists(floats, min_size=n, max_size=n),
+    )
+)
+images = st.builds(
+    ImageRecord,
+    content_id=st.text(min_size=1, max_size=4),
+    uri=st.text(max_size=4),
+    width=st.integers(1, 5000),
+    height=st.integers(1, 5000),
+    phash=st.integers(0, 2**64 - 1),
+    features=st.none() | st.lists(floats, min_size=3, max_size=3),
+    regions=regions,
+)
+documents = st.builds(
+    Document,
+    doc_id=st.text(min_size=1, max_size=6),
+    source=st.just("s"),
+    split=st.sampled_from(["train", "val", "test"]),
+    sentences=st.lists(st.text(max_size=10), max_size=3),
+    images=st.lists(images, max_size=3),
+    links=st.none() | st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=3),
+    metadata=st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(documents, max_size=5), st.sampled_from(["float32", "float16"]))
+def test_columnar_conversion_matches_the_row_by_row_oracle(docs, dtype):
+    assert documents_to_table(docs, dtype).equals(_oracle_table(docs, dtype))
+
+
+def test_float16_storage_is_read_back_as_float32_by_training(tmp_path):
+    from training.data import features_of
+
+    doc = make_doc()
+    doc.images[0].features = [0.1, 1 / 3]
+    write_shard(tmp_path / "h.parquet", [doc], feature_dtype="float16")
+    assert pq.read_schema(tmp_path / "h.parquet").field("images").type.value_type.field("features").type == (
+        pa.list_(pa.float16())
+    )
+    feats, counts = features_of(read_table([tmp_path / "h.parquet"]))
+    assert counts == [2] and feats[0].dtype == np.float32
+    np.testing.assert_array_equal(feats[0][0], np.asarray([0.1, 1 / 3], np.float16).astype(np.float32))
+
+
+def _write_v1_dataset(directory, docs):
+    """A dataset exactly as mmlinks 0.1 (schema v1) wrote it: OUT/shards + manifest.json."""
+    v1_region = pa.struct(
+        [
+            pa.field("boxes", pa.list_(pa.list_(pa.float32(), 4))),
+            pa.field("vectors", pa.list_(pa.list_(pa.float32()))),
+            pa.field("labels", pa.list_(pa.string())),
+        ]
+    )
+    v2 = document_schema()
+    image_fields = [
+        f if f.name != "regions" else pa.field("regions", v1_region)
+        for f in v2.field("images").type.value_type
+    ]
+    fields = [
+        f if f.name != "images" else pa.field("images", pa.list_(pa.struct(image_fields)), nullable=False)
+        for f in v2
+    ]
+    schema = pa.schema(fields, metadata={**v2.metadata, META_VERSION_KEY: b"1"})
+    rows = [d.to_row() for d in docs]
+    for r in rows:
+        for im in r["images"]:
+            if im["regions"]:
+                im["regions"].pop("scores")
+    (directory / "shards").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), directory / "shards" / "train-00000.parquet")
+    data = (directory / "shards" / "train-00000.parquet").read_bytes()
+    import hashlib
+
+    manifest = {
+        "schema_version": 1,
+        "dataset_version": "0123456789abcdef",
+        "source": "synthetic",
+        "counts": {"splits": {"train": len(docs)}},
+        "feature_extractor": {"name": "efficientnet-lite0", "version": "imagenet-57934424", "dim": 2},
+        "shards": [
+            {
+                "path": "shards/train-00000.parquet",
+                "split": "train",
+                "rows": len(docs),
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        ],
+        "build_params": {"source": "synthetic"},
+        "dead_letter": "dead_letter.jsonl",
+    }
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    (directory / "dead_letter.jsonl").write_text('{"kind": "image", "reason": "corrupt"}\n')
+
+
+def test_v1_datasets_are_refused_then_migrated(tmp_path):
+    docs = [make_doc("d1"), make_doc("d2", links=None)]
+    _write_v1_dataset(tmp_path, docs)
+    with pytest.raises(MmlinksError, match=r"schema version 1.*mmlinks data migrate"):
+        read_table([tmp_path / "shards" / "train-00000.parquet"])
+    with pytest.raises(MmlinksError, match="mmlinks data migrate"):
+        Manifest.read(tmp_path)
+    m, changed = migrate_dataset(tmp_path)
+    assert changed and m.schema_version == 2
+    assert Manifest.read(tmp_path) == m
+    assert read_documents(m.shard_paths(tmp_path)) == docs  # scores were absent in v1: null now
+    assert (tmp_path / m.dead_letter).read_text().startswith('{"kind": "image"')
+    assert migrate_dataset(tmp_path) == (m, False)  # idempotent

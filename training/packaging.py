@@ -98,15 +98,14 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         import base64
         import binascii
 
-        from pipelines.features.efficientnet_lite import EfficientNetLite0Features, load_pretrained
-        from pipelines.features.extractor import get_extractor
+        from pipelines.features import get_extractor
         from pipelines.images import InvalidImage, decode
 
         if self.extractor_name is None:
             raise _bad_request("this model was packaged without a feature extractor; send image_features")
         extractor = get_extractor(self.extractor_name)
         if self._cnn is None:
-            self._cnn = load_pretrained(EfficientNetLite0Features)
+            self._cnn = extractor.load_model()
         batch = []
         for k, item in enumerate(images):
             item = str(item)
@@ -122,8 +121,8 @@ class LinkModel(mlflow.pyfunc.PythonModel):
                 batch.append(extractor.preprocess(decode(data)))
             except (binascii.Error, IndexError, ValueError, OSError, InvalidImage) as exc:
                 raise _bad_request(f"document {row}: image {k} is not a readable image ({exc})") from None
-        with torch.no_grad():
-            return self._cnn(torch.from_numpy(np.stack(batch))).numpy()
+        outs = extractor.forward(self._cnn, batch)  # the build's forward: same features as the shards
+        return np.stack([extractor.postprocess(o).features for o in outs]).astype(np.float32)
 
     def score(self, sentences: list[str], features: np.ndarray) -> np.ndarray:
         """The sentence x image cosine matrix of one document (no request limits)."""

@@ -1,0 +1,180 @@
+"""Feature-extraction throughput: bare batched forward vs. the same model inside a Beam pipeline.
+
+Usage: .venv/bin/python benchmarks/features.py [--images 512] [--batch-size 32]
+       [--extractor efficientnet-lite0] [--option key=value ...] [--rounds 3] [--threads N] [--json]
+
+Measured in one process on the same machine, model and batch size:
+  (a) bare forward: images/s of ``extractor.forward`` (the batch-independent fixed-chunk forward
+      RunInference runs) on preprocessed tensors, and of a plain ``model(batch)`` for comparison;
+  (b) Beam: images/s through DirectRunner: in-memory (key, tensor) -> RunInference(extractor's
+      handler) -> count. Start-up (pipeline construction, runner start, model load) is separated
+      by also running a pipeline of ``--batch-size`` images: steady images/s =
+      (images - batch) / (t_full - t_small);
+  (c) ratio = steady Beam images/s / bare forward images/s (the target is >= 0.8).
+Also reported: RunInference's own batch-size distribution (Beam metrics), to show the batches
+are full. Each measurement is repeated ``--rounds`` times, interleaved (bare, plain, Beam small,
+Beam full per round) so a busy neighbour affects all alike, and the best of each is kept.
+``--threads`` sets the intra-op threads (OMP/MKL env before torch loads, and torch); on a shared
+machine 1 thread avoids OpenMP spin-wait thrashing when another process holds a core.
+The CPU malloc tuning the handler applies (``tune_cpu_malloc``) is applied to the bare forward
+too; ``--no-malloc-tuning`` turns it off for both. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+
+from PIL import Image
+
+
+def _photos() -> list[Image.Image]:
+    from skimage import data
+
+    names = ("chelsea", "astronaut", "coffee", "rocket", "cat", "hubble_deep_field", "immunohistochemistry")
+    photos = [Image.fromarray(getattr(data, n)()).convert("RGB") for n in names]
+    return [*photos, photos[0].transpose(Image.FLIP_LEFT_RIGHT)]  # 8 distinct images
+
+
+def bare_forward(ext, model, tensors: list, batch_size: int, plain: bool = False) -> float:
+    """Seconds to run ``tensors`` through the model in batches of ``batch_size``."""
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for start in range(0, len(tensors), batch_size):
+            batch = tensors[start : start + batch_size]
+            if not plain:
+                ext.forward(model, batch)
+            elif ext.forward_chunk:
+                model(torch.stack(batch))
+            else:  # detectors: one image per forward is the plain way too
+                for x in batch:
+                    model(x)
+    return time.perf_counter() - t0
+
+
+def beam_run(ext, base: list, n: int, batch_size: int) -> tuple[float, dict]:
+    """(seconds for the whole pipeline, RunInference batch-size distribution)."""
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+    from apache_beam.ml.inference.base import RunInference
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    k = len(base)
+
+    def check(total):
+        if total != n:
+            raise RuntimeError(f"counted {total} results, expected {n}")
+
+    t0 = time.perf_counter()
+    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
+    _ = (
+        p
+        | "Keys" >> beam.Create(range(n))
+        | "Tensors" >> beam.Map(lambda i: (i, base[i % k]))
+        | "Infer" >> RunInference(ext.model_handler("cpu", batch_size=batch_size))
+        | "One" >> beam.Map(lambda _: 1)
+        | "Count" >> beam.CombineGlobally(sum)
+        | "Check" >> beam.Map(check)
+    )
+    result = p.run()
+    result.wait_until_finish()
+    seconds = time.perf_counter() - t0
+    batches = {}
+    query = MetricsFilter().with_name("inference_request_batch_size")
+    for d in result.metrics().query(query)["distributions"]:
+        v = d.committed or d.attempted
+        if v is not None and v.count:
+            batches = {"count": v.count, "mean": round(v.sum / v.count, 2), "min": v.min, "max": v.max}
+    return seconds, batches
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--extractor", default="efficientnet-lite0")
+    ap.add_argument("--option", action="append", default=[], help="extractor option key=value")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats; the best of each is kept")
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
+    ap.add_argument(
+        "--no-malloc-tuning", action="store_true", help="leave glibc malloc as is (see tune_cpu_malloc)"
+    )
+    ap.add_argument("--json", action="store_true", help="print only the JSON object")
+    args = ap.parse_args()
+    if args.no_malloc_tuning:
+        os.environ["MMLINKS_CPU_MALLOC_TUNING"] = "0"
+    if args.threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.threads)
+    import torch
+
+    from pipelines.features import get_extractor, tune_cpu_malloc
+
+    malloc_tuned = tune_cpu_malloc()  # what the Beam handler does on a CPU worker, so (a) and (b) match
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    options = dict(o.split("=", 1) for o in args.option)
+    ext = get_extractor(args.extractor, **options)
+    model = ext.load_model("cpu")
+    base = [ext.preprocess(im) for im in _photos()]
+    tensors = [base[i % len(base)] for i in range(args.images)]
+    bs = args.batch_size
+    load0 = os.getloadavg()[0]
+
+    bare_forward(ext, model, tensors[:bs], bs)  # warm-up (allocator, kernels)
+    bare, plain, small, full, batches = [], [], [], [], {}
+    for _ in range(args.rounds):
+        bare.append(bare_forward(ext, model, tensors, bs))
+        plain.append(bare_forward(ext, model, tensors, bs, plain=True))
+        small.append(beam_run(ext, base, bs, bs)[0])
+        seconds, batches = beam_run(ext, base, args.images, bs)
+        full.append(seconds)
+    bare, plain, small, full = min(bare), min(plain), min(small), min(full)
+
+    handler_bs = ext.model_handler("cpu", batch_size=bs).batch_elements_kwargs()["max_batch_size"]
+    bare_ips = args.images / bare
+    steady_ips = (args.images - bs) / (full - small) if full > small else float("nan")
+    out = {
+        "extractor": ext.name,
+        "version": ext.version,
+        "options": ext.options,
+        "device": "cpu",
+        "images": args.images,
+        "batch_size": bs,
+        "handler_batch_size": handler_bs,
+        "forward_chunk": ext.forward_chunk,
+        "torch_threads": torch.get_num_threads(),
+        "malloc_tuned": malloc_tuned,
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m_before": round(load0, 2),
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
+        "bare_forward_images_per_s": round(bare_ips, 2),
+        "bare_plain_model_images_per_s": round(args.images / plain, 2),
+        "beam_total_s": round(full, 3),
+        "beam_images_per_s_including_startup": round(args.images / full, 2),
+        "beam_small_run_s": round(small, 3),
+        "beam_startup_s_estimate": round(full - args.images / steady_ips, 3)
+        if math.isfinite(steady_ips)
+        else None,
+        "beam_images_per_s_steady": round(steady_ips, 2),
+        "beam_inference_batches": batches,
+        "rounds": args.rounds,
+        "ratio_steady": round(steady_ips / bare_ips, 3),
+        "ratio_including_startup": round((args.images / full) / bare_ips, 3),
+    }
+    if not args.json:
+        print(__doc__.splitlines()[0], file=sys.stderr)
+    print(json.dumps(out, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Per-image feature cache next to the image store, so a rebuild never runs the CNN twice.
+
+Entries are keyed by (extractor name, weights version, device kind, options that shape the
+outputs such as the grid size) and the image's content id:
+the same bytes through the same weights on the same kind of hardware give the same features
+(the extractors make the forward pass independent of batch composition). A build that was
+interrupted resumes from here: images whose features were written are not recomputed.
+
+Entries are small ``.npz`` files written atomically; a corrupt entry reads as a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+
+import numpy as np
+
+from pipelines import fileio
+from pipelines.features import ImageFeatures
+
+
+def cache_key(extractor_name: str, version: str, device: str, options: dict | None = None) -> str:
+    """Folder name for one (extractor, weights, device kind, output-shaping options) combination."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    shaping = {k: v for k, v in sorted((options or {}).items()) if k not in ("weights", "precision")}
+    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{extractor_name}@{version}@{kind}@{digest}"
+
+
+def encode(feats: ImageFeatures) -> bytes:
+    arrays: dict[str, np.ndarray] = {}
+    if feats.features is not None:
+        arrays["features"] = np.asarray(feats.features)
+    if feats.regions is not None:
+        r = feats.regions
+        arrays["boxes"] = np.asarray(r["boxes"], np.float32).reshape(-1, 4)
+        arrays["vectors"] = np.asarray(r["vectors"])
+        arrays["labels"] = np.asarray(list(r["labels"]), dtype=np.str_)
+        arrays["scores"] = np.asarray(r["scores"], np.float32)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def decode(data: bytes) -> ImageFeatures:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        features = z["features"] if "features" in z.files else None
+        regions = None
+        if "boxes" in z.files:
+            regions = {
+                "boxes": z["boxes"],
+                "vectors": z["vectors"],
+                "labels": [str(s) for s in z["labels"]],
+                "scores": z["scores"],
+            }
+    return ImageFeatures(features=features, regions=regions)
+
+
+class FeatureCache:
+    def __init__(self, store_root: str, key: str):
+        self.root = fileio.join(store_root, "features", key)
+
+    def _uri(self, content_id: str) -> str:
+        return fileio.join(self.root, content_id[:2], f"{content_id}.npz")
+
+    def get(self, content_id: str) -> ImageFeatures | None:
+        uri = self._uri(content_id)
+        if not fileio.exists(uri):
+            return None
+        try:
+            return decode(fileio.read_bytes(uri))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            return None  # a torn or foreign file: recompute and overwrite
+
+    def put(self, content_id: str, feats: ImageFeatures) -> None:
+        fileio.write_bytes_atomic(self._uri(content_id), encode(feats))

@@ -1,0 +1,46 @@
+"""The Beam ModelHandler behind ``Extractor.model_handler`` (imported only when Beam is used)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+from pipelines.features.base import tune_cpu_malloc
+
+
+class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.nn.Module]):
+    """Loads ``extractor``'s model once per worker and runs its batch-independent forward.
+
+    Batches are fixed at ``batch_size`` (min = max) so BatchElements does not shrink them by
+    timing; the batch size only changes how many chunks one call runs, never the outputs.
+    """
+
+    def __init__(self, extractor, device: str, batch_size: int):
+        super().__init__(min_batch_size=batch_size, max_batch_size=batch_size)
+        self._extractor = extractor
+        self._device = device
+        self._model_id = f"{extractor.name}@{extractor.version}"
+
+    def load_model(self) -> torch.nn.Module:
+        if self._device == "cpu":
+            tune_cpu_malloc()  # once per worker process; see its docstring
+        return self._extractor.load_model(self._device)
+
+    def run_inference(
+        self,
+        batch: Sequence[torch.Tensor],
+        model: torch.nn.Module,
+        inference_args: dict[str, Any] | None = None,
+    ) -> list[PredictionResult]:
+        outs = self._extractor.forward(model, batch, self._device)
+        return [PredictionResult(x, out, self._model_id) for x, out in zip(batch, outs, strict=True)]
+
+    def get_num_bytes(self, batch: Sequence[torch.Tensor]) -> int:
+        # the default pickles the whole batch just to measure it
+        return sum(x.element_size() * x.nelement() for x in batch)
+
+    def get_metrics_namespace(self) -> str:
+        return "mmlinks.features"

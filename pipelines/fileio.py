@@ -1,0 +1,246 @@
+"""URI-agnostic file helpers over Beam's FileSystems: local paths, ``gs://``, ``s3://``, ...
+
+The same build code can then write to a local folder or an object store. Whole-file writes go to
+``<uri>.tmp-<random>`` first and are renamed into place, so a reader never sees half a file: on a
+local disk the rename is atomic; on object stores it is a server-side copy plus delete, and the
+copied object appears whole or not at all.
+
+``file://`` URIs are accepted and turned into plain local paths (Beam itself has no ``file``
+scheme). Everything is read and written uncompressed: Beam's default would otherwise gunzip a
+``.gz`` name silently.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+from urllib.parse import unquote, urlsplit
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from schemas.errors import MmlinksError
+
+TEMP_MARKER = ".tmp-"
+_TEMP_RE = re.compile(re.escape(TEMP_MARKER) + r"[0-9a-f]{32}$")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_RAW = CompressionTypes.UNCOMPRESSED
+
+
+class FileTooLarge(MmlinksError):
+    """``read_bytes`` found more than ``limit`` bytes."""
+
+    def __init__(self, uri: str, limit: int):
+        super().__init__(f"{uri} is larger than {limit} bytes")
+        self.uri = uri
+        self.limit = limit
+
+
+def normalize(uri: str) -> str:
+    """``file:///a/b`` -> ``/a/b``; any other URI or path is returned unchanged."""
+    uri = os.fspath(uri)
+    if uri.startswith("file://"):
+        parts = urlsplit(uri)
+        if parts.netloc not in ("", "localhost"):
+            raise MmlinksError(f"{uri}: file:// URIs on another host are not supported")
+        return unquote(parts.path)
+    return uri
+
+
+def scheme(uri: str) -> str | None:
+    """The URI scheme (``gs``, ``s3``, ...), or None for a local path."""
+    return FileSystems.get_scheme(normalize(uri))
+
+
+def is_local(uri: str) -> bool:
+    return scheme(uri) is None
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path components; works for schemes whose Beam filesystem is not installed too."""
+    base = normalize(base)
+    if is_local(base):
+        return os.path.join(base, *parts)
+    out = base.rstrip("/")
+    for p in parts:
+        p = p.strip("/")
+        if p:
+            out = f"{out}/{p}"
+    return out
+
+
+def parent(uri: str) -> str:
+    uri = normalize(uri)
+    if is_local(uri):
+        return os.path.dirname(uri)
+    return uri.rstrip("/").rsplit("/", 1)[0]
+
+
+def exists(uri: str) -> bool:
+    return FileSystems.exists(normalize(uri))
+
+
+def is_temp(uri: str) -> bool:
+    """True for the temporary names the atomic writers use (``<uri>.tmp-<32 hex>``)."""
+    return bool(_TEMP_RE.search(uri))
+
+
+def _temp_name(uri: str) -> str:
+    return f"{uri}{TEMP_MARKER}{uuid.uuid4().hex}"
+
+
+def mkdirs(uri: str) -> None:
+    """Create a local directory and its parents (no error if present); no-op for object stores."""
+    uri = normalize(uri)
+    if is_local(uri) and uri:
+        os.makedirs(uri, exist_ok=True)
+
+
+def read_bytes(uri: str, limit: int | None = None) -> bytes:
+    """The whole file; with ``limit``, reads at most ``limit + 1`` bytes and raises FileTooLarge.
+
+    A missing file raises FileNotFoundError (an OSError), as do other read failures (OSError).
+    """
+    uri = normalize(uri)
+    with FileSystems.open(uri, compression_type=_RAW) as fh:
+        if limit is None:
+            return fh.read()
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(uri, limit)
+    return data
+
+
+def read_text(uri: str, encoding: str = "utf-8") -> str:
+    return read_bytes(uri).decode(encoding)
+
+
+@contextmanager
+def open_write(uri: str) -> Iterator[BinaryIO]:
+    """A writable binary file that appears at ``uri`` only if the ``with`` body succeeds.
+
+    Writes go to a temporary sibling which is renamed over ``uri`` on success (replacing an
+    existing file) and deleted on failure. Streaming writers (pyarrow Parquet) can write into it;
+    closing the handle inside the body is allowed.
+    """
+    uri = normalize(uri)
+    if is_local(uri):
+        mkdirs(os.path.dirname(uri))
+    tmp = _temp_name(uri)
+    fh = FileSystems.create(tmp, compression_type=_RAW)
+    try:
+        yield fh
+        fh.close()
+        FileSystems.rename([tmp], [uri])
+    except BaseException:
+        try:
+            fh.close()  # on object stores this finalises the temporary upload, deleted below
+        except Exception:
+            pass
+        _delete_quietly(tmp)
+        raise
+
+
+def write_bytes_atomic(uri: str, data: bytes) -> None:
+    """Write ``data`` to ``uri`` via a temporary file and a rename; replaces an existing file."""
+    with open_write(uri) as fh:
+        fh.write(data)
+
+
+def write_text_atomic(uri: str, text: str, encoding: str = "utf-8") -> None:
+    write_bytes_atomic(uri, text.encode(encoding))
+
+
+def list_files(prefix_or_glob: str, *, include_temp: bool = False) -> list[str]:
+    """Sorted file paths: every file below a directory/prefix (recursively), or a glob's matches.
+
+    Globs follow Beam: ``*`` stays within one path segment, ``**`` crosses ``/``. A directory
+    ``gs://b/out`` lists ``gs://b/out/**`` (never ``gs://b/outer/...``). Temporary files of
+    in-progress atomic writes are left out unless ``include_temp``.
+    """
+    pattern = normalize(prefix_or_glob)
+    if not _GLOB_CHARS.search(pattern):
+        pattern = join(pattern, "**")
+    found = FileSystems.match([pattern])[0].metadata_list
+    paths = sorted(m.path for m in found)
+    return paths if include_temp else [p for p in paths if not is_temp(p)]
+
+
+def delete(uri: str) -> None:
+    """Delete one file; a missing file is not an error."""
+    uri = normalize(uri)
+    if exists(uri):
+        FileSystems.delete([uri])
+
+
+def _delete_quietly(uri: str) -> None:
+    try:
+        delete(uri)
+    except Exception:
+        pass
+
+
+def delete_tree(uri: str) -> None:
+    """Delete a file, or a directory/prefix with everything below it; missing is not an error."""
+    uri = normalize(uri)
+    if is_local(uri):
+        if os.path.isdir(uri) and not os.path.islink(uri):
+            shutil.rmtree(uri, ignore_errors=True)
+        elif os.path.lexists(uri):
+            os.remove(uri)
+        return
+    paths = list_files(uri, include_temp=True)
+    if exists(uri):
+        paths.append(uri)
+    for i in range(0, len(paths), 500):
+        FileSystems.delete(paths[i : i + 500])
+
+
+def rename(src: str, dst: str) -> None:
+    """Move a file (replacing ``dst``), or a local directory (``dst`` must not be a non-empty one).
+
+    On object stores a "directory" (a prefix with no object of its own) is moved file by file:
+    each file copy is atomic, the whole move is not.
+    """
+    src, dst = normalize(src), normalize(dst)
+    if is_local(src) != is_local(dst):
+        raise MmlinksError(f"cannot rename across filesystems: {src} -> {dst}")
+    if is_local(src):
+        mkdirs(os.path.dirname(dst))
+        FileSystems.rename([src], [dst])
+        return
+    if exists(src):
+        FileSystems.rename([src], [dst])
+        return
+    files = list_files(src)
+    if not files:
+        raise FileNotFoundError(f"{src} does not exist")
+    base = src.rstrip("/") + "/"
+    FileSystems.rename(files, [join(dst, f[len(base) :]) for f in files])
+
+
+__all__ = [
+    "FileTooLarge",
+    "delete",
+    "delete_tree",
+    "exists",
+    "is_local",
+    "is_temp",
+    "join",
+    "list_files",
+    "mkdirs",
+    "normalize",
+    "open_write",
+    "parent",
+    "read_bytes",
+    "read_text",
+    "rename",
+    "scheme",
+    "write_bytes_atomic",
+    "write_text_atomic",
+]

@@ -1,0 +1,484 @@
+"""A content-addressed image store with fetching, so a rebuild never fetches or decodes twice.
+
+Layout under ``root`` (a local path or any Beam FileSystems URI, e.g. ``gs://bucket/images``)::
+
+    blobs/<sha[:2]>/<sha256>          raw bytes of every image that decoded
+    info/<sha[:2]>/<sha256>.json      decode facts {"content_id","width","height","phash"}
+                                      or a decode rejection {"content_id","rejected","detail"}
+    uris/<h[:2]>/<h>.json             h = sha256(source uri): {"uri","content_id","final_uri"}
+                                      or a fetch rejection {"uri","rejected","detail"}
+
+Records hold facts. Policy that is cheap to apply (placeholder hashes, flat "blank" images) is
+re-applied on every load from the stored facts, so changing the placeholder set takes effect
+without fetching or decoding anything again. Transient fetch failures (timeouts, connection
+errors, HTTP 5xx/408/429, unreadable files) are not recorded, so the next build retries them;
+every other rejection is.
+
+Every file is written through a temporary name and a rename, and the JSON is canonical, so
+workers that process the same image at once write identical bytes and readers never see half a
+record. Write order is blob -> info -> uri record: a uri record implies its info (and blob).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+import requests
+
+from pipelines import fileio
+from pipelines.images import InvalidImage, inspect_image
+from schemas.errors import MmlinksError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+USER_AGENT = "mmlinks/0.1 (+https://github.com/mmlinks)"
+REMOVED_SUFFIX = "/removed.png"  # imgur serves this placeholder (via a redirect) for deleted images
+GIF_MAGIC = (b"GIF87a", b"GIF89a")
+_CID_RE = re.compile(r"^[0-9a-f]{64}$")
+
+# Reasons raised here in addition to those of pipelines.images (undecodable, animated, ...).
+GIF, PLACEHOLDER, TOO_LARGE, FETCH_FAILED, NOT_FOUND, BLANK = (
+    "gif",
+    "placeholder",
+    "too_large",
+    "fetch_failed",
+    "not_found",
+    "blank",
+)
+
+
+class FetchFailed(InvalidImage):
+    """A fetcher's failure. ``transient`` ones (worth retrying later) are not cached."""
+
+    def __init__(self, reason: str, detail: str = "", *, transient: bool = False, status: int | None = None):
+        super().__init__(reason, detail)
+        self.transient = transient
+        self.status = status
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    data: bytes
+    final_uri: str  # after redirects
+
+
+@runtime_checkable
+class Fetcher(Protocol):
+    def fetch(self, uri: str, max_bytes: int) -> FetchResult:
+        """Return the bytes, or raise InvalidImage (FetchFailed) with one of the fetch reasons:
+        ``not_found``, ``too_large`` (more than ``max_bytes``), ``fetch_failed``."""
+        ...
+
+
+class FileSystemFetcher:
+    """Reads local paths, ``file://`` URIs and anything else Beam FileSystems knows (gs://, s3://)."""
+
+    def fetch(self, uri: str, max_bytes: int) -> FetchResult:
+        try:
+            data = fileio.read_bytes(uri, limit=max_bytes)
+        except fileio.FileTooLarge as exc:
+            raise FetchFailed(TOO_LARGE, f"more than {max_bytes} bytes") from exc
+        except FileNotFoundError as exc:
+            # Cheap to check again and the corpus may be repaired: transient, not cached.
+            raise FetchFailed(FETCH_FAILED, f"missing file: {uri}", transient=True) from exc
+        except (OSError, ValueError) as exc:  # BeamIOError is an OSError; unknown scheme: ValueError
+            raise FetchFailed(FETCH_FAILED, f"{uri}: {exc}"[:300], transient=True) from exc
+        return FetchResult(data, uri)
+
+    def stamp(self, uri: str) -> str | None:
+        """Size and modification time: a file rewritten in place must be fetched again.
+
+        (Image-host URLs name immutable content and have no stamp; local corpora do get
+        regenerated into the same folder.)
+        """
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            meta = FileSystems.match([fileio.normalize(uri)])[0].metadata_list
+        except (OSError, ValueError):
+            return None
+        if not meta:
+            return None
+        return f"{meta[0].size_in_bytes}:{meta[0].last_updated_in_seconds}"
+
+
+class HttpFetcher:
+    """GET with ``requests``: streamed, byte-limited, redirects followed and the final URL kept.
+
+    ``timeout`` is (connect, read) seconds per socket operation; ``max_seconds`` bounds a whole
+    download (a server that drips bytes). The session is created lazily and not pickled.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: float | tuple[float, float] = (10.0, 30.0),
+        max_seconds: float = 120.0,
+        user_agent: str = USER_AGENT,
+        max_redirects: int = 10,
+        chunk_size: int = 64 * 1024,
+        session: requests.Session | None = None,
+    ):
+        self.timeout = timeout
+        self.max_seconds = max_seconds
+        self.user_agent = user_agent
+        self.max_redirects = max_redirects
+        self.chunk_size = chunk_size
+        self._session = session
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_session"] = None
+        return state
+
+    @property
+    def session(self) -> requests.Session:
+        if self._session is None:
+            s = requests.Session()
+            s.headers["User-Agent"] = self.user_agent
+            s.max_redirects = self.max_redirects
+            self._session = s
+        return self._session
+
+    def fetch(self, uri: str, max_bytes: int) -> FetchResult:
+        try:
+            resp = self.session.get(uri, stream=True, timeout=self.timeout, allow_redirects=True)
+        except requests.Timeout as exc:
+            raise FetchFailed(FETCH_FAILED, f"timeout: {exc}"[:300], transient=True) from exc
+        except requests.TooManyRedirects as exc:
+            raise FetchFailed(FETCH_FAILED, f"too many redirects: {uri}") from exc
+        except requests.ConnectionError as exc:
+            raise FetchFailed(FETCH_FAILED, f"connection error: {exc}"[:300], transient=True) from exc
+        except requests.RequestException as exc:  # invalid URL, unsupported scheme, ...
+            raise FetchFailed(FETCH_FAILED, f"{type(exc).__name__}: {exc}"[:300]) from exc
+        with resp:
+            final, code = resp.url, resp.status_code
+            if code in (404, 410):
+                raise FetchFailed(NOT_FOUND, f"HTTP {code} {final}", status=code)
+            if not 200 <= code < 300:
+                transient = code >= 500 or code in (408, 429)
+                raise FetchFailed(FETCH_FAILED, f"HTTP {code} {final}", transient=transient, status=code)
+            length = resp.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) > max_bytes:
+                raise FetchFailed(TOO_LARGE, f"Content-Length {length} > {max_bytes} bytes", status=code)
+            buf = bytearray()
+            deadline = time.monotonic() + self.max_seconds
+            try:
+                for chunk in resp.iter_content(self.chunk_size):
+                    buf += chunk
+                    if len(buf) > max_bytes:
+                        raise FetchFailed(TOO_LARGE, f"more than {max_bytes} bytes", status=code)
+                    if time.monotonic() > deadline:
+                        raise FetchFailed(
+                            FETCH_FAILED, f"download took over {self.max_seconds:g} s", transient=True
+                        )
+            except requests.RequestException as exc:  # read timeout, broken chunked encoding
+                raise FetchFailed(FETCH_FAILED, f"while reading: {exc}"[:300], transient=True) from exc
+        return FetchResult(bytes(buf), final)
+
+
+def default_fetcher(uri: str) -> Fetcher:
+    """HttpFetcher for http(s) URIs, FileSystemFetcher for everything else."""
+    if urlsplit(uri).scheme.lower() in ("http", "https"):
+        return HttpFetcher()
+    return FileSystemFetcher()
+
+
+def _hamming(a: int, b: int) -> int:
+    return (a ^ b).bit_count()
+
+
+def is_blank_phash(phash: int) -> bool:
+    """A degenerate 64-bit phash (<= 8 or >= 56 bits set): a flat or near-flat image."""
+    return not 8 < phash.bit_count() < 56
+
+
+@dataclass(frozen=True)
+class Placeholders:
+    """Known placeholder images ("this image was removed"), by exact bytes or perceptual hash."""
+
+    sha256s: frozenset[str] = frozenset()
+    phashes: frozenset[int] = frozenset()
+    max_distance: int = 0  # Hamming distance on the 64-bit phash
+
+    def __post_init__(self):
+        object.__setattr__(self, "sha256s", frozenset(self.sha256s))
+        object.__setattr__(self, "phashes", frozenset(int(p) for p in self.phashes))
+
+    @classmethod
+    def from_images(cls, images: Iterable[bytes], max_distance: int = 0) -> Placeholders:
+        shas, phashes = set(), set()
+        for data in images:
+            info, _ = inspect_image(data)
+            shas.add(info.content_id)
+            phashes.add(info.phash)
+        return cls(frozenset(shas), frozenset(phashes), max_distance)
+
+    @classmethod
+    def from_dir(cls, path: str, max_distance: int = 0) -> Placeholders:
+        """Every file below ``path`` (local or a FileSystems URI) is an example placeholder image."""
+        files = fileio.list_files(path)
+        if not files:
+            raise MmlinksError(f"no placeholder images found under {path}")
+        images = []
+        for f in files:
+            data = fileio.read_bytes(f)
+            try:
+                inspect_image(data)
+            except InvalidImage as exc:
+                raise MmlinksError(f"placeholder example {f} is not a usable image: {exc}") from exc
+            images.append(data)
+        return cls.from_images(images, max_distance)
+
+    def match(self, content_id: str, phash: int | None) -> str | None:
+        """A short description of the match, or None."""
+        if content_id in self.sha256s:
+            return f"sha256 {content_id[:12]} is a known placeholder"
+        if phash is not None:
+            for p in self.phashes:
+                if _hamming(p, phash) <= self.max_distance:
+                    return f"phash {phash:016x} within {self.max_distance} of placeholder {p:016x}"
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self.sha256s or self.phashes)
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    uri: str
+    content_id: str  # sha256 of the bytes
+    width: int
+    height: int
+    phash: int
+    cached: bool  # True: nothing was fetched or decoded for this load
+    final_uri: str | None = None
+    store: ImageStore | None = field(default=None, repr=False, compare=False)
+    data: bytes | None = field(default=None, repr=False, compare=False)  # set when just fetched
+
+    def read_bytes(self) -> bytes:
+        """The image bytes: kept from the fetch, or read from the store's blob."""
+        if self.data is not None:
+            return self.data
+        if self.store is None:
+            raise MmlinksError(f"no bytes or store for {self.content_id}")
+        return self.store.get_bytes(self.content_id)
+
+    def to_record(self) -> dict:
+        """The image entry the validate stage emits (content_id, uri, width, height, phash)."""
+        return {
+            "content_id": self.content_id,
+            "uri": self.uri,
+            "width": self.width,
+            "height": self.height,
+            "phash": self.phash,
+        }
+
+
+def _canonical(record: dict) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _sha256(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+def _reject(reason: str, detail: str, cached: bool) -> InvalidImage:
+    exc = InvalidImage(reason, detail)
+    exc.cached = cached  # type: ignore[attr-defined]
+    return exc
+
+
+class ImageStore:
+    """``load(uri)`` fetches, decodes and stores an image once; later loads read two small records.
+
+    Safe to share between threads and between workers on a shared root. Picklable (only the root
+    and settings travel; fetchers are created again on the worker).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        placeholders: Placeholders | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        fetcher: Fetcher | None = None,
+    ):
+        self.root = fileio.normalize(str(root))
+        self.placeholders = placeholders or Placeholders()
+        self.max_bytes = max_bytes
+        self.fetcher = fetcher
+        self._defaults: dict[str, Fetcher] = {}
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_defaults"] = {}
+        return state
+
+    def __repr__(self) -> str:
+        return f"ImageStore({self.root!r})"
+
+    # ---- layout
+    def blob_uri(self, content_id: str) -> str:
+        return fileio.join(self.root, "blobs", content_id[:2], content_id)
+
+    def info_uri(self, content_id: str) -> str:
+        return fileio.join(self.root, "info", content_id[:2], f"{content_id}.json")
+
+    def uri_record_uri(self, uri: str) -> str:
+        h = _sha256(uri)
+        return fileio.join(self.root, "uris", h[:2], f"{h}.json")
+
+    # ---- records
+    def _read_json(self, uri: str) -> dict | None:
+        try:
+            return json.loads(fileio.read_bytes(uri))
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError:
+            log.warning("ignoring corrupt store record %s", uri)
+            return None
+        except OSError:
+            if not fileio.exists(uri):
+                return None
+            raise
+
+    def lookup(self, uri: str) -> dict | None:
+        """The stored record for a source URI, or None if it was never (permanently) resolved."""
+        return self._read_json(self.uri_record_uri(uri))
+
+    def info(self, content_id: str) -> dict | None:
+        """The stored decode facts or decode rejection for a content id, or None."""
+        return self._read_json(self.info_uri(content_id))
+
+    def contains(self, content_id: str) -> bool:
+        return fileio.exists(self.blob_uri(content_id))
+
+    def get_bytes(self, content_id: str) -> bytes:
+        """The stored bytes of an image; KeyError if the store does not have them."""
+        if not _CID_RE.match(content_id):
+            raise KeyError(f"not a sha256 content id: {content_id!r}")
+        try:
+            return fileio.read_bytes(self.blob_uri(content_id))
+        except FileNotFoundError:
+            raise KeyError(f"image {content_id} is not in {self.root}") from None
+
+    # ---- the key operation
+    def _fetcher_for(self, uri: str) -> Fetcher:
+        if self.fetcher is not None:
+            return self.fetcher
+        kind = "http" if urlsplit(uri).scheme.lower() in ("http", "https") else "fs"
+        if kind not in self._defaults:
+            self._defaults[kind] = default_fetcher(uri)
+        return self._defaults[kind]
+
+    def load(self, uri: str, fetcher: Fetcher | None = None) -> StoredImage:
+        """The image at ``uri`` (fetched, decoded and stored once), or InvalidImage(reason, detail).
+
+        Raised InvalidImage carries ``cached`` (True when it came from a stored record). Reasons:
+        fetch ``not_found``/``too_large``/``fetch_failed``/``placeholder`` (redirect to
+        removed.png), content ``gif``/``undecodable``/``animated``/``too_small``/
+        ``too_many_pixels``/``empty_image``, policy ``placeholder`` (hash match)/``blank``.
+        """
+        fetcher = fetcher or self._fetcher_for(uri)
+        stamp_of = getattr(fetcher, "stamp", None)
+        stamp = stamp_of(uri) if stamp_of else None
+        rec = self.lookup(uri)
+        if rec is not None and rec.get("stamp") != stamp:
+            rec = None  # the file changed since it was stored
+        if rec is not None:
+            if "rejected" in rec:
+                raise _reject(rec["rejected"], rec.get("detail", ""), cached=True)
+            info = self.info(rec["content_id"])
+            if info is not None:
+                return self._accept(uri, info, cached=True, final_uri=rec.get("final_uri"))
+            log.warning("store record for %s has no info for %s: fetching again", uri, rec["content_id"])
+
+        try:
+            got = fetcher.fetch(uri, self.max_bytes)
+        except InvalidImage as exc:
+            if not getattr(exc, "transient", False):
+                self._write_uri_rejection(uri, exc.reason, exc.detail, stamp)
+            exc.cached = False  # type: ignore[attr-defined]
+            raise
+        if urlsplit(got.final_uri).path.endswith(REMOVED_SUFFIX):
+            detail = f"redirected to {got.final_uri}" if got.final_uri != uri else got.final_uri
+            self._write_uri_rejection(uri, PLACEHOLDER, detail, stamp)
+            raise _reject(PLACEHOLDER, detail, cached=False)
+
+        cid = _sha256(got.data)
+        info = self.info(cid)
+        if info is None:
+            info = self._decode_and_store(cid, got.data)
+        record = {"uri": uri, "content_id": cid, "final_uri": got.final_uri}
+        if stamp is not None:
+            record["stamp"] = stamp
+        fileio.write_bytes_atomic(self.uri_record_uri(uri), _canonical(record))
+        return self._accept(uri, info, cached=False, final_uri=got.final_uri, data=got.data)
+
+    def _decode_and_store(self, cid: str, data: bytes) -> dict:
+        try:
+            if data[:6] in GIF_MAGIC:
+                raise InvalidImage(GIF, "GIF images are dropped")
+            meta, _ = inspect_image(data)
+        except InvalidImage as exc:
+            info = {"content_id": cid, "rejected": exc.reason, "detail": exc.detail[:500]}
+        else:
+            info = {"content_id": cid, "width": meta.width, "height": meta.height, "phash": meta.phash}
+            if not self.contains(cid):
+                fileio.write_bytes_atomic(self.blob_uri(cid), data)
+        fileio.write_bytes_atomic(self.info_uri(cid), _canonical(info))
+        return info
+
+    def _write_uri_rejection(self, uri: str, reason: str, detail: str, stamp: str | None = None) -> None:
+        record = {"uri": uri, "rejected": reason, "detail": detail[:500]}
+        if stamp is not None:
+            record["stamp"] = stamp
+        fileio.write_bytes_atomic(self.uri_record_uri(uri), _canonical(record))
+
+    def _accept(self, uri: str, info: dict, *, cached: bool, final_uri=None, data=None) -> StoredImage:
+        cid = info["content_id"]
+        if "rejected" in info:
+            raise _reject(info["rejected"], info.get("detail", ""), cached=cached)
+        phash = int(info["phash"])
+        why = self.placeholders.match(cid, phash)
+        if why:
+            raise _reject(PLACEHOLDER, why, cached=cached)
+        if is_blank_phash(phash):
+            raise _reject(BLANK, f"degenerate phash {phash:016x}", cached=cached)
+        return StoredImage(
+            uri=uri,
+            content_id=cid,
+            width=int(info["width"]),
+            height=int(info["height"]),
+            phash=phash,
+            cached=cached,
+            final_uri=final_uri,
+            store=self,
+            data=data,
+        )
+
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "USER_AGENT",
+    "FetchFailed",
+    "FetchResult",
+    "Fetcher",
+    "FileSystemFetcher",
+    "HttpFetcher",
+    "ImageStore",
+    "Placeholders",
+    "StoredImage",
+    "default_fetcher",
+    "is_blank_phash",
+]

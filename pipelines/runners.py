@@ -1,0 +1,267 @@
+"""Beam pipeline options for the runners the build supports, checked before anything starts.
+
+``pipeline_options(runner, beam_args)`` turns the CLI's ``--runner`` and pass-through Beam
+arguments into PipelineOptions: the runner's required options are checked (a missing one is a
+one-line MmlinksError naming it), the pass-through arguments are kept verbatim, and
+``save_main_session`` is always False. ``advisories`` lists non-fatal advice (custom container,
+GPU flags). See docs/runners.md for one example command per runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import shlex
+from collections.abc import Sequence
+
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    PortableOptions,
+    SetupOptions,
+    SparkRunnerOptions,
+    WorkerOptions,
+)
+
+from schemas.errors import MmlinksError
+
+log = logging.getLogger(__name__)
+
+DIRECT, DATAFLOW, FLINK, SPARK = "DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner"
+KNOWN_RUNNERS = (DIRECT, DATAFLOW, FLINK, SPARK)
+ENVIRONMENT_TYPES = ("DOCKER", "PROCESS", "EXTERNAL", "LOOPBACK")
+
+# GPU workers for feature extraction on Dataflow (one T4 per worker, driver installed by Dataflow).
+DATAFLOW_GPU_SERVICE_OPTION = "worker_accelerator=type:nvidia-tesla-t4;count:1;install-nvidia-driver"
+DATAFLOW_GPU_ARGS = (
+    f"--dataflow_service_options={DATAFLOW_GPU_SERVICE_OPTION}",
+    "--experiments=use_runner_v2",
+    "--machine_type=n1-standard-4",  # T4s attach to N1 machine types
+)
+
+_ALIASES = {name.lower(): name for name in KNOWN_RUNNERS} | {
+    name.lower().removesuffix("runner"): name for name in KNOWN_RUNNERS
+}
+
+
+def canonical_runner(runner: str) -> str:
+    """``DataflowRunner``/``dataflowrunner``/``dataflow`` -> ``DataflowRunner``; unknown: MmlinksError."""
+    name = _ALIASES.get((runner or "").strip().lower())
+    if name is None:
+        raise MmlinksError(f"unknown Beam runner {runner!r}; known runners: {', '.join(KNOWN_RUNNERS)}")
+    return name
+
+
+def _given(args: Sequence[str], option: str) -> bool:
+    flag = f"--{option}"
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def dataflow_job_name(name: str) -> str:
+    """A valid Dataflow job name ([a-z]([-a-z0-9]*[a-z0-9])?) derived from ``name``."""
+    s = re.sub(r"[^a-z0-9-]+", "-", name.lower())
+    s = re.sub(r"-{2,}", "-", s).strip("-")
+    if not s or not s[0].isalpha():
+        s = f"mmlinks-{s}".rstrip("-")
+    return s[:63].rstrip("-")
+
+
+def pipeline_options(
+    runner: str = DIRECT,
+    beam_args: Sequence[str] = (),
+    *,
+    job_name: str | None = None,
+    direct_workers: int | None = None,
+) -> PipelineOptions:
+    """Checked PipelineOptions for ``runner`` (see KNOWN_RUNNERS) plus pass-through ``beam_args``.
+
+    ``job_name`` is used unless ``beam_args`` name one (sanitised for Dataflow).
+    ``direct_workers`` > 1 runs the DirectRunner with that many worker processes
+    (``--direct_num_workers=N --direct_running_mode=multi_processing``; a running mode given in
+    ``beam_args`` wins). Raises MmlinksError for an unknown runner, a conflicting ``--runner`` in
+    ``beam_args`` or a missing required option.
+    """
+    name = canonical_runner(runner)
+    beam_args = [str(a) for a in beam_args]
+    for a in beam_args:
+        if a == "--runner" or a.startswith("--runner="):
+            given = a.partition("=")[2]
+            if not given or canonical_runner(given) != name:
+                raise MmlinksError(
+                    f"pass the runner once, with --runner ({name}), not in the Beam options ({a})"
+                )
+    args = [f"--runner={name}", *beam_args]
+    if job_name and not _given(beam_args, "job_name"):
+        args.append(f"--job_name={dataflow_job_name(job_name) if name == DATAFLOW else job_name}")
+    if direct_workers is not None:
+        if name != DIRECT:
+            raise MmlinksError(f"direct_workers applies to the DirectRunner only, not {name}")
+        if direct_workers < 1:
+            raise MmlinksError(f"direct_workers must be >= 1, not {direct_workers}")
+        if direct_workers > 1:
+            args.append(f"--direct_num_workers={direct_workers}")
+            if not _given(beam_args, "direct_running_mode"):
+                args.append("--direct_running_mode=multi_processing")
+    options = PipelineOptions(args, save_main_session=False)
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            options.get_all_options(retain_unknown_options=True)  # every view parsed: bad values fail now
+    except SystemExit as exc:  # argparse rejected a value (e.g. a bad --direct_running_mode)
+        lines = [ln for ln in stderr.getvalue().splitlines() if "error:" in ln]
+        why = lines[-1].split("error:", 1)[1].strip() if lines else " ".join(beam_args)
+        raise MmlinksError(f"invalid Beam options for {name}: {why}") from exc
+    options.view_as(SetupOptions).save_main_session = False
+    _check(name, options, beam_args)
+    for advice in advisories(name, beam_args):
+        log.warning("%s: %s", name, advice)
+    return options
+
+
+def _require(name: str, value, option: str, what: str) -> None:
+    if value in (None, "", []):
+        raise MmlinksError(f"{name} needs --{option} ({what}), a Beam option")
+
+
+def _check(name: str, options: PipelineOptions, beam_args: list[str]) -> None:
+    gcp = options.view_as(GoogleCloudOptions)
+    if name == DATAFLOW:
+        _require(name, gcp.project, "project", "the Google Cloud project id")
+        _require(name, gcp.region, "region", "e.g. us-central1")
+        _require(name, gcp.temp_location, "temp_location", "a gs:// folder for temporary files")
+        for opt in ("temp_location", "staging_location"):
+            value = getattr(gcp, opt)
+            if value and not value.startswith("gs://"):
+                raise MmlinksError(f"{name} needs --{opt} on Cloud Storage (gs://...), not {value}")
+        if gcp.job_name and gcp.job_name != dataflow_job_name(gcp.job_name):
+            raise MmlinksError(
+                f"invalid Dataflow --job_name {gcp.job_name!r} (lower-case letters, digits and '-', "
+                f"starting with a letter), e.g. {dataflow_job_name(gcp.job_name)!r}"
+            )
+    if name in (FLINK, SPARK):
+        portable = options.view_as(PortableOptions)
+        if name == FLINK and not (_given(beam_args, "flink_master") or portable.job_endpoint):
+            raise MmlinksError(
+                f"{name} needs --flink_master (the Flink REST address, host:8081; [local] for an "
+                "embedded cluster) or --job_endpoint (a running Beam Flink job server)"
+            )
+        if name == SPARK:
+            if not (_given(beam_args, "spark_master_url") or portable.job_endpoint):
+                raise MmlinksError(
+                    f"{name} needs --spark_master_url (spark://host:7077; local[N] for an embedded "
+                    "Spark) or --job_endpoint (a running Beam Spark job server)"
+                )
+            spark = options.view_as(SparkRunnerOptions)
+            if spark.spark_submit_uber_jar and not spark.spark_rest_url:
+                raise MmlinksError(
+                    f"{name} with --spark_submit_uber_jar needs --spark_rest_url (http://host:6066)"
+                )
+        env = (portable.environment_type or "").upper()
+        if env and env not in ENVIRONMENT_TYPES:
+            raise MmlinksError(
+                f"unknown --environment_type {portable.environment_type!r}; use one of "
+                f"{', '.join(ENVIRONMENT_TYPES)}"
+            )
+        if env in ("PROCESS", "EXTERNAL") and not (
+            portable.environment_config or portable.environment_options
+        ):
+            raise MmlinksError(
+                f"--environment_type={env} needs --environment_config "
+                + ("(a worker pool address, host:50000)" if env == "EXTERNAL" else "('{\"command\": ...}')")
+            )
+
+
+def advisories(runner: str, beam_args: Sequence[str]) -> list[str]:
+    """Non-fatal advice for a runner's options (logged as warnings by pipeline_options)."""
+    name = canonical_runner(runner)
+    options = PipelineOptions(list(beam_args))
+    out = []
+    if name == DATAFLOW:
+        setup = options.view_as(SetupOptions)
+        if not options.view_as(WorkerOptions).sdk_container_image:
+            out.append(
+                "no --sdk_container_image: Dataflow workers then lack mmlinks and torch "
+                "(build a worker image with them, or at least pass --setup_file=./pyproject.toml)"
+                if not (setup.setup_file or setup.requirements_file)
+                else "no --sdk_container_image: workers install dependencies at start-up (slow for torch)"
+            )
+        services = options.view_as(GoogleCloudOptions).dataflow_service_options or []
+        if not any(s.startswith("worker_accelerator=") for s in services):
+            out.append(f"CPU workers; for GPU feature extraction add {' '.join(DATAFLOW_GPU_ARGS)}")
+    if name in (FLINK, SPARK):
+        portable = options.view_as(PortableOptions)
+        if (portable.environment_type or "DOCKER").upper() == "DOCKER" and not portable.environment_config:
+            out.append(
+                "DOCKER environment with Beam's default SDK image: it lacks mmlinks and torch; pass "
+                "--environment_config=<your image> (or --environment_type=EXTERNAL with a worker pool)"
+            )
+    return out
+
+
+_EXAMPLES: dict[str, list[str]] = {
+    DIRECT: ["--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+    DATAFLOW: [
+        "--project=my-project",
+        "--region=us-central1",
+        "--temp_location=gs://my-bucket/tmp",
+        "--sdk_container_image=us-central1-docker.pkg.dev/my-project/mmlinks/beam-worker:0.1",
+        *DATAFLOW_GPU_ARGS,
+        "--max_num_workers=8",
+    ],
+    FLINK: [
+        "--flink_master=flink-jobmanager:8081",
+        "--flink_version=1.20",
+        "--environment_type=EXTERNAL",
+        "--environment_config=localhost:50000",
+        "--parallelism=8",
+    ],
+    SPARK: [
+        "--spark_master_url=spark://spark-master:7077",
+        "--environment_type=DOCKER",
+        "--environment_config=registry.example.com/mmlinks/beam-worker:0.1",
+    ],
+}
+
+_EXAMPLE_IO = {
+    DIRECT: ("raw/", "data/mmlinks"),
+    DATAFLOW: ("gs://my-bucket/raw", "gs://my-bucket/datasets/mmlinks"),
+    FLINK: ("s3://my-bucket/raw", "s3://my-bucket/datasets/mmlinks"),
+    SPARK: ("s3://my-bucket/raw", "s3://my-bucket/datasets/mmlinks"),
+}
+
+
+def example_beam_args(runner: str) -> list[str]:
+    """The Beam options of the documented example for ``runner`` (they pass pipeline_options)."""
+    return list(_EXAMPLES[canonical_runner(runner)])
+
+
+def example_command(runner: str, *, beam_arg_flag: bool = False) -> str:
+    """One example ``mmlinks data build`` command for ``runner``.
+
+    Beam options follow ``--`` (the proposed CLI surface); with ``beam_arg_flag`` each is given as
+    ``--beam-arg=OPTION`` instead, which the current CLI already accepts.
+    """
+    name = canonical_runner(runner)
+    src, out = _EXAMPLE_IO[name]
+    cmd = ["mmlinks", "data", "build", "--source", "synthetic"]
+    cmd += ["--input", src, "--out", out, "--runner", name]
+    if name == DATAFLOW:
+        cmd += ["--device", "cuda"]
+    extra = example_beam_args(name)
+    cmd += [f"--beam-arg={a}" for a in extra] if beam_arg_flag else ["--", *extra]
+    return shlex.join(cmd)
+
+
+__all__ = [
+    "DATAFLOW_GPU_ARGS",
+    "DATAFLOW_GPU_SERVICE_OPTION",
+    "KNOWN_RUNNERS",
+    "advisories",
+    "canonical_runner",
+    "dataflow_job_name",
+    "example_beam_args",
+    "example_command",
+    "pipeline_options",
+]

@@ -1,0 +1,197 @@
+"""Runner options: each supported runner's options parse into Beam's views; mistakes are clear
+errors. One real multi-process DirectRunner run checks that counters come back."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+
+import apache_beam as beam
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import (
+    DebugOptions,
+    DirectOptions,
+    FlinkRunnerOptions,
+    GoogleCloudOptions,
+    PortableOptions,
+    SetupOptions,
+    SparkRunnerOptions,
+    StandardOptions,
+    WorkerOptions,
+)
+
+from pipelines.runners import (
+    DATAFLOW_GPU_ARGS,
+    DATAFLOW_GPU_SERVICE_OPTION,
+    KNOWN_RUNNERS,
+    advisories,
+    canonical_runner,
+    dataflow_job_name,
+    example_beam_args,
+    example_command,
+    pipeline_options,
+)
+from schemas.errors import MmlinksError
+
+DATAFLOW_REQUIRED = ["--project=proj", "--region=europe-west4", "--temp_location=gs://bkt/tmp"]
+
+
+def test_direct_runner_defaults_and_workers():
+    opts = pipeline_options("DirectRunner", ["--save_main_session"])
+    assert opts.view_as(StandardOptions).runner == "DirectRunner"
+    assert opts.view_as(SetupOptions).save_main_session is False  # always, whatever was passed
+    assert opts.view_as(DirectOptions).direct_num_workers == 1
+
+    direct = pipeline_options("direct", [], direct_workers=2).view_as(DirectOptions)
+    assert (direct.direct_num_workers, direct.direct_running_mode) == (2, "multi_processing")
+    mine = pipeline_options("DirectRunner", ["--direct_running_mode=multi_threading"], direct_workers=3)
+    assert mine.view_as(DirectOptions).direct_running_mode == "multi_threading"
+    assert pipeline_options("DirectRunner", [], direct_workers=1).view_as(
+        DirectOptions
+    ).direct_running_mode == ("in_memory")
+    with pytest.raises(MmlinksError, match="DirectRunner only"):
+        pipeline_options("DataflowRunner", DATAFLOW_REQUIRED, direct_workers=2)
+    with pytest.raises(MmlinksError, match=">= 1"):
+        pipeline_options("DirectRunner", [], direct_workers=0)
+    with pytest.raises(
+        MmlinksError,
+        match="invalid Beam options for DirectRunner: argument --direct_running_mode: invalid choice",
+    ):
+        pipeline_options("DirectRunner", ["--direct_running_mode=bogus"])
+
+
+def test_dataflow_options_parse_into_their_views(caplog):
+    extra = ["--sdk_container_image=europe-docker.pkg.dev/proj/mmlinks/worker:1", *DATAFLOW_GPU_ARGS]
+    with caplog.at_level(logging.WARNING, logger="pipelines.runners"):
+        opts = pipeline_options(
+            "DataflowRunner", [*DATAFLOW_REQUIRED, *extra, "--my_custom_flag=7"], job_name="MMLinks Build_v2"
+        )
+    gcp = opts.view_as(GoogleCloudOptions)
+    assert (gcp.project, gcp.region, gcp.temp_location) == ("proj", "europe-west4", "gs://bkt/tmp")
+    assert gcp.job_name == "mmlinks-build-v2"
+    assert gcp.dataflow_service_options == [DATAFLOW_GPU_SERVICE_OPTION]
+    assert "use_runner_v2" in opts.view_as(DebugOptions).experiments
+    workers = opts.view_as(WorkerOptions)
+    assert workers.sdk_container_image == "europe-docker.pkg.dev/proj/mmlinks/worker:1"
+    assert workers.machine_type == "n1-standard-4"
+    assert opts.get_all_options(retain_unknown_options=True)["my_custom_flag"] == "7"  # passed through
+    assert not caplog.records  # container and GPU given: no advice
+    assert (
+        pipeline_options("dataflow", [*DATAFLOW_REQUIRED, "--job_name=mine"], job_name="x")
+        .view_as(GoogleCloudOptions)
+        .job_name
+        == "mine"
+    )
+
+
+@pytest.mark.parametrize("missing", ["project", "region", "temp_location"])
+def test_dataflow_missing_required_option_is_named(missing):
+    args = [a for a in DATAFLOW_REQUIRED if not a.startswith(f"--{missing}=")]
+    with pytest.raises(MmlinksError, match=f"DataflowRunner needs --{missing}"):
+        pipeline_options("DataflowRunner", args)
+
+
+def test_dataflow_rejects_local_temp_location_and_bad_job_name():
+    with pytest.raises(MmlinksError, match="gs://"):
+        pipeline_options("DataflowRunner", ["--project=p", "--region=r", "--temp_location=/tmp/x"])
+    with pytest.raises(MmlinksError, match="invalid Dataflow --job_name"):
+        pipeline_options("DataflowRunner", [*DATAFLOW_REQUIRED, "--job_name=Bad_Name"])
+    assert dataflow_job_name("2024 build!") == "mmlinks-2024-build"
+
+
+def test_dataflow_advice_for_container_and_gpu(caplog):
+    advice = advisories("DataflowRunner", DATAFLOW_REQUIRED)
+    assert any("--sdk_container_image" in a for a in advice)
+    assert any(DATAFLOW_GPU_SERVICE_OPTION in a for a in advice)
+    with caplog.at_level(logging.WARNING, logger="pipelines.runners"):
+        pipeline_options("DataflowRunner", DATAFLOW_REQUIRED)
+    assert len(caplog.records) == 2
+
+
+def test_flink_options_parse_into_their_views():
+    opts = pipeline_options(
+        "FlinkRunner",
+        [
+            "--flink_master=jm:8081",
+            "--flink_version=1.20",
+            "--environment_type=EXTERNAL",
+            "--environment_config=localhost:50000",
+            "--parallelism=4",
+        ],
+    )
+    flink, portable = opts.view_as(FlinkRunnerOptions), opts.view_as(PortableOptions)
+    assert (flink.flink_master, flink.flink_version, flink.parallelism) == ("jm:8081", "1.20", 4)
+    assert (portable.environment_type, portable.environment_config) == ("EXTERNAL", "localhost:50000")
+    assert opts.view_as(StandardOptions).runner == "FlinkRunner"
+    # A running job server instead of a Flink master.
+    assert pipeline_options("flink", ["--job_endpoint=js:8099", "--environment_type=LOOPBACK"])
+
+    with pytest.raises(MmlinksError, match="FlinkRunner needs --flink_master"):
+        pipeline_options("FlinkRunner", ["--environment_type=LOOPBACK"])
+    with pytest.raises(MmlinksError, match="EXTERNAL needs --environment_config"):
+        pipeline_options("FlinkRunner", ["--flink_master=jm:8081", "--environment_type=EXTERNAL"])
+    with pytest.raises(MmlinksError, match="unknown --environment_type 'KUBERNETES'"):
+        pipeline_options("FlinkRunner", ["--flink_master=jm:8081", "--environment_type=KUBERNETES"])
+    assert any("--environment_config" in a for a in advisories("FlinkRunner", ["--flink_master=jm:8081"]))
+
+
+def test_spark_options_parse_into_their_views():
+    opts = pipeline_options(
+        "SparkRunner",
+        ["--spark_master_url=spark://m:7077", "--environment_type=DOCKER", "--environment_config=reg/img:1"],
+    )
+    assert opts.view_as(SparkRunnerOptions).spark_master_url == "spark://m:7077"
+    assert opts.view_as(PortableOptions).environment_config == "reg/img:1"
+    with pytest.raises(MmlinksError, match="SparkRunner needs --spark_master_url"):
+        pipeline_options("SparkRunner", [])
+    with pytest.raises(MmlinksError, match="--spark_rest_url"):
+        pipeline_options("SparkRunner", ["--spark_master_url=spark://m:7077", "--spark_submit_uber_jar"])
+
+
+def test_unknown_and_conflicting_runners():
+    with pytest.raises(
+        MmlinksError, match="known runners: DirectRunner, DataflowRunner, FlinkRunner, SparkRunner"
+    ):
+        pipeline_options("SamzaRunner", [])
+    with pytest.raises(MmlinksError, match="pass the runner once"):
+        pipeline_options("DirectRunner", ["--runner=DataflowRunner"])
+    assert pipeline_options("DirectRunner", ["--runner=DirectRunner"])
+    assert [canonical_runner(r) for r in ("spark", "FLINKRUNNER", "Dataflow")] == [
+        "SparkRunner",
+        "FlinkRunner",
+        "DataflowRunner",
+    ]
+
+
+@pytest.mark.parametrize("runner", KNOWN_RUNNERS)
+def test_examples_are_valid(runner):
+    pipeline_options(runner, example_beam_args(runner))  # passes the checks
+    words = shlex.split(example_command(runner))
+    assert words[:3] == ["mmlinks", "data", "build"] and words[words.index("--runner") + 1] == runner
+    assert words[words.index("--") + 1 :] == example_beam_args(runner)
+    legacy = shlex.split(example_command(runner, beam_arg_flag=True))
+    assert "--" not in legacy
+    assert [
+        w.removeprefix("--beam-arg=") for w in legacy if w.startswith("--beam-arg=")
+    ] == example_beam_args(runner)
+
+
+# ---------------------------------------------------------------- a real multi-process run
+
+
+def _count(x: int) -> int:
+    beam.metrics.Metrics.counter("mmlinks.test", "seen").inc()
+    beam.metrics.Metrics.counter("mmlinks.test", "seen_even").inc(x % 2 == 0)
+    return x
+
+
+def test_multiprocessing_direct_runner_reports_counters():
+    opts = pipeline_options("DirectRunner", [], direct_workers=2)
+    p = beam.Pipeline(options=opts)
+    _ = p | beam.Create(list(range(50))) | beam.Reshuffle() | beam.Map(_count)
+    result = p.run()
+    result.wait_until_finish()
+    counters = result.metrics().query(MetricsFilter().with_namespace("mmlinks.test"))["counters"]
+    values = {c.key.metric.name: (c.committed, c.attempted) for c in counters}
+    assert values == {"seen": (50, 50), "seen_even": (25, 25)}
