@@ -18,6 +18,7 @@ from pipelines.dedupe import (
     DuplicateVerdict,
     FindDuplicateDocuments,
     _argsort_u64,
+    _columns_pay_off,
     _distinct_pairs,
     _residual32,
     block_layout,
@@ -155,9 +156,16 @@ def test_column_and_offset_scans_both_exact(hashes, t):
     """The two within-group scans (columns for small groups, offsets for any) agree with brute force."""
     uniq = np.unique(np.asarray(hashes, dtype=np.uint64))
     want = [tuple(p) for p in brute_force_pairs(uniq, t).tolist()]
-    for column_limit in (0, 2**31):  # offsets everywhere / columns everywhere
-        a, b = _distinct_pairs(uniq, t, column_limit=column_limit)
+    for scan in ("offsets", "columns"):
+        a, b = _distinct_pairs(uniq, t, scan=scan)
         assert sorted(zip(a.tolist(), b.tolist())) == want
+
+
+def test_scan_choice():
+    assert _columns_pay_off(np.full(65536, 15))  # 1M random hashes, 16-bit blocks
+    assert _columns_pay_off(np.full(65536, 60))  # 4M
+    assert not _columns_pay_off(np.array([3000] + [2] * 1000))  # one crowded block value: offsets
+    assert not _columns_pay_off(np.array([100] * 3))
 
 
 @given(
@@ -199,14 +207,13 @@ def test_crowded_blocks_all_thresholds(t):
 
 
 @pytest.mark.parametrize("n", [10, 9000, 70_000])
-def test_bucketed_argsort_sorts(n):
+def test_fast_argsort_is_a_stable_argsort(n):
     rng = np.random.default_rng(n)
     h = rng.integers(0, 2**64, n, dtype=np.uint64)
     h[: n // 3] = h[n // 3 : 2 * (n // 3)]  # repeats
+    h[-n // 4 :] &= np.uint64(0xFFFF)  # many equal top 16 bits
     h[:5] = [0, 2**64 - 1, 2**63, 2**63 - 1, 1]
-    order = _argsort_u64(h)
-    np.testing.assert_array_equal(np.sort(order), np.arange(n))
-    np.testing.assert_array_equal(h[order], np.sort(h))
+    np.testing.assert_array_equal(_argsort_u64(h), np.argsort(h, kind="stable"))
 
 
 def test_planted_pairs_at_scale_are_all_found():
