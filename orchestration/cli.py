@@ -470,12 +470,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="region features for the Li et al. 2021 model: grid-lite0 (offline) or fasterrcnn-r50-fpn "
         "(needs --weights); default: none",
     )
-    feats.add_argument("--weights", help="local weight file for extractors that cannot ship weights")
     feats.add_argument(
-        "--extractor-option",
+        "--weights", help="weight file of --extractor (default: $MMLINKS_WEIGHTS_DIR, then the torch cache)"
+    )
+    feats.add_argument("--extractor-option", action="append", metavar="KEY=VALUE", help="--extractor option")
+    feats.add_argument("--region-weights", help="weight file of --regions (e.g. Faster R-CNN COCO weights)")
+    feats.add_argument(
+        "--region-option",
         action="append",
         metavar="KEY=VALUE",
-        help="extractor option, e.g. num_regions=36",
+        help="option of --regions, e.g. grid=6 or num_regions=36",
     )
     feats.add_argument(
         "--precision", default="float32", choices=["float32", "float16"], help="feature storage dtype"

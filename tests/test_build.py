@@ -180,3 +180,40 @@ def test_bounded_float16_fixed_size_build_and_version_retention(corpus, dataset,
     m3 = build_dataset(_cfg(corpus, tmp_path, image_store=store, max_shard_rows=7))
     assert {p.name for p in (tmp_path / "versions").iterdir()} == {m2.dataset_version, m3.dataset_version}
     assert not list(tmp_path.glob(".staging-*"))
+
+
+def test_a_killed_build_resumes_without_repeating_work(corpus, dataset, tmp_path):
+    """SIGKILL a real `mmlinks data build` mid-inference, run it again: same dataset, no rework."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from pipelines.build import last_build
+    from tests.conftest import venv_env
+
+    out = tmp_path / "out"
+    cmd = [str(Path(sys.executable).parent / "mmlinks"), "data", "build", "--input", str(corpus)]
+    cmd += ["--out", str(out), "--split", "0.6,0.2,0.2", "--batch-size", "8"]
+    proc = subprocess.Popen(
+        cmd, env=venv_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    cached = []
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and len(cached) < 16:
+        time.sleep(0.2)
+        cached = list(out.glob("image-store/features/*/*/*.npz"))
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert len(cached) >= 16 and not (out / "manifest.json").exists()
+    assert list(out.glob(".staging-*"))  # the killed build's leftovers
+
+    m = build_dataset(_cfg(corpus, out, batch_size=8))
+    log = last_build(str(out))
+    total = last_build(str(dataset))["features_computed"]
+    assert log["features_cached"] >= len(cached)
+    assert log["features_cached"] + log["features_computed"] == total  # nothing computed twice
+    assert m.to_json() == Manifest.read(dataset).to_json()  # the very dataset an unbroken build gives
+    assert not list(out.glob(".staging-*"))  # the dead build's staging folder was cleaned up
