@@ -118,7 +118,8 @@ def cmd_build(args) -> dict:
     from pipelines.build import BuildConfig, build_dataset
     from pipelines.sources import get_source
 
-    _existing_dir(args.input)
+    if "://" not in args.input:  # remote inputs are checked by the source on the workers
+        _existing_dir(args.input)
     get_source(args.source, args.input)  # fails fast on a directory that is not this source
     extractor_options = _key_values(args.extractor_option, "--extractor-option")
     if args.weights:
@@ -144,6 +145,7 @@ def cmd_build(args) -> dict:
         max_shard_rows=args.max_shard_rows,
         max_shard_mb=args.max_shard_mb,
         image_store=args.image_store,
+        placeholder_images=args.placeholder_images,
         runner=args.runner,
         direct_workers=args.direct_workers,
         device=args.device,
@@ -152,10 +154,15 @@ def cmd_build(args) -> dict:
     )
     from orchestration.output import heartbeat
 
+    cfg.check()  # option errors as one line, before anything is printed or created
     print(f"building {cfg.source} dataset with Beam ({cfg.runner}) -> {cfg.out}", file=sys.stderr)
     with heartbeat("beam build"):
         manifest = build_dataset(cfg)
-    return {"manifest": str(Path(cfg.out) / "manifest.json"), **_manifest_summary(manifest)}
+    from pipelines import fileio
+    from pipelines.build import last_build
+
+    summary = {"manifest": fileio.join(cfg.out, "manifest.json"), **_manifest_summary(manifest)}
+    return {**summary, "build": last_build(cfg.out)}
 
 
 def cmd_migrate(args) -> dict:
@@ -489,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     feats.add_argument(
         "--image-store",
         help="content-addressed image store root (default: OUT/image-store); share it between builds",
+    )
+    feats.add_argument(
+        "--placeholder-images",
+        metavar="DIR",
+        help="folder of example 'image removed' pictures; images within 2 phash bits are rejected",
     )
     docs = build.add_argument_group("documents")
     docs.add_argument("--split", default="0.8,0.1,0.1", help="train,val,test ratios (default: 0.8,0.1,0.1)")

@@ -36,9 +36,9 @@ from apache_beam.ml.inference.base import RunInference
 from pipelines import fileio
 from pipelines.dedupe import FindDuplicateDocuments
 from pipelines.feature_cache import FeatureCache, cache_key
-from pipelines.features import Extractor, ImageFeatures, get_extractor
+from pipelines.features import Extractor, ImageFeatures, get_extractor, resolve_device
 from pipelines.filters import DocumentFilter, filter_for
-from pipelines.image_store import ImageStore
+from pipelines.image_store import ImageStore, Placeholders
 from pipelines.images import decode
 from pipelines.records import (
     COUNTS_NAMESPACE,
@@ -86,6 +86,8 @@ class BuildConfig:
     max_shard_rows: int = 1000
     max_shard_mb: float = 256.0
     image_store: str | None = None  # default OUT/image-store
+    placeholder_images: str | None = None  # folder of example "image removed" pictures to reject
+    placeholder_distance: int = 2  # phash bits within which an image counts as such a placeholder
     runner: str = "DirectRunner"
     direct_workers: int | None = None
     device: str = "cpu"
@@ -103,6 +105,8 @@ class BuildConfig:
         p = asdict(self)
         for k in ("input", "out", "runner", "beam_args", "batch_size", "image_store", "direct_workers"):
             p.pop(k)
+        ph = self.placeholders()
+        p["placeholder_images"] = None if ph is None else _placeholder_digest(ph)
         for k in ("extractor_options", "region_options"):  # weight paths are named by the versions
             p[k] = {name: v for name, v in sorted(p[k].items()) if name != "weights"}
         p["device"] = "cuda" if self.device.startswith("cuda") else "cpu"  # kernels differ in the last bits
@@ -128,6 +132,29 @@ class BuildConfig:
         ):
             raise MmlinksError(f"split ratios must be non-negative with a positive sum: {self.split_ratios}")
         self.document_filter()
+        resolve_device(self.device)
+        ext = get_extractor(self.extractor, **self.extractor_options)
+        if ext.kind != "global":
+            raise MmlinksError(f"--extractor must be a global (CNN) extractor; {ext.name} gives regions")
+        if self.regions:
+            reg = get_extractor(self.regions, **self.region_options)
+            if reg.kind != "regions":
+                raise MmlinksError(f"--regions must be a region extractor; {reg.name} is global")
+        self.pipeline_options()
+
+    def placeholders(self) -> Placeholders | None:
+        if not self.placeholder_images:
+            return None
+        return Placeholders.from_dir(self.placeholder_images, self.placeholder_distance)
+
+    def pipeline_options(self):
+        return pipeline_options(self.runner, self.beam_args, direct_workers=self.direct_workers)
+
+
+def _placeholder_digest(ph: Placeholders) -> str:
+    """The placeholder set as part of the dataset's identity (it decides which images survive)."""
+    text = json.dumps([sorted(ph.sha256s), sorted(ph.phashes), ph.max_distance])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # --- documents: ids, near-duplicates, filters, splits -------------------------------------------
@@ -386,19 +413,13 @@ def _sum_pairs(pairs):
 
 def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str) -> None:
     extractor = get_extractor(cfg.extractor, **cfg.extractor_options)
-    if extractor.kind != "global":
-        raise MmlinksError(f"--extractor must be a global (CNN) extractor; {extractor.name} gives regions")
-    region_extractor = None
-    if cfg.regions:
-        region_extractor = get_extractor(cfg.regions, **cfg.region_options)
-        if region_extractor.kind != "regions":
-            raise MmlinksError(f"--regions must be a region extractor; {region_extractor.name} is global")
+    region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.regions else None
     store_root = cfg.store_root()
 
     read = p | "Read" >> get_source(cfg.source, cfg.input)
-    checked = read.documents | "Validate" >> beam.ParDo(LoadAndValidate(store_root)).with_outputs(
-        DEAD_LETTER, main="docs"
-    )
+    checked = read.documents | "Validate" >> beam.ParDo(
+        LoadAndValidate(store_root, cfg.placeholders())
+    ).with_outputs(DEAD_LETTER, main="docs")
     unique = (
         checked.docs
         | "KeyById" >> beam.Map(lambda d: (d["doc_id"], d))
@@ -508,7 +529,8 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
     version (byte-identical shards, same manifest), and the image store and feature cache make
     the rerun cheap, so an interrupted build is resumed by running it again.
     """
-    cfg.check()
+    cfg.check()  # every option error before any folder is created
+    options = cfg.pipeline_options()
     started = time.time()
     extractor = get_extractor(cfg.extractor, **cfg.extractor_options)
     region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.regions else None
@@ -523,7 +545,6 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
     staging = fileio.join(out, f".staging-{uuid.uuid4().hex[:8]}")
     fileio.mkdirs(fileio.join(staging, "shards"))
     fileio.write_bytes_atomic(fileio.join(staging, OWNER_FILE), json.dumps(_owner()).encode())
-    options = pipeline_options(cfg.runner, cfg.beam_args, direct_workers=cfg.direct_workers)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     try:
         with beam.Pipeline(options=options) as p:

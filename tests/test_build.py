@@ -1,5 +1,6 @@
 """The Beam build on a real corpus with planted bad records (tests/conftest.py)."""
 
+import json
 from collections import Counter
 
 import duckdb
@@ -177,7 +178,16 @@ def test_bounded_float16_fixed_size_build_and_version_retention(corpus, dataset,
     m2 = build_dataset(_cfg(corpus, tmp_path, image_store=store, max_shard_rows=5))
     assert Manifest.read(tmp_path) == m2
     assert {p.name for p in (tmp_path / "versions").iterdir()} == {m.dataset_version, m2.dataset_version}
-    m3 = build_dataset(_cfg(corpus, tmp_path, image_store=store, max_shard_rows=7))
+    # ... and a placeholder picture given by example is rejected wherever it appears
+    examples = tmp_path / "placeholders"
+    examples.mkdir()
+    first = json.loads((corpus / "documents.jsonl").read_bytes().splitlines()[0])
+    (examples / "removed.png").write_bytes((corpus / first["images"][0]).read_bytes())
+    m3 = build_dataset(
+        _cfg(corpus, tmp_path, image_store=store, max_shard_rows=7, placeholder_images=str(examples))
+    )
+    assert m3.counts["dropped"]["image:placeholder"] >= 1
+    assert m3.build_params["placeholder_images"] and m3.dataset_version != m2.dataset_version
     assert {p.name for p in (tmp_path / "versions").iterdir()} == {m2.dataset_version, m3.dataset_version}
     assert not list(tmp_path.glob(".staging-*"))
 

@@ -70,11 +70,23 @@ def test_unreadable_manifest_is_a_one_line_error(tmp_path):
 def test_unknown_schema_version_shards_are_refused(dataset, tmp_path):
     copy = tmp_path / "ds"
     shutil.copytree(dataset, copy)
-    shard = next((copy / "shards").glob("train-*.parquet"))
+    shard = next((copy / "versions").glob("*/train-*.parquet"))
     table = pq.read_table(shard)
-    meta = {**table.schema.metadata, b"mmlinks.schema_version": b"2"}
+    meta = {**table.schema.metadata, b"mmlinks.schema_version": b"3"}
     pq.write_table(pa.Table.from_batches(table.to_batches(), table.schema.with_metadata(meta)), shard)
-    _one_line_error(run("train", "--data", str(copy), "--epochs", "1"), "schema version 2")
+    _one_line_error(run("train", "--data", str(copy), "--epochs", "1"), "schema version 3")
+
+
+def test_build_option_errors_are_one_line(tmp_path, corpus):
+    base = ["data", "build", "--input", str(corpus), "--out", str(tmp_path / "o")]
+    _one_line_error(run(*base, "--split-sizes", "val=x"), "--split-sizes")
+    _one_line_error(run(*base, "--dedupe-threshold", "three"), "--dedupe-threshold")
+    _one_line_error(run(*base, "--filter-option", "max_imgs=3"), "unknown filter option")
+    _one_line_error(run(*base, "--extractor", "resnet9000"), "unknown feature extractor")
+    _one_line_error(run(*base, "--regions", "efficientnet-lite0"), "region extractor")
+    _one_line_error(run(*base, "--extractor", "densenet169"), "densenet169")  # no weights here
+    _one_line_error(run(*base, "--runner", "DataflowRunner"), "--project")
+    _one_line_error(run(*base, "--device", "cuda"), "CUDA is not available")
 
 
 def test_bad_split_and_output_paths_are_one_line_errors(tmp_path, corpus):

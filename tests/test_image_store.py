@@ -371,6 +371,22 @@ def test_local_paths_and_file_uris(tmp_path, decodes):
     assert isinstance(image_store.default_fetcher("https://i.imgur.com/x.jpg"), HttpFetcher)
 
 
+def test_a_local_file_rewritten_in_place_is_read_again(tmp_path, decodes):
+    """Local corpora get regenerated into the same folder: the store must not serve old bytes."""
+    import os
+
+    path = tmp_path / "img.png"
+    path.write_bytes(GOOD_PNG)
+    store = ImageStore(str(tmp_path / "store"))
+    first = store.load(str(path))
+    assert store.load(str(path)).cached and len(decodes) == 1
+    path.write_bytes(GOOD_JPG)
+    os.utime(path, (time.time() + 5, time.time() + 5))  # a new mtime even on coarse clocks
+    again = store.load(str(path))
+    assert not again.cached and again.content_id != first.content_id
+    assert again.content_id == hashlib.sha256(GOOD_JPG).hexdigest() and len(decodes) == 2
+
+
 @pytest.fixture
 def fake_s3(monkeypatch):
     """Beam's S3 filesystem over Beam's own in-memory fake S3 client (no boto3, no network)."""
