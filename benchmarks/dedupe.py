@@ -2,13 +2,21 @@
 
 Usage: .venv/bin/python benchmarks/dedupe.py [--n 1000000] [--small 100000] [--check 50000]
        [--planted 1000] [--threshold 3] [--seed 0] [--repeats 3] [--beam-docs 20000]
+       [--series 100000,1000000,4000000]
 
 Random 64-bit hashes with ``--planted`` copies at distance 1..threshold (random bits flipped):
 time for n and for the first ``--small`` (best of ``--repeats``, same process) and their ratio;
-the share of planted pairs found (must be 1.0); equality with chunked brute force on a
-``--check``-size subset that holds planted pairs; and, unless ``--beam-docs 0``, DirectRunner
-throughput of FindDuplicateDocuments on synthetic documents, checked against document verdicts
-derived from the NumPy core.
+the same two timings with every block group of 2+ on the second level (``TWO_LEVEL_MIN_GROUP = 2``,
+the "two levels always" policy, for comparison; its output must equal the default's); a scaling
+series (seconds for each prefix size in ``--series``, the n hashes extended with more random ones
+where a size exceeds n, best of ``--repeats`` each, like the headline timings); the share of planted
+pairs found (must be 1.0); equality with chunked brute force on a ``--check``-size subset that holds
+planted pairs; and, unless ``--beam-docs 0``, DirectRunner throughput of FindDuplicateDocuments on
+synthetic documents, checked against document verdicts derived from the NumPy core.
+
+All timings are wall clock, best of ``--repeats`` in one process, so they move with machine load
+(on a shared 2-core VM the 1M/100K ratio of one unchanged build ranged from ~9 to ~27 with the load
+of other processes): compare numbers from one run.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+import pipelines.dedupe as dedupe
 from pipelines.dedupe import (
     FindDuplicateDocuments,
     brute_force_pairs,
@@ -58,6 +67,16 @@ def best_time(fn, repeats: int) -> tuple[float, object]:
         out = fn()
         best = min(best, time.perf_counter() - t0)
     return best, out
+
+
+def two_level_always(fn):
+    """Run ``fn`` with every block group of 2+ on the second level (restoring the default after)."""
+    default = dedupe.TWO_LEVEL_MIN_GROUP
+    dedupe.TWO_LEVEL_MIN_GROUP = 2
+    try:
+        return fn()
+    finally:
+        dedupe.TWO_LEVEL_MIN_GROUP = default
 
 
 def bench_beam(n_docs: int, t: int, rng: np.random.Generator) -> dict:
@@ -117,6 +136,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--beam-docs", type=int, default=20_000)
+    ap.add_argument("--series", default="100000,1000000,4000000", help="comma-separated sizes ('' for none)")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     t = args.threshold
@@ -127,6 +147,21 @@ def main() -> None:
     t_n, pairs = best_time(lambda: near_duplicate_pairs(hashes, t), args.repeats)
     found = {tuple(p) for p in pairs.tolist()}
     planted_found = sum(tuple(p) in found for p in planted.tolist())
+    t2_small, _ = two_level_always(
+        lambda: best_time(lambda: near_duplicate_pairs(hashes[: args.small], t), args.repeats)
+    )
+    t2_n, pairs2 = two_level_always(lambda: best_time(lambda: near_duplicate_pairs(hashes, t), args.repeats))
+
+    sizes = [int(s) for s in args.series.split(",") if s.strip()]
+    extra_rng = np.random.default_rng(args.seed + 1)  # leaves ``rng`` (check subset, Beam docs) as before
+    more = max(sizes, default=0) - args.n
+    series_hashes = (
+        hashes if more <= 0 else np.concatenate([hashes, extra_rng.integers(0, 2**64, more, dtype=np.uint64)])
+    )
+    series = []
+    for size in sizes:
+        secs, _ = best_time(lambda prefix=series_hashes[:size]: near_duplicate_pairs(prefix, t), args.repeats)
+        series.append({"n": size, "seconds": round(secs, 4), "ns_per_hash": round(secs / size * 1e9, 1)})
 
     # Brute-force subset: both ends of planted pairs (up to half the subset), filled with random others.
     ends = np.unique(planted[: args.check // 4].ravel())
@@ -142,6 +177,14 @@ def main() -> None:
         "small": args.small,
         "seconds_small": round(t_small, 4),
         "ratio": round(t_n / t_small, 2),
+        "two_level_min_group": dedupe.TWO_LEVEL_MIN_GROUP,
+        "two_level_always": {
+            "seconds_n": round(t2_n, 4),
+            "seconds_small": round(t2_small, 4),
+            "ratio": round(t2_n / t2_small, 2),
+            "equal_to_default": bool(np.array_equal(pairs2, pairs)),
+        },
+        "series": series,
         "pairs_found": len(found),
         "planted": int(planted.shape[0]),
         "planted_found": planted_found,

@@ -149,6 +149,7 @@ def cmd_build(args) -> dict:
         runner=args.runner,
         direct_workers=args.direct_workers,
         device=args.device,
+        cpu_threads=args.cpu_threads,
         batch_size=args.batch_size,
         beam_args=[*(args.beam_arg or []), *[a for a in (args.beam_options or []) if a != "--"]],
     )
@@ -496,6 +497,12 @@ def build_parser() -> argparse.ArgumentParser:
     feats.add_argument(
         "--image-store",
         help="content-addressed image store root (default: OUT/image-store); share it between builds",
+    )
+    feats.add_argument(
+        "--cpu-threads",
+        type=int,
+        help="torch threads per worker (default: cores / workers); recorded with the dataset, "
+        "since CPU features differ in the last bits with the thread count",
     )
     feats.add_argument(
         "--placeholder-images",

@@ -91,6 +91,7 @@ class BuildConfig:
     runner: str = "DirectRunner"
     direct_workers: int | None = None
     device: str = "cpu"
+    cpu_threads: int | None = None  # torch threads per worker; default: this machine's cores / workers
     batch_size: int = 32
     beam_args: list[str] = field(default_factory=list)
 
@@ -110,12 +111,15 @@ class BuildConfig:
         for k in ("extractor_options", "region_options"):  # weight paths are named by the versions
             p[k] = {name: v for name, v in sorted(p[k].items()) if name != "weights"}
         p["device"] = "cuda" if self.device.startswith("cuda") else "cpu"  # kernels differ in the last bits
+        p["cpu_threads"] = self.threads()  # so do CPU reductions split over a different thread count
         p["filter"] = self.document_filter().params()
         return p
 
     def check(self) -> None:
         if self.precision not in FEATURE_DTYPES:
             raise MmlinksError(f"--precision must be one of {sorted(FEATURE_DTYPES)}, not {self.precision!r}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise MmlinksError("--cpu-threads must be >= 1")
         if self.max_shard_rows < 1 or self.max_shard_mb <= 0:
             raise MmlinksError("--max-shard-rows must be >= 1 and --max-shard-mb > 0")
         if self.dedupe_policy not in ("drop_all", "keep_first"):
@@ -141,6 +145,19 @@ class BuildConfig:
             if reg.kind != "regions":
                 raise MmlinksError(f"--regions must be a region extractor; {reg.name} is global")
         self.pipeline_options()
+
+    def threads(self) -> int | None:
+        """Torch intra-op threads per worker process (None on GPU).
+
+        CPU results change in the last bits with the thread count, so it is fixed per build and
+        recorded with the dataset: the same inputs, parameters and thread count give the same
+        bytes on any machine of the same architecture.
+        """
+        if self.device.startswith("cuda"):
+            return None
+        if self.cpu_threads:
+            return self.cpu_threads
+        return max(1, (os.cpu_count() or 1) // max(1, self.direct_workers or 1))
 
     def placeholders(self) -> Placeholders | None:
         if not self.placeholder_images:
@@ -272,14 +289,16 @@ def _failed_batch(batch_and_error):
 
 def _features(content_ids, cfg: BuildConfig, extractor: Extractor, label: str):
     """Distinct content ids -> (content id, ImageFeatures), plus dead letters of failed batches."""
-    key = cache_key(extractor.name, extractor.version, cfg.device, extractor.options)
+    key = cache_key(
+        extractor.name, extractor.version, cfg.device, {**extractor.options, "threads": cfg.threads()}
+    )
     store_root = cfg.store_root()
     looked = content_ids | f"{label}Cache" >> beam.ParDo(LookUpFeatureCache(store_root, key)).with_outputs(
         LookUpFeatureCache.MISS, main="hit"
     )
     # Detectors forward one image at a time: big batches would only hold memory.
     batch = cfg.batch_size if extractor.forward_chunk else min(cfg.batch_size, 4)
-    handler = extractor.model_handler(device=cfg.device, batch_size=batch)
+    handler = extractor.model_handler(device=cfg.device, batch_size=batch, cpu_threads=cfg.threads())
     inferred, failed = (
         looked[LookUpFeatureCache.MISS]
         | f"{label}Pixels" >> beam.ParDo(LoadPixels(store_root, extractor))

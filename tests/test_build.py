@@ -227,3 +227,14 @@ def test_a_killed_build_resumes_without_repeating_work(corpus, dataset, tmp_path
     assert log["features_cached"] + log["features_computed"] == total  # nothing computed twice
     assert m.to_json() == Manifest.read(dataset).to_json()  # the very dataset an unbroken build gives
     assert not list(out.glob(".staging-*"))  # the dead build's staging folder was cleaned up
+
+
+def test_multiprocess_direct_runner_builds_the_same_dataset(corpus, dataset, tmp_path):
+    """Two local worker processes (and a fresh store): the same bytes as the in-process build.
+
+    The torch thread count is part of the dataset's parameters (CPU reductions change the last
+    bits with it), so the workers are given the count the fixture's in-process build used."""
+    import os
+
+    m = build_dataset(_cfg(corpus, tmp_path, direct_workers=2, cpu_threads=os.cpu_count()))
+    assert m.to_json() == Manifest.read(dataset).to_json()

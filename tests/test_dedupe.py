@@ -14,19 +14,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+import pipelines.dedupe as dedupe
 from pipelines.dedupe import (
+    TWO_LEVEL_MIN_GROUP,
     DuplicateVerdict,
     FindDuplicateDocuments,
     _argsort_u64,
     _columns_pay_off,
     _distinct_pairs,
+    _outside_block,
     _residual32,
+    _sub_block_mask,
     block_layout,
     brute_force_pairs,
     degenerate_mask,
     document_order,
     is_degenerate,
     near_duplicate_pairs,
+    sub_block_layout,
 )
 from pipelines.images import phash64
 from pipelines.records import COUNTS_NAMESPACE
@@ -90,6 +95,26 @@ def test_block_layout_paper_threshold_and_bounds():
         block_layout(-1)
     with pytest.raises(ValueError):
         block_layout(64)
+
+
+@pytest.mark.parametrize("t", range(1, 9))
+def test_sub_blocks_tile_the_bits_outside_each_block(t):
+    """Sub-block masks are disjoint, avoid the block, cover the rest, and match ``_outside_block``."""
+    bits = np.uint64(1) << np.arange(64, dtype=np.uint64)
+    for shift, width in block_layout(t):
+        block = ((1 << width) - 1) << shift
+        subs = sub_block_layout(t, width)
+        assert len(subs) == t + 1 and sum(w for _, w in subs) == 64 - width
+        masks = [_sub_block_mask(s2, w2, shift, width) for s2, w2 in subs]
+        union = 0
+        for mask in masks:
+            assert mask & block == 0 and mask & union == 0
+            union |= mask
+        assert union | block == MASK
+        rest = _outside_block(bits, shift, width)
+        for (s2, w2), mask in zip(subs, masks):
+            in_sub = ((rest >> np.uint64(s2)) & np.uint64((1 << w2) - 1)) != 0
+            assert in_sub.tolist() == [bool(mask >> i & 1) for i in range(64)]
 
 
 # ------------------------------------------------------------------------------------------ degenerate
@@ -159,6 +184,64 @@ def test_column_and_offset_scans_both_exact(hashes, t):
     for scan in ("offsets", "columns"):
         a, b = _distinct_pairs(uniq, t, scan=scan)
         assert sorted(zip(a.tolist(), b.tolist())) == want
+
+
+@given(st.one_of(clustered(), st.lists(U64, max_size=200)), st.integers(0, 8), st.integers(2, 6))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_two_level_matches_brute_force(hashes, t, two_level_min):
+    """Groups of ``two_level_min`` or more take the second level (compound keys), smaller ones the direct
+    scan: every pair is found, and found once, at thresholds 0..8."""
+    uniq = np.unique(np.asarray(hashes, dtype=np.uint64))
+    want = [tuple(p) for p in brute_force_pairs(uniq, t).tolist()]
+    a, b = _distinct_pairs(uniq, t, two_level_min=two_level_min)
+    got = list(zip(a.tolist(), b.tolist()))
+    assert sorted(got) == want  # sorted(), not set(): a pair reported twice fails
+
+
+@pytest.mark.parametrize("t", range(9))
+def test_two_level_everywhere_crowded_all_thresholds(t, monkeypatch):
+    """The public function with every group of 2+ on the second level, on crowded blocks with repeats."""
+    monkeypatch.setattr(dedupe, "TWO_LEVEL_MIN_GROUP", 2)
+    rng = np.random.default_rng(100 + t)
+    base = rng.integers(0, 2**64, 80, dtype=np.uint64) & np.uint64(0xFFFF_0000_FFFF_FFFF)  # one block-2 group
+    near = [
+        np.uint64(flip(int(h), rng.choice(64, size=k, replace=False).tolist()))
+        for h in base[:40]
+        for k in range(1, 10)
+    ]
+    hashes = np.concatenate([base, rng.integers(0, 2**64, 300, dtype=np.uint64), near, base[:7]])
+    got = check_against_brute_force(hashes[rng.permutation(hashes.size)], t)
+    assert len(got) >= 7 + 40 * t
+
+
+def test_second_level_runs_by_default_on_a_crowded_block(monkeypatch):
+    """A block value shared by thousands of hashes (> TWO_LEVEL_MIN_GROUP) takes the second level with
+    the default settings; planted neighbours at 1..3 bits (also inside the crowd) are all found."""
+    calls = []
+
+    def spy(uniq, idx, *args):
+        calls.append(idx.size)
+        return second_level(uniq, idx, *args)
+
+    second_level = dedupe._second_level
+    monkeypatch.setattr(dedupe, "_second_level", spy)
+    rng = np.random.default_rng(11)
+    crowd = rng.integers(0, 2**64, 3000, dtype=np.uint64) & np.uint64(0xFFFF_FFFF_0000_FFFF)
+    crowd |= np.uint64(0xBEEF_0000)
+    assert crowd.size >= 10 * TWO_LEVEL_MIN_GROUP
+    src = rng.choice(crowd.size, 300, replace=False)
+    near = np.array(
+        [
+            flip(int(crowd[s]), rng.choice(64, size=1 + k % 3, replace=False).tolist())
+            for k, s in enumerate(src)
+        ],
+        dtype=np.uint64,
+    )
+    hashes = np.concatenate([crowd, near, rng.integers(0, 2**64, 2000, dtype=np.uint64)])
+    got = check_against_brute_force(hashes, 3)
+    assert calls and max(calls) >= crowd.size
+    found = {tuple(p) for p in got.tolist()}
+    assert all((int(s), crowd.size + k) in found for k, s in enumerate(src))
 
 
 def test_scan_choice():
@@ -346,8 +429,11 @@ def test_find_duplicate_documents_fixed_cases():
     assert counts["dedupe:duplicate_image_pairs"] == 6
 
 
-def test_find_duplicate_documents_crowded_block_group():
-    """More than _SMALL_GROUP hashes share a block value, so the NumPy core runs inside a block group."""
+@pytest.mark.parametrize("two_level_min", [TWO_LEVEL_MIN_GROUP, 2])
+def test_find_duplicate_documents_crowded_block_group(two_level_min, monkeypatch):
+    """More than _SMALL_GROUP hashes share a block value, so the NumPy core runs inside a block group
+    (with its second level too when ``two_level_min`` is 2)."""
+    monkeypatch.setattr(dedupe, "TWO_LEVEL_MIN_GROUP", two_level_min)
     rng = np.random.default_rng(3)
     base = [int(h) | 0xBEEF for h in rng.integers(0, 2**64, 40, dtype=np.uint64) & np.uint64(~0xFFFF & MASK)]
     docs = [doc(f"d{k:02d}", [h], f"{k % 7}") for k, h in enumerate(base)]

@@ -322,12 +322,13 @@ class Extractor(abc.ABC):
                 out[IMAGE_SIZE_ATTR] = torch.tensor(size)
         return outs
 
-    def model_handler(self, device: str = "cpu", batch_size: int = 32):
+    def model_handler(self, device: str = "cpu", batch_size: int = 32, cpu_threads: int | None = None):
         """A Beam ``KeyedModelHandler`` over ``(key, tensor)`` elements -> ``(key, PredictionResult)``.
 
         The model is loaded once per worker; Beam batches are exactly ``batch_size`` elements
         (except at a bundle's end), rounded up to a multiple of the forward chunk so no forward
-        is padded except the very last one of a bundle."""
+        is padded except the very last one of a bundle. ``cpu_threads`` sets torch's intra-op
+        threads in each worker (several worker processes on one machine should share its cores)."""
         device = resolve_device(device)
         batch_size = int_option("batch_size", batch_size)
         from apache_beam.ml.inference.base import KeyedModelHandler
@@ -336,7 +337,7 @@ class Extractor(abc.ABC):
 
         if self.forward_chunk:
             batch_size = -(-batch_size // self.forward_chunk) * self.forward_chunk
-        return KeyedModelHandler(ExtractorModelHandler(self, device, batch_size))
+        return KeyedModelHandler(ExtractorModelHandler(self, device, batch_size, cpu_threads))
 
     # ---- conveniences outside Beam (serving, tests)
 

@@ -18,8 +18,9 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
     timing; the batch size only changes how many chunks one call runs, never the outputs.
     """
 
-    def __init__(self, extractor, device: str, batch_size: int):
+    def __init__(self, extractor, device: str, batch_size: int, cpu_threads: int | None = None):
         super().__init__(min_batch_size=batch_size, max_batch_size=batch_size)
+        self._cpu_threads = cpu_threads
         self._extractor = extractor
         self._device = device
         self._model_id = f"{extractor.name}@{extractor.version}"
@@ -27,6 +28,8 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
     def load_model(self) -> torch.nn.Module:
         if self._device == "cpu":
             tune_cpu_malloc()  # once per worker process; see its docstring
+            if self._cpu_threads:
+                torch.set_num_threads(self._cpu_threads)
         return self._extractor.load_model(self._device)
 
     def run_inference(
