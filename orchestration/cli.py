@@ -545,7 +545,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner"],
         help="Beam runner (default: DirectRunner); cluster runners need their options after --",
     )
-    out.add_argument("--direct-workers", type=int, help="DirectRunner: run in N local processes")
+    out.add_argument(
+        "--direct-workers",
+        type=int,
+        help="DirectRunner: N local worker processes (default: one per core; 1 = in-process)",
+    )
     out.add_argument(
         "--beam-arg",
         action="append",

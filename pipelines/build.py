@@ -48,7 +48,7 @@ from pipelines.records import (
     count,
     dead_letter,
 )
-from pipelines.runners import pipeline_options
+from pipelines.runners import canonical_runner, pipeline_options
 from pipelines.sources import get_source
 from pipelines.splits import DEFAULT_RATIOS, assign_split, shard_index, sized_assignment, split_rank_key
 from pipelines.validate import LoadAndValidate
@@ -89,7 +89,7 @@ class BuildConfig:
     placeholder_images: str | None = None  # folder of example "image removed" pictures to reject
     placeholder_distance: int = 2  # phash bits within which an image counts as such a placeholder
     runner: str = "DirectRunner"
-    direct_workers: int | None = None
+    direct_workers: int | None = None  # DirectRunner processes; None: one per CPU core, 1: in-process
     device: str = "cpu"
     cpu_threads: int | None = None  # torch threads per worker; default: this machine's cores / workers
     batch_size: int = 32
@@ -157,7 +157,16 @@ class BuildConfig:
             return None
         if self.cpu_threads:
             return self.cpu_threads
-        return max(1, (os.cpu_count() or 1) // max(1, self.direct_workers or 1))
+        workers = self.workers()
+        if workers is None:
+            return None  # a cluster runner: the workers' own default (say --cpu-threads to pin it)
+        return max(1, (os.cpu_count() or 1) // workers)
+
+    def workers(self) -> int | None:
+        """DirectRunner worker processes (None for cluster runners)."""
+        if canonical_runner(self.runner) != "DirectRunner":
+            return None
+        return self.direct_workers or (os.cpu_count() or 1)
 
     def placeholders(self) -> Placeholders | None:
         if not self.placeholder_images:
@@ -165,7 +174,7 @@ class BuildConfig:
         return Placeholders.from_dir(self.placeholder_images, self.placeholder_distance)
 
     def pipeline_options(self):
-        return pipeline_options(self.runner, self.beam_args, direct_workers=self.direct_workers)
+        return pipeline_options(self.runner, self.beam_args, direct_workers=self.workers())
 
 
 def _placeholder_digest(ph: Placeholders) -> str:
