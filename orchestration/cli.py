@@ -163,6 +163,7 @@ def cmd_build(args) -> dict:
     from pipelines.build import last_build
 
     summary = {"manifest": fileio.join(cfg.out, "manifest.json"), **_manifest_summary(manifest)}
+    summary["dead_letter"] = fileio.join(cfg.out, manifest.dead_letter) if manifest.dead_letter else None
     return {**summary, "build": last_build(cfg.out)}
 
 
@@ -651,7 +652,18 @@ def _print_human(args, result: dict) -> None:
         print("documents per split: " + ", ".join(f"{k}={v}" for k, v in result["splits"].items()))
         dropped = result["dropped"]
         print("dropped: " + (", ".join(f"{k}={v}" for k, v in dropped.items()) if dropped else "nothing"))
-        print("details of every drop: dead_letter.jsonl next to the manifest")
+        b = result.get("build") or {}
+        if b:
+            print(
+                f"this build: {b['images_fetched']} images fetched, {b['images_from_store']} from the store, "
+                f"{b['features_computed']} features computed, {b['features_cached']} cached, {b['seconds']} s"
+            )
+        print(f"details of every drop: {result['dead_letter'] or 'dead_letter.jsonl'}")
+    elif command == "migrate":
+        done = "migrated to" if result["migrated"] else "already at"
+        print(f"{done} schema v{result['schema_version']}: dataset {result['dataset_version']}")
+    elif command == "inspect":
+        _print_manifest(result)
     elif command == "promote":
         if result.get("rolled_back"):
             moved = f"{result['from_version']} to {result['to_version']}"
@@ -676,8 +688,31 @@ def _print_human(args, result: dict) -> None:
         print(f"test split, {t['n_docs']} documents (best epoch {result['best_epoch']}):")
         print(table(rows, ["method", "AUC", "p@1", "p@5"]))
         print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
-    else:  # inspect: the manifest itself
+    else:
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
+
+
+def _print_manifest(m: dict) -> None:
+    """A readable summary of a manifest (``--json`` prints all of it)."""
+    from orchestration.output import table
+
+    print(f"dataset {m['dataset_version']} (schema v{m['schema_version']}), source {m['source']}")
+    fe, re_ = m["feature_extractor"], m.get("region_extractor")
+    features = f"{fe['name']}@{fe['version']} ({fe['dim']}-d, {m.get('feature_dtype', 'float32')})"
+    regions = f"; regions {re_['name']}@{re_['version']} ({re_['dim']}-d)" if re_ else ""
+    print(f"features: {features}{regions}")
+    splits = m["counts"].get("splits", {})
+    shards = m["shards"]
+    rows = [[s, str(n), str(sum(1 for x in shards if x["split"] == s))] for s, n in splits.items()]
+    print(table(rows, ["split", "documents", "shards"]))
+    pipeline = m["counts"].get("pipeline", {})
+    print(f"inputs: {pipeline.get('documents_in', '?')} documents, {pipeline.get('images_in', '?')} images")
+    dropped = m["counts"].get("dropped", {})
+    if dropped:
+        print(table([[k, str(v)] for k, v in sorted(dropped.items())], ["dropped (kind:reason)", "count"]))
+    else:
+        print("dropped: nothing")
+    print(f"dead letters: {m.get('dead_letter')}; all fields: --json")
 
 
 def main(argv: list[str] | None = None) -> int:

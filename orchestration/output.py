@@ -13,21 +13,23 @@ import os
 import sys
 from collections.abc import Iterator
 
+_json_out: int | None = None  # the real stdout, kept aside while fd 1 points at stderr
+
 
 @contextlib.contextmanager
 def stdout_to_stderr(enabled: bool) -> Iterator[None]:
-    if not enabled:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
+    """With ``enabled``, point fd 1 at stderr for the rest of the process.
+
+    It is not restored: Ray's and Beam's background processes and exit handlers may still print
+    after the command returns (e.g. a raylet warning at shutdown), and that must not land after
+    the JSON object. ``emit_json`` writes to the real stdout kept aside here.
+    """
+    global _json_out
+    if enabled and _json_out is None:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        _json_out = os.dup(1)
+        os.dup2(2, 1)
+    yield
 
 
 def _clean(value):
@@ -41,8 +43,15 @@ def _clean(value):
 
 
 def emit_json(obj: dict) -> None:
-    sys.stdout.write(json.dumps(_clean(obj), indent=None, sort_keys=True) + "\n")
+    text = json.dumps(_clean(obj), indent=None, sort_keys=True) + "\n"
     sys.stdout.flush()
+    if _json_out is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    data = text.encode()
+    while data:  # os.write may write only part of a large result
+        data = data[os.write(_json_out, data) :]
 
 
 def step(index: int, total: int, text: str) -> None:

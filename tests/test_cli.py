@@ -20,7 +20,17 @@ def run(*args, timeout=300):
 
 
 @pytest.mark.parametrize(
-    "cmd", [[], ["demo"], ["data"], ["data", "synth"], ["data", "build"], ["data", "inspect"], ["train"]]
+    "cmd",
+    [
+        [],
+        ["demo"],
+        ["data"],
+        ["data", "synth"],
+        ["data", "build"],
+        ["data", "inspect"],
+        ["data", "migrate"],
+        ["train"],
+    ],
 )
 def test_every_command_has_help(cmd):
     proc = run(*cmd, "--help")
@@ -41,8 +51,13 @@ def test_inspect_prints_the_manifest(dataset):
     proc = run("data", "inspect", str(dataset), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == json.loads((dataset / "manifest.json").read_text())
-    human = run("data", "inspect", str(dataset))
-    assert "dataset_version" in human.stdout
+    m = json.loads(proc.stdout)
+    human = run("data", "inspect", str(dataset)).stdout
+    assert f"dataset {m['dataset_version']} (schema v2)" in human
+    for split, n in m["counts"]["splits"].items():  # the split table: name, documents, shards
+        assert any(line.split()[:2] == [split, str(n)] for line in human.splitlines())
+    for reason, n in m["counts"]["dropped"].items():
+        assert any(line.split() == [reason, str(n)] for line in human.splitlines())
 
 
 def _one_line_error(proc, fragment):

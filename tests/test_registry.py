@@ -183,7 +183,7 @@ def test_stale_lock_is_broken_after_its_ttl(registry):
 def test_model_trained_on_other_features_is_refused(registry, dataset, trained):
     client, _ = registry
     with mlflow.start_run(run_name="other-features"):
-        mlflow.log_params({"feature_extractor": "densenet169@imagenet", "schema_version": "1"})
+        mlflow.log_params({"feature_extractor": "densenet169@imagenet", "schema_version": "2"})
         uri = log_link_model(trained.checkpoint_path, trained.vocab)
     v = str(mlflow.register_model(uri, "compat-test").version)
     client.set_registered_model_alias("compat-test", CANDIDATE, v)
