@@ -13,6 +13,7 @@ from apache_beam import coders
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceSpec
 from schemas.errors import MmlinksError
 
 SOURCE = "synthetic"
@@ -79,3 +80,15 @@ class ReadSyntheticCorpus(beam.PTransform):
             | "Parse"
             >> beam.ParDo(ParseSyntheticLine(self.input_dir)).with_outputs(DEAD_LETTER, main="documents")
         )
+
+
+def _check(ctx: SourceContext) -> None:
+    ReadSyntheticCorpus(ctx.input)
+
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="the synthetic corpus of `mmlinks data synth` (DIR/documents.jsonl + images)",
+    make=lambda ctx: ReadSyntheticCorpus(ctx.input),
+    check=_check,
+)

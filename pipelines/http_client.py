@@ -1,0 +1,108 @@
+"""A polite HTTP client shared by every web connector (imgur, Reddit API, MediaWiki).
+
+SKELETON: the interface below is fixed; the politeness internals (rate limits, retries, cache,
+allowlist, private-address refusal) are being filled in. Code against the interface.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from schemas.errors import MmlinksError
+
+DEFAULT_USER_AGENT = "mmlinks/0.1 (research crawler; +https://github.com/mmlinks/mmlinks)"
+
+
+class HttpError(MmlinksError):
+    """A request that cannot succeed (now). ``reason`` is a dead-letter reason:
+
+    ``refused_host`` (not on the allowlist, including a redirect to another host),
+    ``private_address`` (host resolves to a loopback/private/link-local address),
+    ``too_large`` (over the byte limit), ``retries_exhausted`` (429/5xx/timeouts until the
+    retry budget ran out; ``transient`` is True), ``too_many_redirects``, ``bad_url``.
+    """
+
+    def __init__(self, reason: str, detail: str, *, transient: bool = False, status: int | None = None):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.transient = transient
+        self.status = status
+
+
+@dataclass(frozen=True)
+class HttpPolicy:
+    """How politely to talk to hosts. ``rate_per_host=None`` switches rate limiting off."""
+
+    allowed_hosts: frozenset[str]  # "host" or "host:port"; redirects must stay inside
+    user_agent: str = DEFAULT_USER_AGENT
+    rate_per_host: float | None = 1.0  # requests per second per host, across this machine's processes
+    max_concurrency_per_host: int = 2  # requests in flight per host in one process
+    max_retries: int = 5  # retries on 429, 5xx, 408, timeouts and connection errors
+    backoff_base: float = 1.0  # seconds; exponential with full jitter
+    backoff_max: float = 60.0  # longest single wait (Retry-After above it: give up, transient)
+    timeout: float = 30.0  # seconds per socket operation
+    max_bytes: int = 16 * 1024 * 1024  # per response body
+    max_redirects: int = 5
+    cache_dir: str | None = None  # on-disk response cache (Beam FileSystems URI); None: off
+    cache_ttl: float | None = None  # seconds a cached response stays fresh; None: forever
+    allow_private: bool = False  # tests against a loopback fixture server set this
+    state_dir: str | None = None  # local folder for the cross-process rate limiter; None: per process
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HttpResponse:
+    url: str  # final URL after (allowed) redirects
+    status: int
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+    from_cache: bool = False
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+class PoliteClient:
+    """GET with politeness. Picklable (the session is created lazily, per process).
+
+    ``get`` returns the final response for 2xx, 3xx-without-location and 4xx other than
+    408/429 (callers turn 404/410 into ``not_found`` dead letters); it retries 408/429/5xx,
+    timeouts and connection errors with backoff, and raises ``HttpError`` for what policy refuses
+    or when retries are exhausted.
+    """
+
+    def __init__(self, policy: HttpPolicy):
+        self.policy = policy
+        self._session: requests.Session | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_session"] = None
+        return state
+
+    @property
+    def session(self) -> requests.Session:
+        if self._session is None:
+            self._session = requests.Session()
+            self._session.headers["User-Agent"] = self.policy.user_agent
+        return self._session
+
+    def get(
+        self,
+        url: str,
+        *,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        max_bytes: int | None = None,
+        use_cache: bool = True,
+    ) -> HttpResponse:
+        resp = self.session.get(url, params=params, headers=headers, timeout=self.policy.timeout)
+        return HttpResponse(resp.url, resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, resp.content)
