@@ -14,6 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from pipelines.sources import source_names
 from schemas.errors import MmlinksError
 
 EPILOG = "Every command accepts --json (one JSON object on stdout) and --help."
@@ -116,29 +117,29 @@ def _dedupe_threshold(text: str) -> int | None:
 
 def cmd_build(args) -> dict:
     from pipelines.build import BuildConfig, build_dataset
-    from pipelines.sources import get_source
 
-    if "://" not in args.input:  # remote inputs are checked by the source on the workers
-        _existing_dir(args.input)
-    get_source(args.source, args.input)  # fails fast on a directory that is not this source
+    if "://" not in args.input and not Path(args.input).exists():  # remote: checked by the source
+        raise MmlinksError(f"--input {args.input} does not exist")
     extractor_options = _key_values(args.extractor_option, "--extractor-option")
     if args.weights:
         extractor_options["weights"] = args.weights
     region_options = _key_values(args.region_option, "--region-option")
     if args.region_weights:
         region_options["weights"] = args.region_weights
-    cfg = BuildConfig(
-        source=args.source,
-        input=args.input,
-        out=args.out,
+    # Only what the user said: the rest comes from the source's defaults (filter preset,
+    # near-duplicate removal, split ratios), then BuildConfig's.
+    cfg = BuildConfig.for_source(
+        args.source,
+        args.input,
+        args.out,
         extractor=args.extractor,
         regions=None if args.regions in (None, "none") else args.regions,
         extractor_options=extractor_options,
         region_options=region_options,
         precision=args.precision,
-        split_ratios=_split_ratios(args.split),
+        split_ratios=_split_ratios(args.split) if args.split else None,
         split_sizes=_split_sizes(args.split_sizes),
-        dedupe_threshold=_dedupe_threshold(args.dedupe_threshold),
+        **({"dedupe_threshold": _dedupe_threshold(args.dedupe_threshold)} if args.dedupe_threshold else {}),
         dedupe_policy=args.dedupe_policy,
         filter_preset=args.filter,
         filter_options=_key_values(args.filter_option, "--filter-option"),
@@ -152,6 +153,8 @@ def cmd_build(args) -> dict:
         cpu_threads=args.cpu_threads,
         batch_size=args.batch_size,
         beam_args=[*(args.beam_arg or []), *[a for a in (args.beam_options or []) if a != "--"]],
+        source_options=_key_values(args.source_option, "--source-option"),
+        crawl_state=args.crawl_state,
     )
     from orchestration.output import heartbeat
 
@@ -165,6 +168,35 @@ def cmd_build(args) -> dict:
     summary = {"manifest": fileio.join(cfg.out, "manifest.json"), **_manifest_summary(manifest)}
     summary["dead_letter"] = fileio.join(cfg.out, manifest.dead_letter) if manifest.dead_letter else None
     return {**summary, "build": last_build(cfg.out)}
+
+
+def cmd_import_hessel(args) -> dict:
+    """`data import-hessel`: a shortcut for `data build --source hessel` with the three files named."""
+    args.source = "hessel"
+    args.input = str(Path(args.docs).parent)
+    args.source_option = [
+        *(args.source_option or []),
+        f"docs={args.docs}",
+        f"features={args.features}",
+        f"id2row={args.id2row}",
+        *([f"name={args.name}"] if args.name else []),
+    ]
+    return cmd_build(args)
+
+
+def cmd_sources(args) -> dict:
+    from pipelines.sources import get_spec
+
+    out = {}
+    for name in source_names():
+        spec = get_spec(name)
+        out[name] = {
+            "summary": spec.summary,
+            "options": {o.name: {"default": o.default, "help": o.help} for o in spec.options},
+            "credentials": list(spec.credentials),
+            "build_defaults": spec.build_defaults,
+        }
+    return {"sources": out}
 
 
 def cmd_migrate(args) -> dict:
@@ -463,8 +495,25 @@ def build_parser() -> argparse.ArgumentParser:
         "Beam RunInference, assign deterministic splits, and write shards + manifest.json.",
         epilog=EPILOG,
     )
-    build.add_argument("--source", default="synthetic", choices=["synthetic"], help="raw source format")
-    build.add_argument("--input", required=True, help="raw source directory")
+    build.add_argument(
+        "--source",
+        default="synthetic",
+        choices=source_names(),
+        help="raw source format (see `mmlinks data sources` for each one's input, options and credentials)",
+    )
+    build.add_argument("--input", required=True, help="raw source folder or file (per source)")
+    build.add_argument(
+        "--source-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="option of --source, repeatable, e.g. start=2013-01 min_score=25 (see `mmlinks data sources`)",
+    )
+    build.add_argument(
+        "--crawl-state",
+        metavar="URI",
+        help="where the source keeps crawl progress and its HTTP cache between builds "
+        "(default: OUT/crawl-state/SOURCE)",
+    )
     build.add_argument("--out", required=True, help="dataset output directory or URI (gs://..., s3://...)")
     feats = build.add_argument_group("features")
     feats.add_argument(
@@ -511,14 +560,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of example 'image removed' pictures; images within 2 phash bits are rejected",
     )
     docs = build.add_argument_group("documents")
-    docs.add_argument("--split", default="0.8,0.1,0.1", help="train,val,test ratios (default: 0.8,0.1,0.1)")
+    docs.add_argument(
+        "--split", help="train,val,test ratios for documents the source leaves unsplit (default: 0.8,0.1,0.1)"
+    )
     docs.add_argument(
         "--split-sizes", help="fixed split sizes instead of ratios, e.g. val=500,test=1000 (rest: train)"
     )
     docs.add_argument(
         "--dedupe-threshold",
-        default="3",
-        help="near-duplicate Hamming distance in bits, or 'off' (default: 3)",
+        help="near-duplicate Hamming distance in bits, or 'off' (default: 3; off for the crowd-labelled "
+        "sets, whose images recur across documents on purpose)",
     )
     docs.add_argument(
         "--dedupe-policy",
@@ -564,6 +615,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(build)
     build.set_defaults(func=cmd_build)
+
+    imp = dsub.add_parser(
+        "import-hessel",
+        help="import the original authors' prebuilt dataset (docs.json + features.npy + id2row.json)",
+        description="Write the authors' published documents, splits and image features (any "
+        "feature size, e.g. DenseNet169's 1664) into versioned shards + manifest, without "
+        "re-scraping or re-extracting anything. Same as `data build --source hessel`.",
+        epilog=EPILOG,
+    )
+    imp.add_argument("--docs", required=True, help="docs.json: {train, val, test} lists of documents")
+    imp.add_argument("--features", required=True, help="features.npy: N x D image feature matrix")
+    imp.add_argument("--id2row", required=True, help="id2row.json: image id -> row of features.npy")
+    imp.add_argument("--out", required=True, help="dataset output directory or URI")
+    imp.add_argument("--name", help="dataset name for metadata, e.g. diy (default: the docs folder's name)")
+    imp.add_argument("--precision", default="float32", choices=["float32", "float16"], help="feature dtype")
+    imp.add_argument("--max-shard-rows", type=int, default=1000, help="documents per shard at most")
+    imp.add_argument("--max-shard-mb", type=float, default=256.0, help="estimated MB per shard at most")
+    imp.add_argument("--direct-workers", type=int, help="DirectRunner worker processes (default: per core)")
+    imp.set_defaults(
+        **{
+            k: None
+            for k in (
+                "regions weights extractor_option region_weights region_option device cpu_threads "
+                "image_store placeholder_images split split_sizes dedupe_threshold filter "
+                "filter_option beam_arg beam_options source_option crawl_state"
+            ).split()
+        },
+        extractor="efficientnet-lite0",
+        batch_size=32,
+        dedupe_policy="drop_all",
+        runner="DirectRunner",
+    )
+    _add_common(imp)
+    imp.set_defaults(func=cmd_import_hessel)
+
+    sources = dsub.add_parser(
+        "sources",
+        help="list the raw sources, their options and the credentials they read",
+        description="List every --source of `mmlinks data build`: what its --input is, its "
+        "--source-option settings with defaults, the environment variables it reads for "
+        "credentials, and the build defaults it brings (filter preset, near-duplicate removal, splits).",
+        epilog=EPILOG,
+    )
+    _add_common(sources)
+    sources.set_defaults(func=cmd_sources)
 
     inspect = dsub.add_parser(
         "inspect",
@@ -646,7 +742,7 @@ def _print_human(args, result: dict) -> None:
         return  # the demo prints its own summary
     if command == "synth":
         print(f"wrote {result['documents']} documents to {result['corpus']}")
-    elif command == "build":
+    elif command in ("build", "import-hessel"):
         version = f"{result['dataset_version']} (schema v{result['schema_version']})"
         print(f"dataset {version} -> {result['manifest']}")
         print("documents per split: " + ", ".join(f"{k}={v}" for k, v in result["splits"].items()))
@@ -659,6 +755,16 @@ def _print_human(args, result: dict) -> None:
                 f"{b['features_computed']} features computed, {b['features_cached']} cached, {b['seconds']} s"
             )
         print(f"details of every drop: {result['dead_letter'] or 'dead_letter.jsonl'}")
+    elif command == "sources":
+        for name, info in result["sources"].items():
+            print(f"{name}: {info['summary']}")
+            if info["credentials"]:
+                print(f"  credentials (environment): {', '.join(info['credentials'])}")
+            for key, value in sorted(info["build_defaults"].items()):
+                print(f"  build default: {key}={value}")
+            for opt, o in info["options"].items():
+                default = "" if o["default"] is None else f" (default: {o['default']})"
+                print(f"  --source-option {opt}=...  {o['help']}{default}")
     elif command == "migrate":
         done = "migrated to" if result["migrated"] else "already at"
         print(f"{done} schema v{result['schema_version']}: dataset {result['dataset_version']}")

@@ -49,7 +49,7 @@ from pipelines.records import (
     dead_letter,
 )
 from pipelines.runners import canonical_runner, pipeline_options
-from pipelines.sources import get_source
+from pipelines.sources import SourceContext, SourceSpec, get_spec, source_outputs
 from pipelines.splits import DEFAULT_RATIOS, assign_split, shard_index, sized_assignment, split_rank_key
 from pipelines.validate import LoadAndValidate
 from schemas.document import FEATURE_DTYPES, SCHEMA_VERSION, Document, ImageRecord, RegionFeatures
@@ -94,6 +94,25 @@ class BuildConfig:
     cpu_threads: int | None = None  # torch threads per worker; default: this machine's cores / workers
     batch_size: int = 32
     beam_args: list[str] = field(default_factory=list)
+    source_options: dict[str, str] = field(default_factory=dict)  # --source-option KEY=VALUE
+    crawl_state: str | None = None  # the source's crawl state (default OUT/crawl-state/<source>)
+
+    @classmethod
+    def for_source(cls, source: str, input: str, out: str, **explicit) -> BuildConfig:
+        """A config with the source's own defaults (filter preset, dedupe, split ratios) under
+        the options the user gave explicitly (pass only those; None counts as not given)."""
+        values = dict(get_spec(source).build_defaults)
+        values.update({k: v for k, v in explicit.items() if v is not None})
+        return cls(source=source, input=input, out=out, **values)
+
+    def spec(self) -> SourceSpec:
+        return get_spec(self.source)
+
+    def crawl_state_root(self) -> str:
+        return self.crawl_state or fileio.join(self.out, "crawl-state", self.source)
+
+    def source_context(self) -> SourceContext:
+        return self.spec().context(self.input, self.source_options, self.crawl_state_root())
 
     def document_filter(self) -> DocumentFilter:
         return filter_for(self.source, self.filter_preset, self.filter_options)
@@ -104,8 +123,19 @@ class BuildConfig:
     def params(self) -> dict:
         """Parameters that define the dataset version (paths, runner and batching do not)."""
         p = asdict(self)
-        for k in ("input", "out", "runner", "beam_args", "batch_size", "image_store", "direct_workers"):
+        for k in (
+            "input",
+            "out",
+            "runner",
+            "beam_args",
+            "batch_size",
+            "image_store",
+            "direct_workers",
+            "crawl_state",
+        ):
             p.pop(k)
+        # Politeness, caches and endpoints do not change the documents; credentials never get here.
+        p["source_options"] = self.spec().data_options(self.source_options)
         ph = self.placeholders()
         p["placeholder_images"] = None if ph is None else _placeholder_digest(ph)
         for k in ("extractor_options", "region_options"):  # weight paths are named by the versions
@@ -116,6 +146,10 @@ class BuildConfig:
         return p
 
     def check(self) -> None:
+        spec = self.spec()
+        ctx = self.source_context()  # unknown source options fail here
+        if spec.check is not None:
+            spec.check(ctx)
         if self.precision not in FEATURE_DTYPES:
             raise MmlinksError(f"--precision must be one of {sorted(FEATURE_DTYPES)}, not {self.precision!r}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
@@ -444,9 +478,11 @@ def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str) -> None:
     region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.regions else None
     store_root = cfg.store_root()
 
-    read = p | "Read" >> get_source(cfg.source, cfg.input)
-    checked = read.documents | "Validate" >> beam.ParDo(
-        LoadAndValidate(store_root, cfg.placeholders())
+    spec, ctx = cfg.spec(), cfg.source_context()
+    raw_docs, raw_dead = source_outputs(p | "Read" >> spec.make(ctx))
+    fetcher = spec.fetcher(ctx) if spec.fetcher is not None else None
+    checked = raw_docs | "Validate" >> beam.ParDo(
+        LoadAndValidate(store_root, cfg.placeholders(), fetcher)
     ).with_outputs(DEAD_LETTER, main="docs")
     unique = (
         checked.docs
@@ -455,7 +491,7 @@ def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str) -> None:
         | "UniqueIds" >> beam.FlatMap(_unique_doc_ids).with_outputs(DEAD_LETTER, main="docs")
     )
     docs = unique.docs
-    dead = [read[DEAD_LETTER], checked[DEAD_LETTER], unique[DEAD_LETTER]]
+    dead = [raw_dead, checked[DEAD_LETTER], unique[DEAD_LETTER]]
     if cfg.dedupe_threshold is not None:
         verdicts = docs | "FindDuplicates" >> FindDuplicateDocuments(
             threshold=cfg.dedupe_threshold, policy=cfg.dedupe_policy
@@ -511,14 +547,19 @@ def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str) -> None:
     )
     dead.append(assembled[DEAD_LETTER])
 
+    write_outputs(assembled.docs, dead, cfg, staging)
+
+
+def write_outputs(docs, dead: list, cfg: BuildConfig, staging: str) -> None:
+    """Documents -> size-bounded shards + the shard index; dead letters -> one JSONL file."""
     max_bytes = cfg.max_shard_mb * 1024 * 1024
     totals = beam.pvalue.AsDict(
-        assembled.docs
+        docs
         | "SizeBySplit" >> beam.Map(lambda d: (d.split, (1, estimated_bytes(d))))
         | "SplitTotals" >> beam.CombinePerKey(_sum_pairs)
     )
     _ = (
-        assembled.docs
+        docs
         | "ShardKey" >> beam.Map(_bucket_key, totals, cfg.max_shard_rows, max_bytes)
         | "GroupShards" >> beam.GroupByKey()
         | "WriteShards"
@@ -560,8 +601,14 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
     cfg.check()  # every option error before any folder is created
     options = cfg.pipeline_options()
     started = time.time()
-    extractor = get_extractor(cfg.extractor, **cfg.extractor_options)
-    region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.regions else None
+    spec = cfg.spec()
+    if spec.prebuilt is not None:  # features come with the source (the authors' prebuilt datasets)
+        feature_info, region_info = spec.prebuilt.extractor_info(cfg.source_context())
+    else:
+        extractor = get_extractor(cfg.extractor, **cfg.extractor_options)
+        region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.regions else None
+        feature_info = _extractor_info(extractor)
+        region_info = _extractor_info(region_extractor) if region_extractor else None
     out = cfg.out
     if "://" not in out:
         from pathlib import Path
@@ -576,7 +623,11 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     try:
         with beam.Pipeline(options=options) as p:
-            build_pipeline(p, cfg, staging)
+            if spec.prebuilt is not None:
+                docs, dead = spec.prebuilt.documents(p, cfg.source_context())
+                write_outputs(docs, [dead], cfg, staging)
+            else:
+                build_pipeline(p, cfg, staging)
         result = p.result
         index = fileio.read_bytes(fileio.join(staging, SHARD_INDEX_FILE)).decode()
         shards = sorted(
@@ -601,8 +652,8 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
                 "dropped": _counters(result, DROPPED_NAMESPACE),
                 "splits": splits,
             },
-            feature_extractor=_extractor_info(extractor),
-            region_extractor=_extractor_info(region_extractor) if region_extractor else None,
+            feature_extractor=feature_info,
+            region_extractor=region_info,
             feature_dtype=cfg.precision,
             shards=[ShardInfo(f"{vdir}/{s.path}", s.split, s.rows, s.bytes, s.sha256) for s in shards],
             build_params=params,

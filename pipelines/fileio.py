@@ -116,6 +116,11 @@ def read_bytes(uri: str, limit: int | None = None) -> bytes:
     return data
 
 
+def open_read(uri: str) -> BinaryIO:
+    """A binary file object to stream from (no decompression); close it (``with``)."""
+    return FileSystems.open(normalize(uri), compression_type=_RAW)
+
+
 def read_text(uri: str, encoding: str = "utf-8") -> str:
     return read_bytes(uri).decode(encoding)
 

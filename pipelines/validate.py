@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from pipelines.image_store import ImageStore, Placeholders
+from pipelines.image_store import Fetcher, ImageStore, Placeholders
 from pipelines.images import InvalidImage
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from schemas.text import has_tokens
@@ -19,9 +19,12 @@ from schemas.text import has_tokens
 class LoadAndValidate(beam.DoFn):
     """RawDocument -> cleaned document dict (images as store records); dead letters on the side."""
 
-    def __init__(self, store_root: str, placeholders: Placeholders | None = None):
+    def __init__(
+        self, store_root: str, placeholders: Placeholders | None = None, fetcher: Fetcher | None = None
+    ):
         self.store_root = store_root
         self.placeholders = placeholders
+        self.fetcher = fetcher  # the source's (e.g. a polite HTTP client); None: chosen by URI scheme
 
     def setup(self):
         self.store = ImageStore(self.store_root, placeholders=self.placeholders)
@@ -36,7 +39,7 @@ class LoadAndValidate(beam.DoFn):
         images, image_map = [], {}
         for k, uri in enumerate(doc.image_uris):
             try:
-                stored = self.store.load(uri)
+                stored = self.store.load(uri, self.fetcher)
             except InvalidImage as exc:
                 yield dead_letter("image", f"{doc.doc_id}#image-{k}", exc.reason, f"{uri}: {exc.detail}")
                 continue

@@ -120,7 +120,7 @@ def documents_to_table(docs: Sequence[Document], feature_dtype: str = "float32")
             pa.array([im.uri for im in images], pa.string()),
             pa.array([im.width for im in images], pa.int32()),
             pa.array([im.height for im in images], pa.int32()),
-            pa.array([int(im.phash) for im in images], pa.uint64()),
+            pa.array([None if im.phash is None else int(im.phash) for im in images], pa.uint64()),
             _vectors([im.features for im in images], dtype),
             _regions(images, feature_dtype),
         ],

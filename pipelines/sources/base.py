@@ -17,13 +17,12 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import apache_beam as beam
-
-from pipelines import fileio
-from pipelines.records import DEAD_LETTER
 from schemas.errors import MmlinksError
+
+if TYPE_CHECKING:  # Beam is imported lazily: `mmlinks --help` lists sources without loading it
+    import apache_beam as beam
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,21 @@ class SourceContext:
 
     def state(self, *parts: str) -> str:
         """A path under this source's state folder."""
+        from pipelines import fileio
+
         return fileio.join(self.state_dir, *parts) if parts else self.state_dir
+
+
+class PrebuiltFeatures(Protocol):
+    """A source whose documents arrive with image features already computed."""
+
+    def extractor_info(self, ctx: SourceContext) -> tuple[Any, Any]:
+        """(FeatureExtractorInfo of the global features, of the regions or None), read up front."""
+        ...
+
+    def documents(self, p: beam.Pipeline, ctx: SourceContext) -> tuple[beam.PCollection, beam.PCollection]:
+        """(PCollection of schemas.document.Document with split set, PCollection of DeadLetter)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -98,8 +111,9 @@ class SourceSpec:
     name: str
     summary: str  # one line for --help
     # (context) -> PTransform whose expand(pbegin) returns outputs with ``documents``
-    # (RawDocument) and ``dead_letter`` (DeadLetter); see ``source_outputs``.
-    make: Callable[[SourceContext], beam.PTransform]
+    # (RawDocument) and ``dead_letter`` (DeadLetter); see ``source_outputs``. None for
+    # ``prebuilt`` sources.
+    make: Callable[[SourceContext], beam.PTransform] | None = None
     options: tuple[SourceOption, ...] = ()
     # Environment variables the connector reads (documented; values are never logged).
     credentials: tuple[str, ...] = ()
@@ -111,6 +125,9 @@ class SourceSpec:
     fetcher: Callable[[SourceContext], Any] | None = None
     # (context) -> None, raising MmlinksError for a bad input or option before Beam starts.
     check: Callable[[SourceContext], None] | None = None
+    # Sources that ship their own features (the authors' prebuilt datasets) skip the image,
+    # near-duplicate, filter and feature stages; see ``PrebuiltFeatures``.
+    prebuilt: PrebuiltFeatures | None = None
 
     def context(self, input: str, options: dict[str, str] | None, state_dir: str) -> SourceContext:
         options = dict(options or {})
@@ -130,6 +147,8 @@ class SourceSpec:
 
 def source_outputs(result) -> tuple[beam.PCollection, beam.PCollection]:
     """(documents, dead letters) from a source transform's result (tagged outputs or a dict)."""
+    from pipelines.records import DEAD_LETTER
+
     if isinstance(result, dict):
         return result["documents"], result[DEAD_LETTER]
     return result.documents, result[DEAD_LETTER]

@@ -1,0 +1,270 @@
+"""The original authors' prebuilt datasets (``docs.json`` + ``features.npy`` + ``id2row.json``).
+
+Hessel et al. released their seven datasets with fixed splits and DenseNet169 features, so a user
+can train on the published data without re-scraping anything. The format (the authors'
+multi-retrieval README):
+
+- ``docs.json``: ``{"train": [...], "val": [...], "test": [...]}``; a document is
+  ``[images, sentences, metadata]`` with ``images = [[image_id, sentence_index], ...]`` and
+  ``sentences = [[text, image_index], ...]``. An index of ``-1`` means "labelled, no link";
+  ``null`` means the corpus has no labels. The README stores labels on the image side and says
+  the sentence side may repeat them, so links are the union of both sides. ``metadata`` is an
+  optional identifier (``"na"`` in MSCOCO).
+- ``features.npy``: an N x D float matrix (any D: 1664 for DenseNet169); ``id2row.json`` maps
+  an image id to its row.
+
+These documents skip the image store, near-duplicate removal, the filters and the CNN: the
+authors already did all of that. Each image's ``content_id`` is the sha256 of ``hessel:<image
+id>`` (there are no bytes to hash), its ``uri`` the image id, and width, height and phash are
+null. Bad input is dead-lettered: a document that is not a 3-element list, an image id missing
+from ``id2row`` (the image is dropped), an out-of-range label, a document left without images or
+sentences.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+
+import apache_beam as beam
+import numpy as np
+
+from pipelines import fileio
+from pipelines.records import count, dead_letter
+from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from schemas.document import Document, ImageRecord
+from schemas.errors import MmlinksError
+from schemas.manifest import FeatureExtractorInfo
+from schemas.text import has_tokens
+
+SOURCE = "hessel"
+SPLITS = ("train", "val", "test")
+# Paths are not part of the dataset version (like --input): the shards' and the matrix's bytes are.
+OPTIONS = (
+    SourceOption("docs", None, "documents JSON (default: INPUT/docs.json)", defines_data=False),
+    SourceOption(
+        "features", None, "N x D feature matrix (default: INPUT/features.npy)", defines_data=False
+    ),
+    SourceOption("id2row", None, "image id -> row JSON (default: INPUT/id2row.json)", defines_data=False),
+    SourceOption("name", None, "dataset name recorded in metadata, e.g. diy (default: the input folder's)"),
+)
+
+
+def _paths(ctx: SourceContext) -> tuple[str, str, str]:
+    return (
+        ctx.str("docs") or fileio.join(ctx.input, "docs.json"),
+        ctx.str("features") or fileio.join(ctx.input, "features.npy"),
+        ctx.str("id2row") or fileio.join(ctx.input, "id2row.json"),
+    )
+
+
+def _local_copy(uri: str) -> str:
+    """A local path for ``uri`` (copied once per worker from an object store), for np.load's mmap."""
+    if fileio.is_local(uri):
+        return fileio.normalize(uri)
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"mmlinks-hessel-{digest}.npy")
+    if not os.path.exists(path):
+        fileio.write_bytes_atomic(path, fileio.read_bytes(uri))
+    return path
+
+
+def _npy_shape(uri: str) -> tuple[tuple[int, ...], np.dtype]:
+    arr = np.load(_local_copy(uri), mmap_mode="r")
+    return arr.shape, arr.dtype
+
+
+def _file_digest(uri: str) -> str:
+    h = hashlib.sha256()
+    with fileio.open_read(uri) as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_id(image_id: str) -> str:
+    return hashlib.sha256(f"hessel:{image_id}".encode()).hexdigest()
+
+
+class ReadHesselDocs(beam.DoFn):
+    """docs.json -> (split, index, raw document) for each document of each split."""
+
+    def process(self, uri: str):
+        try:
+            data = json.loads(fileio.read_bytes(uri))
+        except (ValueError, UnicodeDecodeError) as exc:
+            yield dead_letter("line", uri, "malformed_docs_json", str(exc))
+            return
+        if not isinstance(data, dict) or not any(s in data for s in SPLITS):
+            yield dead_letter("line", uri, "malformed_docs_json", "want an object with train/val/test lists")
+            return
+        for split in SPLITS:
+            docs = data.get(split) or []
+            if not isinstance(docs, list):
+                yield dead_letter("line", f"{uri}#{split}", "malformed_docs_json", f"{split} is not a list")
+                continue
+            for index, doc in enumerate(docs):
+                count("documents_in")
+                yield split, index, doc
+
+
+def _label(value, n: int) -> int | str | None:
+    """A label: None (unlabelled), -1 (no link), an index in [0, n), or 'bad'."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "bad"
+    return value if -1 <= value < n else "bad"
+
+
+class AssembleHesselDocs(beam.DoFn):
+    """(split, index, raw document) -> Document with features from the matrix; dead letters aside."""
+
+    def __init__(self, features_uri: str, id2row_uri: str, name: str):
+        self.features_uri, self.id2row_uri, self.name = features_uri, id2row_uri, name
+
+    def setup(self):
+        self.features = np.load(_local_copy(self.features_uri), mmap_mode="r")
+        self.id2row = json.loads(fileio.read_bytes(self.id2row_uri))
+
+    def process(self, item):
+        split, index, raw = item
+        doc_id = f"{SOURCE}-{self.name}-{split}-{index:07d}"
+        if not (isinstance(raw, list) and len(raw) in (2, 3)):
+            yield dead_letter("document", doc_id, "malformed_document", "want [images, sentences, metadata]")
+            return
+        raw_images, raw_sentences = raw[0], raw[1]
+        meta = raw[2] if len(raw) == 3 else None
+        if not isinstance(raw_images, list) or not isinstance(raw_sentences, list):
+            yield dead_letter("document", doc_id, "malformed_document", "images and sentences must be lists")
+            return
+        try:
+            images_in = [(str(im[0]), im[1] if len(im) > 1 else None) for im in raw_images]
+            sentences_in = [(str(s[0]), s[1] if len(s) > 1 else None) for s in raw_sentences]
+        except (TypeError, IndexError, KeyError) as exc:
+            yield dead_letter("document", doc_id, "malformed_document", f"{type(exc).__name__}: {exc}")
+            return
+        n_img, n_sent = len(images_in), len(sentences_in)
+        pairs, labelled = set(), False
+        for k, (_, s) in enumerate(images_in):
+            lab = _label(s, n_sent)
+            if lab == "bad":
+                yield dead_letter("link", doc_id, "out_of_range", f"image {k} -> sentence {s!r}")
+            elif lab is not None:
+                labelled = True
+                if lab >= 0:
+                    pairs.add((lab, k))
+        for k, (_, i) in enumerate(sentences_in):
+            lab = _label(i, n_img)
+            if lab == "bad":
+                yield dead_letter("link", doc_id, "out_of_range", f"sentence {k} -> image {i!r}")
+            elif lab is not None:
+                labelled = True
+                if lab >= 0:
+                    pairs.add((k, lab))
+
+        images, image_map = [], {}
+        for k, (image_id, _) in enumerate(images_in):
+            row = self.id2row.get(image_id)
+            if not isinstance(row, int) or not 0 <= row < self.features.shape[0]:
+                yield dead_letter("image", f"{doc_id}#image-{k}", "missing_features", image_id)
+                continue
+            image_map[k] = len(images)
+            images.append(
+                ImageRecord(
+                    content_id=content_id(image_id),
+                    uri=image_id,
+                    width=None,
+                    height=None,
+                    phash=None,
+                    features=np.asarray(self.features[row], np.float32),
+                )
+            )
+        sentences, sentence_map = [], {}
+        for k, (text, _) in enumerate(sentences_in):
+            if not has_tokens(text):
+                yield dead_letter("sentence", f"{doc_id}#sentence-{k}", "no_tokens", text[:80])
+                continue
+            sentence_map[k] = len(sentences)
+            sentences.append(text)
+        if not images:
+            yield dead_letter("document", doc_id, "no_valid_images")
+            return
+        if not sentences:
+            yield dead_letter("document", doc_id, "no_sentences")
+            return
+        links = None
+        if labelled:
+            links = sorted(
+                (sentence_map[s], image_map[i]) for s, i in pairs if s in sentence_map and i in image_map
+            )
+        metadata = {"dataset": self.name, "original_split": split, "original_index": str(index)}
+        if meta is not None:
+            metadata["original_id"] = meta if isinstance(meta, str) else json.dumps(meta, sort_keys=True)
+        count(f"documents_out:{split}")
+        yield Document(
+            doc_id=doc_id,
+            source=SOURCE,
+            split=split,
+            sentences=sentences,
+            images=images,
+            links=links,
+            metadata=metadata,
+        )
+
+
+class HesselPrebuilt:
+    """The ``prebuilt`` hook of the hessel source (see ``SourceSpec.prebuilt``)."""
+
+    def extractor_info(self, ctx: SourceContext) -> tuple[FeatureExtractorInfo, None]:
+        features = _paths(ctx)[1]
+        shape, _ = _npy_shape(features)
+        # The matrix's own bytes name the features: the same file gives the same dataset version.
+        version = f"prebuilt-{_file_digest(features)[:16]}"
+        return FeatureExtractorInfo(f"hessel-prebuilt:{_name(ctx)}", version, int(shape[1])), None
+
+    def documents(self, p: beam.Pipeline, ctx: SourceContext):
+        docs_uri, features, id2row = _paths(ctx)
+        raw = (
+            p
+            | "DocsFile" >> beam.Create([docs_uri])
+            | "ReadDocs" >> beam.ParDo(ReadHesselDocs()).with_outputs("dead_letter", main="docs")
+        )
+        assembled = (
+            raw.docs
+            | "Spread" >> beam.Reshuffle()
+            | "Assemble"
+            >> beam.ParDo(AssembleHesselDocs(features, id2row, _name(ctx))).with_outputs(
+                "dead_letter", main="docs"
+            )
+        )
+        dead = (raw.dead_letter, assembled.dead_letter) | "HesselDeadLetters" >> beam.Flatten()
+        return assembled.docs, dead
+
+
+def _name(ctx: SourceContext) -> str:
+    name = ctx.str("name") or fileio.normalize(ctx.input).rstrip("/").split("/")[-1] or "dataset"
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+
+
+def _check(ctx: SourceContext) -> None:
+    docs, features, id2row = _paths(ctx)
+    for label, uri in (("docs", docs), ("features", features), ("id2row", id2row)):
+        if not fileio.exists(uri):
+            raise MmlinksError(f"hessel {label} file {uri} does not exist")
+    shape, dtype = _npy_shape(features)
+    if len(shape) != 2 or not np.issubdtype(dtype, np.floating):
+        raise MmlinksError(f"{features} must be a 2-D float matrix, not {dtype} {shape}")
+
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="the authors' prebuilt datasets: INPUT/docs.json + features.npy + id2row.json (any feature size)",
+    options=OPTIONS,
+    # The authors already deduplicated and filtered: say so in the build parameters.
+    build_defaults={"dedupe_threshold": None, "filter_preset": "none"},
+    check=_check,
+    prebuilt=HesselPrebuilt(),
+)
