@@ -58,7 +58,7 @@ def test_wiki_live_mediawiki_over_loopback(tmp_path):
         )
     assert sorted(docs) == ["wiki-101", "wiki-102"]
     city = docs["wiki-101"]
-    assert [im.uri for im in city.images][0].startswith(server.base)  # images came over HTTP
+    assert city.images[0].uri.startswith(server.base)  # images came over HTTP
     assert {(r["kind"], r["reason"]) for r in dead} >= {("document", "missing_title")}
     # politeness is not part of the dataset's identity; which wiki was read is
     assert set(manifest.build_params["source_options"]) == {"api_base", "image_host", "mode"}

@@ -1,0 +1,212 @@
+"""Stream the items of the top-level arrays of a big JSON object without loading the whole file.
+
+The file-based sources (RecipeQA's ``{"data": [...]}``, MSCOCO's ``{"images": [...],
+"annotations": [...]}``, VIST's ``{"albums", "images", "annotations"}``) ship single JSON
+documents of up to a few hundred MB. ``json.load`` would hold the text and every parsed object of
+a file at once (several GB for the largest); here only the current item and one read chunk are
+in memory, and the caller keeps what it needs. No third-party parser: ``json.JSONDecoder.
+raw_decode`` decodes one item at a time from a sliding text buffer.
+
+Bytes are decoded with ``surrogateescape``, so a file with some invalid UTF-8 still parses: the
+bad bytes become lone surrogates in the strings that hold them, and ``has_invalid_utf8`` lets the
+caller dead-letter exactly the items that carry them instead of losing the whole file.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import Collection, Iterable, Iterator
+from typing import Any, BinaryIO
+
+CHUNK_BYTES = 1 << 20
+# A single value larger than this is treated as corrupt rather than buffered without bound.
+MAX_VALUE_CHARS = 256 << 20
+# A decode error this close to the end of the buffer may just be a value cut by the chunk edge.
+_EDGE = 32
+_WS = frozenset(" \t\n\r")
+_NUMBER_CHARS = frozenset("0123456789.eE+-")
+_INVALID_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+class MalformedJson(ValueError):
+    """The text is not a JSON object of the expected shape; ``pos`` is a character offset."""
+
+    def __init__(self, message: str, pos: int):
+        super().__init__(f"{message} (at character {pos})")
+        self.pos = pos
+
+
+def text_chunks(fh: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
+    """UTF-8 text of a binary file in chunks; a character split across chunks is reassembled."""
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+    first = True
+    while True:
+        raw = fh.read(chunk_bytes)
+        text = decoder.decode(raw or b"", final=not raw)
+        if first and text:
+            text = text.removeprefix("\ufeff")  # a byte-order mark is not JSON
+            first = False
+        if text:
+            yield text
+        if not raw:
+            return
+
+
+def has_invalid_utf8(value: Any) -> bool:
+    """True when a string in ``value`` (keys included) holds bytes that were not valid UTF-8."""
+    if isinstance(value, str):
+        return bool(_INVALID_UTF8.search(value))
+    if isinstance(value, dict):
+        return any(has_invalid_utf8(k) or has_invalid_utf8(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(has_invalid_utf8(v) for v in value)
+    return False
+
+
+class _Reader:
+    """A text buffer over the chunks with a read position; refills on demand."""
+
+    def __init__(self, chunks: Iterable[str]):
+        self._chunks = iter(chunks)
+        self.buf = ""
+        self.pos = 0
+        self.offset = 0  # characters dropped from the front of buf
+        self.eof = False
+        self._decoder = json.JSONDecoder()
+
+    def fail(self, message: str) -> MalformedJson:
+        return MalformedJson(message, self.offset + self.pos)
+
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        if self.pos > (1 << 16) and self.pos * 2 > len(self.buf):
+            self.buf = self.buf[self.pos :]
+            self.offset += self.pos
+            self.pos = 0
+        for chunk in self._chunks:
+            if chunk:
+                self.buf += chunk
+                return True
+        self.eof = True
+        return False
+
+    def peek(self) -> str:
+        """The next non-whitespace character ('' at the end), without consuming it."""
+        while True:
+            buf, pos = self.buf, self.pos
+            while pos < len(buf) and buf[pos] in _WS:
+                pos += 1
+            self.pos = pos
+            if pos < len(buf):
+                return buf[pos]
+            if not self.more():
+                return ""
+
+    def expect(self, char: str) -> None:
+        got = self.peek()
+        if got != char:
+            raise self.fail(f"expected {char!r}, found {got or 'the end of the file'!r}")
+        self.pos += 1
+
+    def value(self) -> Any:
+        """Decode one JSON value at the read position."""
+        if not self.peek():
+            raise self.fail("expected a value, found the end of the file")
+        while True:
+            try:
+                obj, end = self._decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                cut = exc.msg.startswith("Unterminated string") or exc.pos >= len(self.buf) - _EDGE
+                if cut and len(self.buf) - self.pos <= MAX_VALUE_CHARS and self.more():
+                    continue
+                raise MalformedJson(exc.msg, self.offset + exc.pos) from None
+            # A number cut by the chunk edge decodes as its prefix ("1" of "1.5"): when it ends at
+            # the buffer's end or before a character that could continue it, read on and retry.
+            if isinstance(obj, int | float) and not isinstance(obj, bool):
+                if (end == len(self.buf) or self.buf[end] in _NUMBER_CHARS) and self.more():
+                    continue
+            self.pos = end
+            return obj
+
+    def skip(self) -> None:
+        """Consume one value; arrays and objects item by item, so a big one is never buffered whole."""
+        opener = self.peek()
+        if opener == "[":
+            for _ in self.items():
+                pass
+        elif opener == "{":
+            self.pos += 1
+            if self.peek() == "}":
+                self.pos += 1
+                return
+            while True:
+                if not isinstance(self.value(), str):
+                    raise self.fail("object keys must be strings")
+                self.expect(":")
+                self.skip()
+                if self._close("}"):
+                    return
+        else:
+            self.value()
+
+    def items(self) -> Iterator[Any]:
+        """The items of the array at the read position, decoded one at a time."""
+        self.expect("[")
+        if self.peek() == "]":
+            self.pos += 1
+            return
+        while True:
+            yield self.value()
+            if self._close("]"):
+                return
+
+    def _close(self, closer: str) -> bool:
+        """After a member: True at the closing bracket (consumed), False after a comma."""
+        got = self.peek()
+        self.pos += 1
+        if got == closer:
+            return True
+        if got != ",":
+            self.pos -= 1
+            raise self.fail(f"expected ',' or {closer!r}, found {got or 'the end of the file'!r}")
+        return False
+
+
+def stream_arrays(
+    chunks: Iterable[str], keys: Collection[str], required: Collection[str] = ()
+) -> Iterator[tuple[str, Any]]:
+    """``(key, item)`` for every item of the arrays under ``keys`` in a top-level JSON object.
+
+    Items come in file order; other members are skipped. Raises ``MalformedJson`` (after the
+    items before the fault were yielded) when the text is not a JSON object, a member under
+    ``keys`` is not an array, a key in ``required`` is missing, or anything follows the object.
+    """
+    reader = _Reader(chunks)
+    seen: set[str] = set()
+    reader.expect("{")
+    if reader.peek() == "}":
+        reader.pos += 1
+    else:
+        while True:
+            key = reader.value()
+            if not isinstance(key, str):
+                raise reader.fail("object keys must be strings")
+            reader.expect(":")
+            if key in keys:
+                if reader.peek() != "[":
+                    raise reader.fail(f"{key!r} is not a list")
+                seen.add(key)
+                for item in reader.items():
+                    yield key, item
+            else:
+                reader.skip()
+            if reader._close("}"):
+                break
+    if reader.peek():
+        raise reader.fail("data after the top-level object")
+    missing = sorted(set(required) - seen)
+    if missing:
+        raise reader.fail(f"no {', '.join(repr(k) for k in missing)} list in the object")

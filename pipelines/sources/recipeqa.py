@@ -1,0 +1,308 @@
+"""RecipeQA (Yagcioglu et al. 2018) as one document per recipe: steps are sentences, step images linked.
+
+Input layout (the official download)::
+
+    DIR/train.json, DIR/val.json, DIR/test.json      each {"data": [item, ...]}
+    DIR/images/images-qa/<split>/images-qa/<file>    the step images
+
+An item is one question: ``task`` (textual_cloze, visual_cloze, visual_coherence,
+visual_ordering), ``qid``, ``recipe_id``, ``split``, ``context`` (the recipe's steps, each
+``{id, title, body, images: [file names], videos}``), ``question``, ``choice_list``, ``answer``,
+... In textual_cloze items the steps carry no title (the question is about the titles).
+
+The paper (Hessel et al. 2019, supplement "RQA") extracts the context of every question: one
+recipe occurs in many questions, so documents are deduplicated by ``recipe_id`` (or, without
+one, by the sequence of step ids). Among the items of one recipe the context kept is the one with
+step titles, then one with images, then the longest (steps, images, characters), then the
+smallest qid; nothing is merged across items. Sentence k is step k's title + " " + body; a step
+without tokens keeps its index (the build drops token-less sentences and remaps the links); each
+image of step k is linked to sentence k. Recipes without any step image are dead-lettered
+(``document:no_linked_images``); the paper's ">= 2 images and >= 2 steps" is the build's
+``recipeqa`` filter preset.
+
+Splits: the official val split is the paper's test set (split "test"); the official train split
+is left unsplit and the build carves train/val from it with ratios 0.87/0.13, the paper's
+6502/946 train/val recipes (6502 / 7448 = 0.873). The official test split (answers hidden) is
+not used by the paper: it is skipped (counter ``official_test_skipped``) unless
+``include_official_test=true``, which emits its recipes as split "test_official".
+
+Big files are streamed item by item (``pipelines.sources.jsonstream``); only the best context per
+recipe is shuffled between workers (a combiner), not every question.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import apache_beam as beam
+
+from pipelines import fileio
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
+from schemas.errors import MmlinksError
+
+SOURCE = "recipeqa"
+OFFICIAL_SPLITS = ("train", "val", "test")
+# Official split -> document split (None: the build assigns train/val by hash).
+DOC_SPLITS: dict[str, str | None] = {"train": None, "val": "test", "test": "test_official"}
+BUILD_DEFAULTS = {"filter_preset": "recipeqa", "split_ratios": {"train": 0.87, "val": 0.13}}
+
+OPTIONS = (
+    SourceOption("splits", "train,val", "official split files to read, comma-separated (train, val, test)"),
+    SourceOption(
+        "include_official_test",
+        "false",
+        "read test.json too (answers hidden, unused by the paper) as split test_official",
+    ),
+    SourceOption(
+        "images_dir", "images/images-qa", "image folder under INPUT: <images_dir>/<split>/images-qa/<file>"
+    ),
+)
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+
+def _text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {type(value).__name__}, not a string")
+    return value
+
+
+def parse_item(item: Any) -> dict:
+    """One question -> a compact recipe candidate; ValueError for a malformed item.
+
+    Candidate: {"qid", "task", "recipe_id" (or None), "step_ids", "steps": [[title, body,
+    [image file, ...]], ...]}.
+    """
+    if not isinstance(item, dict):
+        raise ValueError(f"item is {type(item).__name__}, not an object")
+    context = item.get("context")
+    if not isinstance(context, list) or not context:
+        raise ValueError("item has no context steps")
+    steps, step_ids = [], []
+    for k, step in enumerate(context):
+        if not isinstance(step, dict):
+            raise ValueError(f"context step {k} is {type(step).__name__}, not an object")
+        images = step.get("images") or []
+        if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+            raise ValueError(f"context step {k}: images is not a list of file names")
+        steps.append([_text(step.get("title"), "title"), _text(step.get("body"), "body"), list(images)])
+        step_ids.append(step.get("id"))
+    recipe_id = item.get("recipe_id")
+    return {
+        "qid": str(item.get("qid", "")),
+        "task": str(item.get("task", "")),
+        "recipe_id": str(recipe_id) if isinstance(recipe_id, str | int) and str(recipe_id) else None,
+        "step_ids": step_ids,
+        "steps": steps,
+    }
+
+
+def recipe_key(candidate: dict) -> str:
+    """The recipe a question is about: its recipe_id, else a hash of its step ids (else steps)."""
+    if candidate["recipe_id"]:
+        return candidate["recipe_id"]
+    basis = candidate["step_ids"] if all(s is not None for s in candidate["step_ids"]) else candidate["steps"]
+    return "steps-" + hashlib.sha1(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _preference(candidate: dict) -> tuple:
+    """Sort key, best first: titled, with images, longest; then the smallest qid (a total order)."""
+    steps = candidate["steps"]
+    titled = any(title.strip() for title, _, _ in steps)
+    n_images = sum(len(images) for _, _, images in steps)
+    chars = sum(len(title) + len(body) for title, body, _ in steps)
+    return (
+        not titled,
+        n_images == 0,
+        -len(steps),
+        -n_images,
+        -chars,
+        candidate["qid"],
+        json.dumps(candidate, sort_keys=True),
+    )
+
+
+def best_candidate(candidates) -> dict:
+    """The context kept for a recipe; associative and order-free, so usable as a combiner."""
+    return min(candidates, key=_preference)
+
+
+def image_file_name(name: str) -> str | None:
+    """The file name an image has on disk; None for a name that would leave the image folder.
+
+    Some names in the JSON contain '*easy*' while the files carry '_easy_' (a '*' cannot be
+    stored portably, and it is a glob character for Beam's FileSystems), so '*' becomes '_'.
+    """
+    name = name.strip().replace("*", "_")
+    if not name or name.startswith("/") or "\\" in name or ".." in name.split("/"):
+        return None
+    return name
+
+
+def recipe_document(
+    split: str, key: str, candidate: dict, image_root: str
+) -> tuple[RawDocument | None, list[tuple[str, str, str, str]]]:
+    """(document or None, problems as (kind, source_id, reason, detail)) for one recipe."""
+    doc_id = f"rqa-{key}"
+    problems: list[tuple[str, str, str, str]] = []
+    sentences: list[str] = []
+    uris: list[str] = []
+    index_of: dict[str, int] = {}
+    links: list[tuple[int, int]] = []
+    folder = fileio.join(image_root, split, "images-qa")
+    for k, (title, body, images) in enumerate(candidate["steps"]):
+        sentences.append(" ".join(part for part in (title.strip(), body.strip()) if part))
+        for raw in images:
+            name = image_file_name(raw)
+            if name is None:
+                problems.append(("image", f"{doc_id}#{raw[:80]}", "bad_file_name", "not a plain file name"))
+                continue
+            if name not in index_of:  # one file used by two steps is one image, linked to both
+                index_of[name] = len(uris)
+                uris.append(fileio.join(folder, name))
+            if (k, index_of[name]) not in links:
+                links.append((k, index_of[name]))
+    if not uris:
+        problems.append(("document", doc_id, "no_linked_images", f"{len(sentences)} steps, no step image"))
+        return None, problems
+    metadata = {"official_split": split, "qid": candidate["qid"], "task": candidate["task"]}
+    if candidate["recipe_id"]:
+        metadata["recipe_id"] = candidate["recipe_id"]
+    doc = RawDocument(
+        doc_id=doc_id,
+        source=SOURCE,
+        sentences=sentences,
+        image_uris=uris,
+        links=links,
+        metadata=metadata,
+        split=DOC_SPLITS[split],
+    )
+    return doc, problems
+
+
+# --- Beam ---------------------------------------------------------------------------------------
+
+
+class ReadSplitFile(beam.DoFn):
+    """Official split name -> ((split, recipe key), candidate) per question, streamed from the file."""
+
+    def __init__(self, root: str, include_test: bool):
+        self.root, self.include_test = root, include_test
+
+    def process(self, split: str):
+        if split == "test" and not self.include_test:
+            count("official_test_skipped")
+            return
+        name = f"{split}.json"
+        uri = fileio.join(self.root, name)
+        try:
+            fh = fileio.open_read(uri)
+        except OSError as exc:
+            yield dead_letter("line", name, "missing_split_file", f"{type(exc).__name__}: {exc}")
+            return
+        index = -1
+        try:
+            with fh:
+                for index, (_, item) in enumerate(stream_arrays(text_chunks(fh), {"data"}, {"data"})):
+                    count("recipe_items_read")
+                    qid = item.get("qid") if isinstance(item, dict) else None
+                    source_id = f"{name}#{index}" + (f":{qid}" if isinstance(qid, str) else "")
+                    if has_invalid_utf8(item):
+                        yield dead_letter("line", source_id, "not_utf8", "the item holds non-UTF-8 bytes")
+                        continue
+                    try:
+                        candidate = parse_item(item)
+                    except ValueError as exc:
+                        yield dead_letter("line", source_id, "malformed_item", str(exc))
+                        continue
+                    yield (split, recipe_key(candidate)), candidate
+        except MalformedJson as exc:
+            yield dead_letter("line", name, "malformed_split_file", f"after {index + 1} items: {exc}")
+        except OSError as exc:
+            yield dead_letter("line", name, "unreadable_split_file", f"after {index + 1} items: {exc}")
+
+
+class ToDocument(beam.DoFn):
+    def __init__(self, image_root: str):
+        self.image_root = image_root
+
+    def process(self, kv):
+        (split, key), candidate = kv
+        count("recipes_unique")
+        doc, problems = recipe_document(split, key, candidate, self.image_root)
+        for kind, source_id, reason, detail in problems:
+            yield dead_letter(kind, source_id, reason, detail)
+        if doc is not None:
+            count("documents_in")
+            yield doc
+
+
+class ReadRecipeQA(beam.PTransform):
+    """``DIR/{train,val,test}.json`` -> one RawDocument per recipe, plus dead letters."""
+
+    def __init__(self, root: str, splits: list[str], include_test: bool, images_dir: str):
+        super().__init__()
+        self.root, self.splits, self.include_test = root, splits, include_test
+        self.image_root = fileio.join(root, *images_dir.strip("/").split("/"))
+
+    def expand(self, pbegin):
+        items = (
+            pbegin
+            | "Splits" >> beam.Create(self.splits)
+            | "Stream"
+            >> beam.ParDo(ReadSplitFile(self.root, self.include_test)).with_outputs(DEAD_LETTER, main="items")
+        )
+        docs = (
+            items.items
+            | "BestContextPerRecipe" >> beam.CombinePerKey(best_candidate)
+            | "ToDocument"
+            >> beam.ParDo(ToDocument(self.image_root)).with_outputs(DEAD_LETTER, main="documents")
+        )
+        dead = (items[DEAD_LETTER], docs[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        return {"documents": docs.documents, DEAD_LETTER: dead}
+
+
+def _splits(ctx: SourceContext) -> list[str]:
+    names = [s.strip() for s in (ctx.str("splits") or "").split(",") if s.strip()]
+    unknown = sorted(set(names) - set(OFFICIAL_SPLITS))
+    if not names or unknown:
+        raise MmlinksError(
+            f"--source-option splits wants names from {list(OFFICIAL_SPLITS)}, not {ctx.str('splits')!r}"
+        )
+    include_test = ctx.bool("include_official_test")
+    if include_test and "test" not in names:
+        names.append("test")
+    return sorted(set(names), key=OFFICIAL_SPLITS.index)
+
+
+def _make(ctx: SourceContext) -> ReadRecipeQA:
+    images_dir = ctx.str("images_dir") or ""
+    return ReadRecipeQA(ctx.input, _splits(ctx), ctx.bool("include_official_test"), images_dir)
+
+
+def _check(ctx: SourceContext) -> None:
+    splits = _splits(ctx)
+    if not fileio.is_local(ctx.input):
+        return  # remote inputs are checked on the workers (a missing file is a dead letter)
+    wanted = [s for s in splits if s != "test" or ctx.bool("include_official_test")]
+    if not any(fileio.exists(fileio.join(ctx.input, f"{s}.json")) for s in wanted):
+        raise MmlinksError(
+            f"{ctx.input} is not a RecipeQA folder: none of {[f'{s}.json' for s in wanted]} is there"
+        )
+
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="RecipeQA: one document per recipe (steps + step images), DIR/{train,val}.json + images",
+    make=_make,
+    options=OPTIONS,
+    build_defaults=BUILD_DEFAULTS,
+    check=_check,
+)

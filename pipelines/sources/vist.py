@@ -1,0 +1,372 @@
+"""Visual Storytelling (VIST, Huang et al. 2016) as Story-DII, Story-SIS and DII-Stress documents.
+
+Input layout (the official download)::
+
+    DIR/dii/{train,val,test}.description-in-isolation.json
+    DIR/sis/{train,val,test}.story-in-sequence.json
+    DIR/images/<split>/<photo_flickr_id>.jpg (or .png; .jpeg and .gif are looked for too)
+
+Each JSON file is ``{"info", "albums", "images", "annotations", ...}``; ``annotations`` is a list
+of one-element lists, each holding one caption of one photo:
+
+- DII: ``photo_flickr_id, album_id, photo_order_in_story, text, original_text, worker_id, tier``.
+  The released DII elements carry no story id (several public loaders quote them so); a fixed
+  image set of five photos has several caption sets. Captions are grouped per album in file
+  order: a caption joins the earliest open set of its album that has no caption at its
+  ``photo_order_in_story`` yet, so both a set-after-set and an image-after-image layout regroup
+  correctly. Should a release carry ``story_id``, that is used instead.
+- SIS: ``story_id, photo_flickr_id, worker_arranged_photo_order, text, original_text,
+  album_id, storylet_id``; a story is its five sentences in ``worker_arranged_photo_order``.
+
+Documents (Hessel et al. 2019, supplement): Story-DII = the five photos of a caption set and
+their captions, caption k linked to photo k; Story-SIS = the five photos in story order and the
+five story sentences, sentence k linked to photo k; DII-Stress = each Story-DII document plus 45
+distractor captions sampled uniformly (seeded per document) from the captions of the same
+split's Story-DII documents whose photos are not in the document, the 50 sentences shuffled. The
+official splits are kept. A story with a missing image is discarded whole, as in the paper
+(``document:missing_image``); the image store later drops an image it cannot decode, which leaves
+a four-image story (a known gap: the paper would discard it). A set that is not exactly five
+captions with orders 0..4 is dead-lettered (``document:incomplete_story``).
+
+``text`` is VIST's lower-cased, tokenised, name-anonymised text; ``original_text`` is what the
+worker typed. Default: ``original_text`` when the element has it, else ``text``.
+
+Each split is built by one worker (its annotations fit in memory: about 200K small records for
+SIS train); the DII-Stress sampling needs the whole split anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Any
+
+import apache_beam as beam
+
+from pipelines import fileio
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
+from pipelines.sources.sampling import rng_for, sample_excluding
+from schemas.errors import MmlinksError
+
+SPLITS = ("train", "val", "test")
+STORY_LENGTH = 5
+IMAGE_EXTENSIONS = (".jpg", ".png", ".jpeg", ".gif")  # preference order when several exist
+TEXT_FIELDS = ("original_text", "text")
+# source -> (annotation folder, file label, the element's order field)
+TIERS = {
+    "story-dii": ("dii", "description-in-isolation", "photo_order_in_story"),
+    "story-sis": ("sis", "story-in-sequence", "worker_arranged_photo_order"),
+    "dii-stress": ("dii", "description-in-isolation", "photo_order_in_story"),
+}
+BUILD_DEFAULTS = {"dedupe_threshold": None}  # the same photos recur across stories on purpose
+
+COMMON_OPTIONS = (
+    SourceOption("splits", "train,val,test", "official splits to read, comma-separated"),
+    SourceOption(
+        "text_field", None, "original_text or text (default: original_text when present, else text)"
+    ),
+    SourceOption("images_dir", "images", "image folder under INPUT: <images_dir>/<split>/<photo id>.jpg"),
+)
+STRESS_OPTIONS = (
+    SourceOption("seed", "0", "seed of the distractor sampling and sentence shuffle"),
+    SourceOption("distractors", "45", "distractor captions added to each Story-DII document"),
+)
+
+
+# --- parsing and grouping (pure) -----------------------------------------------------------------
+
+
+def parse_element(entry: Any, order_field: str, text_field: str | None, need_story: bool) -> dict:
+    """One annotation entry (a one-element list) -> {photo, album, order, story, text}; ValueError."""
+    if isinstance(entry, list):
+        if len(entry) != 1:
+            raise ValueError(f"annotation is a list of {len(entry)} elements, not 1")
+        entry = entry[0]
+    if not isinstance(entry, dict):
+        raise ValueError(f"annotation is {type(entry).__name__}, not an object")
+    photo, album, order = entry.get("photo_flickr_id"), entry.get("album_id"), entry.get(order_field)
+    if not isinstance(photo, str | int) or isinstance(photo, bool) or not str(photo).strip():
+        raise ValueError("no photo_flickr_id")
+    if not isinstance(album, str | int) or isinstance(album, bool):
+        raise ValueError("no album_id")
+    if isinstance(order, str) and order.strip().isdigit():
+        order = int(order)
+    if not isinstance(order, int) or isinstance(order, bool):
+        raise ValueError(f"no integer {order_field}")
+    story = entry.get("story_id")
+    if need_story and not isinstance(story, str | int):
+        raise ValueError("no story_id")
+    field = text_field or ("original_text" if isinstance(entry.get("original_text"), str) else "text")
+    text = entry.get(field)
+    if not isinstance(text, str):
+        raise ValueError(f"no {field}")
+    return {
+        "photo": str(photo).strip(),
+        "album": str(album),
+        "order": order,
+        "story": None if story is None else str(story),
+        "text": text.strip(),
+    }
+
+
+def group_dii(elements: list[dict]) -> list[tuple[str, list[dict]]]:
+    """DII captions (file order) -> [(story key, captions)]: by story_id, else by slot filling.
+
+    Without story ids, per album a caption joins the earliest open set lacking its order; a set
+    closes once it has STORY_LENGTH captions. Keys: the story id, else "<album>-<n>" with n
+    counting the album's sets in file order.
+    """
+    if elements and all(e["story"] is not None for e in elements):
+        return group_by_story(elements)
+    groups: list[tuple[str, list[dict]]] = []
+    open_sets: dict[str, list[int]] = defaultdict(list)  # album -> indices of open groups
+    made: dict[str, int] = defaultdict(int)
+    for e in elements:
+        album = e["album"]
+        target = next(
+            (g for g in open_sets[album] if all(x["order"] != e["order"] for x in groups[g][1])), None
+        )
+        if target is None:
+            target = len(groups)
+            groups.append((f"{album}-{made[album]}", []))
+            made[album] += 1
+            open_sets[album].append(target)
+        groups[target][1].append(e)
+        if len(groups[target][1]) >= STORY_LENGTH:
+            open_sets[album].remove(target)
+    return groups
+
+
+def group_by_story(elements: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Captions -> [(story id, captions)], stories in order of first appearance."""
+    stories: dict[str, list[dict]] = {}
+    for e in elements:
+        stories.setdefault(str(e["story"]), []).append(e)
+    return list(stories.items())
+
+
+def ordered_story(captions: list[dict]) -> list[dict] | None:
+    """The captions in story order, or None unless they are exactly orders 0..STORY_LENGTH-1."""
+    if sorted(c["order"] for c in captions) != list(range(STORY_LENGTH)):
+        return None
+    return sorted(captions, key=lambda c: c["order"])
+
+
+def image_index(paths: list[str]) -> dict[str, str]:
+    """Photo id -> path, from a listing of the split's image folder (preferred extension wins)."""
+    best: dict[str, tuple[int, str]] = {}
+    for path in paths:
+        stem, ext = os.path.splitext(path.replace("\\", "/").rsplit("/", 1)[-1])
+        rank = IMAGE_EXTENSIONS.index(ext.lower()) if ext.lower() in IMAGE_EXTENSIONS else None
+        if rank is not None and (stem not in best or rank < best[stem][0]):
+            best[stem] = (rank, path)
+    return {stem: path for stem, (_, path) in best.items()}
+
+
+def stress_document(doc: RawDocument, pool: list[tuple[str, str]], seed: str, k: int) -> RawDocument | None:
+    """A Story-DII document + ``k`` distractor captions from ``pool`` [(caption, photo id)], shuffled.
+
+    Distractors are never captions of the document's photos (another caption set of the same
+    photos would describe them). None when the pool has fewer than ``k`` such captions.
+    """
+    photos = set(doc.metadata["photo_ids"].split(","))
+    rng = rng_for("dii-stress", seed, doc.doc_id)
+    picked = sample_excluding(rng, len(pool), k, lambda i: pool[i][1] in photos)
+    if picked is None:
+        return None
+    sentences = [*doc.sentences, *(pool[i][0] for i in picked)]
+    order = list(range(len(sentences)))
+    rng.shuffle(order)
+    position = {old: new for new, old in enumerate(order)}
+    links = sorted((position[s], i) for s, i in doc.links or [])
+    metadata = {**doc.metadata, "distractors": str(k), "seed": seed}
+    return RawDocument(
+        doc_id=doc.doc_id.replace("dii-", "diistress-", 1),
+        source="dii-stress",
+        sentences=[sentences[old] for old in order],
+        image_uris=list(doc.image_uris),
+        links=links,
+        metadata=metadata,
+        split=doc.split,
+    )
+
+
+# --- Beam ---------------------------------------------------------------------------------------
+
+
+class ReadVistSplit(beam.DoFn):
+    """Split name -> the split's documents (and dead letters), built from its annotation file."""
+
+    def __init__(self, source: str, root: str, images_dir: str, text_field: str | None, seed: str, k: int):
+        self.source, self.root, self.images_dir = source, root, images_dir
+        self.text_field, self.seed, self.k = text_field, seed, k
+
+    def process(self, split: str):
+        folder, label, order_field = TIERS[self.source]
+        name = f"{folder}/{split}.{label}.json"
+        elements = []
+        try:
+            with fileio.open_read(fileio.join(self.root, folder, f"{split}.{label}.json")) as fh:
+                for n, (_, entry) in enumerate(
+                    stream_arrays(text_chunks(fh), {"annotations"}, {"annotations"})
+                ):
+                    count("vist_annotations_read")
+                    if has_invalid_utf8(entry):
+                        yield dead_letter(
+                            "line", f"{name}#{n}", "not_utf8", "the annotation holds non-UTF-8 bytes"
+                        )
+                        continue
+                    try:
+                        elements.append(
+                            parse_element(entry, order_field, self.text_field, self.source == "story-sis")
+                        )
+                    except ValueError as exc:
+                        yield dead_letter("line", f"{name}#{n}", "malformed_annotation", str(exc))
+        except FileNotFoundError as exc:
+            yield dead_letter("line", name, "missing_split_file", str(exc))
+            return
+        except MalformedJson as exc:
+            # The stories of a cut file are incomplete: nothing of it is used.
+            yield dead_letter(
+                "line", name, "malformed_split_file", f"after {len(elements)} annotations: {exc}"
+            )
+            return
+        except OSError as exc:
+            yield dead_letter("line", name, "unreadable_split_file", str(exc))
+            return
+        yield from self._documents(split, elements)
+
+    def _documents(self, split: str, elements: list[dict]):
+        prefix = "sis" if self.source == "story-sis" else "dii"
+        groups = group_by_story(elements) if self.source == "story-sis" else group_dii(elements)
+        images = self._images(split)
+        docs: list[RawDocument] = []
+        for key, captions in groups:
+            doc_id = f"{prefix}-{key}"
+            story = ordered_story(captions)
+            if story is None:
+                orders = sorted(c["order"] for c in captions)
+                yield dead_letter(
+                    "document", doc_id, "incomplete_story", f"{len(captions)} captions, orders {orders}"
+                )
+                continue
+            missing = [c["photo"] for c in story if c["photo"] not in images]
+            if missing:
+                yield dead_letter("document", doc_id, "missing_image", f"no image file for {missing}")
+                continue
+            metadata = {"album_id": story[0]["album"], "photo_ids": ",".join(c["photo"] for c in story)}
+            if story[0]["story"] is not None:
+                metadata["story_id"] = story[0]["story"]
+            docs.append(
+                RawDocument(
+                    doc_id=doc_id,
+                    source=self.source,
+                    sentences=[c["text"] for c in story],
+                    image_uris=[images[c["photo"]] for c in story],
+                    links=[(k, k) for k in range(len(story))],
+                    metadata=metadata,
+                    split=split,
+                )
+            )
+        count(f"vist_stories_{split}", len(docs))
+        if self.source != "dii-stress":
+            yield from docs
+            return
+        docs.sort(key=lambda d: d.doc_id)  # a fixed pool order: the sampling depends on the input alone
+        pool = [
+            (s, p) for d in docs for s, p in zip(d.sentences, d.metadata["photo_ids"].split(","), strict=True)
+        ]
+        for doc in docs:
+            stressed = stress_document(doc, pool, self.seed, self.k)
+            if stressed is None:
+                yield dead_letter(
+                    "document",
+                    doc.doc_id,
+                    "too_few_distractors",
+                    f"fewer than {self.k} captions of other photos",
+                )
+                continue
+            yield stressed
+
+    def _images(self, split: str) -> dict[str, str]:
+        folder = fileio.join(self.root, *self.images_dir.strip("/").split("/"), split)
+        try:
+            return image_index(fileio.list_files(folder))
+        except OSError:  # no folder: every story of the split is missing its images
+            return {}
+
+
+class ReadVist(beam.PTransform):
+    def __init__(self, source: str, root: str, splits: list[str], images_dir: str, text_field, seed, k):
+        super().__init__()
+        self.fn = ReadVistSplit(source, root, images_dir, text_field, seed, k)
+        self.splits = splits
+
+    def expand(self, pbegin):
+        out = (
+            pbegin
+            | "Splits" >> beam.Create(self.splits)
+            | "BuildSplit" >> beam.ParDo(self.fn).with_outputs(DEAD_LETTER, main="documents")
+        )
+        # One worker built each split: spread the documents for the image stage.
+        docs = out.documents | "Spread" >> beam.Reshuffle()
+        return {"documents": docs, DEAD_LETTER: out[DEAD_LETTER]}
+
+
+def _options(ctx: SourceContext) -> dict:
+    splits = [s.strip() for s in (ctx.str("splits") or "").split(",") if s.strip()]
+    if not splits or set(splits) - set(SPLITS):
+        raise MmlinksError(
+            f"--source-option splits wants names from {list(SPLITS)}, not {ctx.str('splits')!r}"
+        )
+    text_field = ctx.str("text_field") or None
+    if text_field is not None and text_field not in TEXT_FIELDS:
+        raise MmlinksError(f"--source-option text_field wants one of {list(TEXT_FIELDS)}, not {text_field!r}")
+    seed, k = "0", 0
+    if ctx.source == "dii-stress":
+        seed = ctx.str("seed") or "0"
+        k = ctx.int("distractors")
+        if k is None or k < 0:
+            raise MmlinksError("--source-option distractors wants a non-negative integer")
+    return {
+        "splits": sorted(set(splits), key=SPLITS.index),
+        "images_dir": ctx.str("images_dir") or "images",
+        "text_field": text_field,
+        "seed": seed,
+        "k": k,
+    }
+
+
+def _make(ctx: SourceContext) -> ReadVist:
+    o = _options(ctx)
+    return ReadVist(ctx.source, ctx.input, o["splits"], o["images_dir"], o["text_field"], o["seed"], o["k"])
+
+
+def _check(ctx: SourceContext) -> None:
+    o = _options(ctx)
+    if not fileio.is_local(ctx.input):
+        return
+    folder, label, _ = TIERS[ctx.source]
+    files = [fileio.join(ctx.input, folder, f"{s}.{label}.json") for s in o["splits"]]
+    if not any(fileio.exists(f) for f in files):
+        raise MmlinksError(f"{ctx.input} is not a VIST folder: none of {files} exists")
+
+
+def _spec(source: str, summary: str) -> SourceSpec:
+    return SourceSpec(
+        name=source,
+        summary=summary,
+        make=_make,
+        options=COMMON_OPTIONS + (STRESS_OPTIONS if source == "dii-stress" else ()),
+        build_defaults=dict(BUILD_DEFAULTS),
+        check=_check,
+    )
+
+
+SPECS = {
+    "story-dii": _spec("story-dii", "VIST descriptions in isolation: 5 photos + their 5 captions (DIR/dii)"),
+    "story-sis": _spec("story-sis", "VIST stories in sequence: 5 photos + the 5 story sentences (DIR/sis)"),
+    "dii-stress": _spec("dii-stress", "Story-DII + 45 same-split distractor captions per document (DIR/dii)"),
+}
