@@ -62,3 +62,49 @@ def test_wiki_live_mediawiki_over_loopback(tmp_path):
     assert {(r["kind"], r["reason"]) for r in dead} >= {("document", "missing_title")}
     # politeness is not part of the dataset's identity; which wiki was read is
     assert set(manifest.build_params["source_options"]) == {"api_base", "image_host", "mode"}
+
+
+def _basename(uri: str) -> str:
+    return uri.rstrip("/").split("/")[-1]
+
+
+def test_recipeqa(tmp_path):
+    from tests.fixtures.recipeqa import write_recipeqa
+
+    root = write_recipeqa(tmp_path / "rqa")
+    manifest, docs, _ = build("recipeqa", root, tmp_path / "out")
+    assert docs and all(d.doc_id.startswith("rqa-") for d in docs.values())
+    splits = {d.split for d in docs.values()}
+    assert "test" in splits  # the official val split is the test set
+    for d in docs.values():
+        assert len(d.images) >= 2 and len(d.sentences) >= 2 and d.links  # the paper's recipe filter
+        assert all(0 <= s < len(d.sentences) and 0 <= i < len(d.images) for s, i in d.links)
+    assert manifest.build_params["filter"]["min_links"] == 1
+    assert manifest.build_params["dedupe_threshold"] == 3
+
+
+def test_mscoco_documents_link_each_true_caption_to_its_image(tmp_path):
+    from tests.fixtures.crowd import coco_truth, write_mscoco
+
+    root = write_mscoco(tmp_path / "coco", n_images=120)  # 12 groups of 10: each split needs 2+
+    truth = coco_truth(root)
+    manifest, docs, _ = build("mscoco", root, tmp_path / "out")
+    assert docs and manifest.build_params["dedupe_threshold"] is None
+    assert {d.split for d in docs.values()} == {"train", "val", "test"}
+    for d in docs.values():
+        assert len(d.images) == 10 and len(d.sentences) == 10 and len(d.links) == 5
+        for s, i in d.links:
+            assert truth[d.sentences[s]] == _basename(d.images[i].uri)
+
+
+@pytest.mark.parametrize("source,sentences", [("story-dii", 5), ("story-sis", 5), ("dii-stress", 50)])
+def test_vist_story_sets(tmp_path, source, sentences):
+    from tests.fixtures.crowd import write_vist
+
+    root = write_vist(tmp_path / "vist", sets_per_split=6, missing=("70003",))  # 45 distractors need 6
+    _, docs, dead = build(source, root, tmp_path / "out")
+    assert docs
+    for d in docs.values():
+        assert len(d.images) == 5 and len(d.sentences) == sentences and len(d.links) == 5
+        assert d.split in ("train", "val", "test")
+    assert any(r["reason"] == "missing_image" for r in dead)

@@ -1,0 +1,194 @@
+"""Benchmark imgur album scraping against the loopback fixture server; print one JSON object.
+
+Usage: .venv/bin/python benchmarks/album_scrape.py [--albums 2000] [--images 16] [--threads 16]
+       [--rate 5] [--polite-threads 8] [--polite-seconds 4] [--no-json]
+
+Two phases, both through ``AlbumScraper`` with a crawl state in a temporary folder and the HTTP
+policy built from the ``diy`` source's own options (``policy_from_context``), so the numbers are
+the connector's, not a hand-tuned client's:
+
+1. **Throughput** (``polite=false``, ``concurrency=--threads``, cache off): ``--albums`` 2018-style
+   album pages of ``--images`` captioned images each, scraped by a pool of ``--threads`` threads.
+   ``albums_per_s_impolite`` is albums / wall seconds (parsing included; target >= 50/s).
+2. **Politeness** (``rate=--rate`` per host, ``--polite-threads`` threads): ``rate x
+   --polite-seconds`` fresh albums. The server records each request's arrival time;
+   ``polite_max_rate_observed`` is the most requests in any 1-second window ``[t, t+1)`` starting
+   at an arrival, ``polite_min_spacing_s`` the smallest gap between arrivals and
+   ``polite_mean_rate`` (arrivals - 1) / (last - first). The client spaces request *starts* exactly
+   ``1/rate`` apart; arrivals at the server jitter by a few milliseconds, so a window can catch
+   ``rate + 1`` arrivals when ``rate`` gaps of ~1/rate happen to sum to just under 1 s, and the
+   mean moves by ~2 x jitter / span. Hence ``polite_within_limit`` = mean rate <= 1.02 x rate and
+   min spacing >= 0.9 / rate; the strict window count is printed beside it.
+
+The server runs in its own process (its request handling would otherwise share this process's
+GIL with the parsers). One process with a thread pool is one Beam worker's view: a Beam build
+adds parallelism across worker processes (``beam.Reshuffle`` before the scrape spreads albums);
+the per-host rate is shared by all processes on a machine through the client's lock files.
+Wall-clock numbers move with machine load; compare numbers from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fixtures is not installed
+
+from pipelines.crawl_state import CrawlState
+from pipelines.http_client import PoliteClient, policy_from_context
+from pipelines.sources import get_spec
+from pipelines.sources.imgur import AlbumFailed, AlbumScraper
+
+
+def make_albums(prefix: str, n: int, images: int, seed0: int):
+    from tests.fixtures.imgur import FixtureAlbum, FixtureImage
+
+    words = "sand the oak board before gluing both edges with care and clamp it overnight".split()
+    out = []
+    for k in range(n):
+        ims = [
+            FixtureImage(
+                f"{prefix}{k:05d}{j:02d}",
+                " ".join(words[(k + j + i) % len(words)] for i in range(9)) if j % 4 != 3 else None,
+                "jpg",
+                seed0 + k * images + j,
+            )
+            for j in range(images)
+        ]
+        out.append(FixtureAlbum(f"{prefix}{k:06d}", ims, title=f"Project {k}"))
+    return out
+
+
+def serve(albums_spec: tuple[int, int, int], commands, results) -> None:
+    """Server process: build the albums, pre-render their pages, then answer commands."""
+    from tests.fixtures.imgur import ImgurFixtureServer
+
+    n, images, polite_n = albums_spec
+    albums = make_albums("B", n, images, 0) + make_albums("P", polite_n, images, 10_000_000)
+    with ImgurFixtureServer(albums) as srv:
+        for album in albums:
+            srv._page(album)  # render now, not inside the timed phase
+        results.put(srv.host)
+        while True:
+            cmd = commands.get()
+            if cmd == "reset":
+                srv.reset_counts()
+                results.put("ok")
+            elif cmd == "arrivals":
+                results.put(list(srv.arrivals))
+            else:
+                break
+
+
+def scraper_for(host: str, state_dir: str, options: dict[str, str]) -> AlbumScraper:
+    spec = get_spec("diy")
+    base = f"http://{host}"
+    opts = {"allow_private": "true", "http_cache": "off", **options}
+    ctx = spec.context(state_dir, opts, state_dir)
+    client = PoliteClient(policy_from_context(ctx, {host}))
+    return AlbumScraper(client, CrawlState(state_dir), page_base=base, image_base=base)
+
+
+def scrape_all(scraper: AlbumScraper, ids: list[str], threads: int) -> tuple[float, int]:
+    def one(album_id: str) -> bool:
+        try:
+            return bool(scraper.scrape(album_id).images)
+        except AlbumFailed:
+            return False
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        ok = sum(pool.map(one, ids))
+    return time.perf_counter() - t0, ok
+
+
+def window_stats(times: list[float]) -> tuple[int, float | None]:
+    """(most arrivals in any [t, t+1) window starting at an arrival, smallest gap)."""
+    times = sorted(times)
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        j = max(j, i)
+        while j < len(times) and times[j] < t + 1.0:
+            j += 1
+        best = max(best, j - i)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return best, (min(gaps) if gaps else None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--albums", type=int, default=2000)
+    ap.add_argument("--images", type=int, default=16, help="images per album (the paper's median: 16)")
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--rate", type=float, default=5.0, help="polite requests per second per host")
+    ap.add_argument("--polite-threads", type=int, default=8)
+    ap.add_argument("--polite-seconds", type=float, default=4.0)
+    ap.add_argument("--json", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args()
+    polite_n = max(2, int(args.rate * args.polite_seconds))
+
+    ctx = mp.get_context("spawn")
+    commands, results = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=serve, args=((args.albums, args.images, polite_n), commands, results))
+    proc.start()
+    try:
+        host = results.get(timeout=300)
+        with tempfile.TemporaryDirectory() as tmp:
+            fast = scraper_for(
+                host, f"{tmp}/fast", {"polite": "false", "concurrency": str(args.threads), "retries": "2"}
+            )
+            ids = [f"B{k:06d}" for k in range(args.albums)]
+            fast_s, fast_ok = scrape_all(fast, ids, args.threads)
+
+            commands.put("reset")
+            results.get(timeout=60)
+            polite = scraper_for(
+                host,
+                f"{tmp}/polite",
+                {"polite": "true", "rate": str(args.rate), "concurrency": str(args.polite_threads)},
+            )
+            polite_ids = [f"P{k:06d}" for k in range(polite_n)]
+            polite_s, polite_ok = scrape_all(polite, polite_ids, args.polite_threads)
+            commands.put("arrivals")
+            arrivals = [t for t, _ in results.get(timeout=60)]
+    finally:
+        commands.put("stop")
+        proc.join(timeout=30)
+    max_rate, min_gap = window_stats(arrivals)
+    span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
+    mean_rate = (len(arrivals) - 1) / span if span > 0 else None
+    out = {
+        "albums": args.albums,
+        "images_per_album": args.images,
+        "threads": args.threads,
+        "albums_ok_impolite": fast_ok,
+        "seconds_impolite": round(fast_s, 3),
+        "albums_per_s_impolite": round(args.albums / fast_s, 1),
+        "polite_rate_limit": args.rate,
+        "polite_albums": polite_n,
+        "polite_albums_ok": polite_ok,
+        "polite_requests": len(arrivals),
+        "polite_seconds": round(polite_s, 3),
+        "polite_max_rate_observed": max_rate,
+        "polite_min_spacing_s": None if min_gap is None else round(min_gap, 4),
+        "polite_mean_rate": None if mean_rate is None else round(mean_rate, 3),
+        "polite_within_limit": (
+            mean_rate is not None and mean_rate <= 1.02 * args.rate and min_gap >= 0.9 / args.rate
+        ),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:28s} {v}")
+
+
+if __name__ == "__main__":
+    main()

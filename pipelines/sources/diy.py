@@ -1,0 +1,245 @@
+"""The ``diy`` source: r/DIY imgur-album posts -> one document per album (Hessel et al. 2019).
+
+Recipe (paper supplement): r/DIY submissions Jan 2013 - Oct 2018 with score >= 25 whose URL is
+an imgur album; each album's images in order, each non-empty caption written beside an image
+is a sentence linked to that image. The Reddit side (dump files, score refresh, date and score
+filters, dedupe by id) is ``pipelines.sources.reddit.ReadCandidatePosts``; this module scrapes
+each candidate's album (``pipelines.sources.imgur``) and shapes the document. Document-size
+filters, GIF/invalid images, near-duplicates and splits are the shared build's job (filter
+preset ``diy``).
+
+Per document: ``doc_id = diy-<post id>``; ``image_uris`` = the album's still images in album
+order (animated ones become ``image:animated`` dead letters here); ``sentences`` = the non-empty
+captions in image order; ``links`` = (sentence index, image index) for each caption of a still
+image. A caption of an animated image stays a sentence without a link: the paper kept those
+(its footnote 3: documents can have more captions than images "because we discard animated gifs
+that may have been associated with captions"). The post title is metadata, not a sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import apache_beam as beam
+
+from pipelines.http_client import (
+    PoliteClient,
+    PoliteFetcher,
+    http_source_options,
+    policy_from_context,
+)
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceOption, SourceSpec, env_credential
+from pipelines.sources.imgur import (
+    API_BASE,
+    IMAGE_BASE,
+    PAGE_BASE,
+    Album,
+    AlbumFailed,
+    AlbumScraper,
+    album_id_from_url,
+)
+from pipelines.sources.reddit import (
+    REDDIT_CREDENTIALS,
+    REDDIT_OPTIONS,
+    ReadCandidatePosts,
+    list_input_files,
+    reddit_config,
+)
+from schemas.errors import MmlinksError
+
+SOURCE = "diy"
+IMGUR_CLIENT_ID = "IMGUR_CLIENT_ID"
+
+IMGUR_OPTIONS: tuple[SourceOption, ...] = (
+    SourceOption(
+        "imgur_page_base",
+        PAGE_BASE,
+        "where album pages are read: {base}/a/<id> (a web-archive prefix reproduces 2018 pages)",
+    ),
+    SourceOption("imgur_api_base", API_BASE, "imgur API v3 base, used when IMGUR_CLIENT_ID is set"),
+    SourceOption("imgur_image_base", IMAGE_BASE, "image URLs are {base}/<hash>.<ext>"),
+    SourceOption(
+        "imgur_full_albums",
+        "true",
+        "true: fetch the images a large 2018 page did not inline; false: only the inlined ones "
+        "(what the paper's page scraper saw)",
+    ),
+)
+
+
+def _host(url: str) -> str:
+    """``host`` or ``host:port`` of a base URL, as the HTTP policy's allowlist wants it."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise MmlinksError(f"--source-option wants an http(s) base URL, not {url!r}")
+    return parts.netloc.rsplit("@", 1)[-1].lower()
+
+
+def _bases(ctx: SourceContext) -> tuple[str, str, str]:
+    return (
+        ctx.str("imgur_page_base") or PAGE_BASE,
+        ctx.str("imgur_api_base") or API_BASE,
+        ctx.str("imgur_image_base") or IMAGE_BASE,
+    )
+
+
+def document_from_album(post: dict, album: Album) -> Iterator[RawDocument | beam.pvalue.TaggedOutput]:
+    """The RawDocument for one post and its album, plus dead letters for what was left out."""
+    post_id = str(post["id"])
+    doc_id = f"{SOURCE}-{post_id}"
+    if album.skipped:
+        yield dead_letter(
+            "image", f"{doc_id}#album", "unparseable_entry", f"{album.skipped} album entries had no image id"
+        )
+    if not album.images:
+        yield dead_letter("document", doc_id, "empty_album", f"album {album.album_id} has no images")
+        return
+    sentences: list[str] = []
+    image_uris: list[str] = []
+    links: list[tuple[int, int]] = []
+    for k, image in enumerate(album.images):
+        if image.animated:
+            yield dead_letter("image", f"{doc_id}#image-{k}", "animated", image.url)
+            if image.caption:
+                sentences.append(image.caption)  # kept, unlinked (paper, footnote 3)
+            continue
+        if image.caption:
+            links.append((len(sentences), len(image_uris)))
+            sentences.append(image.caption)
+        image_uris.append(image.url)
+    if not image_uris:
+        yield dead_letter("document", doc_id, "only_animated", f"album {album.album_id}: all animated")
+        return
+    if not album.complete:
+        count("albums_incomplete")
+    metadata = {
+        "post_id": post_id,
+        "title": str(post.get("title") or ""),
+        "permalink": str(post.get("permalink") or ""),
+        "created_utc": str(post.get("created_utc") or ""),
+        "score": str(post.get("score") if post.get("score") is not None else ""),
+        "url": str(post.get("url") or ""),
+        "album_id": album.album_id,
+        "album_source": album.source,
+        "album_complete": "true" if album.complete else "false",
+    }
+    count("documents_out")
+    yield RawDocument(
+        doc_id=doc_id,
+        source=SOURCE,
+        sentences=sentences,
+        image_uris=image_uris,
+        links=links,
+        metadata=metadata,
+    )
+
+
+class ScrapeAlbums(beam.DoFn):
+    """Candidate post -> RawDocument (or dead letters), one album scrape per post.
+
+    The HTTP client and crawl state are made in ``setup`` on the worker; the imgur client id is
+    read from the environment there, so it never travels in the pipeline or the options.
+    """
+
+    def __init__(self, ctx: SourceContext):
+        self.ctx = ctx
+        self._scraper: AlbumScraper | None = None
+
+    def setup(self):
+        from pipelines.crawl_state import CrawlState
+
+        page_base, api_base, image_base = _bases(self.ctx)
+        client_id = env_credential(IMGUR_CLIENT_ID)
+        hosts = {_host(page_base)} | ({_host(api_base)} if client_id else set())
+        self._scraper = AlbumScraper(
+            PoliteClient(policy_from_context(self.ctx, hosts)),
+            CrawlState(self.ctx.state()),
+            page_base=page_base,
+            api_base=api_base,
+            image_base=image_base,
+            client_id=client_id,
+            fetch_all=self.ctx.bool("imgur_full_albums"),
+        )
+
+    def process(self, post: dict):
+        post_id = post.get("id") if isinstance(post, dict) else None
+        if not isinstance(post_id, str) or not post_id:
+            yield dead_letter("document", str(post)[:80], "bad_post", "candidate post without an id")
+            return
+        doc_id = f"{SOURCE}-{post_id}"
+        url = str(post.get("url") or "")
+        # Our parser first: it validates the id (5 or 7 alphanumerics) and knows every URL shape.
+        album_id = album_id_from_url(url) or post.get("album_id")
+        if not album_id:
+            yield dead_letter("document", doc_id, "not_album_url", url)
+            return
+        count("albums_requested")
+        assert self._scraper is not None
+        try:
+            album = self._scraper.scrape(str(album_id))
+        except AlbumFailed as exc:
+            if exc.transient:
+                # Not recorded in the crawl state: the next run asks again.
+                count("albums_transient_failures")
+                detail = f"transient, a rerun retries it: {exc.detail}"
+            else:
+                detail = exc.detail
+            yield dead_letter("document", doc_id, exc.reason, f"album {album_id}: {detail}")
+            return
+        yield from document_from_album(post, album)
+
+
+class ReadDiy(beam.PTransform):
+    """Candidate r/DIY posts -> RawDocuments, with a ``dead_letter`` output.
+
+    ``candidates`` replaces ``ReadCandidatePosts(ctx)`` (tests feed posts directly); it must
+    return ``{"posts": ..., "dead_letter": ...}``. Album requests are spread over workers by a
+    reshuffle: the post list arrives in file order, often on one worker.
+    """
+
+    def __init__(self, ctx: SourceContext, candidates: beam.PTransform | None = None):
+        super().__init__()
+        self.ctx = ctx
+        self.candidates = candidates
+
+    def expand(self, pbegin):
+        found = pbegin | "Candidates" >> (self.candidates or ReadCandidatePosts(self.ctx))
+        scraped = (
+            found["posts"]
+            | "SpreadAlbums" >> beam.Reshuffle()
+            | "ScrapeAlbums" >> beam.ParDo(ScrapeAlbums(self.ctx)).with_outputs(DEAD_LETTER, main="documents")
+        )
+        dead = (found[DEAD_LETTER], scraped[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        return {"documents": scraped.documents, DEAD_LETTER: dead}
+
+
+def _check(ctx: SourceContext) -> None:
+    """Fail before Beam starts: no submission files, a bad option value, a bad base URL."""
+    config = reddit_config(ctx)  # subreddit, months, min_score, refresh_scores (+ credentials)
+    if not list_input_files(ctx.input, config):
+        raise MmlinksError(
+            f"diy input {ctx.input} holds no Reddit submission files for "
+            f"{ctx.str('start')}..{ctx.str('end')} (RS_YYYY-MM.zst, <sub>_submissions.zst, *.ndjson)"
+        )
+    page_base, api_base, image_base = _bases(ctx)
+    hosts = {_host(page_base), _host(api_base), _host(image_base)}
+    policy_from_context(ctx, hosts)  # parses rate, concurrency, retries, ... with clear errors
+    ctx.bool("imgur_full_albums")
+
+
+def _fetcher(ctx: SourceContext) -> PoliteFetcher:
+    return PoliteFetcher(PoliteClient(policy_from_context(ctx, {_host(_bases(ctx)[2])})))
+
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="r/DIY imgur albums: Reddit dump files (+ score refresh) -> album images and captions",
+    make=lambda ctx: ReadDiy(ctx),
+    options=REDDIT_OPTIONS + IMGUR_OPTIONS + http_source_options(),
+    credentials=(*REDDIT_CREDENTIALS, IMGUR_CLIENT_ID),
+    build_defaults={"filter_preset": "diy"},
+    fetcher=_fetcher,
+    check=_check,
+)
