@@ -1,0 +1,611 @@
+"""Reddit submissions: dump reading, filters, dedupe, score refresh and the incremental crawl."""
+
+from __future__ import annotations
+
+import bz2
+import calendar
+import io
+import itertools
+import json
+import logging
+import lzma
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import apache_beam as beam
+import prawcore.sessions
+import pytest
+import zstandard
+from apache_beam.metrics.metric import MetricsFilter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipelines import fileio
+from pipelines.crawl_state import CrawlState
+from pipelines.records import COUNTS_NAMESPACE, DEAD_LETTER, DROPPED_NAMESPACE
+from pipelines.sources import reddit as rd
+from pipelines.sources.base import SourceContext
+from schemas.errors import MmlinksError
+from tests.fixtures.reddit import BASE_UTC, RedditFixtureServer, read_dump, submission, write_dump
+
+JAN_2015 = BASE_UTC  # 2015-01-01T00:00:00Z
+SECRET_ID = "id-SHOULD-NOT-LEAK-7f3a"
+SECRET = "secret-SHOULD-NOT-LEAK-91bc"
+
+
+def ctx_for(input_uri, tmp_path: Path, **options: str) -> SourceContext:
+    opts = {"refresh_scores": "false", "min_score": "0", **options}
+    return SourceContext("diy", str(input_uri), opts, str(tmp_path / "state"), rd.REDDIT_OPTIONS)
+
+
+def run_reader(ctx: SourceContext, tmp_path: Path, **kwargs):
+    """Run ReadCandidatePosts; returns (posts by id, dead letters, counters by name)."""
+    out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
+    p = beam.Pipeline(runner="DirectRunner")
+    res = p | rd.ReadCandidatePosts(ctx, **kwargs)
+    assert set(res) == {"posts", DEAD_LETTER}
+    (
+        res["posts"]
+        | "PostJson" >> beam.Map(lambda d: json.dumps(d, sort_keys=True))
+        | "WritePosts" >> beam.io.WriteToText(str(out / "posts"), shard_name_template="", num_shards=1)
+    )
+    (
+        res[DEAD_LETTER]
+        | "DeadJson" >> beam.Map(lambda d: d.to_json())
+        | "WriteDead" >> beam.io.WriteToText(str(out / "dead"), shard_name_template="", num_shards=1)
+    )
+    result = p.run()
+    result.wait_until_finish()
+    posts = [json.loads(line) for line in (out / "posts").read_text().splitlines()]
+    dead = [json.loads(line) for line in (out / "dead").read_text().splitlines()]
+    counters: dict[str, int] = {}
+    for ns in (COUNTS_NAMESPACE, DROPPED_NAMESPACE):
+        for c in result.metrics().query(MetricsFilter().with_namespace(ns))["counters"]:
+            value = c.committed if c.committed is not None else c.attempted
+            counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + int(value)
+    by_id = {}
+    for post in posts:
+        assert post["id"] not in by_id, f"duplicate post {post['id']}"
+        assert set(post) == set(rd.POST_KEYS)
+        by_id[post["id"]] = post
+    return by_id, dead, counters
+
+
+@pytest.fixture
+def no_retry_sleep(monkeypatch):
+    """prawcore sleeps 2-4 s before retrying a 5xx; the retries still happen, instantly."""
+    monkeypatch.setattr(prawcore.sessions.FiniteRetryStrategy, "_sleep_seconds", lambda self: None)
+
+
+@pytest.fixture
+def creds(monkeypatch):
+    monkeypatch.setenv("praw_client_id", SECRET_ID)
+    monkeypatch.setenv("praw_client_secret", SECRET)
+    monkeypatch.setenv("praw_user_agent", "linux:mmlinks-tests:0.1 (by u/nobody)")
+
+
+@pytest.fixture
+def no_creds(monkeypatch):
+    for name in rd.REDDIT_CREDENTIALS:
+        monkeypatch.delenv(name, raising=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files
+
+
+def test_reads_monthly_per_subreddit_and_incremental_files(tmp_path, no_creds):
+    other = [submission(f"o{i}", subreddit="woodworking") for i in range(5)]
+    diy = [submission(f"m{i}", created_utc=JAN_2015 + 1000 * i) for i in range(40)]
+    # A monthly dump of every subreddit: several frames and a 256 MiB window (above zstd's
+    # default decoder limit), as the archive's files are.
+    write_dump(tmp_path / "in" / "RS_2015-01.zst", diy[:30] + other, frames=3, window_log=28)
+    write_dump(tmp_path / "in" / "subreddits" / "DIY_submissions.zst", diy[30:35])
+    write_dump(tmp_path / "in" / "inc" / "2015-01" / "DIY_incremental_x.ndjson", diy[35:])
+    # Left alone: comments, other formats, a monthly dump outside [start, end].
+    write_dump(tmp_path / "in" / "RC_2015-01.zst", [submission("c1")])
+    (tmp_path / "in" / "README.txt").write_text("not data")
+    write_dump(tmp_path / "in" / "RS_2019-01.zst", [submission("late", created_utc=JAN_2015)])
+
+    with pytest.raises(zstandard.ZstdError):  # the window really needs max_window_size
+        zstandard.ZstdDecompressor().stream_reader((tmp_path / "in" / "RS_2015-01.zst").read_bytes()).read()
+
+    ctx = ctx_for(tmp_path / "in", tmp_path)
+    files = rd.list_input_files(ctx.input, rd.reddit_config(ctx))
+    assert sorted(Path(f).name for f in files) == [
+        "DIY_incremental_x.ndjson",
+        "DIY_submissions.zst",
+        "RS_2015-01.zst",
+    ]
+    posts, dead, counters = run_reader(ctx, tmp_path)
+    assert set(posts) == {r["id"] for r in diy}
+    assert dead == []
+    assert counters["posts_filtered_subreddit"] == 5
+    assert counters["scores_not_refreshed"] == 40
+    p = posts["m3"]
+    assert p["album_id"] == "Albm3" and p["album_kind"] == "a"
+    assert p["created_utc"] == JAN_2015 + 3000 and p["score"] == p["dump_score"] == 120
+    assert p["score_refreshed"] is False and p["subreddit"] == "DIY"
+    # A single file and a glob work as inputs too.
+    assert rd.list_input_files(str(tmp_path / "in" / "RS_2015-01.zst")) == [
+        str(tmp_path / "in" / "RS_2015-01.zst")
+    ]
+    assert len(rd.list_input_files(str(tmp_path / "in" / "*.zst"), rd.reddit_config(ctx))) == 1
+    with pytest.raises(MmlinksError, match="does not exist"):
+        rd.list_input_files(str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize("name", ["DIY_submissions.zst", "DIY_incremental.ndjson"])
+def test_multibyte_characters_across_read_chunks(tmp_path, name, no_creds):
+    titles = [f"Bücherregal aus Eiche – {i} 🔨🪚 ünïcødé {'é' * i}" for i in range(12)]
+    recs = [submission(f"u{i}", title=t, created_utc=JAN_2015 + i) for i, t in enumerate(titles)]
+    write_dump(tmp_path / "in" / name, recs)
+    # 7-byte reads: every multi-byte character lands across a chunk boundary somewhere.
+    posts, dead, _ = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path, read_size=7)
+    assert dead == []
+    assert {p["id"]: p["title"] for p in posts.values()} == {f"u{i}": t for i, t in enumerate(titles)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lines=st.lists(
+        st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=30),
+        min_size=1,
+        max_size=12,
+    ),
+    cuts=st.lists(st.integers(0, 400), max_size=10),
+    final_newline=st.booleans(),
+)
+def test_split_lines_matches_plain_split(lines, cuts, final_newline):
+    data = "\n".join(lines).encode() + (b"\n" if final_newline else b"")
+    bounds = sorted({c for c in cuts if c < len(data)} | {0, len(data)})
+    chunks = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    expected = data.split(b"\n")
+    if expected and expected[-1] == b"":
+        expected.pop()
+    assert list(rd.split_lines(chunks)) == expected
+    assert [line.decode() for line in rd.split_lines(chunks)] == [s for s in lines][: len(expected)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    read_size=st.integers(1, 300),
+    cut=st.integers(0, 10**6),
+)
+def test_iter_decompressed_round_trip_and_truncation(sizes, read_size, cut):
+    """Multi-frame zstd: any read size gives the bytes back; a cut inside a frame is reported,
+    a cut at a frame boundary is a shorter but complete file."""
+    frames, n = [], 0
+    for size in sizes:
+        frames.append(b"".join(b'{"id":"x%d","t":"\xc3\xa9"}\n' % (n + i) for i in range(size)))
+        n += size
+    cctx = zstandard.ZstdCompressor(level=1, write_content_size=False)
+    objs = [cctx.compressobj() for _ in frames]
+    blobs = [o.compress(f) + o.flush() for o, f in zip(objs, frames, strict=True)]
+    data = b"".join(blobs)
+    assert b"".join(rd.iter_decompressed(io.BytesIO(data), "x.zst", read_size)) == b"".join(frames)
+    cut %= len(data) + 1
+    ends = list(itertools.accumulate(len(b) for b in blobs))
+    if cut == 0 or cut in ends:
+        got = b"".join(rd.iter_decompressed(io.BytesIO(data[:cut]), "x.zst", read_size))
+        assert got == b"".join(frames[: ends.index(cut) + 1] if cut else [])
+    else:
+        with pytest.raises(rd.StreamTruncated):
+            b"".join(rd.iter_decompressed(io.BytesIO(data[:cut]), "x.zst", read_size))
+
+
+def test_older_pushshift_codecs(tmp_path, no_creds):
+    recs = [submission(f"z{i}", created_utc=JAN_2015 + i) for i in range(4)]
+    body = b"".join(json.dumps(r).encode() + b"\n" for r in recs)
+    (tmp_path / "in").mkdir()
+    # Two bz2 streams back to back (as concatenated files are) and an xz file.
+    (tmp_path / "in" / "RS_2015-01.bz2").write_bytes(bz2.compress(body[:300]) + bz2.compress(body[300:]))
+    (tmp_path / "in" / "RS_v2_2015-01.xz").write_bytes(lzma.compress(body))
+    posts, dead, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path, read_size=50)
+    assert set(posts) == {"z0", "z1", "z2", "z3"} and dead == []
+    assert counters["duplicate_posts"] == 4
+
+
+def test_split_lines_skips_overlong_lines():
+    chunks = [b"ok1\n", b"x" * 30, b"x" * 30, b"y\nok2\n"]
+    assert list(rd.split_lines(chunks, max_line=40)) == [b"ok1", None, b"ok2"]
+
+
+def test_truncated_stream_keeps_earlier_lines_and_dead_letters_once(tmp_path, no_creds):
+    recs = [submission(f"t{i}", created_utc=JAN_2015 + i) for i in range(30)]
+    write_dump(tmp_path / "in" / "RS_2015-01.zst", recs, frames=3, truncate=True)
+    posts, dead, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path, read_size=64)
+    kept = sorted(posts, key=lambda i: int(i[1:]))
+    # Everything of the two complete frames, nothing invented: a prefix of the records.
+    assert len(kept) >= 20 and kept == [f"t{i}" for i in range(len(kept))] and len(kept) < 30
+    assert [(d["kind"], d["reason"], d["source_id"]) for d in dead] == [
+        ("line", "truncated_stream", "RS_2015-01.zst")
+    ]
+    assert f"kept the {len(kept)} lines" in dead[0]["detail"]
+    assert counters["line:truncated_stream"] == 1
+
+
+def test_corrupt_stream_and_not_zstd(tmp_path, no_creds):
+    path = write_dump(tmp_path / "in" / "DIY_submissions.zst", [submission(f"k{i}") for i in range(3)])
+    (tmp_path / "in" / "RS_2015-02.zst").write_bytes(b"this is not zstd at all\n" * 4)
+    posts, dead, _ = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path)
+    assert set(posts) == {"k0", "k1", "k2"} and path.exists()
+    assert [(d["reason"], d["source_id"]) for d in dead] == [("truncated_stream", "RS_2015-02.zst")]
+
+
+def test_bad_lines_are_dead_letters_and_field_quirks(tmp_path, no_creds):
+    recs = [
+        submission("q1", created_utc=str(JAN_2015 + 5)),  # created_utc as a string
+        submission("q2", created_utc=float(JAN_2015 + 6) + 0.0),
+        submission("t3_q3"),  # fullname as id
+        {k: v for k, v in submission("q4", ups=77).items() if k not in ("score", "is_self", "domain")},
+        {k: v for k, v in submission("q5").items() if k not in ("score", "ups")},
+        submission("q6", author="[deleted]"),  # the user left; the post is still up
+        submission("q7", url="http://m.imgur.com/gallery/my-garage-shelves-Xy12Z"),
+        submission("q8", url=None),  # counted, not a dead letter
+        submission("Q_BAD"),  # not a base36 id
+    ]
+    garbage = [
+        b'{"id": "g1", "subreddit": "DIY", "title": "unterminated',
+        b'{"id": "g2", "subreddit": "DIY", "title": "\xff\xfe latin-1 \xe9"}',
+        b'["DIY", "a list"]',
+        b"binary junk without the name \x00\x01",
+    ]
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", recs, garbage_lines=garbage)
+    posts, dead, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path)
+    assert set(posts) == {"q1", "q2", "q3", "q4", "q5", "q6", "q7"}
+    assert posts["q1"]["created_utc"] == JAN_2015 + 5 and isinstance(posts["q1"]["created_utc"], int)
+    assert posts["q2"]["created_utc"] == JAN_2015 + 6
+    assert posts["q4"]["score"] == 77 and posts["q4"]["domain"] == "imgur.com"
+    assert posts["q5"]["score"] == 0
+    assert posts["q6"]["author"] == "[deleted]"
+    assert (posts["q7"]["album_kind"], posts["q7"]["album_id"]) == ("gallery", "Xy12Z")
+    reasons = sorted(d["reason"] for d in dead)
+    assert reasons == ["malformed_json", "malformed_json", "malformed_submission", "not_utf8"]
+    assert counters["line:not_utf8"] == 1 and counters["line:malformed_json"] == 2
+    assert counters["posts_filtered_not_album"] == 1
+    # The junk line without the subreddit's name is skipped unparsed, as any other subreddit.
+    assert counters["posts_filtered_subreddit"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Filters: hypothesis against a plain-Python statement of the rules
+
+
+def _month_index(ts: int) -> int:
+    d = datetime.fromtimestamp(ts, UTC)
+    return d.year * 12 + d.month - 1
+
+
+def oracle_keeps(rec: dict, sub: str, start: tuple[int, int], end: tuple[int, int]) -> bool:
+    if str(rec.get("subreddit")).lower() != sub.lower():
+        return False
+    m = _month_index(int(float(rec["created_utc"])))
+    if not start[0] * 12 + start[1] - 1 <= m <= end[0] * 12 + end[1] - 1:
+        return False
+    is_self = rec.get("is_self")
+    if is_self is None:
+        is_self = str(rec.get("domain") or "").startswith("self.")
+    if is_self in (True, "true", "True"):
+        return False
+    url = rec.get("url") or ""
+    parts = urlsplit(url)
+    segs = [s for s in parts.path.split("/")]
+    album = (
+        parts.scheme.lower() in ("http", "https")
+        and parts.netloc.lower() in ("imgur.com", "www.imgur.com", "m.imgur.com")
+        and len(segs) >= 3
+        and segs[1] in ("a", "gallery")
+        and segs[2] != ""
+    )
+    if not album:
+        return False
+    return not (rec.get("removed_by_category") or rec.get("selftext") == "[removed]")
+
+
+_URLS = st.sampled_from(
+    [
+        "https://imgur.com/a/{id}",
+        "http://imgur.com/a/{id}",
+        "https://www.imgur.com/a/{id}/",
+        "http://m.imgur.com/a/{id}?r=1",
+        "https://imgur.com/gallery/{id}",
+        "https://imgur.com/gallery/{id}#0",
+        "https://IMGUR.com/a/{id}",
+        "https://i.imgur.com/{id}.jpg",
+        "https://i.imgur.com/a/{id}",
+        "https://imgur.com/{id}",
+        "https://imgur.com/a/",
+        "ftp://imgur.com/a/{id}",
+        "https://notimgur.com/a/{id}",
+        "https://imgur.com.evil.example/a/{id}",
+        "https://www.reddit.com/r/DIY/comments/{id}/x/",
+        "",
+    ]
+)
+
+
+@st.composite
+def raw_submissions(draw, edge_months: tuple[int, ...] = ()):
+    """A dump record; created next to a month boundary (often one of ``edge_months``, as
+    year*12 + month-1), one second either side, where off-by-one errors live."""
+    pid = draw(st.text("abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=7))
+    months = st.integers(2012 * 12 + 5, 2019 * 12 + 5)
+    month = draw(st.sampled_from(edge_months) | months if edge_months else months)
+    edge = calendar.timegm((month // 12, month % 12 + 1, 1, 0, 0, 0))
+    created = edge + draw(st.sampled_from([-1, 0, 1, 86400 * 15, -86400 * 15]))
+    rec = submission(
+        pid,
+        subreddit=draw(st.sampled_from(["DIY", "diy", "Diy", "woodworking", "DIYUK"])),
+        created_utc=draw(st.sampled_from([created, float(created), str(created)])),
+        url=draw(_URLS).format(id=draw(st.text("aBcDeFgH123", min_size=1, max_size=7))),
+        selftext=draw(st.sampled_from(["", "", "[removed]", "[deleted]", "hi"])),
+        author=draw(st.sampled_from(["someone", "[deleted]"])),
+    )
+    self_mode = draw(st.sampled_from(["false", "false", "true", "missing_self", "missing_link"]))
+    if self_mode == "true":
+        rec["is_self"] = True
+    elif self_mode == "false":
+        rec["is_self"] = False
+    else:
+        del rec["is_self"]
+        rec["domain"] = "self.DIY" if self_mode == "missing_self" else "imgur.com"
+    if draw(st.booleans()):
+        rec["removed_by_category"] = draw(st.sampled_from([None, None, "moderator", "deleted"]))
+    return rec
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    start=st.tuples(st.integers(2012, 2018), st.integers(1, 12)),
+    months=st.integers(0, 30),
+    sub=st.sampled_from(["DIY", "diy", "woodworking"]),
+)
+def test_filters_match_oracle(data, start, months, sub):
+    start_index = start[0] * 12 + start[1] - 1
+    end_index = start_index + months
+    end = (end_index // 12, end_index % 12 + 1)
+    recs = data.draw(st.lists(raw_submissions((start_index, end_index + 1)), max_size=15))
+    ctx = SourceContext(
+        "diy",
+        "/x",
+        {"subreddit": sub, "start": f"{start[0]}-{start[1]:02d}", "end": f"{end[0]}-{end[1]:02d}"},
+        "/s",
+        rd.REDDIT_OPTIONS,
+    )
+    config = rd.reddit_config(ctx)
+    for rec in recs:
+        post = rd.normalize_submission(rec)
+        assert (rd.filter_reason(post, config) is None) == oracle_keeps(rec, sub, start, end), rec
+
+
+def test_album_ids():
+    assert rd.album_of("https://imgur.com/a/AbC12") == ("a", "AbC12")
+    assert rd.album_of("http://www.imgur.com/a/AbC12/layout/grid") == ("a", "AbC12")
+    assert rd.album_of("https://imgur.com/gallery/kitchen-remodel-before-after-Q9w8E") == ("gallery", "Q9w8E")
+    assert rd.album_of("https://i.imgur.com/AbC12.jpg") is None
+    assert rd.album_of("https://imgur.com/AbC12") is None
+
+
+def test_options_are_checked(tmp_path, no_creds):
+    for bad, match in [
+        ({"start": "2013-13"}, "start"),
+        ({"end": "2018/10"}, "end"),
+        ({"start": "2018-11", "end": "2018-10"}, "before start"),
+        ({"min_score": "lots"}, "integer"),
+        ({"refresh_scores": "maybe"}, "refresh_scores"),
+        ({"subreddit": "r/DIY"}, "subreddit"),
+        ({"reddit_api_base": "oauth.reddit.com"}, "reddit_api_base"),
+    ]:
+        with pytest.raises(MmlinksError, match=match):
+            rd.reddit_config(ctx_for(tmp_path, tmp_path, **bad))
+    c = rd.reddit_config(ctx_for(tmp_path, tmp_path, start="2013-01", end="2018-12"))
+    assert c.start_utc == calendar.timegm((2013, 1, 1, 0, 0, 0))
+    assert c.end_utc == calendar.timegm((2019, 1, 1, 0, 0, 0))
+    defaults = {o.name: o.default for o in rd.REDDIT_OPTIONS}
+    assert defaults == {
+        "subreddit": "DIY",
+        "start": "2013-01",
+        "end": "2018-10",
+        "min_score": "25",
+        "refresh_scores": "auto",
+        "reddit_api_base": None,
+    }
+    assert [o.name for o in rd.REDDIT_OPTIONS if not o.defines_data] == ["reddit_api_base"]
+    with pytest.raises(MmlinksError, match="no Reddit submission files"):
+        rd.ReadCandidatePosts(ctx_for(tmp_path, tmp_path)).expand(beam.Pipeline() | beam.Impulse())
+
+
+def test_dedupe_keeps_latest_retrieved_copy(tmp_path, no_creds):
+    old = submission("d1", score=30, retrieved_on=JAN_2015 + 100, title="old copy")
+    new = submission("t3_d1", score=900, retrieved_on=JAN_2015 + 9_000_000, title="new copy")
+    mid = submission("d1", score=400, retrieved_on=JAN_2015 + 5_000, title="mid copy")
+    write_dump(tmp_path / "in" / "RS_2015-01.zst", [old, submission("d2")])
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", [new])
+    write_dump(tmp_path / "in" / "inc" / "DIY_incremental.ndjson.zst", [mid, submission("d2")])
+    posts, _, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path)
+    assert set(posts) == {"d1", "d2"}
+    assert posts["d1"]["title"] == "new copy" and posts["d1"]["score"] == 900
+    assert counters["duplicate_posts"] == 3
+    assert rd.pick_latest("x", [mid, old]) == mid
+
+
+# ---------------------------------------------------------------------------------------------
+# Score refresh through praw against the fixture server
+
+
+def test_score_refresh(tmp_path, creds, caplog):
+    caplog.set_level(logging.DEBUG)
+    recs = [submission(f"s{i}", score=5, ups=5, created_utc=JAN_2015 + i) for i in range(150)]
+    recs[0]["score"] = 100  # dump says 100, the API says 3: dropped
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", recs)
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        for i, r in enumerate(recs):
+            if i % 10 != 9:  # every tenth post is gone from the API
+                srv.posts[r["id"]] = {**r, "score": 3 if i == 0 else 25 + i}
+        ctx = ctx_for(
+            tmp_path / "in", tmp_path, refresh_scores="auto", min_score="25", reddit_api_base=srv.url
+        )
+        posts, dead, counters = run_reader(ctx, tmp_path)
+        info = [q for m, p, q, _ in srv.requests if p == "/api/info/"]
+    assert dead == []
+    assert len(info) == 2 and all(len(q["id"].split(",")) <= 100 for q in info)
+    assert sorted(len(q["id"].split(",")) for q in info) == [50, 100]
+    expected = {f"s{i}": 25 + i for i in range(1, 150) if i % 10 != 9}
+    assert {k: v["score"] for k, v in posts.items()} == expected
+    assert all(p["score_refreshed"] and p["dump_score"] == 5 for p in posts.values())
+    assert counters["scores_refreshed"] == 135 and counters["scores_not_returned"] == 15
+    assert counters["posts_filtered_score"] == 16 and counters["posts_out"] == 134
+    text = caplog.text
+    assert SECRET not in text and SECRET_ID not in text
+
+
+def test_missing_posts_keep_dump_score(tmp_path, creds):
+    write_dump(
+        tmp_path / "in" / "DIY_submissions.zst", [submission("gone", score=60), submission("here", score=1)]
+    )
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.posts["here"] = submission("here", score=41)
+        ctx = ctx_for(
+            tmp_path / "in", tmp_path, refresh_scores="true", min_score="25", reddit_api_base=srv.url
+        )
+        posts, _, _ = run_reader(ctx, tmp_path)
+    assert posts["gone"]["score"] == 60 and posts["gone"]["score_refreshed"] is False
+    assert posts["here"]["score"] == 41 and posts["here"]["score_refreshed"] is True
+
+
+def test_api_failures_keep_dump_scores(tmp_path, creds, no_retry_sleep):
+    recs = [submission(f"f{i}", score=30 + i) for i in range(5)]
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", recs)
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.posts.update({r["id"]: {**r, "score": 1} for r in recs})
+        srv.info_failures = -1  # every /api/info answers 500
+        ctx = ctx_for(
+            tmp_path / "in", tmp_path, refresh_scores="true", min_score="25", reddit_api_base=srv.url
+        )
+        posts, dead, counters = run_reader(ctx, tmp_path)
+        attempts = srv.paths().count("/api/info/")
+    assert {k: v["score"] for k, v in posts.items()} == {f"f{i}": 30 + i for i in range(5)}
+    assert not any(p["score_refreshed"] for p in posts.values())
+    assert counters["score_refresh_failed"] == 5 and dead == []
+    assert attempts == 3  # prawcore's own retries (2), then the batch gives up
+
+
+def test_transient_failure_is_retried_by_prawcore(tmp_path, creds, no_retry_sleep):
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", [submission("r1", score=1)])
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.posts["r1"] = submission("r1", score=99)
+        srv.info_failures = 1
+        ctx = ctx_for(tmp_path / "in", tmp_path, refresh_scores="true", reddit_api_base=srv.url)
+        posts, _, counters = run_reader(ctx, tmp_path)
+    assert posts["r1"]["score"] == 99 and "score_refresh_failed" not in counters
+
+
+def test_refresh_true_without_credentials_is_a_clear_error(tmp_path, monkeypatch, caplog, capsys, no_creds):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("praw_client_id", SECRET_ID)  # the secret is missing
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", [submission("e1")])
+    with pytest.raises(MmlinksError) as err:
+        rd.ReadCandidatePosts(ctx_for(tmp_path / "in", tmp_path, refresh_scores="true"))
+    msg = str(err.value)
+    assert "praw_client_secret" in msg and "praw_client_id" not in msg.split("set the environment")[1]
+    monkeypatch.delenv("praw_client_id")
+    with pytest.raises(MmlinksError, match="praw_client_id, praw_client_secret"):
+        rd.make_reddit()
+    out = capsys.readouterr()
+    for text in (msg, caplog.text, out.out, out.err):
+        assert SECRET_ID not in text
+    # auto without credentials: dump scores, counted.
+    _, _, counters = run_reader(ctx_for(tmp_path / "in", tmp_path, refresh_scores="auto"), tmp_path)
+    assert counters["scores_not_refreshed"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Incremental crawl
+
+
+def _crawl_posts(n: int, start: int, prefix: str = "n") -> list[dict]:
+    return [submission(f"{prefix}{i}", created_utc=start + 600 * i, score=1) for i in range(n)]
+
+
+def _ids_in(files) -> list[str]:
+    return [r["id"] for f in files for r in read_dump(Path(f))]
+
+
+def test_crawl_checkpoints_and_never_duplicates(tmp_path, creds, monkeypatch, no_retry_sleep):
+    state = CrawlState(str(tmp_path / "state"))
+    out = str(tmp_path / "inc")
+    # 130 posts spanning Jan/Feb 2015 (two pages of the listing, two monthly files).
+    first = _crawl_posts(130, calendar.timegm((2015, 1, 31, 12, 0, 0)))
+    first[5]["author"] = "[deleted]"  # praw turns this into None
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.add_new(first)
+        reddit = rd.make_reddit(srv.url)
+        now = calendar.timegm((2015, 3, 1, 0, 0, 0))
+        r1 = rd.crawl_new_posts(state, out, reddit=reddit, now=now)
+        assert r1["new_posts"] == 130 and len(r1["files"]) == 2 and not r1["gap_possible"]
+        assert [Path(f).parent.name for f in r1["files"]] == ["2015-01", "2015-02"]
+        assert Path(r1["files"][0]).name == "DIY_incremental_20150301T000000Z.ndjson.zst"
+        assert sorted(_ids_in(r1["files"])) == sorted(r["id"] for r in first)
+        rec = read_dump(Path(r1["files"][0]))[5]
+        assert rec["author"] == "[deleted]" and rec["retrieved_on"] == now and rec["subreddit"] == "DIY"
+        assert set(rd.DUMP_FIELDS) <= set(rec) and isinstance(rec["created_utc"], int)
+        assert state.cursor("reddit-new-diy")["newest_id"] == "n129"
+
+        # Three new posts: the second run writes exactly those.
+        srv.add_new(_crawl_posts(3, first[-1]["created_utc"] + 60, prefix="b"))
+        r2 = rd.crawl_new_posts(state, out, reddit=reddit, now=now + 60)
+        assert r2["new_posts"] == 3 and r2["reached_checkpoint"]
+        assert sorted(_ids_in(r2["files"])) == ["b0", "b1", "b2"]
+        listing_calls = srv.paths().count("/r/DIY/new")
+
+        # Crash after the file is written but before the cursor moves: the rerun writes the
+        # same posts again; the reader's dedupe means nothing is duplicated downstream.
+        srv.add_new(_crawl_posts(2, first[-1]["created_utc"] + 6000, prefix="c"))
+
+        def boom(*a, **k):
+            raise RuntimeError("killed before the cursor was saved")
+
+        with monkeypatch.context() as m, pytest.raises(RuntimeError):
+            m.setattr(CrawlState, "set_cursor", boom)
+            rd.crawl_new_posts(state, out, reddit=reddit, now=now + 120)
+        assert state.cursor("reddit-new-diy")["newest_id"] == "b2"
+        r3 = rd.crawl_new_posts(state, out, reddit=reddit, now=now + 180)
+        assert sorted(_ids_in(r3["files"])) == ["c0", "c1"]
+        # Nothing new: no file, cursor unchanged.
+        r4 = rd.crawl_new_posts(state, out, reddit=reddit, now=now + 240)
+        assert r4["new_posts"] == 0 and r4["files"] == [] and r4["cursor"]["newest_id"] == "c1"
+        # The checkpoint post was deleted from the listing: stop at the first older post.
+        srv.new_posts = [p for p in srv.new_posts if p["id"] != "c1"]
+        srv.add_new(_crawl_posts(1, first[-1]["created_utc"] + 9000, prefix="d"))
+        r5 = rd.crawl_new_posts(state, out, reddit=reddit, now=now + 300)
+        assert _ids_in(r5["files"]) == ["d0"] and r5["reached_checkpoint"]
+    assert listing_calls >= 3  # 2 pages for the first run, 1 for the second
+
+    files = fileio.list_files(out)
+    assert len(files) == 6  # 2 + 1 + 1 (crashed run) + 1 + 1
+    assert sorted(_ids_in(files)).count("c0") == 2
+    ctx = ctx_for(out, tmp_path, start="2015-01", end="2015-02")
+    monkeypatch.delenv("praw_client_id")
+    posts, dead, counters = run_reader(ctx, tmp_path)
+    assert set(posts) == {r["id"] for r in first} | {"b0", "b1", "b2", "c0", "c1", "d0"}
+    assert counters["duplicate_posts"] == 2 and dead == []
+
+
+def test_crawl_reports_a_possible_gap(tmp_path, creds):
+    state = CrawlState(str(tmp_path / "state"))
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.add_new(_crawl_posts(5, JAN_2015))
+        reddit = rd.make_reddit(srv.url)
+        rd.crawl_new_posts(state, str(tmp_path / "inc"), reddit=reddit, now=JAN_2015 + 10_000)
+        srv.add_new(_crawl_posts(10, JAN_2015 + 20_000, prefix="g"))
+        r = rd.crawl_new_posts(state, str(tmp_path / "inc"), reddit=reddit, limit=4, now=JAN_2015 + 90_000)
+    assert r["new_posts"] == 4 and r["gap_possible"] and not r["reached_checkpoint"]
+
+
+def test_default_user_agent_format():
+    ua = rd.default_user_agent()
+    assert ua.split(":")[1] == "mmlinks" and "(by u/" in ua
