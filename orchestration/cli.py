@@ -184,6 +184,19 @@ def cmd_import_hessel(args) -> dict:
     return cmd_build(args)
 
 
+def cmd_crawl(args) -> dict:
+    """`data crawl diy`: the incremental crawl of new posts, checkpointed between runs."""
+    from pipelines.crawl_state import CrawlState
+    from pipelines.sources.reddit import crawl_new_posts, make_reddit
+
+    reddit = make_reddit(args.reddit_api_base)  # credentials from the environment, or one clear error
+    print(f"crawling r/{args.subreddit}/new -> {args.out}", file=sys.stderr)
+    result = crawl_new_posts(
+        CrawlState(args.state), args.out, subreddit=args.subreddit, reddit=reddit, limit=args.limit
+    )
+    return {"source": args.source, "subreddit": args.subreddit, **result}
+
+
 def cmd_sources(args) -> dict:
     from pipelines.sources import get_spec
 
@@ -650,6 +663,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(imp)
     imp.set_defaults(func=cmd_import_hessel)
 
+    crawl = dsub.add_parser(
+        "crawl",
+        help="incremental crawl of a web source (diy: new Reddit posts since the last run)",
+        description="Fetch the posts made since the last run (praw, read-only OAuth app: set "
+        "praw_client_id, praw_client_secret and praw_user_agent in the environment) and write "
+        "them as zstd ndjson files in the dump format under OUT/<YYYY-MM>/; then rebuild with "
+        "`data build --source diy --input <folder holding dumps and OUT>`. The checkpoint in "
+        "--state advances only after the files are written. Reddit listings stop after about "
+        "1000 posts: run it at least that often (a schedule does).",
+        epilog=EPILOG,
+    )
+    crawl.add_argument("source", choices=["diy"], help="the source to crawl")
+    crawl.add_argument("--out", required=True, help="folder (or URI) for the new submission files")
+    crawl.add_argument("--state", required=True, help="crawl-state folder (or URI) holding the checkpoint")
+    crawl.add_argument("--subreddit", default="DIY", help="subreddit (default: DIY)")
+    crawl.add_argument("--limit", type=int, help="at most this many posts from the listing (default: all)")
+    crawl.add_argument(
+        "--reddit-api-base", help="replace https://oauth.reddit.com and www.reddit.com (proxies, tests)"
+    )
+    _add_common(crawl)
+    crawl.set_defaults(func=cmd_crawl)
+
     sources = dsub.add_parser(
         "sources",
         help="list the raw sources, their options and the credentials they read",
@@ -755,6 +790,8 @@ def _print_human(args, result: dict) -> None:
                 f"{b['features_computed']} features computed, {b['features_cached']} cached, {b['seconds']} s"
             )
         print(f"details of every drop: {result['dead_letter'] or 'dead_letter.jsonl'}")
+    elif command == "crawl":
+        print(f"{result['new_posts']} new posts -> {', '.join(result['files']) or 'no file'}")
     elif command == "sources":
         for name, info in result["sources"].items():
             print(f"{name}: {info['summary']}")

@@ -29,6 +29,9 @@ def run(*args, timeout=300):
         ["data", "build"],
         ["data", "inspect"],
         ["data", "migrate"],
+        ["data", "sources"],
+        ["data", "crawl"],
+        ["data", "import-hessel"],
         ["train"],
     ],
 )
@@ -119,3 +122,33 @@ def test_build_refuses_non_corpus_directory(tmp_path):
     _one_line_error(
         run("data", "build", "--input", str(tmp_path), "--out", str(tmp_path / "o")), "not a synthetic corpus"
     )
+
+
+def test_data_sources_lists_every_source_with_options_and_credentials():
+    proc = run("data", "sources", "--json")
+    assert proc.returncode == 0, proc.stderr
+    sources = json.loads(proc.stdout)["sources"]
+    expected = {"diy", "recipeqa", "wiki", "mscoco", "story-dii", "story-sis", "dii-stress", "hessel"}
+    assert set(sources) >= expected
+    assert "praw_client_id" in sources["diy"]["credentials"]
+    assert sources["mscoco"]["build_defaults"]["dedupe_threshold"] is None
+    assert sources["diy"]["options"]["min_score"]["default"] == "25"
+
+
+def test_source_option_errors_are_one_line(tmp_path):
+    out = str(tmp_path / "o")
+    proc = run("data", "build", "--source", "recipeqa", "--input", str(tmp_path), "--out", out,
+               "--source-option", "no_such=1")  # fmt: skip
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("mmlinks: error: source 'recipeqa' has no option no_such")
+
+
+def test_crawl_without_credentials_names_the_variables(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("praw_")}
+    proc = subprocess.run(
+        [MMLINKS, "data", "crawl", "diy", "--out", str(tmp_path / "o"), "--state", str(tmp_path / "s")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "praw_client_id" in proc.stderr and "Traceback" not in proc.stderr
