@@ -16,6 +16,22 @@ from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from schemas.text import has_tokens
 
 
+def keep_sentences_with_tokens(doc_id: str, texts: list[str]):
+    """Generator: yields a dead letter per token-less sentence; returns (kept, old -> new index).
+
+    Used with ``yield from`` inside a DoFn, so the drops reach the dead-letter output and the
+    index map lets the caller remap ground-truth links.
+    """
+    sentences, sentence_map = [], {}
+    for k, text in enumerate(texts):
+        if not has_tokens(text):
+            yield dead_letter("sentence", f"{doc_id}#sentence-{k}", "no_tokens", text[:80])
+            continue
+        sentence_map[k] = len(sentences)
+        sentences.append(text)
+    return sentences, sentence_map
+
+
 class LoadAndValidate(beam.DoFn):
     """RawDocument -> cleaned document dict (images as store records); dead letters on the side."""
 
@@ -47,13 +63,7 @@ class LoadAndValidate(beam.DoFn):
             image_map[k] = len(images)
             images.append(stored.to_record())
 
-        sentences, sentence_map = [], {}
-        for k, text in enumerate(doc.sentences):
-            if not has_tokens(text):
-                yield dead_letter("sentence", f"{doc.doc_id}#sentence-{k}", "no_tokens", text[:80])
-                continue
-            sentence_map[k] = len(sentences)
-            sentences.append(text)
+        sentences, sentence_map = yield from keep_sentences_with_tokens(doc.doc_id, doc.sentences)
 
         if not images:
             yield dead_letter("document", doc.doc_id, "no_valid_images")

@@ -674,7 +674,7 @@ def test_rate_limit_reset_parsing():
 
 
 @given(
-    attempt=st.integers(0, 200),
+    attempt=st.integers(0, 60),
     base=st.floats(0, 100, allow_nan=False),
     cap=st.floats(0, 1000, allow_nan=False),
     u=st.floats(0, 1, exclude_max=True),
@@ -687,6 +687,11 @@ def test_backoff_stays_within_the_full_jitter_bounds(attempt, base, cap, u):
     # Monotone in the random draw, and the ceiling is reachable.
     assert backoff_delay(attempt, base, cap, rng=lambda: 0.0) == 0.0
     assert backoff_delay(attempt, base, cap, rng=lambda: 1.0) == pytest.approx(ceiling)
+
+
+@given(attempt=st.integers(61, 10**9), base=st.floats(1e-3, 100), cap=st.floats(0, 1000))
+def test_backoff_never_overflows_and_hits_the_cap_for_late_attempts(attempt, base, cap):
+    assert backoff_delay(attempt, base, cap, rng=lambda: 1.0) == pytest.approx(cap)
 
 
 @given(delta=st.integers(0, 10**6), now=st.integers(10**9, 2 * 10**9))

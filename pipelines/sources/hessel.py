@@ -34,19 +34,17 @@ import numpy as np
 from pipelines import fileio
 from pipelines.records import count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.validate import keep_sentences_with_tokens
 from schemas.document import Document, ImageRecord
 from schemas.errors import MmlinksError
 from schemas.manifest import FeatureExtractorInfo
-from schemas.text import has_tokens
 
 SOURCE = "hessel"
 SPLITS = ("train", "val", "test")
 # Paths are not part of the dataset version (like --input): the shards' and the matrix's bytes are.
 OPTIONS = (
     SourceOption("docs", None, "documents JSON (default: INPUT/docs.json)", defines_data=False),
-    SourceOption(
-        "features", None, "N x D feature matrix (default: INPUT/features.npy)", defines_data=False
-    ),
+    SourceOption("features", None, "N x D feature matrix (default: INPUT/features.npy)", defines_data=False),
     SourceOption("id2row", None, "image id -> row JSON (default: INPUT/id2row.json)", defines_data=False),
     SourceOption("name", None, "dataset name recorded in metadata, e.g. diy (default: the input folder's)"),
 )
@@ -182,13 +180,8 @@ class AssembleHesselDocs(beam.DoFn):
                     features=np.asarray(self.features[row], np.float32),
                 )
             )
-        sentences, sentence_map = [], {}
-        for k, (text, _) in enumerate(sentences_in):
-            if not has_tokens(text):
-                yield dead_letter("sentence", f"{doc_id}#sentence-{k}", "no_tokens", text[:80])
-                continue
-            sentence_map[k] = len(sentences)
-            sentences.append(text)
+        texts = [text for text, _ in sentences_in]
+        sentences, sentence_map = yield from keep_sentences_with_tokens(doc_id, texts)
         if not images:
             yield dead_letter("document", doc_id, "no_valid_images")
             return
