@@ -305,6 +305,7 @@ def _redact(url: str) -> str:
 class _GateState:
     not_before: float = 0.0  # next request start allowed (spacing and pauses)
     blocked_until: float = 0.0  # requests fail at once until then (a reset beyond backoff_max)
+    last_start: float = 0.0  # when the latest request actually started
 
 
 class _HostGate:
@@ -335,7 +336,9 @@ class _HostGate:
                 try:
                     data = json.loads(raw) if raw else {}
                     state = _GateState(
-                        float(data.get("not_before", 0.0)), float(data.get("blocked_until", 0.0))
+                        float(data.get("not_before", 0.0)),
+                        float(data.get("blocked_until", 0.0)),
+                        float(data.get("last_start", 0.0)),
                     )
                 except (ValueError, TypeError, AttributeError):
                     state = _GateState()  # a torn file (crash mid-write): start afresh
@@ -356,6 +359,22 @@ class _HostGate:
             if interval:
                 s.not_before = start + interval
             return start, 0.0
+
+        return self._update(fn)
+
+    def confirm(self, now: float, interval: float) -> float | None:
+        """Record an actual start at ``now``, or return when to try again.
+
+        Reservations space the *planned* starts; a thread that wakes late (GIL, a busy core)
+        would otherwise start right before the next slot's owner. Checking the previous actual
+        start keeps the real starts ``interval`` apart too.
+        """
+
+        def fn(s: _GateState):
+            if now + 1e-6 < s.last_start + interval:
+                return s.last_start + interval
+            s.last_start = now
+            return None
 
         return self._update(fn)
 
@@ -664,6 +683,11 @@ class PoliteClient:
                     transient=True,
                 )
             self._sleep(start - now)
+            while interval:
+                retry_at = gate.confirm(self._now(), interval)
+                if retry_at is None:
+                    break
+                self._sleep(retry_at - self._now())
             try:
                 return self._send(url, headers, limit)
             except (

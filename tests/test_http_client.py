@@ -563,6 +563,43 @@ def test_threads_share_the_per_host_rate(serve):
     assert_spaced(server.hits, 8)
 
 
+def test_a_late_waking_thread_does_not_start_right_before_the_next_slot(serve):
+    """Reservations space planned starts; the actual starts must be spaced too.
+
+    The second request's thread oversleeps by 80% of the interval (a busy core, the GIL), so
+    without the actual-start check it would reach the server just before the third request.
+    """
+    server = serve(ok())
+    oversleep = threading.local()
+
+    def sleep(seconds: float) -> None:
+        time.sleep(max(0.0, seconds) + getattr(oversleep, "extra", 0.0))
+        oversleep.extra = 0.0  # only the first wait of that thread is late
+
+    client = PoliteClient(
+        HttpPolicy(
+            frozenset({server.host}), allow_private=True, rate_per_host=RATE, max_concurrency_per_host=4
+        ),
+        sleep=sleep,
+    )
+
+    def request(late: bool) -> None:
+        oversleep.extra = 0.8 / RATE if late else 0.0
+        client.get(server.url("/r"))
+
+    first = threading.Thread(target=request, args=(False,))
+    first.start()
+    time.sleep(0.01)
+    second = threading.Thread(target=request, args=(True,))
+    second.start()
+    time.sleep(0.01)
+    third = threading.Thread(target=request, args=(False,))
+    third.start()
+    for t in (first, second, third):
+        t.join()
+    assert_spaced(server.hits, 3)
+
+
 def test_no_rate_means_no_spacing(serve):
     server = serve(ok())
     fake = FakeTime()
