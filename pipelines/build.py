@@ -18,6 +18,7 @@ a reader can see. All paths go through Beam FileSystems, so OUT may be a ``gs://
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -67,6 +68,10 @@ BUILD_LOG = "build-log.jsonl"
 RUN_COUNTERS = ("images_fetched", "images_from_store", "features_cached", "features_computed")
 
 
+# Options given as KEY=VALUE maps: what the user says is laid over the source's defaults.
+MERGED_OPTIONS = ("filter_options", "source_options", "extractor_options", "region_options")
+
+
 @dataclass
 class BuildConfig:
     source: str
@@ -101,8 +106,14 @@ class BuildConfig:
     def for_source(cls, source: str, input: str, out: str, **explicit) -> BuildConfig:
         """A config with the source's own defaults (filter preset, dedupe, split ratios) under
         the options the user gave explicitly (pass only those; None counts as not given)."""
-        values = dict(get_spec(source).build_defaults)
-        values.update({k: v for k, v in explicit.items() if v is not None})
+        values = copy.deepcopy(get_spec(source).build_defaults)
+        for key, value in explicit.items():
+            if value is None:
+                continue
+            if key in MERGED_OPTIONS and isinstance(values.get(key), dict):
+                values[key] = {**values[key], **value}  # e.g. --filter-option on the source's rules
+            else:
+                values[key] = value
         return cls(source=source, input=input, out=out, **values)
 
     def spec(self) -> SourceSpec:

@@ -13,7 +13,7 @@ import apache_beam as beam
 from pipelines.image_store import Fetcher, ImageStore, Placeholders
 from pipelines.images import InvalidImage
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
-from schemas.text import has_tokens
+from schemas.text import has_tokens, repair_text
 
 
 def keep_sentences_with_tokens(doc_id: str, texts: list[str]):
@@ -23,7 +23,10 @@ def keep_sentences_with_tokens(doc_id: str, texts: list[str]):
     index map lets the caller remap ground-truth links.
     """
     sentences, sentence_map = [], {}
-    for k, text in enumerate(texts):
+    for k, raw in enumerate(texts):
+        text, repaired = repair_text(raw)
+        if repaired:
+            count("text_repaired")
         if not has_tokens(text):
             yield dead_letter("sentence", f"{doc_id}#sentence-{k}", "no_tokens", text[:80])
             continue
@@ -83,6 +86,12 @@ class LoadAndValidate(beam.DoFn):
                 else:
                     yield dead_letter("link", doc.doc_id, "endpoint_dropped", f"({s}, {i})")
             links = sorted(kept)
+        metadata = {}
+        for key, value in doc.metadata.items():
+            (key, k_fixed), (value, v_fixed) = repair_text(key), repair_text(value)
+            if k_fixed or v_fixed:
+                count("text_repaired")
+            metadata[key] = value
         yield {
             "doc_id": doc.doc_id,
             "source": doc.source,
@@ -90,7 +99,7 @@ class LoadAndValidate(beam.DoFn):
             "sentences": sentences,
             "images": images,
             "links": links,
-            "metadata": doc.metadata,
+            "metadata": metadata,
         }
 
 

@@ -31,3 +31,45 @@ def tokenize(text: str) -> list[str]:
 def has_tokens(text: str) -> bool:
     """A sentence counts only if it has a word or number; bare punctuation does not."""
     return any(any(c.isalnum() for c in tok) for tok in tokenize(text))
+
+
+def repair_text(text: str) -> tuple[str, bool]:
+    """(text with lone UTF-16 surrogates replaced by U+FFFD, whether anything was replaced).
+
+    ``json.loads('"\\ud83d"')`` gives a str that cannot be encoded as UTF-8, so one such
+    caption in a scraped page would crash the Parquet writer of a whole build.
+    """
+    try:
+        text.encode("utf-8")
+        return text, False
+    except UnicodeEncodeError:
+        fixed = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+        return fixed, True
+
+
+def repair_strings(value):
+    """``value`` (str / list / dict, nested) with ``repair_text`` applied; and how many strings changed.
+
+    Sources call this on every record parsed from JSON before it leaves the parsing step: Beam's
+    own coders cannot encode a lone surrogate either, so one would crash the build at the next
+    stage boundary, long before the shard writer.
+    """
+    if isinstance(value, str):
+        fixed, changed = repair_text(value)
+        return fixed, int(changed)
+    if isinstance(value, list):
+        out, n = [], 0
+        for v in value:
+            fixed, k = repair_strings(v)
+            out.append(fixed)
+            n += k
+        return out, n
+    if isinstance(value, dict):
+        out_d, n = {}, 0
+        for key, v in value.items():
+            fixed_key, k1 = repair_strings(key)
+            fixed, k2 = repair_strings(v)
+            out_d[fixed_key] = fixed
+            n += k1 + k2
+        return out_d, n
+    return value, 0

@@ -96,3 +96,17 @@ def test_sized_splits_take_the_lowest_ranked_documents(ids, n_test, n_val):
 def test_ratio_splits_do_not_depend_on_other_documents(ids):
     alone = {i: assign_split(i) for i in ids}
     assert all(assign_split(i) == alone[i] for i in reversed(ids))
+
+
+def test_user_filter_options_are_laid_over_the_sources_defaults():
+    from pipelines.build import BuildConfig
+
+    cfg = BuildConfig.for_source(
+        "mscoco", "in", "out", filter_options={"max_sentences": "12"}, dedupe_threshold=3
+    )
+    assert cfg.filter_options == {"min_images": "10", "max_sentences": "12"}
+    assert cfg.dedupe_threshold == 3  # a scalar the user gives replaces the source's default
+    assert cfg.document_filter().min_images == 10
+    assert BuildConfig.for_source(
+        "mscoco", "in", "out", filter_options={"min_images": "9"}
+    ).filter_options == {"min_images": "9"}

@@ -34,7 +34,8 @@ def test_documents_links_and_features_match_the_published_files(imported):
     _, out, expect, manifest = imported
     docs = _by_original(read_documents(manifest.shard_paths(out)))
     n = expect["per_split"]
-    assert manifest.counts["splits"] == {"train": n + 2, "val": n, "test": n}  # + unlabelled, out-of-range
+    # + the unlabelled, out-of-range and half-featured documents
+    assert manifest.counts["splits"] == {"train": n + 3, "val": n, "test": n}
     assert manifest.feature_extractor.dim == 24
     assert manifest.feature_extractor.name == "hessel-prebuilt:mscoco"
     for (split, index), pairs in expect["links"].items():
@@ -60,6 +61,11 @@ def test_bad_documents_are_dead_lettered_not_lost(imported):
     oor = kept[("train", expect["out_of_range_index"])]  # the bad label is dropped, the document kept
     assert oor.links == []
     assert manifest.counts["dropped"]["document:malformed_document"] == 1
+    half = kept[("train", expect["half_index"])]
+    assert len(half.images) == 1 and half.links == [(0, 0)]  # the featureless image's link is gone
+    assert ("link", "endpoint_dropped") in reasons
+    assert half.sentences[1] == "caption \ufffd end"  # repaired and counted, not a crashed build
+    assert manifest.counts["pipeline"]["text_repaired"] == 1
 
 
 def test_reimport_gives_the_same_version_and_the_cli_shortcut_agrees(imported, tmp_path):
@@ -92,6 +98,21 @@ def test_reimport_gives_the_same_version_and_the_cli_shortcut_agrees(imported, t
     summary = json.loads(proc.stdout)
     assert summary["dataset_version"] == manifest.dataset_version
     assert Manifest.read(str(tmp_path / "cli")).source == "hessel"
+
+
+def test_bad_id2row_or_feature_files_fail_with_one_clear_error(tmp_path):
+    write_hessel(tmp_path / "d")
+    (tmp_path / "d" / "id2row.json").write_text("[1, 2, 3]")
+    with pytest.raises(MmlinksError, match="must map image ids to integer rows"):
+        BuildConfig.for_source("hessel", str(tmp_path / "d"), str(tmp_path / "o")).check()
+    write_hessel(tmp_path / "e")
+    (tmp_path / "e" / "features.npy").write_bytes(b"not a numpy file at all")
+    with pytest.raises(MmlinksError, match=r"not a readable \.npy matrix"):
+        BuildConfig.for_source("hessel", str(tmp_path / "e"), str(tmp_path / "o")).check()
+    write_hessel(tmp_path / "f")
+    (tmp_path / "f" / "id2row.json").write_text('{"x": 100000}')
+    with pytest.raises(MmlinksError, match="mismatched pair"):
+        BuildConfig.for_source("hessel", str(tmp_path / "f"), str(tmp_path / "o")).check()
 
 
 def test_a_missing_file_or_a_non_matrix_fails_before_the_build(tmp_path):

@@ -1,3 +1,5 @@
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -61,3 +63,18 @@ def test_glove_vectors_load_offline_and_cover_common_words():
 
     assert (abs(mat[2]) > 0.2).any()  # a real GloVe vector, not the uniform init
     assert (abs(mat[4]) <= 0.2).all()  # missing word: U(-0.2, 0.2)
+
+
+@given(
+    st.recursive(st.text(), lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=20)
+)
+def test_repaired_strings_always_encode_and_valid_ones_are_untouched(value):
+    from schemas.text import repair_strings
+
+    fixed, n = repair_strings(value)
+    json.dumps(fixed, ensure_ascii=False).encode("utf-8")  # raises on any lone surrogate left
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        assert (fixed, n) == (value, 0)
+    except UnicodeEncodeError:
+        assert n > 0

@@ -34,10 +34,12 @@ import numpy as np
 from pipelines import fileio
 from pipelines.records import count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
 from pipelines.validate import keep_sentences_with_tokens
 from schemas.document import Document, ImageRecord
 from schemas.errors import MmlinksError
 from schemas.manifest import FeatureExtractorInfo
+from schemas.text import repair_strings, repair_text
 
 SOURCE = "hessel"
 SPLITS = ("train", "val", "test")
@@ -59,10 +61,18 @@ def _paths(ctx: SourceContext) -> tuple[str, str, str]:
 
 
 def _local_copy(uri: str) -> str:
-    """A local path for ``uri`` (copied once per worker from an object store), for np.load's mmap."""
+    """A local path for ``uri`` (copied once per worker from an object store), for np.load's mmap.
+
+    The copy is named by the object's URI, size and modification time, so an object replaced
+    at the same URI is copied again rather than served stale.
+    """
     if fileio.is_local(uri):
         return fileio.normalize(uri)
-    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    from apache_beam.io.filesystems import FileSystems
+
+    meta = FileSystems.match([uri])[0].metadata_list
+    stamp = f"{uri}|{meta[0].size_in_bytes}|{meta[0].last_updated_in_seconds}" if meta else uri
+    digest = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     path = os.path.join(tempfile.gettempdir(), f"mmlinks-hessel-{digest}.npy")
     if not os.path.exists(path):
         fileio.write_bytes_atomic(path, fileio.read_bytes(uri))
@@ -70,8 +80,23 @@ def _local_copy(uri: str) -> str:
 
 
 def _npy_shape(uri: str) -> tuple[tuple[int, ...], np.dtype]:
-    arr = np.load(_local_copy(uri), mmap_mode="r")
+    try:
+        arr = np.load(_local_copy(uri), mmap_mode="r")
+    except (ValueError, OSError, EOFError) as exc:  # not an .npy, pickled objects, truncated
+        raise MmlinksError(f"{uri} is not a readable .npy matrix: {exc}") from None
     return arr.shape, arr.dtype
+
+
+def _read_id2row(uri: str) -> dict[str, int]:
+    try:
+        data = json.loads(fileio.read_bytes(uri))
+    except (ValueError, RecursionError) as exc:
+        raise MmlinksError(f"{uri} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in data.values()
+    ):
+        raise MmlinksError(f"{uri} must map image ids to integer rows")
+    return data
 
 
 def _file_digest(uri: str) -> str:
@@ -87,25 +112,28 @@ def content_id(image_id: str) -> str:
 
 
 class ReadHesselDocs(beam.DoFn):
-    """docs.json -> (split, index, raw document) for each document of each split."""
+    """docs.json -> (split, index, raw document) for each document of each split.
+
+    Streamed item by item (the published DIY and WIKI files are large): memory holds one
+    document at a time, and a fault part-way keeps the documents before it.
+    """
 
     def process(self, uri: str):
+        index = dict.fromkeys(SPLITS, 0)
         try:
-            data = json.loads(fileio.read_bytes(uri))
-        except (ValueError, UnicodeDecodeError) as exc:
-            yield dead_letter("line", uri, "malformed_docs_json", str(exc))
-            return
-        if not isinstance(data, dict) or not any(s in data for s in SPLITS):
-            yield dead_letter("line", uri, "malformed_docs_json", "want an object with train/val/test lists")
-            return
-        for split in SPLITS:
-            docs = data.get(split) or []
-            if not isinstance(docs, list):
-                yield dead_letter("line", f"{uri}#{split}", "malformed_docs_json", f"{split} is not a list")
-                continue
-            for index, doc in enumerate(docs):
-                count("documents_in")
-                yield split, index, doc
+            with fileio.open_read(uri) as fh:
+                for split, doc in stream_arrays(text_chunks(fh), SPLITS):
+                    count("documents_in")
+                    k, index[split] = index[split], index[split] + 1
+                    if has_invalid_utf8(doc):
+                        yield dead_letter("document", f"{split}#{k}", "not_utf8", "invalid UTF-8 bytes")
+                        continue
+                    doc, repaired = repair_strings(doc)  # escaped lone surrogates: Beam cannot encode them
+                    if repaired:
+                        count("text_repaired", repaired)
+                    yield split, k, doc
+        except (MalformedJson, RecursionError) as exc:
+            yield dead_letter("line", uri, "malformed_docs_json", str(exc)[:300])
 
 
 def _label(value, n: int) -> int | str | None:
@@ -125,7 +153,7 @@ class AssembleHesselDocs(beam.DoFn):
 
     def setup(self):
         self.features = np.load(_local_copy(self.features_uri), mmap_mode="r")
-        self.id2row = json.loads(fileio.read_bytes(self.id2row_uri))
+        self.id2row = _read_id2row(self.id2row_uri)  # checked before the build started
 
     def process(self, item):
         split, index, raw = item
@@ -190,12 +218,16 @@ class AssembleHesselDocs(beam.DoFn):
             return
         links = None
         if labelled:
-            links = sorted(
-                (sentence_map[s], image_map[i]) for s, i in pairs if s in sentence_map and i in image_map
-            )
+            links = []
+            for s, i in sorted(pairs):
+                if s in sentence_map and i in image_map:
+                    links.append((sentence_map[s], image_map[i]))
+                else:
+                    yield dead_letter("link", doc_id, "endpoint_dropped", f"({s}, {i})")
         metadata = {"dataset": self.name, "original_split": split, "original_index": str(index)}
         if meta is not None:
-            metadata["original_id"] = meta if isinstance(meta, str) else json.dumps(meta, sort_keys=True)
+            original = meta if isinstance(meta, str) else json.dumps(meta, sort_keys=True)
+            metadata["original_id"] = repair_text(original)[0]
         count(f"documents_out:{split}")
         yield Document(
             doc_id=doc_id,
@@ -250,6 +282,10 @@ def _check(ctx: SourceContext) -> None:
     shape, dtype = _npy_shape(features)
     if len(shape) != 2 or not np.issubdtype(dtype, np.floating):
         raise MmlinksError(f"{features} must be a 2-D float matrix, not {dtype} {shape}")
+    rows = list(_read_id2row(id2row).values())
+    # A few bad rows are dead-lettered per image; none inside the matrix means the wrong pair.
+    if rows and not any(0 <= r < shape[0] for r in rows):
+        raise MmlinksError(f"no row of {id2row} is inside {features} ({shape[0]} rows): a mismatched pair?")
 
 
 SPEC = SourceSpec(

@@ -16,7 +16,10 @@ Construction, as the supplement describes it:
    g and fake group g make document group g (10 images). Images that do not fill a group are
    left out (counter ``coco_images_unused``).
 3. Divide the groups into train/val/test by ``split_sizes`` proportions; the default 0.6:0.2:0.2
-   is the paper's 4968/1655/1655 (4968 / 8278 = 0.600).
+   is the paper's 4968/1655/1655 (4968 / 8278 = 0.600) as a ratio. The paper's 8,278 groups
+   are 82,783 // 10, the size of COCO train2014, although its supplement says train/val 2017
+   images were downloaded; pooling train+val 2017 (123,287 images) gives about 12,328 groups,
+   so counts are ~49% larger than the paper's unless the pool is cut to those images.
 4. Per document, versions: a training group gets one version per caption index every true image
    has (version v uses each true image's v-th caption, captions in annotation-id order; usually
    5 versions); a val/test group one version (v0). Each version adds five distractor captions
@@ -48,7 +51,12 @@ PARTS = ("train", "val")
 SPLITS = ("train", "val", "test")
 GROUP = 5  # true (and fake) images per document
 DISTRACTORS = 5
-BUILD_DEFAULTS = {"dedupe_threshold": None}  # training versions repeat their images on purpose
+BUILD_DEFAULTS = {
+    "dedupe_threshold": None,  # training versions repeat their images on purpose
+    # A document is exactly 10 images: one that fails to load (undecodable, deleted) drops the
+    # document rather than leaving a 9-image one with a dangling caption.
+    "filter_options": {"min_images": "10"},
+}
 
 OPTIONS = (
     SourceOption("seed", "0", "seed of the true/fake split, the grouping, distractors and shuffles"),
