@@ -173,7 +173,7 @@ def cmd_build(args) -> dict:
 def cmd_import_hessel(args) -> dict:
     """`data import-hessel`: a shortcut for `data build --source hessel` with the three files named."""
     args.source = "hessel"
-    args.input = str(Path(args.docs).parent)
+    args.input = args.docs.rsplit("/", 1)[0] if "/" in args.docs else "."  # keeps gs:// URIs whole
     args.source_option = [
         *(args.source_option or []),
         f"docs={args.docs}",
@@ -186,14 +186,67 @@ def cmd_import_hessel(args) -> dict:
 
 def cmd_crawl(args) -> dict:
     """`data crawl diy`: the incremental crawl of new posts, checkpointed between runs."""
-    from pipelines.crawl_state import CrawlState
-    from pipelines.sources.reddit import crawl_new_posts, make_reddit
+    from datetime import UTC, datetime
 
-    reddit = make_reddit(args.reddit_api_base)  # credentials from the environment, or one clear error
-    print(f"crawling r/{args.subreddit}/new -> {args.out}", file=sys.stderr)
-    result = crawl_new_posts(
-        CrawlState(args.state), args.out, subreddit=args.subreddit, reddit=reddit, limit=args.limit
+    import praw.exceptions
+    import prawcore.exceptions
+
+    from pipelines.crawl_state import CrawlState
+    from pipelines.sources.base import env_credential
+    from pipelines.sources.reddit import (
+        DEFAULT_OVERLAP_S,
+        REDDIT_CREDENTIALS,
+        crawl_new_posts,
+        make_reddit,
     )
+
+    overlap_s = getattr(args, "overlap_s", None)
+    print(f"crawling r/{args.subreddit}/new -> {args.out}", file=sys.stderr)
+    try:
+        reddit = make_reddit(args.reddit_api_base)  # credentials from the environment, or one clear error
+        result = crawl_new_posts(
+            CrawlState(args.state),
+            args.out,
+            subreddit=args.subreddit,
+            reddit=reddit,
+            limit=args.limit,
+            overlap_s=DEFAULT_OVERLAP_S if overlap_s is None else overlap_s,
+        )
+    except (prawcore.exceptions.PrawcoreException, praw.exceptions.PRAWException) as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        detail = " ".join(str(exc).split())[:300]
+        for name in REDDIT_CREDENTIALS:  # never echo a credential, whatever the message holds
+            value = env_credential(name)
+            if value:
+                detail = detail.replace(value, "***")
+        hint = ""
+        if status == 401 or isinstance(exc, prawcore.exceptions.OAuthException):
+            hint = " (check praw_client_id and praw_client_secret: a read-only 'script' app's id and secret)"
+        elif status == 403:
+            hint = " (forbidden: a private, quarantined or banned subreddit?)"
+        elif status == 404 or isinstance(exc, prawcore.exceptions.Redirect):
+            hint = " (no such subreddit?)"
+        elif isinstance(exc, prawcore.exceptions.RequestException):
+            hint = " (network: Reddit could not be reached)"
+        raise MmlinksError(
+            f"the Reddit API failed during the crawl of r/{args.subreddit}: {type(exc).__name__}: "
+            f"{detail}{hint}; the checkpoint did not move, rerun to retry"
+        ) from exc
+    if result.get("gap_possible"):
+        gap = result.get("gap") or {}
+
+        def utc(ts) -> str:
+            return "?" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+        if gap.get("checkpoint_kept"):
+            what = "a run without --limit fetches them (the checkpoint stays)"
+        else:
+            what = "the listing cannot reach them any more: backfill that range from the dumps"
+        print(
+            f"warning: gap_possible: posts of r/{args.subreddit} created between "
+            f"{utc(gap.get('after_utc'))} and {utc(gap.get('before_utc'))} may be missing; {what}",
+            file=sys.stderr,
+        )
     return {"source": args.source, "subreddit": args.subreddit, **result}
 
 
@@ -679,6 +732,12 @@ def build_parser() -> argparse.ArgumentParser:
     crawl.add_argument("--state", required=True, help="crawl-state folder (or URI) holding the checkpoint")
     crawl.add_argument("--subreddit", default="DIY", help="subreddit (default: DIY)")
     crawl.add_argument("--limit", type=int, help="at most this many posts from the listing (default: all)")
+    crawl.add_argument(
+        "--overlap-s",
+        type=int,
+        default=86400,
+        help="also re-read this many seconds below the checkpoint, for posts approved late (default: 1 day)",
+    )
     crawl.add_argument(
         "--reddit-api-base", help="replace https://oauth.reddit.com and www.reddit.com (proxies, tests)"
     )

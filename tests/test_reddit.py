@@ -26,6 +26,7 @@ from pipelines.crawl_state import CrawlState
 from pipelines.records import COUNTS_NAMESPACE, DEAD_LETTER, DROPPED_NAMESPACE
 from pipelines.sources import reddit as rd
 from pipelines.sources.base import SourceContext
+from pipelines.sources.imgur import parse_album_url
 from schemas.errors import MmlinksError
 from tests.fixtures.reddit import BASE_UTC, RedditFixtureServer, read_dump, submission, write_dump
 
@@ -252,9 +253,11 @@ def test_bad_lines_are_dead_letters_and_field_quirks(tmp_path, no_creds):
         b'{"id": "g2", "subreddit": "DIY", "title": "\xff\xfe latin-1 \xe9"}',
         b'["DIY", "a list"]',
         b"binary junk without the name \x00\x01",
+        # Nested deeper than Python's stack: json.loads raises RecursionError, not ValueError.
+        b'{"id": "g3", "subreddit": "DIY", "deep": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
     ]
     write_dump(tmp_path / "in" / "DIY_submissions.zst", recs, garbage_lines=garbage)
-    posts, dead, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path)
+    posts, dead, counters = run_reader(ctx_for(tmp_path / "in", tmp_path, galleries="true"), tmp_path)
     assert set(posts) == {"q1", "q2", "q3", "q4", "q5", "q6", "q7"}
     assert posts["q1"]["created_utc"] == JAN_2015 + 5 and isinstance(posts["q1"]["created_utc"], int)
     assert posts["q2"]["created_utc"] == JAN_2015 + 6
@@ -263,8 +266,9 @@ def test_bad_lines_are_dead_letters_and_field_quirks(tmp_path, no_creds):
     assert posts["q6"]["author"] == "[deleted]"
     assert (posts["q7"]["album_kind"], posts["q7"]["album_id"]) == ("gallery", "Xy12Z")
     reasons = sorted(d["reason"] for d in dead)
-    assert reasons == ["malformed_json", "malformed_json", "malformed_submission", "not_utf8"]
-    assert counters["line:not_utf8"] == 1 and counters["line:malformed_json"] == 2
+    assert reasons == ["malformed_json"] * 3 + ["malformed_submission", "not_utf8"]
+    assert counters["line:not_utf8"] == 1 and counters["line:malformed_json"] == 3
+    assert any(d["detail"].startswith("RecursionError") for d in dead)
     assert counters["posts_filtered_not_album"] == 1
     # The junk line without the subreddit's name is skipped unparsed, as any other subreddit.
     assert counters["posts_filtered_subreddit"] == 1
@@ -279,7 +283,9 @@ def _month_index(ts: int) -> int:
     return d.year * 12 + d.month - 1
 
 
-def oracle_keeps(rec: dict, sub: str, start: tuple[int, int], end: tuple[int, int]) -> bool:
+def oracle_keeps(
+    rec: dict, sub: str, start: tuple[int, int], end: tuple[int, int], galleries: bool = False
+) -> bool:
     if str(rec.get("subreddit")).lower() != sub.lower():
         return False
     m = _month_index(int(float(rec["created_utc"])))
@@ -290,17 +296,24 @@ def oracle_keeps(rec: dict, sub: str, start: tuple[int, int], end: tuple[int, in
         is_self = str(rec.get("domain") or "").startswith("self.")
     if is_self in (True, "true", "True"):
         return False
+    # The album scraper's rule: imgur.com/.io (www., m., i.), /a/<id> (with galleries also
+    # /gallery/<id> and /t/<tag>/<id>), the id being 5 or 7 letters/digits after any slug.
     url = rec.get("url") or ""
     parts = urlsplit(url)
-    segs = [s for s in parts.path.split("/")]
-    album = (
-        parts.scheme.lower() in ("http", "https")
-        and parts.netloc.lower() in ("imgur.com", "www.imgur.com", "m.imgur.com")
-        and len(segs) >= 3
-        and segs[1] in ("a", "gallery")
-        and segs[2] != ""
-    )
-    if not album:
+    segs = [s for s in parts.path.split("/") if s]
+    hosts = {f"{p}imgur.{t}" for p in ("", "www.", "m.", "i.") for t in ("com", "io")}
+    if parts.scheme.lower() not in ("http", "https") or parts.netloc.lower() not in hosts:
+        return False
+    if len(segs) >= 2 and segs[0].lower() == "a":
+        token = segs[1]
+    elif galleries and len(segs) >= 2 and segs[0].lower() == "gallery":
+        token = segs[1]
+    elif galleries and len(segs) >= 3 and segs[0].lower() in ("t", "topic"):
+        token = segs[2]
+    else:
+        return False
+    album_id = token.split("-")[-1]
+    if not (len(album_id) in (5, 7) and album_id.isascii() and album_id.isalnum()):
         return False
     return not (rec.get("removed_by_category") or rec.get("selftext") == "[removed]")
 
@@ -313,9 +326,14 @@ _URLS = st.sampled_from(
         "http://m.imgur.com/a/{id}?r=1",
         "https://imgur.com/gallery/{id}",
         "https://imgur.com/gallery/{id}#0",
+        "https://imgur.com/gallery/my-desk-{id}",
+        "https://imgur.com/t/diy/{id}",
+        "https://imgur.io/a/{id}",
+        "https://imgur.com/a/shelf-{id}/embed",
         "https://IMGUR.com/a/{id}",
         "https://i.imgur.com/{id}.jpg",
         "https://i.imgur.com/a/{id}",
+        "https://imgur.com/A/{id}",
         "https://imgur.com/{id}",
         "https://imgur.com/a/",
         "ftp://imgur.com/a/{id}",
@@ -340,7 +358,7 @@ def raw_submissions(draw, edge_months: tuple[int, ...] = ()):
         pid,
         subreddit=draw(st.sampled_from(["DIY", "diy", "Diy", "woodworking", "DIYUK"])),
         created_utc=draw(st.sampled_from([created, float(created), str(created)])),
-        url=draw(_URLS).format(id=draw(st.text("aBcDeFgH123", min_size=1, max_size=7))),
+        url=draw(_URLS).format(id=draw(st.text("aBcDeFgH123", min_size=1, max_size=8))),
         selftext=draw(st.sampled_from(["", "", "[removed]", "[deleted]", "hi"])),
         author=draw(st.sampled_from(["someone", "[deleted]"])),
     )
@@ -363,8 +381,9 @@ def raw_submissions(draw, edge_months: tuple[int, ...] = ()):
     start=st.tuples(st.integers(2012, 2018), st.integers(1, 12)),
     months=st.integers(0, 30),
     sub=st.sampled_from(["DIY", "diy", "woodworking"]),
+    galleries=st.booleans(),
 )
-def test_filters_match_oracle(data, start, months, sub):
+def test_filters_match_oracle(data, start, months, sub, galleries):
     start_index = start[0] * 12 + start[1] - 1
     end_index = start_index + months
     end = (end_index // 12, end_index % 12 + 1)
@@ -372,22 +391,56 @@ def test_filters_match_oracle(data, start, months, sub):
     ctx = SourceContext(
         "diy",
         "/x",
-        {"subreddit": sub, "start": f"{start[0]}-{start[1]:02d}", "end": f"{end[0]}-{end[1]:02d}"},
+        {
+            "subreddit": sub,
+            "start": f"{start[0]}-{start[1]:02d}",
+            "end": f"{end[0]}-{end[1]:02d}",
+            "galleries": str(galleries).lower(),
+        },
         "/s",
         rd.REDDIT_OPTIONS,
     )
     config = rd.reddit_config(ctx)
     for rec in recs:
         post = rd.normalize_submission(rec)
-        assert (rd.filter_reason(post, config) is None) == oracle_keeps(rec, sub, start, end), rec
+        assert (rd.filter_reason(post, config) is None) == oracle_keeps(rec, sub, start, end, galleries), rec
 
 
-def test_album_ids():
+def test_album_ids_agree_with_the_scraper():
     assert rd.album_of("https://imgur.com/a/AbC12") == ("a", "AbC12")
     assert rd.album_of("http://www.imgur.com/a/AbC12/layout/grid") == ("a", "AbC12")
-    assert rd.album_of("https://imgur.com/gallery/kitchen-remodel-before-after-Q9w8E") == ("gallery", "Q9w8E")
+    # Galleries only when asked for (the paper: '"/a/" in the URL').
+    gallery = "https://imgur.com/gallery/kitchen-remodel-before-after-Q9w8E"
+    assert rd.album_of(gallery) is None
+    assert rd.album_of(gallery, galleries=True) == ("gallery", "Q9w8E")
+    assert rd.album_of("https://imgur.com/t/diy/Q9w8E", galleries=True) == ("gallery", "Q9w8E")
     assert rd.album_of("https://i.imgur.com/AbC12.jpg") is None
     assert rd.album_of("https://imgur.com/AbC12") is None
+    # Exactly the scraper's parser: an id it cannot fetch is not an album here either, and the
+    # hosts it knows are albums here too.
+    assert rd.album_of("https://imgur.com/a/AbC123") is None  # 6 characters: not an imgur id
+    assert rd.album_of("https://imgur.io/a/AbC12") == ("a", "AbC12")
+    assert rd.album_of("https://i.imgur.com/a/AbC12") == ("a", "AbC12")
+    for url in [
+        "https://imgur.com/a/AbC12",
+        "https://imgur.com/a/x_y-z",
+        "https://imgur.com/gallery/AbC1234",
+    ]:
+        assert rd.album_of(url, galleries=True) == parse_album_url(url)
+
+
+def test_gallery_posts_need_the_option(tmp_path, no_creds):
+    recs = [
+        submission("ga1", url="https://imgur.com/a/AbC12"),
+        submission("ga2", url="https://imgur.com/gallery/my-garage-shelves-Xy12Z"),
+        submission("ga3", url="https://imgur.com/a/AbC123"),  # not an id the scraper can fetch
+    ]
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", recs)
+    posts, _, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path)
+    assert set(posts) == {"ga1"}
+    assert counters["posts_filtered_gallery"] == 1 and counters["posts_filtered_not_album"] == 1
+    posts, _, _ = run_reader(ctx_for(tmp_path / "in", tmp_path, galleries="true"), tmp_path)
+    assert set(posts) == {"ga1", "ga2"} and posts["ga2"]["album_kind"] == "gallery"
 
 
 def test_options_are_checked(tmp_path, no_creds):
@@ -399,6 +452,7 @@ def test_options_are_checked(tmp_path, no_creds):
         ({"refresh_scores": "maybe"}, "refresh_scores"),
         ({"subreddit": "r/DIY"}, "subreddit"),
         ({"reddit_api_base": "oauth.reddit.com"}, "reddit_api_base"),
+        ({"galleries": "sometimes"}, "galleries"),
     ]:
         with pytest.raises(MmlinksError, match=match):
             rd.reddit_config(ctx_for(tmp_path, tmp_path, **bad))
@@ -411,6 +465,7 @@ def test_options_are_checked(tmp_path, no_creds):
         "start": "2013-01",
         "end": "2018-10",
         "min_score": "25",
+        "galleries": "false",
         "refresh_scores": "auto",
         "reddit_api_base": None,
     }
@@ -431,6 +486,31 @@ def test_dedupe_keeps_latest_retrieved_copy(tmp_path, no_creds):
     assert posts["d1"]["title"] == "new copy" and posts["d1"]["score"] == 900
     assert counters["duplicate_posts"] == 3
     assert rd.pick_latest("x", [mid, old]) == mid
+
+
+def test_filters_judge_the_latest_copy(tmp_path, no_creds):
+    """Dedupe first, then filter: an early copy taken before the removal must not survive."""
+    early, late = JAN_2015 + 100, JAN_2015 + 9_000_000
+    dump = [
+        submission("rm1", retrieved_on=early),
+        submission("rm2", retrieved_on=early, selftext="[removed]"),  # approved again later
+        submission("rm3", retrieved_on=early),
+        submission("ok1", retrieved_on=early),
+    ]
+    later = [
+        submission("rm1", retrieved_on=late, removed_by_category="moderator"),
+        submission("rm2", retrieved_on=late),
+        submission("rm3", retrieved_on=late, selftext="[removed]"),
+        submission("ok1", retrieved_on=late),
+    ]
+    write_dump(tmp_path / "in" / "RS_2015-01.zst", dump)
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", later)
+    posts, dead, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path)
+    assert set(posts) == {"rm2", "ok1"} and dead == []
+    assert posts["rm2"]["retrieved_on"] == late
+    # Counted once per post, not per copy.
+    assert counters["posts_filtered_removed"] == 2
+    assert counters["posts_candidates"] == 2 and counters["duplicate_posts"] == 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,6 +574,27 @@ def test_api_failures_keep_dump_scores(tmp_path, creds, no_retry_sleep):
     assert attempts == 3  # prawcore's own retries (2), then the batch gives up
 
 
+def test_failed_refresh_dead_letters_posts_below_min_score(tmp_path, creds, no_retry_sleep):
+    """A stale dump score below min_score is not a silent score filter when the refresh failed."""
+    recs = [submission("lo1", score=3), submission("lo2", score=24), submission("hi1", score=25)]
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", recs)
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.posts.update({r["id"]: {**r, "score": 500} for r in recs})
+        srv.info_failures = -1
+        ctx = ctx_for(
+            tmp_path / "in", tmp_path, refresh_scores="true", min_score="25", reddit_api_base=srv.url
+        )
+        posts, dead, counters = run_reader(ctx, tmp_path)
+    assert set(posts) == {"hi1"} and posts["hi1"]["score_refreshed"] is False
+    assert sorted((d["kind"], d["reason"], d["source_id"]) for d in dead) == [
+        ("post", "score_refresh_failed", "lo1"),
+        ("post", "score_refresh_failed", "lo2"),
+    ]
+    assert "min_score 25" in dead[0]["detail"] and SECRET not in json.dumps(dead)
+    assert counters["post:score_refresh_failed"] == 2 and counters["score_refresh_failed"] == 3
+    assert "posts_filtered_score" not in counters
+
+
 def test_transient_failure_is_retried_by_prawcore(tmp_path, creds, no_retry_sleep):
     write_dump(tmp_path / "in" / "DIY_submissions.zst", [submission("r1", score=1)])
     with RedditFixtureServer(SECRET_ID, SECRET) as srv:
@@ -518,9 +619,13 @@ def test_refresh_true_without_credentials_is_a_clear_error(tmp_path, monkeypatch
     out = capsys.readouterr()
     for text in (msg, caplog.text, out.out, out.err):
         assert SECRET_ID not in text
-    # auto without credentials: dump scores, counted.
+    # auto without credentials: dump scores, counted; the score filter applies to them.
     _, _, counters = run_reader(ctx_for(tmp_path / "in", tmp_path, refresh_scores="auto"), tmp_path)
     assert counters["scores_not_refreshed"] == 1
+    posts, dead, counters = run_reader(
+        ctx_for(tmp_path / "in", tmp_path, refresh_scores="auto", min_score="500"), tmp_path
+    )
+    assert posts == {} and dead == [] and counters["posts_filtered_score"] == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -595,15 +700,168 @@ def test_crawl_checkpoints_and_never_duplicates(tmp_path, creds, monkeypatch, no
     assert counters["duplicate_posts"] == 2 and dead == []
 
 
-def test_crawl_reports_a_possible_gap(tmp_path, creds):
+def _post_at(post_id: str, t: int) -> dict:
+    return submission(post_id, created_utc=JAN_2015 + t, score=1)
+
+
+def test_crawl_overlap_fetches_posts_approved_late(tmp_path, creds):
+    """Run 1 lists p3, p1; p2 (created between them) is approved later and appears in /new
+    at its original time: run 2 fetches p4 and p2, nothing twice."""
     state = CrawlState(str(tmp_path / "state"))
+    out = str(tmp_path / "inc")
+    p1, p2, p3, p4 = (_post_at(f"p{i}", 100 * i) for i in range(1, 5))
     with RedditFixtureServer(SECRET_ID, SECRET) as srv:
-        srv.add_new(_crawl_posts(5, JAN_2015))
         reddit = rd.make_reddit(srv.url)
-        rd.crawl_new_posts(state, str(tmp_path / "inc"), reddit=reddit, now=JAN_2015 + 10_000)
-        srv.add_new(_crawl_posts(10, JAN_2015 + 20_000, prefix="g"))
-        r = rd.crawl_new_posts(state, str(tmp_path / "inc"), reddit=reddit, limit=4, now=JAN_2015 + 90_000)
-    assert r["new_posts"] == 4 and r["gap_possible"] and not r["reached_checkpoint"]
+        srv.add_new([p3, p1])
+        r1 = rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 1000)
+        assert sorted(_ids_in(r1["files"])) == ["p1", "p3"]
+        srv.add_new([p4])
+        srv.approve_late([p2])
+        assert [p["id"] for p in srv.new_posts] == ["p4", "p3", "p2", "p1"]
+        r2 = rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 2000)
+        assert sorted(_ids_in(r2["files"])) == ["p2", "p4"]
+        assert r2["duplicates_skipped"] == 2 and r2["reached_checkpoint"] and not r2["gap_possible"]
+        r3 = rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 3000)
+        assert r3["new_posts"] == 0 and r3["files"] == []
+        assert "recent_ids" not in r3["cursor"] and r3["cursor"]["recent_ids_kept"] == 4
+    assert sorted(_ids_in(fileio.list_files(out))) == ["p1", "p2", "p3", "p4"]
+
+
+def test_crawl_overlap_window_bounds_the_listing(tmp_path, creds):
+    state = CrawlState(str(tmp_path / "state"))
+    out = str(tmp_path / "inc")
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        reddit = rd.make_reddit(srv.url)
+        srv.add_new([_post_at("p3", 300), _post_at("p1", 100)])
+        rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 1000, overlap_s=150)
+        srv.add_new([_post_at("p4", 400)])
+        srv.approve_late([_post_at("p2", 200)])
+        assert [p["id"] for p in srv.new_posts] == ["p4", "p3", "p2", "p1"]
+        # Reads down to 300 - 150: p4 (new), p3 (seen), p2 (new, late), stops at p1.
+        r = rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 2000, overlap_s=150)
+        assert sorted(_ids_in(r["files"])) == ["p2", "p4"]
+        assert r["duplicates_skipped"] == 1 and r["overlap_complete"] and r["listed"] == 4
+        # Only the overlap window's ids stay in the cursor.
+        assert sorted(state.cursor("reddit-new-diy")["recent_ids"]) == ["p3", "p4"]
+        with pytest.raises(MmlinksError, match="overlap"):
+            rd.crawl_new_posts(state, out, reddit=reddit, overlap_s=-1)
+        with pytest.raises(MmlinksError, match="limit"):
+            rd.crawl_new_posts(state, out, reddit=reddit, limit=0)
+
+
+def test_crawl_reads_cursors_written_before_the_overlap(tmp_path, creds):
+    state = CrawlState(str(tmp_path / "state"))
+    state.set_cursor(
+        "reddit-new-diy",
+        {"newest_created_utc": JAN_2015 + 300, "newest_id": "p3", "recent_ids": ["p3", "p1"]},
+    )
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.add_new([_post_at(f"p{i}", 100 * i) for i in range(1, 5)])
+        r = rd.crawl_new_posts(state, str(tmp_path / "inc"), reddit=rd.make_reddit(srv.url))
+    assert sorted(_ids_in(r["files"])) == ["p2", "p4"] and r["duplicates_skipped"] == 2
+
+
+def test_crawl_limit_keeps_the_checkpoint_until_the_gap_is_read(tmp_path, creds):
+    state = CrawlState(str(tmp_path / "state"))
+    out = str(tmp_path / "inc")
+    old = _crawl_posts(5, JAN_2015)
+    new = _crawl_posts(10, JAN_2015 + 20_000, prefix="g")
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.add_new(old)
+        reddit = rd.make_reddit(srv.url)
+        rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 10_000)
+        srv.add_new(new)
+        r = rd.crawl_new_posts(state, out, reddit=reddit, limit=4, now=JAN_2015 + 90_000)
+        assert r["new_posts"] == 4 and r["gap_possible"] and not r["reached_checkpoint"]
+        cursor = state.cursor("reddit-new-diy")
+        assert cursor["newest_id"] == "n4" and {"g9", "g8", "g7", "g6"} <= set(cursor["recent_ids"])
+        assert r["gap"] == {
+            "after_utc": old[-1]["created_utc"],
+            "before_utc": new[6]["created_utc"],
+            "checkpoint_kept": True,
+        }
+        # Without the limit: the rest of the gap, and nothing twice.
+        r2 = rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 91_000)
+        assert sorted(_ids_in(r2["files"])) == [f"g{i}" for i in range(6)]
+        assert r2["reached_checkpoint"] and not r2["gap_possible"] and r2["gap"] is None
+        assert state.cursor("reddit-new-diy")["newest_id"] == "g9"
+    ids = _ids_in(fileio.list_files(out))
+    assert sorted(ids) == sorted(r["id"] for r in old + new)
+
+
+def test_crawl_listing_that_ends_before_the_checkpoint(tmp_path, creds):
+    """More posts than the listing holds arrived: the gap is reported and kept in the cursor,
+    and the checkpoint moves on (the listing can never reach below it again)."""
+    state = CrawlState(str(tmp_path / "state"))
+    out = str(tmp_path / "inc")
+    old = _crawl_posts(5, JAN_2015)
+    new = _crawl_posts(10, JAN_2015 + 20_000, prefix="g")
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.add_new(old)
+        reddit = rd.make_reddit(srv.url)
+        rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 10_000)
+        srv.add_new(new)
+        srv.new_posts = srv.new_posts[:6]  # Reddit's listing cap: g9 .. g4 only
+        r = rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 90_000)
+        assert r["new_posts"] == 6 and r["gap_possible"] and not r["reached_checkpoint"]
+        gap = [old[-1]["created_utc"], new[4]["created_utc"]]
+        cursor = state.cursor("reddit-new-diy")
+        assert cursor["newest_id"] == "g9" and cursor["gaps"] == [gap]
+        assert r["gap"] == {"after_utc": gap[0], "before_utc": gap[1], "checkpoint_kept": False}
+        srv.add_new([submission("h0", created_utc=JAN_2015 + 50_000, score=1)])
+        r2 = rd.crawl_new_posts(state, out, reddit=reddit, now=JAN_2015 + 91_000)
+        assert _ids_in(r2["files"]) == ["h0"] and not r2["gap_possible"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The crawl command
+
+
+def _crawl_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    from orchestration import cli
+
+    monkeypatch.setattr(cli, "_quiet_libraries", lambda: None)  # process-wide settings
+    rc = cli.main(["data", "crawl", "diy", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_crawl_command_api_errors_are_one_line(tmp_path, creds, monkeypatch, capsys, caplog, no_retry_sleep):
+    import socket
+
+    state = ["--out", str(tmp_path / "inc"), "--state", str(tmp_path / "st")]
+    # Wrong credentials: the token endpoint answers 401.
+    with RedditFixtureServer("another-app", "another-secret") as srv:
+        rc, out, err = _crawl_cli(monkeypatch, capsys, *state, "--reddit-api-base", srv.url)
+    errors = [line for line in err.splitlines() if line.startswith("mmlinks: error:")]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err
+    assert "401" in errors[0] and "praw_client_secret" in errors[0]
+    # Nothing listening: a connection error after prawcore's retries.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rc, out2, err2 = _crawl_cli(monkeypatch, capsys, *state, "--reddit-api-base", f"http://127.0.0.1:{port}")
+    errors = [line for line in err2.splitlines() if line.startswith("mmlinks: error:")]
+    assert rc == 2 and len(errors) == 1 and "RequestException" in errors[0] and "network" in errors[0]
+    assert "Traceback" not in err2
+    for text in (out, err, out2, err2, caplog.text):
+        assert SECRET not in text and SECRET_ID not in text
+    assert CrawlState(str(tmp_path / "st")).cursor("reddit-new-diy") is None
+
+
+def test_crawl_command_prints_a_possible_gap(tmp_path, creds, monkeypatch, capsys):
+    args = ["--out", str(tmp_path / "inc"), "--state", str(tmp_path / "st")]
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.add_new(_crawl_posts(3, JAN_2015))
+        rc, out, err = _crawl_cli(monkeypatch, capsys, *args, "--reddit-api-base", srv.url)
+        assert rc == 0 and out.startswith("3 new posts") and "gap_possible" not in err
+        srv.add_new(_crawl_posts(6, JAN_2015 + 20_000, prefix="g"))
+        rc, out, err = _crawl_cli(monkeypatch, capsys, *args, "--reddit-api-base", srv.url, "--limit", "2")
+        assert rc == 0 and "warning: gap_possible" in err and "without --limit" in err
+        assert "2015-01-01 00:20:00Z" in err  # the last checkpoint: where the gap starts
+        # (not --json here: it points this process's fd 1 at stderr for good)
+        rc, out, err = _crawl_cli(monkeypatch, capsys, *args, "--reddit-api-base", srv.url)
+        assert rc == 0 and out.startswith("4 new posts") and "gap_possible" not in err
 
 
 def test_default_user_agent_format():

@@ -6,7 +6,8 @@ with score >= 25, then scraped the albums. This module covers the Reddit half:
 
 - ``ReadCandidatePosts``: dump files (``RS_YYYY-MM.zst`` monthly dumps of every subreddit,
   ``<sub>_submissions.zst`` per-subreddit dumps, and the ``*.ndjson[.zst]`` files that
-  ``crawl_new_posts`` writes) -> filtered, de-duplicated, score-refreshed candidate posts.
+  ``crawl_new_posts`` writes) -> de-duplicated (the latest copy of each post), filtered,
+  score-refreshed candidate posts.
   Dump scores were taken minutes to days after posting and can be far too low, so the scores
   of the candidates are refreshed through the API (100 ids per call) before the score filter.
 - ``crawl_new_posts``: the incremental crawl of ``/r/<sub>/new`` with praw, checkpointed in a
@@ -46,6 +47,7 @@ from pipelines import fileio
 from pipelines.crawl_state import CrawlState
 from pipelines.records import DEAD_LETTER, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, env_credential
+from pipelines.sources.imgur import parse_album_url
 from schemas.errors import MmlinksError
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,12 @@ REDDIT_OPTIONS: tuple[SourceOption, ...] = (
     SourceOption("start", "2013-01", "first month kept (YYYY-MM, UTC, inclusive)"),
     SourceOption("end", "2018-10", "last month kept (YYYY-MM, UTC, inclusive)"),
     SourceOption("min_score", "25", "keep posts whose (refreshed) score is at least this"),
+    SourceOption(
+        "galleries",
+        "false",
+        'also keep imgur /gallery/ (and /t/<tag>/) links: false is the paper\'s rule ("/a/" in the '
+        "URL: albums only), true adds gallery posts",
+    ),
     SourceOption(
         "refresh_scores",
         "auto",
@@ -130,15 +138,16 @@ INFO_BATCH = 100  # ids per /api/info call (the API's maximum)
 READ_SIZE = 1 << 20  # compressed bytes per read
 MAX_LINE_BYTES = 32 << 20  # longer "lines" are corrupt data, not submissions
 LISTING_LIMIT = 1000  # Reddit listings end after about this many items
-RECENT_IDS_KEPT = 250  # ids remembered in the crawl cursor (listings shift between runs)
+# The crawl reads this far (seconds of creation time) below its checkpoint: posts approved late
+# (mod queue, spam filter) show up in /new at their original time, below newer posts.
+DEFAULT_OVERLAP_S = 86400
+# Ids (with their creation times) remembered in the crawl cursor to skip posts already fetched:
+# those of the overlap window, and those fetched past a gap; the newest this many are kept.
+RECENT_IDS_KEPT = 5000
+GAPS_KEPT = 100  # unrecoverable gaps remembered in the cursor (for a backfill from the dumps)
 
 _MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
 _DUMP_MONTH_RE = re.compile(r"^RS_(?:v2_)?(\d{4})-(\d{2})\b")
-# imgur album links: /a/<id> or /gallery/<id> (newer gallery links end in "<slug>-<id>").
-_ALBUM_RE = re.compile(
-    r"^https?://(?:(?:www|m)\.)?imgur\.com/(a|gallery)/([A-Za-z0-9][A-Za-z0-9_-]*)(?:[/?#].*)?$",
-    re.IGNORECASE,
-)
 _DATA_SUFFIXES = (".zst", ".ndjson", ".jsonl", ".json", ".bz2", ".xz")
 
 
@@ -156,6 +165,7 @@ class RedditConfig:
     min_score: int
     refresh: str  # auto | true | false
     api_base: str | None
+    galleries: bool = False  # keep /gallery/ links too (the paper: "/a/" only)
 
 
 def _month_start(value: str, name: str) -> tuple[int, int]:
@@ -202,6 +212,7 @@ def reddit_config(ctx: SourceContext) -> RedditConfig:
         min_score=-(2**62) if min_score is None else min_score,
         refresh=refresh,
         api_base=api_base,
+        galleries=ctx.bool("galleries"),
     )
 
 
@@ -443,17 +454,18 @@ def _str(value: Any, default: str = "") -> str:
     return default if value is None else str(value)
 
 
-def album_of(url: str) -> tuple[str, str] | None:
-    """(kind, album id) of an imgur album/gallery URL, else None.
+def album_of(url: str, galleries: bool = False) -> tuple[str, str] | None:
+    """(kind, album id) of an imgur album URL (and gallery URL when ``galleries``), else None.
 
-    ``/a/<id>`` and ``/gallery/<id>`` on imgur.com, www.imgur.com or m.imgur.com, http or https;
-    newer gallery links carry a title slug (``/gallery/my-desk-AbC12``): the id is its last part.
+    The album scraper's own parser (``imgur.parse_album_url``) decides, so the posts kept here
+    are exactly the ones it can fetch: ``/a/<id>`` (kind ``a``); with ``galleries`` also
+    ``/gallery/<id>`` and ``/t/<tag>/<id>`` (kind ``gallery``). Without it this is the paper's
+    rule, '"/a/" in the URL'.
     """
-    m = _ALBUM_RE.match(url.strip())
-    if not m:
+    parsed = parse_album_url(url)
+    if parsed is None or (parsed[0] != "a" and not galleries):
         return None
-    album = m.group(2).rsplit("-", 1)[-1]
-    return (m.group(1).lower(), album) if album else None
+    return parsed
 
 
 def normalize_submission(rec: dict) -> dict:
@@ -493,6 +505,7 @@ def normalize_submission(rec: dict) -> dict:
     if retrieved is None:
         retrieved = _as_int(rec.get("retrieved_utc"))
     author = rec.get("author")
+    removed = rec.get("removed_by_category")
     return {
         "id": post_id,
         "subreddit": sub,
@@ -508,7 +521,8 @@ def normalize_submission(rec: dict) -> dict:
         "over_18": bool(_as_bool(rec.get("over_18"))),
         "score": score,
         "retrieved_on": retrieved,
-        "removed_by_category": rec.get("removed_by_category"),
+        # Only its truth is used; a non-string value (never seen in the data) is not kept as is.
+        "removed_by_category": None if not removed else removed if isinstance(removed, str) else "other",
     }
 
 
@@ -517,6 +531,8 @@ def filter_reason(post: dict, config: RedditConfig) -> str | None:
 
     Removal: ``removed_by_category`` set, or selftext "[removed]" (a link post's selftext is
     empty unless removed). Author "[deleted]" alone is kept: the user left, the post stayed.
+    Gallery links (``/gallery/``, ``/t/<tag>/``) are ``gallery`` unless ``config.galleries``.
+    Applied to the latest copy of a post (see ``pick_latest``): copies differ in removal.
     """
     if post["subreddit"].lower() != config.subreddit:
         return "subreddit"
@@ -524,8 +540,11 @@ def filter_reason(post: dict, config: RedditConfig) -> str | None:
         return "date"
     if post["is_self"]:
         return "self"
-    if album_of(post["url"]) is None:
+    parsed = parse_album_url(post["url"])
+    if parsed is None:
         return "not_album"
+    if parsed[0] != "a" and not config.galleries:
+        return "gallery"
     if post["removed_by_category"] or post["selftext"].strip() == "[removed]":
         return "removed"
     return None
@@ -533,14 +552,19 @@ def filter_reason(post: dict, config: RedditConfig) -> str | None:
 
 def candidate(post: dict) -> dict:
     """The output record (POST_KEYS) of a normalized submission that passed the filters."""
-    kind, album = album_of(post["url"])  # type: ignore[misc]  # checked by filter_reason
+    kind, album = parse_album_url(post["url"])  # type: ignore[misc]  # checked by filter_reason
     out = {k: post[k] for k in POST_KEYS if k in post}
     out.update(dump_score=post["score"], score_refreshed=False, album_id=album, album_kind=kind)
     return out
 
 
 class ParseSubmissions(beam.DoFn):
-    """``(file, line number, bytes)`` -> candidate posts; drops are counted per reason."""
+    """``(file, line number, bytes)`` -> every copy of the subreddit's submissions, normalized.
+
+    Only the subreddit is checked here (monthly dumps hold all of Reddit); the other filters
+    run on the latest copy of each post after the dedupe (``FilterCandidates``), since copies
+    differ (a post removed after an early dump was taken).
+    """
 
     def __init__(self, config: RedditConfig):
         self.config = config
@@ -561,18 +585,35 @@ class ParseSubmissions(beam.DoFn):
             return
         try:
             rec = json.loads(text)
-        except ValueError as exc:
-            yield dead_letter("line", where, "malformed_json", f"{exc}; {text[:120]}")
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than Python's stack
+            yield dead_letter("line", where, "malformed_json", f"{type(exc).__name__}: {exc}; {text[:120]}")
             return
         if not isinstance(rec, dict):
             yield dead_letter("line", where, "malformed_json", f"not an object: {text[:120]}")
             return
         try:
             post = normalize_submission(rec)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             yield dead_letter("line", where, "malformed_submission", f"{exc}; {text[:120]}")
             return
         count("submissions_parsed")
+        if post["subreddit"].lower() != self.config.subreddit:
+            count("posts_filtered_subreddit")
+            return
+        if post["is_self"]:
+            # Never read again (a self post is filtered as "self" before its text is looked
+            # at); dropping it keeps long self texts out of the shuffle.
+            post["selftext"] = ""
+        yield post
+
+
+class FilterCandidates(beam.DoFn):
+    """The latest copy of each post -> candidate records (``POST_KEYS``); drops counted per reason."""
+
+    def __init__(self, config: RedditConfig):
+        self.config = config
+
+    def process(self, post: dict):
         reason = filter_reason(post, self.config)
         if reason is not None:
             count(f"posts_filtered_{reason}")
@@ -583,6 +624,9 @@ class ParseSubmissions(beam.DoFn):
 
 def pick_latest(post_id: str, versions: Iterable[dict]) -> dict:
     """The copy of a post retrieved last (dumps overlap with each other and with the crawl).
+
+    Runs on every normalized copy before the filters, so a post removed after an earlier dump
+    was taken is judged by its latest (removed) copy.
 
     Ties (or no retrieved_on) go to the higher score, then to the canonical JSON, so the result
     does not depend on the order in which Beam delivers the copies.
@@ -613,8 +657,12 @@ class RefreshScores(beam.DoFn):
     """Batches of up to 100 posts -> the same posts with current scores from ``/api/info``.
 
     Posts the API does not return (deleted since) keep their dump score with
-    ``score_refreshed=False``; a batch whose call fails after prawcore's own retries keeps its
-    dump scores and is counted (``score_refresh_failed``): the build goes on.
+    ``score_refreshed=False``. When a batch's call fails after prawcore's own retries, the build
+    goes on (counted ``score_refresh_failed``): its posts whose dump score reaches ``min_score``
+    keep it; the others are not silently filtered on a stale score but dead-lettered
+    (``post:score_refresh_failed``, with the post id): a rerun with working API access would
+    reconsider them. Without refreshing at all (``refresh_scores=false``, or ``auto`` without
+    credentials) dump scores are used as they are (``scores_not_refreshed``).
     """
 
     def __init__(self, config: RedditConfig):
@@ -646,7 +694,17 @@ class RefreshScores(beam.DoFn):
         except self._errors as exc:
             count("score_refresh_failed", len(batch))
             log.warning("score refresh failed for %d posts: %s", len(batch), type(exc).__name__)
-            yield from batch
+            for post in batch:
+                if post["score"] >= self.config.min_score:
+                    yield post
+                else:
+                    yield dead_letter(
+                        "post",
+                        post["id"],
+                        "score_refresh_failed",
+                        f"dump score {post['score']} < min_score {self.config.min_score} and the API "
+                        f"call failed ({type(exc).__name__}); a rerun with API access reconsiders it",
+                    )
             return
         for post in batch:
             if post["id"] in fresh:
@@ -704,16 +762,21 @@ class ReadCandidatePosts(beam.PTransform):
         parsed = lines.lines | "Parse" >> beam.ParDo(ParseSubmissions(self.config)).with_outputs(
             DEAD_LETTER, main="posts"
         )
-        posts = (
+        # Dedupe first, then filter the chosen copy: a later copy may be removed.
+        refreshed = (
             parsed.posts
             | "KeyById" >> beam.Map(lambda p: (p["id"], p))
             | "GroupById" >> beam.GroupByKey()
             | "LatestCopy" >> beam.MapTuple(pick_latest)
+            | "Filter" >> beam.ParDo(FilterCandidates(self.config))
             | "Batch" >> beam.BatchElements(min_batch_size=INFO_BATCH, max_batch_size=INFO_BATCH)
-            | "RefreshScores" >> beam.ParDo(RefreshScores(self.config))
-            | "MinScore" >> beam.ParDo(_KeepScore(self.config.min_score))
+            | "RefreshScores"
+            >> beam.ParDo(RefreshScores(self.config)).with_outputs(DEAD_LETTER, main="posts")
         )
-        dead = (lines[DEAD_LETTER], parsed[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        posts = refreshed.posts | "MinScore" >> beam.ParDo(_KeepScore(self.config.min_score))
+        dead = (lines[DEAD_LETTER], parsed[DEAD_LETTER], refreshed[DEAD_LETTER]) | "DeadLetters" >> (
+            beam.Flatten()
+        )
         return {"posts": posts, DEAD_LETTER: dead}
 
 
@@ -770,6 +833,29 @@ def _compress_ndjson(records: list[dict]) -> bytes:
     return zstandard.ZstdCompressor(level=10).compress(body)
 
 
+def _recent_from_cursor(cursor: dict, newest: int | None) -> dict[str, int]:
+    """The cursor's remembered ids as ``{id: created_utc}``.
+
+    Cursors written before the overlap window hold a plain list of ids: they count as created
+    at the checkpoint (kept for one more window).
+    """
+    raw = cursor.get("recent_ids")
+    fallback = 0 if newest is None else newest
+    if isinstance(raw, dict):
+        out = {}
+        for key, value in raw.items():
+            created = _as_int(value)
+            out[str(key)] = fallback if created is None else created
+        return out
+    if isinstance(raw, list):
+        return {str(i): fallback for i in raw if isinstance(i, (str, int))}
+    return {}
+
+
+def _iso(ts: int | None) -> str:
+    return "?" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def crawl_new_posts(
     state: CrawlState,
     out_dir: str,
@@ -778,48 +864,70 @@ def crawl_new_posts(
     reddit=None,
     limit: int | None = None,
     now: float | None = None,
+    overlap_s: int = DEFAULT_OVERLAP_S,
 ) -> dict:
-    """Fetch posts newer than the last run from ``/r/<sub>/new`` into dump-format files.
+    """Fetch the posts not seen by earlier runs from ``/r/<sub>/new`` into dump-format files.
 
-    Reads the listing newest-first until it reaches the checkpoint (cursor
-    ``reddit-new-<sub>``: the newest created_utc and id seen, plus the ids of the last
-    ``RECENT_IDS_KEPT`` posts, since listings shift between calls). New posts are written as
-    one zstd ndjson file per run and creation month, ``out_dir/<YYYY-MM>/<sub>_incremental_
-    <UTC time>.ndjson.zst`` (so monthly partitions line up with the dumps), atomically; only
-    then does the cursor move. A crash before the cursor moves redoes the run, writing a
-    second file with the same posts; ``ReadCandidatePosts`` de-duplicates by id.
+    The cursor ``reddit-new-<sub>`` holds the checkpoint (the newest created_utc and id of a
+    run that read down to the previous checkpoint) and the ids already fetched with their
+    creation times. The listing is read newest-first past the checkpoint for ``overlap_s``
+    more seconds of creation time, since posts approved late (mod queue, spam filter) appear
+    at their original time, below newer ones; ids already fetched are skipped. Ids are kept
+    for the overlap window (and past a gap, see below), at most ``RECENT_IDS_KEPT``.
 
-    Reddit listings end after about 1000 items and have no time-range search: run this at
-    least as often as 1000 posts arrive in the subreddit (r/DIY: a few days), or posts are
-    missed (reported as ``gap_possible``). Scores in these files are minutes old; the reader's
-    score refresh updates them. Returns ``{"new_posts", "files", "cursor", "duplicates_skipped",
-    "malformed_skipped", "reached_checkpoint", "gap_possible"}``. API errors propagate (after
-    prawcore's retries) before the cursor moves, so the next run simply starts over.
+    New posts are written as one zstd ndjson file per run and creation month, ``out_dir/
+    <YYYY-MM>/<sub>_incremental_<UTC time>.ndjson.zst`` (so monthly partitions line up with
+    the dumps), atomically; only then does the cursor move. A crash before the cursor moves
+    redoes the run, writing a second file with the same posts; ``ReadCandidatePosts``
+    de-duplicates by id.
+
+    Gaps: when the run stops before the checkpoint, posts between it and the oldest post read
+    were not fetched (``gap_possible``, with ``gap`` = ``{"after_utc", "before_utc",
+    "checkpoint_kept"}``). Stopped by ``limit``: the checkpoint stays where it was and the
+    fetched ids are remembered, so a later run without the limit reads down to it again and
+    fetches only the rest. The listing itself ended (Reddit keeps about ``LISTING_LIMIT``
+    posts and has no time-range search; more arrived since the last run): the posts below can
+    never be listed again, so the checkpoint moves on and the range is recorded in the
+    cursor's ``gaps`` for a backfill from the dumps. Run this at least as often as 1000 posts
+    arrive in the subreddit (r/DIY: a few days).
+
+    Scores in these files are minutes old; the reader's score refresh updates them. Returns
+    ``{"new_posts", "files", "cursor" (without its id list), "listed", "duplicates_skipped",
+    "malformed_skipped", "reached_checkpoint", "overlap_complete", "gap_possible", "gap"}``.
+    API errors propagate (after prawcore's retries) before the cursor moves, so the next run
+    simply starts over.
     """
+    if isinstance(overlap_s, bool) or not isinstance(overlap_s, int) or overlap_s < 0:
+        raise MmlinksError(f"the crawl overlap wants a whole number of seconds >= 0, not {overlap_s!r}")
+    if limit is not None and limit < 1:
+        raise MmlinksError(f"the crawl limit wants a positive number of posts, not {limit!r}")
     now = time.time() if now is None else now
     reddit = make_reddit() if reddit is None else reddit
     name = f"reddit-new-{subreddit.lower()}"
     cursor = state.cursor(name) or {}
     newest = _as_int(cursor.get("newest_created_utc"))
     newest_id = cursor.get("newest_id")
-    recent = list(cursor.get("recent_ids") or [])
-    seen = set(recent)
+    recent = _recent_from_cursor(cursor, newest)
+    stop_below = None if newest is None else newest - overlap_s
 
     fresh: dict[str, dict] = {}
-    duplicates = malformed = 0
-    reached = False
-    listed = 0
+    duplicates = malformed = listed = 0
+    reached = overlap_complete = False
+    top = top_id = oldest = None  # creation times (and the top's id) of what was listed
     for submission in reddit.subreddit(subreddit).new(limit=limit):
         listed += 1
         post_id = str(submission.id)
-        if newest is not None and post_id == newest_id:
-            reached = True
-            break
         created = _as_int(getattr(submission, "created_utc", None))
-        if newest is not None and created is not None and created < newest:
-            reached = True
+        if newest is not None and (post_id == newest_id or (created is not None and created <= newest)):
+            reached = True  # everything newer than the checkpoint has been listed
+        if stop_below is not None and created is not None and created < stop_below:
+            overlap_complete = True
             break
-        if post_id in seen or post_id in fresh:
+        if created is not None:
+            if top is None or created > top:
+                top, top_id = created, post_id
+            oldest = created if oldest is None else min(oldest, created)
+        if post_id in recent or post_id in fresh:
             duplicates += 1
             continue
         try:
@@ -828,13 +936,33 @@ def crawl_new_posts(
             malformed += 1
             log.warning("r/%s: skipping submission %s: %s", subreddit, post_id, exc)
 
+    limited = limit is not None and listed >= limit
     gap = newest is not None and not reached
+    gap_info = None
     if gap:
-        log.warning(
-            "r/%s: the listing ended (%d posts) before the last checkpoint: posts may be missing",
-            subreddit,
-            listed,
-        )
+        gap_info = {"after_utc": newest, "before_utc": oldest, "checkpoint_kept": limited}
+        if limited:
+            log.warning(
+                "r/%s: stopped after the limit of %d posts before the last checkpoint: posts created "
+                "between %s and %s are not fetched yet; the checkpoint stays, a run without the "
+                "limit fetches them",
+                subreddit,
+                listed,
+                _iso(newest),
+                _iso(oldest),
+            )
+        else:
+            log.warning(
+                "r/%s: the listing ended (%d posts; Reddit lists about %d) before the last checkpoint: "
+                "posts created between %s and %s may be missing (backfill them from the dumps; "
+                "crawl more often)",
+                subreddit,
+                listed,
+                LISTING_LIMIT,
+                _iso(newest),
+                _iso(oldest),
+            )
+
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
     by_month: dict[str, list[dict]] = {}
     for rec in fresh.values():
@@ -847,33 +975,49 @@ def crawl_new_posts(
         fileio.write_bytes_atomic(uri, _compress_ndjson(records))
         files.append(uri)
 
-    if fresh:
-        ordered = sorted(fresh.values(), key=lambda r: (r["created_utc"], r["id"]), reverse=True)
-        top = ordered[0]
-        if newest is None or top["created_utc"] >= newest:
-            newest, newest_id = top["created_utc"], top["id"]
-        recent = [r["id"] for r in ordered] + [i for i in recent if i not in fresh]
-        cursor = {
-            "newest_created_utc": newest,
-            "newest_id": newest_id,
-            "recent_ids": recent[:RECENT_IDS_KEPT],
-            "updated_at": stamp,
-        }
-        state.set_cursor(name, cursor)  # after the files: a crash before here redoes the run
+    # The checkpoint moves to the newest post listed, unless a limit stopped the run short of
+    # the old one (then the gap below must still be read: the old checkpoint stays).
+    mark, mark_id = newest, newest_id
+    if top is not None and (newest is None or top > newest) and not (gap and limited):
+        mark, mark_id = top, top_id
+    for rec in fresh.values():
+        recent[rec["id"]] = rec["created_utc"]
+    keep_from = None if mark is None else mark - overlap_s
+    kept = sorted(((c, i) for i, c in recent.items() if keep_from is None or c >= keep_from), reverse=True)
+    gaps = [g for g in cursor.get("gaps") or [] if isinstance(g, list)]
+    if gap and not limited and oldest is not None:
+        gaps = [*gaps, [newest, oldest]][-GAPS_KEPT:]
+    new_cursor: dict[str, Any] = {
+        "newest_created_utc": mark,
+        "newest_id": mark_id,
+        "recent_ids": {i: c for c, i in kept[:RECENT_IDS_KEPT]},
+    }
+    if gaps:
+        new_cursor["gaps"] = gaps
+    if mark is not None and new_cursor != {k: v for k, v in cursor.items() if k != "updated_at"}:
+        new_cursor["updated_at"] = stamp
+        state.set_cursor(name, new_cursor)  # after the files: a crash before here redoes the run
+        cursor = new_cursor
     count_new = len(fresh)
     log.info("r/%s: %d new posts in %d file(s)", subreddit, count_new, len(files))
+    summary = {k: v for k, v in cursor.items() if k != "recent_ids"}
+    summary["recent_ids_kept"] = len(cursor.get("recent_ids") or ())
     return {
         "new_posts": count_new,
         "files": files,
-        "cursor": cursor,
+        "cursor": summary,
+        "listed": listed,
         "duplicates_skipped": duplicates,
         "malformed_skipped": malformed,
         "reached_checkpoint": reached,
+        "overlap_complete": overlap_complete,
         "gap_possible": gap,
+        "gap": gap_info,
     }
 
 
 __all__ = [
+    "DEFAULT_OVERLAP_S",
     "DUMP_FIELDS",
     "POST_KEYS",
     "REDDIT_CREDENTIALS",
