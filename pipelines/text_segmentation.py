@@ -57,8 +57,26 @@ _DROP_TAGS = frozenset(
 )
 _LIST_TAGS = frozenset({"li", "dt", "dd"})
 _HIDDEN_NAMESPACES = frozenset({"file", "image", "media", "category"})
-# Interlanguage links: [[de:Paris]], [[zh-yue:...]], [[simple:...]] (not shown in the text).
-_INTERLANG_RE = re.compile(r"^(?:[a-z]{2,3}(?:-[a-z0-9]{1,8})*|simple)$")
+# Interlanguage links ([[de:Paris]], [[zh-yue:...]], [[simple:...]]) are not shown in the text.
+# Only a known Wikipedia language code counts as a prefix, so [[CSI: Miami]] or [[Sri:...]] stay.
+_WIKIPEDIA_LANGUAGES = frozenset(
+    """
+    aa ab ace ady af ak als alt am ami an ang anp ar arc ary arz as ast atj av avk awa ay az azb
+    ba ban bar bat-smg bbc bcl be be-tarask be-x-old bew bg bh bi bjn blk bm bn bo bpy br bs btm bug
+    bxr ca cbk-zam cdo ce ceb ch cho chr chy ckb co cr crh cs csb cu cv cy da dag de dga din diq dsb
+    dtp dty dv dz ee el eml en eo es et eu ext fa fat ff fi fiu-vro fj fo fon fr frp frr fur fy ga
+    gag gan gcr gd gl glk gn gom gor got gpe gu guc gur guw gv ha hak haw he hi hif ho hr hsb ht hu
+    hy hyw hz ia iba id ie ig igl ii ik ilo inh io is it iu ja jam jbo jv ka kaa kab kbd kbp kcg kg
+    kge ki kj kk kl km kn knc ko koi kr krc ks ksh ku kus kv kw ky la lad lb lbe lez lfn lg li lij
+    lld lmo ln lo lrc lt ltg lv mad mai map-bms mdf mg mh mhr mi min mk ml mn mni mnw mo mos mr mrj
+    ms mt mus mwl my myv mzn na nah nan nap nb nds nds-nl ne new ng nia nl nn no nov nqo nr nrm nso
+    nup nv ny oc olo om or os pa pag pam pap pcd pcm pdc pfl pi pih pl pms pnb pnt ps pt pwn qu rm
+    rmy rn ro roa-rup roa-tara rsk ru rue rup rw sa sah sat sc scn sco sd se sg sgs sh shi shn shy
+    si simple sk skr sl sm smn sn so sq sr srn ss st stq su sv sw syl szl szy ta tay tcy tdd te tet
+    tg th ti tig tk tl tly tn to tpi tr trv ts tt tum tw ty tyv udm ug uk ur uz ve vec vep vi vls
+    vo vro wa war wo wuu xal xh xmf yi yo yue za zea zgh zh zh-classical zh-min-nan zh-yue zu
+    """.split()
+)
 # Sections after which an article holds no running text.
 END_SECTIONS = frozenset(
     {
@@ -100,12 +118,23 @@ def _template_text(tpl: mw.Template) -> str:
     return ""
 
 
+def _is_interlanguage(title: str, piped: bool) -> bool:
+    """[[de:Berlin]]: a known language code, a colon and the foreign title right after it.
+
+    A piped link or one with a space after the colon is an ordinary link ([[CSI: Miami|CSI]]).
+    """
+    prefix, colon, rest = title.partition(":")
+    if piped or not colon or not rest or rest[0].isspace():
+        return False
+    return prefix.strip().lower() in _WIKIPEDIA_LANGUAGES
+
+
 def _link_text(link: mw.Wikilink) -> str:
     title = str(link.title).strip()
     visible_colon = title.startswith(":")  # [[:Category:X]] is an ordinary visible link
     if not visible_colon and ":" in title:
         prefix = title.split(":", 1)[0].strip().lower()
-        if prefix in _HIDDEN_NAMESPACES or _INTERLANG_RE.match(prefix):
+        if prefix in _HIDDEN_NAMESPACES or _is_interlanguage(title, link.text is not None):
             return ""
     if link.text is not None:
         return _render(link.text)

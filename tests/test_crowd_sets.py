@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pipelines.sources import get_spec
 from pipelines.sources.mscoco import CocoImage, build_documents, split_counts
 from pipelines.sources.sampling import rng_for, sample_excluding
-from pipelines.sources.vist import group_dii, ordered_story
+from pipelines.sources.vist import _fill_slots, group_dii, ordered_story
 from schemas.errors import MmlinksError
 from tests.fixtures.crowd import coco_truth, collect_source, write_mscoco, write_vist
 
@@ -180,7 +180,7 @@ def test_coco_years_merge_by_annotation_id_and_bad_entries_are_dead_lettered(tmp
 
 def test_coco_options_are_checked(tmp_path):
     spec = get_spec("mscoco")
-    assert spec.build_defaults == {"dedupe_threshold": None}
+    assert spec.build_defaults == {"dedupe_threshold": None, "filter_options": {"min_images": "10"}}
     state = str(tmp_path / "state")
     with pytest.raises(MmlinksError, match="not an MSCOCO folder"):
         spec.check(spec.context(str(tmp_path), {}, state))
@@ -192,18 +192,17 @@ def test_coco_options_are_checked(tmp_path):
 # --- VIST: grouping -----------------------------------------------------------------------------
 
 
-@settings(max_examples=100, deadline=None)
-@given(
-    albums=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=4),
-    interleaved=st.booleans(),
-    merge_seed=st.integers(0, 1000),
-)
-def test_dii_caption_sets_regroup_from_either_layout_and_mixed_albums(albums, interleaved, merge_seed):
-    streams, truth = [], set()
+def _dii_albums(albums, interleaved, workers=None):
+    """Per album [(n image sets, n caption sets)] -> (one caption stream per album, true sets).
+
+    ``workers``: None (no worker ids), "set" (one worker writes a whole caption set) or "caption"
+    (every caption another worker). A true set is a tuple of (photo, text) in story order.
+    """
+    streams, truth = [], []
     photo = 0
     for a, (n_sets, n_caption_sets) in enumerate(albums):
         stream = []
-        for _ in range(n_sets):
+        for s in range(n_sets):
             photos = [str(photo + k) for k in range(5)]
             photo += 5
             cap = {
@@ -212,6 +211,7 @@ def test_dii_caption_sets_regroup_from_either_layout_and_mixed_albums(albums, in
                     "album": f"a{a}",
                     "order": k,
                     "story": None,
+                    "worker": {None: None, "set": f"w{a}.{s}.{c}", "caption": f"w{a}.{s}.{c}.{k}"}[workers],
                     "text": f"{c}:{photos[k]}",
                 }
                 for c in range(n_caption_sets)
@@ -219,19 +219,117 @@ def test_dii_caption_sets_regroup_from_either_layout_and_mixed_albums(albums, in
             }
             keys = [(c, k) for k in range(5) for c in range(n_caption_sets)] if interleaved else sorted(cap)
             stream += [cap[key] for key in keys]
-            truth |= {tuple((p, f"{c}:{p}") for p in photos) for c in range(n_caption_sets)}
+            truth += [tuple((p, f"{c}:{p}") for p in photos) for c in range(n_caption_sets)]
         streams.append(stream)
-    # albums' captions merged in any order that keeps each album's own order
-    rng, merged, heads = random.Random(merge_seed), [], [0] * len(streams)
+    return streams, truth
+
+
+def _merge(streams, seed):
+    """The albums' captions merged in any order that keeps each album's own order."""
+    rng, merged, heads = random.Random(seed), [], [0] * len(streams)
     while any(h < len(s) for h, s in zip(heads, streams, strict=True)):
         a = rng.choice([i for i, s in enumerate(streams) if heads[i] < len(s)])
         merged.append(streams[a][heads[a]])
         heads[a] += 1
-    groups = group_dii(merged)
+    return merged
+
+
+def _complete_sets(groups):
     stories = [ordered_story(g) for _, g in groups]
-    assert all(s is not None for s in stories)
-    assert {tuple((c["photo"], c["text"]) for c in s) for s in stories} == truth
+    return [tuple((c["photo"], c["text"]) for c in s) for s in stories if s is not None]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    albums=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=4),
+    interleaved=st.booleans(),
+    workers=st.sampled_from([None, "set", "caption"]),
+    merge_seed=st.integers(0, 1000),
+)
+def test_dii_caption_sets_regroup_from_either_layout_and_mixed_albums(
+    albums, interleaved, workers, merge_seed
+):
+    streams, truth = _dii_albums(albums, interleaved, workers)
+    groups = group_dii(_merge(streams, merge_seed))
+    assert all(ordered_story(g) is not None for _, g in groups)
+    assert set(_complete_sets(groups)) == set(truth)
     assert len(groups) == len(truth) == len({key for key, _ in groups})
+
+
+def _drop(streams, picks):
+    """Drop the captions at the (album, fraction) positions in ``picks``; return the streams."""
+    out = [list(s) for s in streams]
+    for a, frac in picks:
+        stream = out[a % len(out)]
+        if stream:
+            del stream[int(frac * len(stream)) % len(stream)]
+    return out
+
+
+def _check_no_chimera(groups, streams, truth):
+    kept = {id(e) for s in streams for e in s}
+    complete = _complete_sets(groups)
+    assert set(complete) <= set(truth)  # never a set mixing captions of two caption sets
+    assert len(complete) == len(set(complete))
+    kept_text = {(e["photo"], e["text"]) for s in streams for e in s}
+    undamaged = [t for t in truth if set(t) <= kept_text]
+    assert set(undamaged) <= set(complete)  # and every caption set left whole is found
+    assert sum(len(g) for _, g in groups) == len(kept)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    albums=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3),
+    drops=st.lists(st.floats(0, 1, exclude_max=True), max_size=3),
+    merge_seed=st.integers(0, 1000),
+)
+def test_one_dropped_dii_caption_per_album_makes_no_chimera_without_worker_ids(albums, drops, merge_seed):
+    streams, truth = _dii_albums(albums, interleaved=False)
+    streams = _drop(streams, list(enumerate(drops)))  # at most one per album
+    groups = group_dii(_merge(streams, merge_seed))
+    _check_no_chimera(groups, streams, truth)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    albums=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3),
+    interleaved=st.booleans(),
+    drops=st.lists(st.tuples(st.integers(0, 2), st.floats(0, 1, exclude_max=True)), max_size=6),
+    merge_seed=st.integers(0, 1000),
+)
+def test_dropped_dii_captions_make_no_chimera_with_worker_ids(albums, interleaved, drops, merge_seed):
+    streams, truth = _dii_albums(albums, interleaved, workers="set")
+    streams = _drop(streams, drops)
+    groups = _fill_slots(_merge(streams, merge_seed), require_worker=True)
+    _check_no_chimera(groups, streams, truth)
+
+
+@pytest.mark.parametrize("workers", [None, "set"])
+@pytest.mark.parametrize("same_photos", [True, False])
+@pytest.mark.parametrize("dropped", range(5))
+def test_a_dropped_dii_caption_never_lets_the_next_set_fill_its_slot(workers, same_photos, dropped):
+    # album A: set 1 = a0..a4 with one caption dropped, then set 2 = b0..b4 (same or other photos)
+    streams, truth = _dii_albums([(1 if same_photos else 2, 2 if same_photos else 1)], False, workers)
+    stream = streams[0]
+    del stream[dropped]
+    groups = group_dii(stream)
+    assert [key for key, _ in groups] == ["a0-0", "a0-1"]
+    assert [c["order"] for c in groups[0][1]] == [k for k in range(5) if k != dropped]
+    assert ordered_story(groups[0][1]) is None  # -> incomplete_story
+    assert _complete_sets(groups) == [truth[1]]
+
+
+def test_dii_worker_ids_decide_only_when_sets_are_one_workers():
+    # image after image, the first caption of one set dropped: only the worker ids tell the sets
+    # apart, and they are used because the other albums' sets are one worker's each
+    streams, truth = _dii_albums([(1, 2), (1, 2), (1, 2)], interleaved=True, workers="set")
+    del streams[0][0]
+    elements = [e for s in streams for e in s]
+    assert _complete_sets(_fill_slots(elements, require_worker=False))[0] != truth[1]  # orders alone
+    assert _complete_sets(group_dii(elements)) == truth[1:]
+    # a worker per caption: worker ids say nothing about the sets; orders still regroup them
+    streams, truth = _dii_albums([(2, 2)], interleaved=True, workers="caption")
+    assert set(_complete_sets(group_dii(streams[0]))) == set(truth)
 
 
 # --- VIST: the Beam sources on a fixture download -----------------------------------------------
@@ -340,6 +438,14 @@ def test_vist_bad_annotations_and_incomplete_stories_are_dead_lettered(tmp_path)
         ("line", "malformed_split_file"): 1,
     }
     assert Counter(d.split for d in run.documents) == {"train": 2, "val": 1}
+    # the second set of the same album is whole and its own; the first is the incomplete one
+    second = [e[0] for e in json.loads(path.read_text())["annotations"][4:9]]
+    (val,) = [d for d in run.documents if d.split == "val"]
+    assert val.metadata["photo_ids"] == ",".join(e["photo_flickr_id"] for e in second)
+    assert val.sentences == [e["original_text"] for e in second]
+    assert [r["source_id"] for r in run.dead_letters if r["reason"] == "incomplete_story"] == [
+        f"dii-{first['album_id']}-0"
+    ]
 
 
 def test_vist_options_are_checked(tmp_path):

@@ -80,7 +80,7 @@ def test_recipeqa(tmp_path):
         assert len(d.images) >= 2 and len(d.sentences) >= 2 and d.links  # the paper's recipe filter
         assert all(0 <= s < len(d.sentences) and 0 <= i < len(d.images) for s, i in d.links)
     assert manifest.build_params["filter"]["min_links"] == 1
-    assert manifest.build_params["dedupe_threshold"] == 3
+    assert manifest.build_params["dedupe_threshold"] is None
 
 
 def test_mscoco_documents_link_each_true_caption_to_its_image(tmp_path):

@@ -98,6 +98,16 @@ def test_strip_wiki_markup_keeps_visible_links_and_drops_namespaces():
     assert strip_wiki_markup("Text<ref name=a/>.<ref group=n>Note</ref> __NOTOC__ more") == "Text. more"
 
 
+def test_only_known_language_prefixes_make_interlanguage_links():
+    assert strip_wiki_markup("Watch [[CSI: Miami|CSI]] tonight.") == "Watch CSI tonight."
+    assert strip_wiki_markup("Watch [[CSI: Miami]] and [[Sri: Lanka]].") == "Watch CSI: Miami and Sri: Lanka."
+    assert strip_wiki_markup("Berlin is a city.[[de:Berlin]][[zh-yue:柏林]][[simple:Berlin]]") == (
+        "Berlin is a city."
+    )
+    # a space after the colon, or a pipe, makes an ordinary link even with a language prefix
+    assert strip_wiki_markup("[[It: Chapter Two]] and [[fr:Paris|Paris]].") == "It: Chapter Two and Paris."
+
+
 def test_split_sentences_basic():
     text = "Dr. Smith lived in the U.S.A. for years. He left in 1999.\nA line without a stop\n\n  \n!!!"
     assert split_sentences(text) == [

@@ -12,13 +12,24 @@ visual_ordering), ``qid``, ``recipe_id``, ``split``, ``context`` (the recipe's s
 
 The paper (Hessel et al. 2019, supplement "RQA") extracts the context of every question: one
 recipe occurs in many questions, so documents are deduplicated by ``recipe_id`` (or, without
-one, by the sequence of step ids). Among the items of one recipe the context kept is the one with
-step titles, then one with images, then the longest (steps, images, characters), then the
-smallest qid; nothing is merged across items. Sentence k is step k's title + " " + body; a step
-without tokens keeps its index (the build drops token-less sentences and remaps the links); each
-image of step k is linked to sentence k. Recipes without any step image are dead-lettered
-(``document:no_linked_images``); the paper's ">= 2 images and >= 2 steps" is the build's
-``recipeqa`` filter preset.
+one, by the sequence of step ids). Each question shows the context in one modality: the visual
+tasks (visual_cloze, visual_coherence, visual_ordering; context_modality "text") carry step
+titles and bodies but no step images, textual_cloze carries the images and bodies but no titles.
+So the contexts of one recipe are merged step by step (``merge_candidates``): the best single
+context (titled, then with images, then the longest, then the smallest qid) gives the step
+order; every other context is aligned to it by step id (steps it lacks are inserted after their
+predecessor), else by position when both have as many steps, else left out (counter
+``recipe_contexts_unaligned``). A merged step takes its title from the first titled copy, its
+body from the longest, and the union of the copies' images in first-seen order. The contexts are
+merged in a fixed order, so the result does not depend on the order Beam combines them in.
+
+Sentence k is step k's title + " " + body; a step without tokens keeps its index (the build
+drops token-less sentences and remaps the links), but its images are dropped (counter
+``images_of_empty_steps``): the paper discards empty steps, and recipes whose only images belong
+to them. Each image of step k is linked to sentence k. Recipes without any linked step image are
+dead-lettered (``document:no_linked_images``); the paper's ">= 2 images and >= 2 steps" is the
+build's ``recipeqa`` filter preset. Near-duplicate image removal is off by default: the paper
+applies it to DIY only.
 
 Splits: the official val split is the paper's test set (split "test"); the official train split
 is left unsplit and the build carves train/val from it with ratios 0.87/0.13, the paper's
@@ -26,8 +37,8 @@ is left unsplit and the build carves train/val from it with ratios 0.87/0.13, th
 not used by the paper: it is skipped (counter ``official_test_skipped``) unless
 ``include_official_test=true``, which emits its recipes as split "test_official".
 
-Big files are streamed item by item (``pipelines.sources.jsonstream``); only the best context per
-recipe is shuffled between workers (a combiner), not every question.
+Big files are streamed item by item (``pipelines.sources.jsonstream``); only the distinct
+contexts of each recipe are shuffled between workers (a combiner), not every question.
 """
 
 from __future__ import annotations
@@ -43,12 +54,17 @@ from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
 from schemas.errors import MmlinksError
+from schemas.text import has_tokens
 
 SOURCE = "recipeqa"
 OFFICIAL_SPLITS = ("train", "val", "test")
 # Official split -> document split (None: the build assigns train/val by hash).
 DOC_SPLITS: dict[str, str | None] = {"train": None, "val": "test", "test": "test_official"}
-BUILD_DEFAULTS = {"filter_preset": "recipeqa", "split_ratios": {"train": 0.87, "val": 0.13}}
+BUILD_DEFAULTS = {
+    "filter_preset": "recipeqa",
+    "split_ratios": {"train": 0.87, "val": 0.13},
+    "dedupe_threshold": None,  # the paper removes near-duplicate images from DIY only
+}
 
 OPTIONS = (
     SourceOption("splits", "train,val", "official split files to read, comma-separated (train, val, test)"),
@@ -129,9 +145,102 @@ def _preference(candidate: dict) -> tuple:
     )
 
 
-def best_candidate(candidates) -> dict:
-    """The context kept for a recipe; associative and order-free, so usable as a combiner."""
-    return min(candidates, key=_preference)
+def _content_key(candidate: dict) -> str:
+    """Questions showing the same context (same steps) have the same key."""
+    return json.dumps([candidate["step_ids"], candidate["steps"]], sort_keys=True)
+
+
+def _id_keys(candidate: dict) -> list[str] | None:
+    """The step ids as keys, or None unless every step has a distinct string or integer id."""
+    ids = candidate["step_ids"]
+    if not all(isinstance(i, str | int) and not isinstance(i, bool) for i in ids):
+        return None
+    keys = [json.dumps(i) for i in ids]
+    return keys if len(set(keys)) == len(keys) else None
+
+
+def merge_candidates(candidates) -> dict:
+    """One recipe's contexts (any order) -> its merged context (see the module docstring).
+
+    Output: a candidate (qid and task of the best single context) with "contexts" (how many
+    distinct contexts were merged) and "unaligned" (how many could not be aligned, left out).
+    """
+    distinct: dict[str, dict] = {}
+    for c in candidates:
+        key = _content_key(c)
+        if key not in distinct or _preference(c) < _preference(distinct[key]):
+            distinct[key] = c
+    ordered = sorted(distinct.values(), key=_preference)
+    base = ordered[0]
+    base_keys = _id_keys(base)
+    by_position = [f"#{k}" for k in range(len(base["steps"]))]  # slot keys when ids do not align
+    # slots: [key, [titles], [bodies], [images]] in document order
+    slots = [
+        [key, [title], [body], list(images)]
+        for key, (title, body, images) in zip(base_keys or by_position, base["steps"], strict=True)
+    ]
+    unaligned = 0
+    for c in ordered[1:]:
+        keys = _id_keys(c) if base_keys is not None else None
+        if keys is None or not set(keys) & set(base_keys or ()):
+            if len(c["steps"]) != len(base["steps"]):
+                unaligned += 1
+                continue
+            keys = base_keys or by_position  # step k is the base's step k
+        insert_at = 0
+        for key, (title, body, images) in zip(keys, c["steps"], strict=True):
+            at = next((n for n, slot in enumerate(slots) if slot[0] == key), None)
+            if at is None:
+                slots.insert(insert_at, [key, [], [], []])
+                at = insert_at
+            slot = slots[at]
+            slot[1].append(title)
+            slot[2].append(body)
+            for image in images:
+                if image not in slot[3]:
+                    slot[3].append(image)
+            insert_at = at + 1
+    steps = [
+        [next((t for t in titles if t.strip()), ""), max(bodies, key=len, default=""), images]
+        for _, titles, bodies, images in slots
+    ]
+    step_ids = [json.loads(slot[0]) for slot in slots] if base_keys is not None else base["step_ids"]
+    return {
+        "qid": base["qid"],
+        "task": base["task"],
+        "recipe_id": base["recipe_id"],
+        "step_ids": step_ids,
+        "steps": steps,
+        "contexts": len(ordered) - unaligned,
+        "unaligned": unaligned,
+    }
+
+
+class MergeContexts(beam.CombineFn):
+    """The contexts of one recipe -> merge_candidates of them; keeps only distinct contexts.
+
+    The accumulator maps a context's content to its preferred question, so adding and merging
+    are associative and commutative, and the merge itself runs once, on a sorted list.
+    """
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, acc: dict, candidate: dict) -> dict:
+        key = _content_key(candidate)
+        if key not in acc or _preference(candidate) < _preference(acc[key]):
+            acc[key] = candidate
+        return acc
+
+    def merge_accumulators(self, accumulators) -> dict:
+        out: dict = {}
+        for acc in accumulators:
+            for candidate in acc.values():
+                self.add_input(out, candidate)
+        return out
+
+    def extract_output(self, acc: dict) -> dict:
+        return merge_candidates(acc.values())
 
 
 def image_file_name(name: str) -> str | None:
@@ -148,17 +257,25 @@ def image_file_name(name: str) -> str | None:
 
 def recipe_document(
     split: str, key: str, candidate: dict, image_root: str
-) -> tuple[RawDocument | None, list[tuple[str, str, str, str]]]:
-    """(document or None, problems as (kind, source_id, reason, detail)) for one recipe."""
+) -> tuple[RawDocument | None, list[tuple[str, str, str, str]], int]:
+    """(document or None, problems as (kind, source_id, reason, detail), images of empty steps).
+
+    The last value counts the image references dropped because their step has no tokens.
+    """
     doc_id = f"rqa-{key}"
     problems: list[tuple[str, str, str, str]] = []
     sentences: list[str] = []
     uris: list[str] = []
     index_of: dict[str, int] = {}
     links: list[tuple[int, int]] = []
+    of_empty_steps = 0
     folder = fileio.join(image_root, split, "images-qa")
     for k, (title, body, images) in enumerate(candidate["steps"]):
-        sentences.append(" ".join(part for part in (title.strip(), body.strip()) if part))
+        sentence = " ".join(part for part in (title.strip(), body.strip()) if part)
+        sentences.append(sentence)
+        if not has_tokens(sentence):  # the build drops this sentence: its images have no text
+            of_empty_steps += len(images)
+            continue
         for raw in images:
             name = image_file_name(raw)
             if name is None:
@@ -170,11 +287,16 @@ def recipe_document(
             if (k, index_of[name]) not in links:
                 links.append((k, index_of[name]))
     if not uris:
-        problems.append(("document", doc_id, "no_linked_images", f"{len(sentences)} steps, no step image"))
-        return None, problems
+        detail = f"{len(sentences)} steps, no step image"
+        if of_empty_steps:
+            detail += f" (dropped {of_empty_steps} of steps without text)"
+        problems.append(("document", doc_id, "no_linked_images", detail))
+        return None, problems, of_empty_steps
     metadata = {"official_split": split, "qid": candidate["qid"], "task": candidate["task"]}
     if candidate["recipe_id"]:
         metadata["recipe_id"] = candidate["recipe_id"]
+    if "contexts" in candidate:
+        metadata["contexts_merged"] = str(candidate["contexts"])
     doc = RawDocument(
         doc_id=doc_id,
         source=SOURCE,
@@ -184,7 +306,7 @@ def recipe_document(
         metadata=metadata,
         split=DOC_SPLITS[split],
     )
-    return doc, problems
+    return doc, problems, of_empty_steps
 
 
 # --- Beam ---------------------------------------------------------------------------------------
@@ -236,7 +358,11 @@ class ToDocument(beam.DoFn):
     def process(self, kv):
         (split, key), candidate = kv
         count("recipes_unique")
-        doc, problems = recipe_document(split, key, candidate, self.image_root)
+        if candidate.get("unaligned"):
+            count("recipe_contexts_unaligned", candidate["unaligned"])
+        doc, problems, of_empty_steps = recipe_document(split, key, candidate, self.image_root)
+        if of_empty_steps:
+            count("images_of_empty_steps", of_empty_steps)
         for kind, source_id, reason, detail in problems:
             yield dead_letter(kind, source_id, reason, detail)
         if doc is not None:
@@ -261,7 +387,7 @@ class ReadRecipeQA(beam.PTransform):
         )
         docs = (
             items.items
-            | "BestContextPerRecipe" >> beam.CombinePerKey(best_candidate)
+            | "MergeContextsPerRecipe" >> beam.CombinePerKey(MergeContexts())
             | "ToDocument"
             >> beam.ParDo(ToDocument(self.image_root)).with_outputs(DEAD_LETTER, main="documents")
         )

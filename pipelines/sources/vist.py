@@ -11,10 +11,16 @@ of one-element lists, each holding one caption of one photo:
 
 - DII: ``photo_flickr_id, album_id, photo_order_in_story, text, original_text, worker_id, tier``.
   The released DII elements carry no story id (several public loaders quote them so); a fixed
-  image set of five photos has several caption sets. Captions are grouped per album in file
-  order: a caption joins the earliest open set of its album that has no caption at its
-  ``photo_order_in_story`` yet, so both a set-after-set and an image-after-image layout regroup
-  correctly. Should a release carry ``story_id``, that is used instead.
+  image set of five photos has several caption sets. Captions are grouped per album in file order
+  (``group_dii``): a caption joins the earliest open set of its album whose captions so far all
+  have smaller orders, so both a set-after-set and an image-after-image layout regroup correctly;
+  an open set is closed once a newer set receives a smaller order than it already holds, or the
+  same order with another photo (it was left behind: a caption of it was dropped), so a dropped
+  caption never lets the next set fill its slot. A caption prefers a set of its own ``worker_id``,
+  and where the sets are mostly one worker's each, it joins no other worker's set. Left ambiguous
+  without worker ids: a dropped caption in an image-after-image layout, or drops at the end of one
+  set and the start of the next, can still mix captions of two sets. Should a release carry
+  ``story_id``, that is used instead.
 - SIS: ``story_id, photo_flickr_id, worker_arranged_photo_order, text, original_text,
   album_id, storylet_id``; a story is its five sentences in ``worker_arranged_photo_order``.
 
@@ -102,11 +108,13 @@ def parse_element(entry: Any, order_field: str, text_field: str | None, need_sto
     text = entry.get(field)
     if not isinstance(text, str):
         raise ValueError(f"no {field}")
+    worker = entry.get("worker_id")
     return {
         "photo": str(photo).strip(),
         "album": str(album),
         "order": order,
         "story": None if story is None else str(story),
+        "worker": str(worker) if isinstance(worker, str | int) and str(worker).strip() else None,
         "text": text.strip(),
     }
 
@@ -114,29 +122,63 @@ def parse_element(entry: Any, order_field: str, text_field: str | None, need_sto
 def group_dii(elements: list[dict]) -> list[tuple[str, list[dict]]]:
     """DII captions (file order) -> [(story key, captions)]: by story_id, else by slot filling.
 
-    Without story ids, per album a caption joins the earliest open set lacking its order; a set
-    closes once it has STORY_LENGTH captions. Keys: the story id, else "<album>-<n>" with n
-    counting the album's sets in file order.
+    Without story ids see ``_fill_slots``: a first pass prefers a set of the caption's own worker;
+    when most of the sets it makes are one worker's each (a release whose workers write whole
+    caption sets), a second pass lets a caption join only its own worker's set. Keys: the story
+    id, else "<album>-<n>" with n counting the album's sets in file order.
     """
     if elements and all(e["story"] is not None for e in elements):
         return group_by_story(elements)
+    groups = _fill_slots(elements, require_worker=False)
+    workers = [{e.get("worker") for e in captions} for _, captions in groups if len(captions) > 1]
+    one_worker = sum(1 for w in workers if len(w) == 1 and None not in w)
+    if workers and 2 * one_worker > len(workers):
+        groups = _fill_slots(elements, require_worker=True)
+    return groups
+
+
+def _fill_slots(elements: list[dict], require_worker: bool) -> list[tuple[str, list[dict]]]:
+    """Per album, a caption joins the earliest open set whose orders are all below its own.
+
+    Within a caption set the orders rise in file order in both layouts (set after set, or image
+    after image with the sets in lockstep), so a set never takes a caption of an order below its
+    highest. A set closes when it has STORY_LENGTH captions, or when a newer set of its album
+    receives an order below its highest, or its highest order with another photo: in lockstep the
+    newer sets trail at the same order and photo, so the older set was left behind (a caption of
+    it was dropped) and must not take the next set's captions. Among the open sets a caption may
+    join, one of its own worker comes first; with ``require_worker`` it joins no other.
+    """
     groups: list[tuple[str, list[dict]]] = []
-    open_sets: dict[str, list[int]] = defaultdict(list)  # album -> indices of open groups
+    open_sets: dict[str, list[int]] = defaultdict(list)  # album -> indices of open groups, oldest first
     made: dict[str, int] = defaultdict(int)
     for e in elements:
-        album = e["album"]
-        target = next(
-            (g for g in open_sets[album] if all(x["order"] != e["order"] for x in groups[g][1])), None
-        )
+        album, order, worker = e["album"], e["order"], e.get("worker")
+        fits = [g for g in open_sets[album] if groups[g][1][-1]["order"] < order]
+        same = [g for g in fits if worker is not None and groups[g][1][0].get("worker") == worker]
+        target = same[0] if same else (None if require_worker or not fits else fits[0])
         if target is None:
             target = len(groups)
             groups.append((f"{album}-{made[album]}", []))
             made[album] += 1
             open_sets[album].append(target)
         groups[target][1].append(e)
+        closed = {
+            g for g in open_sets[album][: open_sets[album].index(target)] if _left_behind(groups[g][1][-1], e)
+        }
         if len(groups[target][1]) >= STORY_LENGTH:
-            open_sets[album].remove(target)
+            closed.add(target)
+        if closed:
+            open_sets[album] = [g for g in open_sets[album] if g not in closed]
     return groups
+
+
+def _left_behind(last: dict, e: dict) -> bool:
+    """Whether an older set whose latest caption is ``last`` is closed by ``e`` joining a newer set.
+
+    Lockstep sets (captions of one image set, image after image) see the newer set reach an order
+    the older one already has, with the same photo; anything else means the older set was passed.
+    """
+    return last["order"] > e["order"] or (last["order"] == e["order"] and last["photo"] != e["photo"])
 
 
 def group_by_story(elements: list[dict]) -> list[tuple[str, list[dict]]]:
