@@ -452,7 +452,7 @@ def test_vist_options_are_checked(tmp_path):
     state = str(tmp_path / "state")
     for name in ("story-dii", "story-sis", "dii-stress"):
         spec = get_spec(name)
-        assert spec.build_defaults == {"dedupe_threshold": None}
+        assert spec.build_defaults == {"dedupe_threshold": None, "filter_options": {"min_images": "5"}}
         with pytest.raises(MmlinksError, match="not a VIST folder"):
             spec.check(spec.context(str(tmp_path), {}, state))
         with pytest.raises(MmlinksError, match="text_field"):

@@ -867,3 +867,12 @@ def test_crawl_command_prints_a_possible_gap(tmp_path, creds, monkeypatch, capsy
 def test_default_user_agent_format():
     ua = rd.default_user_agent()
     assert ua.split(":")[1] == "mmlinks" and "(by u/" in ua
+
+
+def test_an_escaped_lone_surrogate_is_repaired_not_a_crashed_build(tmp_path):
+    """``"\\ud83d"`` is valid JSON that no encoder accepts; Beam's coders would fail on it."""
+    line = json.dumps(submission("sur1", title="half an emoji \ud83d here")).encode()  # ASCII: escaped
+    write_dump(tmp_path / "in" / "RS_2015-01.zst", [line])
+    posts, dead, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path)
+    assert posts["sur1"]["title"] == "half an emoji \ufffd here"
+    assert counters["text_repaired"] == 1 and not dead

@@ -210,3 +210,19 @@ def stream_arrays(
     missing = sorted(set(required) - seen)
     if missing:
         raise reader.fail(f"no {', '.join(repr(k) for k in missing)} list in the object")
+
+
+def repaired(value: Any) -> Any:
+    """``value`` with escaped lone surrogates (``"\\ud83d"`` in the JSON) replaced and counted.
+
+    They are valid JSON but no encoder takes them: Beam's coders would crash the build at the
+    next stage boundary. Call it on every item a source parsed, after the ``has_invalid_utf8``
+    check (invalid *bytes* are dead-lettered; escaped surrogates are repaired).
+    """
+    from pipelines.records import count
+    from schemas.text import repair_strings
+
+    fixed, n = repair_strings(value)
+    if n:
+        count("text_repaired", n)
+    return fixed

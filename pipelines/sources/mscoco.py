@@ -43,6 +43,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
+from pipelines.sources.jsonstream import repaired as _repaired
 from pipelines.sources.sampling import rng_for, sample_excluding
 from schemas.errors import MmlinksError
 
@@ -178,6 +179,7 @@ class ReadCaptionFile(beam.DoFn):
                     if has_invalid_utf8(entry):
                         yield dead_letter("line", source_id, "not_utf8", "the entry holds non-UTF-8 bytes")
                         continue
+                    entry = _repaired(entry)
                     try:
                         if not isinstance(entry, dict):
                             raise ValueError(f"entry is {type(entry).__name__}, not an object")

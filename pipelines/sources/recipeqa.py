@@ -53,6 +53,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
+from pipelines.sources.jsonstream import repaired as _repaired
 from schemas.errors import MmlinksError
 from schemas.text import has_tokens
 
@@ -339,6 +340,7 @@ class ReadSplitFile(beam.DoFn):
                     if has_invalid_utf8(item):
                         yield dead_letter("line", source_id, "not_utf8", "the item holds non-UTF-8 bytes")
                         continue
+                    item = _repaired(item)
                     try:
                         candidate = parse_item(item)
                     except ValueError as exc:

@@ -48,6 +48,7 @@ from pipelines.crawl_state import CrawlState
 from pipelines.records import DEAD_LETTER, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, env_credential
 from pipelines.sources.imgur import parse_album_url
+from pipelines.sources.jsonstream import repaired as _repaired
 from schemas.errors import MmlinksError
 
 log = logging.getLogger(__name__)
@@ -591,6 +592,7 @@ class ParseSubmissions(beam.DoFn):
         if not isinstance(rec, dict):
             yield dead_letter("line", where, "malformed_json", f"not an object: {text[:120]}")
             return
+        rec = _repaired(rec)
         try:
             post = normalize_submission(rec)
         except (ValueError, RecursionError) as exc:

@@ -30,9 +30,9 @@ five story sentences, sentence k linked to photo k; DII-Stress = each Story-DII 
 distractor captions sampled uniformly (seeded per document) from the captions of the same
 split's Story-DII documents whose photos are not in the document, the 50 sentences shuffled. The
 official splits are kept. A story with a missing image is discarded whole, as in the paper
-(``document:missing_image``); the image store later drops an image it cannot decode, which leaves
-a four-image story (a known gap: the paper would discard it). A set that is not exactly five
-captions with orders 0..4 is dead-lettered (``document:incomplete_story``).
+(``document:missing_image``); an image the store cannot decode leaves four images, and the
+build default ``min_images=5`` then drops that story too (``filter_too_few_images``). A set that
+is not exactly five captions with orders 0..4 is dead-lettered (``document:incomplete_story``).
 
 ``text`` is VIST's lower-cased, tokenised, name-anonymised text; ``original_text`` is what the
 worker typed. Default: ``original_text`` when the element has it, else ``text``.
@@ -43,6 +43,7 @@ SIS train); the DII-Stress sampling needs the whole split anyway.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import defaultdict
 from typing import Any
@@ -53,6 +54,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
+from pipelines.sources.jsonstream import repaired as _repaired
 from pipelines.sources.sampling import rng_for, sample_excluding
 from schemas.errors import MmlinksError
 
@@ -66,7 +68,12 @@ TIERS = {
     "story-sis": ("sis", "story-in-sequence", "worker_arranged_photo_order"),
     "dii-stress": ("dii", "description-in-isolation", "photo_order_in_story"),
 }
-BUILD_DEFAULTS = {"dedupe_threshold": None}  # the same photos recur across stories on purpose
+BUILD_DEFAULTS = {
+    "dedupe_threshold": None,  # the same photos recur across stories on purpose
+    # The paper discards a story with any invalid image: one the image store cannot decode
+    # leaves 4 images, and this rule drops that story (missing files are caught here already).
+    "filter_options": {"min_images": "5"},
+}
 
 COMMON_OPTIONS = (
     SourceOption("splits", "train,val,test", "official splits to read, comma-separated"),
@@ -260,6 +267,7 @@ class ReadVistSplit(beam.DoFn):
                             "line", f"{name}#{n}", "not_utf8", "the annotation holds non-UTF-8 bytes"
                         )
                         continue
+                    entry = _repaired(entry)
                     try:
                         elements.append(
                             parse_element(entry, order_field, self.text_field, self.source == "story-sis")
@@ -402,7 +410,7 @@ def _spec(source: str, summary: str) -> SourceSpec:
         summary=summary,
         make=_make,
         options=COMMON_OPTIONS + (STRESS_OPTIONS if source == "dii-stress" else ()),
-        build_defaults=dict(BUILD_DEFAULTS),
+        build_defaults=copy.deepcopy(BUILD_DEFAULTS),
         check=_check,
     )
 
