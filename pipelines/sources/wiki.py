@@ -54,6 +54,7 @@ from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.text_segmentation import html_to_text, split_sentences, strip_wiki_markup
 from schemas.errors import MmlinksError
+from schemas.text import repair_strings
 
 SOURCE = "wiki"
 MODES = ("imageclef", "mediawiki")
@@ -357,8 +358,8 @@ class MediaWikiArticles(beam.DoFn):
         if not 200 <= resp.status < 300:
             raise ArticleFailed("fetch_failed", f"HTTP {resp.status} from {resp.url}", permanent=False)
         try:
-            data = resp.json()
-        except ValueError as exc:
+            data = repair_strings(resp.json())[0]  # escaped lone surrogates: no encoder takes them
+        except (ValueError, RecursionError) as exc:
             raise ArticleFailed("bad_response", f"not JSON: {exc}", permanent=False) from exc
         if not isinstance(data, dict):
             raise ArticleFailed("bad_response", "JSON is not an object", permanent=False)
