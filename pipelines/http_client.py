@@ -19,6 +19,9 @@ through the same rules:
   server's own ``Retry-After`` wins; a demand longer than ``backoff_max`` is not waited out: the
   request fails at once as transient (the item is retried by a later crawl, not by a sleeping
   worker). Rate-limit headers that say the budget is spent pause the host until the reset.
+  No pause or block a server asks for (``Retry-After``, a rate-limit reset) reaches further
+  than ``MAX_BLOCK_S`` (one hour) from now: blocks persist in the gate files across builds,
+  and a server (or a clock) naming next year must not shut a host out of every later build.
 - **Limits.** Bodies are streamed and capped at ``max_bytes`` (``too_large``); a whole download
   is bounded by ``max_seconds``.
 - **Cache.** 200 and 404/410 responses are kept on disk (any Beam FileSystems URI) keyed by the
@@ -67,6 +70,9 @@ CACHEABLE_STATUSES = frozenset({200, 404, 410})
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 _NOT_STORED_RESPONSE_HEADERS = frozenset({"set-cookie", "set-cookie2"})
 _CACHE_MAGIC = b"mmlinks-http-cache/1\n"
+# The longest pause or block of a host a server's Retry-After or rate-limit reset can cause,
+# and the longest a block read back from a gate file is honoured (seconds from now).
+MAX_BLOCK_S = 3600.0
 _CHUNK = 64 * 1024
 
 
@@ -224,6 +230,11 @@ def _split_host(url: str) -> tuple[str, str, int]:
 
 
 def _parse_allow_entry(entry: str) -> tuple[str, int | None]:
+    if "@" in entry:  # never echoed: the part before "@" may be a password or a token
+        raise MmlinksError(
+            "an allowlist entry carries user info (user:password@host); credentials belong in "
+            "the environment, not in a host or base URL"
+        )
     entry = entry.strip().lower()
     if entry.startswith("*."):
         return entry, None
@@ -289,13 +300,16 @@ def _scrub(message: str) -> str:
     return re.sub(r"\?[^\s'\")]*", "?...", message)
 
 
-def _redact(url: str) -> str:
-    """The URL without query or fragment, for logs and messages (queries may hold API keys)."""
+def redact_url(url: str) -> str:
+    """The URL without user info, query or fragment, for logs and messages (they may hold keys)."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+_redact = redact_url
 
 
 # --------------------------------------------------------------------------- per-host gate
@@ -350,9 +364,14 @@ class _HostGate:
             return result
 
     def reserve(self, now: float, interval: float | None) -> tuple[float, float]:
-        """(start time for this request, blocked_until); start == -1 when blocked."""
+        """(start time for this request, blocked_until); start == -1 when blocked.
+
+        A block reaching beyond ``MAX_BLOCK_S`` from now (a gate file from an older build, or
+        another process's clock) is cut back to that.
+        """
 
         def fn(s: _GateState):
+            s.blocked_until = min(s.blocked_until, now + MAX_BLOCK_S)
             if s.blocked_until > now:
                 return -1.0, s.blocked_until
             start = max(now, s.not_before)
@@ -617,14 +636,14 @@ class PoliteClient:
                 if demanded is not None:
                     if demanded > p.backoff_max and not p.clamp_waits:
                         if resp.status == 429:  # "too many requests" is about the host: stop asking
-                            gate.block(self._now() + demanded)
+                            gate.block(self._now() + min(demanded, MAX_BLOCK_S))
                         raise HttpError(
                             "retries_exhausted",
                             f"{_redact(url)}: {last} with Retry-After {demanded:g} s > {p.backoff_max:g} s",
                             transient=True,
                             status=last_status,
                         )
-                    wait = min(demanded, p.backoff_max)
+                    wait = min(demanded, p.backoff_max, MAX_BLOCK_S)
                     gate.pause(self._now() + wait)  # the whole host, for every worker
                 else:
                     wait = backoff_delay(attempt, p.backoff_base, p.backoff_max, self._jitter)
@@ -646,11 +665,11 @@ class PoliteClient:
             return
         p = self.policy
         if reset > p.backoff_max and not p.clamp_waits:
-            horizon = reset if reset != float("inf") else 3600.0
+            horizon = min(reset, MAX_BLOCK_S)  # also when no reset time was given (inf)
             log.warning("rate-limit budget of %s spent; refusing requests for %.0f s", host_key, horizon)
             gate.block(now + horizon)
         else:
-            gate.pause(now + min(reset, p.backoff_max))
+            gate.pause(now + min(reset, p.backoff_max, MAX_BLOCK_S))
 
     def _attempt(
         self,
@@ -821,6 +840,12 @@ class PoliteFetcher:
     Images skip the response cache: the image store keeps them content-addressed already. A
     redirect to an allowed host's ``/removed.png`` returns normally; the store recognises the
     placeholder from ``final_uri``.
+
+    Only failures that belong to the image are permanent (the store records them for later
+    builds): 404/410 (``not_found``) and ``too_large``. Everything else is ``transient`` and
+    not stored, because it depends on this run's settings (``refused_host``,
+    ``private_address``, ``bad_url``, ``too_many_redirects``) or on the moment (401/403, other
+    4xx, a 3xx without Location, 5xx, exhausted retries).
     """
 
     def __init__(self, client: PoliteClient):
@@ -835,15 +860,12 @@ class PoliteFetcher:
             if exc.reason == "too_large":
                 raise FetchFailed(TOO_LARGE, exc.detail[:300], status=exc.status) from exc
             raise FetchFailed(
-                FETCH_FAILED, f"{exc.reason}: {exc.detail}"[:300], transient=exc.transient, status=exc.status
+                FETCH_FAILED, f"{exc.reason}: {exc.detail}"[:300], transient=True, status=exc.status
             ) from exc
         if resp.status in (404, 410):
             raise FetchFailed(NOT_FOUND, f"HTTP {resp.status} {_redact(resp.url)}", status=resp.status)
         if not 200 <= resp.status < 300:
             raise FetchFailed(
-                FETCH_FAILED,
-                f"HTTP {resp.status} {_redact(resp.url)}",
-                transient=resp.status >= 500,
-                status=resp.status,
+                FETCH_FAILED, f"HTTP {resp.status} {_redact(resp.url)}", transient=True, status=resp.status
             )
         return FetchResult(resp.body, resp.url)

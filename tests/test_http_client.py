@@ -9,6 +9,7 @@ from __future__ import annotations
 import email.utils
 import ipaddress
 import itertools
+import json
 import multiprocessing
 import pickle
 import threading
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from pipelines import http_client
 from pipelines.http_client import (
+    MAX_BLOCK_S,
     RATE_MARGIN,
     HttpError,
     HttpPolicy,
@@ -37,6 +39,7 @@ from pipelines.http_client import (
     parse_retry_after,
     policy_from_context,
     rate_limit_reset,
+    redact_url,
 )
 from pipelines.image_store import FetchFailed
 from pipelines.sources.base import SourceSpec
@@ -690,6 +693,55 @@ def test_reset_beyond_backoff_max_refuses_requests_until_reset(serve):
     assert client.get(server.url("/3")).status == 200
 
 
+def test_a_429_block_from_a_huge_retry_after_is_capped(serve):
+    assert MAX_BLOCK_S == 3600
+    server = serve(sequence(lambda h: send(h, 429, headers={"Retry-After": str(10**9)}), ok()))
+    fake = FakeTime()
+    with pytest.raises(HttpError):
+        make_client(server, fake=fake).get(server.url("/a"))
+    with pytest.raises(HttpError) as err:
+        make_client(server, fake=fake).get(server.url("/b"))
+    assert "for 3600 s more" in err.value.detail
+    fake.t += 3601  # MAX_BLOCK_S + 1
+    assert make_client(server, fake=fake).get(server.url("/c")).status == 200
+    assert server.paths() == ["/a", "/c"]
+
+
+def test_a_far_rate_limit_reset_blocks_for_at_most_max_block_s(serve):
+    fake = FakeTime(t=1_700_000_000.0)
+    spent = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(int(fake.t) + 10**8)}
+    server = serve(sequence(ok(b"", spent), ok()))
+    client = make_client(server, fake=fake)
+    client.get(server.url("/1"))
+    with pytest.raises(HttpError):
+        client.get(server.url("/2"))
+    fake.t += 3601  # MAX_BLOCK_S + 1
+    assert client.get(server.url("/3")).status == 200
+
+
+def test_pauses_are_capped_even_with_a_huge_backoff_max(serve):
+    fake = FakeTime(t=1_700_000_000.0)
+    spent = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "50000"}
+    server = serve(sequence(lambda h: send(h, 503, headers={"Retry-After": "90000"}), ok(b"", spent), ok()))
+    client = make_client(server, fake=fake, backoff_max=1e9)
+    client.get(server.url("/1"))  # 503 with Retry-After: one capped wait, then the spent budget
+    client.get(server.url("/2"))  # waits out the (capped) reset
+    assert fake.sleeps == [3600.0, pytest.approx(3600.0)]
+
+
+def test_a_block_left_in_a_gate_file_is_cut_back_to_max_block_s(serve, tmp_path):
+    server = serve(ok())
+    fake = FakeTime()
+    gate = tmp_path / f"127.0.0.1_{server.port}.gate.json"
+    gate.write_text(json.dumps({"not_before": 0.0, "blocked_until": fake.t + 10**9, "last_start": 0.0}))
+    client = make_client(server, fake=fake, state_dir=str(tmp_path))
+    with pytest.raises(HttpError) as err:  # an older build's block: honoured, but only for an hour
+        client.get(server.url("/a"))
+    assert err.value.transient and "for 3600 s more" in err.value.detail
+    fake.t += 3601  # MAX_BLOCK_S + 1
+    assert client.get(server.url("/b")).status == 200
+
+
 def test_rate_limit_reset_parsing():
     now = 1_700_000_000.0
     assert rate_limit_reset({"x-ratelimit-remaining": "12.0", "x-ratelimit-reset": "30"}, now) is None
@@ -790,16 +842,58 @@ def test_fetcher_maps_responses_and_errors(serve, tmp_path):
     nf = failure("/missing.jpg")
     assert (nf.reason, nf.transient, nf.status) == ("not_found", False, 404)
     assert failure("/big.jpg").reason == "too_large"
-    forbidden = failure("/forbidden.jpg")
-    assert (forbidden.reason, forbidden.transient) == ("fetch_failed", False)
+    forbidden = failure("/forbidden.jpg")  # a temporary block or this run's credentials: not stored
+    assert (forbidden.reason, forbidden.transient) == ("fetch_failed", True)
     down = failure("/down.jpg")
     assert (down.reason, down.transient) == ("fetch_failed", True)
     refused = PoliteFetcher(make_client(allowed_hosts=frozenset({"i.imgur.com"})))
     with pytest.raises(FetchFailed) as err:
         refused.fetch(server.url("/img.jpg"), 1000)
-    assert (err.value.reason, err.value.transient) == ("fetch_failed", False)
+    assert (err.value.reason, err.value.transient) == ("fetch_failed", True)
     assert not (tmp_path / "c").exists()  # images bypass the response cache
     pickle.loads(pickle.dumps(fetcher)).fetch(server.url("/img.jpg"), 1000)
+
+
+def test_fetcher_stores_only_failures_that_belong_to_the_image(serve):
+    """Permanent (stored by the image store): 404/410 and too_large. Everything that depends on
+    this run's settings or on the moment is transient."""
+
+    def app(h):
+        if h.path == "/gone.jpg":
+            send(h, 410)
+        elif h.path == "/big.jpg":
+            send(h, 200, b"x" * 2000)
+        elif h.path == "/unauthorized.jpg":
+            send(h, 401)
+        elif h.path == "/forbidden.jpg":
+            send(h, 403, b"no")
+        elif h.path == "/bad.jpg":
+            send(h, 400)
+        elif h.path == "/nowhere.jpg":
+            send(h, 302)  # a redirect without Location
+        elif h.path.startswith("/loop"):
+            send(h, 302, headers={"Location": "/loop.jpg"})
+        else:
+            send(h, 200, b"img")
+
+    server = serve(app)
+    fetcher = PoliteFetcher(make_client(server, max_retries=0, max_redirects=2))
+
+    def failure(fetcher: PoliteFetcher, url: str) -> FetchFailed:
+        with pytest.raises(FetchFailed) as err:
+            fetcher.fetch(url, 1000)
+        return err.value
+
+    assert not failure(fetcher, server.url("/gone.jpg")).transient
+    assert not failure(fetcher, server.url("/big.jpg")).transient
+    for path in ("/unauthorized.jpg", "/forbidden.jpg", "/bad.jpg", "/nowhere.jpg", "/loop.jpg"):
+        assert failure(fetcher, server.url(path)).transient, path
+    assert failure(fetcher, "ftp://127.0.0.1/x.jpg").transient  # bad_url
+    refused = PoliteFetcher(make_client(allowed_hosts=frozenset({"i.imgur.com"})))
+    assert failure(refused, server.url("/img.jpg")).transient  # refused_host
+    private = PoliteFetcher(make_client(server, allow_private=False))
+    err = failure(private, server.url("/img.jpg"))
+    assert err.transient and "private_address" in err.detail
 
 
 def test_client_pickles_after_use(serve):
@@ -853,6 +947,21 @@ def test_policy_from_context_rejects_bad_options(tmp_path, options):
 def test_bad_allowlist_entry_fails_early():
     with pytest.raises(MmlinksError):
         PoliteClient(HttpPolicy(frozenset({"host:notaport"})))
+
+
+def test_allowlist_entries_with_user_info_are_refused_without_echo(tmp_path):
+    for entry in ("user:s3cret@imgur.com", "s3cret@imgur.com:443"):
+        with pytest.raises(MmlinksError) as err:
+            PoliteClient(HttpPolicy(frozenset({entry})))
+        assert "s3cret" not in str(err.value)
+        with pytest.raises(MmlinksError) as err:
+            policy_from_context(context(tmp_path), {entry})
+        assert "s3cret" not in str(err.value)
+
+
+def test_redact_url_drops_user_info_and_query():
+    assert redact_url("https://u:s3cret@imgur.com/a/x?key=K#f") == "https://imgur.com/a/x"
+    assert redact_url("http://[::1/x") == "<unparseable url>"
 
 
 def test_failure_details_do_not_carry_url_queries():

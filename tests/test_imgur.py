@@ -29,6 +29,7 @@ from pipelines.sources.imgur import (
     parse_album_html_2018,
     parse_album_html_json,
     parse_album_url,
+    repair_surrogates,
 )
 from schemas.errors import MmlinksError
 from tests.fixtures.imgur import (
@@ -368,6 +369,102 @@ def test_captions_roundtrip_through_every_format(captions):
         assert [unicodedata.normalize("NFC", im.caption) if im.caption else None for im in got.images] == want
 
 
+# -------------------------------------------------------------------- lone surrogates, deep JSON
+
+SURROGATES = FixtureAlbum(
+    "Surrgt1",
+    [
+        FixtureImage("Sur0001", "a \ud83d b", seed=1),  # lone high surrogate
+        FixtureImage("Sur0002", "pair \ud83d\ude00 ok", seed=2),  # a pair, as two escapes: joined
+        FixtureImage("Sur0003", "\ude00 low \ufffd", seed=3),  # lone low one next to a real U+FFFD
+        FixtureImage("Sur0004", "plain", seed=4),
+    ],
+    style="json",
+)
+SURROGATES_WANT = ["a \ufffd b", "pair \U0001f600 ok", "\ufffd low \ufffd", "plain"]
+
+
+def test_repair_surrogates():
+    assert repair_surrogates("plain \ufffd") == ("plain \ufffd", 0)
+    assert repair_surrogates("a\ud83db\ude00\ud83d\ude00") == ("a\ufffdb\ufffd\U0001f600", 2)
+    assert repair_surrogates("\udfff\ud800") == ("\ufffd\ufffd", 2)
+
+
+@pytest.mark.parametrize(
+    "parse, body",
+    [
+        (parse_album_hit_json, hit_json_body(SURROGATES)),
+        (parse_album_api_v3, api_v3_body(SURROGATES)),
+        (parse_album_html_json, album_page_json(SURROGATES)),  # \\ud83d inside the JS literal
+    ],
+)
+def test_lone_surrogates_in_json_captions_are_repaired_and_counted(parse, body):
+    assert "\\ud83d" in body  # the JSON escape json.loads turns into a lone surrogate
+    album = parse(body)
+    assert [im.caption for im in album.images] == SURROGATES_WANT
+    assert album.captions_repaired == 2
+    "".join(im.caption for im in album.images).encode("utf-8")  # a Parquet writer can take them
+
+
+def test_lone_surrogates_elsewhere_are_repaired_too():
+    # A JS-level escape in postDataJSON (not a JSON one) and a 2018 page given as text.
+    page = '<script>window.postDataJSON="{\\"media\\": [{\\"id\\": \\"Sur0001\\", ' \
+        '\\"metadata\\": {\\"description\\": \\"x \\ud83d y\\"}}]}"</script>'
+    album = parse_album_html_json(page)
+    assert [im.caption for im in album.images] == ["x \ufffd y"] and album.captions_repaired == 1
+    html = (
+        '<div id="Sur0001" class="post-image-container">'
+        '<div class="post-image-description">x \ud83d y \ud83d\ude00</div></div>'
+    )
+    album = parse_album_html_2018(html)
+    assert [im.caption for im in album.images] == ["x \ufffd y \U0001f600"] and album.captions_repaired == 1
+    # Character references for surrogates are the HTML parser's to replace: no repair needed.
+    assert parse_album_html_2018(album_page_2018(SURROGATES)).images[0].caption == "a \ufffd b"
+
+
+_surrogate_text = st.text(
+    st.sampled_from(["a", " ", "\n", "\ud83d", "\ude00", "\udbff", "\ufffd", "é", "\U0001f600"])
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(captions=st.lists(st.one_of(st.none(), _surrogate_text), min_size=1, max_size=5))
+def test_json_captions_never_keep_a_surrogate(captions):
+    album = FixtureAlbum(
+        "RndSurr", [FixtureImage(f"Rnd{k:04d}", c, "jpg", k) for k, c in enumerate(captions)], style="json"
+    )
+    want = [_norm(repair_surrogates(c)[0]) if c else None for c in captions]
+    repaired = sum(1 for c in captions if c and repair_surrogates(c)[1])
+    for got in (
+        parse_album_html_json(album_page_json(album)),
+        parse_album_api_v3(api_v3_body(album)),
+        parse_album_hit_json(hit_json_body(album)),
+    ):
+        assert [im.caption for im in got.images] == want
+        assert got.captions_repaired == repaired
+        for im in got.images:
+            (im.caption or "").encode("utf-8")
+
+
+DEEP = "[" * 100_000
+
+
+@pytest.mark.parametrize(
+    "parse, body",
+    [
+        (parse_album_hit_json, DEEP),
+        (parse_album_hit_json, '{"data": ' * 50_000),
+        (parse_album_api_v3, DEEP),
+        (parse_album_api_v3, DEEP.encode()),
+        (parse_album_html_json, f'<script>window.postDataJSON="{DEEP}"</script>'),
+    ],
+)
+def test_deeply_nested_json_is_bad_album_json(parse, body):
+    with pytest.raises(AlbumParseError) as err:  # json.loads raises RecursionError, not ValueError
+        parse(body)
+    assert err.value.reason == "bad_album_json"
+
+
 # ------------------------------------------------------------------------------------ scraper
 
 
@@ -443,11 +540,11 @@ def test_fill_in_endpoint_gone_or_failing(tmp_path):
         scraper = _scraper(srv, tmp_path, options={"retries": "0"})
         album = scraper.scrape("Partial")  # the endpoint is gone: keep what the page inlined
         assert len(album.images) == 2 and not album.complete
-        assert CrawlState(str(tmp_path / "state")).done("album", "Partial")
+        assert CrawlState(str(tmp_path / "state")).done("album", scraper.state_key("Partial"))
         with pytest.raises(AlbumFailed) as err:  # failing now: no partial album is recorded
             scraper.scrape("Failing")
         assert err.value.transient
-        assert not CrawlState(str(tmp_path / "state")).done("album", "Failing")
+        assert not CrawlState(str(tmp_path / "state")).done("album", scraper.state_key("Failing"))
 
 
 def test_scraper_api_v3(server, tmp_path):
@@ -460,10 +557,11 @@ def test_scraper_api_v3(server, tmp_path):
 
 
 def test_bad_client_id_is_transient_and_not_recorded(server, tmp_path):
+    wrong = _scraper(server, tmp_path, client_id="wrong")
     with pytest.raises(AlbumFailed) as err:
-        _scraper(server, tmp_path, client_id="wrong").scrape("GoodJsn")
+        wrong.scrape("GoodJsn")
     assert err.value.transient and err.value.reason in ("forbidden", "retries_exhausted")
-    assert not CrawlState(str(tmp_path / "state")).done("album", "GoodJsn")
+    assert not CrawlState(str(tmp_path / "state")).done("album", wrong.state_key("GoodJsn"))
     assert _scraper(server, tmp_path, client_id="fixture-client").scrape("GoodJsn").source == "api-v3"
 
 
@@ -495,7 +593,7 @@ def test_policy_failures_are_permanent_but_not_recorded(tmp_path):
             with pytest.raises(AlbumFailed) as err:
                 scraper.scrape(album_id)
             assert (err.value.reason, err.value.transient, err.value.recorded) == (reason, False, False)
-            assert not CrawlState(str(tmp_path / "state")).done("album", album_id)
+            assert not CrawlState(str(tmp_path / "state")).done("album", scraper.state_key(album_id))
         assert _scraper(srv, tmp_path).scrape("HugePag").images[0].hash == "Hug0001"  # a larger limit
 
 
@@ -528,6 +626,7 @@ class _StubClient:
         (0, b"", HttpError("retries_exhausted", "x", transient=True), "retries_exhausted", True, False),
         (0, b"", HttpError("refused_host", "x"), "refused_host", False, False),
         (0, b"", HttpError("too_large", "x"), "too_large", False, False),
+        (200, f'<script>window.postDataJSON="{DEEP}"</script>'.encode(), None, "bad_album_json", False, True),
     ],
 )
 def test_failure_mapping(tmp_path, status, body, error, reason, transient, recorded):
@@ -536,7 +635,92 @@ def test_failure_mapping(tmp_path, status, body, error, reason, transient, recor
     with pytest.raises(AlbumFailed) as err:
         scraper.scrape("Abcde12")
     assert (err.value.reason, err.value.transient, err.value.recorded) == (reason, transient, recorded)
-    assert state.done("album", "Abcde12") == recorded
+    assert state.done("album", scraper.state_key("Abcde12")) == recorded
+
+
+def test_repaired_captions_are_recorded_and_read_back(tmp_path):
+    state = CrawlState(str(tmp_path))
+    first = AlbumScraper(_StubClient(200, api_v3_body(SURROGATES).encode()), state, client_id="k")
+    album = first.scrape("Surrgt1")  # the record is UTF-8 JSON: a lone surrogate would not encode
+    assert [im.caption for im in album.images] == SURROGATES_WANT and album.captions_repaired == 2
+    stub = _StubClient(error=HttpError("refused_host", "no request expected"))
+    again = AlbumScraper(stub, state, client_id="k").scrape("Surrgt1")
+    assert again == album and stub.urls == []
+
+
+def test_records_are_keyed_by_route_and_base(tmp_path):
+    state = CrawlState(str(tmp_path))
+    live = AlbumScraper(_StubClient(404), state)
+    with pytest.raises(AlbumFailed) as err:
+        live.scrape("MixdAlb")
+    assert (err.value.reason, err.value.recorded) == ("album_not_found", True)
+    # The user points the page base at a web archive: live imgur's 404 is not the archive's answer.
+    archive_base = "https://web.archive.org/web/2018id_/https://imgur.com"
+    archived_client = _StubClient(200, album_page_2018(MIXED).encode())
+    archived = AlbumScraper(archived_client, state, page_base=archive_base)
+    album = archived.scrape("MixdAlb")
+    assert len(album.images) == 5 and archived_client.urls == [f"{archive_base}/a/MixdAlb"]
+    # The API route keeps its own records too.
+    api_client = _StubClient(200, api_v3_body(MIXED).encode())
+    assert AlbumScraper(api_client, state, client_id="k").scrape("MixdAlb").source == "api-v3"
+    assert len(api_client.urls) == 1
+    assert len({live.state_key("MixdAlb"), archived.state_key("MixdAlb"),
+                AlbumScraper(api_client, state, client_id="k").state_key("MixdAlb")}) == 3  # fmt: skip
+    # Each answer is reused for its own route and base, without a request.
+    silent = _StubClient(error=HttpError("refused_host", "no request expected"))
+    with pytest.raises(AlbumFailed) as err:
+        AlbumScraper(silent, state).scrape("MixdAlb")
+    assert err.value.recorded
+    assert AlbumScraper(silent, state, page_base=archive_base).scrape("MixdAlb") == album
+    assert AlbumScraper(silent, state, client_id="k").scrape("MixdAlb").source == "api-v3"
+    assert silent.urls == []
+
+
+def test_records_keep_no_image_urls_and_follow_the_current_image_base(tmp_path):
+    state = CrawlState(str(tmp_path))
+    first = AlbumScraper(_StubClient(200, album_page_2018(MIXED).encode()), state, image_base="https://i.imgur.com")
+    album = first.scrape("MixdAlb")
+    rec = state.get("album", first.state_key("MixdAlb"))
+    assert rec is not None and all(set(im) == {"hash", "ext", "caption", "animated"} for im in rec["images"])
+    assert "i.imgur.com" not in json.dumps(rec)
+    silent = _StubClient(error=HttpError("refused_host", "no request expected"))
+    mirror = AlbumScraper(silent, state, image_base="http://mirror.test/img/").scrape("MixdAlb")
+    assert silent.urls == []
+    want = [f"http://mirror.test/img/{im.hash}.{im.ext}" for im in album.images]
+    assert [im.url for im in mirror.images] == want
+    assert [(im.hash, im.caption, im.animated) for im in mirror.images] == [
+        (im.hash, im.caption, im.animated) for im in album.images
+    ]
+
+
+def test_old_and_broken_records_mean_scrape_again(tmp_path):
+    state = CrawlState(str(tmp_path))
+    state.put("album", "MixdAlb", {"failed": "album_not_found", "detail": "keyed by album id alone"})
+    client = _StubClient(200, album_page_2018(MIXED).encode())
+    scraper = AlbumScraper(client, state)
+    assert len(scraper.scrape("MixdAlb").images) == 5 and len(client.urls) == 1
+    rec = state.get("album", scraper.state_key("MixdAlb"))
+    rec["images"][0]["hash"] = "../../x"
+    state.put("album", scraper.state_key("MixdAlb"), rec)
+    assert len(scraper.scrape("MixdAlb").images) == 5 and len(client.urls) == 2
+    # A record written with URLs (an older layout) still reads, URLs rebuilt from the image base.
+    image = {"hash": "Old0001", "ext": "png", "url": "https://old.test/Old0001.png", "caption": None}
+    old = {"album_id": "A", "source": "api-v3", "images": [{**image, "animated": False}]}
+    assert Album.from_record(old, image_base="http://new.test").images[0].url == "http://new.test/Old0001.png"
+
+
+def test_base_urls_with_user_info_are_refused_and_details_are_redacted(tmp_path):
+    for kw in ({"page_base": "https://u:s3cret@imgur.com"}, {"api_base": "https://tok3n@api.imgur.com"},
+               {"image_base": "http://u:s3cret@i.imgur.com"}):  # fmt: skip
+        with pytest.raises(MmlinksError) as err:
+            AlbumScraper(_StubClient(), None, **kw)
+        assert "s3cret" not in str(err.value) and "tok3n" not in str(err.value)
+    # A query-string proxy whose key is in the base: dead-letter details show no query.
+    proxy = AlbumScraper(_StubClient(404), CrawlState(str(tmp_path)), page_base="https://proxy.test/?key=S3CRET&u=")
+    with pytest.raises(AlbumFailed) as err:
+        proxy.scrape("MixdAlb")
+    assert err.value.reason == "album_not_found" and "S3CRET" not in err.value.detail
+    assert "proxy.test" in err.value.detail
 
 
 def test_page_reusing_container_class_falls_back_to_embedded_json():
@@ -586,6 +770,18 @@ def test_document_from_album_links_and_animated_captions():
     assert _dead(document_from_album(post, Album("e", [], "html-json"))) == [
         (DEAD_LETTER, "document", "empty_album")
     ]
+
+
+def test_document_from_album_counts_repaired_captions(monkeypatch):
+    from pipelines.sources import diy
+
+    counted: list[tuple[str, int]] = []
+    monkeypatch.setattr(diy, "count", lambda name, n=1: counted.append((name, n)))
+    post = {"id": "abc", "title": "T"}
+    album = parse_album_api_v3(api_v3_body(SURROGATES), album_id="Surrgt1")
+    (doc,) = [o for o in diy.document_from_album(post, album) if isinstance(o, RawDocument)]
+    assert doc.sentences == SURROGATES_WANT
+    assert ("captions_repaired", 2) in counted
 
 
 class _Posts(beam.PTransform):
@@ -671,6 +867,28 @@ def test_read_diy_end_to_end(tmp_path):
         assert {k: v for k, v in srv.counts.items() if k.startswith("/a/")} == {"/a/Stormy3": 2}
 
 
+def test_read_diy_repairs_lone_surrogates_and_counts_them(tmp_path):
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from pipelines.sources.base import source_outputs
+    from pipelines.sources.diy import ReadDiy
+
+    with ImgurFixtureServer([SURROGATES]) as srv:
+        posts = candidate_posts([SURROGATES], page_base=srv.base)
+        ctx = _ctx(tmp_path, imgur_page_base=srv.base, imgur_image_base=srv.base)
+
+        def check_docs(docs):
+            assert [d.sentences for d in docs] == [SURROGATES_WANT]
+
+        p = beam.Pipeline(runner="DirectRunner")
+        docs, _dead_letters = source_outputs(p | ReadDiy(ctx, candidates=_Posts(posts)))
+        assert_that(docs, check_docs)
+        result = p.run()
+        result.wait_until_finish()
+    counters = result.metrics().query(MetricsFilter().with_name("captions_repaired"))["counters"]
+    assert sum(c.committed for c in counters) == 2
+
+
 def test_read_diy_from_a_reddit_dump(tmp_path):
     """The real ReadCandidatePosts on a dump file -> albums scraped from the fixture server."""
     from tests.fixtures.reddit import submission, write_dump
@@ -738,6 +956,18 @@ def test_diy_spec(tmp_path, monkeypatch):
     ):
         with pytest.raises(MmlinksError):
             spec.check(bad)
+    for option, value in (
+        ("imgur_page_base", "https://user:s3cret@imgur.com"),
+        ("imgur_api_base", "https://s3cret@api.imgur.com"),
+        ("imgur_image_base", "http://u:s3cret@127.0.0.1:8080"),
+        ("imgur_page_base", "user:s3cret@imgur.com"),  # no scheme: refused, still not echoed
+    ):
+        with pytest.raises(MmlinksError) as err:
+            spec.check(spec.context(str(dump), {option: value}, str(tmp_path / "s")))
+        assert "s3cret" not in str(err.value), str(err.value)
+    with pytest.raises(MmlinksError) as err:  # the image fetcher refuses it too
+        spec.fetcher(spec.context(str(dump), {"imgur_image_base": "http://u:s3cret@i.imgur.com"}, "s"))
+    assert "s3cret" not in str(err.value)
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "notes.txt").write_text("not a dump")

@@ -69,20 +69,41 @@ IMGUR_OPTIONS: tuple[SourceOption, ...] = (
 )
 
 
-def _host(url: str) -> str:
-    """``host`` or ``host:port`` of a base URL, as the HTTP policy's allowlist wants it."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise MmlinksError(f"--source-option wants an http(s) base URL, not {url!r}")
-    return parts.netloc.rsplit("@", 1)[-1].lower()
+_BASE_OPTIONS = (
+    ("imgur_page_base", PAGE_BASE),
+    ("imgur_api_base", API_BASE),
+    ("imgur_image_base", IMAGE_BASE),
+)
+
+
+def _host(url: str, option: str = "imgur_*_base") -> str:
+    """``host`` or ``host:port`` of a base URL, as the HTTP policy's allowlist wants it.
+
+    A base URL with user info (``https://user:token@host``) is refused: credentials belong in
+    the environment (``IMGUR_CLIENT_ID``), while base URLs land in build parameters, crawl-state
+    keys and dead-letter details. The refused URL is not echoed.
+    """
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+        parts.port  # noqa: B018 - a bad port raises ValueError here
+    except ValueError:
+        parts, hostname = None, None
+    if parts is not None and "@" in parts.netloc:
+        raise MmlinksError(
+            f"--source-option {option} must not carry user info (user:token@host); "
+            "credentials belong in the environment (IMGUR_CLIENT_ID)"
+        )
+    if parts is None or parts.scheme not in ("http", "https") or not hostname:
+        # Never echo what might hold a secret: user info, a query, a fragment.
+        shown = "(not shown: it contains '@')" if "@" in url else repr(url.split("?", 1)[0].split("#", 1)[0])
+        raise MmlinksError(f"--source-option {option} wants an http(s) base URL, not {shown}")
+    return parts.netloc.lower()
 
 
 def _bases(ctx: SourceContext) -> tuple[str, str, str]:
-    return (
-        ctx.str("imgur_page_base") or PAGE_BASE,
-        ctx.str("imgur_api_base") or API_BASE,
-        ctx.str("imgur_image_base") or IMAGE_BASE,
-    )
+    page_base, api_base, image_base = (ctx.str(name) or default for name, default in _BASE_OPTIONS)
+    return page_base, api_base, image_base
 
 
 def document_from_album(post: dict, album: Album) -> Iterator[RawDocument | beam.pvalue.TaggedOutput]:
@@ -114,6 +135,8 @@ def document_from_album(post: dict, album: Album) -> Iterator[RawDocument | beam
         return
     if not album.complete:
         count("albums_incomplete")
+    if album.captions_repaired:  # lone UTF-16 surrogates in the album's JSON, now U+FFFD
+        count("captions_repaired", album.captions_repaired)
     metadata = {
         "post_id": post_id,
         "title": str(post.get("title") or ""),
@@ -152,7 +175,9 @@ class ScrapeAlbums(beam.DoFn):
 
         page_base, api_base, image_base = _bases(self.ctx)
         client_id = env_credential(IMGUR_CLIENT_ID)
-        hosts = {_host(page_base)} | ({_host(api_base)} if client_id else set())
+        hosts = {_host(page_base, "imgur_page_base")}
+        if client_id:
+            hosts.add(_host(api_base, "imgur_api_base"))
         self._scraper = AlbumScraper(
             PoliteClient(policy_from_context(self.ctx, hosts)),
             CrawlState(self.ctx.state()),
@@ -223,14 +248,13 @@ def _check(ctx: SourceContext) -> None:
             f"diy input {ctx.input} holds no Reddit submission files for "
             f"{ctx.str('start')}..{ctx.str('end')} (RS_YYYY-MM.zst, <sub>_submissions.zst, *.ndjson)"
         )
-    page_base, api_base, image_base = _bases(ctx)
-    hosts = {_host(page_base), _host(api_base), _host(image_base)}
+    hosts = {_host(base, name) for base, (name, _default) in zip(_bases(ctx), _BASE_OPTIONS, strict=True)}
     policy_from_context(ctx, hosts)  # parses rate, concurrency, retries, ... with clear errors
     ctx.bool("imgur_full_albums")
 
 
 def _fetcher(ctx: SourceContext) -> PoliteFetcher:
-    return PoliteFetcher(PoliteClient(policy_from_context(ctx, {_host(_bases(ctx)[2])})))
+    return PoliteFetcher(PoliteClient(policy_from_context(ctx, {_host(_bases(ctx)[2], "imgur_image_base")})))
 
 
 SPEC = SourceSpec(

@@ -22,17 +22,22 @@ decoded as a JavaScript literal first); current ``ext`` values are bare (``"jpeg
 
 One album costs one page request (or one API call), plus one hit.json request for a truncated
 2018 page. Images are not fetched here: the build's image store fetches them later.
+
+JSON can carry lone UTF-16 surrogates (``"\\ud83d"`` decodes to a str no encoder accepts); every
+caption is repaired (a lone surrogate becomes U+FFFD, a split pair is joined) and the album
+counts its repaired captions in ``captions_repaired``. Deeply nested JSON (``RecursionError``)
+is ``bad_album_json`` like any other undecodable body.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pipelines.crawl_state import CrawlState
-from pipelines.http_client import HttpError, HttpResponse, PoliteClient
+from pipelines.http_client import HttpError, HttpResponse, PoliteClient, redact_url
 from schemas.errors import MmlinksError
 
 PAGE_BASE = "https://imgur.com"
@@ -114,7 +119,7 @@ def album_id_from_url(url: str) -> str | None:
 class AlbumImage:
     hash: str  # imgur image id
     ext: str  # lower case, no dot ("jpg", "png", "gif", ...)
-    url: str  # what the image store fetches: {image_base}/{hash}.{ext}
+    url: str  # what the image store fetches: {image_base}/{hash}.{ext} (not kept in records)
     caption: str | None  # whitespace-normalised description; None when empty
     animated: bool
 
@@ -130,26 +135,48 @@ class Album:
     # could not be fetched (or ``fetch_all=False``). Recorded so the user can tell.
     complete: bool = True
     skipped: int = 0  # entries without a usable image id (reported as dead letters)
+    captions_repaired: int = 0  # captions whose lone UTF-16 surrogates became U+FFFD
 
     def to_record(self) -> dict:
+        """The crawl-state record. Images keep hash and extension only, not URLs: the URL is
+        built from the image base of the run that reads the record (``from_record``)."""
         return {
             "album_id": self.album_id,
-            "images": [asdict(im) for im in self.images],
+            "images": [
+                {"hash": im.hash, "ext": im.ext, "caption": im.caption, "animated": im.animated}
+                for im in self.images
+            ],
             "source": self.source,
             "declared_count": self.declared_count,
             "complete": self.complete,
             "skipped": self.skipped,
+            "captions_repaired": self.captions_repaired,
         }
 
     @classmethod
-    def from_record(cls, rec: dict) -> Album:
+    def from_record(cls, rec: dict, *, image_base: str = IMAGE_BASE) -> Album:
+        """The album of a ``to_record`` record, image URLs under ``image_base``.
+
+        KeyError/TypeError/ValueError for a record that does not fit (the caller scrapes again).
+        """
+        images = []
+        for im in rec["images"]:
+            image_hash, ext = im["hash"], _clean_ext(im["ext"])
+            if not isinstance(image_hash, str) or not _VALID_HASH.fullmatch(image_hash) or ext is None:
+                raise ValueError(f"bad image in album record: {image_hash!r}")
+            caption = im.get("caption")
+            if caption is not None and not isinstance(caption, str):
+                raise TypeError("caption is not a string")
+            url = _image_url(image_base, image_hash, ext)
+            images.append(AlbumImage(image_hash, ext, url, caption, bool(im["animated"])))
         return cls(
             album_id=str(rec["album_id"]),
-            images=[AlbumImage(**im) for im in rec["images"]],
+            images=images,
             source=str(rec["source"]),
             declared_count=rec.get("declared_count"),
             complete=bool(rec.get("complete", True)),
             skipped=int(rec.get("skipped", 0)),
+            captions_repaired=int(rec.get("captions_repaired", 0)),
         )
 
 
@@ -178,11 +205,26 @@ class AlbumFailed(MmlinksError):
         self.recorded = recorded and not transient
 
 
-def _caption(text: object) -> str | None:
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def repair_surrogates(text: str) -> tuple[str, int]:
+    """``text`` with each lone UTF-16 surrogate replaced by U+FFFD (split pairs joined), and
+    how many were replaced. ``json.loads('"\\ud83d"')`` yields such a str; it cannot be encoded
+    as UTF-8, so it would fail the crawl-state record and the Parquet writer later."""
+    if not _SURROGATE_RE.search(text):
+        return text, 0
+    fixed = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return fixed, fixed.count("\ufffd") - text.count("\ufffd")
+
+
+def _caption(text: object) -> tuple[str | None, bool]:
+    """(whitespace-normalised caption or None, whether lone surrogates were repaired)."""
     if not isinstance(text, str):
-        return None
+        return None, False
+    text, replaced = repair_surrogates(text)
     text = " ".join(text.split())
-    return text or None
+    return text or None, replaced > 0
 
 
 def _clean_ext(ext: object) -> str | None:
@@ -204,15 +246,24 @@ def _ext_from_url(url: object, image_hash: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
-def _image(image_hash: str, ext: str | None, caption: object, animated: bool, image_base: str) -> AlbumImage:
+def _image_url(image_base: str, image_hash: str, ext: str) -> str:
+    return f"{image_base.rstrip('/')}/{image_hash}.{ext}"
+
+
+def _image(
+    image_hash: str, ext: str | None, caption: object, animated: bool, image_base: str
+) -> tuple[AlbumImage, bool]:
+    """(the image, whether its caption had lone surrogates repaired)."""
     ext = ext or "jpg"
-    return AlbumImage(
+    text, repaired = _caption(caption)
+    image = AlbumImage(
         hash=image_hash,
         ext=ext,
-        url=f"{image_base.rstrip('/')}/{image_hash}.{ext}",
-        caption=_caption(caption),
+        url=_image_url(image_base, image_hash, ext),
+        caption=text,
         animated=bool(animated) or ext in ANIMATED_EXTS,
     )
+    return image, repaired
 
 
 def _text(html: str | bytes) -> str:
@@ -267,7 +318,7 @@ def parse_album_html_2018(html: str | bytes, *, album_id: str = "", image_base: 
     if not containers:
         raise AlbumParseError("no_album_markup", "no div.post-image-container")
     images: list[AlbumImage] = []
-    skipped = 0
+    skipped = repaired = 0
     seen_nested: set[int] = set()
     for div in containers:
         if id(div) in seen_nested:
@@ -301,11 +352,19 @@ def parse_album_html_2018(html: str | bytes, *, album_id: str = "", image_base: 
             for br in desc.find_all("br"):
                 br.replace_with(" ")
             caption = desc.get_text()
-        images.append(_image(image_hash, ext, caption, animated, image_base))
+        image, fixed = _image(image_hash, ext, caption, animated, image_base)
+        images.append(image)
+        repaired += fixed
     declared = _declared_count_2018(text)
     truncated = bool(_TRUNCATED_RE.search(text)) or (declared is not None and declared > len(images))
     return Album(
-        album_id, images, "html-2018", declared_count=declared, complete=not truncated, skipped=skipped
+        album_id,
+        images,
+        "html-2018",
+        declared_count=declared,
+        complete=not truncated,
+        skipped=skipped,
+        captions_repaired=repaired,
     )
 
 
@@ -318,6 +377,8 @@ def parse_album_hit_json(body: str | bytes, *, album_id: str = "", image_base: s
     """
     try:
         payload = json.loads(_text(body))
+    except RecursionError:  # nesting deeper than the interpreter's stack
+        raise AlbumParseError("bad_album_json", "hit.json: nested too deeply") from None
     except ValueError as exc:
         raise AlbumParseError("bad_album_json", f"hit.json: {exc}") from None
     data = payload.get("data") if isinstance(payload, dict) else None
@@ -325,7 +386,7 @@ def parse_album_hit_json(body: str | bytes, *, album_id: str = "", image_base: s
         raise AlbumParseError("album_not_found", "hit.json: empty data")
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise AlbumParseError("bad_album_json", "hit.json: no data.images list")
-    images, skipped = [], 0
+    images, skipped, repaired = [], 0, 0
     for item in data["images"]:
         image_hash = item.get("hash") if isinstance(item, dict) else None
         if not isinstance(image_hash, str) or not _VALID_HASH.fullmatch(image_hash):
@@ -333,10 +394,14 @@ def parse_album_hit_json(body: str | bytes, *, album_id: str = "", image_base: s
             continue
         ext = _clean_ext(item.get("ext"))
         animated = bool(item.get("animated")) or bool(item.get("prefer_video"))
-        images.append(_image(image_hash, ext, item.get("description"), animated, image_base))
+        image, fixed = _image(image_hash, ext, item.get("description"), animated, image_base)
+        images.append(image)
+        repaired += fixed
     count = data.get("count")
     declared = count if isinstance(count, int) and not isinstance(count, bool) else None
-    return Album(album_id, images, "html-2018", declared_count=declared, skipped=skipped)
+    return Album(
+        album_id, images, "html-2018", declared_count=declared, skipped=skipped, captions_repaired=repaired
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,9 +416,6 @@ _JS_SIMPLE = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f", "v": "\v"}
 _JS_ESCAPE_RE = re.compile(
     r"\\(u\{[0-9A-Fa-f]{1,6}\}|u[0-9A-Fa-f]{4}|x[0-9A-Fa-f]{2}|0(?![0-9])|\r\n|[\s\S])"
 )
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
-
-
 def _js_escape(m: re.Match) -> str:
     esc = m.group(1)
     head = esc[0]
@@ -373,18 +435,18 @@ def _js_escape(m: re.Match) -> str:
     return _JS_SIMPLE.get(esc, esc)  # \" \' \\ \/ and any other identity escape
 
 
-def decode_js_string(body: str) -> str:
+def decode_js_string(body: str, *, repair: bool = True) -> str:
     """The value of a JavaScript string literal's body (without its quotes).
 
     Handles ``\\n``-style escapes, ``\\xHH``, ``\\uHHHH`` (surrogate pairs joined), ``\\u{H..}``,
-    line continuations and identity escapes such as ``\\'``, which JSON would reject.
+    line continuations and identity escapes such as ``\\'``, which JSON would reject. With
+    ``repair`` a lone surrogate becomes U+FFFD; without, surrogates are left as decoded (the
+    album parser repairs and counts them caption by caption).
     """
     if re.search(r"(?<!\\)(?:\\\\)*\\\Z", body):
         raise JsStringError("dangling backslash")
     out = _JS_ESCAPE_RE.sub(_js_escape, body)
-    if _SURROGATE_RE.search(out):
-        out = out.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return out
+    return repair_surrogates(out)[0] if repair else out
 
 
 _POSTDATA_RE = re.compile(r"""window\.postDataJSON\s*=\s*(["'])""")
@@ -415,13 +477,15 @@ def parse_album_html_json(html: str | bytes, *, album_id: str = "", image_base: 
     text = _text(html)
     literal = _postdata_literal(text)
     try:
-        payload = json.loads(decode_js_string(literal))
+        payload = json.loads(decode_js_string(literal, repair=False))
+    except RecursionError:  # nesting deeper than the interpreter's stack
+        raise AlbumParseError("bad_album_json", "postDataJSON: nested too deeply") from None
     except (JsStringError, ValueError) as exc:
         raise AlbumParseError("bad_album_json", f"postDataJSON: {exc}") from None
     media = payload.get("media") if isinstance(payload, dict) else None
     if not isinstance(media, list):
         raise AlbumParseError("bad_album_json", "postDataJSON has no media list")
-    images, skipped = [], 0
+    images, skipped, repaired = [], 0, 0
     for item in media:
         image_hash = item.get("id") if isinstance(item, dict) else None
         if not isinstance(image_hash, str) or not _VALID_HASH.fullmatch(image_hash):
@@ -436,8 +500,11 @@ def parse_album_html_json(html: str | bytes, *, album_id: str = "", image_base: 
             or mime.startswith("video/")
             or mime == "image/gif"
         )
-        images.append(_image(image_hash, ext, meta.get("description"), animated, image_base))
-    return Album(album_id or str(payload.get("id") or ""), images, "html-json", skipped=skipped)
+        image, fixed = _image(image_hash, ext, meta.get("description"), animated, image_base)
+        images.append(image)
+        repaired += fixed
+    album_id = album_id or repair_surrogates(str(payload.get("id") or ""))[0]
+    return Album(album_id, images, "html-json", skipped=skipped, captions_repaired=repaired)
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,6 +525,8 @@ def parse_album_api_v3(
     else:
         try:
             payload = json.loads(_text(body))
+        except RecursionError:  # nesting deeper than the interpreter's stack
+            raise AlbumParseError("bad_album_json", "API v3: nested too deeply") from None
         except ValueError as exc:
             raise AlbumParseError("bad_album_json", f"API v3: {exc}") from None
     if not isinstance(payload, dict):
@@ -469,7 +538,7 @@ def parse_album_api_v3(
     data = payload.get("data")
     if not isinstance(data, list):
         raise AlbumParseError("bad_album_json", "API v3: data is not a list")
-    images, skipped = [], 0
+    images, skipped, repaired = [], 0, 0
     for item in data:
         image_hash = item.get("id") if isinstance(item, dict) else None
         if not isinstance(image_hash, str) or not _VALID_HASH.fullmatch(image_hash):
@@ -478,12 +547,27 @@ def parse_album_api_v3(
         mime = str(item.get("type") or "").lower()
         ext = _ext_from_url(item.get("link"), image_hash) or _MIME_EXT.get(mime)
         animated = bool(item.get("animated")) or mime.startswith("video/") or mime == "image/gif"
-        images.append(_image(image_hash, ext, item.get("description"), animated, image_base))
-    return Album(album_id, images, "api-v3", skipped=skipped)
+        image, fixed = _image(image_hash, ext, item.get("description"), animated, image_base)
+        images.append(image)
+        repaired += fixed
+    return Album(album_id, images, "api-v3", skipped=skipped, captions_repaired=repaired)
 
 
 # --------------------------------------------------------------------------------------------
 # Scraper
+
+
+def _refuse_userinfo(name: str, base: str) -> None:
+    """MmlinksError for a base URL with user info; the URL is not echoed (it holds a secret)."""
+    try:
+        netloc = urlsplit(base).netloc
+    except ValueError:
+        netloc = ""
+    if "@" in netloc:
+        raise MmlinksError(
+            f"{name} carries user info (user:token@host); credentials belong in the environment "
+            "(IMGUR_CLIENT_ID), not in a base URL"
+        )
 
 
 def _merge_fill_in(page: Album, rest: Album) -> Album:
@@ -497,7 +581,10 @@ def _merge_fill_in(page: Album, rest: Album) -> Album:
     ]
     declared = page.declared_count if page.declared_count is not None else rest.declared_count
     complete = declared is None or len(images) >= declared
-    return Album(page.album_id, images, page.source, declared, complete, rest.skipped)
+    # Page captions taken over may include repaired ones (at most as many as were taken over).
+    taken = sum(a is not b for a, b in zip(images, rest.images, strict=True))
+    repaired = rest.captions_repaired + min(page.captions_repaired, taken)
+    return Album(page.album_id, images, page.source, declared, complete, rest.skipped, repaired)
 
 
 class AlbumScraper:
@@ -516,6 +603,17 @@ class AlbumScraper:
     permanent, not recorded. Thread-safe as far as the client is: one scraper may serve a pool.
     Recorded failures are final for later runs too; to try them again, delete the crawl state's
     ``items/album`` folder (or the one record).
+
+    Records are keyed by route and base as well as album id (``state_key``:
+    ``page|<page_base>|<id>`` or ``api|<api_base>|<id>``), so an answer from live imgur (say
+    ``album_not_found``) is not reused when ``page_base`` points at a web archive, nor a page
+    answer when the API is used. Records keep image hash and extension, not URLs: image URLs
+    are built from this scraper's ``image_base`` when a record is read. Records from before
+    this keying (album id alone) are not found under the new keys: those albums are scraped
+    again (the HTTP cache, keyed by the full URL, may still answer them).
+
+    Base URLs must not carry user info (``user:token@host``): credentials come from the
+    environment (``client_id``), and bases end up in keys, records and messages.
     """
 
     def __init__(
@@ -530,6 +628,8 @@ class AlbumScraper:
         fetch_all: bool = True,
         max_page_bytes: int | None = 8 * 1024 * 1024,
     ):
+        for name, base in (("page_base", page_base), ("api_base", api_base), ("image_base", image_base)):
+            _refuse_userinfo(name, base)
         self.client = client
         self.state = state
         self.page_base = page_base.rstrip("/")
@@ -542,17 +642,24 @@ class AlbumScraper:
     def __repr__(self) -> str:  # never shows the client id
         return f"AlbumScraper(page_base={self.page_base!r}, api={'on' if self.client_id else 'off'})"
 
+    def state_key(self, album_id: str) -> str:
+        """The crawl-state key of an album: the route (``api``/``page``), its base, the id."""
+        if self.client_id:
+            return f"api|{self.api_base}|{album_id}"
+        return f"page|{self.page_base}|{album_id}"
+
     def scrape(self, album_id: str) -> Album:
         if not _ID_RE.fullmatch(album_id or ""):
             raise AlbumFailed("bad_album_id", repr(album_id))
+        key = self.state_key(album_id)
         if self.state is not None:
-            rec = self.state.get(STATE_KIND, album_id)
+            rec = self.state.get(STATE_KIND, key)
             if rec is not None:
                 if "failed" in rec:
                     raise AlbumFailed(str(rec["failed"]), str(rec.get("detail", "")), recorded=True)
                 try:
-                    album = Album.from_record(rec)
-                except (KeyError, TypeError, ValueError):
+                    album = Album.from_record(rec, image_base=self.image_base)
+                except (KeyError, TypeError, ValueError, AttributeError):
                     album = None  # a record from another version: scrape again
                 # An album kept partial by fetch_all=False is completed once fetch_all is on.
                 if album is not None and (album.complete or rec.get("fill_in_tried") or not self.fetch_all):
@@ -561,10 +668,10 @@ class AlbumScraper:
             album = self._scrape_api(album_id) if self.client_id else self._scrape_page(album_id)
         except AlbumFailed as exc:
             if exc.recorded and self.state is not None:
-                self.state.put(STATE_KIND, album_id, {"failed": exc.reason, "detail": exc.detail})
+                self.state.put(STATE_KIND, key, {"failed": exc.reason, "detail": exc.detail})
             raise
         if self.state is not None:
-            self.state.put(STATE_KIND, album_id, {**album.to_record(), "fill_in_tried": self.fetch_all})
+            self.state.put(STATE_KIND, key, {**album.to_record(), "fill_in_tried": self.fetch_all})
         return album
 
     def _get(self, url: str, *, params: dict[str, str] | None = None, headers: dict[str, str] | None = None):
@@ -575,17 +682,18 @@ class AlbumScraper:
         except HttpError as exc:
             raise AlbumFailed(exc.reason, exc.detail, transient=exc.transient) from exc
         status = resp.status
+        shown = redact_url(url)  # details end up in dead letters and the crawl state
         if status in (404, 410):
-            raise AlbumFailed("album_not_found", f"HTTP {status} {url}", recorded=True)
+            raise AlbumFailed("album_not_found", f"HTTP {status} {shown}", recorded=True)
         if status in (401, 403):
             # Imgur answers 403 "over capacity" under load; and a bad client id must not mark
             # albums as finished.
             reason = "over_capacity" if b"capacity" in resp.body[:2000].lower() else "forbidden"
-            raise AlbumFailed(reason, f"HTTP {status} {url}", transient=True)
+            raise AlbumFailed(reason, f"HTTP {status} {shown}", transient=True)
         if status in (408, 429) or status >= 500:
-            raise AlbumFailed(f"http_{status}", f"HTTP {status} {url}", transient=True)
+            raise AlbumFailed(f"http_{status}", f"HTTP {status} {shown}", transient=True)
         if not 200 <= status < 300:
-            raise AlbumFailed(f"http_{status}", f"HTTP {status} {url}")
+            raise AlbumFailed(f"http_{status}", f"HTTP {status} {shown}")
         return resp
 
     def _scrape_api(self, album_id: str) -> Album:
@@ -648,4 +756,5 @@ __all__ = [
     "parse_album_html_2018",
     "parse_album_html_json",
     "parse_album_url",
+    "repair_surrogates",
 ]
