@@ -84,7 +84,7 @@ def run_demo(args) -> dict:
     step(
         3,
         STEPS,
-        f"training {args.similarity.upper()} with Ray Train ({args.workers} workers), "
+        f"training {args.objective.upper()} with Ray Train ({args.workers} workers), "
         f"up to {args.epochs} epochs; metrics -> MLflow",
     )
     cfg = train_config_from_args(
@@ -151,7 +151,7 @@ def run_demo(args) -> dict:
     if not args.json:
         rows = [
             [
-                f"{args.similarity.upper()} (this run)",
+                f"{args.objective.upper()} (this run)",
                 f"{res.test['auc']:.1f}",
                 f"{res.test['p_at_1']:.1f}",
                 f"{res.test['p_at_5']:.1f}",

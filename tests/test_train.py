@@ -34,8 +34,10 @@ def test_fit_keeps_the_lowest_validation_loss_checkpoint(trained):
 def test_invalid_config_is_refused(dataset, tmp_path):
     from schemas.errors import MmlinksError
 
-    with pytest.raises(MmlinksError, match="similarity"):
-        fit(small_cfg(dataset, tmp_path, similarity="cosine"))
+    with pytest.raises(MmlinksError, match="objective"):
+        fit(small_cfg(dataset, tmp_path, objective="cosine"))
+    with pytest.raises(MmlinksError, match="objectives"):
+        fit(small_cfg(dataset, tmp_path, objective="li2021", objectives="I+D"))
 
 
 @pytest.mark.slow

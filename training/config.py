@@ -4,24 +4,52 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+OBJECTIVES = ("nostruct", "dc", "tk", "ap", "li2021")
+BACKBONES = ("gru", "transformer")
+LI2021_PARTS = ("C", "I", "D")  # cross-document, intra-document, dropout sub-document
+# Fields a resumed run must share with its checkpoint: they define the model or the loss.
+MODEL_FIELDS = (
+    "data",
+    "objective",
+    "k",
+    "negatives",
+    "objectives",
+    "backbone",
+    "max_tokens",
+    "min_word_count",
+    "word_vectors",
+    "d_multi",
+    "transformer_layers",
+    "transformer_heads",
+    "max_regions",
+    "seed",
+)
+
 
 @dataclass
 class TrainConfig:
     data: str = ""  # dataset directory (holds manifest.json)
-    similarity: str = "ap"  # dc | tk | ap
-    k: str = "full"  # full | half
+    objective: str = "ap"  # nostruct | dc | tk | ap | li2021
+    k: str = "full"  # full | half (TK and AP)
     negatives: str = "hard"  # hard | mean
+    objectives: str = "C"  # li2021 parts: C, C+I, C+D, C+I+D
+    backbone: str = "gru"  # gru | transformer
+    sub_fraction: float = 0.8  # li2021 D: share of sentences and images kept (paper: 0.6 DII/SIS)
     margin: float = 0.2
     batch_docs: int = 11  # B documents per batch -> B - 1 in-batch negatives
     lr: float = 1e-4
+    warmup_steps: int = 0  # linear warm-up from lr/1000 (Li et al. 2021 use 3000-4000)
     epochs: int = 50
     plateau_patience: int = 3  # epochs without val-loss improvement before lr x plateau_factor
     plateau_factor: float = 0.2
     max_tokens: int = 20
     min_word_count: int = 5
-    word_vectors: str = "glove"  # glove | random | path to a word2vec/GloVe text file
+    word_vectors: str = "glove"  # glove | random | word2vec/GloVe text file | word2vec/fastText .bin
     d_multi: int = 1024
     image_dropout: float = 0.4
+    transformer_layers: int = 3
+    transformer_heads: int = 8
+    max_regions: int = 36
     seed: int = 0
     num_workers: int = 2  # Ray Train workers (1 = a single worker process)
     use_gpu: bool = False
@@ -32,30 +60,67 @@ class TrainConfig:
     ray_address: str = ""  # empty: start or reuse a local Ray
     ray_logs: bool = False  # forward worker logs to this console
 
+    @property
+    def similarity(self) -> str:
+        """The document similarity the objective trains: NoStruct is DC on 1 x 1 documents and
+        Li et al. 2021 use TK with k = min(n, m)."""
+        return {"nostruct": "dc", "li2021": "tk"}.get(self.objective, self.objective)
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.objectives.split("+")) if self.objective == "li2021" else ("C",)
+
+    @property
+    def label(self) -> str:
+        """A short run name, e.g. ``ap-full-hard`` or ``li2021-C+I+D-transformer``."""
+        if self.objective == "li2021":
+            return f"li2021-{self.objectives}-{self.backbone}"
+        if self.objective == "nostruct":
+            return f"nostruct-{self.negatives}"
+        if self.objective == "dc":
+            return f"dc-{self.negatives}"
+        return f"{self.objective}-{self.k}-{self.negatives}"
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     def public_dict(self) -> dict:
         """The config minus fields that may carry hosts or credentials (cluster address, a
         storage URI with keys); this is what goes into params, artifacts and checkpoints."""
-        return {k: v for k, v in asdict(self).items() if k not in ("ray_address", "storage_path")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("ray_address", "storage_path")}
+        out["similarity"] = self.similarity
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        if "objective" not in values and data.get("similarity"):  # configs written before objectives
+            values["objective"] = data["similarity"]
+        return cls(**values)
 
     def validate(self) -> None:
         from schemas.errors import MmlinksError
 
+        parts = self.parts
         checks = {
-            "similarity": self.similarity in ("dc", "tk", "ap"),
-            "k": self.k in ("full", "half"),
-            "negatives": self.negatives in ("hard", "mean"),
+            f"objective (one of {', '.join(OBJECTIVES)})": self.objective in OBJECTIVES,
+            "k (full or half)": self.k in ("full", "half"),
+            "negatives (hard or mean)": self.negatives in ("hard", "mean"),
+            "objectives (C, C+I, C+D or C+I+D)": "C" in parts
+            and set(parts) <= set(LI2021_PARTS)
+            and len(set(parts)) == len(parts),
+            f"backbone (one of {', '.join(BACKBONES)})": self.backbone in BACKBONES,
+            "sub_fraction (in (0, 1])": 0 < self.sub_fraction <= 1,
             "batch_docs (>= 2)": self.batch_docs >= 2,
             "epochs (>= 1)": self.epochs >= 1,
             "num_workers (>= 1)": self.num_workers >= 1,
+            "warmup_steps (>= 0)": self.warmup_steps >= 0,
+            "d_multi (divisible by transformer_heads)": self.backbone != "transformer"
+            or self.d_multi % self.transformer_heads == 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise MmlinksError(f"invalid training config: {', '.join(bad)}")
+        if self.objective == "li2021" and self.k != "full":
+            raise MmlinksError("invalid training config: li2021 uses TK with k = full (Li et al. 2021)")

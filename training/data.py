@@ -7,6 +7,7 @@ with masks, which is what the similarity functions take.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,9 @@ class DocBatch:
     n_sentences: list[int]
     n_images: list[int]
     links: list[list[tuple[int, int]] | None]
+    # Region features and concept tokens per image (training/regions.py), for backbones that
+    # read regions; None otherwise.
+    regions: object | None = None
 
     def __len__(self) -> int:
         return len(self.doc_ids)
@@ -49,20 +53,82 @@ def features_of(table: pa.Table) -> tuple[list[np.ndarray], list[int]]:
     return np.split(values, splits), counts.tolist()
 
 
+def drop_empty(table: pa.Table) -> tuple[pa.Table, int]:
+    """Documents without a sentence or an image have no similarity to learn from (and would
+    make a NaN mean); they are removed here and counted by the caller."""
+    keep = pc.and_(
+        pc.greater(pc.list_value_length(table.column("sentences")), 0),
+        pc.greater(pc.list_value_length(table.column("images")), 0),
+    )
+    keep = pc.fill_null(keep, False)
+    kept = table.filter(keep)
+    return kept, table.num_rows - kept.num_rows
+
+
+def _take_one(column: pa.ChunkedArray, chosen: np.ndarray) -> pa.Array:
+    """list<x> column -> list<x> of exactly the ``chosen[d]``-th element of each row."""
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    flat = pc.list_flatten(column)
+    values = flat.take(pa.array(starts + chosen))
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    return pa.ListArray.from_arrays(pa.array(np.arange(len(chosen) + 1), pa.int32()), values)
+
+
+def one_pair_per_document(table: pa.Table, rng: np.random.Generator | None) -> pa.Table:
+    """NoStruct (Hessel 2019): each document becomes ONE random sentence and ONE random image.
+
+    ``rng`` given: a fresh draw (training, redrawn every epoch); None: a draw fixed by the
+    document id (validation, so its loss is comparable between epochs). A link survives only
+    if it joined the two kept items.
+    """
+    n_s = pc.list_value_length(table.column("sentences")).to_numpy(zero_copy_only=False)
+    n_i = pc.list_value_length(table.column("images")).to_numpy(zero_copy_only=False)
+    if rng is None:
+        seeds = [zlib.crc32(d.encode()) for d in table.column("doc_id").to_pylist()]
+        u = np.array([np.random.default_rng(s).random(2) for s in seeds]).reshape(-1, 2)
+    else:
+        u = rng.random((table.num_rows, 2))
+    si = np.minimum((u[:, 0] * n_s).astype(np.int64), n_s - 1)
+    ii = np.minimum((u[:, 1] * n_i).astype(np.int64), n_i - 1)
+    out = table.set_column(
+        table.schema.get_field_index("sentences"), "sentences", _take_one(table.column("sentences"), si)
+    )
+    out = out.set_column(
+        out.schema.get_field_index("images"), "images", _take_one(table.column("images"), ii)
+    )
+    if "links" in table.column_names:
+        kept = [
+            None
+            if lk is None
+            else [{"sentence": 0, "image": 0}] * any(d["sentence"] == s and d["image"] == i for d in lk)
+            for lk, s, i in zip(table.column("links").to_pylist(), si, ii, strict=True)
+        ]
+        out = out.set_column(
+            out.schema.get_field_index("links"), "links", pa.array(kept, table.schema.field("links").type)
+        )
+    return out
+
+
 def make_batch(
     table: pa.Table,
     vocab: Vocabulary,
     max_tokens: int,
     rng: np.random.Generator | None = None,
+    regions: bool = False,
+    max_regions: int = 36,
 ) -> DocBatch:
-    """``rng`` given: shuffle image order inside each document (links are remapped)."""
+    """``rng`` given: shuffle image order inside each document (links are remapped).
+    ``regions``: also gather region features and concept tokens, in the same image order."""
     feats, n_img = features_of(table)
     sentences = table.column("sentences").to_pylist()
     links = table.column("links").to_pylist() if "links" in table.column_names else [None] * len(sentences)
     doc_ids = table.column("doc_id").to_pylist()
-    out_feats, out_links = [], []
+    out_feats, out_links, perms = [], [], []
     for f, lk in zip(feats, links, strict=True):
         perm = rng.permutation(len(f)) if rng is not None else np.arange(len(f))
+        perms.append(perm)
         out_feats.append(f[perm])
         if lk is None:
             out_links.append(None)
@@ -74,6 +140,11 @@ def make_batch(
     tokens = np.zeros((len(encoded), T), dtype=np.int64)
     for i, e in enumerate(encoded):
         tokens[i, : len(e)] = e
+    region_batch = None
+    if regions:
+        from training.regions import regions_of
+
+        region_batch = regions_of(table, perms, vocab, max_regions)
     return DocBatch(
         doc_ids=doc_ids,
         tokens=torch.from_numpy(tokens),
@@ -82,6 +153,7 @@ def make_batch(
         n_sentences=[len(doc) for doc in sentences],
         n_images=n_img,
         links=out_links,
+        regions=region_batch,
     )
 
 

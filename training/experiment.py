@@ -40,6 +40,12 @@ class ExperimentResult:
     report_path: str = ""
 
 
+def objective_text(cfg: TrainConfig) -> str:
+    if cfg.objective == "li2021":
+        return f"li2021 {cfg.objectives} backbone={cfg.backbone} negatives={cfg.negatives}"
+    return f"{cfg.objective} k={cfg.k} negatives={cfg.negatives} backbone={cfg.backbone}"
+
+
 @contextlib.contextmanager
 def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool) -> Iterator[None]:
     """A progress bar on stderr fed by the per-epoch metrics rank 0 logs to MLflow.
@@ -89,15 +95,18 @@ def run_experiment(
     alias: str | None = "candidate",
     progress: bool = False,
     report_dir: str | Path | None = None,
+    parent_run_id: str | None = None,
 ) -> ExperimentResult:
     """Train, evaluate, log, register; the HTML report goes to MLflow and to ``report_dir``
-    (default: ``reports/`` next to the dataset)."""
+    (default: ``reports/`` next to the dataset). ``parent_run_id`` nests the run under a parent
+    (a grid's trials)."""
     manifest = Manifest.read(cfg.data)
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
     tracking.configure(tracking_uri, EXPERIMENT)
     mlflow.set_experiment(EXPERIMENT)
-    with mlflow.start_run(run_name=f"{cfg.similarity}-{cfg.k}-{cfg.negatives}") as run:
+    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+    with mlflow.start_run(run_name=cfg.label, tags=tags) as run:
         tracking.log_training_params(cfg, manifest, cfg.data)
         mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
         mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
@@ -125,7 +134,7 @@ def run_experiment(
 
         info = {
             "run": run.info.run_id,
-            "objective": f"{cfg.similarity} k={cfg.k} negatives={cfg.negatives}",
+            "objective": objective_text(cfg),
             "dataset": f"{manifest.source} {manifest.dataset_version}",
             "features": f"{manifest.feature_extractor.name}",
             "best epoch": str(result.best_epoch),

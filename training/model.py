@@ -23,6 +23,7 @@ class ModelConfig:
     image_dim: int = 1280
     d_multi: int = 1024  # GRU units = joint space width
     image_dropout: float = 0.4
+    backbone: str = "gru"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,6 +87,11 @@ class MulLink(nn.Module):
 
     def forward(self, tokens, lengths, features):
         return self.text(tokens, lengths), self.image(features)
+
+    def encode(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A ``DocBatch`` -> (sentence vectors [N_sentences, d], image vectors [N_images, d]); every
+        backbone has this method, so the loop and evaluation never ask which one they hold."""
+        return self(batch.tokens, batch.lengths, batch.features)
 
     @torch.no_grad()
     def score_matrix(self, tokens, lengths, features) -> np.ndarray:

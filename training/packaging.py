@@ -84,9 +84,12 @@ def _empty(value) -> bool:
 
 class LinkModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
+        from training.backbone import needs_regions
         from training.train import load_checkpoint_model
 
         self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
+        self.regions = needs_regions(meta["model"])
+        self.max_regions = int(meta["train"].get("max_regions", 36))
         self.vocab = Vocabulary.load(context.artifacts["vocab"])
         self.max_tokens = int(meta["train"]["max_tokens"])
         extractor = context.artifacts.get("extractor")
@@ -128,16 +131,27 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         """The sentence x image cosine matrix of one document (no request limits)."""
         import pyarrow as pa
 
+        from training.train import link_scores
+
         table = pa.table(
             {
                 "doc_id": ["input"],
                 "sentences": [list(sentences)],
-                "images": [[{"features": np.asarray(f, dtype=np.float32).tolist()} for f in features]],
+                # Served documents carry global features only: a region-reading backbone then
+                # sees each image as its global feature (training/regions.py).
+                "images": [
+                    [
+                        {"features": np.asarray(f, dtype=np.float32).tolist(), "regions": None}
+                        for f in features
+                    ]
+                ],
             }
         )
-        batch = make_batch(table, self.vocab, self.max_tokens)
+        batch = make_batch(
+            table, self.vocab, self.max_tokens, regions=self.regions, max_regions=self.max_regions
+        )
         with torch.no_grad():
-            return self.model.score_matrix(batch.tokens, batch.lengths, batch.features)
+            return link_scores(self.model, batch)[0]
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         threshold = float((params or {}).get("threshold", 0.0))

@@ -189,7 +189,9 @@ def document_cards(
     if not keep:
         return []
     table = table.take(keep).sort_by("doc_id")
-    batch = make_batch(table, vocab, max_tokens)
+    batch = make_batch(
+        table, vocab, max_tokens, regions=getattr(model.cfg, "backbone", "gru") == "transformer"
+    )
     with torch.no_grad():
         scores = link_scores(model.eval(), batch)
     cards = []

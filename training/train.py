@@ -12,37 +12,45 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from training.config import TrainConfig
-from training.data import TRAINING_COLUMNS, DocBatch, make_batch, pad_documents
+from training.backbone import build_model, needs_regions
+from training.config import MODEL_FIELDS, TrainConfig
+from training.data import TRAINING_COLUMNS, DocBatch, drop_empty, make_batch, one_pair_per_document
 from training.metrics import document_metrics
-from training.model import ModelConfig, MulLink
-from training.objectives.loss import in_batch_loss
-from training.objectives.similarity import document_similarity
+from training.objectives.registry import objective_loss
 from training.text import Vocabulary
 
 CHECKPOINT_FILE = "state.pt"
+# Fault injection for the resume tests: rank 0 SIGKILLs itself once after reporting this epoch.
+KILL_AT_EPOCH_ENV = "MMLINKS_TEST_KILL_AT_EPOCH"
+KILL_MARKER_ENV = "MMLINKS_TEST_KILL_MARKER"
+
+
+class DivergedError(RuntimeError):
+    """The loss became NaN or infinite: training stops, the last good checkpoint stays."""
+
+
+class IncompatibleResumeError(RuntimeError):
+    """A run name was reused with a config that would not continue the same model."""
 
 
 def batch_loss(model, batch: DocBatch, cfg: TrainConfig) -> torch.Tensor:
-    s, v = model(batch.tokens, batch.lengths, batch.features)
-    s_pad, s_mask = pad_documents(s, batch.n_sentences)
-    v_pad, v_mask = pad_documents(v, batch.n_images)
-    sims = document_similarity(cfg.similarity, s_pad, s_mask, v_pad, v_mask, cfg.k)
-    return in_batch_loss(sims, cfg.margin, cfg.negatives)
+    return objective_loss(model, batch, cfg)[0]
 
 
-def link_scores(model: MulLink, batch: DocBatch) -> list[np.ndarray]:
+def link_scores(model, batch: DocBatch) -> list[np.ndarray]:
     """Per-document sentence x image cosine matrices."""
-    s, v = model(batch.tokens, batch.lengths, batch.features)
+    s, v = model.encode(batch)
     out, so, vo = [], 0, 0
     for n, m in zip(batch.n_sentences, batch.n_images, strict=True):
         out.append((s[so : so + n] @ v[vo : vo + m].T).detach().cpu().numpy())
@@ -60,7 +68,7 @@ def validation_batches(paths: list[str], batch_docs: int, rank: int, world: int)
     """
     from schemas.shards import read_table
 
-    table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
+    table, _ = drop_empty(read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id"))
     starts = list(range(0, table.num_rows, batch_docs))
     if len(starts) > 1 and table.num_rows - starts[-1] < 2:
         starts.pop()
@@ -73,19 +81,40 @@ def _unwrap(model):
     return model.module if hasattr(model, "module") else model
 
 
+def check_resumable(saved: dict, cfg: TrainConfig) -> None:
+    """Refuse to continue a checkpoint whose model or loss differ from this config's."""
+    old = TrainConfig.from_dict(saved)
+    diffs = [
+        f"{f}={getattr(old, f)!r} (asked {getattr(cfg, f)!r})"
+        for f in MODEL_FIELDS
+        if getattr(old, f) != getattr(cfg, f)
+    ]
+    if diffs:
+        raise IncompatibleResumeError(
+            f"cannot resume run {cfg.run_name!r}: its checkpoint was trained with "
+            + ", ".join(diffs)
+            + "; use a new --run-name or the same settings"
+        )
+
+
+def epoch_seed(cfg: TrainConfig, rank: int, epoch: int) -> int:
+    """All randomness of an epoch derives from (seed, rank, epoch), so a run resumed from the
+    checkpoint of epoch e replays epoch e + 1 exactly as an uninterrupted run would."""
+    return int(np.random.default_rng([cfg.seed, rank, epoch]).integers(2**31))
+
+
 def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
     cfg = TrainConfig.from_dict(config["train"])
     torch.set_num_threads(cfg.threads_per_worker)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every worker
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    rng = np.random.default_rng([cfg.seed, rank])
     vocab = Vocabulary(config["vocab"])
-    model_cfg = ModelConfig(**config["model"])
-    model = MulLink(model_cfg, config.get("embeddings"), config.get("feature_stats"))
+    model = build_model(config["model"], config.get("embeddings"), config.get("feature_stats"))
+    regions = needs_regions(config["model"])
     model = ray.train.torch.prepare_model(model) if world > 1 or cfg.use_gpu else model
     device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -94,16 +123,18 @@ def train_loop_per_worker(config: dict) -> None:
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
         opt, mode="min", factor=cfg.plateau_factor, patience=max(0, cfg.plateau_patience - 1)
     )
-    start, best_val, best_epoch, history = 0, float("inf"), -1, []
+    start, best_val, best_epoch, history, step = 0, float("inf"), -1, [], 0
     ckpt = ray.train.get_checkpoint()
     if ckpt:  # resume after a failure or a restarted job
         with ckpt.as_directory() as d:
+            meta = json.loads((Path(d) / "meta.json").read_text())
+            check_resumable(meta["train"], cfg)
             state = torch.load(Path(d) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
         _unwrap(model).load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         start, best_val, best_epoch = state["epoch"] + 1, state["best_val_loss"], state["best_epoch"]
-        history = state.get("history", [])
+        history, step = state.get("history", []), state.get("step", 0)
 
     mlflow_client = None
     if rank == 0 and config.get("mlflow_run_id"):
@@ -117,38 +148,93 @@ def train_loop_per_worker(config: dict) -> None:
     def to_device(b: DocBatch) -> DocBatch:
         if device.type == "cpu":
             return b
-        b.tokens, b.lengths, b.features = b.tokens.to(device), b.lengths, b.features.to(device)
+        b.tokens, b.features = b.tokens.to(device), b.features.to(device)
+        if b.regions is not None:
+            b.regions = b.regions.to(device)
         return b
 
+    def prepare(table, rng) -> DocBatch:
+        if cfg.objective == "nostruct":
+            table = one_pair_per_document(table, rng)
+        return to_device(make_batch(table, vocab, cfg.max_tokens, rng, regions, cfg.max_regions))
+
+    def set_warmup_lr() -> None:
+        if step < cfg.warmup_steps:
+            for g in opt.param_groups:
+                g["lr"] = cfg.lr * max(1e-3, (step + 1) / cfg.warmup_steps)
+
     for epoch in range(start, cfg.epochs):
+        seed = epoch_seed(cfg, rank, epoch)
+        rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout masks
         t0 = time.perf_counter()
         model.train()
-        total, steps, docs = 0.0, 0, 0
-        for table in train_shard.iter_batches(
-            batch_size=cfg.batch_docs, batch_format="pyarrow", local_shuffle_buffer_size=256
-        ):
+        total, steps, docs, skipped, wait = 0.0, 0, 0, 0, 0.0
+        parts_sum: dict[str, float] = {}
+        batches = iter(
+            train_shard.iter_batches(
+                batch_size=cfg.batch_docs,
+                batch_format="pyarrow",
+                local_shuffle_buffer_size=256,
+                local_shuffle_seed=seed,
+            )
+        )
+        while True:
+            tw = time.perf_counter()
+            table = next(batches, None)
+            wait += time.perf_counter() - tw
+            if table is None:
+                break
+            table, n_empty = drop_empty(table)
+            skipped += n_empty
+            set_warmup_lr()
             if table.num_rows < 2:
-                continue  # equal splits give every worker the same count, so DDP stays in step
-            batch = to_device(make_batch(table, vocab, cfg.max_tokens, rng))
-            loss = batch_loss(model, batch, cfg)
+                if world == 1:
+                    continue
+                # DDP needs every worker in every all-reduce: a zero loss over all weights.
+                loss = sum(p.sum() for p in model.parameters()) * 0.0
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                step += 1
+                continue
+            batch = prepare(table, rng)
+            loss, parts = objective_loss(model, batch, cfg, gen)
+            if not torch.isfinite(loss):
+                last = f"epoch {epoch - 1}" if epoch > 0 else "none (first epoch)"
+                raise DivergedError(
+                    f"loss diverged ({loss.item()}) at epoch {epoch} step {steps}; training stopped, "
+                    f"the last good checkpoint is {last}; lower --lr or check the features for NaN"
+                )
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total, steps, docs = total + loss.item(), steps + 1, docs + len(batch)
+            total, steps, docs, step = total + loss.item(), steps + 1, docs + len(batch), step + 1
+            for k, v in parts.items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + v
         train_time = time.perf_counter() - t0
 
         model.eval()
-        sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss x docs, docs, auc sum, auc docs
+        # loss x docs, docs, auc sum, auc docs, skipped docs
+        sums = torch.zeros(5, dtype=torch.float64, device=device)
+        sums[4] = skipped
         with torch.no_grad():
-            for table in val_batches:
-                batch = to_device(make_batch(table, vocab, cfg.max_tokens))
+            for i, table in enumerate(val_batches):
                 # The unwrapped module: workers hold different numbers of validation batches,
                 # and a DDP forward would wait for a matching forward (buffer sync) on every
                 # other worker, which never comes.
-                sums[0] += batch_loss(_unwrap(model), batch, cfg).item() * len(batch)
-                sums[1] += len(batch)
+                net = _unwrap(model)
+                loss_batch = prepare(table, None)
+                val_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + rank * 10_007 + i)
+                sums[0] += objective_loss(net, loss_batch, cfg, val_gen)[0].item() * len(loss_batch)
+                sums[1] += len(loss_batch)
+                full = (
+                    loss_batch
+                    if cfg.objective != "nostruct"
+                    else to_device(make_batch(table, vocab, cfg.max_tokens, None, regions, cfg.max_regions))
+                )
                 for doc_id, scores, links in zip(
-                    batch.doc_ids, link_scores(_unwrap(model), batch), batch.links, strict=True
+                    full.doc_ids, link_scores(net, full), full.links, strict=True
                 ):
                     m = document_metrics(doc_id, scores, links)
                     if m is not None:
@@ -158,7 +244,13 @@ def train_loop_per_worker(config: dict) -> None:
             torch.distributed.all_reduce(sums)
         val_loss = float(sums[0] / sums[1]) if sums[1] else float("nan")
         val_auc = float(100 * sums[2] / sums[3]) if sums[3] else float("nan")
-        sched.step(val_loss if np.isfinite(val_loss) else total / max(steps, 1))
+        if not np.isfinite(val_loss) and sums[1]:
+            raise DivergedError(
+                f"validation loss diverged ({val_loss}) at epoch {epoch}; training stopped, the last good "
+                f"checkpoint is {f'epoch {epoch - 1}' if epoch > 0 else 'none (first epoch)'}"
+            )
+        if step >= cfg.warmup_steps:  # warm-up owns the rate until it ends
+            sched.step(val_loss if np.isfinite(val_loss) else total / max(steps, 1))
         if val_loss < best_val:
             best_val, best_epoch = val_loss, epoch
         metrics = {
@@ -168,15 +260,19 @@ def train_loop_per_worker(config: dict) -> None:
             "val_auc": val_auc,
             "lr": opt.param_groups[0]["lr"],
             "docs_per_s": docs * world / max(train_time, 1e-9),
+            "data_wait_frac": wait / max(train_time, 1e-9),
+            "step_s": (train_time - wait) / max(steps, 1),
+            "skipped_docs": int(sums[4]),
             "best_epoch": best_epoch,
             "best_val_loss": best_val,
+            **{f"train_loss_{k}": v / max(steps, 1) for k, v in parts_sum.items() if len(parts_sum) > 1},
         }
         history.append(metrics)
         if mlflow_client is not None:
             run_id = config["mlflow_run_id"]
-            for k in ("train_loss", "val_loss", "val_auc", "lr", "docs_per_s"):
-                if np.isfinite(metrics[k]):
-                    mlflow_client.log_metric(run_id, k, metrics[k], step=epoch)
+            for k, v in metrics.items():
+                if k not in ("epoch", "best_epoch", "best_val_loss") and np.isfinite(v):
+                    mlflow_client.log_metric(run_id, k, v, step=epoch)
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if rank == 0:
@@ -186,6 +282,7 @@ def train_loop_per_worker(config: dict) -> None:
                         "optimizer": opt.state_dict(),
                         "scheduler": sched.state_dict(),
                         "epoch": epoch,
+                        "step": step,
                         "best_val_loss": best_val,
                         "best_epoch": best_epoch,
                         "val_loss": val_loss,
@@ -206,13 +303,24 @@ def train_loop_per_worker(config: dict) -> None:
                 )
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=checkpoint)
+        _maybe_kill_for_test(rank, epoch, config.get("test_kill"))
+
+
+def _maybe_kill_for_test(rank: int, epoch: int, kill: dict | None) -> None:
+    """SIGKILL rank 0 once after epoch ``kill["epoch"]`` (the marker file makes it once): how
+    the tests kill a worker for real. The driver sets ``kill`` only from the environment
+    variables ``MMLINKS_TEST_KILL_AT_EPOCH`` and ``MMLINKS_TEST_KILL_MARKER``."""
+    if not kill or rank != 0 or int(kill["epoch"]) != epoch or Path(kill["marker"]).exists():
+        return
+    Path(kill["marker"]).write_text(str(epoch))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
 class TrainResult:
-    model: MulLink
+    model: torch.nn.Module  # MulLink or TransformerLink: both have encode(batch)
     vocab: Vocabulary
-    model_config: ModelConfig
+    model_config: dict  # the backbone's config (with its "backbone" key)
     best_epoch: int
     best_val_loss: float
     checkpoint_path: str  # where Ray stored it (a path or a URI under storage_path)
@@ -220,11 +328,11 @@ class TrainResult:
     history: list[dict]
 
 
-def load_checkpoint_model(path: str | Path) -> tuple[MulLink, dict]:
+def load_checkpoint_model(path: str | Path) -> tuple[torch.nn.Module, dict]:
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
     state = torch.load(path / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
-    model = MulLink(ModelConfig(**meta["model"]))
+    model = build_model(meta["model"])
     model.load_state_dict(state["model"])
     return model.eval(), {**meta, **{k: state[k] for k in ("epoch", "val_loss", "best_epoch")}}
 
@@ -237,12 +345,82 @@ def training_feature_stats(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
     total, total_sq, n = None, None, 0
     for p in paths:
         feats, _ = features_of(read_table([p], columns=["images"]))
+        if not feats or not sum(len(f) for f in feats):
+            continue
         x = np.concatenate(feats).astype(np.float64)
         total = x.sum(0) if total is None else total + x.sum(0)
         total_sq = (x**2).sum(0) if total_sq is None else total_sq + (x**2).sum(0)
         n += len(x)
     mean = total / n
     return mean.astype(np.float32), np.sqrt(np.maximum(total_sq / n - mean**2, 0)).astype(np.float32)
+
+
+def training_sentences(paths: list[str], with_concepts: bool) -> Iterator[str]:
+    """Training sentences shard by shard (never the whole corpus in memory), plus the region
+    labels when the backbone reads them as concept tokens sharing the word embedding."""
+    from schemas.shards import read_table
+
+    for p in paths:
+        for doc in read_table([p], columns=["sentences"]).column("sentences").to_pylist():
+            yield from doc
+    if with_concepts:
+        from training.regions import concept_words
+
+        yield from concept_words(paths)
+
+
+def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+    from schemas.errors import MmlinksError
+
+    if cfg.backbone == "gru":
+        from training.model import ModelConfig
+
+        return ModelConfig(
+            vocab_size=vocab_size,
+            word_dim=word_dim,
+            image_dim=manifest.feature_extractor.dim,
+            d_multi=cfg.d_multi,
+            image_dropout=cfg.image_dropout,
+        ).to_dict()
+    from training.regions import region_dim
+    from training.transformer import TransformerConfig
+
+    dim = region_dim(train_paths)
+    if dim is None:
+        raise MmlinksError(
+            f"{cfg.data} has no region features; --backbone transformer needs them: rebuild the "
+            "dataset with --regions (e.g. --regions grid-lite0 offline, fasterrcnn-r50-fpn with weights)"
+        )
+    return TransformerConfig(
+        vocab_size=vocab_size,
+        word_dim=word_dim,
+        image_dim=manifest.feature_extractor.dim,
+        region_dim=dim,
+        d_multi=cfg.d_multi,
+        layers=cfg.transformer_layers,
+        heads=cfg.transformer_heads,
+        max_tokens=cfg.max_tokens,
+        max_regions=cfg.max_regions,
+    ).to_dict()
+
+
+def saved_train_config(storage: str, run_name: str) -> dict | None:
+    """The train config of the newest checkpoint of a local run directory, if any."""
+    root = Path(storage) / run_name
+    if "://" in storage or not root.is_dir():
+        return None
+    metas = sorted(root.glob("checkpoint_*/meta.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(metas[-1].read_text())["train"] if metas else None
+
+
+def failure_message(exc: BaseException) -> str:
+    """The one line that says why workers failed: our own errors first, else the first line."""
+    text = str(exc)
+    for marker in ("loss diverged", "validation loss diverged", "cannot resume run"):
+        for line in text.splitlines():
+            if marker in line:
+                return line[line.index(marker) :].strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def fit(
@@ -258,7 +436,7 @@ def fit(
 
     from schemas.errors import MmlinksError
     from schemas.manifest import Manifest
-    from schemas.shards import read_table
+    from schemas.shards import check_shards, read_table
     from training.text import embedding_matrix
 
     cfg.validate()
@@ -267,21 +445,24 @@ def fit(
     val_paths = [str(p) for p in manifest.shard_paths(cfg.data, "val")]
     if not train_paths or not val_paths:
         raise MmlinksError(f"{cfg.data} needs train and val shards to train")
-    # Reading the sentences also checks every shard's schema version before Ray starts.
-    sentences = read_table(train_paths, columns=["sentences"]).column("sentences").to_pylist()
+    check_shards(train_paths + val_paths)  # schema versions, before Ray starts
     n_val = read_table(val_paths, columns=["doc_id"]).num_rows
     if n_val < 2:
         raise MmlinksError(f"{cfg.data} has {n_val} validation document(s); the validation loss needs >= 2")
+    storage = cfg.storage_path or str(Path(cfg.data).resolve().parent / "ray_results")
+    if cfg.run_name:
+        saved = saved_train_config(storage, cfg.run_name)
+        if saved is not None:
+            try:
+                check_resumable(saved, cfg)
+            except IncompatibleResumeError as exc:
+                raise MmlinksError(str(exc)) from None
     feature_stats = training_feature_stats(train_paths)
-    vocab = Vocabulary.build((s for doc in sentences for s in doc), cfg.min_word_count)
-    emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
-    model_cfg = ModelConfig(
-        vocab_size=len(vocab),
-        word_dim=emb.shape[1],
-        image_dim=manifest.feature_extractor.dim,
-        d_multi=cfg.d_multi,
-        image_dropout=cfg.image_dropout,
+    vocab = Vocabulary.build(
+        training_sentences(train_paths, cfg.backbone == "transformer"), cfg.min_word_count
     )
+    emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
+    model_cfg = model_config(cfg, manifest, len(vocab), emb.shape[1], train_paths)
 
     if not ray.is_initialized():
         if cfg.ray_address:
@@ -297,8 +478,9 @@ def fit(
                 log_to_driver=cfg.ray_logs,
                 configure_logging=cfg.ray_logs,
             )
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    storage = cfg.storage_path or str(Path(cfg.data).resolve().parent / "ray_results")
+    data_ctx = ray.data.DataContext.get_current()
+    data_ctx.enable_progress_bars = False
+    data_ctx.execution_options.preserve_order = True  # same batches on a resumed run
     # A fresh name per run: Ray resumes any run whose name already exists under storage, so
     # reusing a fixed name would silently continue (or re-register) an old run. Pass the same
     # run_name and storage_path explicitly to resume after a crash.
@@ -306,14 +488,17 @@ def fit(
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "train": cfg.to_dict(),
-            "model": model_cfg.to_dict(),
+            "train": {**cfg.to_dict(), "run_name": run_name},
+            "model": model_cfg,
             "vocab": vocab.words,
             "embeddings": emb,
             "feature_stats": feature_stats,
             "val_paths": val_paths,
             "mlflow_run_id": mlflow_run_id,
             "mlflow_tracking_uri": mlflow_tracking_uri,
+            "test_kill": {"epoch": os.environ[KILL_AT_EPOCH_ENV], "marker": os.environ[KILL_MARKER_ENV]}
+            if KILL_AT_EPOCH_ENV in os.environ and KILL_MARKER_ENV in os.environ
+            else None,
         },
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
         run_config=RunConfig(
@@ -324,18 +509,16 @@ def fit(
             ),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
-        datasets={
-            "train": ray.data.read_parquet(train_paths, columns=TRAINING_COLUMNS).materialize(),
-        },
+        # Streamed: every epoch reads the shards again, split between the workers, so the
+        # training set never has to fit in one node's memory.
+        datasets={"train": ray.data.read_parquet(train_paths, columns=TRAINING_COLUMNS)},
     )
     try:
         result = trainer.fit()
     except ray.train.TrainingFailedError as exc:  # V2 raises instead of returning result.error
-        raise MmlinksError(
-            f"training failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        ) from exc
+        raise MmlinksError(f"training failed: {failure_message(exc)}") from exc
     if result.error:
-        raise MmlinksError(f"training failed: {result.error}")
+        raise MmlinksError(f"training failed: {failure_message(result.error)}")
     try:
         best = result.get_best_checkpoint(metric="val_loss", mode="min")
     except RuntimeError as exc:  # Ray raises when the run directory holds no checkpoint
