@@ -9,6 +9,7 @@ start from U(-0.2, 0.2) as in the paper.
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ import numpy as np
 
 from schemas.errors import MmlinksError
 from schemas.text import tokenize
+from training.word_vectors import load_vectors
 
 PAD, UNK = 0, 1
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,8 +78,11 @@ def _word_column(names: list[str]) -> str:
 def embedding_matrix(vocab: Vocabulary, vectors: str = "glove", dim: int = 300, seed: int = 0):
     """Initial embedding weights: pretrained where known, U(-0.2, 0.2) otherwise, zeros for PAD.
 
-    ``vectors`` is ``glove`` (offline default), ``random``, or a path to a text file in the
-    word2vec/GloVe text format (``word v1 v2 ...``). Returns (matrix, hit rate).
+    ``vectors`` is ``glove`` (offline default), ``random``, or a vectors file, optionally prefixed
+    with its format: a word2vec/GloVe text file (``text:``), a word2vec C binary file
+    (``word2vec-bin:``) or a fastText ``.bin`` model (``fasttext:``); see training.word_vectors.
+    Returns (matrix, hit rate); the hit rate counts every vocabulary word that got a pretrained
+    vector, including fastText's out-of-vocabulary words built from character n-grams.
     """
     rng = np.random.default_rng(seed)
     if vectors == "random":
@@ -89,23 +95,8 @@ def embedding_matrix(vocab: Vocabulary, vectors: str = "glove", dim: int = 300, 
         lookup = lambda w: table[row_of[w]] if w in row_of else None
         dim = table.shape[1]
     else:
-        path = Path(vectors)
-        if not path.exists():
-            raise MmlinksError(f"word vectors file {path} does not exist")
-        wanted, found = set(vocab.words), {}
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                parts = line.rstrip().split(" ")
-                if len(parts) > 2 and parts[0] in wanted:
-                    try:
-                        found[parts[0]] = np.asarray(parts[1:], dtype=np.float32)
-                    except ValueError:
-                        raise MmlinksError(f"{path}: the vector of {parts[0]!r} is not numeric") from None
-        if not found:
-            raise MmlinksError(f"no vocabulary word found in {path}")
-        dim = len(next(iter(found.values())))
-        if any(len(v) != dim for v in found.values()):
-            raise MmlinksError(f"{path}: word vectors have different lengths")
+        found, dim, stats = load_vectors(vectors, vocab.words[2:])
+        log.info("word vectors: %s", stats.summary())
         lookup = found.get
     mat = rng.uniform(-0.2, 0.2, (len(vocab), dim)).astype(np.float32)
     mat[PAD] = 0
