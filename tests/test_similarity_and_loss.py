@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from training.data import pad_documents
 from training.objectives.assignment import max_weight_matching
 from training.objectives.loss import in_batch_loss
-from training.objectives.similarity import document_similarity
+from training.objectives.similarity import ap, document_similarity, pair_matrices
 
 
 def oracle_sim(kind: str, M: np.ndarray, k_mode: str) -> float:
@@ -26,24 +26,32 @@ def oracle_sim(kind: str, M: np.ndarray, k_mode: str) -> float:
     return M[r, c].mean()
 
 
-def random_batch(rng, B, max_n, max_m, d=6):
+def random_batch(rng, B, max_n, max_m, d=6, ties=False):
+    """Unit vectors; with ``ties`` every vector is one of 3, so many cells share a value."""
     ns = rng.integers(1, max_n + 1, B).tolist()
     ms = rng.integers(1, max_m + 1, B).tolist()
-    s = torch.nn.functional.normalize(torch.randn(sum(ns), d, dtype=torch.float64), dim=-1)
-    v = torch.nn.functional.normalize(torch.randn(sum(ms), d, dtype=torch.float64), dim=-1)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    s = torch.nn.functional.normalize(torch.randn(sum(ns), d, dtype=torch.float64, generator=gen), dim=-1)
+    v = torch.nn.functional.normalize(torch.randn(sum(ms), d, dtype=torch.float64, generator=gen), dim=-1)
+    if ties:
+        pool = torch.cat([s, v])[:3]
+        s, v = pool[rng.integers(0, len(pool), len(s))], pool[rng.integers(0, len(pool), len(v))]
     return s, ns, v, ms
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     st.integers(0, 10_000),
-    st.integers(1, 5),
+    st.integers(1, 6),
     st.sampled_from(["dc", "tk", "ap"]),
     st.sampled_from(["full", "half"]),
+    st.booleans(),
 )
-def test_batched_similarity_matches_per_pair_oracle(seed, B, kind, k_mode):
+def test_batched_similarity_matches_per_pair_oracle(seed, B, kind, k_mode, ties):
+    """Padded, rectangular batches (1..8 sentences x 1..8 images per document) against a plain
+    loop over the B x B pairs; for AP that loop is the per-problem lapjv solver."""
     rng = np.random.default_rng(seed)
-    s, ns, v, ms = random_batch(rng, B, 6, 6)
+    s, ns, v, ms = random_batch(rng, B, 8, 8, ties=ties)
     sp, smask = pad_documents(s, ns)
     vp, vmask = pad_documents(v, ms)
     got = document_similarity(kind, sp, smask, vp, vmask, k_mode).numpy()
@@ -53,6 +61,60 @@ def test_batched_similarity_matches_per_pair_oracle(seed, B, kind, k_mode):
         for b in range(B):
             M = (s[so[a] : so[a + 1]] @ v[vo[b] : vo[b + 1]].T).numpy()
             assert got[a, b] == pytest.approx(oracle_sim(kind, M, k_mode), abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 5), st.sampled_from(["full", "half"]))
+def test_ap_gradient_is_one_over_k_on_an_optimal_matching_and_zero_elsewhere(seed, B, k_mode):
+    rng = np.random.default_rng(seed)
+    s, ns, v, ms = random_batch(rng, B, 7, 7)
+    sp, smask = pad_documents(s, ns)
+    vp, vmask = pad_documents(v, ms)
+    sims, valid = pair_matrices(sp, smask, vp, vmask)
+    sims = sims.detach().requires_grad_()
+    ap(sims, valid, smask, vmask, k_mode).sum().backward()
+    grad = sims.grad.numpy()
+    for a in range(B):
+        for b in range(B):
+            n, m = ns[a], ms[b]
+            k = min(n, m) if k_mode == "full" else math.ceil(min(n, m) / 2)
+            g = grad[a, b]
+            picked = g != 0
+            assert not picked[n:].any() and not picked[:, m:].any()  # nothing on padding
+            assert picked.sum() == k and np.allclose(g[picked], 1 / k)
+            assert picked.sum(0).max() <= 1 and picked.sum(1).max() <= 1
+            M = sims.detach()[a, b, :n, :m].numpy()
+            r, c = max_weight_matching(M, k)
+            assert M[picked[:n, :m]].sum() == pytest.approx(M[r, c].sum(), abs=1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(["dc", "tk", "ap"]), st.sampled_from(["full", "half"]))
+def test_padding_content_changes_nothing(seed, kind, k_mode):
+    """Garbage in the padded slots of the embeddings leaves every similarity and every gradient on
+    real vectors unchanged, and gets no gradient itself."""
+    rng = np.random.default_rng(seed)
+    s, ns, v, ms = random_batch(rng, 4, 6, 6)
+    sp, smask = pad_documents(s, ns)
+    vp, vmask = pad_documents(v, ms)
+    results = []
+    for garbage in (0.0, 5.0):
+        sg = torch.where(smask[..., None], sp, garbage).requires_grad_()
+        vg = torch.where(vmask[..., None], vp, -garbage).requires_grad_()
+        out = document_similarity(kind, sg, smask, vg, vmask, k_mode)
+        out.sum().backward()
+        assert not sg.grad[~smask].any() and not vg.grad[~vmask].any()
+        results.append((out.detach(), sg.grad, vg.grad))
+    for x, y in zip(*results):
+        assert torch.allclose(x, y, atol=1e-12)
+
+
+def test_unknown_k_mode_is_rejected():
+    s = torch.ones(2, 1, 3)
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    for kind in ("tk", "ap"):
+        with pytest.raises(ValueError):
+            document_similarity(kind, s, mask, s, mask, "quarter")
 
 
 def test_ap_gradient_flows_only_through_matched_cells():

@@ -2,16 +2,15 @@
 
 All B x B pairs come from one batched product of padded sentence and image embeddings
 ([B, n, d] x [B, m, d] -> [B, B, n, m]); padding is masked. DC and TK are pure tensor ops; AP
-solves one small assignment per pair on the detached matrix (the solver's choice is a constant)
-and gathers the selected entries, so only those carry gradient.
+solves all B^2 k-edge matchings in one vectorised call on the detached matrices (the solver's
+choice is a constant) and masks the selected entries, so only those carry gradient.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from training.objectives.assignment import choose_k, max_weight_matching
+from training.objectives.assignment import batched_max_weight_matching
 
 NEG = -1e4  # finite "minus infinity" for masked cells (keeps gradients NaN-free)
 SIMILARITIES = ("dc", "tk", "ap")
@@ -25,8 +24,13 @@ def pair_matrices(s: torch.Tensor, s_mask: torch.Tensor, v: torch.Tensor, v_mask
 
 
 def _k_per_pair(n: torch.Tensor, m: torch.Tensor, mode: str) -> torch.Tensor:
+    """k[a, b] for sentences of a x images of b (``choose_k`` on tensors)."""
     small = torch.minimum(n[:, None], m[None, :])
-    return small if mode == "full" else torch.div(small + 1, 2, rounding_mode="floor")
+    if mode == "full":
+        return small
+    if mode == "half":
+        return torch.div(small + 1, 2, rounding_mode="floor")
+    raise ValueError(f"k must be 'full' or 'half', not {mode!r}")
 
 
 def _mean_top_k(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -36,8 +40,8 @@ def _mean_top_k(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def dc(sims, valid, s_mask, v_mask) -> torch.Tensor:
-    row_max = sims.masked_fill(~valid, NEG).amax(dim=3)  # [B, B, n]
-    col_max = sims.masked_fill(~valid, NEG).amax(dim=2)  # [B, B, m]
+    masked = sims.masked_fill(~valid, NEG)
+    row_max, col_max = masked.amax(dim=3), masked.amax(dim=2)  # [B, B, n], [B, B, m]
     rows = s_mask[:, None, :].to(sims.dtype)
     cols = v_mask[None, :, :].to(sims.dtype)
     return (row_max * rows).sum(-1) / rows.sum(-1) + (col_max * cols).sum(-1) / cols.sum(-1)
@@ -46,32 +50,30 @@ def dc(sims, valid, s_mask, v_mask) -> torch.Tensor:
 def tk(sims, valid, s_mask, v_mask, k_mode: str = "full") -> torch.Tensor:
     n, m = s_mask.sum(1), v_mask.sum(1)
     k = _k_per_pair(n, m, k_mode)
-    row_max = sims.masked_fill(~valid, NEG).amax(dim=3).masked_fill(~s_mask[:, None, :], NEG)
-    col_max = sims.masked_fill(~valid, NEG).amax(dim=2).masked_fill(~v_mask[None, :, :], NEG)
+    masked = sims.masked_fill(~valid, NEG)
+    row_max = masked.amax(dim=3).masked_fill(~s_mask[:, None, :], NEG)
+    col_max = masked.amax(dim=2).masked_fill(~v_mask[None, :, :], NEG)
     return _mean_top_k(row_max, k) + _mean_top_k(col_max, k)
 
 
 def ap(sims, valid, s_mask, v_mask, k_mode: str = "full") -> torch.Tensor:
-    n = s_mask.sum(1).tolist()
-    m = v_mask.sum(1).tolist()
-    detached = sims.detach().float().cpu().numpy()
-    B = sims.shape[0]
-    idx_a, idx_b, idx_r, idx_c, pair = [], [], [], [], []
-    ks = np.zeros((B, B), dtype=np.float32)
-    for a in range(B):
-        for b in range(B):
-            k = choose_k(n[a], m[b], k_mode)
-            r, c = max_weight_matching(detached[a, b, : n[a], : m[b]], k)
-            idx_a.append(np.full(k, a))
-            idx_b.append(np.full(k, b))
-            idx_r.append(r)
-            idx_c.append(c)
-            pair.append(np.full(k, a * B + b))
-            ks[a, b] = k
-    to_t = lambda x: torch.from_numpy(np.concatenate(x)).to(sims.device)
-    picked = sims[to_t(idx_a), to_t(idx_b), to_t(idx_r), to_t(idx_c)]
-    total = torch.zeros(B * B, dtype=sims.dtype, device=sims.device).index_add(0, to_t(pair), picked)
-    return total.view(B, B) / torch.from_numpy(ks).to(sims.device)
+    """Mean of the k entries of the best k-edge matching, for all B x B pairs in one solve.
+
+    The solver sees a detached float64 copy (its choice is a constant); the selection then masks
+    ``sims``, so only the matched cells carry gradient. Masks are prefixes (``pad_documents``).
+    """
+    B, _, N, M = sims.shape
+    n, m = s_mask.sum(1), v_mask.sum(1)
+    k = _k_per_pair(n, m, k_mode)  # [B, B]
+    chosen = batched_max_weight_matching(
+        sims.detach().to(torch.float64).cpu().numpy().reshape(B * B, N, M),
+        n[:, None].expand(B, B).reshape(-1).cpu().numpy(),
+        m[None, :].expand(B, B).reshape(-1).cpu().numpy(),
+        k.reshape(-1).cpu().numpy(),
+    )
+    chosen = torch.from_numpy(chosen).view(B, B, N, M).to(sims.device)
+    total = torch.where(chosen, sims, torch.zeros((), dtype=sims.dtype, device=sims.device)).sum((2, 3))
+    return total / k.clamp(min=1).to(sims.dtype)
 
 
 def document_similarity(

@@ -1,0 +1,252 @@
+"""Time one training step of the default MulLink model per objective, split into its parts.
+
+Usage: .venv/bin/python benchmarks/training_step.py [--batch-docs 11] [--sentences 16] [--images 16]
+       [--tokens 12] [--vocab 5000] [--repeats 10] [--warmup 2] [--threads 1] [--device cpu]
+       [--seed 0]
+
+Why: issue #5 asks that AP, whose B^2 assignment problems once ran as a Python loop of lapjv
+calls, cost about what DC costs (AP step <= 1.15x DC step at B = 11, documents of 16 images x 16
+sentences) and that similarity + assignment stay <= 15% of the step. Both are ratios, so every
+figure here comes from one process: the objectives run interleaved (dc, tk, ap, ... per repeat) so
+a busy neighbour slows all alike, and the medians are compared.
+
+The model is the default (GRU and d_multi 1024, 50-d word vectors as GloVe 50-d, 1280-d image
+features, image dropout 0.4), on one fixed random batch: B documents, each ``--sentences``
+sentences of 8..16 tokens (mean 12) over a ``--vocab`` vocabulary and ``--images`` feature
+vectors. A step = encode (text GRU + image projection) -> pad_documents -> document_similarity ->
+in_batch_loss (margin 0.2, hard negatives) -> backward -> Adam. The backward runs in two calls,
+first from the loss to the encoded vectors (similarity + loss backward), then through the encoders,
+which is the same arithmetic as one call and lets the similarity's share include its backward.
+
+Objectives: dc, tk (k full), ap (k full and half), and the same two AP steps with the previous
+loop-over-pairs AP (``_loop_ap``, kept here as the reference). Besides whole steps, the assignment
+part alone is timed on each AP step's own similarity matrices: the loop of per-pair lapjv calls vs
+the batched solver (best of 5 each), and their ratio. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+PARTS = ("encode_fwd", "similarity_fwd", "loss_fwd", "similarity_loss_bwd", "encoder_bwd", "optimizer")
+
+
+def _loop_ap(sims, valid, s_mask, v_mask, k_mode: str = "full"):
+    """The previous AP: one lapjv solve per (a, b) pair in Python, then a gather of the picks."""
+    import numpy as np
+    import torch
+
+    from training.objectives.assignment import choose_k, max_weight_matching
+
+    n, m = s_mask.sum(1).tolist(), v_mask.sum(1).tolist()
+    detached = sims.detach().double().cpu().numpy()
+    B = sims.shape[0]
+    idx_a, idx_b, idx_r, idx_c, pair = [], [], [], [], []
+    ks = np.zeros((B, B))
+    for a in range(B):
+        for b in range(B):
+            k = choose_k(n[a], m[b], k_mode)
+            r, c = max_weight_matching(detached[a, b, : n[a], : m[b]], k)
+            idx_a.append(np.full(k, a))
+            idx_b.append(np.full(k, b))
+            idx_r.append(r)
+            idx_c.append(c)
+            pair.append(np.full(k, a * B + b))
+            ks[a, b] = k
+
+    def to_t(x):
+        return torch.from_numpy(np.concatenate(x)).to(sims.device)
+
+    picked = sims[to_t(idx_a), to_t(idx_b), to_t(idx_r), to_t(idx_c)]
+    total = torch.zeros(B * B, dtype=sims.dtype, device=sims.device).index_add(0, to_t(pair), picked)
+    return total.view(B, B) / torch.from_numpy(ks).to(sims.device, sims.dtype)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batch-docs", type=int, default=11)
+    parser.add_argument("--sentences", type=int, default=16)
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=12, help="mean tokens per sentence (range +-4)")
+    parser.add_argument("--vocab", type=int, default=5000)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 or 2 here)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+
+    import numpy as np
+    import torch
+
+    import training.objectives.similarity as similarity
+    from training.data import pad_documents
+    from training.model import ModelConfig, MulLink
+    from training.objectives.assignment import batched_max_weight_matching, max_weight_matching
+    from training.objectives.loss import in_batch_loss
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    device = torch.device(args.device)
+
+    def sync() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    B, n_s, n_i = args.batch_docs, args.sentences, args.images
+    cfg = ModelConfig(vocab_size=args.vocab, word_dim=50)  # the rest are the paper's defaults
+    model = MulLink(cfg).to(device).train()
+    lengths = torch.as_tensor(rng.integers(args.tokens - 4, args.tokens + 5, B * n_s))
+    tokens = torch.as_tensor(rng.integers(1, args.vocab, (B * n_s, int(lengths.max()))))
+    tokens[torch.arange(tokens.shape[1])[None, :] >= lengths[:, None]] = 0
+    tokens = tokens.to(device)
+    features = torch.as_tensor(rng.normal(size=(B * n_i, cfg.image_dim)), dtype=torch.float32).to(device)
+    counts_s, counts_i = [n_s] * B, [n_i] * B
+
+    variants = {
+        "dc": ("dc", "full", similarity.ap),
+        "tk-full": ("tk", "full", similarity.ap),
+        "ap-full": ("ap", "full", similarity.ap),
+        "ap-half": ("ap", "half", similarity.ap),
+        "ap-full-loop": ("ap", "full", _loop_ap),
+        "ap-half-loop": ("ap", "half", _loop_ap),
+    }
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    times: dict[str, dict[str, list[float]]] = {name: {p: [] for p in PARTS} for name in variants}
+    solver: dict[str, dict[str, list[float]]] = {
+        mode: {"loop": [], "batched": []} for mode in ("full", "half")
+    }
+
+    def step(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        kind, k_mode, ap_impl = variants[name]
+        similarity.ap = ap_impl  # document_similarity looks ap up at call time
+        opt.zero_grad(set_to_none=True)
+        t0 = sync()
+        s, v = model.text(tokens, lengths), model.image(features)
+        t1 = sync()
+        s_leaf, v_leaf = s.detach().requires_grad_(), v.detach().requires_grad_()
+        s_pad, s_mask = pad_documents(s_leaf, counts_s)
+        v_pad, v_mask = pad_documents(v_leaf, counts_i)
+        doc_sims = similarity.document_similarity(kind, s_pad, s_mask, v_pad, v_mask, k_mode)
+        t2 = sync()
+        loss = in_batch_loss(doc_sims, 0.2, "hard")
+        t3 = sync()
+        loss.backward()
+        t4 = sync()
+        torch.autograd.backward([s, v], [s_leaf.grad, v_leaf.grad])
+        t5 = sync()
+        opt.step()
+        t6 = sync()
+        for part, dt in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
+            times[name][part].append(dt * 1e3)
+        return s_pad.detach(), s_mask, v_pad.detach(), v_mask
+
+    def time_solvers(s_pad, s_mask, v_pad, v_mask, k_mode: str) -> None:
+        """Assignment part only, on this step's matrices: per-pair lapjv loop vs one batched call."""
+        sims = torch.einsum("and,bmd->abnm", s_pad, v_pad).double().cpu().numpy()
+        n, m = s_mask.sum(1).cpu().numpy(), v_mask.sum(1).cpu().numpy()
+        small = np.minimum(n[:, None], m[None, :])
+        k = small if k_mode == "full" else (small + 1) // 2
+        nn, mm = np.repeat(n, B), np.tile(m, B)
+        flat = sims.reshape(B * B, *sims.shape[2:])
+
+        def loop() -> None:
+            for p in range(B * B):
+                max_weight_matching(flat[p, : nn[p], : mm[p]], int(k.flat[p]))
+
+        def batched() -> None:
+            batched_max_weight_matching(flat, nn, mm, k.ravel())
+
+        for label, fn in (("loop", loop), ("batched", batched)):
+            best = float("inf")
+            for _ in range(5):
+                t = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t)
+            solver[k_mode][label].append(best * 1e3)
+
+    for _ in range(args.warmup):
+        for name in variants:
+            step(name)
+    for name in times:
+        for part in PARTS:
+            times[name][part].clear()
+    for _ in range(args.repeats):
+        for name in variants:
+            padded = step(name)
+            if name in ("ap-full", "ap-half"):
+                time_solvers(*padded, variants[name][1])
+    similarity.ap = variants["ap-full"][2]
+
+    med = statistics.median
+    objectives = {}
+    for name, parts in times.items():
+        totals = [sum(vals) for vals in zip(*parts.values())]
+        sim = [parts["similarity_fwd"][i] + parts["similarity_loss_bwd"][i] for i in range(len(totals))]
+        objectives[name] = {
+            "step_ms": round(med(totals), 2),
+            "parts_ms": {p: round(med(v), 2) for p, v in parts.items()},
+            "similarity_share": round(med(a / t for a, t in zip(sim, totals)), 4),
+            "similarity_fwd_share": round(med(a / t for a, t in zip(parts["similarity_fwd"], totals)), 4),
+        }
+    dc_step = objectives["dc"]["step_ms"]
+    ratios = {name: round(o["step_ms"] / dc_step, 4) for name, o in objectives.items() if name != "dc"}
+    assignment = {
+        mode: {
+            "loop_lapjv_ms": round(med(v["loop"]), 3),
+            "batched_ms": round(med(v["batched"]), 3),
+            "speedup": round(med(v["loop"]) / med(v["batched"]), 2),
+        }
+        for mode, v in solver.items()
+    }
+    ap_fwd = {
+        mode: {
+            "loop_ms": objectives[f"ap-{mode}-loop"]["parts_ms"]["similarity_fwd"],
+            "batched_ms": objectives[f"ap-{mode}"]["parts_ms"]["similarity_fwd"],
+        }
+        for mode in ("full", "half")
+    }
+    for v in ap_fwd.values():
+        v["speedup"] = round(v["loop_ms"] / v["batched_ms"], 2)
+    out = {
+        "config": {
+            "batch_docs": B,
+            "sentences": n_s,
+            "images": n_i,
+            "mean_tokens": args.tokens,
+            "vocab": args.vocab,
+            "model": cfg.to_dict(),
+            "threads": args.threads,
+            "device": str(device),
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        },
+        "objectives": objectives,
+        "step_ratio_to_dc": ratios,
+        "ap_similarity_fwd_loop_vs_batched": ap_fwd,
+        "assignment_only_loop_vs_batched": assignment,
+        "targets": {
+            "ap_step_le_1.15x_dc": all(ratios[f"ap-{m}"] <= 1.15 for m in ("full", "half")),
+            "similarity_share_le_0.15": all(
+                objectives[n]["similarity_share"] <= 0.15 for n in ("dc", "tk-full", "ap-full", "ap-half")
+            ),
+        },
+    }
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
