@@ -1,7 +1,16 @@
-"""Evaluate a trained model on a split: per-document metrics and the Random baseline."""
+"""Evaluate a trained model on a split: per-document metrics, the Random baseline, spread.
+
+Every labelled document of the split is scored (its n x m cosine matrix against its links);
+the summary is the macro average x100 (see ``training.metrics``). The per-document rows are
+what a user needs to analyse errors (which documents fail, and whether size or spread explains
+it), so ``write_per_doc`` saves them as JSON Lines: one object per document, readable with
+``pandas.read_json(path, lines=True)`` or ``jq``, appendable, and diffable line by line.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,34 +19,50 @@ import torch
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
-from training.data import TRAINING_COLUMNS, make_batch
+from training.backbone import needs_regions
+from training.data import TRAINING_COLUMNS, features_of, make_batch
 from training.metrics import DocMetrics, document_metrics, random_baseline, summarize
-from training.model import MulLink
 from training.text import Vocabulary
 from training.train import link_scores
 
 
 def evaluate(
-    model: MulLink,
+    model,
     vocab: Vocabulary,
     data: str | Path,
     split: str = "test",
     max_tokens: int = 20,
     batch_docs: int = 64,
     seed: int = 0,
+    spread: bool = False,
+    word_vectors: str = "glove",
 ) -> dict:
-    """{"model": {...}, "random": {...}, "per_doc": [...]} on ``split`` of the dataset."""
+    """{"model", "random", "per_doc", "predictions"[, "spread"]} on ``split`` of the dataset.
+
+    ``per_doc`` holds one dict per labelled document (doc_id, auc, p_at_1, p_at_5 on a 0..1
+    scale, n_sentences, n_images, n_links; plus image_spread and text_spread with ``spread``).
+    ``spread`` also adds the OLS analysis of ``training.spread`` under "spread".
+    """
     manifest = Manifest.read(data)
     paths = manifest.shard_paths(data, split)
     if not paths:
         raise MmlinksError(f"{data} has no {split!r} shards")
+    image_dim = getattr(getattr(model, "cfg", None), "image_dim", None)
+    if image_dim is not None and image_dim != manifest.feature_extractor.dim:
+        raise MmlinksError(
+            f"the model takes {image_dim}-d image features, but {data} has "
+            f"{manifest.feature_extractor.dim}-d {manifest.feature_extractor.name} features"
+        )
     table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
+    model_cfg = getattr(model, "cfg", None)
+    regions = model_cfg is not None and needs_regions(model_cfg.to_dict())  # the Li 2021 transformer
+    max_regions = int(getattr(model_cfg, "max_regions", 36))
     model.eval()
     per_doc: list[DocMetrics] = []
     shapes, predictions = [], []
     with torch.no_grad():
         for start in range(0, table.num_rows, batch_docs):
-            batch = make_batch(table.slice(start, batch_docs), vocab, max_tokens)
+            batch = make_batch(table.slice(start, batch_docs), vocab, max_tokens, None, regions, max_regions)
             for doc_id, scores, links in zip(
                 batch.doc_ids, link_scores(model, batch), batch.links, strict=True
             ):
@@ -48,9 +73,108 @@ def evaluate(
                     per_doc.append(m)
     if not per_doc:
         raise MmlinksError(f"no labelled {split} document to evaluate (links are null or trivial)")
-    return {
+    rows = [dict(m.__dict__) for m in per_doc]
+    out = {
         "model": summarize(per_doc),
         "random": random_baseline(shapes, seed),
-        "per_doc": [m.__dict__ for m in per_doc],
+        "per_doc": rows,
         "predictions": predictions,
+        "n_skipped": table.num_rows - len(per_doc),
     }
+    if spread:
+        out["spread"] = add_spread(rows, table, word_vectors)
+    return out
+
+
+def add_spread(rows: list[dict], table, word_vectors: str = "glove") -> dict:
+    """Add image_spread / text_spread to each per-document row; returns the OLS analysis."""
+    from training.baselines import WordVectors
+    from training.spread import document_spread, spread_regressions
+
+    sentences = table.column("sentences").to_pylist()
+    words = WordVectors.load(word_vectors, (s for doc in sentences for s in doc))
+    feats, _ = features_of(table)
+    by_id = {
+        d: document_spread(d, s, f, words)
+        for d, s, f in zip(table.column("doc_id").to_pylist(), sentences, feats, strict=True)
+    }
+    spreads = [by_id[r["doc_id"]] for r in rows]
+    for r, sp in zip(rows, spreads, strict=True):
+        r["image_spread"], r["text_spread"] = sp.image_spread, sp.text_spread
+    return {"word_vectors": words.name, **spread_regressions([r["auc"] for r in rows], spreads)}
+
+
+def write_per_doc(rows: list[dict], path: str | Path) -> Path:
+    """One JSON object per line; NaN (a diverged model) is written as null, which JSON has."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def clean(v):
+        return None if isinstance(v, float) and math.isnan(v) else v
+
+    with path.open("w") as fh:
+        for r in rows:
+            fh.write(json.dumps({k: clean(v) for k, v in r.items()}, sort_keys=True) + "\n")
+    return path
+
+
+def read_vocab(path: str | Path) -> Vocabulary:
+    """A vocabulary file: a JSON list of words (model artifact ``vocab.json``) or the run
+    artifact ``config/vocab.json`` ({"words": [...]})."""
+    try:
+        words = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise MmlinksError(f"cannot read the vocabulary {path}: {exc}") from exc
+    if isinstance(words, dict):
+        words = words.get("words")
+    if not isinstance(words, list) or len(words) < 2 or not all(isinstance(w, str) for w in words):
+        raise MmlinksError(f"{path} is not a vocabulary (a JSON list of words)")
+    return Vocabulary(words)
+
+
+def load_checkpoint(path: str | Path, vocab: str | Path | None = None) -> tuple[object, Vocabulary, int]:
+    """(model, vocabulary, max_tokens) from a training checkpoint directory.
+
+    The vocabulary is ``vocab``, else ``vocab.json`` inside the checkpoint or next to it (the
+    layout of a logged model's artifacts: ``checkpoint/`` beside ``vocab.json``).
+    """
+    from training.train import load_checkpoint_model
+
+    path = Path(path)
+    if not (path / "meta.json").is_file():
+        raise MmlinksError(f"{path} is not a training checkpoint (no meta.json)")
+    candidates = [Path(vocab)] if vocab else [path / "vocab.json", path.parent / "vocab.json"]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise MmlinksError(
+            f"no vocabulary for checkpoint {path} (looked for {', '.join(map(str, candidates))}); "
+            "pass --vocab FILE, e.g. the run's artifact config/vocab.json"
+        )
+    try:
+        model, meta = load_checkpoint_model(path)
+    except (OSError, KeyError, RuntimeError, ValueError) as exc:
+        raise MmlinksError(f"cannot load checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+    voc = read_vocab(found)
+    n_vocab = getattr(getattr(model, "cfg", None), "vocab_size", len(voc))
+    if n_vocab != len(voc):
+        raise MmlinksError(f"{found} has {len(voc)} words but the checkpoint's model has {n_vocab}")
+    return model, voc, int(meta.get("train", {}).get("max_tokens", 20))
+
+
+def load_model_uri(model_uri: str, tracking_uri: str | None = None) -> tuple[object, Vocabulary, int]:
+    """(model, vocabulary, max_tokens) of a logged or registered pyfunc model
+    (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, ``runs:/RUN/model``)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)  # models:/ URIs resolve against the global registry
+    try:
+        linker = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+    except MlflowException as exc:
+        raise MmlinksError(f"cannot load {model_uri}: {exc.message}") from exc
+    except Exception as exc:  # a corrupt or missing artifact surfaces from load_context as anything
+        raise MmlinksError(f"cannot load {model_uri}: {type(exc).__name__}: {exc}") from exc
+    if not all(hasattr(linker, a) for a in ("model", "vocab", "max_tokens")):
+        raise MmlinksError(f"{model_uri} is not an mmlinks link model")
+    return linker.model, linker.vocab, int(linker.max_tokens)

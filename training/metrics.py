@@ -2,6 +2,12 @@
 
 A cell (s, i) is positive if the ground truth links sentence s and image i. Documents with no
 positive cell, or with every cell positive, are skipped: AUC is undefined there.
+
+Ties. AUC counts a tied positive/negative pair as half a win (the pairwise definition). p@k
+is the *expected* precision when tied cells are put in random order: a fixed order (e.g.
+row-major) would reward a model that scores every cell the same whenever the first cell
+happens to be a link, which is common in documents whose first caption describes the first
+image. Without ties both definitions reduce to the plain ones.
 """
 
 from __future__ import annotations
@@ -20,22 +26,38 @@ def label_matrix(n: int, m: int, links: list[tuple[int, int]]) -> np.ndarray:
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Mann-Whitney AUC with average ranks for ties (equals the pairwise definition)."""
-    scores, labels = np.ravel(scores), np.ravel(labels).astype(bool)
+    """Mann-Whitney AUC with average ranks for ties (equals the pairwise definition).
+
+    NaN scores (a diverged model) give NaN rather than a number that looks valid.
+    """
+    scores, labels = np.ravel(scores).astype(np.float64), np.ravel(labels).astype(bool)
     pos = int(labels.sum())
     neg = labels.size - pos
     if pos == 0 or neg == 0:
         raise ValueError("AUC needs at least one positive and one negative cell")
+    if np.isnan(scores).any():
+        return float("nan")
     ranks = rankdata(scores)
     return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
 def precision_at_k(scores: np.ndarray, labels: np.ndarray, k: int) -> float:
-    """Fraction of true links among the k highest cells of the flattened matrix."""
-    flat_s, flat_y = np.ravel(scores), np.ravel(labels).astype(bool)
+    """Fraction of true links among the k highest cells of the flattened matrix.
+
+    One ranking over all n*m cells; k > n*m uses every cell. Cells tied with the k-th highest
+    score share the remaining places in proportion (the mean over random tie orders).
+    """
+    flat_s, flat_y = np.ravel(scores).astype(np.float64), np.ravel(labels).astype(bool)
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    if np.isnan(flat_s).any():
+        return float("nan")
     k = min(k, flat_s.size)
-    top = np.argsort(-flat_s, kind="stable")[:k]
-    return float(flat_y[top].mean())
+    kth = np.sort(flat_s)[::-1][k - 1]
+    above, tied = flat_s > kth, flat_s == kth
+    n_above = int(above.sum())
+    hits = flat_y[above].sum() + (k - n_above) * flat_y[tied].sum() / tied.sum()
+    return float(hits / k)
 
 
 @dataclass
@@ -44,20 +66,33 @@ class DocMetrics:
     auc: float
     p_at_1: float
     p_at_5: float
+    n_sentences: int = 0
+    n_images: int = 0
+    n_links: int = 0  # positive cells
 
 
 def document_metrics(
     doc_id: str, scores: np.ndarray, links: list[tuple[int, int]] | None
 ) -> DocMetrics | None:
+    """Metrics of one document's n x m score matrix; None when it cannot be scored."""
     if links is None:
         return None
     y = label_matrix(*scores.shape, links)
     if not y.any() or y.all():
         return None
-    return DocMetrics(doc_id, roc_auc(scores, y), precision_at_k(scores, y, 1), precision_at_k(scores, y, 5))
+    return DocMetrics(
+        doc_id,
+        roc_auc(scores, y),
+        precision_at_k(scores, y, 1),
+        precision_at_k(scores, y, 5),
+        n_sentences=int(scores.shape[0]),
+        n_images=int(scores.shape[1]),
+        n_links=int(y.sum()),
+    )
 
 
 def summarize(per_doc: list[DocMetrics]) -> dict[str, float]:
+    """Macro averages x100 (each document counts once, whatever its size)."""
     if not per_doc:
         return {"auc": float("nan"), "p_at_1": float("nan"), "p_at_5": float("nan"), "n_docs": 0}
     return {
@@ -68,8 +103,23 @@ def summarize(per_doc: list[DocMetrics]) -> dict[str, float]:
     }
 
 
-def random_baseline(docs: list[tuple[str, int, int, list[tuple[int, int]] | None]], seed: int = 0) -> dict:
-    """Uniform random scores for (doc_id, n, m, links) documents."""
+def score_documents(
+    docs: list[tuple[str, np.ndarray, list[tuple[int, int]] | None]],
+) -> list[DocMetrics]:
+    """Metrics of every scorable (doc_id, scores, links) document, in input order."""
+    out = [document_metrics(d, s, lk) for d, s, lk in docs]
+    return [m for m in out if m is not None]
+
+
+def random_per_doc(
+    docs: list[tuple[str, int, int, list[tuple[int, int]] | None]], seed: int = 0
+) -> list[DocMetrics]:
+    """Per-document metrics of uniform random scores for (doc_id, n, m, links) documents."""
     rng = np.random.default_rng(seed)
     per_doc = [document_metrics(d, rng.random((n, m)), lk) for d, n, m, lk in docs]
-    return summarize([p for p in per_doc if p is not None])
+    return [p for p in per_doc if p is not None]
+
+
+def random_baseline(docs: list[tuple[str, int, int, list[tuple[int, int]] | None]], seed: int = 0) -> dict:
+    """Uniform random scores for (doc_id, n, m, links) documents (the paper's Random row)."""
+    return summarize(random_per_doc(docs, seed))
