@@ -104,11 +104,12 @@ def batched_max_weight_matching(
     row_match, col_match = np.full((P, N), -1), np.full((P, M), -1)
     rm, cm = row_match.ravel(), col_match.ravel()  # flat views: problem p, node i -> p * N + i
     base_n, base_m, problems = np.arange(P) * N, np.arange(P) * M, np.arange(P)
+    cell = np.arange(P * M).reshape(P, M) * N  # flat offset of free_cost[p, j, 0]
     for r in range(int(k.max(initial=0))):
         active = k > r
         # every free row is a root at distance 0: a column starts at its cheapest edge from one
         pred = free_cost.argmin(axis=2)  # [P, M] row that reached each column
-        dist = np.take_along_axis(free_cost, pred[:, :, None], 2)[:, :, 0] - pi_col
+        dist = free_cost.ravel()[cell + pred] - pi_col
         settled = np.zeros((P, M))  # +inf once settled
         searching = active.copy()
         for _ in range(M + 1):  # each step settles one matched column or ends the search
@@ -129,8 +130,8 @@ def batched_max_weight_matching(
             np.copyto(pred, i[:, None], where=better)
         end = np.where(col_match < 0, dist, np.inf).argmin(axis=1)  # the free column found
         # potentials move by min(distance, path length): reduced costs stay >= 0, the path tight
-        cap = np.where(active, dist[problems, end], 0.0)[:, None]
-        d_row = np.take_along_axis(dist, np.maximum(row_match, 0), 1)
+        cap = np.where(active, dist.ravel()[base_m + end], 0.0)[:, None]
+        d_row = dist.ravel()[base_m[:, None] + np.maximum(row_match, 0)]
         pi_row += np.where((row_match >= 0) & active[:, None], np.minimum(d_row, cap), 0.0).ravel()
         pi_col += np.where(active[:, None], np.minimum(dist, cap), 0.0)
         # flip the path, walking back from the free column to its free root row
