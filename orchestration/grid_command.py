@@ -1,0 +1,126 @@
+"""`mmlinks train --grid paper-table2|paper-table3`: the paper's grid as parallel Ray Tune trials.
+
+The `train` parser lives in orchestration/cli.py; it adds these flags with ``add_grid_args`` and
+calls ``cmd_train_grid`` when ``--grid`` is set (and ``print_grid`` for the human output).
+The single-run flags (epochs, d_multi, workers, seed, ...) form the base config every trial
+starts from; the grid sets objective, k, negatives and batch_docs per trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from schemas.errors import MmlinksError
+
+
+def add_grid_args(group) -> None:
+    """The grid flags, for the `train` parser (or an argument group of it)."""
+    from training.grid import GRIDS
+
+    group.add_argument(
+        "--grid",
+        choices=sorted(GRIDS),
+        help="run a paper hyperparameter grid (similarity x k x negatives x b) as parallel Ray Tune "
+        "trials, one MLflow run per trial under a parent run, and print the paper's table",
+    )
+    group.add_argument(
+        "--grid-data",
+        action="append",
+        metavar="NAME=DIR",
+        default=[],
+        help="a dataset column of the grid's table (repeatable, e.g. MSCOCO=data/mscoco); "
+        "default: --data as one column named by its manifest source",
+    )
+    group.add_argument(
+        "--grid-b",
+        metavar="B[,B...]",
+        help="only these numbers of in-batch negatives b (default: the paper's 10,20,30; "
+        "10 gives the main-paper tables)",
+    )
+    group.add_argument(
+        "--max-concurrent-trials",
+        type=int,
+        metavar="N",
+        help="trials running at once (default: as many as the cluster holds full sets of workers)",
+    )
+
+
+def parse_grid_data(items: list[str] | None, data: str | None) -> dict[str, str]:
+    """NAME=DIR pairs (in order) or, without any, ``data`` named by its manifest source."""
+    from schemas.manifest import Manifest
+
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        name, path = name.strip(), path.strip()
+        if not sep or not name or not path:
+            raise MmlinksError(f"--grid-data {item!r}: expected NAME=DIR")
+        if name in out:
+            raise MmlinksError(f"--grid-data names {name!r} twice")
+        out[name] = path
+    if out:
+        return out
+    if not data:
+        raise MmlinksError("--grid needs --data DIR or at least one --grid-data NAME=DIR")
+    if not Path(data).is_dir():
+        raise MmlinksError(f"{data} is not a directory")
+    return {Manifest.read(data).source: data}
+
+
+def parse_b_values(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise MmlinksError(f"--grid-b {text!r}: expected comma-separated integers") from exc
+    if not values or min(values) < 1:
+        raise MmlinksError(f"--grid-b {text!r}: b must be >= 1")
+    return values
+
+
+def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
+    """Run ``args.grid`` and return {"parent_run_id", "trials", "table", "table_text", ...}.
+
+    ``base_cfg`` defaults to the TrainConfig the single-run `train` flags describe. Trials are
+    compared, not shipped, so nothing is registered (--model-name/--alias do not apply). Exit
+    code 1 when any trial failed (its cell reads "failed"; the reason is in "trials").
+    """
+    from training.grid import format_table, run_grid
+    from training.tracking import tracking_uri
+
+    datasets = parse_grid_data(getattr(args, "grid_data", None), getattr(args, "data", None))
+    if base_cfg is None:
+        from orchestration.cli import train_config_from_args
+
+        base_cfg = train_config_from_args(args, data=next(iter(datasets.values())))
+    result = run_grid(
+        args.grid,
+        base_cfg,
+        datasets,
+        tracking_uri(getattr(args, "workdir", ".")),
+        max_concurrent=getattr(args, "max_concurrent_trials", None),
+        b_values=parse_b_values(getattr(args, "grid_b", None)),
+        progress=True,
+    )
+    if len(result.failed) == len(result.trials):
+        first = result.failed[0].error if result.failed else "no trial ran"
+        raise MmlinksError(
+            f"every trial of {result.grid} failed (first: {first}); parent run {result.parent_run_id}"
+        )
+    if result.failed:
+        args.exit_code = 1
+    return {**result.to_dict(), "table_text": format_table(result)}
+
+
+def print_grid(result: dict) -> None:
+    """The human output of a grid: the table, then where the runs are."""
+    print(result["table_text"], end="")
+    failed = [t for t in result["trials"] if t["status"] != "ok"]
+    for t in failed:
+        print(f"failed: {t['dataset']} {t['key']}: {t['error']}")
+    print(
+        f"{len(result['trials']) - len(failed)}/{len(result['trials'])} trials in {result['seconds']:.0f} s; "
+        f"parent run: {result['parent_run_id']}   tracking: {result['tracking_uri']}"
+    )
