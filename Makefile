@@ -28,3 +28,12 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) mmlinks-demo
+
+# Dagster UI on http://127.0.0.1:3000 with every asset, check, schedule and sensor; SQLite
+# instance in .dagster/, data under data/ (docs/orchestration.md).
+.PHONY: dagster
+dagster: setup
+	mkdir -p .dagster
+	test -f .dagster/dagster.yaml || cp orchestration/dagster-local.yaml .dagster/dagster.yaml
+	DAGSTER_HOME=$(CURDIR)/.dagster MMLINKS_DAGSTER_CONFIG=$${MMLINKS_DAGSTER_CONFIG:-orchestration/dagster-local.json} \
+		$(BIN)/dagster dev

@@ -1,0 +1,84 @@
+"""Asset checks: the rules of ``orchestration/quality.py`` shown on the assets in the UI.
+
+Every check is blocking: when one fails, the run fails and the steps after it in the same run
+(training after a dataset, promotion after an evaluation) do not start. Runs started later see
+the same rules through the guards in ``orchestration/assets.py``; the training sensor also
+waits for a dataset run that succeeded, checks included.
+"""
+
+import warnings
+
+import dagster as dg
+
+from orchestration.quality import DATASET_CHECKS, Outcome, check_evaluation_floor
+from orchestration.settings import Settings
+
+DESCRIPTIONS = {
+    "schema_version": "The manifest and every shard footer carry the schema version this code reads.",
+    "min_documents": "At least thresholds.min_documents documents were kept.",
+    "split_sizes": "Each split holds at least thresholds.min_split_documents[split] documents.",
+    "duplicate_rate": "Near-duplicate and duplicate-id drops per document seen stay within the limit.",
+    "dead_letter_rate": "Invalid input (not filtered by design, not duplicates) per record within the limit.",
+    "feature_dim": "Stored feature vectors have the width the manifest declares (and the configured one).",
+}
+
+
+def _result(outcome: Outcome) -> dg.AssetCheckResult:
+    metadata = {"description": outcome.description}
+    for key, value in outcome.metadata.items():
+        metadata[key] = dg.MetadataValue.json(value) if isinstance(value, dict | list) else value
+    return dg.AssetCheckResult(
+        passed=outcome.passed,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=outcome.description,
+        metadata=metadata,
+    )
+
+
+def build_checks(settings: Settings, sources: dg.PartitionsDefinition) -> list[dg.AssetChecksDefinition]:
+    checks = []
+    for name, rule in DATASET_CHECKS.items():
+        checks.append(_dataset_check(settings, sources, name, rule))
+    for objective in settings.objectives:
+        checks.append(_evaluation_check(settings, sources, objective))
+    return checks
+
+
+def _partitioned_check(**kwargs):
+    """``dg.asset_check`` with a partitions_def, which Dagster 1.13 marks as preview: a check
+    result per source partition is what these checks mean, so the warning is expected here."""
+
+    def decorate(fn):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+            return dg.asset_check(**kwargs)(fn)
+
+    return decorate
+
+
+def _dataset_check(settings: Settings, sources, name: str, rule) -> dg.AssetChecksDefinition:
+    @_partitioned_check(
+        asset="dataset", name=name, blocking=True, partitions_def=sources, description=DESCRIPTIONS[name]
+    )
+    def check(dataset: dict) -> dg.AssetCheckResult:
+        from schemas.manifest import Manifest
+
+        manifest = Manifest.read(dataset["path"])
+        return _result(rule(manifest, dataset["path"], settings.thresholds_config()))
+
+    return check
+
+
+def _evaluation_check(settings: Settings, sources, objective: str) -> dg.AssetChecksDefinition:
+    @_partitioned_check(
+        asset=dg.AssetKey(["evaluation", objective]),
+        name="metrics_above_floor",
+        blocking=True,
+        partitions_def=sources,
+        description="AUC and p@1 at or above thresholds.min_test_auc / min_test_p_at_1, and AUC "
+        "thresholds.min_auc_over_random above the Random baseline; blocks promotion.",
+    )
+    def check(evaluation: dict) -> dg.AssetCheckResult:
+        return _result(check_evaluation_floor(evaluation, settings.thresholds_config()))
+
+    return check

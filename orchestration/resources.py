@@ -1,0 +1,253 @@
+"""Dagster resources: where data lives, the MLflow store, training (in-process or on a Ray
+cluster) and the Reddit crawl. Assets stay small functions of their upstream assets; every
+external system is reached through one of these, configured from the environment variables
+the deployment already sets (``infra/env/*.env``):
+
+- storage: MMLINKS_DATASETS_URI (the root; default ``data``), MMLINKS_DATASETS_MOUNT (the local
+  path of the same root for readers, e.g. ``/data``);
+- mlflow: MLFLOW_TRACKING_URI (default: SQLite under the storage root);
+- training: MMLINKS_RAY_ADDRESS (empty: in-process), MMLINKS_RAY_WORKING_DIR,
+  MMLINKS_RAY_RUNTIME_ENV (JSON), MMLINKS_RAY_PYTHON, MMLINKS_RAY_STORAGE_PATH, MMLINKS_TRAIN_WORKERS;
+- reddit: MMLINKS_DIY_DUMPS (monthly RS_YYYY-MM.zst dumps for backfills), MMLINKS_REDDIT_API_BASE.
+
+Credentials are never resource fields (the UI shows those): the Reddit app (``praw_client_id``,
+``praw_client_secret``), ``IMGUR_CLIENT_ID``, ``RAY_AUTH_TOKEN`` and MLflow's own variables are
+read from the environment by the code that needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+
+from schemas.errors import MmlinksError
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(name, "").strip() or default
+
+
+class StorageResource(dg.ConfigurableResource):
+    """``ROOT/raw/<source>`` (raw snapshots), ``ROOT/datasets/<source>`` (shards + manifest),
+    ``ROOT/crawl-state`` and ``ROOT/reports``. Builds write through ``root`` (a path or a
+    gs://, s3:// URI); training and checks read through ``mount``, the local path where the same
+    root is visible (a Cloud Storage FUSE volume at /data on the cluster; locally the same)."""
+
+    root: str = "data"
+    mount: str = ""
+
+    def _join(self, base: str, *parts: str) -> str:
+        from pipelines import fileio
+
+        return fileio.join(base, *parts)
+
+    def local_root(self) -> str:
+        base = self.mount or self.root
+        if "://" in base:
+            raise MmlinksError(
+                f"datasets root {base} is not a local path: set MMLINKS_DATASETS_MOUNT to where it is mounted"
+            )
+        return str(Path(base).resolve())
+
+    def raw_uri(self, source: str) -> str:
+        return self._join(self.root, "raw", source)
+
+    def raw_path(self, source: str) -> str:
+        return self._join(self.local_root(), "raw", source)
+
+    def dataset_uri(self, source: str) -> str:
+        return self._join(self.root, "datasets", source)
+
+    def dataset_path(self, source: str) -> str:
+        return self._join(self.local_root(), "datasets", source)
+
+    def crawl_state_uri(self, name: str) -> str:
+        return self._join(self.root, "crawl-state", name)
+
+    def reports_path(self) -> str:
+        return self._join(self.local_root(), "reports")
+
+
+class MlflowResource(dg.ConfigurableResource):
+    """The tracking store and model registry: ``tracking_uri``, else MLFLOW_TRACKING_URI, else
+    SQLite at ``<workdir>/mlflow.db`` (the CLI's rule with --workdir)."""
+
+    tracking_uri: str = ""
+    workdir: str = "data"
+
+    def uri(self) -> str:
+        from training.tracking import tracking_uri
+
+        return self.tracking_uri or tracking_uri(self.workdir)
+
+    def client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(self.uri())
+
+    def _server(self) -> str | None:
+        uri = self.uri()
+        return uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
+
+    def run_url(self, run_id: str) -> str | None:
+        """The run's page in the MLflow UI (tracking servers only)."""
+        server = self._server()
+        if not server:
+            return None
+        exp = self.client().get_run(run_id).info.experiment_id
+        return f"{server}/#/experiments/{exp}/runs/{run_id}"
+
+    def artifact_url(self, run_id: str, path: str) -> str | None:
+        server = self._server()
+        return f"{server}/get-artifact?path={path}&run_uuid={run_id}" if server else None
+
+
+class TrainingResource(dg.ConfigurableResource):
+    """Runs ``training.experiment.run_experiment`` here, or, with ``ray_address`` set, the same
+    through ``mmlinks train`` as a Ray job (``orchestration.ray_jobs``) whose log is streamed
+    into the Dagster run. Cluster facts (workers, storage) are defaults under the settings'
+    TrainConfig overrides."""
+
+    ray_address: str = ""
+    working_dir: str = ""  # uploaded with the job (a dev checkout); empty: the cluster image's code
+    runtime_env_json: str = ""  # more of Ray's runtime_env, JSON (pip, env_vars, py_modules, ...)
+    python: str = "python"
+    storage_path: str = ""  # Ray Train storage (local path or shared URI); empty: next to the data
+    num_workers: int = 0  # 0: TrainConfig's default
+    timeout_s: float = 12 * 3600.0
+
+    def defaults(self) -> dict:
+        out: dict = {}
+        if self.storage_path:
+            out["storage_path"] = self.storage_path
+        if self.num_workers:
+            out["num_workers"] = self.num_workers
+        return out
+
+    def on_cluster(self) -> bool:
+        return bool(self.ray_address.strip())
+
+    def runtime_env(self) -> dict:
+        env: dict = {}
+        if self.runtime_env_json.strip():
+            try:
+                env = json.loads(self.runtime_env_json)
+            except json.JSONDecodeError as exc:
+                raise MmlinksError(f"MMLINKS_RAY_RUNTIME_ENV is not JSON: {exc}") from exc
+            if not isinstance(env, dict):
+                raise MmlinksError("MMLINKS_RAY_RUNTIME_ENV must be a JSON object (Ray's runtime_env)")
+        if self.working_dir:
+            env.setdefault("working_dir", str(Path(self.working_dir).resolve()))
+        return env
+
+    def train(
+        self,
+        cfg,
+        *,
+        model_name: str,
+        alias: str,
+        tracking_uri: str,
+        report_dir: str,
+        log: Callable[[str], None],
+        job_metadata: dict[str, str] | None = None,
+    ) -> dict:
+        """The ``mmlinks train --json`` result: run_id, model_uri, model_version, best_epoch,
+        test, random, tracking_uri, report (+ ray_job_id on a cluster)."""
+        if self.on_cluster():
+            from orchestration.ray_jobs import JobSettings, submit_training
+
+            settings = JobSettings(self.ray_address, self.runtime_env(), self.python, self.timeout_s)
+            return submit_training(
+                settings,
+                cfg,
+                model_name=model_name,
+                alias=alias,
+                tracking_uri=tracking_uri,
+                on_log=log,
+                metadata=job_metadata,
+            )
+        from training.experiment import run_experiment
+
+        res = run_experiment(cfg, tracking_uri, model_name, alias, progress=False, report_dir=report_dir)
+        return {
+            "run_id": res.run_id,
+            "model_uri": res.model_uri,
+            "model_version": res.model_version,
+            "best_epoch": res.best_epoch,
+            "test": res.test,
+            "random": res.random,
+            "tracking_uri": res.tracking_uri,
+            "report": res.report_path,
+        }
+
+
+class RedditResource(dg.ConfigurableResource):
+    """The r/DIY side: the incremental crawl of /new (the CLI's ``data crawl diy``) and the
+    monthly dump files historical months are taken from."""
+
+    subreddit: str = "DIY"
+    dumps: str = ""  # folder (or URI) holding RS_YYYY-MM.zst monthly dumps
+    api_base: str = ""  # replaces https://oauth.reddit.com (proxies, tests)
+    limit: int = 0  # at most this many posts per crawl (0: all the listing gives)
+    overlap_s: int = 86400
+
+    def crawl(self, out: str, state: str) -> dict:
+        """``mmlinks data crawl diy`` itself (parsed by the CLI's parser), so credential checks,
+        error wording and scrubbing are the CLI's."""
+        from orchestration.cli import build_parser
+
+        argv = ["data", "crawl", "diy", "--out", out, "--state", state, "--subreddit", self.subreddit]
+        argv += ["--overlap-s", str(self.overlap_s)]
+        if self.limit:
+            argv += ["--limit", str(self.limit)]
+        if self.api_base:
+            argv += ["--reddit-api-base", self.api_base]
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+
+    def dump_for(self, month: str) -> str | None:
+        """The monthly dump ``RS_<month>.*`` under ``dumps``, if there is one."""
+        from pipelines import fileio
+        from pipelines.sources.reddit import dump_month, list_input_files
+
+        if not self.dumps:
+            return None
+        if fileio.is_local(self.dumps) and not Path(self.dumps).exists():
+            raise MmlinksError(f"the DIY dumps folder {self.dumps} (MMLINKS_DIY_DUMPS) does not exist")
+        year, mon = (int(x) for x in month.split("-"))
+        for path in sorted(list_input_files(self.dumps)):
+            if dump_month(path) == (year, mon):
+                return path
+        return None
+
+
+def resources_from_env() -> dict[str, dg.ConfigurableResource]:
+    """The resources a deployment gets from its environment (see the table above)."""
+    root = _env("MMLINKS_DATASETS_URI", "data")
+    workers = _env("MMLINKS_TRAIN_WORKERS", "0")
+    try:
+        num_workers = int(workers)
+    except ValueError:
+        raise MmlinksError(f"MMLINKS_TRAIN_WORKERS wants a number, not {workers!r}") from None
+    return {
+        "storage": StorageResource(root=root, mount=_env("MMLINKS_DATASETS_MOUNT")),
+        "mlflow": MlflowResource(
+            tracking_uri=_env("MLFLOW_TRACKING_URI"), workdir=_env("MMLINKS_DATASETS_MOUNT", root)
+        ),
+        "training": TrainingResource(
+            ray_address=_env("MMLINKS_RAY_ADDRESS"),
+            working_dir=_env("MMLINKS_RAY_WORKING_DIR"),
+            runtime_env_json=_env("MMLINKS_RAY_RUNTIME_ENV"),
+            python=_env("MMLINKS_RAY_PYTHON", "python"),
+            storage_path=_env("MMLINKS_RAY_STORAGE_PATH"),
+            num_workers=num_workers,
+        ),
+        "reddit": RedditResource(
+            dumps=_env("MMLINKS_DIY_DUMPS"),
+            api_base=_env("MMLINKS_REDDIT_API_BASE"),
+        ),
+    }

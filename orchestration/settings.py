@@ -1,0 +1,152 @@
+"""The Dagster layer's settings: which sources and objectives exist, and the knobs of each step.
+
+Sources and objectives shape the asset graph (one partition per source, one model asset per
+objective), so they are read once, when the code location loads: from the JSON file named by
+``MMLINKS_DAGSTER_CONFIG`` (any subset of the fields below), then ``MMLINKS_SOURCES`` (comma
+list), ``MMLINKS_OBJECTIVES`` (JSON) and ``MMLINKS_AUTOMATION`` (1 = schedules and sensors
+start running). Everything is checked here, so a typo in an objective's overrides fails
+``dagster definitions validate`` instead of a training run hours later. Endpoints (Ray, MLflow,
+storage) are resources (``orchestration/resources.py``); credentials are in neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from schemas.errors import MmlinksError
+
+CONFIG_ENV = "MMLINKS_DAGSTER_CONFIG"
+SOURCES_ENV = "MMLINKS_SOURCES"
+OBJECTIVES_ENV = "MMLINKS_OBJECTIVES"
+AUTOMATION_ENV = "MMLINKS_AUTOMATION"
+
+# One registered model per (source, objective); the CLI's single default is "mmlinks-ap".
+DEFAULT_OBJECTIVES: dict[str, dict] = {"ap": {"objective": "ap"}, "nostruct": {"objective": "nostruct"}}
+
+
+@dataclass
+class Settings:
+    sources: list[str] = field(default_factory=list)  # partitions; empty = every registered source
+    objectives: dict[str, dict] = field(default_factory=lambda: json.loads(json.dumps(DEFAULT_OBJECTIVES)))
+    train_base: dict = field(default_factory=dict)  # TrainConfig overrides shared by every objective
+    build_options: dict[str, dict] = field(default_factory=dict)  # BuildConfig options; "*" = all sources
+    raw_inputs: dict[str, str] = field(default_factory=dict)  # source -> input (default ROOT/raw/<source>)
+    synthetic: dict = field(default_factory=dict)  # SynthConfig overrides for the synthetic source
+    thresholds: dict = field(default_factory=dict)  # orchestration.quality.Thresholds overrides
+    gate: dict = field(default_factory=dict)  # training.registry.Gate overrides (CLI defaults otherwise)
+    promotion_split: str = "test"
+    model_name: str = "mmlinks-{source}-{objective}"
+    diy_first_month: str = "2013-01"  # first partition of the monthly r/DIY snapshots (the paper's)
+    weekly_cron: str = "0 3 * * 1"  # Mondays 03:00 UTC: incremental DIY crawl, then the rebuild
+    max_retries: int = 3  # flaky steps (crawl, builds, cluster jobs): retries with backoff
+    retry_delay_s: float = 60.0  # first delay; doubled each retry, +-50 % jitter
+    automation_running: bool = False  # schedules and sensors start running (else: turn them on in the UI)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Settings:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise MmlinksError(
+                f"unknown Dagster setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+            )
+        settings = cls(**data)
+        settings.check()
+        return settings
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        data: dict = {}
+        path = env.get(CONFIG_ENV, "").strip()
+        if path:
+            try:
+                data = json.loads(Path(path).read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise MmlinksError(f"{CONFIG_ENV}={path}: cannot read the settings: {exc}") from exc
+            if not isinstance(data, dict):
+                raise MmlinksError(f"{CONFIG_ENV}={path}: the settings must be a JSON object")
+        if env.get(SOURCES_ENV, "").strip():
+            data["sources"] = [s.strip() for s in env[SOURCES_ENV].split(",") if s.strip()]
+        if env.get(OBJECTIVES_ENV, "").strip():
+            try:
+                data["objectives"] = json.loads(env[OBJECTIVES_ENV])
+            except json.JSONDecodeError as exc:
+                raise MmlinksError(f"{OBJECTIVES_ENV} is not JSON: {exc}") from exc
+        if env.get(AUTOMATION_ENV, "").strip():
+            data["automation_running"] = env[AUTOMATION_ENV].strip().lower() in ("1", "true", "yes", "on")
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def check(self) -> None:
+        """Every setting that can be checked without running anything, as one-line errors."""
+        from pipelines.sources import source_names
+        from training.config import TrainConfig
+
+        known = source_names()
+        if not self.sources:
+            self.sources = list(known)
+        bad = [s for s in self.sources if s not in known]
+        if bad:
+            raise MmlinksError(
+                f"unknown source(s) {', '.join(bad)} in the Dagster settings; known: {', '.join(known)}"
+            )
+        if not self.objectives or not isinstance(self.objectives, dict):
+            raise MmlinksError(
+                "the Dagster settings need at least one objective, e.g. {'ap': {'objective': 'ap'}}"
+            )
+        train_fields = {f.name for f in fields(TrainConfig)}
+        for name, overrides in {"train_base": self.train_base, **self.objectives}.items():
+            if not isinstance(overrides, dict):
+                raise MmlinksError(
+                    f"objective {name!r}: overrides must be a JSON object of TrainConfig fields"
+                )
+            unknown = sorted(set(overrides) - train_fields)
+            if unknown:
+                raise MmlinksError(f"{name}: unknown TrainConfig field(s) {', '.join(unknown)}")
+        for name in self.objectives:
+            if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+                raise MmlinksError(f"objective name {name!r}: use letters, digits and '_' (it names assets)")
+            self.train_config(name, data="-").validate()
+        from orchestration.quality import Thresholds
+        from training.registry import Gate
+
+        Thresholds.from_dict(self.thresholds)
+        unknown_gate = sorted(set(self.gate) - {f.name for f in fields(Gate)})
+        if unknown_gate:
+            raise MmlinksError(f"unknown gate field(s) {', '.join(unknown_gate)}")
+        if len(self.diy_first_month) != 7 or self.diy_first_month[4] != "-":
+            raise MmlinksError(f"diy_first_month wants YYYY-MM, not {self.diy_first_month!r}")
+        if self.max_retries < 0 or self.retry_delay_s < 0:
+            raise MmlinksError("max_retries and retry_delay_s must be >= 0")
+
+    def train_config(self, objective: str, data: str, **defaults):
+        """TrainConfig: ``defaults`` (cluster facts from resources) < train_base < the objective's."""
+        from training.config import TrainConfig
+
+        values = {**defaults, **self.train_base, **self.objectives[objective], "data": data}
+        return TrainConfig.from_dict(values)
+
+    def gate_config(self):
+        from training.registry import Gate
+
+        # The CLI's defaults for `mmlinks promote` (AUC may drop 0.5 points, p@1 may not drop).
+        values = {"max_auc_drop": 0.5, "max_p_at_1_drop": 0.0, "min_auc": 0.0, **self.gate}
+        return Gate(**values)
+
+    def thresholds_config(self):
+        from orchestration.quality import Thresholds
+
+        return Thresholds.from_dict(self.thresholds)
+
+    def registered_model_name(self, source: str, objective: str) -> str:
+        return self.model_name.format(source=source, objective=objective)
+
+    def build_config_options(self, source: str) -> dict:
+        return {**self.build_options.get("*", {}), **self.build_options.get(source, {})}
