@@ -325,6 +325,7 @@ def train_config_from_args(args, **overrides):
         num_workers=args.workers,
         use_gpu=args.gpu,
         max_failures=args.max_failures,
+        cache_data=args.cache_data,
         storage_path=args.storage_path,
         ray_address=args.ray_address,
         run_name=args.run_name,
@@ -613,6 +614,13 @@ def _add_train_args(p: argparse.ArgumentParser, epochs: int, d_multi: int, lr: f
         "--storage-path", default="", help="Ray Train storage (path or URI; default: next to the data)"
     )
     r.add_argument("--ray-address", default="", help="existing Ray cluster address (default: local Ray)")
+    r.add_argument(
+        "--cache-data",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="keep the training shards in Ray's object store between epochs (auto: if <= 2 GiB on "
+        "disk) or stream them from the shards every epoch (no: for data larger than memory)",
+    )
     r.add_argument(
         "--run-name",
         default="",

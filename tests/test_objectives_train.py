@@ -54,6 +54,19 @@ def test_documents_without_sentences_or_images_are_dropped_and_counted(dataset):
     assert kept.column("doc_id").to_pylist() == [rows[0]["doc_id"], rows[2]["doc_id"]]
 
 
+def test_failure_message_names_the_worker_error():
+    from training.train import failure_message
+
+    text = (
+        "Training failed due to worker errors:\n\n[Rank 0] Traceback (most recent call last):\n"
+        '  File "x.py", line 3, in f\n    raise ValueError("bad")\nValueError: shard x is broken\n'
+    )
+    assert failure_message(RuntimeError(text)) == "ValueError: shard x is broken"
+    assert failure_message(RuntimeError("x\nDivergedError: loss diverged (nan) at epoch 2")) == (
+        "loss diverged (nan) at epoch 2"
+    )
+
+
 def test_resume_refuses_a_config_that_changes_the_model():
     saved = TrainConfig(data="d", objective="ap", d_multi=32, run_name="r").public_dict()
     check_resumable(saved, TrainConfig(data="d", objective="ap", d_multi=32, epochs=9, run_name="r"))
@@ -69,7 +82,7 @@ def test_resume_refuses_a_config_that_changes_the_model():
     "overrides",
     [
         {"objective": "nostruct"},
-        {"objective": "dc", "negatives": "mean"},
+        {"objective": "dc", "negatives": "mean", "cache_data": "no"},  # streamed every epoch
         {"objective": "tk", "k": "half"},
         {"objective": "ap", "k": "half"},
         {"objective": "li2021", "objectives": "C+I+D"},

@@ -55,6 +55,7 @@ class TrainConfig:
     use_gpu: bool = False
     threads_per_worker: int = 1
     max_failures: int = 0
+    cache_data: str = "auto"  # auto | yes | no: keep the decoded training shards in Ray's object store
     storage_path: str = ""  # Ray Train run storage (local path or a shared URI)
     run_name: str = ""  # Ray Train run name; empty = a fresh unique name (reuse one to resume)
     ray_address: str = ""  # empty: start or reuse a local Ray
@@ -116,6 +117,7 @@ class TrainConfig:
             "epochs (>= 1)": self.epochs >= 1,
             "num_workers (>= 1)": self.num_workers >= 1,
             "warmup_steps (>= 0)": self.warmup_steps >= 0,
+            "cache_data (auto, yes or no)": self.cache_data in ("auto", "yes", "no"),
             "d_multi (divisible by transformer_heads)": self.backbone != "transformer"
             or self.d_multi % self.transformer_heads == 0,
         }

@@ -85,16 +85,18 @@ class MulLink(nn.Module):
         if feature_stats is not None:
             self.image.set_feature_stats(*feature_stats)
 
-    def forward(self, tokens, lengths, features):
-        return self.text(tokens, lengths), self.image(features)
+    def forward(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A ``DocBatch`` -> (sentence vectors [N_sentences, d], image vectors [N_images, d]).
+
+        Every backbone takes the batch in ``forward`` (DDP only syncs gradients of calls that go
+        through its own forward) and offers the same as ``encode``."""
+        return self.text(batch.tokens, batch.lengths), self.image(batch.features)
 
     def encode(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """A ``DocBatch`` -> (sentence vectors [N_sentences, d], image vectors [N_images, d]); every
-        backbone has this method, so the loop and evaluation never ask which one they hold."""
-        return self(batch.tokens, batch.lengths, batch.features)
+        return self(batch)
 
     @torch.no_grad()
     def score_matrix(self, tokens, lengths, features) -> np.ndarray:
         """M[i, j] = cosine(sentence i, image j) for one document."""
-        s, v = self(tokens, lengths, features)
+        s, v = self.text(tokens, lengths), self.image(features)
         return (s @ v.T).cpu().numpy()

@@ -19,7 +19,7 @@ from training.objectives.similarity import document_similarity
 
 
 def padded(model, batch: DocBatch):
-    s, v = model.encode(batch)
+    s, v = model(batch)  # through forward: under DDP that is what syncs the gradients
     s_pad, s_mask = pad_documents(s, batch.n_sentences)
     v_pad, v_mask = pad_documents(v, batch.n_images)
     return s_pad, s_mask, v_pad, v_mask
