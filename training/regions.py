@@ -1,0 +1,170 @@
+"""Region features and concept tokens per image, for the Li et al. (2021) Transformer backbone.
+
+Each image of a shard may carry ``regions`` (boxes, vectors, labels, scores; null when the
+dataset was built without ``--regions``). A batch keeps the top ``max_regions`` regions of each
+image by score, in the same per-document image order as ``DocBatch.features`` (``perms``), as
+dense [N_images, R, ...] tensors with a mask. An image without regions has an all-False mask;
+the encoder then reads its global CNN feature instead (see ``training/transformer.py``).
+
+Labels become concept tokens: tokenised like sentences (``schemas.text.tokenize``) and looked
+up in the text vocabulary, so a concept shares its word embedding with the sentences that
+mention it. ``concept_words`` lets the vocabulary include label words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from training.text import Vocabulary
+
+LABEL_TOKENS = 4  # words kept per label ("German short-haired pointer" is 3 tokens)
+_LABELS_COLUMN = "images.list.element.regions.labels"
+_VECTORS_COLUMN = "images.list.element.regions.vectors"
+
+
+@dataclass
+class RegionBatch:
+    features: torch.Tensor  # [N_images, R, D_r] float32 region vectors (0 where masked)
+    tokens: torch.Tensor  # [N_images, R, L] concept-label token ids, 0-padded
+    mask: torch.Tensor  # [N_images, R] bool: a real region
+
+    def to(self, device: torch.device | str) -> RegionBatch:
+        return RegionBatch(self.features.to(device), self.tokens.to(device), self.mask.to(device))
+
+
+def _lengths(arr: pa.Array) -> np.ndarray:
+    return pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+
+
+def regions_of(
+    table: pa.Table,
+    perms: list[np.ndarray] | None,
+    vocab: Vocabulary,
+    max_regions: int,
+    label_tokens: int = LABEL_TOKENS,
+) -> RegionBatch:
+    """Dense region tensors for the images of ``table`` (nested ``images`` column).
+
+    Image j of document d in the output is the document's image ``perms[d][j]`` (None: shard
+    order), matching ``make_batch``. Per image the ``max_regions`` highest-scoring regions are
+    kept (ties and missing scores: shard order). R = the most regions any kept image has, so a
+    region-less batch gives R = 0.
+    """
+    images = table.column("images").combine_chunks()
+    per_doc = _lengths(images)
+    flat = pc.list_flatten(images)  # one row per image, shard order
+    n_img = len(flat)
+    regions = pc.struct_field(flat, "regions")  # null slots stay null in every child
+    vectors = pc.struct_field(regions, "vectors")
+    labels = pc.struct_field(regions, "labels")
+    scores = pc.struct_field(regions, "scores")
+    counts = _lengths(vectors)
+    label_counts, score_counts = _lengths(labels), _lengths(scores)
+    if np.any((label_counts != counts) & (label_counts != 0)) or np.any(
+        (score_counts != counts) & (score_counts != 0)
+    ):
+        raise ValueError("region labels or scores do not match the region vectors in count")
+
+    # Output position of every shard-order image: document d's slot j holds image perms[d][j].
+    doc_start = _starts(per_doc)
+    order = (
+        np.arange(n_img)
+        if perms is None
+        else np.concatenate([doc_start[d] + np.asarray(p, np.int64) for d, p in enumerate(perms)] or [[]])
+    ).astype(np.int64)
+    if len(order) != n_img:
+        raise ValueError(f"perms cover {len(order)} images; the table has {n_img}")
+    position = np.empty(n_img, np.int64)
+    position[order] = np.arange(n_img)
+
+    # One row per region: its image, its index in the image, its score.
+    total = int(counts.sum())
+    owner = np.repeat(np.arange(n_img), counts)
+    index_in_image = np.arange(total) - np.repeat(_starts(counts), counts)
+    score = np.zeros(total, np.float64)
+    has_scores = np.repeat(score_counts == counts, counts)
+    score[has_scores] = pc.list_flatten(scores).to_numpy(zero_copy_only=False)
+    ranked = np.lexsort((index_in_image, -score, owner))  # by image, best score first
+    rank = np.empty(total, np.int64)
+    rank[ranked] = np.arange(total) - np.repeat(_starts(counts), counts)
+    keep = rank < max_regions
+    R = int(min(max_regions, counts.max(initial=0)))
+
+    flat_vectors = pc.list_flatten(vectors)
+    dims = _lengths(flat_vectors)
+    D = int(dims.max(initial=0))
+    if total and dims.min() != D:
+        raise ValueError("regions in one batch have vectors of different lengths")
+    values = pc.list_flatten(flat_vectors).to_numpy(zero_copy_only=False).astype(np.float32).reshape(total, D)
+    slot_img, slot_rank = position[owner[keep]], rank[keep]
+    features = np.zeros((n_img, R, D), np.float32)
+    features[slot_img, slot_rank] = values[keep]
+    mask = np.zeros((n_img, R), bool)
+    mask[slot_img, slot_rank] = True
+
+    # Concept tokens: tokenise each distinct label once; a missing label list reads as <unk>.
+    tokens = np.zeros((n_img, R, label_tokens), np.int64)
+    if total:
+        flat_labels = np.zeros(total, np.int64)
+        coded = pc.dictionary_encode(pc.fill_null(pc.list_flatten(labels), ""))
+        table_ids = np.zeros((len(coded.dictionary), label_tokens), np.int64)
+        for i, label in enumerate(coded.dictionary.to_pylist()):
+            ids = vocab.encode(label, label_tokens)
+            table_ids[i, : len(ids)] = ids
+        has_labels = np.repeat(label_counts == counts, counts)
+        flat_labels[has_labels] = coded.indices.to_numpy(zero_copy_only=False)
+        label_ids = np.where(has_labels[:, None], table_ids[flat_labels], 0)
+        label_ids[~has_labels, 0] = vocab.index.get("<unk>", 1)
+        tokens[slot_img, slot_rank] = label_ids[keep]
+    return RegionBatch(torch.from_numpy(features), torch.from_numpy(tokens), torch.from_numpy(mask))
+
+
+def concept_words(paths: list[str]) -> Iterator[str]:
+    """Every region label of the shards, one string per region (so counts are real counts).
+
+    Only the labels leaf is read. Feed them to ``Vocabulary.build`` next to the training
+    sentences: concept tokens then get embeddings shared with the words of the text.
+    """
+    from schemas.shards import check_shards
+
+    check_shards(paths)
+    for p in paths:
+        shard = pq.ParquetFile(p)
+        for batch in shard.iter_batches(columns=[_LABELS_COLUMN]):
+            regs = pc.struct_field(pc.list_flatten(batch.column(0)), "regions")
+            labels = pc.drop_null(pc.list_flatten(pc.struct_field(regs, "labels")))
+            counts = pc.value_counts(labels)
+            for label, n in zip(
+                counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True
+            ):
+                for _ in range(n):
+                    yield label
+
+
+def region_dim(paths: list[str]) -> int | None:
+    """Length of the region vectors in the shards; None when no image carries regions.
+
+    Reads the vectors leaf batch by batch and stops at the first region found, so a
+    region-bearing dataset costs one small read.
+    """
+    from schemas.shards import check_shards
+
+    check_shards(paths)
+    for p in paths:
+        for batch in pq.ParquetFile(p).iter_batches(columns=[_VECTORS_COLUMN], batch_size=64):
+            regs = pc.struct_field(pc.list_flatten(batch.column(0)), "regions")
+            vecs = pc.list_flatten(pc.struct_field(regs, "vectors"))
+            if len(vecs):
+                return int(pc.list_value_length(vecs[:1])[0].as_py())
+    return None
