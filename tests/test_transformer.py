@@ -64,7 +64,7 @@ def trained_a_little(model: TransformerLink) -> TransformerLink:
     """A few steps so running statistics and weights are not at their initial values."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for seed in range(3):
-        s, v = model.encode(tiny_batch(seed))
+        s, v = model(tiny_batch(seed))  # forward and encode are the same
         loss = -(s[:2] @ v[:2].T).trace()
         opt.zero_grad()
         loss.backward()
@@ -270,6 +270,18 @@ def test_regions_of_without_perms_and_a_region_less_shard(tmp_path):
     assert rb.mask.shape == (8, 0) and rb.features.shape == (8, 0, 0)
     assert region_dim([str(tmp_path / "none.parquet")]) is None
     assert list(concept_words([str(tmp_path / "none.parquet")])) == []
+
+
+def test_regions_of_a_table_without_a_regions_column():
+    """Served documents carry global features only; every image then has no region."""
+    import pyarrow as pa
+
+    images = [{"features": [1.0, 2.0], "regions": None}, {"features": [3.0, 4.0], "regions": None}]
+    table = pa.table({"doc_id": ["input"], "sentences": [["a red circle"]], "images": [images]})
+    rb = regions_of(table, [np.array([1, 0])], VOCAB, max_regions=36)
+    assert rb.features.shape == (2, 0, 0) and rb.tokens.shape == (2, 0, 4) and rb.mask.shape == (2, 0)
+    no_field = table.set_column(2, "images", pa.array([[{"features": [1.0]}]]))
+    assert regions_of(no_field, None, VOCAB, 36).mask.shape == (1, 0)
 
 
 def test_concept_words_and_region_dim(tmp_path):

@@ -65,6 +65,11 @@ def regions_of(
     per_doc = _lengths(images)
     flat = pc.list_flatten(images)  # one row per image, shard order
     n_img = len(flat)
+    image_type = flat.type
+    if image_type.get_field_index("regions") < 0 or not pa.types.is_struct(image_type.field("regions").type):
+        # No region column at all (e.g. a served document of global features only).
+        tokens = torch.zeros(n_img, 0, label_tokens, dtype=torch.long)
+        return RegionBatch(torch.zeros(n_img, 0, 0), tokens, torch.zeros(n_img, 0, dtype=torch.bool))
     regions = pc.struct_field(flat, "regions")  # null slots stay null in every child
     vectors = pc.struct_field(regions, "vectors")
     labels = pc.struct_field(regions, "labels")

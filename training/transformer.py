@@ -164,12 +164,18 @@ class TransformerLink(nn.Module):
         h = self.image(seq, src_key_padding_mask=~seq_mask)
         return F.normalize(self._standardise(_masked_mean(h, seq_mask), self.image_out), dim=-1)
 
-    def encode(self, batch: DocBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """A ``DocBatch`` with ``regions`` -> (sentences [N_sent, d_multi], images [N_img, d_multi])."""
+    def forward(self, batch: DocBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A ``DocBatch`` with ``regions`` -> (sentences [N_sent, d_multi], images [N_img, d_multi]).
+
+        The batch goes through ``forward`` (not only ``encode``) because DDP syncs gradients
+        only for calls of its own forward."""
         if batch.regions is None:
             raise ValueError("the transformer backbone needs region tensors: make_batch(..., regions=True)")
         s = self.encode_text(batch.tokens, batch.lengths)
         return s, self.encode_images(batch.features, batch.regions)
+
+    def encode(self, batch: DocBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self(batch)
 
     @torch.no_grad()
     def score_matrix(self, tokens, lengths, features, regions: RegionBatch) -> np.ndarray:
