@@ -340,6 +340,12 @@ def cmd_train(args) -> dict:
     from training.experiment import run_experiment
     from training.tracking import tracking_uri
 
+    if getattr(args, "grid", None):
+        from orchestration.grid_command import cmd_train_grid
+
+        return cmd_train_grid(args)
+    if not args.data:
+        raise MmlinksError("train needs --data DIR (or --grid with --grid-data NAME=DIR)")
     _existing_dir(args.data)
     Manifest.read(args.data)
     if args.alias == "production":
@@ -945,9 +951,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(MLFLOW_TRACKING_URI, or sqlite under --workdir) and register the model.",
         epilog=EPILOG,
     )
-    train.add_argument("--data", required=True, help="dataset directory (holds manifest.json)")
+    train.add_argument(
+        "--data", help="dataset directory (holds manifest.json); required unless --grid-data is given"
+    )
     train.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
     _add_train_args(train, epochs=50, d_multi=1024, lr=1e-4)
+    from orchestration.grid_command import add_grid_args
+
+    add_grid_args(train.add_argument_group("paper grids (Ray Tune: one trial per grid point and dataset)"))
     _add_common(train)
     train.set_defaults(func=cmd_train)
 
@@ -1141,6 +1152,10 @@ def _print_human(args, result: dict) -> None:
         print(f"report of run {result['run_id']}: {result['report']}")
     elif command in ("evaluate", "baseline"):
         _print_evaluation(command, result)
+    elif command == "train" and "table_text" in result:
+        from orchestration.grid_command import print_grid
+
+        print_grid(result)
     elif command == "train":
         t, r = result["test"], result["random"]
         rows = [

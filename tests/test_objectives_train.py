@@ -94,7 +94,7 @@ def test_every_objective_trains(dataset, tmp_path, ray_local, overrides):
     (epoch,) = res.history
     assert np.isfinite(epoch["train_loss"]) and np.isfinite(epoch["val_loss"])
     assert 0 <= epoch["val_auc"] <= 100 and epoch["skipped_docs"] == 0
-    assert 0 <= epoch["data_wait_frac"] <= 1
+    assert 0 <= epoch["data_wait_frac"] <= 1 and epoch["epoch_start_s"] >= 0
     if overrides.get("objectives") == "C+I+D":
         assert {"train_loss_C", "train_loss_I", "train_loss_D"} <= set(epoch)
 
