@@ -1156,6 +1156,9 @@ def _print_human(args, result: dict) -> None:
         from orchestration.grid_command import print_grid
 
         print_grid(result)
+    elif command == "train" and result["test"] is None:
+        print(f"best epoch {result['best_epoch']}; the test split has no labelled document: not evaluated")
+        print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
     elif command == "train":
         t, r = result["test"], result["random"]
         rows = [

@@ -34,10 +34,18 @@ class ExperimentResult:
     model_uri: str  # models:/<name>@<alias> when registered, else runs:/...
     model_version: str | None
     best_epoch: int
-    test: dict
-    random: dict
+    test: dict | None  # None: the test split has no labelled document
+    random: dict | None
     tracking_uri: str
     report_path: str = ""
+
+
+def has_labels(paths: list) -> bool:
+    """Whether any document of these shards has ground-truth links to score against."""
+    if not paths:
+        return False
+    links = read_table(paths, ["links"]).column("links")
+    return any(lk for lk in links.to_pylist())
 
 
 def objective_text(cfg: TrainConfig) -> str:
@@ -113,6 +121,21 @@ def run_experiment(
         mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
+        if not has_labels(manifest.shard_paths(cfg.data, "test")):
+            # A corpus without ground truth (e.g. DIY beyond its labelled subset): the model is
+            # still logged and registered; there is nothing to score it against.
+            mlflow.set_tag("mmlinks.test", "not evaluated: the test split has no labelled document")
+            mlflow.log_metric("best_epoch", result.best_epoch)
+            mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
+            mlflow.log_dict({"history": result.history}, "training_history.json")
+            with result.checkpoint.as_directory() as ckpt_dir:
+                model_uri = log_link_model(ckpt_dir, result.vocab, None, manifest.feature_extractor.name)
+            version = tracking.register(model_uri, model_name, alias, tracking_uri) if model_name else None
+            if version:
+                model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
+            return ExperimentResult(
+                run.info.run_id, model_uri, version, result.best_epoch, None, None, tracking_uri
+            )
         scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
         test, rand = scores["model"], scores["random"]
         mlflow.log_metrics({f"test_{k}": v for k, v in test.items() if not math.isnan(v)})
@@ -126,9 +149,13 @@ def run_experiment(
             preds.write_text(json.dumps(scores["predictions"]))
             mlflow.log_artifact(str(preds))
         first = read_table(manifest.shard_paths(cfg.data, "test")[:1], ["sentences", "images"]).slice(0, 1)
-        example = example_document(
-            first.column("sentences")[0].as_py(),
-            [im["features"] for im in first.column("images")[0].as_py()],
+        example = (  # a transformer model refuses feature-only requests (training/packaging.py)
+            example_document(
+                first.column("sentences")[0].as_py(),
+                [im["features"] for im in first.column("images")[0].as_py()],
+            )
+            if cfg.backbone == "gru"
+            else None
         )
         from training.report import document_cards, render_report, write_report
 

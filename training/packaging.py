@@ -156,6 +156,13 @@ class LinkModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         threshold = float((params or {}).get("threshold", 0.0))
         rows = []
+        if self.regions:
+            # Requests carry global features only; this backbone was trained on region features
+            # and would score every image through its untrained fallback token.
+            raise _bad_request(
+                "this model's backbone (transformer) reads region features, which served requests "
+                "cannot carry yet; evaluate it with `mmlinks evaluate --checkpoint` on region-bearing shards"
+            )
         if "sentences" not in model_input.columns or not (
             {"image_features", "images"} & set(model_input.columns)
         ):
