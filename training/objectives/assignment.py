@@ -85,6 +85,10 @@ def batched_max_weight_matching(
     potentials keep every free row at distance 0 and all free columns level, so a search ends at
     the first free column it settles. All P problems advance in lockstep (one Dijkstra step is a
     few numpy ops on [P, M] arrays), replacing P Python-level solver calls.
+
+    Cost: lockstep waits for each round's longest search, which grows with the matching, so at
+    B = 11 (121 problems of 16 x 16, CPU) this is ~1.4x faster than a loop of lapjv calls for k
+    half and ~2.4x slower for k full; both are ~1% of a training step (benchmarks/training_step.py).
     """
     w = np.asarray(weights, dtype=np.float64)
     P, N, M = w.shape
