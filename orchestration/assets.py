@@ -17,6 +17,7 @@ cluster) are retried by the step's RetryPolicy, with backoff.
 import contextlib
 import hashlib
 import json
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -54,10 +55,33 @@ def retry_policy(settings: Settings) -> dg.RetryPolicy:
     )
 
 
+# Exceptions behind a one-line MmlinksError that a later attempt may not meet: the network, a
+# server's 5xx or 429 (prawcore's names; the CLI's crawl wraps them with the credential scrubbed).
+TRANSIENT_CAUSES = ("RequestException", "ServerError", "TooManyRequests", "Timeout", "ReadTimeout")
+
+
+def is_transient(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, ConnectionError | TimeoutError) or type(cause).__name__ in TRANSIENT_CAUSES:
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def versioned(value: dict, version: str, metadata: dict) -> dg.Output:
+    """An output with a data version (the fingerprint, dataset version or model version), which
+    drives the UI's "upstream changed" markers; Dagster 1.13 still calls the parameter beta."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=dg.BetaWarning)
+        return dg.Output(value, data_version=dg.DataVersion(version), metadata=metadata)
+
+
 @contextlib.contextmanager
 def failures_explained(what: str) -> Iterator[None]:
     """Expected errors become a Dagster Failure with their one-line cause. Those a retry cannot
-    fix (``MmlinksError``, unless it says it is transient) skip the retry policy."""
+    fix (a refused option, input or credential) skip the retry policy; network and cluster
+    hiccups keep it. Anything unexpected propagates as itself, and is retried."""
     from orchestration.ray_jobs import RayJobError
 
     try:
@@ -70,7 +94,7 @@ def failures_explained(what: str) -> Iterator[None]:
         ) from exc
     except MmlinksError as exc:
         raise dg.Failure(
-            description=f"{what}: {exc}", metadata={"cause": str(exc)}, allow_retries=False
+            description=f"{what}: {exc}", metadata={"cause": str(exc)}, allow_retries=is_transient(exc)
         ) from exc
 
 
@@ -166,7 +190,9 @@ def build_assets(settings: Settings) -> list[dg.AssetsDefinition]:
                 }
                 if result.get("gap_possible"):
                     context.log.warning(f"the crawl may have missed posts: {result.get('gap')}")
-        context.add_output_metadata({k: v for k, v in meta.items() if v is not None})
+        context.add_output_metadata(
+            {k: dg.MetadataValue.json(v) if isinstance(v, list | dict) else v for k, v in meta.items()}
+        )
         return {"month": month, "folder": folder, **meta}
 
     @dg.asset(
@@ -203,11 +229,7 @@ def build_assets(settings: Settings) -> list[dg.AssetsDefinition]:
         if fp["files"] == 0:
             raise dg.Failure(description=f"raw {source}: {uri} holds no files", allow_retries=False)
         snapshot = {"source": source, "uri": uri, **fp, **extra}
-        return dg.Output(
-            snapshot,
-            data_version=dg.DataVersion(fp["fingerprint"]),
-            metadata={"uri": uri, **fp, **extra},
-        )
+        return versioned(snapshot, fp["fingerprint"], {"uri": uri, **fp, **extra})
 
     @dg.asset(
         partitions_def=sources,
@@ -266,7 +288,7 @@ def build_assets(settings: Settings) -> list[dg.AssetsDefinition]:
             "raw_fingerprint": raw_snapshot.get("fingerprint", ""),
             "build_seconds": float(build.get("seconds", 0.0)),
         }
-        return dg.Output(ref, data_version=dg.DataVersion(manifest.dataset_version), metadata=metadata)
+        return versioned(ref, manifest.dataset_version, metadata)
 
     out = [diy_submissions, raw_snapshot, dataset]
     for objective in settings.objectives:
@@ -388,9 +410,7 @@ def _objective_assets(
         }
         if ref["ray_job_id"]:
             metadata["ray_job_id"] = ref["ray_job_id"]
-        return dg.Output(
-            ref, data_version=dg.DataVersion(f"{name}/{ref['model_version']}"), metadata=metadata
-        )
+        return versioned(ref, f"{name}/{ref['model_version']}", metadata)
 
     @dg.asset(
         key=evaluation_key,
@@ -485,11 +505,7 @@ def _objective_assets(
             "dataset_version": dataset["dataset_version"],
             "metrics": result.candidate_metrics,
         }
-        return dg.Output(
-            ref,
-            data_version=dg.DataVersion(f"{name}/{result.candidate_version}"),
-            metadata={**meta, "model_uri": ref["model_uri"]},
-        )
+        return versioned(ref, f"{name}/{result.candidate_version}", {**meta, "model_uri": ref["model_uri"]})
 
     return [model, evaluation, production]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.assets import DIY, month_partitions, source_partitions
+from orchestration.assets import DIY
 from orchestration.settings import Settings
 
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
@@ -34,20 +34,17 @@ IN_FLIGHT = [
 
 
 def build_jobs(settings: Settings) -> dict[str, Any]:
-    sources = source_partitions(settings)
     objectives = list(settings.objectives)
     return {
         "diy_crawl_job": dg.define_asset_job(
             "diy_crawl_job",
             selection=dg.AssetSelection.assets("diy_submissions"),
-            partitions_def=month_partitions(settings),
             description="One month of r/DIY: the dump (historical months, backfills) or the incremental "
             "crawl (the current month).",
         ),
         "rebuild_job": dg.define_asset_job(
             "rebuild_job",
             selection=dg.AssetSelection.assets("raw_snapshot", "dataset"),
-            partitions_def=sources,
             description="Snapshot a source's raw input, build its dataset version with Beam, check it.",
         ),
         "train_job": dg.define_asset_job(
@@ -56,13 +53,11 @@ def build_jobs(settings: Settings) -> dict[str, Any]:
                 *[dg.AssetKey(["model", o]) for o in objectives],
                 *[dg.AssetKey(["evaluation", o]) for o in objectives],
             ),
-            partitions_def=sources,
             description="Train and evaluate every configured objective on a source's current dataset.",
         ),
         "promote_job": dg.define_asset_job(
             "promote_job",
             selection=dg.AssetSelection.assets(*[dg.AssetKey(["production", o]) for o in objectives]),
-            partitions_def=sources,
             description="Move 'production' to each objective's candidate if training.registry's gate passes.",
         ),
     }

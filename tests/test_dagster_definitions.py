@@ -181,6 +181,19 @@ def test_settings_refuse_typos_before_anything_runs(monkeypatch):
         Settings.from_env()
 
 
+def test_refusals_skip_the_retry_policy_and_network_hiccups_keep_it():
+    from orchestration.assets import failures_explained
+
+    def failure(cause: Exception) -> dg.Failure:
+        with pytest.raises(dg.Failure) as err, failures_explained("dataset diy"):
+            raise MmlinksError("the Reddit API failed") from cause
+        return err.value
+
+    assert failure(ConnectionError("connection reset")).allow_retries
+    refused = failure(ValueError("401"))
+    assert not refused.allow_retries and refused.description == "dataset diy: the Reddit API failed"
+
+
 def test_dagster_definitions_validate_from_the_repository_root(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

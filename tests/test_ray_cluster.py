@@ -174,7 +174,9 @@ def test_a_training_job_runs_on_the_two_node_cluster(cluster, dataset, tmp_path,
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", cluster["token"])
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = small_train_config(dataset, tmp_path / "ray", epochs=2, num_workers=1, run_name="")
+    cfg = small_train_config(
+        dataset, tmp_path / "ray", epochs=1, num_workers=1, run_name="", word_vectors="random"
+    )
     lines: list[str] = []
     runner = TrainingResource(ray_address=cluster["address"], working_dir=str(ROOT), timeout_s=900)
     try:
