@@ -161,3 +161,33 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_good_checkpoint(datas
         fit(small_train_config(data, storage, epochs=2))
     kept = sorted((storage / "t").glob("checkpoint_*"))
     assert kept, "the good checkpoint of epoch 0 must stay"
+
+
+@pytest.mark.slow
+def test_a_test_split_without_labels_is_not_evaluated_but_the_model_is_registered(
+    dataset, tmp_path, ray_local
+):
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from training.experiment import run_experiment
+
+    data = tmp_path / "data"
+    shutil.copytree(dataset, data)
+    for path in Manifest.read(data).shard_paths(data, "test"):  # an unlabelled corpus's test split
+        table = pq.read_table(path)
+        i = table.schema.get_field_index("links")
+        pq.write_table(
+            table.set_column(i, table.schema.field(i), pa.nulls(table.num_rows, table.schema.field(i).type)),
+            path,
+        )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = run_experiment(
+        small_train_config(data, tmp_path / "ray", epochs=1), uri, model_name="m", alias="candidate"
+    )
+    assert res.test is None and res.random is None
+    client = MlflowClient(uri)
+    assert "test_auc" not in client.get_run(res.run_id).data.metrics
+    assert "no labelled document" in client.get_run(res.run_id).data.tags["mmlinks.test"]
+    assert str(client.get_model_version_by_alias("m", "candidate").version) == res.model_version
