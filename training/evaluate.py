@@ -161,9 +161,9 @@ def load_checkpoint(path: str | Path, vocab: str | Path | None = None) -> tuple[
     return model, voc, int(meta.get("train", {}).get("max_tokens", 20))
 
 
-def load_model_uri(model_uri: str, tracking_uri: str | None = None) -> tuple[object, Vocabulary, int]:
-    """(model, vocabulary, max_tokens) of a logged or registered pyfunc model
-    (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, ``runs:/RUN/model``)."""
+def load_linker(model_uri: str, tracking_uri: str | None = None):
+    """The ``LinkModel`` behind a logged or registered pyfunc model (``models:/NAME@ALIAS``,
+    ``models:/NAME/VERSION``, ``runs:/RUN/model``), with load failures as one-line errors."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -175,6 +175,12 @@ def load_model_uri(model_uri: str, tracking_uri: str | None = None) -> tuple[obj
         raise MmlinksError(f"cannot load {model_uri}: {exc.message}") from exc
     except Exception as exc:  # a corrupt or missing artifact surfaces from load_context as anything
         raise MmlinksError(f"cannot load {model_uri}: {type(exc).__name__}: {exc}") from exc
+    return linker
+
+
+def load_model_uri(model_uri: str, tracking_uri: str | None = None) -> tuple[object, Vocabulary, int]:
+    """(model, vocabulary, max_tokens) of a logged or registered pyfunc model."""
+    linker = load_linker(model_uri, tracking_uri)
     if not all(hasattr(linker, a) for a in ("model", "vocab", "max_tokens")):
         raise MmlinksError(f"{model_uri} is not an mmlinks link model")
     return linker.model, linker.vocab, int(linker.max_tokens)

@@ -76,21 +76,15 @@ def evaluate_model_uri(
     The serving limits (documents of at most 200 sentences/images) do not apply here: a
     dataset's long documents must not make promotion impossible.
     """
-    import mlflow
 
     manifest = Manifest.read(data)
     paths = manifest.shard_paths(data, split)
     if not paths:
         raise MmlinksError(f"{data} has no {split!r} shards to evaluate on")
     table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)  # models:/ URIs resolve against the global registry
-    try:
-        linker = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
-    except MlflowException as exc:
-        raise MmlinksError(f"cannot load {model_uri}: {exc.message}") from exc
-    except Exception as exc:  # a corrupt or missing artifact surfaces from load_context as anything
-        raise MmlinksError(f"cannot load {model_uri}: {type(exc).__name__}: {exc}") from exc
+    from training.evaluate import load_linker
+
+    linker = load_linker(model_uri, tracking_uri)
     feats, _ = features_of(table)
     per_doc = []
     for doc_id, sentences, f, links in zip(
