@@ -624,13 +624,21 @@ def test_processes_sharing_state_dir_respect_the_rate_together(serve, tmp_path):
         frozenset({server.host}), allow_private=True, rate_per_host=RATE, state_dir=str(tmp_path / "rate")
     )
     ctx = multiprocessing.get_context("fork")  # the workers need not re-import Beam
-    procs = [ctx.Process(target=_crawl, args=(policy, server.url("/p"), 4)) for _ in range(2)]
+    procs = [ctx.Process(target=_crawl, args=(policy, server.url("/p"), 8)) for _ in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(30)
     assert [p.exitcode for p in procs] == [0, 0]
-    assert_spaced(server.hits, 8)
+    # What the server can count: never more than RATE requests in about one second, and the whole
+    # crawl no faster than RATE. (Single gaps are not asserted across processes: a process
+    # descheduled between its recorded start and its first byte arrives late, next to the
+    # following request; the 5 % margin keeps the per-second count within the rate anyway.)
+    times = sorted(h.t for h in server.hits)
+    assert len(times) == 16
+    window = 1.0 - TOLERANCE  # the same scheduling allowance the single-process tests give
+    assert max(sum(1 for u in times if t <= u < t + window) for t in times) <= RATE, times
+    assert times[-1] - times[0] >= 15 / RATE - TOLERANCE
     assert list((tmp_path / "rate").glob("*.gate.json"))
 
 
