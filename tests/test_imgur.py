@@ -183,7 +183,7 @@ MIXED = FixtureAlbum(
     [
         FixtureImage("Img0001", "First, cut the  board\n to length.", "jpg", 1),
         FixtureImage("Img0002", None, "png", 2),
-        FixtureImage("Img0003", "It's a \"gif\" & <b>moves</b>", "gif", 3),
+        FixtureImage("Img0003", 'It\'s a "gif" & <b>moves</b>', "gif", 3),
         FixtureImage("Img0004", "   ", "jpg", 4),
         FixtureImage("Img0005", "Café ✓ done 🎉 \\ back\\slash </script>", "jpeg", 5),
     ],
@@ -276,7 +276,7 @@ def test_parse_current_page_quirks():
     payload = {
         "id": "Qrk",
         "media": [
-            {"id": "Cur0001", "ext": "jpeg", "metadata": {"description": "it\u2019s \"quoted\"\n\nnext"}},
+            {"id": "Cur0001", "ext": "jpeg", "metadata": {"description": 'it\u2019s "quoted"\n\nnext'}},
             {"id": "Cur0002", "mime_type": "image/png"},  # no ext, no metadata
             {"id": "Cur0003", "ext": "mp4", "type": "video", "metadata": {"is_animated": True}},
             {"id": "Cur0004", "url": "https://i.imgur.com/Cur0004.webp", "metadata": {"description": None}},
@@ -293,7 +293,7 @@ def test_parse_current_page_quirks():
     )
     album = parse_album_html_json(page)
     assert [(im.hash, im.ext, im.animated, im.caption) for im in album.images] == [
-        ("Cur0001", "jpeg", False, "it\u2019s \"quoted\" next"),
+        ("Cur0001", "jpeg", False, 'it\u2019s "quoted" next'),
         ("Cur0002", "png", False, None),
         ("Cur0003", "mp4", True, None),
         ("Cur0004", "webp", False, None),
@@ -408,8 +408,10 @@ def test_lone_surrogates_in_json_captions_are_repaired_and_counted(parse, body):
 
 def test_lone_surrogates_elsewhere_are_repaired_too():
     # A JS-level escape in postDataJSON (not a JSON one) and a 2018 page given as text.
-    page = '<script>window.postDataJSON="{\\"media\\": [{\\"id\\": \\"Sur0001\\", ' \
+    page = (
+        '<script>window.postDataJSON="{\\"media\\": [{\\"id\\": \\"Sur0001\\", '
         '\\"metadata\\": {\\"description\\": \\"x \\ud83d y\\"}}]}"</script>'
+    )
     album = parse_album_html_json(page)
     assert [im.caption for im in album.images] == ["x \ufffd y"] and album.captions_repaired == 1
     html = (
@@ -501,8 +503,11 @@ def test_scraper_results_and_crawl_state_prevent_refetch(server, tmp_path):
     assert len(big.images) == 6 and big.complete and big.images[5].caption.endswith("step 16")
     cur = first.scrape("GoodJsn")
     assert cur.source == "html-json" and [im.animated for im in cur.images] == [False, True, False, False]
-    for album_id, reason in (("Gone404", "album_not_found"), ("Gone410", "album_not_found"),
-                             ("NoMarkp", "no_album_markup")):
+    for album_id, reason in (
+        ("Gone404", "album_not_found"),
+        ("Gone410", "album_not_found"),
+        ("NoMarkp", "no_album_markup"),
+    ):
         with pytest.raises(AlbumFailed) as err:
             first.scrape(album_id)
         assert (err.value.reason, err.value.transient, err.value.recorded) == (reason, False, True)
@@ -584,7 +589,9 @@ def test_endless_429_is_transient_and_retried_next_run(tmp_path):
 
 def test_policy_failures_are_permanent_but_not_recorded(tmp_path):
     albums = [
-        FixtureAlbum("Redirct", [FixtureImage("Red0001", "x", seed=1)], redirect_to="http://elsewhere.test/a/x"),
+        FixtureAlbum(
+            "Redirct", [FixtureImage("Red0001", "x", seed=1)], redirect_to="http://elsewhere.test/a/x"
+        ),
         FixtureAlbum("HugePag", [FixtureImage("Hug0001", "x", seed=2)], style="huge", huge_bytes=300_000),
     ]
     with ImgurFixtureServer(albums) as srv:
@@ -678,7 +685,9 @@ def test_records_are_keyed_by_route_and_base(tmp_path):
 
 def test_records_keep_no_image_urls_and_follow_the_current_image_base(tmp_path):
     state = CrawlState(str(tmp_path))
-    first = AlbumScraper(_StubClient(200, album_page_2018(MIXED).encode()), state, image_base="https://i.imgur.com")
+    first = AlbumScraper(
+        _StubClient(200, album_page_2018(MIXED).encode()), state, image_base="https://i.imgur.com"
+    )
     album = first.scrape("MixdAlb")
     rec = state.get("album", first.state_key("MixdAlb"))
     assert rec is not None and all(set(im) == {"hash", "ext", "caption", "animated"} for im in rec["images"])
@@ -716,7 +725,9 @@ def test_base_urls_with_user_info_are_refused_and_details_are_redacted(tmp_path)
             AlbumScraper(_StubClient(), None, **kw)
         assert "s3cret" not in str(err.value) and "tok3n" not in str(err.value)
     # A query-string proxy whose key is in the base: dead-letter details show no query.
-    proxy = AlbumScraper(_StubClient(404), CrawlState(str(tmp_path)), page_base="https://proxy.test/?key=S3CRET&u=")
+    proxy = AlbumScraper(
+        _StubClient(404), CrawlState(str(tmp_path)), page_base="https://proxy.test/?key=S3CRET&u="
+    )
     with pytest.raises(AlbumFailed) as err:
         proxy.scrape("MixdAlb")
     assert err.value.reason == "album_not_found" and "S3CRET" not in err.value.detail
@@ -941,7 +952,9 @@ def test_diy_spec(tmp_path, monkeypatch):
     assert "IMGUR_CLIENT_ID" in spec.credentials and "praw_client_id" in spec.credentials
     names = {o.name for o in spec.options}
     assert {"subreddit", "min_score", "imgur_page_base", "imgur_image_base", "rate", "polite"} <= names
-    data = spec.data_options({"rate": "3", "imgur_page_base": "https://web.archive.org/web/2018/https://imgur.com"})
+    data = spec.data_options(
+        {"rate": "3", "imgur_page_base": "https://web.archive.org/web/2018/https://imgur.com"}
+    )
     assert data == {"imgur_page_base": "https://web.archive.org/web/2018/https://imgur.com"}
 
     dump = tmp_path / "RS_2015-01.zst"

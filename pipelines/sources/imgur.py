@@ -63,9 +63,7 @@ _MIME_EXT = {
 # --------------------------------------------------------------------------------------------
 # Album URLs
 
-_HOSTS = frozenset(
-    f"{sub}imgur.{tld}" for sub in ("", "www.", "m.", "i.") for tld in ("com", "io")
-)
+_HOSTS = frozenset(f"{sub}imgur.{tld}" for sub in ("", "www.", "m.", "i.") for tld in ("com", "io"))
 _ID_RE = re.compile(r"[A-Za-z0-9]{7}|[A-Za-z0-9]{5}")
 
 
@@ -416,6 +414,8 @@ _JS_SIMPLE = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f", "v": "\v"}
 _JS_ESCAPE_RE = re.compile(
     r"\\(u\{[0-9A-Fa-f]{1,6}\}|u[0-9A-Fa-f]{4}|x[0-9A-Fa-f]{2}|0(?![0-9])|\r\n|[\s\S])"
 )
+
+
 def _js_escape(m: re.Match) -> str:
     esc = m.group(1)
     head = esc[0]
@@ -574,9 +574,9 @@ def _merge_fill_in(page: Album, rest: Album) -> Album:
     """The hit.json list (complete, in album order) with the page's captions where it has none."""
     page_captions = {im.hash: im.caption for im in page.images}
     images = [
-        im if im.caption or not page_captions.get(im.hash) else AlbumImage(
-            im.hash, im.ext, im.url, page_captions[im.hash], im.animated
-        )
+        im
+        if im.caption or not page_captions.get(im.hash)
+        else AlbumImage(im.hash, im.ext, im.url, page_captions[im.hash], im.animated)
         for im in rest.images
     ]
     declared = page.declared_count if page.declared_count is not None else rest.declared_count
