@@ -358,16 +358,7 @@ def cmd_train(args) -> dict:
     res = run_experiment(
         cfg, tracking_uri(args.workdir), model_name or None, args.alias or None, progress=True
     )
-    return {
-        "run_id": res.run_id,
-        "model_uri": res.model_uri,
-        "model_version": res.model_version,
-        "best_epoch": res.best_epoch,
-        "test": res.test,
-        "random": res.random,
-        "tracking_uri": res.tracking_uri,
-        "report": res.report_path,
-    }
+    return res.to_dict()
 
 
 def cmd_promote(args) -> dict:
@@ -506,11 +497,8 @@ def _nostruct_baseline(args) -> dict:
         "tracking_uri": uri,
         "report": res.report_path,
     }
-    if args.per_doc_out:  # the run logs them as test_per_document.json too
-        from training.evaluate import evaluate, load_model_uri
-
-        model, vocab, max_tokens = load_model_uri(res.model_uri, uri)
-        out["per_doc_metrics"] = evaluate(model, vocab, args.data, "test", max_tokens)["per_doc"]
+    if args.per_doc_out:  # the run's own test evaluation (also its test_per_document.json artifact)
+        out["per_doc_metrics"] = res.per_doc
     return out
 
 

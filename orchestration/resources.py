@@ -173,16 +173,7 @@ class TrainingResource(dg.ConfigurableResource):
         from training.experiment import run_experiment
 
         res = run_experiment(cfg, tracking_uri, model_name, alias, progress=False, report_dir=report_dir)
-        return {
-            "run_id": res.run_id,
-            "model_uri": res.model_uri,
-            "model_version": res.model_version,
-            "best_epoch": res.best_epoch,
-            "test": res.test,
-            "random": res.random,
-            "tracking_uri": res.tracking_uri,
-            "report": res.report_path,
-        }
+        return res.to_dict()
 
 
 class RedditResource(dg.ConfigurableResource):

@@ -54,6 +54,20 @@ def test_documents_without_sentences_or_images_are_dropped_and_counted(dataset):
     assert kept.column("doc_id").to_pylist() == [rows[0]["doc_id"], rows[2]["doc_id"]]
 
 
+def test_shards_without_any_image_are_refused_with_one_line(dataset, tmp_path):
+    from training.train import training_feature_stats
+
+    src = pq.read_table(Manifest.read(dataset).shard_paths(dataset, "val")[0])
+    rows = src.to_pylist()
+    for r in rows:
+        r["images"], r["links"] = [], []
+    path = tmp_path / "no-images.parquet"
+    table = pa.Table.from_pylist(rows, schema=src.schema)
+    pq.write_table(table, path)
+    with pytest.raises(MmlinksError, match="hold no image"):
+        training_feature_stats([str(path)])
+
+
 def test_failure_message_names_the_worker_error():
     from training.train import failure_message
 

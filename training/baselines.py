@@ -27,7 +27,7 @@ from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from schemas.text import tokenize
-from training.data import TRAINING_COLUMNS, features_of
+from training.data import TRAINING_COLUMNS, iter_documents
 from training.metrics import DocMetrics, document_metrics, random_per_doc, summarize
 
 K_MAX = 20
@@ -224,18 +224,11 @@ def object_detection_scores(
 ) -> list[tuple[str, list[np.ndarray], list[tuple[int, int]] | None]]:
     """Per document: (doc_id, [score matrix for K = 1..k_max], links)."""
     labels, known = label_vectors(classifier.classes, words)
-    feats, _ = features_of(table)
     out = []
-    for doc_id, sentences, f, links in zip(
-        table.column("doc_id").to_pylist(),
-        table.column("sentences").to_pylist(),
-        feats,
-        table.column("links").to_pylist(),
-        strict=True,
-    ):
+    for doc_id, sentences, f, links in iter_documents(table):
         s = unit_rows(words.sentence_matrix(sentences))
         v = unit_rows(image_vectors_by_k(classifier.logits(f), labels, known, k_max))
-        out.append((doc_id, [s @ v_k.T for v_k in v], _links(links)))
+        out.append((doc_id, [s @ v_k.T for v_k in v], links))
     return out
 
 

@@ -8,6 +8,7 @@ with masks, which is what the similarity functions take.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,12 +46,28 @@ def features_of(table: pa.Table) -> tuple[list[np.ndarray], list[int]]:
     flat = pc.list_flatten(images)
     feats = pc.struct_field(flat, "features")
     dim = pc.list_value_length(feats)
+    if len(dim) == 0:  # no document of the table has an image
+        return [np.zeros((0, 0), np.float32) for _ in counts], counts.tolist()
     d = int(pc.max(dim).as_py() or 0)
     if pc.min(dim).as_py() != d:
         raise ValueError("images in one batch have feature vectors of different lengths")
     values = pc.list_flatten(feats).to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, d)
     splits = np.cumsum(counts)[:-1]
     return np.split(values, splits), counts.tolist()
+
+
+def iter_documents(table: pa.Table) -> Iterator[tuple[str, list[str], np.ndarray, list | None]]:
+    """(doc_id, sentences, image features [m, D], links as (sentence, image) pairs or None) per
+    row: what every scorer outside the training loop walks over."""
+    feats, _ = features_of(table)
+    for doc_id, sentences, f, links in zip(
+        table.column("doc_id").to_pylist(),
+        table.column("sentences").to_pylist(),
+        feats,
+        table.column("links").to_pylist(),
+        strict=True,
+    ):
+        yield doc_id, sentences, f, None if links is None else [(d["sentence"], d["image"]) for d in links]
 
 
 def drop_empty(table: pa.Table) -> tuple[pa.Table, int]:

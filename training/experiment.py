@@ -6,6 +6,7 @@ This is what ``mmlinks train`` and the demo call; an orchestrator calls the same
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -38,6 +39,20 @@ class ExperimentResult:
     random: dict | None
     tracking_uri: str
     report_path: str = ""
+    per_doc: list[dict] = dataclasses.field(default_factory=list)  # test metrics per document
+
+    def to_dict(self) -> dict:
+        """What ``mmlinks train --json`` prints and the Dagster asset records (no per-doc list)."""
+        return {
+            "run_id": self.run_id,
+            "model_uri": self.model_uri,
+            "model_version": self.model_version,
+            "best_epoch": self.best_epoch,
+            "test": self.test,
+            "random": self.random,
+            "tracking_uri": self.tracking_uri,
+            "report": self.report_path,
+        }
 
 
 def has_labels(paths: list) -> bool:
@@ -199,4 +214,5 @@ def run_experiment(
         random=rand,
         tracking_uri=tracking_uri,
         report_path=str(report_path),
+        per_doc=scores["per_doc"],
     )

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
 import sys
 import tempfile
@@ -355,19 +354,11 @@ def _ray_session(base: TrainConfig) -> Iterator[None]:
     """Reuse a running Ray, else start one the way ``fit`` does (shut down again afterwards)."""
     import ray
 
-    if ray.is_initialized():
+    from training.train import connect_ray
+
+    if not connect_ray(base):
         yield
         return
-    if base.ray_address:
-        ray.init(address=base.ray_address, log_to_driver=base.ray_logs)
-    else:
-        ray.init(
-            address="local",
-            num_cpus=max(4, (os.cpu_count() or 1) * 2),
-            include_dashboard=False,
-            log_to_driver=base.ray_logs,
-            configure_logging=base.ray_logs,
-        )
     try:
         yield
     finally:

@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
-from training.data import TRAINING_COLUMNS, features_of
+from training.data import TRAINING_COLUMNS, iter_documents
 from training.metrics import document_metrics, summarize
 
 CANDIDATE, PRODUCTION = "candidate", "production"
@@ -85,18 +85,9 @@ def evaluate_model_uri(
     from training.evaluate import load_linker
 
     linker = load_linker(model_uri, tracking_uri)
-    feats, _ = features_of(table)
     per_doc = []
-    for doc_id, sentences, f, links in zip(
-        table.column("doc_id").to_pylist(),
-        table.column("sentences").to_pylist(),
-        feats,
-        table.column("links").to_pylist(),
-        strict=True,
-    ):
-        scores = linker.score(sentences, f)
-        lk = None if links is None else [(d["sentence"], d["image"]) for d in links]
-        m = document_metrics(doc_id, scores, lk)
+    for doc_id, sentences, f, lk in iter_documents(table):
+        m = document_metrics(doc_id, linker.score(sentences, f), lk)
         if m is not None:
             per_doc.append(m)
     if not per_doc:

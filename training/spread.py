@@ -30,11 +30,19 @@ from training.baselines import WordVectors, unit_rows
 CONTENT_COMPONENTS = 20
 
 
+def directions(vectors: np.ndarray) -> np.ndarray:
+    """Unit rows of the non-zero rows. Each row is first divided by its largest magnitude, so a
+    row of tiny values (whose squares underflow to subnormals) keeps its exact direction."""
+    x = np.asarray(vectors, dtype=np.float64)
+    scale = np.abs(x).max(axis=1) if x.size else np.zeros(len(x))
+    keep = scale > 0
+    return unit_rows(x[keep] / scale[keep, None])
+
+
 def spread(vectors: np.ndarray) -> float:
     """Mean squared distance of the L2-normalised rows to their centroid (zero rows skipped);
     NaN without any non-zero row."""
-    x = np.asarray(vectors, dtype=np.float64)
-    x = unit_rows(x[np.linalg.norm(x, axis=1) > 0])
+    x = directions(vectors)
     if not len(x):
         return float("nan")
     return float(np.mean(np.sum((x - x.mean(0)) ** 2, axis=1)))
@@ -42,8 +50,7 @@ def spread(vectors: np.ndarray) -> float:
 
 def mean_direction(vectors: np.ndarray) -> np.ndarray:
     """Mean of the L2-normalised non-zero rows (zeros when there is none): the content vector."""
-    x = np.asarray(vectors, dtype=np.float64)
-    x = unit_rows(x[np.linalg.norm(x, axis=1) > 0])
+    x = directions(vectors)
     return x.mean(0) if len(x) else np.zeros(np.asarray(vectors).shape[1])
 
 

@@ -370,6 +370,10 @@ def training_feature_stats(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
         total = x.sum(0) if total is None else total + x.sum(0)
         total_sq = (x**2).sum(0) if total_sq is None else total_sq + (x**2).sum(0)
         n += len(x)
+    if not n:
+        from schemas.errors import MmlinksError
+
+        raise MmlinksError("the training shards hold no image: nothing to train the image encoder on")
     mean = total / n
     return mean.astype(np.float32), np.sqrt(np.maximum(total_sq / n - mean**2, 0)).astype(np.float32)
 
@@ -462,6 +466,28 @@ def training_dataset(paths: list[str], cache: str):
     return ds
 
 
+def connect_ray(cfg: TrainConfig) -> bool:
+    """Join ``cfg.ray_address`` or start a local Ray, unless one is running; True if started."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)
+    else:
+        # Logical CPUs above the core count leave room for Ray Data's read tasks next to the
+        # training workers (otherwise two workers on two cores starve the data pipeline).
+        # address="local" always starts a fresh instance, never attaches to a stray cluster.
+        ray.init(
+            address="local",
+            num_cpus=max(4, (os.cpu_count() or 1) * 2),
+            include_dashboard=False,
+            log_to_driver=cfg.ray_logs,
+            configure_logging=cfg.ray_logs,
+        )
+    return True
+
+
 def failure_message(exc: BaseException) -> str:
     """The one line that says why workers failed: our own errors first, then the last
     ``SomeError: message`` line of the workers' tracebacks, else the first line."""
@@ -520,20 +546,7 @@ def fit(
     emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
     model_cfg = model_config(cfg, manifest, len(vocab), emb.shape[1], train_paths)
 
-    if not ray.is_initialized():
-        if cfg.ray_address:
-            ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)
-        else:
-            # Logical CPUs above the core count leave room for Ray Data's read tasks next to the
-            # training workers (otherwise two workers on two cores starve the data pipeline).
-            # address="local" always starts a fresh instance, never attaches to a stray cluster.
-            ray.init(
-                address="local",
-                num_cpus=max(4, (os.cpu_count() or 1) * 2),
-                include_dashboard=False,
-                log_to_driver=cfg.ray_logs,
-                configure_logging=cfg.ray_logs,
-            )
+    connect_ray(cfg)
     data_ctx = ray.data.DataContext.get_current()
     data_ctx.enable_progress_bars = False
     data_ctx.execution_options.preserve_order = True  # same batches on a resumed run
