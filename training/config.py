@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from schemas.config_fields import option
+
 OBJECTIVES = ("nostruct", "dc", "tk", "ap", "li2021")
 BACKBONES = ("gru", "transformer")
-LI2021_PARTS = ("C", "I", "D")  # cross-document, intra-document, dropout sub-document
+LI2021_PARTS = ("C", "I", "D")
+MODEL = "model and objective (defaults: Hessel et al. 2019 unless noted)"
+RAY = "Ray Train"  # cross-document, intra-document, dropout sub-document
 # Fields a resumed run must share with its checkpoint: they define the model or the loss.
 MODEL_FIELDS = (
     "data",
@@ -28,38 +32,134 @@ MODEL_FIELDS = (
 
 @dataclass
 class TrainConfig:
-    data: str = ""  # dataset directory (holds manifest.json)
-    objective: str = "ap"  # nostruct | dc | tk | ap | li2021
-    k: str = "full"  # full | half (TK and AP)
-    negatives: str = "hard"  # hard | mean
-    objectives: str = "C"  # li2021 parts: C, C+I, C+D, C+I+D
-    backbone: str = "gru"  # gru | transformer
-    sub_fraction: float = 0.8  # li2021 D: share of sentences and images kept (paper: 0.6 DII/SIS)
-    margin: float = 0.2
-    batch_docs: int = 11  # B documents per batch -> B - 1 in-batch negatives
-    lr: float = 1e-4
-    warmup_steps: int = 0  # linear warm-up from lr/1000 (Li et al. 2021 use 3000-4000)
-    epochs: int = 50
-    plateau_patience: int = 3  # epochs without val-loss improvement before lr x plateau_factor
-    plateau_factor: float = 0.2
-    max_tokens: int = 20
-    min_word_count: int = 5
-    word_vectors: str = "glove"  # glove | random | word2vec/GloVe text file | word2vec/fastText .bin
-    d_multi: int = 1024
-    image_dropout: float = 0.4
-    transformer_layers: int = 3
-    transformer_heads: int = 8
-    max_regions: int = 36
-    seed: int = 0
-    num_workers: int = 2  # Ray Train workers (1 = a single worker process)
-    use_gpu: bool = False
-    threads_per_worker: int = 1
-    max_failures: int = 0
-    cache_data: str = "auto"  # auto | yes | no: keep the decoded training shards in Ray's object store
-    storage_path: str = ""  # Ray Train run storage (local path or a shared URI)
-    run_name: str = ""  # Ray Train run name; empty = a fresh unique name (reuse one to resume)
-    ray_address: str = ""  # empty: start or reuse a local Ray
-    ray_logs: bool = False  # forward worker logs to this console
+    """Every training option: its default, help and allowed values live here and nowhere else
+    (the CLI flags, the Dagster settings and a Ray job's ``--config`` JSON are derived from it)."""
+
+    data: str = option("", help="dataset directory (holds manifest.json)", flag="")
+    objective: str = option(
+        "ap",
+        help="training objective: the NoStruct baseline, Hessel 2019's DC, TK or AP (assignment) "
+        "document similarity, or Li et al. 2021",
+        choices=lambda: OBJECTIVES,
+        group=MODEL,
+    )
+    k: str = option("full", help="k for TK/AP", choices=("full", "half"), group=MODEL)
+    negatives: str = option(
+        "hard", help="pool in-batch negatives by max (hard) or mean", choices=("hard", "mean"), group=MODEL
+    )
+    objectives: str = option(
+        "C",
+        help="li2021 terms: C cross-document, I intra-document NegTK, D dropout sub-document",
+        choices=("C", "C+I", "C+D", "C+I+D"),
+        group=MODEL,
+    )
+    backbone: str = option(
+        "gru",
+        help="text/image encoders: GRU + projected CNN feature (Hessel 2019), or Transformers over words "
+        "and over region features + concept tokens (Li 2021; needs a dataset built with --regions)",
+        choices=lambda: BACKBONES,
+        group=MODEL,
+    )
+    sub_fraction: float = option(
+        0.8,
+        help="li2021 D: share of sentences and images kept in a sub-document (paper: 0.6 DII/SIS)",
+        check=lambda v: 0 < v <= 1,
+        rule="in (0, 1]",
+        group=MODEL,
+    )
+    margin: float = option(
+        0.2, help="hinge margin", check=lambda v: v >= 0, rule=">= 0", flag="", group=MODEL
+    )
+    batch_docs: int = option(
+        11, help="documents per batch, B", check=lambda v: v >= 2, rule=">= 2", group=MODEL
+    )
+    lr: float = option(1e-4, help="Adam learning rate", check=lambda v: v > 0, rule="> 0", group=MODEL)
+    warmup_steps: int = option(
+        0,
+        help="linear learning-rate warm-up steps from lr/1000 (Li et al. 2021: 3000)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=MODEL,
+    )
+    epochs: int = option(50, help="epochs", check=lambda v: v >= 1, rule=">= 1", group=MODEL)
+    plateau_patience: int = option(
+        3, help="epochs without val-loss improvement before lr x plateau_factor", flag="", group=MODEL
+    )
+    plateau_factor: float = option(0.2, help="learning-rate factor on a plateau", flag="", group=MODEL)
+    max_tokens: int = option(
+        20, help="tokens kept per sentence", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+    )
+    min_word_count: int = option(
+        5, help="vocabulary min count", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+    )
+    word_vectors: str = option(
+        "glove",
+        help="'glove' (offline GloVe 6B 50-d), 'random', or a file: word2vec/GloVe/fastText text, word2vec "
+        "binary (.bin) or a fastText model (.bin); force a format with text:, word2vec-bin: or fasttext:",
+        group=MODEL,
+    )
+    d_multi: int = option(
+        1024,
+        help="joint space width = GRU units (paper: 1024)",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+        group=MODEL,
+    )
+    image_dropout: float = option(
+        0.4,
+        help="dropout on the image feature",
+        check=lambda v: 0 <= v < 1,
+        rule="in [0, 1)",
+        flag="",
+        group=MODEL,
+    )
+    transformer_layers: int = option(
+        3, help="transformer layers", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+    )
+    transformer_heads: int = option(
+        8, help="attention heads", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+    )
+    max_regions: int = option(
+        36, help="regions per image, by score", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+    )
+    seed: int = option(0, help="random seed", group=MODEL)
+    num_workers: int = option(
+        2,
+        help="Ray Train workers, each one process",
+        flag="--workers",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+        group=RAY,
+    )
+    use_gpu: bool = option(False, help="one GPU per worker", flag="--gpu", group=RAY)
+    threads_per_worker: int = option(1, help="torch threads per worker", flag="", group=RAY)
+    max_failures: int = option(
+        0,
+        help="worker failures to retry from the last checkpoint",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RAY,
+    )
+    cache_data: str = option(
+        "auto",
+        help="keep the training shards in Ray's object store between epochs (auto: if <= 2 GiB on "
+        "disk) or stream them from the shards every epoch (no: for data larger than memory)",
+        choices=("auto", "yes", "no"),
+        group=RAY,
+    )
+    storage_path: str = option(
+        "", help="Ray Train storage (path or URI; default: next to the data)", secret=True, group=RAY
+    )
+    run_name: str = option(
+        "", help="Ray Train run name; reuse one (with the same --storage-path) to resume it", group=RAY
+    )
+    ray_address: str = option(
+        "", help="existing Ray cluster address (default: local Ray)", secret=True, group=RAY
+    )
+    ray_logs: bool = option(False, help="forward worker logs to this console", flag="", group=RAY)
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     @property
     def similarity(self) -> str:

@@ -1,0 +1,271 @@
+"""Config dataclass fields that own their default, help text and allowed values.
+
+A config (``TrainConfig``, ``BuildConfig``, ``Gate``, ...) declares each field once with
+:func:`option`; everything else is derived from that declaration:
+
+- ``validate(config)`` checks every field against its choices and rule, and names every bad
+  field in one line (configs call it from ``__post_init__``, so a config is checked once, when
+  it is made, wherever it is made: CLI, Dagster settings, a Ray job's JSON);
+- ``add_arguments(parser, Config)`` adds one ``--flag`` per field with the field's help, its
+  choices and its default in the help text; ``from_args(Config, namespace)`` builds the config
+  from what the user gave (flags not given keep the dataclass default, not a second copy of it);
+- ``to_dict``/``from_dict`` move a config between processes as JSON, refusing unknown keys.
+
+Why not a library (tyro, jsonargparse, simple-parsing): they derive flag names and help layout
+from the types, and the CLI's flags, spellings and grouping are a public interface users and
+scripts already rely on; what is needed here is the small part they share (field metadata ->
+argparse options + validation), which is easier to read than to configure.
+
+"Off" is a value of its own: a field that can be switched off takes the string ``"off"`` (see
+:data:`OFF`), never ``None``; ``None`` is left to mean "not given, derive it" where a field
+documents that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from schemas.errors import MmlinksError
+
+OFF = "off"
+_KEY = "mmlinks.option"
+_SIMPLE_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldInfo:
+    """What a config field says about itself (kept in ``dataclasses.Field.metadata``)."""
+
+    help: str
+    choices: tuple | Callable[[], Sequence] | None = None  # a callable reads a registry lazily
+    flag: str | None = None  # CLI flag; None: --name-with-dashes; "": no CLI flag
+    parse: Callable[[str], Any] | None = None  # CLI text -> value (default: from the field type)
+    check: Callable[[Any], bool] | None = None  # a rule beyond choices
+    rule: str = ""  # the rule in words, for error messages
+    metavar: str | None = None
+    group: str = ""  # argparse group title for the CLI
+    secret: bool = False  # never logged (hosts, storage URIs with keys)
+
+    def allowed(self) -> tuple:
+        if self.choices is None:
+            return ()
+        return tuple(self.choices() if callable(self.choices) else self.choices)
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    choices: tuple | Callable[[], Sequence] | None = None,
+    flag: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    check: Callable[[Any], bool] | None = None,
+    rule: str = "",
+    metavar: str | None = None,
+    group: str = "",
+    secret: bool = False,
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field carrying its help, allowed values and CLI spelling."""
+    info = FieldInfo(help, choices, flag, parse, check, rule, metavar, group, secret)
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata={_KEY: info})
+    return dataclasses.field(default=default, metadata={_KEY: info})
+
+
+def field_info(f: dataclasses.Field) -> FieldInfo | None:
+    return f.metadata.get(_KEY)
+
+
+def options_of(cls_or_obj) -> dict[str, tuple[dataclasses.Field, FieldInfo]]:
+    """``{name: (field, info)}`` for every field declared with :func:`option`, in order."""
+    out = {}
+    for f in dataclasses.fields(cls_or_obj):
+        info = field_info(f)
+        if info is not None:
+            out[f.name] = (f, info)
+    return out
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def choices_of(cls, name: str) -> tuple:
+    """The allowed values of one field (what ``--help`` and the Dagster settings show)."""
+    _, info = options_of(cls)[name]
+    return info.allowed()
+
+
+def problems(obj) -> list[str]:
+    """Every field of ``obj`` whose value breaks its choices or rule, as ``name (what is allowed)``."""
+    bad = []
+    for name, (_, info) in options_of(obj).items():
+        value = getattr(obj, name)
+        allowed = info.allowed()
+        if allowed and value not in allowed:
+            bad.append(f"{name} {value!r} (one of {', '.join(map(str, allowed))})")
+        elif info.check is not None:
+            try:
+                ok = info.check(value)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                bad.append(f"{name} {value!r} ({info.rule or 'invalid'})")
+    return bad
+
+
+def validate(obj, what: str | None = None) -> None:
+    """Raise one ``MmlinksError`` naming every bad field of ``obj``."""
+    bad = problems(obj)
+    if bad:
+        raise MmlinksError(f"invalid {what or _what(obj)}: {'; '.join(bad)}")
+
+
+def _what(obj) -> str:
+    name = type(obj).__name__
+    return {"TrainConfig": "training config", "BuildConfig": "build config"}.get(name, name)
+
+
+def public_dict(obj) -> dict:
+    """The config as a dict, minus fields marked secret (for params, artifacts, logs)."""
+    secret = {name for name, (_, info) in options_of(obj).items() if info.secret}
+    return {k: v for k, v in dataclasses.asdict(obj).items() if k not in secret}
+
+
+def from_dict(cls, data: dict, *, what: str | None = None, ignore: Iterable[str] = ()):
+    """``cls(**data)`` refusing unknown keys by name (a typo is an error, not a silent default)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names - set(ignore))
+    if unknown:
+        raise MmlinksError(
+            f"unknown {what or cls.__name__} field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+        )
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# ---------------------------------------------------------------------------------- argparse
+
+
+def flag_of(name: str, info: FieldInfo) -> str:
+    return info.flag if info.flag else "--" + name.replace("_", "-")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value in ("", None):
+        return "none"
+    return str(value)
+
+
+def _parser_type(f: dataclasses.Field, info: FieldInfo) -> Callable[[str], Any] | None:
+    if info.parse is not None:
+        return _one_line(info.parse, f.name)
+    return _SIMPLE_TYPES.get(str(f.type))
+
+
+def _one_line(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """argparse shows ``invalid <fn> value``; a parse error should say what the field wants."""
+
+    def wrapped(text: str) -> Any:
+        try:
+            return parse(text)
+        except MmlinksError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    wrapped.__name__ = name
+    return wrapped
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    cls,
+    names: Iterable[str] | None = None,
+    *,
+    defaults: dict[str, Any] | None = None,
+    exclude: Iterable[str] = (),
+    groups: bool = True,
+    note: dict[str, str] | None = None,
+) -> None:
+    """One option per field of ``cls`` (all ``option`` fields, or ``names`` in that order).
+
+    ``defaults`` are the command's own defaults (the demo trains 20 epochs, not 50): shown in
+    the help and applied when the flag is absent. Fields absent from the namespace keep the
+    dataclass default in :func:`from_args`, so no default is written twice.
+    """
+    table = options_of(cls)
+    chosen = list(names) if names is not None else [n for n in table if n not in set(exclude)]
+    defaults = defaults or {}
+    note = note or {}
+    group_of: dict[str, Any] = {}
+    for name in chosen:
+        f, info = table[name]
+        if info.flag == "":
+            continue
+        target = parser
+        if groups and info.group:
+            if info.group not in group_of:
+                group_of[info.group] = parser.add_argument_group(info.group)
+            target = group_of[info.group]
+        default = defaults.get(name, default_of(f))
+        text = info.help + note.get(name, "")
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        if name in defaults:
+            kwargs["default"] = defaults[name]
+        if str(f.type) == "bool":
+            kwargs["action"] = "store_true"
+        else:
+            kind = _parser_type(f, info)
+            if kind is not None:
+                kwargs["type"] = kind
+            allowed = info.allowed()
+            if allowed:
+                kwargs["choices"] = list(allowed)
+            if info.metavar:
+                kwargs["metavar"] = info.metavar
+            if default is not dataclasses.MISSING and "(default" not in text:
+                text += f" (default: {_shown(default)})"
+        kwargs["help"] = text
+        target.add_argument(flag_of(name, info), **kwargs)
+
+
+def given(args: argparse.Namespace, cls) -> dict[str, Any]:
+    """The fields of ``cls`` present in ``args`` (given by the user or by the command's defaults)."""
+    return {name: getattr(args, name) for name in options_of(cls) if hasattr(args, name)}
+
+
+def from_args(cls, args: argparse.Namespace, **fixed):
+    """``cls`` from the namespace's fields of ``cls`` (plus ``fixed``); validated on creation."""
+    return cls(**{**given(args, cls), **fixed})
+
+
+# ---------------------------------------------------------------------------------- parsers
+
+
+def int_or_off(lo: int, hi: int) -> Callable[[str], int | str]:
+    """Parse a number in [lo, hi] or the word ``off``."""
+
+    def parse(text: str) -> int | str:
+        if str(text).strip().lower() == OFF:
+            return OFF
+        try:
+            value = int(text)
+        except ValueError:
+            raise MmlinksError(f"wants a number from {lo} to {hi} or 'off', not {text!r}") from None
+        if not lo <= value <= hi:
+            raise MmlinksError(f"wants a number from {lo} to {hi} or 'off', not {text!r}")
+        return value
+
+    return parse
+
+
+def is_int_or_off(lo: int, hi: int) -> Callable[[Any], bool]:
+    return lambda v: v == OFF or (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi)
