@@ -17,6 +17,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from schemas.config_fields import from_dict
 from schemas.errors import MmlinksError
 
 CONFIG_ENV = "MMLINKS_DAGSTER_CONFIG"
@@ -37,7 +38,7 @@ class Settings:
     raw_inputs: dict[str, str] = field(default_factory=dict)  # source -> input (default ROOT/raw/<source>)
     synthetic: dict = field(default_factory=dict)  # SynthConfig overrides for the synthetic source
     thresholds: dict = field(default_factory=dict)  # orchestration.quality.Thresholds overrides
-    gate: dict = field(default_factory=dict)  # training.registry.Gate overrides (CLI defaults otherwise)
+    gate: dict = field(default_factory=dict)  # training.registry.Gate overrides of its defaults
     promotion_split: str = "test"
     model_name: str = "mmlinks-{source}-{objective}"
     diy_first_month: str = "2013-01"  # first partition of the monthly r/DIY snapshots (the paper's)
@@ -118,9 +119,7 @@ class Settings:
         from training.registry import Gate
 
         Thresholds.from_dict(self.thresholds)
-        unknown_gate = sorted(set(self.gate) - {f.name for f in fields(Gate)})
-        if unknown_gate:
-            raise MmlinksError(f"unknown gate field(s) {', '.join(unknown_gate)}")
+        from_dict(Gate, self.gate, what="gate")
         if len(self.diy_first_month) != 7 or self.diy_first_month[4] != "-":
             raise MmlinksError(f"diy_first_month wants YYYY-MM, not {self.diy_first_month!r}")
         if self.max_retries < 0 or self.retry_delay_s < 0:
@@ -136,9 +135,7 @@ class Settings:
     def gate_config(self):
         from training.registry import Gate
 
-        # The CLI's defaults for `mmlinks promote` (AUC may drop 0.5 points, p@1 may not drop).
-        values = {"max_auc_drop": 0.5, "max_p_at_1_drop": 0.0, "min_auc": 0.0, **self.gate}
-        return Gate(**values)
+        return Gate(**self.gate)  # Gate's own defaults, as `mmlinks promote`
 
     def thresholds_config(self):
         from orchestration.quality import Thresholds

@@ -229,8 +229,8 @@ def add_arguments(
             allowed = info.allowed()
             if allowed:
                 kwargs["choices"] = list(allowed)
-            if info.metavar:
-                kwargs["metavar"] = info.metavar
+            if info.metavar or not allowed:
+                kwargs["metavar"] = info.metavar or flag_of(name, info).lstrip("-").replace("-", "_").upper()
             if default is not dataclasses.MISSING and "(default" not in text:
                 text += f" (default: {_shown(default)})"
         kwargs["help"] = text

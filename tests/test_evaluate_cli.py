@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestration.cli import main
+from cli.main import main
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from tests.test_baselines import make_documents, write_dataset

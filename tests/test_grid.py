@@ -126,7 +126,7 @@ def test_bad_grid_inputs_are_refused(dataset, tmp_path):
 
 
 def test_grid_command_arguments(dataset, tmp_path, monkeypatch, capsys):
-    from orchestration import grid_command
+    from cli import grid as grid_command
 
     parser = argparse.ArgumentParser()
     grid_command.add_grid_args(parser)
@@ -185,7 +185,7 @@ def test_grid_command_arguments(dataset, tmp_path, monkeypatch, capsys):
     assert "1/2 trials" in printed and "parent run: parent" in printed
 
     # The base config from the `train` flags (what the lead's parser gives cmd_train_grid).
-    from orchestration.cli import build_parser
+    from cli.main import build_parser
 
     targs = build_parser().parse_args(
         ["train", "--data", str(dataset), "--epochs", "2", "--workdir", str(tmp_path)]

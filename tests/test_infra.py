@@ -560,7 +560,7 @@ def test_environment_and_secrets_policy_is_documented():
 
 
 def test_rayjob_runs_mmlinks_train_on_its_own_cluster_with_settings_from_the_config_map():
-    from orchestration.cli import build_parser
+    from cli.main import build_parser
 
     job = yaml.safe_load((K8S / "ray" / "rayjob-train.yaml").read_text())
     spec = job["spec"]
@@ -581,7 +581,7 @@ def test_rayjob_runs_mmlinks_train_on_its_own_cluster_with_settings_from_the_con
     argv = shlex.split(sample)
     assert argv[0] == "mmlinks", entrypoint
     args = build_parser().parse_args(argv[1:])  # the real CLI: renamed flags fail here
-    assert args.command == "train" and args.gpu and args.ray_address == "auto" and args.json
+    assert args.command == "train" and args.use_gpu and args.ray_address == "auto" and args.json
 
     # Whoever expands the entrypoint (the submitter or the head) has every setting.
     submitter = spec["submitterPodTemplate"]["spec"]["containers"][0]
@@ -1037,7 +1037,7 @@ def test_dataflow_script_names_each_missing_variable(missing, how, tmp_path):
 
 def check_build_command(argv: list[str], runner: str):
     """The command parses with mmlinks' own CLI, and its Beam options pass the runner's checks."""
-    from orchestration.cli import build_parser
+    from cli.main import build_parser
     from pipelines.runners import pipeline_options
 
     args = build_parser().parse_args(argv)
@@ -1115,7 +1115,7 @@ def test_flink_script_runs_a_valid_portable_build_in_the_worker_image(tmp_path):
 
 
 def test_dataflow_flex_template_parameters_are_build_options():
-    from orchestration.cli import build_parser
+    from cli.main import build_parser
 
     meta = json.loads((BEAM / "dataflow-template.json").read_text())
     assert meta["name"] and meta["description"]

@@ -818,7 +818,7 @@ def test_crawl_listing_that_ends_before_the_checkpoint(tmp_path, creds):
 
 
 def _crawl_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from orchestration import cli
+    from cli import main as cli
 
     monkeypatch.setattr(cli, "_quiet_libraries", lambda: None)  # process-wide settings
     rc = cli.main(["data", "crawl", "diy", *args])

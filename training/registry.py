@@ -24,6 +24,7 @@ import numpy as np
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from schemas.config_fields import option, validate
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
@@ -34,15 +35,37 @@ CANDIDATE, PRODUCTION = "candidate", "production"
 PREVIOUS_TAG = "mmlinks.previous_production"
 LOCK_SUFFIX = ".promotion-lock"
 LOCK_TTL_S = 600.0
+GATE_GROUP = "promotion gate (metric points, x100 scale)"
 
 
 @dataclass
 class Gate:
-    """How much worse than production a candidate may be, in metric points (x100 scale)."""
+    """How much worse than production a candidate may be, in metric points (x100 scale).
 
-    max_auc_drop: float = 0.0
-    max_p_at_1_drop: float = 0.0
-    min_auc: float = 0.0  # absolute floor, also applied when there is no production yet
+    The one definition of the gate's defaults: ``mmlinks promote``, the demo (which loosens it
+    by its own command defaults) and the Dagster promotion settings all start from these."""
+
+    max_auc_drop: float = option(
+        0.5,
+        help="refuse if candidate AUC is more than this below production's",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=GATE_GROUP,
+    )
+    max_p_at_1_drop: float = option(
+        0.0,
+        help="refuse if candidate p@1 is more than this below production's",
+        flag="--max-p1-drop",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=GATE_GROUP,
+    )
+    min_auc: float = option(
+        0.0, help="absolute AUC floor, also applied when there is no production yet", group=GATE_GROUP
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, "promotion gate")
 
 
 @dataclass

@@ -7,9 +7,40 @@ import sys
 import time
 from pathlib import Path
 
-from orchestration.output import heartbeat, step, table
+from cli.common import EPILOG, add_common, writable_dir
+from cli.models import add_gate_args
+from cli.output import heartbeat, step, table
+from cli.train import add_registration_args, add_train_args, train_config_from_args
+from schemas import config_fields
 
 STEPS = 7
+
+
+def add_parsers(sub) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="run synth -> build -> train -> evaluate -> register -> promote offline",
+        description="The whole job on this machine with no servers and no network: generate a "
+        "synthetic corpus, build Parquet shards with Beam, train the AP model with Ray Train "
+        "(2 CPU workers), evaluate on the test split against Random, and register the model "
+        "in a local MLflow (SQLite) as 'candidate', then promote it to 'production' through the "
+        "evaluation gate.",
+        epilog=EPILOG,
+    )
+    demo.add_argument(
+        "--workdir", default="mmlinks-demo", help="where everything is written (default: ./mmlinks-demo)"
+    )
+    demo.add_argument("--docs", type=int, default=600, help="synthetic documents (default: 600)")
+    add_train_args(demo, epochs=20, d_multi=256, lr=1e-3)
+    add_registration_args(demo)
+    add_gate_args(demo, max_auc_drop=1.0, max_p_at_1_drop=5.0)  # reruns differ by shuffle noise
+    add_common(demo)
+    demo.set_defaults(func=cmd_demo, show=None)
+
+
+def cmd_demo(args) -> dict:
+    writable_dir(args.workdir)
+    return run_demo(args)
 
 
 def _corpus_matches(corpus: Path, cfg) -> bool:
@@ -47,7 +78,6 @@ def run_demo(args) -> dict:
     from mlflow.tracking import MlflowClient
     from tqdm import tqdm
 
-    from orchestration.cli import train_config_from_args
     from pipelines.build import BuildConfig, build_dataset
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
     from training.experiment import run_experiment
@@ -60,7 +90,10 @@ def run_demo(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     corpus, dataset = work / "corpus", work / "dataset"
 
-    synth_cfg = SynthConfig(docs=args.docs, seed=args.seed)
+    cfg = train_config_from_args(args, data=str(dataset))
+    if not cfg.storage_path:
+        cfg.storage_path = str(work / "ray_results")
+    synth_cfg = SynthConfig(docs=args.docs, seed=cfg.seed)
     if _corpus_matches(corpus, synth_cfg):
         step(1, STEPS, f"synthetic corpus: reusing {corpus}")
     else:
@@ -84,11 +117,8 @@ def run_demo(args) -> dict:
     step(
         3,
         STEPS,
-        f"training {args.objective.upper()} with Ray Train ({args.workers} workers), "
-        f"up to {args.epochs} epochs; metrics -> MLflow",
-    )
-    cfg = train_config_from_args(
-        args, data=str(dataset), storage_path=args.storage_path or str(work / "ray_results")
+        f"training {cfg.objective.upper()} with Ray Train ({cfg.num_workers} workers), "
+        f"up to {cfg.epochs} epochs; metrics -> MLflow",
     )
     name = args.model_name or "mmlinks-ap"
     t = time.perf_counter()
@@ -101,7 +131,7 @@ def run_demo(args) -> dict:
     )
     step(5, STEPS, f"registered {name} version {res.model_version} as 'candidate' (run {res.run_id})")
     t = time.perf_counter()
-    gate = Gate(args.max_auc_drop, args.max_p1_drop, args.min_auc)
+    gate = config_fields.from_args(Gate, args)
     promotion = promote(MlflowClient(uri), name, dataset, gate)
     stage_s["promote"] = time.perf_counter() - t
     model_uri = f"models:/{name}@production"
@@ -151,7 +181,7 @@ def run_demo(args) -> dict:
     if not args.json:
         rows = [
             [
-                f"{args.objective.upper()} (this run)",
+                f"{cfg.objective.upper()} (this run)",
                 f"{res.test['auc']:.1f}",
                 f"{res.test['p_at_1']:.1f}",
                 f"{res.test['p_at_5']:.1f}",

@@ -1,6 +1,6 @@
 """`mmlinks train --grid paper-table2|paper-table3`: the paper's grid as parallel Ray Tune trials.
 
-The `train` parser lives in orchestration/cli.py; it adds these flags with ``add_grid_args`` and
+The `train` parser lives in cli/train.py; it adds these flags with ``add_grid_args`` and
 calls ``cmd_train_grid`` when ``--grid`` is set (and ``print_grid`` for the human output).
 The single-run flags (epochs, d_multi, workers, seed, ...) form the base config every trial
 starts from; the grid sets objective, k, negatives and batch_docs per trial.
@@ -92,7 +92,7 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
 
     datasets = parse_grid_data(getattr(args, "grid_data", None), getattr(args, "data", None))
     if base_cfg is None:
-        from orchestration.cli import train_config_from_args
+        from cli.train import train_config_from_args
 
         base_cfg = train_config_from_args(args, data=next(iter(datasets.values())))
     result = run_grid(

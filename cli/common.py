@@ -1,0 +1,70 @@
+"""Helpers every command group shares: common flags, path checks, KEY=VALUE lists."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+
+from schemas.errors import MmlinksError
+
+EPILOG = "Every command accepts --json (one JSON object on stdout) and --help."
+
+
+def quiet_libraries() -> None:
+    """Keep library chatter (Beam's optional-dependency warnings, Ray banners) off the console."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("apache_beam", "root", "alembic", "mlflow", "ray"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
+
+
+def add_workdir(p, help_text: str = "where the default mlflow.db lives (default: .)") -> None:
+    p.add_argument("--workdir", default=".", help=help_text)
+
+
+def existing_dir(value: str) -> str:
+    if not Path(value).exists():
+        raise MmlinksError(f"{value} does not exist")
+    if not Path(value).is_dir():
+        raise MmlinksError(f"{value} is not a directory")
+    return value
+
+
+def writable_dir(value: str) -> str:
+    if Path(value).exists() and not Path(value).is_dir():
+        raise MmlinksError(f"{value} exists and is not a directory")
+    return value
+
+
+def key_values(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise MmlinksError(f"{flag} wants KEY=VALUE, not {item!r}")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def per_doc_path(args, stem: str) -> Path:
+    """--per-doc-out, else a fresh WORKDIR/evaluations/STEM-SPLIT-TIME.jsonl (never overwritten)."""
+    if args.per_doc_out:
+        return Path(args.per_doc_out)
+    base = Path(args.workdir) / "evaluations" / f"{stem}-{args.split}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base.with_suffix(".jsonl"), 1
+    while path.exists():
+        path, n = Path(f"{base}-{n}.jsonl"), n + 1
+    return path

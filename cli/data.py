@@ -1,0 +1,585 @@
+"""`mmlinks data ...`: synth, build, import-hessel, crawl, sources, inspect, migrate."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cli.common import EPILOG, add_common, existing_dir, key_values, writable_dir
+from pipelines.sources import source_names
+from schemas.errors import MmlinksError
+
+
+def add_parsers(sub) -> None:
+    data = sub.add_parser(
+        "data",
+        help="dataset commands: synth, build, inspect",
+        description="Create, build and inspect datasets.",
+        epilog=EPILOG,
+    )
+    dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+
+    synth = dsub.add_parser(
+        "synth",
+        help="generate a synthetic corpus with known links",
+        description="Write rendered object photos and sentences that describe some of them "
+        "(plus distractor sentences and images) in the raw format `data build` reads.",
+        epilog=EPILOG,
+    )
+    synth.add_argument("--out", required=True, help="output directory")
+    synth.add_argument("--docs", type=int, default=600, help="number of documents (default: 600)")
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    synth.add_argument(
+        "--images-min", type=int, default=3, help="min linked images per document (default: 3)"
+    )
+    synth.add_argument(
+        "--images-max", type=int, default=6, help="max linked images per document (default: 6)"
+    )
+    synth.add_argument(
+        "--extra-sentence-rate",
+        type=float,
+        default=0.3,
+        help="distractor sentences per linked image (default: 0.3)",
+    )
+    synth.add_argument(
+        "--extra-image-rate",
+        type=float,
+        default=0.2,
+        help="distractor images per linked image (default: 0.2)",
+    )
+    synth.add_argument(
+        "--palette-similarity",
+        type=float,
+        default=0.2,
+        help="share of documents whose objects share a 2-colour palette; higher is harder (default: 0.2)",
+    )
+    synth.add_argument("--image-size", type=int, default=128, help="image side in pixels (default: 128)")
+    synth.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_common(synth)
+    synth.set_defaults(func=cmd_synth, show=show_synth)
+
+    build = dsub.add_parser(
+        "build",
+        help="build Parquet document shards + manifest with Apache Beam",
+        description="Read a raw source, validate images and sentences (bad ones go to "
+        "dead_letter.jsonl with a reason), compute perceptual hashes and CNN features with "
+        "Beam RunInference, assign deterministic splits, and write shards + manifest.json.",
+        epilog=EPILOG,
+    )
+    build.add_argument(
+        "--source",
+        default="synthetic",
+        choices=source_names(),
+        help="raw source format (see `mmlinks data sources` for each one's input, options and credentials)",
+    )
+    build.add_argument("--input", required=True, help="raw source folder or file (per source)")
+    build.add_argument(
+        "--source-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="option of --source, repeatable, e.g. start=2013-01 min_score=25 (see `mmlinks data sources`)",
+    )
+    build.add_argument(
+        "--crawl-state",
+        metavar="URI",
+        help="where the source keeps crawl progress and its HTTP cache between builds "
+        "(default: OUT/crawl-state/SOURCE)",
+    )
+    build.add_argument("--out", required=True, help="dataset output directory or URI (gs://..., s3://...)")
+    feats = build.add_argument_group("features")
+    feats.add_argument(
+        "--extractor",
+        default="efficientnet-lite0",
+        help="global CNN features: efficientnet-lite0 (offline default), "
+        "densenet169 (the paper's; needs --weights)",
+    )
+    feats.add_argument(
+        "--regions",
+        default=None,
+        help="region features for the Li et al. 2021 model: grid-lite0 (offline) or fasterrcnn-r50-fpn "
+        "(needs --weights); default: none",
+    )
+    feats.add_argument(
+        "--weights", help="weight file of --extractor (default: $MMLINKS_WEIGHTS_DIR, then the torch cache)"
+    )
+    feats.add_argument("--extractor-option", action="append", metavar="KEY=VALUE", help="--extractor option")
+    feats.add_argument("--region-weights", help="weight file of --regions (e.g. Faster R-CNN COCO weights)")
+    feats.add_argument(
+        "--region-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="option of --regions, e.g. grid=6 or num_regions=36",
+    )
+    feats.add_argument(
+        "--precision", default="float32", choices=["float32", "float16"], help="feature storage dtype"
+    )
+    feats.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="feature extraction device")
+    feats.add_argument("--batch-size", type=int, default=32, help="images per inference batch (default: 32)")
+    feats.add_argument(
+        "--image-store",
+        help="content-addressed image store root (default: OUT/image-store); share it between builds",
+    )
+    feats.add_argument(
+        "--cpu-threads",
+        type=int,
+        help="torch threads per worker (default: cores / workers); recorded with the dataset, "
+        "since CPU features differ in the last bits with the thread count",
+    )
+    feats.add_argument(
+        "--placeholder-images",
+        metavar="DIR",
+        help="folder of example 'image removed' pictures; images within 2 phash bits are rejected",
+    )
+    docs = build.add_argument_group("documents")
+    docs.add_argument(
+        "--split", help="train,val,test ratios for documents the source leaves unsplit (default: 0.8,0.1,0.1)"
+    )
+    docs.add_argument(
+        "--split-sizes", help="fixed split sizes instead of ratios, e.g. val=500,test=1000 (rest: train)"
+    )
+    docs.add_argument(
+        "--dedupe-threshold",
+        help="near-duplicate Hamming distance in bits, or 'off' (default: 3; off for the crowd-labelled "
+        "sets, whose images recur across documents on purpose)",
+    )
+    docs.add_argument(
+        "--dedupe-policy",
+        default="drop_all",
+        choices=["drop_all", "keep_first"],
+        help="drop every document with a near-duplicate image (paper), or keep the earliest",
+    )
+    docs.add_argument("--filter", help="filter preset: none, diy, wiki, recipeqa (default: the source's)")
+    docs.add_argument(
+        "--filter-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a filter rule, e.g. max_images=20",
+    )
+    out = build.add_argument_group("shards and runner")
+    out.add_argument(
+        "--max-shard-rows", type=int, default=1000, help="documents per shard at most (default: 1000)"
+    )
+    out.add_argument(
+        "--max-shard-mb", type=float, default=256.0, help="estimated MB per shard at most (default: 256)"
+    )
+    out.add_argument(
+        "--runner",
+        default="DirectRunner",
+        choices=["DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner"],
+        help="Beam runner (default: DirectRunner); cluster runners need their options after --",
+    )
+    out.add_argument(
+        "--direct-workers",
+        type=int,
+        help="DirectRunner: N local worker processes (default: one per core; 1 = in-process)",
+    )
+    out.add_argument(
+        "--beam-arg",
+        action="append",
+        metavar="ARG",
+        help="extra Beam pipeline option, repeatable (e.g. --beam-arg=--direct_num_workers=2)",
+    )
+    out.add_argument(
+        "beam_options",
+        nargs=argparse.REMAINDER,
+        help="Beam pipeline options after `--`, passed through verbatim (e.g. -- --project=p --region=r)",
+    )
+    add_common(build)
+    build.set_defaults(func=cmd_build, show=show_build)
+
+    imp = dsub.add_parser(
+        "import-hessel",
+        help="import the original authors' prebuilt dataset (docs.json + features.npy + id2row.json)",
+        description="Write the authors' published documents, splits and image features (any "
+        "feature size, e.g. DenseNet169's 1664) into versioned shards + manifest, without "
+        "re-scraping or re-extracting anything. Same as `data build --source hessel`.",
+        epilog=EPILOG,
+    )
+    imp.add_argument("--docs", required=True, help="docs.json: {train, val, test} lists of documents")
+    imp.add_argument("--features", required=True, help="features.npy: N x D image feature matrix")
+    imp.add_argument("--id2row", required=True, help="id2row.json: image id -> row of features.npy")
+    imp.add_argument("--out", required=True, help="dataset output directory or URI")
+    imp.add_argument("--name", help="dataset name for metadata, e.g. diy (default: the docs folder's name)")
+    imp.add_argument("--precision", default="float32", choices=["float32", "float16"], help="feature dtype")
+    imp.add_argument("--max-shard-rows", type=int, default=1000, help="documents per shard at most")
+    imp.add_argument("--max-shard-mb", type=float, default=256.0, help="estimated MB per shard at most")
+    imp.add_argument("--direct-workers", type=int, help="DirectRunner worker processes (default: per core)")
+    imp.set_defaults(
+        **{
+            k: None
+            for k in (
+                "regions weights extractor_option region_weights region_option device cpu_threads "
+                "image_store placeholder_images split split_sizes dedupe_threshold filter "
+                "filter_option beam_arg beam_options source_option crawl_state"
+            ).split()
+        },
+        extractor="efficientnet-lite0",
+        batch_size=32,
+        dedupe_policy="drop_all",
+        runner="DirectRunner",
+    )
+    add_common(imp)
+    imp.set_defaults(func=cmd_import_hessel, show=show_build)
+
+    crawl = dsub.add_parser(
+        "crawl",
+        help="incremental crawl of a web source (diy: new Reddit posts since the last run)",
+        description="Fetch the posts made since the last run (praw, read-only OAuth app: set "
+        "praw_client_id, praw_client_secret and praw_user_agent in the environment) and write "
+        "them as zstd ndjson files in the dump format under OUT/<YYYY-MM>/; then rebuild with "
+        "`data build --source diy --input <folder holding dumps and OUT>`. The checkpoint in "
+        "--state advances only after the files are written. Reddit listings stop after about "
+        "1000 posts: run it at least that often (a schedule does).",
+        epilog=EPILOG,
+    )
+    crawl.add_argument("source", choices=["diy"], help="the source to crawl")
+    crawl.add_argument("--out", required=True, help="folder (or URI) for the new submission files")
+    crawl.add_argument("--state", required=True, help="crawl-state folder (or URI) holding the checkpoint")
+    crawl.add_argument("--subreddit", default="DIY", help="subreddit (default: DIY)")
+    crawl.add_argument("--limit", type=int, help="at most this many posts from the listing (default: all)")
+    crawl.add_argument(
+        "--overlap-s",
+        type=int,
+        default=86400,
+        help="also re-read this many seconds below the checkpoint, for posts approved late (default: 1 day)",
+    )
+    crawl.add_argument(
+        "--reddit-api-base", help="replace https://oauth.reddit.com and www.reddit.com (proxies, tests)"
+    )
+    add_common(crawl)
+    crawl.set_defaults(func=cmd_crawl, show=show_crawl)
+
+    sources = dsub.add_parser(
+        "sources",
+        help="list the raw sources, their options and the credentials they read",
+        description="List every --source of `mmlinks data build`: what its --input is, its "
+        "--source-option settings with defaults, the environment variables it reads for "
+        "credentials, and the build defaults it brings (filter preset, near-duplicate removal, splits).",
+        epilog=EPILOG,
+    )
+    add_common(sources)
+    sources.set_defaults(func=cmd_sources, show=show_sources)
+
+    inspect = dsub.add_parser(
+        "inspect",
+        help="print a dataset manifest",
+        description="Print the manifest of a built dataset.",
+        epilog=EPILOG,
+    )
+    inspect.add_argument("dir", help="dataset directory (or its manifest.json)")
+    add_common(inspect)
+    inspect.set_defaults(func=cmd_inspect, show=show_manifest)
+
+    migrate = dsub.add_parser(
+        "migrate",
+        help="upgrade a dataset written by an older schema version",
+        description="Rewrite the shards of an older schema version in the current layout as a new "
+        "dataset version in the same directory, then switch its manifest to it.",
+        epilog=EPILOG,
+    )
+    migrate.add_argument("dir", help="dataset directory")
+    add_common(migrate)
+    migrate.set_defaults(func=cmd_migrate, show=show_migrate)
+
+
+def cmd_synth(args) -> dict:
+    from tqdm import tqdm
+
+    from pipelines.synthetic_corpus import SynthConfig, write_corpus
+
+    cfg = SynthConfig(
+        docs=args.docs,
+        seed=args.seed,
+        images_min=args.images_min,
+        images_max=args.images_max,
+        extra_sentence_rate=args.extra_sentence_rate,
+        extra_image_rate=args.extra_image_rate,
+        palette_similarity=args.palette_similarity,
+        image_size=args.image_size,
+    )
+    if cfg.docs < 1 or cfg.images_min < 1 or cfg.images_max < cfg.images_min:
+        raise MmlinksError("need --docs >= 1 and 1 <= --images-min <= --images-max")
+    if cfg.image_size < 32:
+        raise MmlinksError("--image-size must be >= 32")
+    writable_dir(args.out)
+    with tqdm(total=cfg.docs, desc="synth", unit="doc", file=sys.stderr, disable=args.quiet) as bar:
+        path = write_corpus(args.out, cfg, bar.update)
+    return {"corpus": str(path.parent), "documents": cfg.docs, "seed": cfg.seed}
+
+
+def _split_ratios(text: str) -> dict[str, float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise MmlinksError(f"--split wants three numbers like 0.8,0.1,0.1, not {text!r}") from None
+    if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
+        raise MmlinksError(f"--split wants three non-negative numbers with a positive sum, not {text!r}")
+    return dict(zip(("train", "val", "test"), values, strict=True))
+
+
+def _split_sizes(text: str | None) -> dict[str, int] | None:
+    if not text:
+        return None
+    try:
+        sizes = {k: int(v) for k, v in key_values(text.split(","), "--split-sizes").items()}
+    except ValueError:
+        raise MmlinksError(f"--split-sizes wants counts like val=500,test=1000, not {text!r}") from None
+    if any(n < 0 for n in sizes.values()):
+        raise MmlinksError(f"--split-sizes wants non-negative counts, not {text!r}")
+    return sizes
+
+
+def _dedupe_threshold(text: str) -> int | None:
+    if text.lower() == "off":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise MmlinksError(f"--dedupe-threshold wants a number of bits or 'off', not {text!r}") from None
+
+
+def cmd_build(args) -> dict:
+    from pipelines.build import BuildConfig, build_dataset
+
+    if "://" not in args.input and not Path(args.input).exists():  # remote: checked by the source
+        raise MmlinksError(f"--input {args.input} does not exist")
+    extractor_options = key_values(args.extractor_option, "--extractor-option")
+    if args.weights:
+        extractor_options["weights"] = args.weights
+    region_options = key_values(args.region_option, "--region-option")
+    if args.region_weights:
+        region_options["weights"] = args.region_weights
+    # Only what the user said: the rest comes from the source's defaults (filter preset,
+    # near-duplicate removal, split ratios), then BuildConfig's.
+    cfg = BuildConfig.for_source(
+        args.source,
+        args.input,
+        args.out,
+        extractor=args.extractor,
+        regions=None if args.regions in (None, "none") else args.regions,
+        extractor_options=extractor_options,
+        region_options=region_options,
+        precision=args.precision,
+        split_ratios=_split_ratios(args.split) if args.split else None,
+        split_sizes=_split_sizes(args.split_sizes),
+        **({"dedupe_threshold": _dedupe_threshold(args.dedupe_threshold)} if args.dedupe_threshold else {}),
+        dedupe_policy=args.dedupe_policy,
+        filter_preset=args.filter,
+        filter_options=key_values(args.filter_option, "--filter-option"),
+        max_shard_rows=args.max_shard_rows,
+        max_shard_mb=args.max_shard_mb,
+        image_store=args.image_store,
+        placeholder_images=args.placeholder_images,
+        runner=args.runner,
+        direct_workers=args.direct_workers,
+        device=args.device,
+        cpu_threads=args.cpu_threads,
+        batch_size=args.batch_size,
+        beam_args=[*(args.beam_arg or []), *[a for a in (args.beam_options or []) if a != "--"]],
+        source_options=key_values(args.source_option, "--source-option"),
+        crawl_state=args.crawl_state,
+    )
+    from cli.output import heartbeat
+
+    cfg.check()  # option errors as one line, before anything is printed or created
+    print(f"building {cfg.source} dataset with Beam ({cfg.runner}) -> {cfg.out}", file=sys.stderr)
+    with heartbeat("beam build"):
+        manifest = build_dataset(cfg)
+    from pipelines import fileio
+    from pipelines.build import last_build
+
+    summary = {"manifest": fileio.join(cfg.out, "manifest.json"), **manifest_summary(manifest)}
+    summary["dead_letter"] = fileio.join(cfg.out, manifest.dead_letter) if manifest.dead_letter else None
+    return {**summary, "build": last_build(cfg.out)}
+
+
+def cmd_import_hessel(args) -> dict:
+    """`data import-hessel`: a shortcut for `data build --source hessel` with the three files named."""
+    args.source = "hessel"
+    args.input = args.docs.rsplit("/", 1)[0] if "/" in args.docs else "."  # keeps gs:// URIs whole
+    args.source_option = [
+        *(args.source_option or []),
+        f"docs={args.docs}",
+        f"features={args.features}",
+        f"id2row={args.id2row}",
+        *([f"name={args.name}"] if args.name else []),
+    ]
+    return cmd_build(args)
+
+
+def cmd_crawl(args) -> dict:
+    """`data crawl diy`: the incremental crawl of new posts, checkpointed between runs."""
+    from datetime import UTC, datetime
+
+    import praw.exceptions
+    import prawcore.exceptions
+
+    from pipelines.crawl_state import CrawlState
+    from pipelines.sources.base import env_credential
+    from pipelines.sources.reddit import (
+        DEFAULT_OVERLAP_S,
+        REDDIT_CREDENTIALS,
+        crawl_new_posts,
+        make_reddit,
+    )
+
+    overlap_s = getattr(args, "overlap_s", None)
+    print(f"crawling r/{args.subreddit}/new -> {args.out}", file=sys.stderr)
+    try:
+        reddit = make_reddit(args.reddit_api_base)  # credentials from the environment, or one clear error
+        result = crawl_new_posts(
+            CrawlState(args.state),
+            args.out,
+            subreddit=args.subreddit,
+            reddit=reddit,
+            limit=args.limit,
+            overlap_s=DEFAULT_OVERLAP_S if overlap_s is None else overlap_s,
+        )
+    except (prawcore.exceptions.PrawcoreException, praw.exceptions.PRAWException) as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        detail = " ".join(str(exc).split())[:300]
+        for name in REDDIT_CREDENTIALS:  # never echo a credential, whatever the message holds
+            value = env_credential(name)
+            if value:
+                detail = detail.replace(value, "***")
+        hint = ""
+        if status == 401 or isinstance(exc, prawcore.exceptions.OAuthException):
+            hint = " (check praw_client_id and praw_client_secret: a read-only 'script' app's id and secret)"
+        elif status == 403:
+            hint = " (forbidden: a private, quarantined or banned subreddit?)"
+        elif status == 404 or isinstance(exc, prawcore.exceptions.Redirect):
+            hint = " (no such subreddit?)"
+        elif isinstance(exc, prawcore.exceptions.RequestException):
+            hint = " (network: Reddit could not be reached)"
+        raise MmlinksError(
+            f"the Reddit API failed during the crawl of r/{args.subreddit}: {type(exc).__name__}: "
+            f"{detail}{hint}; the checkpoint did not move, rerun to retry"
+        ) from exc
+    if result.get("gap_possible"):
+        gap = result.get("gap") or {}
+
+        def utc(ts) -> str:
+            return "?" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+        if gap.get("checkpoint_kept"):
+            what = "a run without --limit fetches them (the checkpoint stays)"
+        else:
+            what = "the listing cannot reach them any more: backfill that range from the dumps"
+        print(
+            f"warning: gap_possible: posts of r/{args.subreddit} created between "
+            f"{utc(gap.get('after_utc'))} and {utc(gap.get('before_utc'))} may be missing; {what}",
+            file=sys.stderr,
+        )
+    return {"source": args.source, "subreddit": args.subreddit, **result}
+
+
+def cmd_sources(args) -> dict:
+    from pipelines.sources import get_spec
+
+    out = {}
+    for name in source_names():
+        spec = get_spec(name)
+        out[name] = {
+            "summary": spec.summary,
+            "options": {o.name: {"default": o.default, "help": o.help} for o in spec.options},
+            "credentials": list(spec.credentials),
+            "build_defaults": spec.build_defaults,
+        }
+    return {"sources": out}
+
+
+def cmd_migrate(args) -> dict:
+    from schemas.migrate import migrate_dataset
+
+    existing_dir(args.dir)
+    manifest, changed = migrate_dataset(args.dir)
+    return {"migrated": changed, **manifest_summary(manifest)}
+
+
+def manifest_summary(m) -> dict:
+    return {
+        "dataset_version": m.dataset_version,
+        "schema_version": m.schema_version,
+        "source": m.source,
+        "splits": m.counts.get("splits", {}),
+        "dropped": m.counts.get("dropped", {}),
+        "feature_extractor": vars(m.feature_extractor),
+        "region_extractor": vars(m.region_extractor) if m.region_extractor else None,
+        "feature_dtype": m.feature_dtype,
+        "shards": len(m.shards),
+    }
+
+
+def cmd_inspect(args) -> dict:
+    import json
+
+    from schemas.manifest import Manifest
+
+    if not Path(args.dir).exists():
+        raise MmlinksError(f"{args.dir} does not exist")
+    m = Manifest.read(args.dir)
+    return json.loads(m.to_json())
+
+
+def show_synth(result: dict) -> None:
+    print(f"wrote {result['documents']} documents to {result['corpus']}")
+
+
+def show_build(result: dict) -> None:
+    version = f"{result['dataset_version']} (schema v{result['schema_version']})"
+    print(f"dataset {version} -> {result['manifest']}")
+    print("documents per split: " + ", ".join(f"{k}={v}" for k, v in result["splits"].items()))
+    dropped = result["dropped"]
+    print("dropped: " + (", ".join(f"{k}={v}" for k, v in dropped.items()) if dropped else "nothing"))
+    b = result.get("build") or {}
+    if b:
+        print(
+            f"this build: {b['images_fetched']} images fetched, {b['images_from_store']} from the store, "
+            f"{b['features_computed']} features computed, {b['features_cached']} cached, {b['seconds']} s"
+        )
+    print(f"details of every drop: {result['dead_letter'] or 'dead_letter.jsonl'}")
+
+
+def show_crawl(result: dict) -> None:
+    print(f"{result['new_posts']} new posts -> {', '.join(result['files']) or 'no file'}")
+
+
+def show_sources(result: dict) -> None:
+    for name, info in result["sources"].items():
+        print(f"{name}: {info['summary']}")
+        if info["credentials"]:
+            print(f"  credentials (environment): {', '.join(info['credentials'])}")
+        for key, value in sorted(info["build_defaults"].items()):
+            print(f"  build default: {key}={value}")
+        for opt, o in info["options"].items():
+            default = "" if o["default"] is None else f" (default: {o['default']})"
+            print(f"  --source-option {opt}=...  {o['help']}{default}")
+
+
+def show_migrate(result: dict) -> None:
+    done = "migrated to" if result["migrated"] else "already at"
+    print(f"{done} schema v{result['schema_version']}: dataset {result['dataset_version']}")
+
+
+def show_manifest(m: dict) -> None:
+    """A readable summary of a manifest (``--json`` prints all of it)."""
+    from cli.output import table
+
+    print(f"dataset {m['dataset_version']} (schema v{m['schema_version']}), source {m['source']}")
+    fe, re_ = m["feature_extractor"], m.get("region_extractor")
+    features = f"{fe['name']}@{fe['version']} ({fe['dim']}-d, {m.get('feature_dtype', 'float32')})"
+    regions = f"; regions {re_['name']}@{re_['version']} ({re_['dim']}-d)" if re_ else ""
+    print(f"features: {features}{regions}")
+    splits = m["counts"].get("splits", {})
+    shards = m["shards"]
+    rows = [[s, str(n), str(sum(1 for x in shards if x["split"] == s))] for s, n in splits.items()]
+    print(table(rows, ["split", "documents", "shards"]))
+    pipeline = m["counts"].get("pipeline", {})
+    print(f"inputs: {pipeline.get('documents_in', '?')} documents, {pipeline.get('images_in', '?')} images")
+    dropped = m["counts"].get("dropped", {})
+    if dropped:
+        print(table([[k, str(v)] for k, v in sorted(dropped.items())], ["dropped (kind:reason)", "count"]))
+    else:
+        print("dropped: nothing")
+    print(f"dead letters: {m.get('dead_letter')}; all fields: --json")

@@ -1,0 +1,237 @@
+"""`mmlinks evaluate` (a trained model) and `mmlinks baseline` (random, object-detection, nostruct)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli.common import EPILOG, add_common, existing_dir, per_doc_path
+from schemas.errors import MmlinksError
+
+
+def add_parsers(sub) -> None:
+    ev = sub.add_parser(
+        "evaluate",
+        help="score a trained model on a dataset split: AUC, p@1, p@5 per document and averaged",
+        description="Score every labelled document of a split with a trained model (a registered "
+        "or logged MLflow model, or a training checkpoint folder): AUC over all sentence-image "
+        "pairs, p@1 and p@5 of the highest-scoring pairs, averaged over documents (x100), next to "
+        "Random. The per-document values go to a JSON Lines file for your own analysis; --spread "
+        "adds each document's image/text spread and how much of the AUC variance spread and "
+        "content explain (OLS R^2). See docs/evaluation.md.",
+        epilog=EPILOG,
+    )
+    ev.add_argument("--data", required=True, help="dataset directory (holds manifest.json)")
+    ev.add_argument("--split", default="test", help="split to score (default: test)")
+    which = ev.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--model-uri",
+        help="MLflow model, e.g. models:/mmlinks-ap@production, models:/NAME/3, runs:/RUN/model",
+    )
+    which.add_argument(
+        "--checkpoint",
+        help="training checkpoint folder (holds state.pt and meta.json), e.g. from ray_results",
+    )
+    ev.add_argument(
+        "--vocab",
+        help="vocabulary of --checkpoint (default: vocab.json inside or next to it; the run's "
+        "config/vocab.json artifact works too)",
+    )
+    ev.add_argument(
+        "--per-doc-out",
+        metavar="FILE",
+        help="where to write the per-document JSON Lines "
+        "(default: WORKDIR/evaluations/model-SPLIT-TIME.jsonl)",
+    )
+    ev.add_argument(
+        "--spread", action="store_true", help="add the spread analysis (per-document spread, OLS R^2)"
+    )
+    ev.add_argument(
+        "--word-vectors",
+        default="glove",
+        help="sentence vectors for --spread: 'glove' (offline GloVe 6B 50-d) or a word2vec/GloVe text file",
+    )
+    ev.add_argument(
+        "--seed", type=int, default=0, help="seed of the Random baseline shown alongside (default: 0)"
+    )
+    ev.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
+    add_common(ev)
+    ev.set_defaults(func=cmd_evaluate, show=show_evaluation)
+
+    base = sub.add_parser(
+        "baseline",
+        help="score a baseline on a dataset split: random, object-detection or nostruct",
+        description="The paper's baselines. random: uniform random scores (about 50 AUC). "
+        "object-detection: each image is the mean word vector of its top-K ImageNet class names "
+        "(from the classifier of the CNN that made the dataset's features), each sentence the mean "
+        "word vector of its words, scored by cosine, for every K in 1..--k-max; K is chosen on the "
+        "val split and the test-set best K (the paper's post-hoc choice, an upper bound) is shown "
+        "too. nostruct: trains the NoStruct objective (one random sentence and image per document) "
+        "with Ray Train and scores it on test, tracked in MLflow but not registered.",
+        epilog=EPILOG,
+    )
+    base.add_argument("--data", required=True, help="dataset directory (holds manifest.json)")
+    base.add_argument(
+        "--method", required=True, choices=["random", "object-detection", "nostruct"], help="which baseline"
+    )
+    base.add_argument("--split", default="test", help="split to score (default: test)")
+    base.add_argument(
+        "--per-doc-out",
+        metavar="FILE",
+        help="per-document JSON Lines (default: WORKDIR/evaluations/METHOD-SPLIT-TIME.jsonl; "
+        "nostruct: only when given)",
+    )
+    base.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    base.add_argument(
+        "--word-vectors",
+        default="glove",
+        help="'glove' (offline GloVe 6B 50-d) or a word2vec/GloVe text file (the paper: word2vec)",
+    )
+    base.add_argument("--workdir", default=".", help="output folder and the default mlflow.db (default: .)")
+    od = base.add_argument_group("object-detection")
+    od.add_argument(
+        "--k-max", type=int, default=20, help="try K = 1..K_MAX class names per image (default: 20)"
+    )
+    od.add_argument(
+        "--weights",
+        help="weight file of the dataset's CNN, for its ImageNet classifier (densenet169 needs one; "
+        "efficientnet-lite0 uses the installed package's)",
+    )
+    ns = base.add_argument_group("nostruct training (other settings: Hessel et al. 2019 defaults)")
+    ns.add_argument("--epochs", type=int, default=50, help="epochs (default: 50)")
+    ns.add_argument("--d-multi", type=int, default=1024, help="joint space width (default: 1024)")
+    ns.add_argument("--batch-docs", type=int, default=11, help="documents per batch (default: 11)")
+    ns.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default: 1e-4)")
+    ns.add_argument("--min-word-count", type=int, default=5, help="vocabulary min count (default: 5)")
+    ns.add_argument("--workers", type=int, default=2, help="Ray Train workers (default: 2)")
+    add_common(base)
+    base.set_defaults(func=cmd_baseline, show=show_evaluation)
+
+
+def cmd_evaluate(args) -> dict:
+    from training.evaluate import evaluate, load_checkpoint, load_model_uri, write_per_doc
+    from training.tracking import tracking_uri
+
+    existing_dir(args.data)
+    if args.checkpoint:
+        existing_dir(args.checkpoint)
+        model, vocab, max_tokens = load_checkpoint(args.checkpoint, args.vocab)
+    else:
+        model, vocab, max_tokens = load_model_uri(args.model_uri, tracking_uri(args.workdir))
+    scores = evaluate(
+        model,
+        vocab,
+        args.data,
+        args.split,
+        max_tokens,
+        seed=args.seed,
+        spread=args.spread,
+        word_vectors=args.word_vectors,
+    )
+    path = write_per_doc(scores["per_doc"], per_doc_path(args, "model"))
+    out = {
+        **scores["model"],
+        "split": args.split,
+        "model": args.model_uri or str(Path(args.checkpoint).resolve()),
+        "random": scores["random"],
+        "n_skipped": scores["n_skipped"],
+        "per_doc": str(path.resolve()),
+    }
+    if args.spread:
+        out["spread"] = scores["spread"]
+    return out
+
+
+def cmd_baseline(args) -> dict:
+    from training.baselines import object_detection_baseline, random_scores_baseline
+    from training.evaluate import write_per_doc
+
+    existing_dir(args.data)
+    if args.method == "random":
+        out = random_scores_baseline(args.data, args.split, args.seed)
+    elif args.method == "object-detection":
+        out = object_detection_baseline(args.data, args.split, args.k_max, args.word_vectors, args.weights)
+    else:
+        out = _nostruct_baseline(args)
+    rows = out.pop("per_doc_metrics", None)
+    if rows is not None:  # DocMetrics (random, object-detection) or dicts (nostruct)
+        rows = [r if isinstance(r, dict) else r.__dict__ for r in rows]
+        out["per_doc"] = str(write_per_doc(rows, per_doc_path(args, args.method)).resolve())
+    return out
+
+
+def _nostruct_baseline(args) -> dict:
+    """Train the NoStruct objective (one random sentence and image per document) and score it
+    on the test split, tracked in MLflow like any training run but not registered."""
+    from schemas.manifest import Manifest
+    from training.config import TrainConfig
+    from training.experiment import run_experiment
+    from training.tracking import tracking_uri
+
+    if args.split != "test":
+        raise MmlinksError("--method nostruct trains a model and scores it on the test split; drop --split")
+    Manifest.read(args.data)
+    cfg = TrainConfig(
+        data=str(Path(args.data).resolve()),  # Ray workers run in another directory
+        objective="nostruct",
+        epochs=args.epochs,
+        d_multi=args.d_multi,
+        batch_docs=args.batch_docs,
+        lr=args.lr,
+        min_word_count=args.min_word_count,
+        word_vectors=args.word_vectors,
+        seed=args.seed,
+        num_workers=args.workers,
+    )
+    uri = tracking_uri(args.workdir)
+    res = run_experiment(cfg, uri, model_name=None, alias=None, progress=True)
+    out = {
+        "method": "nostruct",
+        "split": "test",
+        **res.test,
+        "random": res.random,
+        "run_id": res.run_id,
+        "model_uri": res.model_uri,
+        "best_epoch": res.best_epoch,
+        "tracking_uri": uri,
+        "report": res.report_path,
+    }
+    if args.per_doc_out:  # the run's own test evaluation (also its test_per_document.json artifact)
+        out["per_doc_metrics"] = res.per_doc
+    return out
+
+
+def show_evaluation(r: dict) -> None:
+    """Tables of `evaluate` and `baseline` (``--json`` prints every field)."""
+    from cli.output import table
+
+    def cells(m: dict) -> list[str]:
+        return [f"{m[k]:.1f}" if m.get(k) is not None else "-" for k in ("auc", "p_at_1", "p_at_5")]
+
+    header = ["method", "AUC", "p@1", "p@5"]
+    if "method" not in r:  # evaluate
+        print(f"{r['split']} split, {r['n_docs']} labelled documents ({r['n_skipped']} skipped)")
+        print(f"model: {r['model']}")
+        print(table([["model", *cells(r)], ["Random", *cells(r["random"])]], header))
+        sp = r.get("spread")
+        if sp:
+            for key, what in (("spread", "image + text spread"), ("spread_content", "spread + content")):
+                fit = sp.get(key)
+                if fit:
+                    adj = "n/a (too few documents)" if fit["adj_r2"] is None else f"{fit['adj_r2']:.3f}"
+                    print(f"R^2 of per-document AUC on {what}: {fit['r2']:.3f} (adjusted {adj})")
+    else:
+        name = {"random": "Random", "object-detection": "Obj Detect", "nostruct": "NoStruct"}[r["method"]]
+        print(f"{r['split']} split, {r['n_docs']} labelled documents")
+        if r["method"] == "object-detection":
+            rows = [[f"K={p['k']}", *cells(p[r["split"]])] for p in r["per_k"]]
+            print(table(rows, ["K", "AUC", "p@1", "p@5"]))
+            oracle = r["oracle"]
+            print(f"{name}: K={r['best_k']} chosen on {r['selected_on']}; test-best K={oracle['k']}")
+            rows = [[f"{name} K={r['best_k']}", *cells(r)], [f"oracle K={oracle['k']}", *cells(oracle)]]
+            print(table(rows, header))
+        else:
+            print(table([[name, *cells(r)]], header))
+        if r.get("run_id"):
+            print(f"run: {r['run_id']}   tracking: {r['tracking_uri']}")
+    if r.get("per_doc"):
+        print(f"per-document values: {r['per_doc']}")

@@ -1,0 +1,66 @@
+"""``mmlinks``: the command line over the dataset pipelines and the training stack.
+
+Every command prints human-readable output by default and exactly one JSON object on stdout
+with ``--json``. Expected failures (missing paths, bad manifests, unknown schema versions) end
+with a one-line ``mmlinks: error: ...`` and exit code 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cli import data, demo, evaluate, models, train
+from cli.common import EPILOG, quiet_libraries
+from schemas.errors import MmlinksError
+
+GROUPS = (demo, data, train, models, evaluate)  # the order of `mmlinks --help`
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmlinks",
+        description="Discover links between the images and sentences of multimodal documents "
+        "(Hessel, Lee & Mimno, EMNLP 2019): build datasets with Apache Beam, train with Ray "
+        "Train, track and register models with MLflow.",
+        epilog="Start with `mmlinks demo` (offline, about 4 min on 2 cores). " + EPILOG,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in GROUPS:
+        group.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cli.output import emit_json, stdout_to_stderr
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except MmlinksError as exc:  # a config field refused a value while the parser built it
+        parser.error(str(exc))
+    if not args.debug:
+        quiet_libraries()
+    try:
+        with stdout_to_stderr(args.json):
+            result = args.func(args)
+    except MmlinksError as exc:
+        if args.debug:
+            raise
+        print(f"mmlinks: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mmlinks: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        emit_json(result)
+    elif args.show is not None:
+        args.show(result)
+    elif args.command != "demo":  # the demo prints its own summary
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    return getattr(args, "exit_code", 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""`mmlinks promote` (gated promotion, rollback) and `mmlinks report` (the HTML evaluation report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli.common import EPILOG, add_common, existing_dir
+from schemas import config_fields
+from schemas.errors import MmlinksError
+
+
+def add_gate_args(p, **defaults) -> None:
+    """The promotion gate's flags, from ``Gate``'s fields (``defaults``: the command's own)."""
+    from training.registry import Gate
+
+    config_fields.add_arguments(p, Gate, defaults=defaults)
+
+
+def add_parsers(sub) -> None:
+    prom = sub.add_parser(
+        "promote",
+        help="move 'production' to the 'candidate' version if it passes the gate (or --rollback)",
+        description="Score the candidate and the current production version of a registered "
+        "model on the same frozen split of a dataset; move the 'production' alias to the "
+        "candidate only if every gate holds, recording the previous version so --rollback can "
+        "restore it. Exit code 1 when the gate refuses (the reasons are printed).",
+        epilog=EPILOG,
+    )
+    prom.add_argument("--model-name", default="mmlinks-ap", help="registered model (default: mmlinks-ap)")
+    prom.add_argument("--data", help="dataset directory to evaluate on (required unless --rollback)")
+    prom.add_argument("--split", default="test", help="split of --data to evaluate on (default: test)")
+    prom.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
+    prom.add_argument("--rollback", action="store_true", help="restore the previous production version")
+    add_gate_args(prom)
+    add_common(prom)
+    prom.set_defaults(func=cmd_promote, show=show_promote)
+
+    rep = sub.add_parser(
+        "report",
+        help="render the HTML evaluation report of a run or registered model",
+        description="Metrics vs Random, learning curves (val loss vs val AUC by epoch), the "
+        "per-document AUC histogram and document cards with predicted and true links; written to "
+        "disk and logged to the run as report.html.",
+        epilog=EPILOG,
+    )
+    rep.add_argument("run", help="MLflow run id or model URI (models:/NAME@ALIAS, models:/NAME/VERSION)")
+    rep.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
+    rep.add_argument("--data", help="dataset for the document cards (default: the run's dataset)")
+    rep.add_argument("--out", help="output HTML file (default: WORKDIR/reports/RUN_ID.html)")
+    rep.add_argument("--no-log", action="store_true", help="do not log the report to the MLflow run")
+    add_common(rep)
+    rep.set_defaults(func=cmd_report, show=show_report)
+
+
+def cmd_promote(args) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    from training.registry import Gate, promote, rollback
+    from training.tracking import tracking_uri
+
+    client = MlflowClient(tracking_uri(args.workdir))
+    if args.rollback:
+        was, now = rollback(client, args.model_name)
+        return {"rolled_back": True, "name": args.model_name, "from_version": was, "to_version": now}
+    if not args.data:
+        raise MmlinksError("--data DIR is required (the dataset both models are scored on)")
+    existing_dir(args.data)
+    gate = config_fields.from_args(Gate, args)
+    result = promote(client, args.model_name, args.data, gate, args.split).to_dict()
+    if not result["promoted"]:
+        args.exit_code = 1
+    return result
+
+
+def cmd_report(args) -> dict:
+    from training.report import report_for_run, write_report
+    from training.tracking import tracking_uri
+
+    uri = tracking_uri(args.workdir)
+    run_id, html = report_for_run(uri, args.run, args.data)
+    path = write_report(args.out or Path(args.workdir) / "reports" / f"{run_id}.html", html)
+    if not args.no_log:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(uri).log_text(run_id, html, "report.html")
+    return {"run_id": run_id, "report": str(path.resolve())}
+
+
+def show_promote(result: dict) -> None:
+    if result.get("rolled_back"):
+        moved = f"{result['from_version']} to {result['to_version']}"
+        print(f"{result['name']}: production moved back from {moved}")
+    elif result["promoted"]:
+        print(
+            f"{result['name']}: production -> version {result['candidate_version']} "
+            f"(was {result['production_version']}); candidate {result['candidate_metrics']}"
+        )
+    else:
+        print(f"{result['name']}: promotion of version {result['candidate_version']} refused:")
+        for reason in result["failures"]:
+            print(f"  - {reason}")
+
+
+def show_report(result: dict) -> None:
+    print(f"report of run {result['run_id']}: {result['report']}")

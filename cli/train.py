@@ -1,0 +1,117 @@
+"""`mmlinks train`: one training run (or a paper grid with --grid) on a built dataset.
+
+Every model/objective/Ray flag is generated from ``TrainConfig``'s fields (their defaults, help
+and choices live there); this module adds only what is not a training option: the dataset,
+the MLflow work directory and the registration.
+"""
+
+from __future__ import annotations
+
+from cli.common import EPILOG, add_common, add_workdir, existing_dir
+from schemas import config_fields
+from schemas.errors import MmlinksError
+
+
+def add_train_args(p, **defaults) -> None:
+    """The TrainConfig flags (``defaults``: this command's own, e.g. the demo's 20 epochs)."""
+    from training.config import TrainConfig
+
+    config_fields.add_arguments(p, TrainConfig, defaults=defaults)
+    # the pre-#5 spelling of --objective, still accepted
+    p.add_argument(
+        "--similarity",
+        dest="objective",
+        choices=config_fields.choices_of(TrainConfig, "objective"),
+        default=config_fields.argparse.SUPPRESS,
+        help=config_fields.argparse.SUPPRESS,
+    )
+
+
+def add_registration_args(p) -> None:
+    t = p.add_argument_group("MLflow")
+    t.add_argument(
+        "--model-name",
+        help="registered model name (default: mmlinks-OBJECTIVE, e.g. mmlinks-ap; '' = do not register)",
+    )
+    t.add_argument(
+        "--alias",
+        default="candidate",
+        help="alias for the new version (default: candidate; `mmlinks promote` moves production)",
+    )
+
+
+def train_config_from_args(args, **overrides):
+    """The TrainConfig that `train`, `demo` and the grid build from their flags."""
+    from training.config import TrainConfig
+
+    values = {"data": getattr(args, "data", None) or "", "ray_logs": bool(getattr(args, "debug", False))}
+    return config_fields.from_args(TrainConfig, args, **{**values, **overrides})
+
+
+def add_parsers(sub) -> None:
+    from cli.grid import add_grid_args
+
+    train = sub.add_parser(
+        "train",
+        help="train a model with Ray Train, evaluate on test, register in MLflow",
+        description="Train on a built dataset, keep the checkpoint with the lowest unsupervised "
+        "validation loss, evaluate it on the test split, log everything to MLflow "
+        "(MLFLOW_TRACKING_URI, or sqlite under --workdir) and register the model.",
+        epilog=EPILOG,
+    )
+    train.add_argument(
+        "--data", help="dataset directory (holds manifest.json); required unless --grid-data is given"
+    )
+    add_workdir(train)
+    add_train_args(train)
+    add_registration_args(train)
+    add_grid_args(train.add_argument_group("paper grids (Ray Tune: one trial per grid point and dataset)"))
+    add_common(train)
+    train.set_defaults(func=cmd_train, show=show_train)
+
+
+def cmd_train(args) -> dict:
+    from schemas.manifest import Manifest
+    from training.experiment import run_experiment
+    from training.tracking import tracking_uri
+
+    if getattr(args, "grid", None):
+        from cli.grid import cmd_train_grid
+
+        return cmd_train_grid(args)
+    if not args.data:
+        raise MmlinksError("train needs --data DIR (or --grid with --grid-data NAME=DIR)")
+    existing_dir(args.data)
+    Manifest.read(args.data)
+    if args.alias == "production":
+        raise MmlinksError(
+            "--alias production would skip the gate; register a candidate and run `mmlinks promote`"
+        )
+    cfg = train_config_from_args(args)
+    model_name = f"mmlinks-{cfg.objective}" if args.model_name is None else args.model_name
+    res = run_experiment(
+        cfg, tracking_uri(args.workdir), model_name or None, args.alias or None, progress=True
+    )
+    return res.to_dict()
+
+
+def show_train(result: dict) -> None:
+    from cli.output import table
+
+    if "table_text" in result:
+        from cli.grid import print_grid
+
+        print_grid(result)
+        return
+    if result["test"] is None:
+        print(f"best epoch {result['best_epoch']}; the test split has no labelled document: not evaluated")
+        print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
+        return
+    t, r = result["test"], result["random"]
+    rows = [
+        ["model", *(f"{t[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5"))],
+        ["Random", *(f"{r[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5"))],
+    ]
+    print(f"test split, {t['n_docs']} documents (best epoch {result['best_epoch']}):")
+    print(table(rows, ["method", "AUC", "p@1", "p@5"]))
+    print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
