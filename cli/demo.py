@@ -10,7 +10,7 @@ from pathlib import Path
 from cli.common import EPILOG, add_common, writable_dir
 from cli.models import add_gate_args
 from cli.output import heartbeat, step, table
-from cli.train import add_registration_args, add_train_args, train_config_from_args
+from cli.train_options import add_registration_args, add_train_args, train_config_from_args
 from schemas import config_fields
 
 STEPS = 7

@@ -92,7 +92,7 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
 
     datasets = parse_grid_data(getattr(args, "grid_data", None), getattr(args, "data", None))
     if base_cfg is None:
-        from cli.train import train_config_from_args
+        from cli.train_options import train_config_from_args
 
         base_cfg = train_config_from_args(args, data=next(iter(datasets.values())))
     result = run_grid(

@@ -8,44 +8,8 @@ the MLflow work directory and the registration.
 from __future__ import annotations
 
 from cli.common import EPILOG, add_common, add_workdir, existing_dir
-from schemas import config_fields
+from cli.train_options import add_registration_args, add_train_args, train_config_from_args
 from schemas.errors import MmlinksError
-
-
-def add_train_args(p, **defaults) -> None:
-    """The TrainConfig flags (``defaults``: this command's own, e.g. the demo's 20 epochs)."""
-    from training.config import TrainConfig
-
-    config_fields.add_arguments(p, TrainConfig, defaults=defaults)
-    # the pre-#5 spelling of --objective, still accepted
-    p.add_argument(
-        "--similarity",
-        dest="objective",
-        choices=config_fields.choices_of(TrainConfig, "objective"),
-        default=config_fields.argparse.SUPPRESS,
-        help=config_fields.argparse.SUPPRESS,
-    )
-
-
-def add_registration_args(p) -> None:
-    t = p.add_argument_group("MLflow")
-    t.add_argument(
-        "--model-name",
-        help="registered model name (default: mmlinks-OBJECTIVE, e.g. mmlinks-ap; '' = do not register)",
-    )
-    t.add_argument(
-        "--alias",
-        default="candidate",
-        help="alias for the new version (default: candidate; `mmlinks promote` moves production)",
-    )
-
-
-def train_config_from_args(args, **overrides):
-    """The TrainConfig that `train`, `demo` and the grid build from their flags."""
-    from training.config import TrainConfig
-
-    values = {"data": getattr(args, "data", None) or "", "ray_logs": bool(getattr(args, "debug", False))}
-    return config_fields.from_args(TrainConfig, args, **{**values, **overrides})
 
 
 def add_parsers(sub) -> None:

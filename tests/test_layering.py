@@ -1,4 +1,9 @@
-"""pipelines/ and training/ stay plain Python: no orchestrator or CLI imports inside them."""
+"""The layers stay layers: schemas <- features <- pipelines <- training <- orchestration <- cli.
+
+A package never imports one above it (Dagster code never calls the CLI; library code never
+imports the orchestrator), and inside a package no two modules import each other, directly or
+through others: an import cycle means one of them reaches upward.
+"""
 
 import ast
 from pathlib import Path
@@ -6,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = ("orchestration", "dagster")
+LAYERS = ["schemas", "features", "pipelines", "training", "orchestration", "cli"]
+EXTERNAL_ABOVE = {"orchestration": {"dagster"}}  # libraries that belong to one layer only
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -14,15 +20,93 @@ def imported_modules(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
 
-@pytest.mark.parametrize("package", ["pipelines", "training", "schemas"])
-def test_library_packages_do_not_import_the_orchestrator(package):
-    files = sorted((ROOT / package).rglob("*.py"))
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_no_package_imports_a_layer_above_it(package):
+    if not (ROOT / package).is_dir():
+        pytest.skip(f"{package}/ does not exist yet")
+    above = set(LAYERS[LAYERS.index(package) + 1 :])
+    for name, libs in EXTERNAL_ABOVE.items():
+        if name in above:
+            above |= libs
+    files = package_files(package)
     assert files
     for f in files:
-        bad = {m for m in imported_modules(f) if m.split(".")[0] in FORBIDDEN}
-        assert not bad, f"{f.relative_to(ROOT)} imports {bad}"
+        bad = {m for m in imported_modules(f) if m.split(".")[0] in above}
+        assert not bad, f"{f.relative_to(ROOT)} imports {sorted(bad)} from a layer above {package}/"
+
+
+def test_orchestration_never_imports_the_cli():
+    for f in package_files("orchestration"):
+        bad = {m for m in imported_modules(f) if m.split(".")[0] == "cli"}
+        assert not bad, f"{f.relative_to(ROOT)} imports the CLI: {sorted(bad)}"
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    modules = {module_name(f): f for f in package_files(package)}
+    graph: dict[str, set[str]] = {}
+    for name, f in modules.items():
+        targets = set()
+        for m in imported_modules(f):
+            # `from pkg import mod` names a module; `from pkg.mod import f` its module
+            while m and m not in modules:
+                m = m.rpartition(".")[0]
+            if m and m != name and not name.startswith(m + ".") and m != package:
+                targets.add(m)
+        graph[name] = targets
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_no_import_cycle_inside_a_package(package):
+    if not (ROOT / package).is_dir():
+        pytest.skip(f"{package}/ does not exist yet")
+    cycle = _cycle(_graph(package))
+    assert cycle is None, "modules import each other (one reaches upward): " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None

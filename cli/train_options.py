@@ -1,0 +1,43 @@
+"""The training flags shared by `train`, `demo` and the grid: generated from ``TrainConfig``."""
+
+from __future__ import annotations
+
+import argparse
+
+from schemas import config_fields
+
+
+def add_train_args(p, **defaults) -> None:
+    """The TrainConfig flags (``defaults``: this command's own, e.g. the demo's 20 epochs)."""
+    from training.config import TrainConfig
+
+    config_fields.add_arguments(p, TrainConfig, defaults=defaults)
+    # the pre-#5 spelling of --objective, still accepted
+    p.add_argument(
+        "--similarity",
+        dest="objective",
+        choices=config_fields.choices_of(TrainConfig, "objective"),
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
+
+
+def add_registration_args(p) -> None:
+    t = p.add_argument_group("MLflow")
+    t.add_argument(
+        "--model-name",
+        help="registered model name (default: mmlinks-OBJECTIVE, e.g. mmlinks-ap; '' = do not register)",
+    )
+    t.add_argument(
+        "--alias",
+        default="candidate",
+        help="alias for the new version (default: candidate; `mmlinks promote` moves production)",
+    )
+
+
+def train_config_from_args(args, **overrides):
+    """The TrainConfig that `train`, `demo` and the grid build from their flags."""
+    from training.config import TrainConfig
+
+    values = {"data": getattr(args, "data", None) or "", "ray_logs": bool(getattr(args, "debug", False))}
+    return config_fields.from_args(TrainConfig, args, **{**values, **overrides})
