@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cli.common import EPILOG, add_common, existing_dir, key_values, writable_dir
 from pipelines.sources import source_names
+from schemas import config_fields
 from schemas.errors import MmlinksError
 
 
@@ -28,33 +29,9 @@ def add_parsers(sub) -> None:
         epilog=EPILOG,
     )
     synth.add_argument("--out", required=True, help="output directory")
-    synth.add_argument("--docs", type=int, default=600, help="number of documents (default: 600)")
-    synth.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    synth.add_argument(
-        "--images-min", type=int, default=3, help="min linked images per document (default: 3)"
-    )
-    synth.add_argument(
-        "--images-max", type=int, default=6, help="max linked images per document (default: 6)"
-    )
-    synth.add_argument(
-        "--extra-sentence-rate",
-        type=float,
-        default=0.3,
-        help="distractor sentences per linked image (default: 0.3)",
-    )
-    synth.add_argument(
-        "--extra-image-rate",
-        type=float,
-        default=0.2,
-        help="distractor images per linked image (default: 0.2)",
-    )
-    synth.add_argument(
-        "--palette-similarity",
-        type=float,
-        default=0.2,
-        help="share of documents whose objects share a 2-colour palette; higher is harder (default: 0.2)",
-    )
-    synth.add_argument("--image-size", type=int, default=128, help="image side in pixels (default: 128)")
+    from pipelines.synthetic_corpus import SynthConfig
+
+    config_fields.add_arguments(synth, SynthConfig)
     synth.add_argument("--quiet", action="store_true", help="no progress bar")
     add_common(synth)
     synth.set_defaults(func=cmd_synth, show=show_synth)
@@ -288,20 +265,7 @@ def cmd_synth(args) -> dict:
 
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
-    cfg = SynthConfig(
-        docs=args.docs,
-        seed=args.seed,
-        images_min=args.images_min,
-        images_max=args.images_max,
-        extra_sentence_rate=args.extra_sentence_rate,
-        extra_image_rate=args.extra_image_rate,
-        palette_similarity=args.palette_similarity,
-        image_size=args.image_size,
-    )
-    if cfg.docs < 1 or cfg.images_min < 1 or cfg.images_max < cfg.images_min:
-        raise MmlinksError("need --docs >= 1 and 1 <= --images-min <= --images-max")
-    if cfg.image_size < 32:
-        raise MmlinksError("--image-size must be >= 32")
+    cfg = config_fields.from_args(SynthConfig, args)
     writable_dir(args.out)
     with tqdm(total=cfg.docs, desc="synth", unit="doc", file=sys.stderr, disable=args.quiet) as bar:
         path = write_corpus(args.out, cfg, bar.update)

@@ -26,6 +26,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from schemas.config_fields import option, validate
+from schemas.errors import MmlinksError
+
 COLOURS = {
     "red": (210, 30, 35),
     "green": (40, 160, 60),
@@ -69,14 +72,30 @@ FILLER = (
 
 @dataclass
 class SynthConfig:
-    docs: int = 600
-    seed: int = 0
-    images_min: int = 3
-    images_max: int = 6
-    extra_sentence_rate: float = 0.3  # expected distractor sentences per linked image
-    extra_image_rate: float = 0.2  # expected distractor images per linked image
-    palette_similarity: float = 0.2  # share of documents drawn from a 2-colour palette
-    image_size: int = 128
+    """The corpus generator's options (the `data synth` flags and the Dagster ``synthetic`` settings)."""
+
+    docs: int = option(600, help="number of documents", check=lambda v: v >= 1, rule=">= 1")
+    seed: int = option(0, help="random seed")
+    images_min: int = option(3, help="min linked images per document", check=lambda v: v >= 1, rule=">= 1")
+    images_max: int = option(6, help="max linked images per document", check=lambda v: v >= 1, rule=">= 1")
+    extra_sentence_rate: float = option(
+        0.3, help="distractor sentences per linked image", check=lambda v: v >= 0, rule=">= 0"
+    )
+    extra_image_rate: float = option(
+        0.2, help="distractor images per linked image", check=lambda v: v >= 0, rule=">= 0"
+    )
+    palette_similarity: float = option(
+        0.2,
+        help="share of documents whose objects share a 2-colour palette; higher is harder",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
+    )
+    image_size: int = option(128, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+
+    def __post_init__(self) -> None:
+        validate(self, "synthetic corpus options")
+        if self.images_max < self.images_min:
+            raise MmlinksError("invalid synthetic corpus options: need images_min <= images_max")
 
 
 @dataclass
