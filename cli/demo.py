@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -43,16 +42,6 @@ def cmd_demo(args) -> dict:
     return run_demo(args)
 
 
-def _corpus_matches(corpus: Path, cfg) -> bool:
-    from dataclasses import asdict
-
-    meta = corpus / "corpus.json"
-    if not meta.exists() or not (corpus / "documents.jsonl").exists():
-        return False
-    saved = json.loads(meta.read_text())
-    return all(saved.get(k) == v for k, v in asdict(cfg).items())
-
-
 def query_production(uri: str, model_uri: str, dataset: Path) -> dict:
     """Load the production model the way a downstream stage does and link one test document."""
     import mlflow
@@ -79,7 +68,7 @@ def run_demo(args) -> dict:
     from tqdm import tqdm
 
     from pipelines.build import BuildConfig, build_dataset
-    from pipelines.synthetic_corpus import SynthConfig, write_corpus
+    from pipelines.synthetic_corpus import SynthConfig, corpus_matches, write_corpus
     from training.experiment import run_experiment
     from training.registry import Gate, promote
     from training.tracking import tracking_uri
@@ -94,7 +83,7 @@ def run_demo(args) -> dict:
     if not cfg.storage_path:
         cfg.storage_path = str(work / "ray_results")
     synth_cfg = SynthConfig(docs=args.docs, seed=cfg.seed)
-    if _corpus_matches(corpus, synth_cfg):
+    if corpus_matches(corpus, synth_cfg):
         step(1, STEPS, f"synthetic corpus: reusing {corpus}")
     else:
         step(1, STEPS, f"synthetic corpus: {synth_cfg.docs} documents -> {corpus}")

@@ -16,7 +16,6 @@ cluster) are retried by the step's RetryPolicy, with backoff.
 
 import contextlib
 import hashlib
-import json
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -29,6 +28,7 @@ from dagster import AssetExecutionContext
 from orchestration.quality import check_evaluation_floor, dataset_outcomes, require
 from orchestration.resources import MlflowResource, RedditResource, StorageResource, TrainingResource
 from orchestration.settings import Settings
+from schemas.config_fields import from_dict
 from schemas.errors import MmlinksError
 
 DIY = "diy"
@@ -125,24 +125,10 @@ def _fingerprint(uri: str) -> dict:
 
 def _synthetic_corpus(path: str, overrides: dict) -> dict:
     """``mmlinks data synth``: regenerated only when the corpus there was made with other settings."""
-    from pipelines.synthetic_corpus import SynthConfig, write_corpus
+    from pipelines.synthetic_corpus import SynthConfig, corpus_matches, write_corpus
 
-    try:
-        cfg = SynthConfig(**overrides)
-    except TypeError as exc:
-        raise MmlinksError(f"synthetic settings: {exc}") from exc
-    if cfg.docs < 1 or cfg.images_min < 1 or cfg.images_max < cfg.images_min or cfg.image_size < 32:
-        raise MmlinksError(
-            "synthetic settings need docs >= 1, 1 <= images_min <= images_max, image_size >= 32"
-        )
-    meta = Path(path) / "corpus.json"  # written last: its presence marks a complete corpus
-    reused = False
-    if meta.exists():
-        try:
-            saved = json.loads(meta.read_text())
-        except (OSError, json.JSONDecodeError):
-            saved = {}
-        reused = isinstance(saved, dict) and all(saved.get(k) == v for k, v in asdict(cfg).items())
+    cfg = from_dict(SynthConfig, overrides, what="synthetic setting")  # validated when made
+    reused = corpus_matches(path, cfg)
     if not reused:
         write_corpus(path, cfg)
     return {"generated": not reused, "documents": cfg.docs, "seed": cfg.seed}

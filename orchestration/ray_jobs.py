@@ -1,11 +1,11 @@
 """Training on a Ray cluster through the Ray Jobs API.
 
-The job runs the same command a person would (``python -m orchestration.cli train ... --json``
-with ``--ray-address auto``, so the driver joins the cluster it runs on): this module turns a
-``TrainConfig`` into that command line, submits it with a runtime environment, streams the
-driver's log back while it runs, and returns the command's JSON result (run id, model URI,
-metrics). A job that ends FAILED or STOPPED raises ``RayJobError`` with the cause taken from
-the log (the CLI's one-line ``mmlinks: error: ...`` when there is one). The job is stopped if
+The job runs the training entry point ``python -m training.job --config '<TrainConfig JSON>'``
+(with ``ray_address: auto``, so the driver joins the cluster it runs on): this module submits
+it with a runtime environment, streams the driver's log back while it runs, and returns the
+job's JSON result (run id, model URI, metrics). A job that ends FAILED or STOPPED raises
+``RayJobError`` with the cause taken from the log (the entry point's one-line
+``mmlinks: error: ...`` when there is one). The job is stopped if
 the caller is interrupted, so a cancelled Dagster run does not leave training behind.
 
 No Dagster import: the orchestrator calls ``submit_training``; so could a script.
@@ -18,7 +18,6 @@ job's own credentials (MLflow, object stores) belong to the cluster's environmen
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -26,7 +25,7 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -50,9 +49,6 @@ DEFAULT_EXCLUDES = [
     "**/__pycache__",
     "*.egg-info",
 ]
-# TrainConfig fields whose CLI option has another name, and fields the command sets itself.
-_FIELD_TO_DEST = {"num_workers": "workers", "use_gpu": "gpu"}
-_SET_BY_COMMAND = {"data", "ray_address", "ray_logs"}
 
 
 class RayJobError(MmlinksError):
@@ -134,59 +130,29 @@ def connect(address: str):
 # ------------------------------------------------------------------------------ the command
 
 
-def _train_parser() -> argparse.ArgumentParser:
-    from orchestration.cli import build_parser
-
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices["train"]
-    raise MmlinksError("the mmlinks CLI has no train command")
-
-
 def train_command(cfg, model_name: str | None, alias: str | None, python: str = "python") -> list[str]:
-    """``python -m orchestration.cli train ...`` that rebuilds exactly ``cfg`` on the cluster.
+    """``python -m training.job --config '{...}'``: the config itself travels as JSON.
 
-    Every TrainConfig field with a CLI option is passed explicitly (so the CLI's defaults cannot
-    differ from the config's); a field without one must keep its default, or this refuses. The
-    command line is parsed back with the CLI's own parser and compared, field by field.
+    Every field goes into the JSON, so the job trains exactly ``cfg`` (nothing is re-derived
+    from CLI defaults); the job's driver joins the cluster it runs on (``ray_address: auto``).
+    The JSON is an argument rather than a file because the cluster cannot read this machine's
+    disk; the config holds no credential (the tracking URI is refused when it carries one).
     """
-    from orchestration.cli import build_parser, train_config_from_args
-    from training.config import TrainConfig
+    from dataclasses import replace
 
-    actions: dict[str, argparse.Action] = {}
-    for action in _train_parser()._actions:  # the documented option when a hidden alias shares its dest
-        if action.help != argparse.SUPPRESS:
-            actions.setdefault(action.dest, action)
-    defaults = TrainConfig()
-    argv = ["train", "--data", str(cfg.data), "--ray-address", "auto", "--json"]
-    argv += ["--model-name", model_name or "", "--alias", alias or ""]
-    for f in fields(TrainConfig):
-        if f.name in _SET_BY_COMMAND:
-            continue
-        value = getattr(cfg, f.name)
-        action = actions.get(_FIELD_TO_DEST.get(f.name, f.name))
-        if action is None:
-            if value != getattr(defaults, f.name):
-                raise MmlinksError(
-                    f"`mmlinks train` has no option for {f.name}={value!r}, so a cluster job cannot run "
-                    f"this config; leave {f.name} at its default or train in-process"
-                )
-            continue
-        flag = max(action.option_strings, key=len)
-        if action.nargs == 0:  # store_true
-            if value:
-                argv.append(flag)
-        elif value not in ("", None):
-            argv += [flag, str(value)]
-    back = train_config_from_args(build_parser().parse_args(argv))
-    differ = [
-        f.name
-        for f in fields(TrainConfig)
-        if f.name not in _SET_BY_COMMAND and getattr(back, f.name) != getattr(cfg, f.name)
+    job_cfg = replace(cfg, ray_address="auto", ray_logs=False)
+    config = json.dumps(job_cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    return [
+        python,
+        "-m",
+        "training.job",
+        "--config",
+        config,
+        "--model-name",
+        model_name or "",
+        "--alias",
+        alias or "",
     ]
-    if differ:
-        raise MmlinksError(f"`mmlinks train` options cannot express {', '.join(differ)} of this config")
-    return [python, "-m", "orchestration.cli", *argv]
 
 
 def parse_result(logs: str) -> dict | None:

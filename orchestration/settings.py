@@ -119,6 +119,9 @@ class Settings:
         from training.registry import Gate
 
         Thresholds.from_dict(self.thresholds)
+        from pipelines.synthetic_corpus import SynthConfig
+
+        from_dict(SynthConfig, self.synthetic, what="synthetic setting")
         from_dict(Gate, self.gate, what="gate")
         if len(self.diy_first_month) != 7 or self.diy_first_month[4] != "-":
             raise MmlinksError(f"diy_first_month wants YYYY-MM, not {self.diy_first_month!r}")

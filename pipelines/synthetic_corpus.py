@@ -269,3 +269,15 @@ def write_corpus(out: str | Path, cfg: SynthConfig, progress: Callable[[int], No
                 progress(1)
     (out / "corpus.json").write_text(json.dumps({"format": "mmlinks-synthetic/1", **asdict(cfg)}, indent=2))
     return docs_path
+
+
+def corpus_matches(out: str | Path, cfg: SynthConfig) -> bool:
+    """True when ``out`` holds a complete corpus made with exactly ``cfg`` (so it can be reused)."""
+    meta = Path(out) / "corpus.json"  # written last: its presence marks a complete corpus
+    if not meta.exists() or not (Path(out) / "documents.jsonl").exists():
+        return False
+    try:
+        saved = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(saved, dict) and all(saved.get(k) == v for k, v in asdict(cfg).items())

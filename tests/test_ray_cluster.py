@@ -247,17 +247,22 @@ def test_an_unreachable_address_is_a_transient_one_line_error():
         connect("")
 
 
-def test_the_command_rebuilds_the_config_and_refuses_what_the_cli_cannot_say(tmp_path):
-    from orchestration.cli import build_parser, train_config_from_args
+def test_the_job_command_carries_the_whole_config_as_json(tmp_path):
+    """The config travels as JSON (every field, margin included: no CLI flag limits what a
+    cluster job can run) and comes back equal but for the cluster address the driver joins."""
+    from dataclasses import replace
 
-    cfg = small_train_config(tmp_path, tmp_path / "ray", objective="tk", k="half", use_gpu=True, run_name="")
+    from training.config import TrainConfig
+
+    cfg = small_train_config(
+        tmp_path, tmp_path / "ray", objective="tk", k="half", use_gpu=True, run_name="", margin=0.3
+    )
     cmd = train_command(cfg, "m", "candidate", python="/opt/py/bin/python")
-    assert cmd[:3] == ["/opt/py/bin/python", "-m", "orchestration.cli"]
-    back = train_config_from_args(build_parser().parse_args(cmd[3:]))
-    assert back.objective == "tk" and back.k == "half" and back.use_gpu and back.ray_address == "auto"
-    assert back.epochs == cfg.epochs and back.lr == cfg.lr and back.storage_path == cfg.storage_path
-    with pytest.raises(Exception, match="no option for margin"):
-        train_command(small_train_config(tmp_path, tmp_path, margin=0.3), "m", "candidate")
+    assert cmd[:5] == ["/opt/py/bin/python", "-m", "training.job", "--config", cmd[4]]
+    assert cmd[5:] == ["--model-name", "m", "--alias", "candidate"]
+    back = TrainConfig.from_dict(json.loads(cmd[4]))
+    assert back == replace(cfg, ray_address="auto", ray_logs=False)
+    assert back.margin == 0.3 and back.use_gpu and back.storage_path == cfg.storage_path
 
 
 def test_results_causes_and_log_lines_are_read_from_the_job_log():
