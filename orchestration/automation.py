@@ -21,7 +21,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.assets import DIY
+from orchestration.asset_support import DIY
 from orchestration.settings import Settings
 
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
@@ -133,62 +133,9 @@ def build_automation(
     objectives = list(settings.objectives)
 
     if DIY in settings.sources:
-
-        @dg.schedule(
-            name="weekly_diy_crawl",
-            cron_schedule=settings.weekly_cron,
-            job=jobs["diy_crawl_job"],
-            execution_timezone="UTC",
-            default_status=_status(settings),
-            description="Weekly: crawl new r/DIY posts into the current month; diy_rebuild_sensor then "
-            "rebuilds the diy dataset, and training_sensor trains on the new version.",
-        )
-        def weekly_diy_crawl(context: dg.ScheduleEvaluationContext):
-            month = current_month(context.scheduled_execution_time or datetime.now(UTC))
-            stamp = (context.scheduled_execution_time or datetime.now(UTC)).strftime("%Y%m%dT%H%M")
-            return dg.RunRequest(
-                run_key=f"diy-crawl-{stamp}", partition_key=month, tags={"mmlinks/trigger": "weekly"}
-            )
-
-        @dg.sensor(
-            name="diy_rebuild_sensor",
-            job=jobs["rebuild_job"],
-            minimum_interval_seconds=120,
-            default_status=_sensor_status(settings),
-            description="Rebuild the diy dataset once new r/DIY months have landed and no crawl run or "
-            "diy_submissions backfill is still adding to them.",
-        )
-        def diy_rebuild_sensor(context: dg.SensorEvaluationContext):
-            busy = context.instance.get_runs(
-                dg.RunsFilter(job_name="diy_crawl_job", statuses=IN_FLIGHT), limit=1
-            )
-            if busy:
-                return dg.SkipReason("a diy_crawl_job run is still going")
-            from dagster._core.execution.backfill import BulkActionStatus  # not re-exported by dagster
-
-            for backfill in context.instance.get_backfills(status=BulkActionStatus.REQUESTED):
-                if dg.AssetKey("diy_submissions") in (backfill.asset_selection or []) or (
-                    backfill.job_name == "diy_crawl_job"
-                ):
-                    return dg.SkipReason(f"backfill {backfill.backfill_id} of diy_submissions is still going")
-            done, cursor, waiting = _finished_materializations(context, [dg.AssetKey("diy_submissions")])
-            landed = [r for r, status in done if status == dg.DagsterRunStatus.SUCCESS]
-            if not landed:
-                return dg.SensorResult(skip_reason=waiting or "no new r/DIY month", cursor=str(cursor))
-            months = sorted({r.partition_key for r in landed if r.partition_key})
-            return dg.SensorResult(
-                run_requests=[
-                    dg.RunRequest(
-                        run_key=f"diy-rebuild-{landed[-1].storage_id}",
-                        partition_key=DIY,
-                        tags={"mmlinks/months": ",".join(months)[:200]},
-                    )
-                ],
-                cursor=str(cursor),
-            )
-
-        schedules.append(weekly_diy_crawl)
-        sensors.append(diy_rebuild_sensor)
+        crawl, rebuild = _diy_automation(settings, jobs)
+        schedules.append(crawl)
+        sensors.append(rebuild)
 
     from orchestration.quality import DATASET_CHECKS
 
@@ -224,6 +171,63 @@ def build_automation(
         )
     )
     return schedules, sensors
+
+
+def _diy_automation(settings: Settings, jobs: dict[str, Any]):
+    """The weekly crawl of r/DIY and the sensor that rebuilds the diy dataset after it."""
+
+    @dg.schedule(
+        name="weekly_diy_crawl",
+        cron_schedule=settings.weekly_cron,
+        job=jobs["diy_crawl_job"],
+        execution_timezone="UTC",
+        default_status=_status(settings),
+        description="Weekly: crawl new r/DIY posts into the current month; diy_rebuild_sensor then "
+        "rebuilds the diy dataset, and training_sensor trains on the new version.",
+    )
+    def weekly_diy_crawl(context: dg.ScheduleEvaluationContext):
+        month = current_month(context.scheduled_execution_time or datetime.now(UTC))
+        stamp = (context.scheduled_execution_time or datetime.now(UTC)).strftime("%Y%m%dT%H%M")
+        return dg.RunRequest(
+            run_key=f"diy-crawl-{stamp}", partition_key=month, tags={"mmlinks/trigger": "weekly"}
+        )
+
+    @dg.sensor(
+        name="diy_rebuild_sensor",
+        job=jobs["rebuild_job"],
+        minimum_interval_seconds=120,
+        default_status=_sensor_status(settings),
+        description="Rebuild the diy dataset once new r/DIY months have landed and no crawl run or "
+        "diy_submissions backfill is still adding to them.",
+    )
+    def diy_rebuild_sensor(context: dg.SensorEvaluationContext):
+        busy = context.instance.get_runs(dg.RunsFilter(job_name="diy_crawl_job", statuses=IN_FLIGHT), limit=1)
+        if busy:
+            return dg.SkipReason("a diy_crawl_job run is still going")
+        from dagster._core.execution.backfill import BulkActionStatus  # not re-exported by dagster
+
+        for backfill in context.instance.get_backfills(status=BulkActionStatus.REQUESTED):
+            if dg.AssetKey("diy_submissions") in (backfill.asset_selection or []) or (
+                backfill.job_name == "diy_crawl_job"
+            ):
+                return dg.SkipReason(f"backfill {backfill.backfill_id} of diy_submissions is still going")
+        done, cursor, waiting = _finished_materializations(context, [dg.AssetKey("diy_submissions")])
+        landed = [r for r, status in done if status == dg.DagsterRunStatus.SUCCESS]
+        if not landed:
+            return dg.SensorResult(skip_reason=waiting or "no new r/DIY month", cursor=str(cursor))
+        months = sorted({r.partition_key for r in landed if r.partition_key})
+        return dg.SensorResult(
+            run_requests=[
+                dg.RunRequest(
+                    run_key=f"diy-rebuild-{landed[-1].storage_id}",
+                    partition_key=DIY,
+                    tags={"mmlinks/months": ",".join(months)[:200]},
+                )
+            ],
+            cursor=str(cursor),
+        )
+
+    return weekly_diy_crawl, diy_rebuild_sensor
 
 
 def _chain_sensor(

@@ -7,7 +7,8 @@ resources too (``orchestration/resources.py``); tests call ``build_definitions``
 
 import dagster as dg
 
-from orchestration.assets import build_assets, source_partitions
+from orchestration.asset_support import source_partitions
+from orchestration.assets import build_assets
 from orchestration.automation import build_automation, build_jobs
 from orchestration.checks import build_checks
 from orchestration.resources import resources_from_env

@@ -182,7 +182,7 @@ def test_settings_refuse_typos_before_anything_runs(monkeypatch):
 
 
 def test_refusals_skip_the_retry_policy_and_network_hiccups_keep_it():
-    from orchestration.assets import failures_explained
+    from orchestration.asset_support import failures_explained
 
     def failure(cause: Exception) -> dg.Failure:
         with pytest.raises(dg.Failure) as err, failures_explained("dataset diy"):

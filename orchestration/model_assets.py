@@ -1,0 +1,223 @@
+"""Per objective: ``model/<obj>[source]`` (train + register as candidate) -> ``evaluation/<obj>``
+(the registered version scored on the frozen split) -> ``production/<obj>`` (the gated alias)."""
+
+from dataclasses import asdict
+
+import dagster as dg
+from dagster import AssetExecutionContext
+
+from orchestration.asset_support import (
+    CANDIDATE,
+    alias_version,
+    current_dataset,
+    failures_explained,
+    report_links,
+    versioned,
+)
+from orchestration.quality import check_evaluation_floor, require
+from orchestration.resources import MlflowResource, StorageResource, TrainingResource
+from orchestration.settings import Settings
+from schemas.errors import MmlinksError
+
+
+def objective_assets(
+    settings: Settings, objective: str, sources: dg.StaticPartitionsDefinition, retry: dg.RetryPolicy
+) -> list[dg.AssetsDefinition]:
+    model_key = dg.AssetKey(["model", objective])
+    evaluation_key = dg.AssetKey(["evaluation", objective])
+
+    @dg.asset(
+        key=model_key,
+        partitions_def=sources,
+        group_name="training",
+        kinds={"ray", "pytorch", "mlflow"},
+        retry_policy=retry,
+        ins={"dataset": dg.AssetIn("dataset")},
+        description=f"The {objective} model trained on the dataset (training.experiment.run_experiment: Ray "
+        f"Train, best checkpoint by validation loss, MLflow run, registered as '{CANDIDATE}'); on a Ray "
+        "cluster through the Ray Jobs API when MMLINKS_RAY_ADDRESS is set.",
+    )
+    def model(
+        context: AssetExecutionContext,
+        dataset: dict,
+        training: TrainingResource,
+        mlflow: MlflowResource,
+        storage: StorageResource,
+    ) -> dg.Output[dict]:
+        return train_model(context, settings, objective, dataset, training, mlflow, storage)
+
+    @dg.asset(
+        key=evaluation_key,
+        partitions_def=sources,
+        group_name="training",
+        kinds={"mlflow"},
+        ins={"model": dg.AssetIn(model_key), "dataset": dg.AssetIn("dataset")},
+        description=f"The registered {objective} version scored through its pyfunc model on the frozen "
+        f"{settings.promotion_split} split (training.registry.evaluate_model_uri, what promotion uses), "
+        "next to the Random baseline of its training run.",
+    )
+    def evaluation(
+        context: AssetExecutionContext, model: dict, dataset: dict, mlflow: MlflowResource
+    ) -> dg.Output[dict]:
+        return evaluate_model(settings, objective, model, dataset, mlflow)
+
+    @dg.asset(
+        key=dg.AssetKey(["production", objective]),
+        partitions_def=sources,
+        group_name="promotion",
+        kinds={"mlflow"},
+        ins={"evaluation": dg.AssetIn(evaluation_key), "dataset": dg.AssetIn("dataset")},
+        description=f"The 'production' alias of the {objective} model: moved to the candidate only "
+        "through training.registry.promote's gate (candidate vs production on the same split, AUC and "
+        "p@1 drops, AUC floor), under the registry's promotion lock. A refused promotion fails here.",
+    )
+    def production(
+        context: AssetExecutionContext, evaluation: dict, dataset: dict, mlflow: MlflowResource
+    ) -> dg.Output[dict]:
+        return promote_model(settings, evaluation, dataset, mlflow)
+
+    return [model, evaluation, production]
+
+
+def train_model(
+    context: AssetExecutionContext,
+    settings: Settings,
+    objective: str,
+    dataset: dict,
+    training: TrainingResource,
+    mlflow: MlflowResource,
+    storage: StorageResource,
+) -> dg.Output[dict]:
+    """Train ``objective`` on the dataset (here or as a Ray job) and register it as candidate."""
+    source = context.partition_key
+    name = settings.registered_model_name(source, objective)
+    with failures_explained(f"model {objective} on {source}"):
+        current_dataset(dataset, settings.thresholds_config())
+        cfg = settings.train_config(objective, dataset["path"], **training.defaults())
+        cfg.validate()
+        where = f"Ray cluster {training.ray_address}" if training.on_cluster() else "in-process Ray"
+        context.log.info(f"training {cfg.label} on {source} {dataset['dataset_version']} ({where})")
+        result = training.train(
+            cfg,
+            model_name=name,
+            alias=CANDIDATE,
+            tracking_uri=mlflow.uri(),
+            report_dir=storage.reports_path(),
+            log=context.log.info,
+            job_metadata={
+                "dagster_run_id": context.run_id,
+                "asset": f"model/{objective}",
+                "source": source,
+            },
+        )
+    test, rand = result.get("test", {}), result.get("random", {})
+    ref = {
+        "source": source,
+        "objective": objective,
+        "model_name": name,
+        "model_version": str(result["model_version"]),
+        "model_uri": result["model_uri"],
+        "run_id": result["run_id"],
+        "dataset_version": dataset["dataset_version"],
+        "dataset_path": dataset["path"],
+        "test": test,
+        "random": rand,
+        "report": result.get("report", ""),
+        "ray_job_id": result.get("ray_job_id", ""),
+    }
+    metadata = {
+        "mlflow_run_id": result["run_id"],
+        "model_name": name,
+        "model_version": ref["model_version"],
+        "model_uri": result["model_uri"],
+        "best_epoch": result.get("best_epoch", -1),
+        "dataset_version": dataset["dataset_version"],
+        "train_config": dg.MetadataValue.json(cfg.public_dict()),
+        "test_auc": float(test.get("auc", float("nan"))),
+        "test_p_at_1": float(test.get("p_at_1", float("nan"))),
+        "random_auc": float(rand.get("auc", float("nan"))),
+        "tracking_uri": mlflow.uri(),
+        **report_links(mlflow, result["run_id"], ref["report"]),
+    }
+    if ref["ray_job_id"]:
+        metadata["ray_job_id"] = ref["ray_job_id"]
+    return versioned(ref, f"{name}/{ref['model_version']}", metadata)
+
+
+def evaluate_model(
+    settings: Settings, objective: str, model: dict, dataset: dict, mlflow: MlflowResource
+) -> dg.Output[dict]:
+    """The registered version scored through its pyfunc on the promotion split."""
+    from training.registry import evaluate_model_uri
+
+    split = settings.promotion_split
+    with failures_explained(f"evaluation {objective} on {dataset['source']}"):
+        if model["dataset_version"] != dataset["dataset_version"]:
+            raise MmlinksError(
+                f"model {model['model_name']} v{model['model_version']} was trained on dataset "
+                f"{model['dataset_version']}, the dataset is now {dataset['dataset_version']}: "
+                "train again"
+            )
+        uri = f"models:/{model['model_name']}/{model['model_version']}"
+        scores = evaluate_model_uri(uri, dataset["path"], split, mlflow.uri())
+    rand = model.get("random", {})
+    ref = {
+        **{k: model[k] for k in ("source", "objective", "model_name", "model_version", "run_id")},
+        "dataset_version": dataset["dataset_version"],
+        "split": split,
+        **{k: float(v) for k, v in scores.items()},
+        "random_auc": float(rand.get("auc", float("nan"))),
+        "random_p_at_1": float(rand.get("p_at_1", float("nan"))),
+    }
+    metadata = {
+        **{k: float(v) for k, v in scores.items()},
+        "random_auc": ref["random_auc"],
+        "split": split,
+        "model_version": model["model_version"],
+        "mlflow_run_id": model["run_id"],
+        **report_links(mlflow, model["run_id"], model.get("report", "")),
+    }
+    return dg.Output(ref, metadata=metadata)
+
+
+def promote_model(
+    settings: Settings, evaluation: dict, dataset: dict, mlflow: MlflowResource
+) -> dg.Output[dict]:
+    """Move production to the evaluated candidate through the gate, or fail with the reasons."""
+    from training.registry import promote
+
+    name = evaluation["model_name"]
+    client = mlflow.client()
+    with failures_explained(f"promotion of {name}"):
+        require([check_evaluation_floor(evaluation, settings.thresholds_config())], f"{name} evaluation")
+        candidate = alias_version(client, name, CANDIDATE)
+        if candidate != evaluation["model_version"]:
+            raise MmlinksError(
+                f"{name}'s candidate is version {candidate}, the evaluation scored version "
+                f"{evaluation['model_version']}: evaluate the current candidate first"
+            )
+        result = promote(client, name, dataset["path"], settings.gate_config(), settings.promotion_split)
+    meta = {
+        "model_name": name,
+        "candidate_version": result.candidate_version,
+        "previous_production_version": result.production_version or "",
+        "candidate_metrics": dg.MetadataValue.json(result.candidate_metrics),
+        "production_metrics": dg.MetadataValue.json(result.production_metrics or {}),
+        "gate": dg.MetadataValue.json(asdict(settings.gate_config())),
+    }
+    if not result.promoted:
+        raise dg.Failure(
+            description=f"promotion of {name} version {result.candidate_version} refused: "
+            + "; ".join(result.failures),
+            metadata={**meta, "failures": dg.MetadataValue.json(result.failures)},
+            allow_retries=False,
+        )
+    ref = {
+        "model_name": name,
+        "production_version": result.candidate_version,
+        "previous_version": result.production_version,
+        "model_uri": f"models:/{name}@production",
+        "dataset_version": dataset["dataset_version"],
+        "metrics": result.candidate_metrics,
+    }
+    return versioned(ref, f"{name}/{result.candidate_version}", {**meta, "model_uri": ref["model_uri"]})
