@@ -60,6 +60,28 @@ TEMPLATES = (
     "you can see the {colour} {shape} on the {pattern} wall",
     "finally a {colour} {shape} that came out {size}",
 )
+# Project vocabulary for the topic confound: a document picks one project and its sentences all
+# mention it, as every sentence of a real r/DIY post talks about the same build.
+TOPICS = (
+    ("walnut", "bookshelf", "sanding"),
+    ("kitchen", "backsplash", "tiles"),
+    ("garden", "planter", "cedar"),
+    ("bathroom", "vanity", "grout"),
+    ("garage", "workbench", "plywood"),
+    ("nursery", "crib", "paint"),
+    ("porch", "swing", "stain"),
+    ("attic", "insulation", "drywall"),
+    ("deck", "railing", "screws"),
+    ("bedroom", "headboard", "fabric"),
+    ("fence", "gate", "hinges"),
+    ("closet", "shelving", "brackets"),
+    ("patio", "pavers", "gravel"),
+    ("laundry", "cabinet", "doors"),
+    ("office", "desk", "oak"),
+    ("pantry", "drawers", "maple"),
+)
+TOPIC_GLUE = ("for the", "on my", "in the", "with the")
+
 FILLER = (
     "thanks for reading and let me know what you think",
     "this project took me about two weekends in total",
@@ -91,6 +113,25 @@ class SynthConfig:
         rule="in [0, 1]",
     )
     image_size: int = option(128, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+    style_strength: float = option(
+        0.0,
+        help="confound: how strongly every image of a document shares one visual style (background, "
+        "lighting, colour cast, camera noise); 0 = off, 1 = every image fully in the document's style",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
+    )
+    topic_words: int = option(
+        0,
+        help="confound: this many topic words of the document's project added to every sentence, "
+        "distractors included (0 = off)",
+        check=lambda v: 0 <= v <= 6,
+        rule="0 to 6",
+    )
+    topic_position: str = option(
+        "end",
+        help="where the topic words go in each sentence",
+        choices=("start", "end", "random"),
+    )
 
     def __post_init__(self) -> None:
         validate(self, "synthetic corpus options")
@@ -136,9 +177,53 @@ def _draw_shape(draw: ImageDraw.ImageDraw, spec: ObjectSpec, cx: float, cy: floa
         raise ValueError(spec.shape)
 
 
-def render(spec: ObjectSpec, size: int, rng: random.Random) -> Image.Image:
+@dataclass
+class DocumentStyle:
+    """What every image of one document shares when the style confound is on (a camera, a room,
+    a light): the background colour, a lighting field, a colour cast and sensor noise."""
+
+    strength: float
+    background: tuple[int, int, int]
+    light: list[int]  # the 4x4 brightness field
+    cast: tuple[float, float, float]  # per-channel gain
+    noise: float  # Gaussian sensor noise, grey levels
+
+
+def document_style(seed: int, index: int, strength: float) -> DocumentStyle | None:
+    """The document's style from its own random stream (the corpus without it is unchanged)."""
+    if strength <= 0:
+        return None
+    rng = random.Random(f"{seed}:{index}:style")
+    return DocumentStyle(
+        strength=strength,
+        background=tuple(rng.randint(40, 230) for _ in range(3)),  # type: ignore[arg-type]
+        light=[rng.randint(0, 255) for _ in range(16)],
+        cast=tuple(rng.uniform(0.6, 1.4) for _ in range(3)),  # type: ignore[arg-type]
+        noise=rng.uniform(0.0, 24.0),
+    )
+
+
+def _styled(img: Image.Image, style: DocumentStyle, rng: random.Random) -> Image.Image:
+    """Blend the image towards the document's style: its light, colour cast and noise."""
+    s = style.strength
+    field = Image.new("L", (4, 4))
+    field.putdata(style.light)
+    field = field.resize(img.size, Image.BICUBIC)
+    light = (np.asarray(field, dtype=np.float32)[..., None] - 128.0) * (100.0 / 128.0)
+    pixels = np.asarray(img, dtype=np.float32) + s * light
+    gain = 1.0 + s * (np.asarray(style.cast, dtype=np.float32) - 1.0)
+    pixels = pixels * gain
+    noise = np.random.default_rng(rng.getrandbits(32)).normal(0.0, s * style.noise, pixels.shape)
+    return Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8))
+
+
+def render(
+    spec: ObjectSpec, size: int, rng: random.Random, style: DocumentStyle | None = None
+) -> Image.Image:
     """A textured background with one object; jitter keeps no two renders identical."""
     bg = spec.background
+    if style is not None:  # the document's room: its background, blended by the strength
+        bg = tuple(round((1 - style.strength) * a + style.strength * b) for a, b in zip(bg, style.background))
     img = Image.new("RGB", (size, size), bg)
     draw = ImageDraw.Draw(img)
     alt = tuple(max(0, min(255, c + rng.choice((-45, 45)))) for c in bg)
@@ -161,7 +246,8 @@ def render(spec: ObjectSpec, size: int, rng: random.Random) -> Image.Image:
     cy = (py + rng.uniform(-0.05, 0.05)) * size
     _draw_shape(draw, spec, cx, cy, r)
     img = img.filter(ImageFilter.GaussianBlur(radius=rng.uniform(0.0, 0.8)))
-    return _relight(img, rng)
+    img = _relight(img, rng)
+    return img if style is None else _styled(img, style, rng)
 
 
 def _relight(img: Image.Image, rng: random.Random, cells: int = 4, strength: int = 100) -> Image.Image:
@@ -207,6 +293,28 @@ def _poisson(rng: random.Random, lam: float) -> int:
         k += 1
 
 
+def with_topic(text: str, cfg: SynthConfig, index: int, k: int) -> str:
+    """``text`` mentioning the document's project (``cfg.topic_words`` words of one topic, plus
+    a second topic's words past three), at the start, the end, or either."""
+    rng = random.Random(f"{cfg.seed}:{index}:topic")  # the same project for every sentence
+    first, second = rng.sample(range(len(TOPICS)), 2)
+    words = [*TOPICS[first], *TOPICS[second]][: cfg.topic_words]
+    pick = random.Random(f"{cfg.seed}:{index}:topic:{k}")
+    phrase = f"{pick.choice(TOPIC_GLUE)} {' '.join(words)}"
+    where = cfg.topic_position if cfg.topic_position != "random" else pick.choice(("start", "end"))
+    return f"{phrase} {text}" if where == "start" else f"{text} {phrase}"
+
+
+def _confound_metadata(cfg: SynthConfig, index: int) -> dict[str, str]:
+    out = {}
+    if cfg.style_strength > 0:
+        out["style_strength"] = f"{cfg.style_strength:g}"
+    if cfg.topic_words:
+        rng = random.Random(f"{cfg.seed}:{index}:topic")
+        out["topic"] = " ".join(TOPICS[rng.sample(range(len(TOPICS)), 2)[0]])
+    return out
+
+
 def generate_document(cfg: SynthConfig, index: int) -> tuple[dict, list[Image.Image]]:
     """One document and its images; depends only on (seed, index), so any slice is reproducible."""
     rng = random.Random(f"{cfg.seed}:{index}")
@@ -238,15 +346,18 @@ def generate_document(cfg: SynthConfig, index: int) -> tuple[dict, list[Image.Im
                 spec = _random_spec(rng, list(COLOURS))
             sentences.append((describe(spec, rng), -1))
     rng.shuffle(sentences)
+    if cfg.topic_words:
+        sentences = [(with_topic(text, cfg, index, k), img) for k, (text, img) in enumerate(sentences)]
 
     doc_id = f"synth-{cfg.seed}-{index:06d}"
-    images = [render(s, cfg.image_size, rng) for s in specs]
+    style = document_style(cfg.seed, index, cfg.style_strength)
+    images = [render(s, cfg.image_size, rng, style) for s in specs]
     record = {
         "doc_id": doc_id,
         "sentences": [s for s, _ in sentences],
         "images": [f"images/{doc_id}/{k}.png" for k in range(len(images))],
         "links": [[si, img] for si, (_, img) in enumerate(sentences) if img >= 0],
-        "metadata": {"palette": "shared" if hard else "free"},
+        "metadata": {"palette": "shared" if hard else "free", **_confound_metadata(cfg, index)},
     }
     return record, images
 

@@ -57,3 +57,42 @@ def test_palette_similarity_limits_colours_per_document():
         named = {c for s in record["sentences"] for c in COLOURS if f" {c} " in f" {s} "}
         assert len(named) <= 2
         assert record["metadata"]["palette"] == "shared"
+
+
+def test_the_topic_confound_puts_the_documents_project_in_every_sentence():
+    cfg = SynthConfig(docs=8, seed=4, image_size=48, topic_words=3, extra_sentence_rate=1.0)
+    topics = set()
+    for i in range(cfg.docs):
+        record, _ = generate_document(cfg, i)
+        words = record["metadata"]["topic"].split()
+        assert len(words) == 3 and all(all(w in s.split() for w in words) for s in record["sentences"])
+        topics.add(record["metadata"]["topic"])
+    assert len(topics) > 1  # documents differ in topic
+    plain, _ = generate_document(SynthConfig(docs=8, seed=4, image_size=48, extra_sentence_rate=1.0), 0)
+    assert "topic" not in plain["metadata"]
+    assert [s for s in plain["sentences"]] != generate_document(cfg, 0)[0]["sentences"]
+
+
+def test_the_style_confound_makes_a_documents_images_alike():
+    """Mean colours of images in one document sit closer together than across documents when
+    the style is on, and the corpus without it is what it was (style draws its own stream)."""
+    import numpy as np
+
+    def mean_colours(cfg, i):
+        return np.array(
+            [np.asarray(im, dtype=float).mean(axis=(0, 1)) for im in generate_document(cfg, i)[1]]
+        )
+
+    def within_vs_across(cfg):
+        docs = [mean_colours(cfg, i) for i in range(10)]
+        within = np.mean([np.linalg.norm(d - d.mean(0), axis=1).mean() for d in docs])
+        centre = np.concatenate(docs).mean(0)
+        across = np.mean([np.linalg.norm(d.mean(0) - centre) for d in docs])
+        return within / across
+
+    styled = SynthConfig(seed=2, image_size=48, style_strength=1.0)
+    plain = SynthConfig(seed=2, image_size=48)
+    assert within_vs_across(styled) < 0.6 * within_vs_across(plain)
+    before, _ = generate_document(plain, 1)
+    again, _ = generate_document(SynthConfig(seed=2, image_size=48, style_strength=0.0), 1)
+    assert before == again
