@@ -45,6 +45,7 @@ ROWS = [
 
 
 def build(work: Path, docs: int, regions: bool) -> Path:
+    from features.registry import GRID_LITE0
     from pipelines.build import BuildConfig, build_dataset
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
@@ -55,7 +56,10 @@ def build(work: Path, docs: int, regions: bool) -> Path:
     if not (out / "manifest.json").exists():
         build_dataset(
             BuildConfig(
-                source="synthetic", input=str(corpus), out=str(out), regions="grid-lite0" if regions else None
+                source="synthetic",
+                input=str(corpus),
+                out=str(out),
+                regions=GRID_LITE0.name if regions else None,
             )
         )
     return out

@@ -14,6 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from features.registry import DEFAULT_EXTRACTOR, describe_extractors
 from pipelines.sources import source_names
 from schemas.errors import MmlinksError
 
@@ -739,15 +740,14 @@ def build_parser() -> argparse.ArgumentParser:
     feats = build.add_argument_group("features")
     feats.add_argument(
         "--extractor",
-        default="efficientnet-lite0",
-        help="global CNN features: efficientnet-lite0 (offline default), "
-        "densenet169 (the paper's; needs --weights)",
+        default=DEFAULT_EXTRACTOR,
+        help=f"global CNN features (default {DEFAULT_EXTRACTOR}): {describe_extractors('global')}",
     )
     feats.add_argument(
         "--regions",
         default=None,
-        help="region features for the Li et al. 2021 model: grid-lite0 (offline) or fasterrcnn-r50-fpn "
-        "(needs --weights); default: none",
+        help="region features for the Li et al. 2021 model (default: none): "
+        + describe_extractors("regions"),
     )
     feats.add_argument(
         "--weights", help="weight file of --extractor (default: $MMLINKS_WEIGHTS_DIR, then the torch cache)"
@@ -863,7 +863,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "filter_option beam_arg beam_options source_option crawl_state"
             ).split()
         },
-        extractor="efficientnet-lite0",
+        extractor=DEFAULT_EXTRACTOR,
         batch_size=32,
         dedupe_policy="drop_all",
         runner="DirectRunner",

@@ -34,13 +34,15 @@ import numpy as np
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import RunInference
 
+from features import Extractor, ImageFeatures, get_extractor, resolve_device
+from features.images import decode
+from features.registry import DEFAULT_EXTRACTOR
 from pipelines import fileio
 from pipelines.dedupe import FindDuplicateDocuments
 from pipelines.feature_cache import FeatureCache, cache_key
-from pipelines.features import Extractor, ImageFeatures, get_extractor, resolve_device
 from pipelines.filters import DocumentFilter, filter_for
 from pipelines.image_store import ImageStore, Placeholders
-from pipelines.images import decode
+from pipelines.inference import model_handler
 from pipelines.records import (
     COUNTS_NAMESPACE,
     DEAD_LETTER,
@@ -77,8 +79,8 @@ class BuildConfig:
     source: str
     input: str
     out: str
-    extractor: str = "efficientnet-lite0"
-    regions: str | None = None  # region extractor (grid-lite0, fasterrcnn-r50-fpn) or none
+    extractor: str = DEFAULT_EXTRACTOR  # a global extractor of features.registry
+    regions: str | None = None  # a region extractor of features.registry, or none
     extractor_options: dict[str, str] = field(default_factory=dict)  # e.g. weights=PATH
     region_options: dict[str, str] = field(default_factory=dict)  # e.g. grid=6, num_regions=36
     precision: str = "float32"  # storage dtype of feature vectors: float32 | float16
@@ -352,7 +354,7 @@ def _features(content_ids, cfg: BuildConfig, extractor: Extractor, label: str):
     )
     # Detectors forward one image at a time: big batches would only hold memory.
     batch = cfg.batch_size if extractor.forward_chunk else min(cfg.batch_size, 4)
-    handler = extractor.model_handler(device=cfg.device, batch_size=batch, cpu_threads=cfg.threads())
+    handler = model_handler(extractor, device=cfg.device, batch_size=batch, cpu_threads=cfg.threads())
     inferred, failed = (
         looked[LookUpFeatureCache.MISS]
         | f"{label}Pixels" >> beam.ParDo(LoadPixels(store_root, extractor))

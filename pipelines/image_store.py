@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 import requests
 
+from features.images import InvalidImage, inspect_image
 from pipelines import fileio
-from pipelines.images import InvalidImage, inspect_image
 from schemas.errors import MmlinksError
 
 log = logging.getLogger(__name__)

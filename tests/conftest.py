@@ -101,7 +101,7 @@ def _write_near_duplicates(img_dir: Path) -> None:
 
     from PIL import Image
 
-    from pipelines.images import inspect_image
+    from features.images import inspect_image
 
     original = _noise_png(seed=7)
     buf = io.BytesIO()

@@ -104,7 +104,7 @@ class ExplodingModel(torch.nn.Module):
 
 
 def test_inference_failure_dead_letters_instead_of_crashing(tmp_path, monkeypatch):
-    from pipelines.features.lite0 import EfficientNetLite0Extractor
+    from features.lite0 import EfficientNetLite0Extractor
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
     monkeypatch.setattr(EfficientNetLite0Extractor, "load_model", lambda self, device="cpu": ExplodingModel())

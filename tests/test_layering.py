@@ -26,3 +26,11 @@ def test_library_packages_do_not_import_the_orchestrator(package):
     for f in files:
         bad = {m for m in imported_modules(f) if m.split(".")[0] in FORBIDDEN}
         assert not bad, f"{f.relative_to(ROOT)} imports {bad}"
+
+
+def test_features_never_import_pipelines_or_beam():
+    files = sorted((ROOT / "features").rglob("*.py"))
+    assert files
+    for f in files:
+        bad = {m for m in imported_modules(f) if m.split(".")[0] in ("pipelines", "apache_beam", "training")}
+        assert not bad, f"{f.relative_to(ROOT)} imports {bad}"
