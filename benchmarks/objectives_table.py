@@ -46,7 +46,8 @@ ROWS = [
 
 def build(work: Path, docs: int, regions: bool) -> Path:
     from features.registry import GRID_LITE0
-    from pipelines.build import BuildConfig, build_dataset
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
     corpus = work / "corpus"

@@ -243,7 +243,9 @@ def build_assets(settings: Settings) -> list[dg.AssetsDefinition]:
         context: AssetExecutionContext, raw_snapshot: dict, storage: StorageResource
     ) -> dg.Output[dict]:
         from pipelines import fileio
-        from pipelines.build import BuildConfig, build_dataset, last_build
+        from pipelines.build import build_dataset
+        from pipelines.build_config import BuildConfig
+        from pipelines.commit import last_build
 
         source = context.partition_key
         with failures_explained(f"dataset {source}"):

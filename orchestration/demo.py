@@ -48,7 +48,8 @@ def run_demo(args) -> dict:
     from tqdm import tqdm
 
     from orchestration.cli import train_config_from_args
-    from pipelines.build import BuildConfig, build_dataset
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
     from training.experiment import run_experiment
     from training.registry import Gate, promote

@@ -137,7 +137,8 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def dataset(corpus, tmp_path_factory) -> Path:
-    from pipelines.build import BuildConfig, build_dataset
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
 
     out = tmp_path_factory.mktemp("dataset")
     build_dataset(

@@ -8,7 +8,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import torch
 
-from pipelines.build import BuildConfig, build_dataset, dead_letters
+from pipelines.build import build_dataset
+from pipelines.build_config import BuildConfig
+from pipelines.commit import dead_letters
 from pipelines.splits import assign_split
 from schemas.manifest import Manifest
 from schemas.shards import read_documents
@@ -133,7 +135,7 @@ def _cfg(corpus, out, **kw):
 
 
 def test_rebuild_from_the_store_fetches_decodes_and_infers_nothing(corpus, dataset, tmp_path):
-    from pipelines.build import last_build
+    from pipelines.commit import last_build
 
     m1 = Manifest.read(dataset)
     first = last_build(str(dataset))
@@ -204,7 +206,7 @@ def test_a_killed_build_resumes_without_repeating_work(corpus, dataset, tmp_path
     import time
     from pathlib import Path
 
-    from pipelines.build import last_build
+    from pipelines.commit import last_build
     from tests.conftest import venv_env
 
     out = tmp_path / "out"
