@@ -15,7 +15,7 @@ the connector's, not a hand-tuned client's:
    ``polite_max_rate_observed`` is the most requests in any 1-second window ``[t, t+1)`` starting
    at an arrival, ``polite_min_spacing_s`` the smallest gap between arrivals and
    ``polite_mean_rate`` (arrivals - 1) / (last - first). The client spaces request starts
-   1.05/rate apart (``http_client.RATE_MARGIN``): at exactly 1/rate, arrivals that jitter by a few
+   1.05/rate apart (``pipelines.web.rate_gate.RATE_MARGIN``): at exactly 1/rate, arrivals that jitter by a few
    milliseconds at the server let a window catch ``rate + 1`` requests. ``polite_within_limit``
    is the strict test: no 1-second window holds more than ``rate`` requests.
 
@@ -41,9 +41,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fixtures is not installed
 
 from pipelines.crawl_state import CrawlState
-from pipelines.http_client import PoliteClient, policy_from_context
 from pipelines.sources import get_spec
+from pipelines.sources.http_options import policy_from_context
 from pipelines.sources.imgur import AlbumFailed, AlbumScraper
+from pipelines.web import PoliteClient
 
 
 def make_albums(prefix: str, n: int, images: int, seed0: int):

@@ -45,7 +45,9 @@ ROWS = [
 
 
 def build(work: Path, docs: int, regions: bool) -> Path:
-    from pipelines.build import BuildConfig, build_dataset
+    from features.registry import GRID_LITE0
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
     corpus = work / "corpus"
@@ -55,7 +57,10 @@ def build(work: Path, docs: int, regions: bool) -> Path:
     if not (out / "manifest.json").exists():
         build_dataset(
             BuildConfig(
-                source="synthetic", input=str(corpus), out=str(out), regions="grid-lite0" if regions else None
+                source="synthetic",
+                input=str(corpus),
+                out=str(out),
+                regions=GRID_LITE0.name if regions else None,
             )
         )
     return out

@@ -304,7 +304,8 @@ def _dedupe_threshold(text: str) -> int | None:
 
 
 def cmd_build(args) -> dict:
-    from pipelines.build import BuildConfig, build_dataset
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
 
     if "://" not in args.input and not Path(args.input).exists():  # remote: checked by the source
         raise MmlinksError(f"--input {args.input} does not exist")
@@ -351,7 +352,7 @@ def cmd_build(args) -> dict:
     with heartbeat("beam build"):
         manifest = build_dataset(cfg)
     from pipelines import fileio
-    from pipelines.build import last_build
+    from pipelines.commit import last_build
 
     summary = {"manifest": fileio.join(cfg.out, "manifest.json"), **manifest_summary(manifest)}
     summary["dead_letter"] = fileio.join(cfg.out, manifest.dead_letter) if manifest.dead_letter else None

@@ -67,7 +67,8 @@ def run_demo(args) -> dict:
     from mlflow.tracking import MlflowClient
     from tqdm import tqdm
 
-    from pipelines.build import BuildConfig, build_dataset
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
     from pipelines.synthetic_corpus import SynthConfig, corpus_matches, write_corpus
     from training.experiment import run_experiment
     from training.registry import Gate, promote

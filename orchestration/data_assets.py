@@ -131,7 +131,9 @@ def build_source(
 ) -> dg.Output[dict]:
     """``mmlinks data build`` of the partition's source from its snapshot, with the build options."""
     from pipelines import fileio
-    from pipelines.build import BuildConfig, build_dataset, last_build
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
+    from pipelines.commit import last_build
 
     source = context.partition_key
     with failures_explained(f"dataset {source}"):

@@ -18,8 +18,8 @@ import zipfile
 
 import numpy as np
 
+from features import ImageFeatures
 from pipelines import fileio
-from pipelines.features import ImageFeatures
 
 
 def cache_key(extractor_name: str, version: str, device: str, options: dict | None = None) -> str:

@@ -33,8 +33,11 @@ from urllib.parse import urlsplit
 
 import requests
 
+from features.images import InvalidImage, inspect_image
 from pipelines import fileio
-from pipelines.images import InvalidImage, inspect_image
+from pipelines.web.client import PoliteClient
+from pipelines.web.guard import redact_url
+from pipelines.web.policy import HttpError
 from schemas.errors import MmlinksError
 
 log = logging.getLogger(__name__)
@@ -184,6 +187,41 @@ class HttpFetcher:
             except requests.RequestException as exc:  # read timeout, broken chunked encoding
                 raise FetchFailed(FETCH_FAILED, f"while reading: {exc}"[:300], transient=True) from exc
         return FetchResult(bytes(buf), final)
+
+
+class PoliteFetcher:
+    """The image store's ``Fetcher`` over a ``PoliteClient``: allowlisted, rate-limited images.
+
+    Images skip the response cache: the image store keeps them content-addressed already. A
+    redirect to an allowed host's ``/removed.png`` returns normally; the store recognises the
+    placeholder from ``final_uri``.
+
+    Only failures that belong to the image are permanent (the store records them for later
+    builds): 404/410 (``not_found``) and ``too_large``. Everything else is ``transient`` and
+    not stored, because it depends on this run's settings (``refused_host``,
+    ``private_address``, ``bad_url``, ``too_many_redirects``) or on the moment (401/403, other
+    4xx, a 3xx without Location, 5xx, exhausted retries).
+    """
+
+    def __init__(self, client: PoliteClient):
+        self.client = client
+
+    def fetch(self, uri: str, max_bytes: int):
+        try:
+            resp = self.client.get(uri, max_bytes=max_bytes, use_cache=False)
+        except HttpError as exc:
+            if exc.reason == "too_large":
+                raise FetchFailed(TOO_LARGE, exc.detail[:300], status=exc.status) from exc
+            raise FetchFailed(
+                FETCH_FAILED, f"{exc.reason}: {exc.detail}"[:300], transient=True, status=exc.status
+            ) from exc
+        if resp.status in (404, 410):
+            raise FetchFailed(NOT_FOUND, f"HTTP {resp.status} {redact_url(resp.url)}", status=resp.status)
+        if not 200 <= resp.status < 300:
+            raise FetchFailed(
+                FETCH_FAILED, f"HTTP {resp.status} {redact_url(resp.url)}", transient=True, status=resp.status
+            )
+        return FetchResult(resp.body, resp.url)
 
 
 def default_fetcher(uri: str) -> Fetcher:

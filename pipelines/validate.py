@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import apache_beam as beam
 
+from features.images import InvalidImage
 from pipelines.image_store import Fetcher, ImageStore, Placeholders
-from pipelines.images import InvalidImage
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from schemas.text import has_tokens, repair_text
 

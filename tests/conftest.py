@@ -101,7 +101,7 @@ def _write_near_duplicates(img_dir: Path) -> None:
 
     from PIL import Image
 
-    from pipelines.images import inspect_image
+    from features.images import inspect_image
 
     original = _noise_png(seed=7)
     buf = io.BytesIO()
@@ -137,7 +137,8 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def dataset(corpus, tmp_path_factory) -> Path:
-    from pipelines.build import BuildConfig, build_dataset
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
 
     out = tmp_path_factory.mktemp("dataset")
     build_dataset(

@@ -158,8 +158,8 @@ def brute_force_scores(doc: dict, k: int, glove: dict, head: torch.nn.Linear, cl
 
 
 def test_object_detection_matches_brute_force_for_every_k(od_dataset, glove):
-    from pipelines.features.efficientnet_lite import load_pretrained
-    from pipelines.features.lite0 import imagenet_categories
+    from features.efficientnet_lite import load_pretrained
+    from features.lite0 import imagenet_categories
     from schemas.shards import read_table
 
     res = object_detection_baseline(od_dataset, k_max=20)
@@ -206,7 +206,7 @@ def test_without_val_labels_the_choice_is_the_oracle_and_says_so(tmp_path):
 
 
 def test_densenet169_classifier_comes_from_its_weight_file(tmp_path):
-    from pipelines.features.base import weights_version
+    from features.base import weights_version
 
     rng = np.random.default_rng(0)
     weights = tmp_path / "densenet169.pth"

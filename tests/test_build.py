@@ -8,7 +8,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import torch
 
-from pipelines.build import BuildConfig, build_dataset, dead_letters
+from pipelines.build import build_dataset
+from pipelines.build_config import BuildConfig
+from pipelines.commit import dead_letters
 from pipelines.splits import assign_split
 from schemas.manifest import Manifest
 from schemas.shards import read_documents
@@ -104,7 +106,7 @@ class ExplodingModel(torch.nn.Module):
 
 
 def test_inference_failure_dead_letters_instead_of_crashing(tmp_path, monkeypatch):
-    from pipelines.features.lite0 import EfficientNetLite0Extractor
+    from features.lite0 import EfficientNetLite0Extractor
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
     monkeypatch.setattr(EfficientNetLite0Extractor, "load_model", lambda self, device="cpu": ExplodingModel())
@@ -133,7 +135,7 @@ def _cfg(corpus, out, **kw):
 
 
 def test_rebuild_from_the_store_fetches_decodes_and_infers_nothing(corpus, dataset, tmp_path):
-    from pipelines.build import last_build
+    from pipelines.commit import last_build
 
     m1 = Manifest.read(dataset)
     first = last_build(str(dataset))
@@ -204,7 +206,7 @@ def test_a_killed_build_resumes_without_repeating_work(corpus, dataset, tmp_path
     import time
     from pathlib import Path
 
-    from pipelines.build import last_build
+    from pipelines.commit import last_build
     from tests.conftest import venv_env
 
     out = tmp_path / "out"

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import pipelines.dedupe as dedupe
+from features.images import phash64
 from pipelines.dedupe import (
     TWO_LEVEL_MIN_GROUP,
     DuplicateVerdict,
@@ -33,7 +34,6 @@ from pipelines.dedupe import (
     near_duplicate_pairs,
     sub_block_layout,
 )
-from pipelines.images import phash64
 from pipelines.records import COUNTS_NAMESPACE
 
 U64 = st.integers(0, 2**64 - 1)

@@ -5,8 +5,8 @@ import torch
 from PIL import Image
 from skimage import data
 
-from pipelines.features import get_extractor
-from pipelines.features.efficientnet_lite import EfficientNetLite0Features, load_pretrained
+from features import get_extractor
+from features.efficientnet_lite import EfficientNetLite0Features, load_pretrained
 
 CAT_CLASSES = {281, 282, 283, 284, 285}  # tabby, tiger cat, Persian, Siamese, Egyptian cat
 
@@ -24,7 +24,7 @@ def test_pretrained_lite0_classifies_chelsea_the_cat():
 
 def test_random_weights_do_not_classify_chelsea():
     """Guards the test above: the cat comes from the pretrained weights, not the preprocessing."""
-    from pipelines.features.efficientnet_lite import EfficientNetLite0
+    from features.efficientnet_lite import EfficientNetLite0
 
     torch.manual_seed(0)
     model = EfficientNetLite0().eval()

@@ -16,9 +16,10 @@ import torch
 from PIL import Image
 from skimage import data
 
-import pipelines.features as F
-from pipelines.features import EXTRACTORS, ImageFeatures, get_extractor
-from pipelines.features.base import WEIGHTS_DIR_ENV
+import features as F
+from features import EXTRACTORS, ImageFeatures, get_extractor
+from features.base import WEIGHTS_DIR_ENV
+from pipelines.inference import model_handler
 from schemas.errors import MmlinksError
 
 CAT_NAMES = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}  # ImageNet 281-285
@@ -99,7 +100,7 @@ def test_cuda_request_without_cuda_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     with pytest.raises(MmlinksError, match="CUDA is not available"):
-        get_extractor("efficientnet-lite0").model_handler(device="cuda")
+        model_handler(get_extractor("efficientnet-lite0"), device="cuda")
 
 
 def test_cpu_malloc_tuning_can_be_turned_off(monkeypatch):
@@ -150,10 +151,10 @@ def lite0():
 
 
 def test_lite0_features_are_the_pooled_backbone_outputs(lite0, chelsea):
-    from pipelines.features import efficientnet_lite as lite
-    from pipelines.features import fixed_chunk_forward
-    from pipelines.features.efficientnet_lite import EfficientNetLite0Features, load_pretrained
-    from pipelines.images import to_model_input
+    from features import efficientnet_lite as lite
+    from features import fixed_chunk_forward
+    from features.efficientnet_lite import EfficientNetLite0Features, load_pretrained
+    from features.images import to_model_input
 
     ext, model = lite0
     assert (ext.name, ext.version, ext.dim, ext.kind) == (
@@ -208,7 +209,7 @@ def test_beam_handler_batches_and_results_do_not_depend_on_batching():
         return r["boxes"].tobytes(), r["vectors"].tobytes(), tuple(r["labels"]), r["scores"].tobytes()
 
     expected = [(k, signature(ext.extract([im], model=model)[0])) for k, im in images.items()]
-    handler = ext.model_handler("cpu", batch_size=8)
+    handler = model_handler(ext, "cpu", batch_size=8)
     assert handler.batch_elements_kwargs() == {"min_batch_size": 8, "max_batch_size": 8}
     with beam.Pipeline(runner="DirectRunner") as p:
         out = (
@@ -223,9 +224,9 @@ def test_beam_handler_batches_and_results_do_not_depend_on_batching():
 
 def test_handler_batch_size_is_a_multiple_of_the_forward_chunk():
     ext = get_extractor("efficientnet-lite0")
-    assert ext.model_handler(batch_size=20).batch_elements_kwargs()["max_batch_size"] == 24
+    assert model_handler(ext, batch_size=20).batch_elements_kwargs()["max_batch_size"] == 24
     with pytest.raises(MmlinksError, match="batch_size must be an integer >= 1"):
-        ext.model_handler(batch_size=0)
+        model_handler(ext, batch_size=0)
 
 
 # --------------------------------------------------------------------------- grid-lite0
@@ -335,7 +336,7 @@ def detector(tmp_path_factory):
 
 
 def test_fasterrcnn_regions_match_the_detector_output(detector, chelsea):
-    from pipelines.features.detection import coco_categories
+    from features.detection import coco_categories
 
     ext, model = detector
     assert (ext.kind, ext.dim) == ("regions", 1024)
@@ -381,9 +382,22 @@ def test_fasterrcnn_with_no_detections_gives_empty_regions(detector, chelsea):
 
 
 def test_fasterrcnn_resizes_like_the_detector_transform():
-    from pipelines.features.detection import detector_input_size
+    from features.detection import detector_input_size
 
     assert detector_input_size(640, 480, 800, 1333) == (1067, 800)
     assert detector_input_size(480, 640, 800, 1333) == (800, 1067)
     assert detector_input_size(3000, 1000, 800, 1333) == (1333, 444)
     assert detector_input_size(800, 800, 800, 1333) == (800, 800)
+
+
+def test_the_registry_module_names_every_builtin_once():
+    from features import registry
+
+    assert sorted(registry.extractor_names()) == sorted(EXTRACTORS)
+    assert registry.global_extractor_names() == ["efficientnet-lite0", "densenet169"]
+    assert registry.region_extractor_names() == ["fasterrcnn-r50-fpn", "grid-lite0"]
+    for name, spec in registry.BUILTIN_EXTRACTORS.items():
+        cls = EXTRACTORS[name]
+        assert (cls.__name__, cls.kind, cls.__module__) == (spec.class_name, spec.kind, spec.module)
+    assert get_extractor("efficientnet-lite0").dim == registry.LITE0.dim
+    assert get_extractor("grid-lite0").dim == registry.GRID_LITE0.dim

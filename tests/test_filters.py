@@ -99,7 +99,7 @@ def test_ratio_splits_do_not_depend_on_other_documents(ids):
 
 
 def test_user_filter_options_are_laid_over_the_sources_defaults():
-    from pipelines.build import BuildConfig
+    from pipelines.build_config import BuildConfig
 
     cfg = BuildConfig.for_source(
         "mscoco", "in", "out", filter_options={"max_sentences": "12"}, dedupe_threshold=3

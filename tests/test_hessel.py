@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.build import BuildConfig, build_dataset, dead_letters
+from pipelines.build import build_dataset
+from pipelines.build_config import BuildConfig
+from pipelines.commit import dead_letters
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_documents

@@ -23,26 +23,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipelines import http_client
-from pipelines.http_client import (
+from pipelines.image_store import FetchFailed, PoliteFetcher
+from pipelines.sources.base import SourceSpec
+from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.web import (
     MAX_BLOCK_S,
     RATE_MARGIN,
     HttpError,
     HttpPolicy,
     PoliteClient,
-    PoliteFetcher,
     backoff_delay,
-    cache_key,
     check_public_host,
     host_allowed,
-    http_source_options,
     parse_retry_after,
-    policy_from_context,
+    rate_gate,
     rate_limit_reset,
     redact_url,
 )
-from pipelines.image_store import FetchFailed
-from pipelines.sources.base import SourceSpec
+from pipelines.web.cache import cache_key
 from schemas.errors import MmlinksError
 
 # ---------------------------------------------------------------------------- fixture servers
@@ -142,11 +140,11 @@ def serve():
 @pytest.fixture(autouse=True)
 def fresh_gates():
     """Per-host gates are process-wide; a reused port must not inherit another test's pauses."""
-    http_client._GATES.clear()
-    http_client._SEMAPHORES.clear()
+    rate_gate._GATES.clear()
+    rate_gate._SEMAPHORES.clear()
     yield
-    http_client._GATES.clear()
-    http_client._SEMAPHORES.clear()
+    rate_gate._GATES.clear()
+    rate_gate._SEMAPHORES.clear()
 
 
 class FakeTime:

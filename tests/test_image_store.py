@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 
 import pipelines.image_store as image_store
+from features.images import InvalidImage
 from pipelines import fileio
 from pipelines.image_store import (
     USER_AGENT,
@@ -29,7 +30,6 @@ from pipelines.image_store import (
     Placeholders,
     is_blank_phash,
 )
-from pipelines.images import InvalidImage
 
 LIMIT = 100_000  # the store's byte limit in these tests
 

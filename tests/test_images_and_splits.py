@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from pipelines.images import InvalidImage, inspect_image, phash64
+from features.images import InvalidImage, inspect_image, phash64
 from pipelines.splits import assign_split, shard_index
 
 

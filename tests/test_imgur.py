@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.crawl_state import CrawlState
-from pipelines.http_client import HttpError, HttpResponse, PoliteClient, policy_from_context
 from pipelines.records import DEAD_LETTER, DeadLetter, RawDocument
 from pipelines.sources import get_spec
+from pipelines.sources.http_options import policy_from_context
 from pipelines.sources.imgur import (
     Album,
     AlbumFailed,
@@ -31,6 +31,7 @@ from pipelines.sources.imgur import (
     parse_album_url,
     repair_surrogates,
 )
+from pipelines.web import HttpError, HttpResponse, PoliteClient
 from schemas.errors import MmlinksError
 from tests.fixtures.imgur import (
     FixtureAlbum,

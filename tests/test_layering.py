@@ -110,3 +110,20 @@ def test_no_import_cycle_inside_a_package(package):
 def test_the_cycle_finder_finds_cycles():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_features_never_import_pipelines_or_beam():
+    for f in package_files("features"):
+        bad = {m for m in imported_modules(f) if m.split(".")[0] in ("pipelines", "apache_beam", "training")}
+        assert not bad, f"{f.relative_to(ROOT)} imports {bad}"
+
+
+def test_generic_pipelines_modules_never_import_a_source():
+    """Only the build (config and graph) looks sources up, and only through the registry."""
+    registry_users = {"pipelines.build", "pipelines.build_config", "pipelines.graph"}
+    for mod, deps in _graph("pipelines").items():
+        if mod.startswith("pipelines.sources"):
+            continue
+        sources = {d for d in deps if d.startswith("pipelines.sources")}
+        allowed = {"pipelines.sources"} if mod in registry_users else set()
+        assert sources <= allowed, f"{mod} imports {sources - allowed}"

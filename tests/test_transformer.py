@@ -297,7 +297,8 @@ def test_concept_words_and_region_dim(tmp_path):
 @pytest.fixture(scope="module")
 def region_dataset(tmp_path_factory):
     """A tiny synthetic corpus through the real Beam build with grid-lite0 regions."""
-    from pipelines.build import BuildConfig, build_dataset
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
     root = tmp_path_factory.mktemp("region-corpus")

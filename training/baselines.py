@@ -135,17 +135,18 @@ def load_classifier(manifest: Manifest, weights: str | None = None) -> Classifie
     """
     import torch
 
-    from pipelines.features.base import find_weights, load_state_dict, weights_version
-    from pipelines.features.lite0 import imagenet_categories
+    from features.base import find_weights, load_state_dict, weights_version
+    from features.lite0 import imagenet_categories
+    from features.registry import DENSENET169, LITE0
 
     fe = manifest.feature_extractor
-    if fe.name == "efficientnet-lite0":
-        from pipelines.features import lite0
+    if fe.name == LITE0.name:
+        from features import lite0
 
         path = find_weights(fe.name, weights, lite0._Lite0Base.weight_files, lite0._packaged_weights())
         version, keys = weights_version(path, lite0.KNOWN_WEIGHTS), ("_fc.weight", "_fc.bias")
-    elif fe.name == "densenet169":
-        from pipelines.features.densenet import DenseNet169Extractor
+    elif fe.name == DENSENET169.name:
+        from features.densenet import DenseNet169Extractor
 
         path = find_weights(fe.name, weights, DenseNet169Extractor.weight_files)
         version = weights_version(path, {"b2777c0a": "imagenet"})
@@ -153,7 +154,7 @@ def load_classifier(manifest: Manifest, weights: str | None = None) -> Classifie
     else:
         raise MmlinksError(
             f"the object-detection baseline needs the ImageNet classifier of the CNN behind the stored "
-            f"features; {fe.name!r} has none here (it works on efficientnet-lite0 or densenet169 datasets)"
+            f"features; {fe.name!r} has none here (it works on {LITE0.name} or {DENSENET169.name} datasets)"
         )
     if version != fe.version:
         raise MmlinksError(

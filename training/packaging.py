@@ -24,6 +24,7 @@ import torch
 from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
+from features.registry import DEFAULT_EXTRACTOR
 from training.data import make_batch
 from training.objectives.assignment import max_weight_matching
 from training.text import Vocabulary
@@ -101,8 +102,8 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         import base64
         import binascii
 
-        from pipelines.features import get_extractor
-        from pipelines.images import InvalidImage, decode
+        from features import get_extractor
+        from features.images import InvalidImage, decode
 
         if self.extractor_name is None:
             raise _bad_request("this model was packaged without a feature extractor; send image_features")
@@ -208,7 +209,7 @@ def log_link_model(
     checkpoint_dir: str,
     vocab: Vocabulary,
     example: dict | None = None,
-    extractor: str | None = "efficientnet-lite0",
+    extractor: str | None = DEFAULT_EXTRACTOR,
 ) -> str:
     """Log the pyfunc model into the active run; returns its model URI.
 

@@ -23,14 +23,10 @@ from urllib.parse import urlsplit
 
 import apache_beam as beam
 
-from pipelines.http_client import (
-    PoliteClient,
-    PoliteFetcher,
-    http_source_options,
-    policy_from_context,
-)
+from pipelines.image_store import PoliteFetcher
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec, env_credential
+from pipelines.sources.http_options import http_source_options, policy_from_context
 from pipelines.sources.imgur import (
     API_BASE,
     IMAGE_BASE,
@@ -47,6 +43,7 @@ from pipelines.sources.reddit import (
     list_input_files,
     reddit_config,
 )
+from pipelines.web import PoliteClient
 from schemas.errors import MmlinksError
 
 SOURCE = "diy"

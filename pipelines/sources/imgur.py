@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pipelines.crawl_state import CrawlState
-from pipelines.http_client import HttpError, HttpResponse, PoliteClient, redact_url
+from pipelines.web import HttpError, HttpResponse, PoliteClient, redact_url
 from schemas.errors import MmlinksError
 
 PAGE_BASE = "https://imgur.com"

@@ -347,7 +347,7 @@ class MediaWikiArticles(beam.DoFn):
 
     # -- HTTP --
     def _get_json(self, params: dict[str, str]) -> dict:
-        from pipelines.http_client import HttpError
+        from pipelines.web.policy import HttpError
 
         params = {**params, "format": "json", "formatversion": "2"}
         try:
@@ -544,7 +544,7 @@ def _one_per_page(element) -> RawDocument:
 
 
 def _http_options() -> tuple[SourceOption, ...]:
-    from pipelines.http_client import http_source_options
+    from pipelines.sources.http_options import http_source_options
 
     out = []
     for opt in http_source_options():
@@ -584,7 +584,8 @@ def _image_host(ctx: SourceContext) -> str:
 
 
 def _client(ctx: SourceContext, host: str):
-    from pipelines.http_client import PoliteClient, policy_from_context
+    from pipelines.sources.http_options import policy_from_context
+    from pipelines.web.client import PoliteClient
 
     overrides: dict = {}
     agent = (ctx.str("user_agent") or "").strip()
@@ -609,7 +610,7 @@ def _make(ctx: SourceContext) -> beam.PTransform:
 def _fetcher(ctx: SourceContext):
     if _mode(ctx) != "mediawiki":
         return None  # local files (or any Beam FileSystems URI): by scheme
-    from pipelines.http_client import PoliteFetcher
+    from pipelines.image_store import PoliteFetcher
 
     return PoliteFetcher(_client(ctx, _image_host(ctx)))
 

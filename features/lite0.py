@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from pipelines.features import efficientnet_lite as lite
-from pipelines.features.base import (
+from features import efficientnet_lite as lite
+from features.base import (
     Extractor,
     GlobalExtractor,
     ImageFeatures,
@@ -28,7 +28,8 @@ from pipelines.features.base import (
     weights_version,
     with_image_size,
 )
-from pipelines.images import to_model_input
+from features.images import to_model_input
+from features.registry import GRID_LITE0, LITE0
 from schemas.errors import MmlinksError
 
 RESIZE = 256
@@ -46,7 +47,7 @@ def _packaged_weights() -> Path | None:
 class _Lite0Base(Extractor):
     """Shared weights lookup and preprocessing (shorter side 256, centre crop 224)."""
 
-    weight_files = ("efficientnet-lite0.pth", "efficientnet-lite0-57934424.pth")
+    weight_files = (f"{LITE0.name}.pth", "efficientnet-lite0-57934424.pth")
 
     def __init__(self, *, weights: str | None = None, precision: str = "float32"):
         super().__init__(precision=precision)
@@ -71,7 +72,8 @@ class _Lite0Base(Extractor):
 class EfficientNetLite0Extractor(_Lite0Base, GlobalExtractor):
     """ImageNet EfficientNet-Lite0, globally pooled last feature map (1280-d)."""
 
-    name = "efficientnet-lite0"
+    name = LITE0.name
+    kind = LITE0.kind
 
     @property
     def dim(self) -> int:
@@ -137,8 +139,8 @@ class GridLite0Extractor(_Lite0Base):
     map (1280 x 7 x 7 at 224) adaptive-average-pooled to ``grid x grid`` cells; label/score = the
     ImageNet head's top class and probability for each cell vector."""
 
-    name = "grid-lite0"
-    kind = "regions"
+    name = GRID_LITE0.name
+    kind = GRID_LITE0.kind
 
     def __init__(self, *, weights: str | None = None, grid: int = 6, precision: str = "float32"):
         super().__init__(weights=weights, precision=precision)

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from pipelines.features.base import (
+from features.base import (
     Extractor,
     ImageFeatures,
     find_weights,
@@ -32,9 +32,10 @@ from pipelines.features.base import (
     weights_version,
     with_image_size,
 )
+from features.registry import FASTERRCNN
 from schemas.errors import MmlinksError
 
-REPRESENTATION_DIM = 1024
+REPRESENTATION_DIM = FASTERRCNN.dim
 
 
 @lru_cache(maxsize=1)
@@ -101,10 +102,10 @@ class RegionDetector(nn.Module):
 
 @register
 class FasterRCNNExtractor(Extractor):
-    name = "fasterrcnn-r50-fpn"
-    kind = "regions"
+    name = FASTERRCNN.name
+    kind = FASTERRCNN.kind
     forward_chunk = None  # one image per forward
-    weight_files = ("fasterrcnn-r50-fpn.pth", "fasterrcnn_resnet50_fpn_coco-258fb6c6.pth")
+    weight_files = (f"{FASTERRCNN.name}.pth", "fasterrcnn_resnet50_fpn_coco-258fb6c6.pth")
 
     def __init__(
         self,

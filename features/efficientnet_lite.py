@@ -18,11 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from features.registry import LITE0
+
 # ImageNet-trained TF-Lite EfficientNets expect inputs scaled to roughly [-1, 1].
 INPUT_MEAN = (0.498, 0.498, 0.498)
 INPUT_STD = (0.502, 0.502, 0.502)
 INPUT_SIZE = 224
-FEATURE_DIM = 1280
+FEATURE_DIM = LITE0.dim
 BN_EPS = 1e-3
 
 

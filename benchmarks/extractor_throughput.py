@@ -1,7 +1,7 @@
 """Feature-extraction throughput: bare batched forward vs. the same model inside a Beam pipeline.
 
-Usage: .venv/bin/python benchmarks/features.py [--images 512] [--batch-size 32]
-       [--extractor efficientnet-lite0] [--option key=value ...] [--rounds 3] [--threads N] [--json]
+Usage: .venv/bin/python benchmarks/extractor_throughput.py [--images 512] [--batch-size 32]
+       [--extractor NAME] [--option key=value ...] [--rounds 3] [--threads N] [--json]
 
 Measured in one process on the same machine, model and batch size:
   (a) bare forward: images/s of ``extractor.forward`` (the batch-independent fixed-chunk forward
@@ -66,6 +66,8 @@ def beam_run(ext, base: list, n: int, batch_size: int) -> tuple[float, dict]:
     from apache_beam.ml.inference.base import RunInference
     from apache_beam.options.pipeline_options import PipelineOptions
 
+    from pipelines.inference import model_handler
+
     k = len(base)
 
     def check(total):
@@ -78,7 +80,7 @@ def beam_run(ext, base: list, n: int, batch_size: int) -> tuple[float, dict]:
         p
         | "Keys" >> beam.Create(range(n))
         | "Tensors" >> beam.Map(lambda i: (i, base[i % k]))
-        | "Infer" >> RunInference(ext.model_handler("cpu", batch_size=batch_size))
+        | "Infer" >> RunInference(model_handler(ext, "cpu", batch_size=batch_size))
         | "One" >> beam.Map(lambda _: 1)
         | "Count" >> beam.CombineGlobally(sum)
         | "Check" >> beam.Map(check)
@@ -96,10 +98,12 @@ def beam_run(ext, base: list, n: int, batch_size: int) -> tuple[float, dict]:
 
 
 def main() -> None:
+    from features.registry import DEFAULT_EXTRACTOR  # light: no torch
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--extractor", default="efficientnet-lite0")
+    ap.add_argument("--extractor", default=DEFAULT_EXTRACTOR)
     ap.add_argument("--option", action="append", default=[], help="extractor option key=value")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats; the best of each is kept")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
@@ -115,7 +119,8 @@ def main() -> None:
             os.environ[var] = str(args.threads)
     import torch
 
-    from pipelines.features import get_extractor, tune_cpu_malloc
+    from features import get_extractor, tune_cpu_malloc
+    from pipelines.inference import model_handler
 
     malloc_tuned = tune_cpu_malloc()  # what the Beam handler does on a CPU worker, so (a) and (b) match
 
@@ -140,7 +145,7 @@ def main() -> None:
         full.append(seconds)
     bare, plain, small, full = min(bare), min(plain), min(small), min(full)
 
-    handler_bs = ext.model_handler("cpu", batch_size=bs).batch_elements_kwargs()["max_batch_size"]
+    handler_bs = model_handler(ext, "cpu", batch_size=bs).batch_elements_kwargs()["max_batch_size"]
     bare_ips = args.images / bare
     steady_ips = (args.images - bs) / (full - small) if full > small else float("nan")
     out = {

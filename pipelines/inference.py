@@ -1,4 +1,8 @@
-"""The Beam ModelHandler behind ``Extractor.model_handler`` (imported only when Beam is used)."""
+"""Feature extractors inside Beam: the ``RunInference`` ModelHandler over a ``features`` extractor.
+
+``features/`` never imports Beam; this module adapts its :class:`~features.base.Extractor`
+contract (``load_model`` / ``forward``) to Beam's ``ModelHandler``.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 
-from pipelines.features.base import tune_cpu_malloc
+from features.base import Extractor, int_option, resolve_device, tune_cpu_malloc
 
 
 class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.nn.Module]):
@@ -47,3 +51,19 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
 
     def get_metrics_namespace(self) -> str:
         return "mmlinks.features"
+
+
+def model_handler(
+    extractor: Extractor, device: str = "cpu", batch_size: int = 32, cpu_threads: int | None = None
+) -> KeyedModelHandler:
+    """A Beam ``KeyedModelHandler`` over ``(key, tensor)`` elements -> ``(key, PredictionResult)``.
+
+    The model is loaded once per worker; Beam batches are exactly ``batch_size`` elements
+    (except at a bundle's end), rounded up to a multiple of the forward chunk so no forward
+    is padded except the very last one of a bundle. ``cpu_threads`` sets torch's intra-op
+    threads in each worker (several worker processes on one machine should share its cores)."""
+    device = resolve_device(device)
+    batch_size = int_option("batch_size", batch_size)
+    if extractor.forward_chunk:
+        batch_size = -(-batch_size // extractor.forward_chunk) * extractor.forward_chunk
+    return KeyedModelHandler(ExtractorModelHandler(extractor, device, batch_size, cpu_threads))

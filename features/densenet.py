@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from pipelines.features.base import (
+from features.base import (
     GlobalExtractor,
     find_weights,
     load_state_dict,
@@ -23,11 +23,12 @@ from pipelines.features.base import (
     weights_version,
     with_image_size,
 )
-from pipelines.images import to_model_input
+from features.images import to_model_input
+from features.registry import DENSENET169
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-FEATURE_DIM = 1664
+FEATURE_DIM = DENSENET169.dim
 
 # Release files name layers "denselayer1.norm.1.weight"; current modules are "denselayer1.norm1".
 _OLD_KEY = re.compile(
@@ -57,8 +58,9 @@ class DenseNetFeatures(nn.Module):
 
 @register
 class DenseNet169Extractor(GlobalExtractor):
-    name = "densenet169"
-    weight_files = ("densenet169.pth", "densenet169-b2777c0a.pth")
+    name = DENSENET169.name
+    kind = DENSENET169.kind
+    weight_files = (f"{DENSENET169.name}.pth", "densenet169-b2777c0a.pth")
 
     def __init__(self, *, weights: str | None = None, precision: str = "float32"):
         super().__init__(precision=precision)

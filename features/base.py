@@ -5,11 +5,11 @@ loads its model, runs batched forwards and turns raw model outputs into :class:`
 ``kind`` says what it produces: ``"global"`` (one vector per image) or ``"regions"`` (boxes,
 region vectors, labels and scores per image).
 
-Pipeline use (Beam)::
+Pipeline use (Beam; the handler lives in ``pipelines.inference``, this package never imports Beam)::
 
-    ext = get_extractor("grid-lite0", grid=6)
-    (key, img) -> (key, ext.preprocess(img))                  # CHW float32 tensor
-    | RunInference(ext.model_handler(device, batch_size))     # (key, PredictionResult)
+    ext = get_extractor(GRID_LITE0.name, grid=6)
+    (key, img) -> (key, ext.preprocess(img))                      # CHW float32 tensor
+    | RunInference(model_handler(ext, device, batch_size))        # (key, PredictionResult)
     | (key, result) -> (key, ext.postprocess(result.inference))
 
 Region extractors report boxes in original image pixels: ``preprocess`` tags its tensor with the
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from features.registry import BUILTIN_EXTRACTORS, load_builtin
 from schemas.errors import MmlinksError
 
 FORWARD_CHUNK = 8
@@ -72,6 +73,9 @@ def register(cls: type[Extractor]) -> type[Extractor]:
     """Class decorator: make ``cls`` available to :func:`get_extractor` under ``cls.name``."""
     if not getattr(cls, "name", None) or getattr(cls, "kind", None) not in KINDS:
         raise TypeError(f"{cls.__name__} needs a class attribute name and kind in {KINDS}")
+    spec = BUILTIN_EXTRACTORS.get(cls.name)
+    if spec is not None and (spec.kind != cls.kind or spec.class_name != cls.__name__):
+        raise TypeError(f"{cls.__name__} does not match its spec in features.registry: {spec}")
     if cls.name in EXTRACTORS and EXTRACTORS[cls.name] is not cls:
         raise TypeError(f"feature extractor {cls.name!r} is already registered by {EXTRACTORS[cls.name]}")
     EXTRACTORS[cls.name] = cls
@@ -84,8 +88,15 @@ def extractor_options(cls: type[Extractor]) -> list[str]:
     return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
+def load_builtins() -> None:
+    """Import (and so register) every extractor listed in ``features.registry``."""
+    for spec in BUILTIN_EXTRACTORS.values():
+        load_builtin(spec)
+
+
 def get_extractor(name: str, **options: Any) -> Extractor:
     """The registered extractor ``name`` configured with ``options`` (one-line MmlinksError if bad)."""
+    load_builtins()
     cls = EXTRACTORS.get(name)
     if cls is None:
         raise MmlinksError(f"unknown feature extractor {name!r}; known: {', '.join(sorted(EXTRACTORS))}")
@@ -321,23 +332,6 @@ class Extractor(abc.ABC):
             if isinstance(out, dict) and size is not None:
                 out[IMAGE_SIZE_ATTR] = torch.tensor(size)
         return outs
-
-    def model_handler(self, device: str = "cpu", batch_size: int = 32, cpu_threads: int | None = None):
-        """A Beam ``KeyedModelHandler`` over ``(key, tensor)`` elements -> ``(key, PredictionResult)``.
-
-        The model is loaded once per worker; Beam batches are exactly ``batch_size`` elements
-        (except at a bundle's end), rounded up to a multiple of the forward chunk so no forward
-        is padded except the very last one of a bundle. ``cpu_threads`` sets torch's intra-op
-        threads in each worker (several worker processes on one machine should share its cores)."""
-        device = resolve_device(device)
-        batch_size = int_option("batch_size", batch_size)
-        from apache_beam.ml.inference.base import KeyedModelHandler
-
-        from pipelines.features.beam_handler import ExtractorModelHandler
-
-        if self.forward_chunk:
-            batch_size = -(-batch_size // self.forward_chunk) * self.forward_chunk
-        return KeyedModelHandler(ExtractorModelHandler(self, device, batch_size, cpu_threads))
 
     # ---- conveniences outside Beam (serving, tests)
 

@@ -1,0 +1,42 @@
+"""Image feature extractors and image decoding; no Beam, no pipelines imports.
+
+``features.registry`` names the built-in extractors (light: CLI help reads it without torch);
+``features.base`` holds the extractor contract and class registry, ``features.images`` decodes
+and fingerprints image bytes. ``get_extractor(name, **options)`` gives a configured extractor;
+``EXTRACTORS`` maps names to classes. The torch-backed names below load on first access, so
+``import features.registry`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FROM_BASE = (
+    "EXTRACTORS",
+    "FORWARD_CHUNK",
+    "Extractor",
+    "GlobalExtractor",
+    "ImageFeatures",
+    "extractor_options",
+    "fixed_chunk_forward",
+    "get_extractor",
+    "register",
+    "resolve_device",
+    "tune_cpu_malloc",
+)
+
+_SUBMODULES = ("base", "densenet", "detection", "efficientnet_lite", "images", "lite0", "registry")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_BASE:
+        base = importlib.import_module("features.base")
+        base.load_builtins()
+        return getattr(base, name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"features.{name}")
+    raise AttributeError(f"module 'features' has no attribute {name!r}")
+
+
+__all__ = list(_FROM_BASE)

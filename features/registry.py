@@ -1,0 +1,99 @@
+"""The one list of built-in feature extractors: name -> :class:`ExtractorSpec`.
+
+Every extractor name is spelled here and nowhere else: the extractor classes take ``name`` and
+``kind`` from their spec, and the CLI, the build config and training read the names through
+:func:`extractor_names`, :func:`global_extractor_names` and :func:`region_extractor_names`.
+This module imports nothing heavy (no torch, no Beam), so ``--help`` can list the names without
+loading a model library; :func:`load_builtin` imports the module that implements a spec.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from schemas.errors import MmlinksError
+
+
+@dataclass(frozen=True)
+class ExtractorSpec:
+    name: str
+    kind: str  # "global" (one vector per image) | "regions" (boxes + region vectors)
+    summary: str  # one line for --help and docs
+    dim: int  # length of a global vector or of one region vector
+    module: str  # the module whose registered class implements it
+    class_name: str
+    needs_weights: bool  # True: no usable weights ship with the installed packages
+
+
+LITE0 = ExtractorSpec(
+    "efficientnet-lite0",
+    "global",
+    "ImageNet EfficientNet-Lite0, pooled last feature map (offline default; weights ship as a package)",
+    1280,
+    "features.lite0",
+    "EfficientNetLite0Extractor",
+    needs_weights=False,
+)
+DENSENET169 = ExtractorSpec(
+    "densenet169",
+    "global",
+    "ImageNet DenseNet169 pre-classifier features (the paper's; needs --weights)",
+    1664,
+    "features.densenet",
+    "DenseNet169Extractor",
+    needs_weights=True,
+)
+FASTERRCNN = ExtractorSpec(
+    "fasterrcnn-r50-fpn",
+    "regions",
+    "Faster R-CNN ResNet-50 FPN (COCO) top-N boxes with 1024-d box-head vectors (needs --weights)",
+    1024,
+    "features.detection",
+    "FasterRCNNExtractor",
+    needs_weights=True,
+)
+GRID_LITE0 = ExtractorSpec(
+    "grid-lite0",
+    "regions",
+    "EfficientNet-Lite0 feature map pooled to a grid of cells (offline stand-in for detector regions)",
+    1280,
+    "features.lite0",
+    "GridLite0Extractor",
+    needs_weights=False,
+)
+
+# The order is the order of --help.
+BUILTIN_EXTRACTORS: dict[str, ExtractorSpec] = {
+    s.name: s for s in (LITE0, DENSENET169, FASTERRCNN, GRID_LITE0)
+}
+DEFAULT_EXTRACTOR = LITE0.name
+
+
+def extractor_names() -> list[str]:
+    return list(BUILTIN_EXTRACTORS)
+
+
+def global_extractor_names() -> list[str]:
+    return [n for n, s in BUILTIN_EXTRACTORS.items() if s.kind == "global"]
+
+
+def region_extractor_names() -> list[str]:
+    return [n for n, s in BUILTIN_EXTRACTORS.items() if s.kind == "regions"]
+
+
+def get_extractor_spec(name: str) -> ExtractorSpec:
+    spec = BUILTIN_EXTRACTORS.get(name)
+    if spec is None:
+        raise MmlinksError(f"unknown feature extractor {name!r}; known: {', '.join(BUILTIN_EXTRACTORS)}")
+    return spec
+
+
+def load_builtin(spec: ExtractorSpec) -> type:
+    """The class implementing ``spec`` (importing its module registers it)."""
+    return getattr(importlib.import_module(spec.module), spec.class_name)
+
+
+def describe_extractors(kind: str) -> str:
+    """``name (summary), ...`` of one kind, for help texts."""
+    return "; ".join(f"{s.name}: {s.summary}" for s in BUILTIN_EXTRACTORS.values() if s.kind == kind)

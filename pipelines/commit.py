@@ -1,0 +1,138 @@
+"""The output folder protocol: staging, ``versions/<version>/``, the manifest-last commit.
+
+A build writes into ``OUT/.staging-<id>/`` (with an owner file, so a later build on the same host
+can remove the staging folders of killed builds), then moves the shards and the dead-letter file
+to ``OUT/versions/<dataset_version>/`` and writes ``OUT/manifest.json`` last: that write is the
+commit, so a reader sees the old version or the new one, never a mix. Versions other than the
+new one and the one it replaced are pruned; each build appends a line to ``build-log.jsonl``
+(how it got its images and features, which is not part of the dataset).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+
+from pipelines import fileio
+from schemas.errors import MmlinksError
+from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
+
+VERSIONS_DIR = "versions"
+DEAD_LETTER_FILE = "dead_letter.jsonl"
+SHARD_INDEX_FILE = "shards.jsonl"
+OWNER_FILE = "owner.json"
+BUILD_LOG = "build-log.jsonl"
+# How this run got its inputs (store hits, cache hits) is not part of the dataset: these counters
+# go to the build log, so a rebuild from a warm store writes the identical manifest.
+RUN_COUNTERS = ("images_fetched", "images_from_store", "features_cached", "features_computed")
+
+
+def open_staging(out: str) -> str:
+    """Create ``out`` and a fresh staging folder in it (removing killed builds' ones first)."""
+    if "://" not in out:
+        from pathlib import Path
+
+        if Path(out).exists() and not Path(out).is_dir():
+            raise MmlinksError(f"{out} exists and is not a directory")
+    fileio.mkdirs(out)
+    _remove_abandoned_staging(out)
+    staging = fileio.join(out, f".staging-{uuid.uuid4().hex[:8]}")
+    fileio.mkdirs(fileio.join(staging, "shards"))
+    fileio.write_bytes_atomic(fileio.join(staging, OWNER_FILE), json.dumps(_owner()).encode())
+    return staging
+
+
+def read_shard_index(staging: str) -> list[ShardInfo]:
+    """The shards the pipeline wrote into ``staging``, sorted by path."""
+    index = fileio.read_bytes(fileio.join(staging, SHARD_INDEX_FILE)).decode()
+    return sorted(
+        (ShardInfo(**json.loads(line)) for line in index.splitlines() if line.strip()),
+        key=lambda s: s.path,
+    )
+
+
+def version_dir(version: str) -> str:
+    """A version's folder, relative to the output folder (as the manifest names its files)."""
+    return f"{VERSIONS_DIR}/{version}"
+
+
+def commit_version(out: str, staging: str, manifest: Manifest, shards: list[ShardInfo]) -> None:
+    """Move the staged files to their version folder, then write the manifest (the commit)."""
+    version = manifest.dataset_version
+    target = fileio.join(out, version_dir(version))
+    fileio.delete_tree(target)  # a same-version leftover (e.g. an interrupted earlier commit)
+    fileio.mkdirs(target)
+    for s in shards:
+        fileio.rename(fileio.join(staging, "shards", s.path), fileio.join(target, s.path))
+    fileio.rename(fileio.join(staging, DEAD_LETTER_FILE), fileio.join(target, DEAD_LETTER_FILE))
+    fileio.write_bytes_atomic(fileio.join(target, MANIFEST_NAME), manifest.to_json().encode())
+    previous = _current_version(out)
+    fileio.write_bytes_atomic(fileio.join(out, MANIFEST_NAME), manifest.to_json().encode())  # commit
+    _prune_versions(out, keep={version, previous} - {None})
+
+
+def _owner() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _remove_abandoned_staging(out: str) -> None:
+    """Delete staging folders of builds on this host whose process is gone (killed builds).
+
+    Folders of live builds, and of builds on other hosts, are left alone: two builds may share
+    an output directory without destroying each other's work.
+    """
+    me = socket.gethostname()
+    for uri in fileio.list_files(fileio.join(out, ".staging-*", OWNER_FILE)):
+        try:
+            owner = json.loads(fileio.read_bytes(uri))
+            if owner["host"] != me:
+                continue
+            os.kill(int(owner["pid"]), 0)
+        except ProcessLookupError:
+            fileio.delete_tree(fileio.parent(uri))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge (permission, torn file)
+
+
+def append_build_log(out: str, version: str, run_counts: dict, seconds: float) -> None:
+    entry = {"finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dataset_version": version}
+    entry.update(seconds=round(seconds, 1), **{k: run_counts.get(k, 0) for k in RUN_COUNTERS})
+    uri = fileio.join(out, BUILD_LOG)
+    old = fileio.read_bytes(uri) if fileio.exists(uri) else b""
+    fileio.write_bytes_atomic(uri, old + (json.dumps(entry, sort_keys=True) + "\n").encode())
+
+
+def last_build(out: str) -> dict:
+    """The build log's newest entry: how the last build got its images and features."""
+    uri = fileio.join(out, BUILD_LOG)
+    lines = fileio.read_bytes(uri).decode().splitlines() if fileio.exists(uri) else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _current_version(out: str) -> str | None:
+    uri = fileio.join(out, MANIFEST_NAME)
+    if not fileio.exists(uri):
+        return None
+    try:
+        return str(json.loads(fileio.read_bytes(uri))["dataset_version"])
+    except (ValueError, KeyError, TypeError):
+        return None  # unreadable: nothing to keep for it
+
+
+def _prune_versions(out: str, keep: set[str]) -> None:
+    """Delete version folders other than ``keep`` (the new one and the one it replaced)."""
+    for uri in fileio.list_files(fileio.join(out, VERSIONS_DIR, "*", MANIFEST_NAME)):
+        v = uri.rstrip("/").split("/")[-2]
+        if v not in keep:
+            fileio.delete_tree(fileio.join(out, VERSIONS_DIR, v))
+
+
+def dead_letters(dataset_dir: str) -> list[dict]:
+    manifest = Manifest.read(dataset_dir)
+    if not manifest.dead_letter:
+        return []
+    text = fileio.read_bytes(fileio.join(str(dataset_dir), manifest.dead_letter)).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,184 @@
+"""The features stage of the build: each distinct image's features, then features joined back.
+
+Features come from the feature cache when present, else from ``RunInference`` (model loaded
+once per worker, fixed batches) and are written back to the cache. A failed batch dead-letters
+its images; a document missing any image's features is dead-lettered once, by document id.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.ml.inference.base import RunInference
+
+from features import Extractor, ImageFeatures
+from features.images import decode
+from pipelines.build_config import BuildConfig
+from pipelines.feature_cache import FeatureCache, cache_key
+from pipelines.image_store import ImageStore
+from pipelines.inference import model_handler
+from pipelines.records import DEAD_LETTER, DROPPED_NAMESPACE, DeadLetter, count, dead_letter
+from schemas.document import Document, ImageRecord, RegionFeatures
+
+
+class LookUpFeatureCache(beam.DoFn):
+    """content id -> (content id, ImageFeatures) on a hit; the id on the ``miss`` output."""
+
+    MISS = "miss"
+
+    def __init__(self, store_root: str, key: str):
+        self.store_root, self.key = store_root, key
+
+    def setup(self):
+        self.cache = FeatureCache(self.store_root, self.key)
+
+    def process(self, content_id: str):
+        feats = self.cache.get(content_id)
+        if feats is None:
+            yield beam.pvalue.TaggedOutput(self.MISS, content_id)
+        else:
+            count("features_cached")
+            yield content_id, feats
+
+
+class LoadPixels(beam.DoFn):
+    """content id -> ((content id, (width, height)), model input), from the stored bytes.
+
+    The original size rides in the key: region extractors report boxes in original pixels.
+    """
+
+    def __init__(self, store_root: str, extractor: Extractor):
+        self.store_root, self.extractor = store_root, extractor
+
+    def setup(self):
+        self.store = ImageStore(self.store_root)
+
+    def process(self, content_id: str):
+        img = decode(self.store.get_bytes(content_id))
+        yield (content_id, img.size), self.extractor.preprocess(img)
+
+
+class StoreFeatures(beam.DoFn):
+    def __init__(self, store_root: str, key: str, extractor: Extractor):
+        self.store_root, self.key, self.extractor = store_root, key, extractor
+
+    def setup(self):
+        self.cache = FeatureCache(self.store_root, self.key)
+
+    def process(self, kv):
+        (content_id, size), result = kv
+        feats = self.extractor.postprocess(result.inference, size)
+        self.cache.put(content_id, feats)
+        count("features_computed")
+        yield content_id, feats
+
+
+def _failed_batch(batch_and_error):
+    batch, error = batch_and_error
+    for (content_id, _size), _ in batch:
+        beam.metrics.Metrics.counter(DROPPED_NAMESPACE, "image:inference_failed").inc()
+        yield DeadLetter("image", content_id, "inference_failed", repr(error)[:500])
+
+
+def image_features(content_ids, cfg: BuildConfig, extractor: Extractor, label: str):
+    """Distinct content ids -> (content id, ImageFeatures), plus dead letters of failed batches."""
+    key = cache_key(
+        extractor.name, extractor.version, cfg.device, {**extractor.options, "threads": cfg.threads()}
+    )
+    store_root = cfg.store_root()
+    looked = content_ids | f"{label}Cache" >> beam.ParDo(LookUpFeatureCache(store_root, key)).with_outputs(
+        LookUpFeatureCache.MISS, main="hit"
+    )
+    # Detectors forward one image at a time: big batches would only hold memory.
+    batch = cfg.batch_size if extractor.forward_chunk else min(cfg.batch_size, 4)
+    handler = model_handler(extractor, device=cfg.device, batch_size=batch, cpu_threads=cfg.threads())
+    inferred, failed = (
+        looked[LookUpFeatureCache.MISS]
+        | f"{label}Pixels" >> beam.ParDo(LoadPixels(store_root, extractor))
+        | f"{label}Inference" >> RunInference(handler).with_exception_handling()
+    )
+    computed = inferred | f"{label}Store" >> beam.ParDo(StoreFeatures(store_root, key, extractor))
+    feats = (looked.hit, computed) | f"{label}All" >> beam.Flatten()
+    dead = failed.failed_inferences | f"{label}Failed" >> beam.FlatMap(_failed_batch)
+    return feats, dead
+
+
+def fan_out(kv, tag: str):
+    """(content id, {feat: [f], ref: [doc ids]}) -> (doc id, (tag, content id, f)) per reference."""
+    content_id, grouped = kv
+    feats = list(grouped["feat"])
+    for doc_id in grouped["ref"]:
+        yield doc_id, (tag, content_id, feats[0] if feats else None)
+
+
+def _region_record(feats: ImageFeatures | None) -> RegionFeatures | None:
+    if feats is None or feats.regions is None:
+        return None
+    r = feats.regions
+    return RegionFeatures(
+        boxes=np.asarray(r["boxes"], np.float32).reshape(-1, 4),
+        vectors=np.asarray(r["vectors"]),
+        labels=list(r["labels"]),
+        scores=np.asarray(r["scores"], np.float32),
+    )
+
+
+def assemble(kv, with_regions: bool):
+    doc_id, grouped = kv
+    for doc in grouped["doc"]:  # exactly one: ids were made unique upstream
+        got = {(tag, cid): f for tag, cid, f in grouped["feat"]}
+        missing = [
+            im["uri"]
+            for im in doc["images"]
+            if got.get(("cnn", im["content_id"])) is None
+            or (with_regions and got.get(("regions", im["content_id"])) is None)
+        ]
+        if missing:  # each failed image is already dead-lettered once, by content id
+            yield dead_letter("document", doc_id, "feature_extraction_failed", ", ".join(missing))
+            continue
+        images = [
+            ImageRecord(
+                features=got[("cnn", im["content_id"])].features,
+                regions=_region_record(got.get(("regions", im["content_id"]))),
+                **im,
+            )
+            for im in doc["images"]
+        ]
+        count(f"documents_out:{doc['split']}")
+        yield Document(
+            doc_id=doc_id,
+            source=doc["source"],
+            split=doc["split"],
+            sentences=doc["sentences"],
+            images=images,
+            links=doc["links"],
+            metadata=doc["metadata"],
+        )
+
+
+def attach_features(split_docs, cfg: BuildConfig, extractor: Extractor, region_extractor: Extractor | None):
+    """Split document dicts -> (Documents with features, [dead-letter PCollections])."""
+    refs = split_docs | "ImageRefs" >> beam.FlatMap(
+        lambda d: [(im["content_id"], d["doc_id"]) for im in d["images"]]
+    )
+    needed = refs | "ImageIds" >> beam.Keys() | "DistinctImages" >> beam.Distinct()
+    feature_sets = [("cnn", extractor)] + ([("regions", region_extractor)] if region_extractor else [])
+    dead, doc_feats = [], []
+    for tag, ext in feature_sets:
+        label = "CNN" if tag == "cnn" else "Regions"
+        feats, failed = image_features(needed, cfg, ext, label)
+        dead.append(failed)
+        doc_feats.append(
+            {"feat": feats, "ref": refs}
+            | f"{label}Join" >> beam.CoGroupByKey()
+            | f"{label}FanOut" >> beam.FlatMap(fan_out, tag)
+        )
+    all_feats = tuple(doc_feats) | "AllFeatures" >> beam.Flatten()
+    assembled = (
+        {"doc": split_docs | "KeyDocs" >> beam.Map(lambda d: (d["doc_id"], d)), "feat": all_feats}
+        | "JoinDocs" >> beam.CoGroupByKey()
+        | "Assemble"
+        >> beam.FlatMap(assemble, region_extractor is not None).with_outputs(DEAD_LETTER, main="docs")
+    )
+    dead.append(assembled[DEAD_LETTER])
+    return assembled.docs, dead

@@ -1,0 +1,123 @@
+"""The SSRF guard: which hosts a request may reach, and what of a URL may be logged.
+
+Only allowlisted hosts (``host`` = any port, ``host:port`` = that port, ``*.example.com`` = any
+subdomain); unless a policy allows private addresses, a host that is or resolves to a
+loopback/private/link-local/reserved/multicast address is refused. Credential headers never
+cross origins (see ``CREDENTIAL_HEADERS``) and logged URLs lose user info, query and fragment.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from urllib.parse import urlsplit
+
+from pipelines.web.policy import HttpError
+from schemas.errors import MmlinksError
+
+# Never sent to another origin, never part of a cache key or a cache file: they identify a user.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme == "https" else 80
+
+
+def split_host(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an http(s) URL; HttpError bad_url otherwise."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        port = parts.port
+    except ValueError as exc:  # bad port, bad IPv6 literal
+        raise HttpError("bad_url", f"{redact_url(url)}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise HttpError("bad_url", f"only http and https, not {scheme or 'no scheme'}: {redact_url(url)}")
+    if not host:
+        raise HttpError("bad_url", f"no host: {redact_url(url)}")
+    return scheme, host.lower().rstrip("."), port or _default_port(scheme)
+
+
+def parse_allow_entry(entry: str) -> tuple[str, int | None]:
+    if "@" in entry:  # never echoed: the part before "@" may be a password or a token
+        raise MmlinksError(
+            "an allowlist entry carries user info (user:password@host); credentials belong in "
+            "the environment, not in a host or base URL"
+        )
+    entry = entry.strip().lower()
+    if entry.startswith("*."):
+        return entry, None
+    try:
+        parts = urlsplit("//" + entry)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        raise MmlinksError(f"bad allowlist entry {entry!r} (want host, host:port or *.domain)") from None
+    if not host:
+        raise MmlinksError(f"bad allowlist entry {entry!r} (want host, host:port or *.domain)")
+    return host.rstrip("."), port
+
+
+def host_allowed(allowed_hosts: frozenset[str] | set[str], host: str, port: int) -> bool:
+    """Whether ``host:port`` is on the allowlist (entries: ``host``, ``host:port``, ``*.domain``)."""
+    host = host.lower().rstrip(".")
+    for entry in allowed_hosts:
+        name, want_port = parse_allow_entry(entry)
+        if name.startswith("*."):
+            if host.endswith(name[1:]) and len(host) > len(name) - 1:
+                return True
+        elif name == host and (want_port is None or want_port == port):
+            return True
+    return False
+
+
+def _address_refused(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return (
+        ip.is_loopback
+        or ip.is_private
+        or ip.is_link_local
+        or ip.is_reserved
+        or ip.is_multicast
+        or ip.is_unspecified
+        or not ip.is_global
+    )
+
+
+def check_public_host(host: str, port: int) -> None:
+    """Raise HttpError private_address when ``host`` is or resolves to a non-public address.
+
+    A resolution failure is an OSError (socket.gaierror), which the caller treats as a
+    connection error (transient).
+    """
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None:
+        addresses = [literal]
+    else:
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+        addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    for ip in addresses:
+        if _address_refused(ip):
+            raise HttpError("private_address", f"{host} resolves to non-public address {ip}")
+
+
+def scrub_message(message: str) -> str:
+    """An exception message without URL queries (requests quotes the URL, query and all)."""
+    return re.sub(r"\?[^\s'\")]*", "?...", message)
+
+
+def redact_url(url: str) -> str:
+    """The URL without user info, query or fragment, for logs and messages (they may hold keys)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+redact_url = redact_url
