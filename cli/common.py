@@ -14,6 +14,14 @@ from schemas.errors import MmlinksError
 EPILOG = "Every command accepts --json (one JSON object on stdout) and --help."
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error style: one line, ``mmlinks: error: ...``, exit code 2
+    (argparse's own prints the usage block first, which buries the message)."""
+
+    def error(self, message: str):
+        self.exit(2, f"mmlinks: error: {message} (see `{self.prog} --help`)\n")
+
+
 def quiet_libraries() -> None:
     """Keep library chatter (Beam's optional-dependency warnings, Ray banners) off the console."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")

@@ -36,168 +36,8 @@ def add_parsers(sub) -> None:
     add_common(synth)
     synth.set_defaults(func=cmd_synth, show=show_synth)
 
-    build = dsub.add_parser(
-        "build",
-        help="build Parquet document shards + manifest with Apache Beam",
-        description="Read a raw source, validate images and sentences (bad ones go to "
-        "dead_letter.jsonl with a reason), compute perceptual hashes and CNN features with "
-        "Beam RunInference, assign deterministic splits, and write shards + manifest.json.",
-        epilog=EPILOG,
-    )
-    build.add_argument(
-        "--source",
-        default="synthetic",
-        choices=source_names(),
-        help="raw source format (see `mmlinks data sources` for each one's input, options and credentials)",
-    )
-    build.add_argument("--input", required=True, help="raw source folder or file (per source)")
-    build.add_argument(
-        "--source-option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="option of --source, repeatable, e.g. start=2013-01 min_score=25 (see `mmlinks data sources`)",
-    )
-    build.add_argument(
-        "--crawl-state",
-        metavar="URI",
-        help="where the source keeps crawl progress and its HTTP cache between builds "
-        "(default: OUT/crawl-state/SOURCE)",
-    )
-    build.add_argument("--out", required=True, help="dataset output directory or URI (gs://..., s3://...)")
-    feats = build.add_argument_group("features")
-    feats.add_argument(
-        "--extractor",
-        default="efficientnet-lite0",
-        help="global CNN features: efficientnet-lite0 (offline default), "
-        "densenet169 (the paper's; needs --weights)",
-    )
-    feats.add_argument(
-        "--regions",
-        default=None,
-        help="region features for the Li et al. 2021 model: grid-lite0 (offline) or fasterrcnn-r50-fpn "
-        "(needs --weights); default: none",
-    )
-    feats.add_argument(
-        "--weights", help="weight file of --extractor (default: $MMLINKS_WEIGHTS_DIR, then the torch cache)"
-    )
-    feats.add_argument("--extractor-option", action="append", metavar="KEY=VALUE", help="--extractor option")
-    feats.add_argument("--region-weights", help="weight file of --regions (e.g. Faster R-CNN COCO weights)")
-    feats.add_argument(
-        "--region-option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="option of --regions, e.g. grid=6 or num_regions=36",
-    )
-    feats.add_argument(
-        "--precision", default="float32", choices=["float32", "float16"], help="feature storage dtype"
-    )
-    feats.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="feature extraction device")
-    feats.add_argument("--batch-size", type=int, default=32, help="images per inference batch (default: 32)")
-    feats.add_argument(
-        "--image-store",
-        help="content-addressed image store root (default: OUT/image-store); share it between builds",
-    )
-    feats.add_argument(
-        "--cpu-threads",
-        type=int,
-        help="torch threads per worker (default: cores / workers); recorded with the dataset, "
-        "since CPU features differ in the last bits with the thread count",
-    )
-    feats.add_argument(
-        "--placeholder-images",
-        metavar="DIR",
-        help="folder of example 'image removed' pictures; images within 2 phash bits are rejected",
-    )
-    docs = build.add_argument_group("documents")
-    docs.add_argument(
-        "--split", help="train,val,test ratios for documents the source leaves unsplit (default: 0.8,0.1,0.1)"
-    )
-    docs.add_argument(
-        "--split-sizes", help="fixed split sizes instead of ratios, e.g. val=500,test=1000 (rest: train)"
-    )
-    docs.add_argument(
-        "--dedupe-threshold",
-        help="near-duplicate Hamming distance in bits, or 'off' (default: 3; off for the crowd-labelled "
-        "sets, whose images recur across documents on purpose)",
-    )
-    docs.add_argument(
-        "--dedupe-policy",
-        default="drop_all",
-        choices=["drop_all", "keep_first"],
-        help="drop every document with a near-duplicate image (paper), or keep the earliest",
-    )
-    docs.add_argument("--filter", help="filter preset: none, diy, wiki, recipeqa (default: the source's)")
-    docs.add_argument(
-        "--filter-option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override a filter rule, e.g. max_images=20",
-    )
-    out = build.add_argument_group("shards and runner")
-    out.add_argument(
-        "--max-shard-rows", type=int, default=1000, help="documents per shard at most (default: 1000)"
-    )
-    out.add_argument(
-        "--max-shard-mb", type=float, default=256.0, help="estimated MB per shard at most (default: 256)"
-    )
-    out.add_argument(
-        "--runner",
-        default="DirectRunner",
-        choices=["DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner"],
-        help="Beam runner (default: DirectRunner); cluster runners need their options after --",
-    )
-    out.add_argument(
-        "--direct-workers",
-        type=int,
-        help="DirectRunner: N local worker processes (default: one per core; 1 = in-process)",
-    )
-    out.add_argument(
-        "--beam-arg",
-        action="append",
-        metavar="ARG",
-        help="extra Beam pipeline option, repeatable (e.g. --beam-arg=--direct_num_workers=2)",
-    )
-    out.add_argument(
-        "beam_options",
-        nargs=argparse.REMAINDER,
-        help="Beam pipeline options after `--`, passed through verbatim (e.g. -- --project=p --region=r)",
-    )
-    add_common(build)
-    build.set_defaults(func=cmd_build, show=show_build)
-
-    imp = dsub.add_parser(
-        "import-hessel",
-        help="import the original authors' prebuilt dataset (docs.json + features.npy + id2row.json)",
-        description="Write the authors' published documents, splits and image features (any "
-        "feature size, e.g. DenseNet169's 1664) into versioned shards + manifest, without "
-        "re-scraping or re-extracting anything. Same as `data build --source hessel`.",
-        epilog=EPILOG,
-    )
-    imp.add_argument("--docs", required=True, help="docs.json: {train, val, test} lists of documents")
-    imp.add_argument("--features", required=True, help="features.npy: N x D image feature matrix")
-    imp.add_argument("--id2row", required=True, help="id2row.json: image id -> row of features.npy")
-    imp.add_argument("--out", required=True, help="dataset output directory or URI")
-    imp.add_argument("--name", help="dataset name for metadata, e.g. diy (default: the docs folder's name)")
-    imp.add_argument("--precision", default="float32", choices=["float32", "float16"], help="feature dtype")
-    imp.add_argument("--max-shard-rows", type=int, default=1000, help="documents per shard at most")
-    imp.add_argument("--max-shard-mb", type=float, default=256.0, help="estimated MB per shard at most")
-    imp.add_argument("--direct-workers", type=int, help="DirectRunner worker processes (default: per core)")
-    imp.set_defaults(
-        **{
-            k: None
-            for k in (
-                "regions weights extractor_option region_weights region_option device cpu_threads "
-                "image_store placeholder_images split split_sizes dedupe_threshold filter "
-                "filter_option beam_arg beam_options source_option crawl_state"
-            ).split()
-        },
-        extractor="efficientnet-lite0",
-        batch_size=32,
-        dedupe_policy="drop_all",
-        runner="DirectRunner",
-    )
-    add_common(imp)
-    imp.set_defaults(func=cmd_import_hessel, show=show_build)
+    _add_build(dsub)
+    _add_import_hessel(dsub)
 
     crawl = dsub.add_parser(
         "crawl",
@@ -272,105 +112,148 @@ def cmd_synth(args) -> dict:
     return {"corpus": str(path.parent), "documents": cfg.docs, "seed": cfg.seed}
 
 
-def _split_ratios(text: str) -> dict[str, float]:
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise MmlinksError(f"--split wants three numbers like 0.8,0.1,0.1, not {text!r}") from None
-    if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
-        raise MmlinksError(f"--split wants three non-negative numbers with a positive sum, not {text!r}")
-    return dict(zip(("train", "val", "test"), values, strict=True))
+def _add_build(dsub) -> None:
+    from pipelines.build_config import BuildConfig
+
+    build = dsub.add_parser(
+        "build",
+        help="build Parquet document shards + manifest with Apache Beam",
+        description="Read a raw source, validate images and sentences (bad ones go to "
+        "dead_letter.jsonl with a reason), compute perceptual hashes and CNN features with "
+        "Beam RunInference, assign deterministic splits, and write shards + manifest.json. "
+        "Options not given take the source's own defaults (`mmlinks data sources`), then BuildConfig's.",
+        epilog=EPILOG,
+    )
+    config_fields.add_arguments(build, BuildConfig, defaults={"source": "synthetic"})
+    build.add_argument(
+        "--source-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="option of --source, repeatable, e.g. start=2013-01 min_score=25 (see `mmlinks data sources`)",
+    )
+    feats = build.add_argument_group("features")
+    feats.add_argument(
+        "--weights", help="weight file of --extractor (default: $MMLINKS_WEIGHTS_DIR, then the torch cache)"
+    )
+    feats.add_argument("--extractor-option", action="append", metavar="KEY=VALUE", help="--extractor option")
+    feats.add_argument("--region-weights", help="weight file of --regions (e.g. Faster R-CNN COCO weights)")
+    feats.add_argument(
+        "--region-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="option of --regions, e.g. grid=6 or num_regions=36",
+    )
+    docs = build.add_argument_group("documents")
+    docs.add_argument(
+        "--filter-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a filter rule, e.g. max_images=20",
+    )
+    out = build.add_argument_group("shards and runner")
+    out.add_argument(
+        "--beam-arg",
+        action="append",
+        metavar="ARG",
+        help="extra Beam pipeline option, repeatable (e.g. --beam-arg=--direct_num_workers=2)",
+    )
+    out.add_argument(
+        "beam_options",
+        nargs=argparse.REMAINDER,
+        help="Beam pipeline options after `--`, passed through verbatim (e.g. -- --project=p --region=r)",
+    )
+    add_common(build)
+    build.set_defaults(func=cmd_build, show=show_build)
 
 
-def _split_sizes(text: str | None) -> dict[str, int] | None:
-    if not text:
-        return None
-    try:
-        sizes = {k: int(v) for k, v in key_values(text.split(","), "--split-sizes").items()}
-    except ValueError:
-        raise MmlinksError(f"--split-sizes wants counts like val=500,test=1000, not {text!r}") from None
-    if any(n < 0 for n in sizes.values()):
-        raise MmlinksError(f"--split-sizes wants non-negative counts, not {text!r}")
-    return sizes
+def _add_import_hessel(dsub) -> None:
+    from pipelines.build_config import BuildConfig
+
+    imp = dsub.add_parser(
+        "import-hessel",
+        help="import the original authors' prebuilt dataset (docs.json + features.npy + id2row.json)",
+        description="Write the authors' published documents, splits and image features (any "
+        "feature size, e.g. DenseNet169's 1664) into versioned shards + manifest, without "
+        "re-scraping or re-extracting anything. Same as `data build --source hessel`.",
+        epilog=EPILOG,
+    )
+    imp.add_argument("--docs", required=True, help="docs.json: {train, val, test} lists of documents")
+    imp.add_argument("--features", required=True, help="features.npy: N x D image feature matrix")
+    imp.add_argument("--id2row", required=True, help="id2row.json: image id -> row of features.npy")
+    imp.add_argument("--name", help="dataset name for metadata, e.g. diy (default: the docs folder's name)")
+    config_fields.add_arguments(
+        imp,
+        BuildConfig,
+        ["out", "precision", "max_shard_rows", "max_shard_mb", "direct_workers"],
+        groups=False,
+    )
+    add_common(imp)
+    imp.set_defaults(func=cmd_import_hessel, show=show_build)
 
 
-def _dedupe_threshold(text: str) -> int | None:
-    if text.lower() == "off":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise MmlinksError(f"--dedupe-threshold wants a number of bits or 'off', not {text!r}") from None
+def _explicit_build_options(args) -> dict:
+    """The BuildConfig options the user gave (the rest: the source's defaults, then BuildConfig's)."""
+    from pipelines.build_config import BuildConfig
+
+    given = config_fields.given(args, BuildConfig)
+    for key in ("source", "input", "out"):
+        given.pop(key, None)
+    maps = {
+        "extractor_options": (getattr(args, "extractor_option", None), "--extractor-option", "weights"),
+        "region_options": (getattr(args, "region_option", None), "--region-option", "region_weights"),
+        "filter_options": (getattr(args, "filter_option", None), "--filter-option", None),
+        "source_options": (getattr(args, "source_option", None), "--source-option", None),
+    }
+    for field, (items, flag, weights) in maps.items():
+        values = key_values(items, flag)
+        if weights and getattr(args, weights, None):
+            values["weights"] = getattr(args, weights)
+        if values:
+            given[field] = values
+    beam = [
+        *(getattr(args, "beam_arg", None) or []),
+        *[a for a in (getattr(args, "beam_options", None) or []) if a != "--"],
+    ]
+    if beam:
+        given["beam_args"] = beam
+    return given
 
 
 def cmd_build(args) -> dict:
-    from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig
 
     if "://" not in args.input and not Path(args.input).exists():  # remote: checked by the source
         raise MmlinksError(f"--input {args.input} does not exist")
-    extractor_options = key_values(args.extractor_option, "--extractor-option")
-    if args.weights:
-        extractor_options["weights"] = args.weights
-    region_options = key_values(args.region_option, "--region-option")
-    if args.region_weights:
-        region_options["weights"] = args.region_weights
-    # Only what the user said: the rest comes from the source's defaults (filter preset,
-    # near-duplicate removal, split ratios), then BuildConfig's.
-    cfg = BuildConfig.for_source(
-        args.source,
-        args.input,
-        args.out,
-        extractor=args.extractor,
-        regions=None if args.regions in (None, "none") else args.regions,
-        extractor_options=extractor_options,
-        region_options=region_options,
-        precision=args.precision,
-        split_ratios=_split_ratios(args.split) if args.split else None,
-        split_sizes=_split_sizes(args.split_sizes),
-        **({"dedupe_threshold": _dedupe_threshold(args.dedupe_threshold)} if args.dedupe_threshold else {}),
-        dedupe_policy=args.dedupe_policy,
-        filter_preset=args.filter,
-        filter_options=key_values(args.filter_option, "--filter-option"),
-        max_shard_rows=args.max_shard_rows,
-        max_shard_mb=args.max_shard_mb,
-        image_store=args.image_store,
-        placeholder_images=args.placeholder_images,
-        runner=args.runner,
-        direct_workers=args.direct_workers,
-        device=args.device,
-        cpu_threads=args.cpu_threads,
-        batch_size=args.batch_size,
-        beam_args=[*(args.beam_arg or []), *[a for a in (args.beam_options or []) if a != "--"]],
-        source_options=key_values(args.source_option, "--source-option"),
-        crawl_state=args.crawl_state,
-    )
-    from cli.output import heartbeat
+    cfg = BuildConfig.for_source(args.source, args.input, args.out, **_explicit_build_options(args))
+    return run_build(cfg)
 
-    cfg.check()  # option errors as one line, before anything is printed or created
+
+def run_build(cfg) -> dict:
+    """Check ``cfg`` (one-line errors before anything is created), build, summarise."""
+    from cli.output import heartbeat
+    from pipelines import fileio
+    from pipelines.build import build_dataset
+    from pipelines.commit import last_build
+
+    cfg.check()
     print(f"building {cfg.source} dataset with Beam ({cfg.runner}) -> {cfg.out}", file=sys.stderr)
     with heartbeat("beam build"):
         manifest = build_dataset(cfg)
-    from pipelines import fileio
-    from pipelines.commit import last_build
-
     summary = {"manifest": fileio.join(cfg.out, "manifest.json"), **manifest_summary(manifest)}
     summary["dead_letter"] = fileio.join(cfg.out, manifest.dead_letter) if manifest.dead_letter else None
     return {**summary, "build": last_build(cfg.out)}
 
 
 def cmd_import_hessel(args) -> dict:
-    """`data import-hessel`: a shortcut for `data build --source hessel` with the three files named."""
-    args.source = "hessel"
-    args.input = args.docs.rsplit("/", 1)[0] if "/" in args.docs else "."  # keeps gs:// URIs whole
-    args.source_option = [
-        *(args.source_option or []),
-        f"docs={args.docs}",
-        f"features={args.features}",
-        f"id2row={args.id2row}",
-        *([f"name={args.name}"] if args.name else []),
-    ]
-    return cmd_build(args)
+    """`data import-hessel`: `data build --source hessel` with the three files named."""
+    from pipelines.build_config import BuildConfig
+
+    files = {"docs": args.docs, "features": args.features, "id2row": args.id2row}
+    if args.name:
+        files["name"] = args.name
+    root = args.docs.rsplit("/", 1)[0] if "/" in args.docs else "."  # keeps gs:// URIs whole
+    options = {**_explicit_build_options(args), "source_options": files}
+    return run_build(BuildConfig.for_source("hessel", root, args.out, **options))
 
 
 def cmd_crawl(args) -> dict:

@@ -12,14 +12,14 @@ import json
 import sys
 
 from cli import data, demo, evaluate, models, train
-from cli.common import EPILOG, quiet_libraries
+from cli.common import EPILOG, Parser, quiet_libraries
 from schemas.errors import MmlinksError
 
 GROUPS = (demo, data, train, models, evaluate)  # the order of `mmlinks --help`
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mmlinks",
         description="Discover links between the images and sentences of multimodal documents "
         "(Hessel, Lee & Mimno, EMNLP 2019): build datasets with Apache Beam, train with Ray "
@@ -35,13 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from cli.output import emit_json, stdout_to_stderr
 
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except MmlinksError as exc:  # a config field refused a value while the parser built it
-        parser.error(str(exc))
-    if not args.debug:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--debug" not in argv:  # before the parser imports Beam (its import warnings are noise)
         quiet_libraries()
+    args = build_parser().parse_args(argv)
     try:
         with stdout_to_stderr(args.json):
             result = args.func(args)

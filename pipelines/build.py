@@ -76,7 +76,7 @@ def _extractor_infos(
     if spec.prebuilt is not None:  # features come with the source (the authors' prebuilt datasets)
         return spec.prebuilt.extractor_info(cfg.source_context())
     extractor = get_extractor(cfg.extractor, **cfg.extractor_options)
-    region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.regions else None
+    region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.region_extractor() else None
     return _extractor_info(extractor), (_extractor_info(region_extractor) if region_extractor else None)
 
 

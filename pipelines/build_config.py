@@ -10,66 +10,219 @@ import copy
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from features import get_extractor, resolve_device
-from features.registry import DEFAULT_EXTRACTOR
+from features.registry import (
+    DEFAULT_EXTRACTOR,
+    describe_extractors,
+    global_extractor_names,
+    region_extractor_names,
+)
 from pipelines import fileio
-from pipelines.filters import DocumentFilter, filter_for
+from pipelines.filters import PRESETS, DocumentFilter, filter_for
 from pipelines.image_store import Placeholders
-from pipelines.runners import canonical_runner, pipeline_options
-from pipelines.sources import SourceContext, SourceSpec, get_spec
+from pipelines.runners import KNOWN_RUNNERS, canonical_runner, pipeline_options
+from pipelines.sources import SourceContext, SourceSpec, get_spec, source_names
 from pipelines.splits import DEFAULT_RATIOS
+from schemas.config_fields import OFF, from_dict, int_or_off, is_int_or_off, option, validate
 from schemas.document import FEATURE_DTYPES
 from schemas.errors import MmlinksError
 
 # Options given as KEY=VALUE maps: what the user says is laid over the source's defaults.
 MERGED_OPTIONS = ("filter_options", "source_options", "extractor_options", "region_options")
+NONE = "none"  # --regions none: no region features
+FEATURES, DOCUMENTS, SHARDS = "features", "documents", "shards and runner"
+
+
+def _ratios(text: str) -> dict[str, float]:
+    try:
+        values = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        raise MmlinksError(f"--split wants three numbers like 0.8,0.1,0.1, not {text!r}") from None
+    if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
+        raise MmlinksError(f"--split wants three non-negative numbers with a positive sum, not {text!r}")
+    return dict(zip(("train", "val", "test"), values, strict=True))
+
+
+def _sizes(text: str) -> dict[str, int]:
+    sizes = {}
+    for item in str(text).split(","):
+        key, sep, value = item.partition("=")
+        try:
+            sizes[key.strip()] = int(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip() or sizes[key.strip()] < 0:
+            raise MmlinksError(f"--split-sizes wants counts like val=500,test=1000, not {text!r}")
+    return sizes
+
+
+def _ratios_ok(r: dict) -> bool:
+    return bool(r) and min(r.values()) >= 0 and sum(r.values()) > 0
 
 
 @dataclass
 class BuildConfig:
-    source: str
-    input: str
-    out: str
-    extractor: str = DEFAULT_EXTRACTOR  # a global extractor of features.registry
-    regions: str | None = None  # a region extractor of features.registry, or none
-    extractor_options: dict[str, str] = field(default_factory=dict)  # e.g. weights=PATH
-    region_options: dict[str, str] = field(default_factory=dict)  # e.g. grid=6, num_regions=36
-    precision: str = "float32"  # storage dtype of feature vectors: float32 | float16
-    split_ratios: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_RATIOS))
-    split_sizes: dict[str, int] | None = None  # fixed-size splits (rest -> train) instead of ratios
-    dedupe_threshold: int | None = 3  # Hamming distance; None switches near-duplicate removal off
-    dedupe_policy: str = "drop_all"  # drop_all | keep_first
-    filter_preset: str | None = None  # default: the source's preset (see pipelines.filters)
-    filter_options: dict[str, str] = field(default_factory=dict)
-    max_shard_rows: int = 1000
-    max_shard_mb: float = 256.0
-    image_store: str | None = None  # default OUT/image-store
-    placeholder_images: str | None = None  # folder of example "image removed" pictures to reject
-    placeholder_distance: int = 2  # phash bits within which an image counts as such a placeholder
-    runner: str = "DirectRunner"
-    direct_workers: int | None = None  # DirectRunner processes; None: one per CPU core, 1: in-process
-    device: str = "cpu"
-    cpu_threads: int | None = None  # torch threads per worker; default: this machine's cores / workers
-    batch_size: int = 32
-    beam_args: list[str] = field(default_factory=list)
-    source_options: dict[str, str] = field(default_factory=dict)  # --source-option KEY=VALUE
-    crawl_state: str | None = None  # the source's crawl state (default OUT/crawl-state/<source>)
+    """Every option of a dataset build (the `data build` flags and Dagster's build_options).
+
+    Field rules are checked when a config is made; :meth:`check` adds what needs the outside
+    world (the source's options and inputs, extractor weights, runner options)."""
+
+    source: str = option(help="raw source format (see `mmlinks data sources`)", choices=source_names)
+    input: str = option(help="raw source folder or file (per source)")
+    out: str = option(help="dataset output directory or URI (gs://..., s3://...)")
+    extractor: str = option(
+        DEFAULT_EXTRACTOR,
+        help="global CNN features: " + describe_extractors("global"),
+        choices=global_extractor_names,
+        rule="unknown feature extractor; known:",
+        cli_choices=False,
+        group=FEATURES,
+    )
+    regions: str = option(
+        NONE,
+        help="region features for the Li et al. 2021 model: " + describe_extractors("regions"),
+        choices=lambda: (NONE, *region_extractor_names()),
+        rule="not a region extractor; region extractors:",
+        cli_choices=False,
+        group=FEATURES,
+    )
+    extractor_options: dict[str, str] = option(
+        help="--extractor options, e.g. weights=PATH", flag="", default_factory=dict
+    )
+    region_options: dict[str, str] = option(
+        help="--regions options, e.g. grid=6, num_regions=36", flag="", default_factory=dict
+    )
+    precision: str = option(
+        "float32", help="feature storage dtype", choices=lambda: sorted(FEATURE_DTYPES), group=FEATURES
+    )
+    split_ratios: dict[str, float] = option(
+        help="train,val,test ratios for documents the source leaves unsplit",
+        flag="--split",
+        parse=_ratios,
+        check=_ratios_ok,
+        rule="non-negative with a positive sum",
+        metavar="TRAIN,VAL,TEST",
+        group=DOCUMENTS,
+        default_factory=lambda: dict(DEFAULT_RATIOS),
+    )
+    split_sizes: dict[str, int] | None = option(
+        None,
+        help="fixed split sizes instead of ratios, e.g. val=500,test=1000 (rest: train)",
+        parse=_sizes,
+        check=lambda v: v is None or min(v.values(), default=0) >= 0,
+        rule="non-negative counts",
+        metavar="SPLIT=N,...",
+        group=DOCUMENTS,
+    )
+    dedupe_threshold: int | str = option(
+        3,
+        help="near-duplicate Hamming distance in bits, or 'off' (sources whose images recur across "
+        "documents on purpose, e.g. the crowd-labelled sets, default to off)",
+        parse=int_or_off(0, 16),
+        check=is_int_or_off(0, 16),
+        rule="0 to 16 bits or 'off'",
+        metavar="BITS|off",
+        group=DOCUMENTS,
+    )
+    dedupe_policy: str = option(
+        "drop_all",
+        help="drop every document with a near-duplicate image (paper), or keep the earliest",
+        choices=("drop_all", "keep_first"),
+        group=DOCUMENTS,
+    )
+    filter_preset: str | None = option(
+        None,
+        help="filter preset (default: the source's own)",
+        flag="--filter",
+        choices=lambda: (None, *sorted(PRESETS)),
+        group=DOCUMENTS,
+    )
+    filter_options: dict[str, str] = option(help="filter rule overrides", flag="", default_factory=dict)
+    max_shard_rows: int = option(
+        1000, help="documents per shard at most", check=lambda v: v >= 1, rule=">= 1", group=SHARDS
+    )
+    max_shard_mb: float = option(
+        256.0, help="estimated MB per shard at most", check=lambda v: v > 0, rule="> 0", group=SHARDS
+    )
+    image_store: str | None = option(
+        None,
+        help="content-addressed image store root (default: OUT/image-store); share it between builds",
+        group=FEATURES,
+    )
+    placeholder_images: str | None = option(
+        None,
+        help="folder of example 'image removed' pictures; images within 2 phash bits are rejected",
+        metavar="DIR",
+        group=FEATURES,
+    )
+    placeholder_distance: int = option(
+        2, help="phash bits within which an image counts as a placeholder", flag="", group=FEATURES
+    )
+    runner: str = option(
+        "DirectRunner",
+        help="Beam runner; cluster runners need their options after --",
+        choices=KNOWN_RUNNERS,
+        group=SHARDS,
+    )
+    direct_workers: int | None = option(
+        None,
+        help="DirectRunner: N local worker processes (default: one per core; 1 = in-process)",
+        check=lambda v: v is None or v >= 1,
+        rule=">= 1",
+        group=SHARDS,
+    )
+    device: str = option(
+        "cpu",
+        help="feature extraction device",
+        check=lambda v: v in ("cpu", "cuda") or (str(v).startswith("cuda:") and str(v)[5:].isdigit()),
+        rule="cpu, cuda or cuda:N",
+        group=FEATURES,
+    )
+    cpu_threads: int | None = option(
+        None,
+        help="torch threads per worker (default: cores / workers); recorded with the dataset, "
+        "since CPU features differ in the last bits with the thread count",
+        check=lambda v: v is None or v >= 1,
+        rule=">= 1",
+        group=FEATURES,
+    )
+    batch_size: int = option(
+        32, help="images per inference batch", check=lambda v: v >= 1, rule=">= 1", group=FEATURES
+    )
+    beam_args: list[str] = option(help="extra Beam pipeline options", flag="", default_factory=list)
+    source_options: dict[str, str] = option(
+        help="--source-option KEY=VALUE settings of the source", flag="", default_factory=dict
+    )
+    crawl_state: str | None = option(
+        None,
+        help="where the source keeps crawl progress and its HTTP cache between builds "
+        "(default: OUT/crawl-state/SOURCE)",
+        metavar="URI",
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, "build config")
 
     @classmethod
     def for_source(cls, source: str, input: str, out: str, **explicit) -> BuildConfig:
         """A config with the source's own defaults (filter preset, dedupe, split ratios) under
-        the options the user gave explicitly (pass only those; None counts as not given)."""
+        the options given explicitly (pass only those: every value given is used, and a value
+        that is not allowed, ``None`` for a threshold say, is refused, not ignored)."""
+        if source not in source_names():
+            raise MmlinksError(f"unknown source {source!r}; known: {', '.join(source_names())}")
         values = copy.deepcopy(get_spec(source).build_defaults)
         for key, value in explicit.items():
-            if value is None:
-                continue
-            if key in MERGED_OPTIONS and isinstance(values.get(key), dict):
+            if key in MERGED_OPTIONS and isinstance(values.get(key), dict) and isinstance(value, dict):
                 values[key] = {**values[key], **value}  # e.g. --filter-option on the source's rules
             else:
                 values[key] = value
-        return cls(source=source, input=input, out=out, **values)
+        return from_dict(cls, {"source": source, "input": input, "out": out, **values}, what="build option")
+
+    def region_extractor(self) -> str | None:
+        """The region extractor's name, or None for ``--regions none``."""
+        return None if self.regions == NONE else self.regions
 
     def spec(self) -> SourceSpec:
         return get_spec(self.source)
@@ -109,38 +262,25 @@ class BuildConfig:
         p["device"] = "cuda" if self.device.startswith("cuda") else "cpu"  # kernels differ in the last bits
         p["cpu_threads"] = self.threads()  # so do CPU reductions split over a different thread count
         p["filter"] = self.document_filter().params()
+        # "off"/"none" are recorded as null, as before they were values of their own, so
+        # rebuilding an existing dataset keeps its version id.
+        p["dedupe_threshold"] = None if self.dedupe_threshold == OFF else self.dedupe_threshold
+        p["regions"] = self.region_extractor()
         return p
 
     def check(self) -> None:
+        """What the field rules cannot see: the source's options and inputs, the extractors
+        (weights present, the right kind), the device and the runner's options."""
         spec = self.spec()
         ctx = self.source_context()  # unknown source options fail here
         if spec.check is not None:
             spec.check(ctx)
-        if self.precision not in FEATURE_DTYPES:
-            raise MmlinksError(f"--precision must be one of {sorted(FEATURE_DTYPES)}, not {self.precision!r}")
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise MmlinksError("--cpu-threads must be >= 1")
-        if self.max_shard_rows < 1 or self.max_shard_mb <= 0:
-            raise MmlinksError("--max-shard-rows must be >= 1 and --max-shard-mb > 0")
-        if self.dedupe_policy not in ("drop_all", "keep_first"):
-            raise MmlinksError(f"--dedupe-policy must be drop_all or keep_first, not {self.dedupe_policy!r}")
-        if self.dedupe_threshold is not None and not 0 <= self.dedupe_threshold <= 16:
-            raise MmlinksError("--dedupe-threshold must be between 0 and 16 bits")
-        if self.split_sizes is not None:
-            if any(n < 0 for n in self.split_sizes.values()):
-                raise MmlinksError(f"split sizes must be non-negative: {self.split_sizes}")
-        elif (
-            not self.split_ratios
-            or any(v < 0 for v in self.split_ratios.values())
-            or not sum(self.split_ratios.values())
-        ):
-            raise MmlinksError(f"split ratios must be non-negative with a positive sum: {self.split_ratios}")
         self.document_filter()
         resolve_device(self.device)
         ext = get_extractor(self.extractor, **self.extractor_options)
         if ext.kind != "global":
             raise MmlinksError(f"--extractor must be a global (CNN) extractor; {ext.name} gives regions")
-        if self.regions:
+        if self.region_extractor():
             reg = get_extractor(self.regions, **self.region_options)
             if reg.kind != "regions":
                 raise MmlinksError(f"--regions must be a region extractor; {reg.name} is global")

@@ -21,14 +21,15 @@ from pipelines.shards_writer import write_outputs
 from pipelines.sources import source_outputs
 from pipelines.splits import assign_split, sized_assignment, split_rank_key
 from pipelines.validate import LoadAndValidate
+from schemas.config_fields import OFF
 
 
 def build_pipeline(p: beam.Pipeline, cfg: BuildConfig, staging: str) -> None:
     extractor = get_extractor(cfg.extractor, **cfg.extractor_options)
-    region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.regions else None
+    region_extractor = get_extractor(cfg.regions, **cfg.region_options) if cfg.region_extractor() else None
     docs, dead = read_and_validate(p, cfg)
     docs = keep_unique_ids(docs, dead)
-    if cfg.dedupe_threshold is not None:
+    if cfg.dedupe_threshold != OFF:
         docs = drop_near_duplicates(docs, dead, cfg)
     docs = apply_filter(docs, dead, cfg.document_filter())
     docs = assign_splits(docs, cfg)

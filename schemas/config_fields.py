@@ -48,6 +48,7 @@ class FieldInfo:
     metavar: str | None = None
     group: str = ""  # argparse group title for the CLI
     secret: bool = False  # never logged (hosts, storage URIs with keys)
+    cli_choices: bool = True  # False: choices shown in --help, but refused by validation's wording
 
     def allowed(self) -> tuple:
         if self.choices is None:
@@ -67,10 +68,11 @@ def option(
     metavar: str | None = None,
     group: str = "",
     secret: bool = False,
+    cli_choices: bool = True,
     default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field carrying its help, allowed values and CLI spelling."""
-    info = FieldInfo(help, choices, flag, parse, check, rule, metavar, group, secret)
+    info = FieldInfo(help, choices, flag, parse, check, rule, metavar, group, secret, cli_choices)
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={_KEY: info})
     return dataclasses.field(default=default, metadata={_KEY: info})
@@ -111,7 +113,8 @@ def problems(obj) -> list[str]:
         value = getattr(obj, name)
         allowed = info.allowed()
         if allowed and value not in allowed:
-            bad.append(f"{name} {value!r} (one of {', '.join(map(str, allowed))})")
+            shown = ", ".join(str(a) for a in allowed if a is not None)
+            bad.append(f"{name} {value!r} ({info.rule or 'one of'} {shown})")
         elif info.check is not None:
             try:
                 ok = info.check(value)
@@ -220,15 +223,19 @@ def add_arguments(
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
         if name in defaults:
             kwargs["default"] = defaults[name]
+        elif default is dataclasses.MISSING:
+            kwargs["required"] = True
         if str(f.type) == "bool":
             kwargs["action"] = "store_true"
         else:
             kind = _parser_type(f, info)
             if kind is not None:
                 kwargs["type"] = kind
-            allowed = info.allowed()
-            if allowed:
-                kwargs["choices"] = list(allowed)
+            allowed = [a for a in info.allowed() if a is not None]  # None: "not given", no CLI word
+            if allowed and info.cli_choices:
+                kwargs["choices"] = allowed
+            elif allowed and not all(str(a) in text for a in allowed):
+                text += f" ({', '.join(map(str, allowed))})"
             if info.metavar or not allowed:
                 kwargs["metavar"] = info.metavar or flag_of(name, info).lstrip("-").replace("-", "_").upper()
             if default is not dataclasses.MISSING and "(default" not in text:

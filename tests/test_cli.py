@@ -131,7 +131,7 @@ def test_data_sources_lists_every_source_with_options_and_credentials():
     expected = {"diy", "recipeqa", "wiki", "mscoco", "story-dii", "story-sis", "dii-stress", "hessel"}
     assert set(sources) >= expected
     assert "praw_client_id" in sources["diy"]["credentials"]
-    assert sources["mscoco"]["build_defaults"]["dedupe_threshold"] is None
+    assert sources["mscoco"]["build_defaults"]["dedupe_threshold"] == "off"
     assert sources["diy"]["options"]["min_score"]["default"] == "25"
 
 

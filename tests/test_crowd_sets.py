@@ -180,7 +180,7 @@ def test_coco_years_merge_by_annotation_id_and_bad_entries_are_dead_lettered(tmp
 
 def test_coco_options_are_checked(tmp_path):
     spec = get_spec("mscoco")
-    assert spec.build_defaults == {"dedupe_threshold": None, "filter_options": {"min_images": "10"}}
+    assert spec.build_defaults == {"dedupe_threshold": "off", "filter_options": {"min_images": "10"}}
     state = str(tmp_path / "state")
     with pytest.raises(MmlinksError, match="not an MSCOCO folder"):
         spec.check(spec.context(str(tmp_path), {}, state))
@@ -452,7 +452,7 @@ def test_vist_options_are_checked(tmp_path):
     state = str(tmp_path / "state")
     for name in ("story-dii", "story-sis", "dii-stress"):
         spec = get_spec(name)
-        assert spec.build_defaults == {"dedupe_threshold": None, "filter_options": {"min_images": "5"}}
+        assert spec.build_defaults == {"dedupe_threshold": "off", "filter_options": {"min_images": "5"}}
         with pytest.raises(MmlinksError, match="not a VIST folder"):
             spec.check(spec.context(str(tmp_path), {}, state))
         with pytest.raises(MmlinksError, match="text_field"):

@@ -394,7 +394,7 @@ def test_options_and_input_are_checked_before_beam(tmp_path):
     assert spec.build_defaults == {
         "filter_preset": "recipeqa",
         "split_ratios": {"train": 0.87, "val": 0.13},
-        "dedupe_threshold": None,  # the paper removes near-duplicate images from DIY only
+        "dedupe_threshold": "off",  # the paper removes near-duplicate images from DIY only
     }
     with pytest.raises(MmlinksError, match="not a RecipeQA folder"):
         spec.check(spec.context(str(tmp_path), {}, str(tmp_path / "state")))

@@ -384,7 +384,7 @@ def test_check_rejects_bad_inputs(tmp_path):
 
 def test_spec_defaults_follow_the_paper():
     assert SPEC.build_defaults["filter_preset"] == "wiki"
-    assert SPEC.build_defaults["dedupe_threshold"] is None
+    assert SPEC.build_defaults["dedupe_threshold"] == "off"
     ratios = SPEC.build_defaults["split_ratios"]
     assert ratios["train"] / ratios["val"] == 14 and ratios["val"] == ratios["test"]
     assert {o.name: o.default for o in SPEC.options}["concurrency"] == "1"

@@ -118,7 +118,7 @@ class SourceSpec:
     # Environment variables the connector reads (documented; values are never logged).
     credentials: tuple[str, ...] = ()
     # BuildConfig defaults for this source: e.g. {"filter_preset": "diy"},
-    # {"dedupe_threshold": None} (sets whose images recur across documents on purpose),
+    # {"dedupe_threshold": "off"} (sets whose images recur across documents on purpose),
     # {"split_ratios": {"train": 0.9, "val": 0.1}} (for documents the source leaves unsplit).
     build_defaults: dict[str, Any] = field(default_factory=dict)
     # (context) -> the image store's fetcher for this source's image URIs; None: by scheme.

@@ -293,7 +293,7 @@ SPEC = SourceSpec(
     summary="the authors' prebuilt datasets: INPUT/docs.json + features.npy + id2row.json (any feature size)",
     options=OPTIONS,
     # The authors already deduplicated and filtered: say so in the build parameters.
-    build_defaults={"dedupe_threshold": None, "filter_preset": "none"},
+    build_defaults={"dedupe_threshold": "off", "filter_preset": "none"},
     check=_check,
     prebuilt=HesselPrebuilt(),
 )

@@ -53,7 +53,7 @@ SPLITS = ("train", "val", "test")
 GROUP = 5  # true (and fake) images per document
 DISTRACTORS = 5
 BUILD_DEFAULTS = {
-    "dedupe_threshold": None,  # training versions repeat their images on purpose
+    "dedupe_threshold": "off",  # training versions repeat their images on purpose
     # A document is exactly 10 images: one that fails to load (undecodable, deleted) drops the
     # document rather than leaving a 9-image one with a dangling caption.
     "filter_options": {"min_images": "10"},

@@ -64,7 +64,7 @@ DOC_SPLITS: dict[str, str | None] = {"train": None, "val": "test", "test": "test
 BUILD_DEFAULTS = {
     "filter_preset": "recipeqa",
     "split_ratios": {"train": 0.87, "val": 0.13},
-    "dedupe_threshold": None,  # the paper removes near-duplicate images from DIY only
+    "dedupe_threshold": "off",  # the paper removes near-duplicate images from DIY only
 }
 
 OPTIONS = (

@@ -69,7 +69,7 @@ TIERS = {
     "dii-stress": ("dii", "description-in-isolation", "photo_order_in_story"),
 }
 BUILD_DEFAULTS = {
-    "dedupe_threshold": None,  # the same photos recur across stories on purpose
+    "dedupe_threshold": "off",  # the same photos recur across stories on purpose
     # The paper discards a story with any invalid image: one the image store cannot decode
     # leaves 4 images, and this rule drops that story (missing files are caught here already).
     "filter_options": {"min_images": "5"},

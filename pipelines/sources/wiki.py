@@ -648,7 +648,7 @@ SPEC = SourceSpec(
     # several articles (maps, flags, portraits); the paper's split is 14K/1K/1K.
     build_defaults={
         "filter_preset": "wiki",
-        "dedupe_threshold": None,
+        "dedupe_threshold": "off",
         "split_ratios": {"train": 0.875, "val": 0.0625, "test": 0.0625},
     },
     fetcher=_fetcher,
