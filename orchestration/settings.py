@@ -98,6 +98,7 @@ class Settings:
             raise MmlinksError(
                 f"unknown source(s) {', '.join(bad)} in the Dagster settings; known: {', '.join(known)}"
             )
+        self.check_build_options()
         if not self.objectives or not isinstance(self.objectives, dict):
             raise MmlinksError(
                 "the Dagster settings need at least one objective, e.g. {'ap': {'objective': 'ap'}}"
@@ -147,6 +148,21 @@ class Settings:
 
     def registered_model_name(self, source: str, objective: str) -> str:
         return self.model_name.format(source=source, objective=objective)
+
+    def check_build_options(self) -> None:
+        """Each source's build options make a valid BuildConfig (so a typo or a null threshold
+        fails `dagster definitions validate`, not a build hours later)."""
+        from pipelines.build_config import BuildConfig
+        from pipelines.sources import source_names
+
+        bad = sorted(set(self.build_options) - {"*", *source_names()})
+        if bad:
+            raise MmlinksError(f"build_options for unknown source(s) {', '.join(bad)}")
+        for source in self.sources:
+            try:
+                BuildConfig.for_source(source, "-", "-", **self.build_config_options(source))
+            except MmlinksError as exc:
+                raise MmlinksError(f"build_options for {source}: {exc}") from exc
 
     def build_config_options(self, source: str) -> dict:
         return {**self.build_options.get("*", {}), **self.build_options.get(source, {})}

@@ -169,10 +169,15 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def _type_name(f: dataclasses.Field) -> str:
+    """``"int"``, ``"int | None"``...: annotations are strings under postponed evaluation."""
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+
+
 def _parser_type(f: dataclasses.Field, info: FieldInfo) -> Callable[[str], Any] | None:
     if info.parse is not None:
         return _one_line(info.parse, f.name)
-    return _SIMPLE_TYPES.get(str(f.type))
+    return _SIMPLE_TYPES.get(_type_name(f).removesuffix(" | None"))  # None: the "not given" default
 
 
 def _one_line(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
@@ -225,7 +230,7 @@ def add_arguments(
             kwargs["default"] = defaults[name]
         elif default is dataclasses.MISSING:
             kwargs["required"] = True
-        if str(f.type) == "bool":
+        if _type_name(f) == "bool":
             kwargs["action"] = "store_true"
         else:
             kind = _parser_type(f, info)
