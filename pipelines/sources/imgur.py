@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from pipelines.crawl_state import CrawlState
 from pipelines.web import HttpError, HttpResponse, PoliteClient, redact_url
 from schemas.errors import MmlinksError
+from schemas.text import repair_surrogates
 
 PAGE_BASE = "https://imgur.com"
 API_BASE = "https://api.imgur.com"
@@ -201,19 +202,6 @@ class AlbumFailed(MmlinksError):
         self.detail = detail
         self.transient = transient
         self.recorded = recorded and not transient
-
-
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
-
-
-def repair_surrogates(text: str) -> tuple[str, int]:
-    """``text`` with each lone UTF-16 surrogate replaced by U+FFFD (split pairs joined), and
-    how many were replaced. ``json.loads('"\\ud83d"')`` yields such a str; it cannot be encoded
-    as UTF-8, so it would fail the crawl-state record and the Parquet writer later."""
-    if not _SURROGATE_RE.search(text):
-        return text, 0
-    fixed = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return fixed, fixed.count("\ufffd") - text.count("\ufffd")
 
 
 def _caption(text: object) -> tuple[str | None, bool]:
@@ -756,5 +744,4 @@ __all__ = [
     "parse_album_html_2018",
     "parse_album_html_json",
     "parse_album_url",
-    "repair_surrogates",
 ]
