@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -158,60 +159,113 @@ def crawl_new_posts(
     recent = _recent_from_cursor(cursor, newest)
     stop_below = None if newest is None else newest - overlap_s
 
-    fresh: dict[str, dict] = {}
-    duplicates = malformed = listed = 0
-    reached = overlap_complete = False
-    top = top_id = oldest = None  # creation times (and the top's id) of what was listed
-    for submission in reddit.subreddit(subreddit).new(limit=limit):
-        listed += 1
+    listing = reddit.subreddit(subreddit).new(limit=limit)
+    run = _read_listing(listing, subreddit, newest, newest_id, stop_below, recent, int(now))
+    limited = limit is not None and run.listed >= limit
+    gap = newest is not None and not run.reached
+    gap_info = None
+    if gap:
+        gap_info = {"after_utc": newest, "before_utc": run.oldest, "checkpoint_kept": limited}
+        _warn_gap(subreddit, run.listed, newest, run.oldest, limited)
+
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
+    files = _write_month_files(run.fresh, out_dir, subreddit, stamp)
+
+    new_cursor = _next_cursor(cursor, run, newest, newest_id, recent, overlap_s, gap, limited)
+    if new_cursor["newest_created_utc"] is not None and new_cursor != {
+        k: v for k, v in cursor.items() if k != "updated_at"
+    }:
+        new_cursor["updated_at"] = stamp
+        state.set_cursor(name, new_cursor)  # after the files: a crash before here redoes the run
+        cursor = new_cursor
+    count_new = len(run.fresh)
+    log.info("r/%s: %d new posts in %d file(s)", subreddit, count_new, len(files))
+    summary = {k: v for k, v in cursor.items() if k != "recent_ids"}
+    summary["recent_ids_kept"] = len(cursor.get("recent_ids") or ())
+    return {
+        "new_posts": count_new,
+        "files": files,
+        "cursor": summary,
+        "listed": run.listed,
+        "duplicates_skipped": run.duplicates,
+        "malformed_skipped": run.malformed,
+        "reached_checkpoint": run.reached,
+        "overlap_complete": run.overlap_complete,
+        "gap_possible": gap,
+        "gap": gap_info,
+    }
+
+
+@dataclass
+class _ListingRun:
+    """What one pass down ``/new`` saw."""
+
+    fresh: dict[str, dict] = field(default_factory=dict)  # id -> dump record of new posts
+    listed: int = 0
+    duplicates: int = 0
+    malformed: int = 0
+    reached: bool = False  # everything newer than the checkpoint has been listed
+    overlap_complete: bool = False
+    top: int | None = None  # creation time (and id) of the newest post listed
+    top_id: str | None = None
+    oldest: int | None = None  # creation time of the oldest post listed
+
+
+def _read_listing(
+    listing, subreddit: str, newest, newest_id, stop_below, recent: dict[str, int], retrieved_on: int
+) -> _ListingRun:
+    """Read the listing newest-first down to ``stop_below``, keeping posts not fetched before."""
+    run = _ListingRun()
+    for submission in listing:
+        run.listed += 1
         post_id = str(submission.id)
         created = as_int(getattr(submission, "created_utc", None))
         if newest is not None and (post_id == newest_id or (created is not None and created <= newest)):
-            reached = True  # everything newer than the checkpoint has been listed
+            run.reached = True
         if stop_below is not None and created is not None and created < stop_below:
-            overlap_complete = True
+            run.overlap_complete = True
             break
         if created is not None:
-            if top is None or created > top:
-                top, top_id = created, post_id
-            oldest = created if oldest is None else min(oldest, created)
-        if post_id in recent or post_id in fresh:
-            duplicates += 1
+            if run.top is None or created > run.top:
+                run.top, run.top_id = created, post_id
+            run.oldest = created if run.oldest is None else min(run.oldest, created)
+        if post_id in recent or post_id in run.fresh:
+            run.duplicates += 1
             continue
         try:
-            fresh[post_id] = submission_record(submission, int(now))
+            run.fresh[post_id] = submission_record(submission, retrieved_on)
         except ValueError as exc:  # no usable created_utc: nothing to file it under
-            malformed += 1
+            run.malformed += 1
             log.warning("r/%s: skipping submission %s: %s", subreddit, post_id, exc)
+    return run
 
-    limited = limit is not None and listed >= limit
-    gap = newest is not None and not reached
-    gap_info = None
-    if gap:
-        gap_info = {"after_utc": newest, "before_utc": oldest, "checkpoint_kept": limited}
-        if limited:
-            log.warning(
-                "r/%s: stopped after the limit of %d posts before the last checkpoint: posts created "
-                "between %s and %s are not fetched yet; the checkpoint stays, a run without the "
-                "limit fetches them",
-                subreddit,
-                listed,
-                _iso(newest),
-                _iso(oldest),
-            )
-        else:
-            log.warning(
-                "r/%s: the listing ended (%d posts; Reddit lists about %d) before the last checkpoint: "
-                "posts created between %s and %s may be missing (backfill them from the dumps; "
-                "crawl more often)",
-                subreddit,
-                listed,
-                LISTING_LIMIT,
-                _iso(newest),
-                _iso(oldest),
-            )
 
-    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
+def _warn_gap(subreddit: str, listed: int, newest: int, oldest: int | None, limited: bool) -> None:
+    if limited:
+        log.warning(
+            "r/%s: stopped after the limit of %d posts before the last checkpoint: posts created "
+            "between %s and %s are not fetched yet; the checkpoint stays, a run without the "
+            "limit fetches them",
+            subreddit,
+            listed,
+            _iso(newest),
+            _iso(oldest),
+        )
+    else:
+        log.warning(
+            "r/%s: the listing ended (%d posts; Reddit lists about %d) before the last checkpoint: "
+            "posts created between %s and %s may be missing (backfill them from the dumps; "
+            "crawl more often)",
+            subreddit,
+            listed,
+            LISTING_LIMIT,
+            _iso(newest),
+            _iso(oldest),
+        )
+
+
+def _write_month_files(fresh: dict[str, dict], out_dir: str, subreddit: str, stamp: str) -> list[str]:
+    """One zstd ndjson file per creation month, written atomically; their URIs."""
     by_month: dict[str, list[dict]] = {}
     for rec in fresh.values():
         month = datetime.fromtimestamp(rec["created_utc"], UTC).strftime("%Y-%m")
@@ -222,19 +276,25 @@ def crawl_new_posts(
         uri = fileio.join(out_dir, month, f"{subreddit}_incremental_{stamp}.ndjson.zst")
         fileio.write_bytes_atomic(uri, _compress_ndjson(records))
         files.append(uri)
+    return files
 
+
+def _next_cursor(
+    cursor: dict, run: _ListingRun, newest, newest_id, recent: dict[str, int], overlap_s: int, gap, limited
+) -> dict[str, Any]:
+    """The cursor after this run (without ``updated_at``); ``recent`` gains the fetched ids."""
     # The checkpoint moves to the newest post listed, unless a limit stopped the run short of
     # the old one (then the gap below must still be read: the old checkpoint stays).
     mark, mark_id = newest, newest_id
-    if top is not None and (newest is None or top > newest) and not (gap and limited):
-        mark, mark_id = top, top_id
-    for rec in fresh.values():
+    if run.top is not None and (newest is None or run.top > newest) and not (gap and limited):
+        mark, mark_id = run.top, run.top_id
+    for rec in run.fresh.values():
         recent[rec["id"]] = rec["created_utc"]
     keep_from = None if mark is None else mark - overlap_s
     kept = sorted(((c, i) for i, c in recent.items() if keep_from is None or c >= keep_from), reverse=True)
     gaps = [g for g in cursor.get("gaps") or [] if isinstance(g, list)]
-    if gap and not limited and oldest is not None:
-        gaps = [*gaps, [newest, oldest]][-GAPS_KEPT:]
+    if gap and not limited and run.oldest is not None:
+        gaps = [*gaps, [newest, run.oldest]][-GAPS_KEPT:]
     new_cursor: dict[str, Any] = {
         "newest_created_utc": mark,
         "newest_id": mark_id,
@@ -242,26 +302,7 @@ def crawl_new_posts(
     }
     if gaps:
         new_cursor["gaps"] = gaps
-    if mark is not None and new_cursor != {k: v for k, v in cursor.items() if k != "updated_at"}:
-        new_cursor["updated_at"] = stamp
-        state.set_cursor(name, new_cursor)  # after the files: a crash before here redoes the run
-        cursor = new_cursor
-    count_new = len(fresh)
-    log.info("r/%s: %d new posts in %d file(s)", subreddit, count_new, len(files))
-    summary = {k: v for k, v in cursor.items() if k != "recent_ids"}
-    summary["recent_ids_kept"] = len(cursor.get("recent_ids") or ())
-    return {
-        "new_posts": count_new,
-        "files": files,
-        "cursor": summary,
-        "listed": listed,
-        "duplicates_skipped": duplicates,
-        "malformed_skipped": malformed,
-        "reached_checkpoint": reached,
-        "overlap_complete": overlap_complete,
-        "gap_possible": gap,
-        "gap": gap_info,
-    }
+    return new_cursor
 
 
 def run_crawl(
