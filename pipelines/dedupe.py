@@ -1,7 +1,7 @@
 """Exact near-duplicate image removal (Hessel et al. 2019): drop documents sharing a near-identical image.
 
 The paper's rule: two images are duplicates when the Hamming distance of their 64-bit DCT perceptual
-hashes (``pipelines.images.phash64``) is at most 3; a document containing a duplicate is removed.
+hashes (``features.images.phash64``) is at most 3; a document containing a duplicate is removed.
 All-pairs comparison is quadratic, and a lossy index (LSH, sampling) would silently keep duplicates,
 so this module uses the pigeonhole / multi-index idea, which is exact and near-linear:
 

@@ -48,7 +48,7 @@ REMOVED_SUFFIX = "/removed.png"  # imgur serves this placeholder (via a redirect
 GIF_MAGIC = (b"GIF87a", b"GIF89a")
 _CID_RE = re.compile(r"^[0-9a-f]{64}$")
 
-# Reasons raised here in addition to those of pipelines.images (undecodable, animated, ...).
+# Reasons raised here in addition to those of features.images (undecodable, animated, ...).
 GIF, PLACEHOLDER, TOO_LARGE, FETCH_FAILED, NOT_FOUND, BLANK = (
     "gif",
     "placeholder",
