@@ -82,7 +82,7 @@ def _make(ctx: SourceContext) -> beam.PTransform:
 def _fetcher(ctx: SourceContext):
     if _mode(ctx) != "mediawiki":
         return None  # local files (or any Beam FileSystems URI): by scheme
-    from pipelines.image_store import PoliteFetcher
+    from pipelines.image_fetch import PoliteFetcher
 
     return PoliteFetcher(_client(ctx, _image_host(ctx)))
 
