@@ -11,7 +11,8 @@ from __future__ import annotations
 import apache_beam as beam
 
 from features.images import InvalidImage
-from pipelines.image_store import Fetcher, ImageStore, Placeholders
+from pipelines.image_fetch import Fetcher
+from pipelines.image_store import ImageStore, Placeholders
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from schemas.text import has_tokens, repair_text
 

@@ -33,18 +33,27 @@ def has_tokens(text: str) -> bool:
     return any(any(c.isalnum() for c in tok) for tok in tokenize(text))
 
 
-def repair_text(text: str) -> tuple[str, bool]:
-    """(text with lone UTF-16 surrogates replaced by U+FFFD, whether anything was replaced).
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def repair_surrogates(text: str) -> tuple[str, int]:
+    """The one text repair: ``text`` with each lone UTF-16 surrogate replaced by U+FFFD (a split
+    high/low pair is joined into its character), and how many were replaced.
 
     ``json.loads('"\\ud83d"')`` gives a str that cannot be encoded as UTF-8, so one such
-    caption in a scraped page would crash the Parquet writer of a whole build.
+    caption in a scraped page would crash Beam's coders, the crawl-state record or the Parquet
+    writer of a whole build.
     """
-    try:
-        text.encode("utf-8")
-        return text, False
-    except UnicodeEncodeError:
-        fixed = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
-        return fixed, True
+    if not _SURROGATE_RE.search(text):
+        return text, 0
+    fixed = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return fixed, fixed.count("\ufffd") - text.count("\ufffd")
+
+
+def repair_text(text: str) -> tuple[str, bool]:
+    """(``repair_surrogates(text)``'s text, whether it differs from ``text``)."""
+    fixed, _ = repair_surrogates(text)
+    return fixed, fixed != text
 
 
 def repair_strings(value):

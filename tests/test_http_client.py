@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipelines.image_store import FetchFailed, PoliteFetcher
+from pipelines.image_fetch import FetchFailed, PoliteFetcher
 from pipelines.sources.base import SourceSpec
 from pipelines.sources.http_options import http_source_options, policy_from_context
 from pipelines.web import (

@@ -21,15 +21,8 @@ from PIL import Image
 import pipelines.image_store as image_store
 from features.images import InvalidImage
 from pipelines import fileio
-from pipelines.image_store import (
-    USER_AGENT,
-    FetchFailed,
-    FileSystemFetcher,
-    HttpFetcher,
-    ImageStore,
-    Placeholders,
-    is_blank_phash,
-)
+from pipelines.image_fetch import USER_AGENT, FetchFailed, FileSystemFetcher, HttpFetcher, default_fetcher
+from pipelines.image_store import ImageStore, Placeholders, is_blank_phash
 
 LIMIT = 100_000  # the store's byte limit in these tests
 
@@ -367,8 +360,8 @@ def test_local_paths_and_file_uris(tmp_path, decodes):
         assert err.value.reason == "fetch_failed" and err.value.transient and not err.value.cached
     (src / "missing.png").write_bytes(GOOD_JPG)
     assert store.load(missing).content_id == hashlib.sha256(GOOD_JPG).hexdigest()
-    assert isinstance(image_store.default_fetcher(missing), FileSystemFetcher)
-    assert isinstance(image_store.default_fetcher("https://i.imgur.com/x.jpg"), HttpFetcher)
+    assert isinstance(default_fetcher(missing), FileSystemFetcher)
+    assert isinstance(default_fetcher("https://i.imgur.com/x.jpg"), HttpFetcher)
 
 
 def test_a_local_file_rewritten_in_place_is_read_again(tmp_path, decodes):

@@ -29,10 +29,10 @@ from pipelines.sources.imgur import (
     parse_album_html_2018,
     parse_album_html_json,
     parse_album_url,
-    repair_surrogates,
 )
 from pipelines.web import HttpError, HttpResponse, PoliteClient
 from schemas.errors import MmlinksError
+from schemas.text import repair_surrogates
 from tests.fixtures.imgur import (
     FixtureAlbum,
     FixtureImage,
@@ -383,12 +383,6 @@ SURROGATES = FixtureAlbum(
     style="json",
 )
 SURROGATES_WANT = ["a \ufffd b", "pair \U0001f600 ok", "\ufffd low \ufffd", "plain"]
-
-
-def test_repair_surrogates():
-    assert repair_surrogates("plain \ufffd") == ("plain \ufffd", 0)
-    assert repair_surrogates("a\ud83db\ude00\ud83d\ude00") == ("a\ufffdb\ufffd\U0001f600", 2)
-    assert repair_surrogates("\udfff\ud800") == ("\ufffd\ufffd", 2)
 
 
 @pytest.mark.parametrize(

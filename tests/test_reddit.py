@@ -876,3 +876,33 @@ def test_an_escaped_lone_surrogate_is_repaired_not_a_crashed_build(tmp_path):
     posts, dead, counters = run_reader(ctx_for(tmp_path / "in", tmp_path), tmp_path)
     assert posts["sur1"]["title"] == "half an emoji \ufffd here"
     assert counters["text_repaired"] == 1 and not dead
+
+
+def test_run_crawl_turns_api_errors_into_one_scrubbed_line(tmp_path, creds, no_retry_sleep):
+    """The library entry the CLI and Dagster share: one-line MmlinksError, hint, no credentials."""
+    import socket
+
+    with RedditFixtureServer("another-app", "another-secret") as srv:
+        with pytest.raises(MmlinksError) as info:
+            rd.run_crawl(str(tmp_path / "st"), str(tmp_path / "inc"), api_base=srv.url)
+    text = str(info.value)
+    assert "\n" not in text and "401" in text and "praw_client_secret" in text
+    assert "checkpoint did not move" in text and SECRET not in text and SECRET_ID not in text
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(MmlinksError, match=r"RequestException.*network"):
+        rd.run_crawl(str(tmp_path / "st"), str(tmp_path / "inc"), api_base=f"http://127.0.0.1:{port}")
+    assert CrawlState(str(tmp_path / "st")).cursor("reddit-new-diy") is None
+
+
+def test_run_crawl_reports_a_possible_gap(tmp_path, creds):
+    st, out = str(tmp_path / "st"), str(tmp_path / "inc")
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.add_new(_crawl_posts(3, JAN_2015))
+        first = rd.run_crawl(st, out, api_base=srv.url)
+        assert first["new_posts"] == 3 and rd.gap_warning("DIY", first) is None
+        srv.add_new(_crawl_posts(6, JAN_2015 + 20_000, prefix="g"))
+        second = rd.run_crawl(st, out, api_base=srv.url, limit=2)
+        warning = rd.gap_warning("DIY", second)
+        assert warning.startswith("gap_possible") and "without --limit" in warning

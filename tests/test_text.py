@@ -78,3 +78,14 @@ def test_repaired_strings_always_encode_and_valid_ones_are_untouched(value):
         assert (fixed, n) == (value, 0)
     except UnicodeEncodeError:
         assert n > 0
+
+
+def test_repair_surrogates():
+    """The one text repair (imgur captions, every JSON source through repair_strings)."""
+    from schemas.text import repair_surrogates, repair_text
+
+    assert repair_surrogates("plain \ufffd") == ("plain \ufffd", 0)
+    assert repair_surrogates("a\ud83db\ude00\ud83d\ude00") == ("a\ufffdb\ufffd\U0001f600", 2)
+    assert repair_surrogates("\udfff\ud800") == ("\ufffd\ufffd", 2)
+    assert repair_text("half \ud83d here") == ("half \ufffd here", True)
+    assert repair_text("plain \ufffd") == ("plain \ufffd", False)

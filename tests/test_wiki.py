@@ -491,7 +491,7 @@ def test_mediawiki_requests_never_overlap_when_polite(tmp_path):
 
 
 def test_mediawiki_fetcher_gets_images_from_the_image_host_only(tmp_path):
-    from pipelines.image_store import FetchFailed
+    from pipelines.image_fetch import FetchFailed
 
     with make_server() as server:
         ctx = mediawiki_ctx(tmp_path, server)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import apache_beam as beam
 
-from pipelines.image_store import PoliteFetcher
+from pipelines.image_fetch import PoliteFetcher
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec, env_credential
 from pipelines.sources.http_options import http_source_options, policy_from_context

@@ -34,7 +34,7 @@ Modules, one job each: ``policy`` (HttpPolicy/HttpResponse/HttpError), ``guard``
 address check, URL redaction), ``rate_gate`` (cross-process per-host spacing), ``retries``
 (backoff, Retry-After, rate-limit headers), ``cache`` (response cache format), ``client``
 (PoliteClient). Source options live in ``pipelines.sources.http_options`` and the image-store
-adapter in ``pipelines.image_store.PoliteFetcher``: this package never imports a source.
+adapter in ``pipelines.image_fetch.PoliteFetcher``: this package never imports a source.
 """
 
 from pipelines.web.client import PoliteClient
