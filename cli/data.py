@@ -55,11 +55,14 @@ def add_parsers(sub) -> None:
     crawl.add_argument("--state", required=True, help="crawl-state folder (or URI) holding the checkpoint")
     crawl.add_argument("--subreddit", default="DIY", help="subreddit (default: DIY)")
     crawl.add_argument("--limit", type=int, help="at most this many posts from the listing (default: all)")
+    from pipelines.sources.reddit.config import DEFAULT_OVERLAP_S
+
     crawl.add_argument(
         "--overlap-s",
         type=int,
-        default=86400,
-        help="also re-read this many seconds below the checkpoint, for posts approved late (default: 1 day)",
+        default=DEFAULT_OVERLAP_S,
+        help="also re-read this many seconds below the checkpoint, for posts approved late "
+        f"(default: {DEFAULT_OVERLAP_S})",
     )
     crawl.add_argument(
         "--reddit-api-base", help="replace https://oauth.reddit.com and www.reddit.com (proxies, tests)"
@@ -258,67 +261,20 @@ def cmd_import_hessel(args) -> dict:
 
 def cmd_crawl(args) -> dict:
     """`data crawl diy`: the incremental crawl of new posts, checkpointed between runs."""
-    from datetime import UTC, datetime
+    from pipelines.sources.reddit.crawl import gap_warning, run_crawl
 
-    import praw.exceptions
-    import prawcore.exceptions
-
-    from pipelines.crawl_state import CrawlState
-    from pipelines.sources.base import env_credential
-    from pipelines.sources.reddit import (
-        DEFAULT_OVERLAP_S,
-        REDDIT_CREDENTIALS,
-        crawl_new_posts,
-        make_reddit,
-    )
-
-    overlap_s = getattr(args, "overlap_s", None)
     print(f"crawling r/{args.subreddit}/new -> {args.out}", file=sys.stderr)
-    try:
-        reddit = make_reddit(args.reddit_api_base)  # credentials from the environment, or one clear error
-        result = crawl_new_posts(
-            CrawlState(args.state),
-            args.out,
-            subreddit=args.subreddit,
-            reddit=reddit,
-            limit=args.limit,
-            overlap_s=DEFAULT_OVERLAP_S if overlap_s is None else overlap_s,
-        )
-    except (prawcore.exceptions.PrawcoreException, praw.exceptions.PRAWException) as exc:
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        detail = " ".join(str(exc).split())[:300]
-        for name in REDDIT_CREDENTIALS:  # never echo a credential, whatever the message holds
-            value = env_credential(name)
-            if value:
-                detail = detail.replace(value, "***")
-        hint = ""
-        if status == 401 or isinstance(exc, prawcore.exceptions.OAuthException):
-            hint = " (check praw_client_id and praw_client_secret: a read-only 'script' app's id and secret)"
-        elif status == 403:
-            hint = " (forbidden: a private, quarantined or banned subreddit?)"
-        elif status == 404 or isinstance(exc, prawcore.exceptions.Redirect):
-            hint = " (no such subreddit?)"
-        elif isinstance(exc, prawcore.exceptions.RequestException):
-            hint = " (network: Reddit could not be reached)"
-        raise MmlinksError(
-            f"the Reddit API failed during the crawl of r/{args.subreddit}: {type(exc).__name__}: "
-            f"{detail}{hint}; the checkpoint did not move, rerun to retry"
-        ) from exc
-    if result.get("gap_possible"):
-        gap = result.get("gap") or {}
-
-        def utc(ts) -> str:
-            return "?" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-        if gap.get("checkpoint_kept"):
-            what = "a run without --limit fetches them (the checkpoint stays)"
-        else:
-            what = "the listing cannot reach them any more: backfill that range from the dumps"
-        print(
-            f"warning: gap_possible: posts of r/{args.subreddit} created between "
-            f"{utc(gap.get('after_utc'))} and {utc(gap.get('before_utc'))} may be missing; {what}",
-            file=sys.stderr,
-        )
+    result = run_crawl(
+        args.state,
+        args.out,
+        subreddit=args.subreddit,
+        limit=args.limit,
+        overlap_s=args.overlap_s,
+        api_base=args.reddit_api_base,
+    )
+    warning = gap_warning(args.subreddit, result)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     return {"source": args.source, "subreddit": args.subreddit, **result}
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from pipelines.sources.reddit.config import DEFAULT_OVERLAP_S
 from schemas.errors import MmlinksError
 
 
@@ -184,21 +185,21 @@ class RedditResource(dg.ConfigurableResource):
     dumps: str = ""  # folder (or URI) holding RS_YYYY-MM.zst monthly dumps
     api_base: str = ""  # replaces https://oauth.reddit.com (proxies, tests)
     limit: int = 0  # at most this many posts per crawl (0: all the listing gives)
-    overlap_s: int = 86400
+    overlap_s: int = DEFAULT_OVERLAP_S
 
     def crawl(self, out: str, state: str) -> dict:
-        """``mmlinks data crawl diy`` itself (parsed by the CLI's parser), so credential checks,
-        error wording and scrubbing are the CLI's."""
-        from orchestration.cli import build_parser
+        """One incremental crawl (``pipelines.sources.reddit.crawl.run_crawl``, as `data crawl diy`):
+        credentials from the environment, one-line errors with them scrubbed."""
+        from pipelines.sources.reddit.crawl import run_crawl
 
-        argv = ["data", "crawl", "diy", "--out", out, "--state", state, "--subreddit", self.subreddit]
-        argv += ["--overlap-s", str(self.overlap_s)]
-        if self.limit:
-            argv += ["--limit", str(self.limit)]
-        if self.api_base:
-            argv += ["--reddit-api-base", self.api_base]
-        args = build_parser().parse_args(argv)
-        return args.func(args)
+        return run_crawl(
+            state,
+            out,
+            subreddit=self.subreddit,
+            limit=self.limit or None,
+            overlap_s=self.overlap_s,
+            api_base=self.api_base or None,
+        )
 
     def dump_for(self, month: str) -> str | None:
         """The monthly dump ``RS_<month>.*`` under ``dumps``, if there is one."""

@@ -820,7 +820,7 @@ def test_crawl_listing_that_ends_before_the_checkpoint(tmp_path, creds):
 def _crawl_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     from cli import main as cli
 
-    monkeypatch.setattr(cli, "_quiet_libraries", lambda: None)  # process-wide settings
+    monkeypatch.setattr(cli, "quiet_libraries", lambda: None)  # process-wide settings
     rc = cli.main(["data", "crawl", "diy", *args])
     out = capsys.readouterr()
     return rc, out.out, out.err
