@@ -21,6 +21,15 @@ def add_parsers(sub) -> None:
     )
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
 
+    _add_synth(dsub)
+    _add_build(dsub)
+    _add_import_hessel(dsub)
+
+    _add_crawl(dsub)
+    _add_listings(dsub)
+
+
+def _add_synth(dsub) -> None:
     synth = dsub.add_parser(
         "synth",
         help="generate a synthetic corpus with known links",
@@ -36,9 +45,8 @@ def add_parsers(sub) -> None:
     add_common(synth)
     synth.set_defaults(func=cmd_synth, show=show_synth)
 
-    _add_build(dsub)
-    _add_import_hessel(dsub)
 
+def _add_crawl(dsub) -> None:
     crawl = dsub.add_parser(
         "crawl",
         help="incremental crawl of a web source (diy: new Reddit posts since the last run)",
@@ -70,6 +78,9 @@ def add_parsers(sub) -> None:
     add_common(crawl)
     crawl.set_defaults(func=cmd_crawl, show=show_crawl)
 
+
+def _add_listings(dsub) -> None:
+    """`data sources`, `data inspect`, `data migrate`."""
     sources = dsub.add_parser(
         "sources",
         help="list the raw sources, their options and the credentials they read",

@@ -64,14 +64,7 @@ def query_production(uri: str, model_uri: str, dataset: Path) -> dict:
 
 
 def run_demo(args) -> dict:
-    from mlflow.tracking import MlflowClient
-    from tqdm import tqdm
-
-    from pipelines.build import build_dataset
-    from pipelines.build_config import BuildConfig
-    from pipelines.synthetic_corpus import SynthConfig, corpus_matches, write_corpus
     from training.experiment import run_experiment
-    from training.registry import Gate, promote
     from training.tracking import tracking_uri
 
     t0 = time.perf_counter()
@@ -79,29 +72,15 @@ def run_demo(args) -> dict:
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     corpus, dataset = work / "corpus", work / "dataset"
-
     cfg = train_config_from_args(args, data=str(dataset))
     if not cfg.storage_path:
         cfg.storage_path = str(work / "ray_results")
-    synth_cfg = SynthConfig(docs=args.docs, seed=cfg.seed)
-    if corpus_matches(corpus, synth_cfg):
-        step(1, STEPS, f"synthetic corpus: reusing {corpus}")
-    else:
-        step(1, STEPS, f"synthetic corpus: {synth_cfg.docs} documents -> {corpus}")
-        with tqdm(total=synth_cfg.docs, unit="doc", file=sys.stderr) as bar:
-            write_corpus(corpus, synth_cfg, bar.update)
-    stage_s["synth"] = time.perf_counter() - t0
 
-    step(2, STEPS, "dataset build (Apache Beam, DirectRunner): validate, phash, CNN features, shards")
+    _corpus(corpus, args.docs, cfg.seed)
+    stage_s["synth"] = time.perf_counter() - t0
     t = time.perf_counter()
-    with heartbeat("beam build"):
-        manifest = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(dataset)))
+    manifest = _build(corpus, dataset)
     stage_s["build"] = time.perf_counter() - t
-    dropped = sum(manifest.counts.get("dropped", {}).values())
-    print(
-        f"    {manifest.counts['splits']} documents, {dropped} dropped, version {manifest.dataset_version}",
-        file=sys.stderr,
-    )
 
     uri = tracking_uri(work)
     step(
@@ -121,26 +100,8 @@ def run_demo(args) -> dict:
     )
     step(5, STEPS, f"registered {name} version {res.model_version} as 'candidate' (run {res.run_id})")
     t = time.perf_counter()
-    gate = config_fields.from_args(Gate, args)
-    promotion = promote(MlflowClient(uri), name, dataset, gate)
+    promotion, query = _promote_and_query(args, uri, name, dataset, res.model_version)
     stage_s["promote"] = time.perf_counter() - t
-    model_uri = f"models:/{name}@production"
-    if promotion.promoted:
-        step(6, STEPS, f"promoted: {model_uri} -> version {res.model_version} (gate passed)")
-    else:
-        step(
-            6,
-            STEPS,
-            f"promotion refused, production stays version {promotion.production_version}: "
-            + "; ".join(promotion.failures),
-        )
-
-    if promotion.promoted or promotion.production_version:
-        query = query_production(uri, model_uri, dataset)
-        step(7, STEPS, f"queried {model_uri}: document {query['doc_id']} -> links {query['links']}")
-    else:  # the very first candidate was refused: there is no production model to query
-        query = None
-        step(7, STEPS, f"no production version of {name} yet; nothing to query")
 
     wall = time.perf_counter() - t0
     # Metrics are those of the model this run trained (the candidate); "production_version"
@@ -154,7 +115,7 @@ def run_demo(args) -> dict:
         "random_p_at_1": res.random["p_at_1"],
         "random_p_at_5": res.random["p_at_5"],
         "best_epoch": res.best_epoch,
-        "model_uri": model_uri,
+        "model_uri": f"models:/{name}@production",
         "model_version": res.model_version,
         "promoted": promotion.promoted,
         "promotion_failures": promotion.failures,
@@ -169,26 +130,73 @@ def run_demo(args) -> dict:
         "stage_s": {k: round(v, 1) for k, v in stage_s.items()},
     }
     if not args.json:
-        rows = [
-            [
-                f"{cfg.objective.upper()} (this run)",
-                f"{res.test['auc']:.1f}",
-                f"{res.test['p_at_1']:.1f}",
-                f"{res.test['p_at_5']:.1f}",
-            ],
-            [
-                "Random",
-                f"{res.random['auc']:.1f}",
-                f"{res.random['p_at_1']:.1f}",
-                f"{res.random['p_at_5']:.1f}",
-            ],
-        ]
-        print(f"\nTest split, {res.test['n_docs']} documents (macro-averaged, x100):")
-        print(table(rows, ["method", "AUC", "p@1", "p@5"]))
-        print(f"\nmodel:     {model_uri}  (version {summary['production_version']})")
-        print(f"manifest:  {dataset / 'manifest.json'}   (mmlinks data inspect {dataset})")
-        ui = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else uri
-        print(f"MLflow UI: {ui}")
-        print(f"report:    {res.report_path}")
-        print(f"wall time: {wall:.0f} s")
+        _show(summary, cfg.objective, res, dataset)
     return summary
+
+
+def _corpus(corpus: Path, docs: int, seed: int) -> None:
+    from tqdm import tqdm
+
+    from pipelines.synthetic_corpus import SynthConfig, corpus_matches, write_corpus
+
+    synth_cfg = SynthConfig(docs=docs, seed=seed)
+    if corpus_matches(corpus, synth_cfg):
+        step(1, STEPS, f"synthetic corpus: reusing {corpus}")
+        return
+    step(1, STEPS, f"synthetic corpus: {synth_cfg.docs} documents -> {corpus}")
+    with tqdm(total=synth_cfg.docs, unit="doc", file=sys.stderr) as bar:
+        write_corpus(corpus, synth_cfg, bar.update)
+
+
+def _build(corpus: Path, dataset: Path):
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
+
+    step(2, STEPS, "dataset build (Apache Beam, DirectRunner): validate, phash, CNN features, shards")
+    with heartbeat("beam build"):
+        manifest = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(dataset)))
+    dropped = sum(manifest.counts.get("dropped", {}).values())
+    print(
+        f"    {manifest.counts['splits']} documents, {dropped} dropped, version {manifest.dataset_version}",
+        file=sys.stderr,
+    )
+    return manifest
+
+
+def _promote_and_query(args, uri: str, name: str, dataset: Path, version: str | None):
+    """The gate, then (if there is a production model) one query the way a downstream job makes it."""
+    from mlflow.tracking import MlflowClient
+
+    from training.registry import Gate, promote
+
+    promotion = promote(MlflowClient(uri), name, dataset, config_fields.from_args(Gate, args))
+    model_uri = f"models:/{name}@production"
+    if promotion.promoted:
+        step(6, STEPS, f"promoted: {model_uri} -> version {version} (gate passed)")
+    else:
+        refused = "; ".join(promotion.failures)
+        step(
+            6, STEPS, f"promotion refused, production stays version {promotion.production_version}: {refused}"
+        )
+    if not (promotion.promoted or promotion.production_version):  # the first candidate was refused
+        step(7, STEPS, f"no production version of {name} yet; nothing to query")
+        return promotion, None
+    query = query_production(uri, model_uri, dataset)
+    step(7, STEPS, f"queried {model_uri}: document {query['doc_id']} -> links {query['links']}")
+    return promotion, query
+
+
+def _show(summary: dict, objective: str, res, dataset: Path) -> None:
+    def cells(m: dict) -> list[str]:
+        return [f"{m[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5")]
+
+    rows = [[f"{objective.upper()} (this run)", *cells(res.test)], ["Random", *cells(res.random)]]
+    print(f"\nTest split, {res.test['n_docs']} documents (macro-averaged, x100):")
+    print(table(rows, ["method", "AUC", "p@1", "p@5"]))
+    print(f"\nmodel:     {summary['model_uri']}  (version {summary['production_version']})")
+    print(f"manifest:  {dataset / 'manifest.json'}   (mmlinks data inspect {dataset})")
+    uri = summary["tracking_uri"]
+    ui = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else uri
+    print(f"MLflow UI: {ui}")
+    print(f"report:    {res.report_path}")
+    print(f"wall time: {summary['wall_time_s']:.0f} s")

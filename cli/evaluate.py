@@ -9,6 +9,11 @@ from schemas.errors import MmlinksError
 
 
 def add_parsers(sub) -> None:
+    _add_evaluate(sub)
+    _add_baseline(sub)
+
+
+def _add_evaluate(sub) -> None:
     ev = sub.add_parser(
         "evaluate",
         help="score a trained model on a dataset split: AUC, p@1, p@5 per document and averaged",
@@ -57,6 +62,8 @@ def add_parsers(sub) -> None:
     add_common(ev)
     ev.set_defaults(func=cmd_evaluate, show=show_evaluation)
 
+
+def _add_baseline(sub) -> None:
     base = sub.add_parser(
         "baseline",
         help="score a baseline on a dataset split: random, object-detection or nostruct",
