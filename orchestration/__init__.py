@@ -1,1 +1,3 @@
-"""Thin layers over pipelines/ and training/: the ``mmlinks`` CLI (and, later, Dagster)."""
+"""The Dagster code location over pipelines/ and training/: assets, checks, jobs, schedules,
+sensors and resources (``definitions.py`` assembles them). It calls library functions, never
+the CLI (``tests/test_layering.py``)."""
