@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-OBJECTIVES = ("nostruct", "dc", "tk", "ap", "li2021")
-BACKBONES = ("gru", "transformer")
-LI2021_PARTS = ("C", "I", "D")  # cross-document, intra-document, dropout sub-document
+from training.backbone import backbone_names
+from training.objectives.registry import LI2021_PARTS, get_objective, objective_names
+
+# The registries define the names; these are their values at import (see objective_names()).
+OBJECTIVES = objective_names()
+BACKBONES = backbone_names()
+__all__ = ["BACKBONES", "LI2021_PARTS", "MODEL_FIELDS", "OBJECTIVES", "TrainConfig"]
 # Fields a resumed run must share with its checkpoint: they define the model or the loss.
 MODEL_FIELDS = (
     "data",
@@ -64,23 +68,24 @@ class TrainConfig:
     @property
     def similarity(self) -> str:
         """The document similarity the objective trains: NoStruct is DC on 1 x 1 documents and
-        Li et al. 2021 use TK with k = min(n, m)."""
-        return {"nostruct": "dc", "li2021": "tk"}.get(self.objective, self.objective)
+        Li et al. 2021 use TK with k = min(n, m) (``ObjectiveSpec.similarity``)."""
+        spec = self._objective()
+        return spec.similarity if spec else self.objective
 
     @property
     def parts(self) -> tuple[str, ...]:
-        return tuple(p.strip() for p in self.objectives.split("+")) if self.objective == "li2021" else ("C",)
+        spec = self._objective()
+        return spec.parts(self) if spec else ("C",)
 
     @property
     def label(self) -> str:
         """A short run name, e.g. ``ap-full-hard`` or ``li2021-C+I+D-transformer``."""
-        if self.objective == "li2021":
-            return f"li2021-{self.objectives}-{self.backbone}"
-        if self.objective == "nostruct":
-            return f"nostruct-{self.negatives}"
-        if self.objective == "dc":
-            return f"dc-{self.negatives}"
-        return f"{self.objective}-{self.k}-{self.negatives}"
+        spec = self._objective()
+        return spec.label(self) if spec else f"{self.objective}-{self.k}-{self.negatives}"
+
+    def _objective(self):
+        """The registered spec of ``objective``; None for an unknown name (``validate`` refuses it)."""
+        return get_objective(self.objective) if self.objective in objective_names() else None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,26 +108,28 @@ class TrainConfig:
     def validate(self) -> None:
         from schemas.errors import MmlinksError
 
-        parts = self.parts
+        objectives, backbones = objective_names(), backbone_names()
+        known = self.objective in objectives
         checks = {
-            f"objective (one of {', '.join(OBJECTIVES)})": self.objective in OBJECTIVES,
+            f"objective (one of {', '.join(objectives)})": known,
             "k (full or half)": self.k in ("full", "half"),
             "negatives (hard or mean)": self.negatives in ("hard", "mean"),
-            "objectives (C, C+I, C+D or C+I+D)": "C" in parts
-            and set(parts) <= set(LI2021_PARTS)
-            and len(set(parts)) == len(parts),
-            f"backbone (one of {', '.join(BACKBONES)})": self.backbone in BACKBONES,
+            f"backbone (one of {', '.join(backbones)})": self.backbone in backbones,
             "sub_fraction (in (0, 1])": 0 < self.sub_fraction <= 1,
             "batch_docs (>= 2)": self.batch_docs >= 2,
             "epochs (>= 1)": self.epochs >= 1,
             "num_workers (>= 1)": self.num_workers >= 1,
             "warmup_steps (>= 0)": self.warmup_steps >= 0,
             "cache_data (auto, yes or no)": self.cache_data in ("auto", "yes", "no"),
-            "d_multi (divisible by transformer_heads)": self.backbone != "transformer"
-            or self.d_multi % self.transformer_heads == 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
+        if self.backbone in backbones:
+            from training.backbone import get_backbone
+
+            check = get_backbone(self.backbone).check
+            bad += check(self) if check else []
+        if known:
+            check = get_objective(self.objective).check
+            bad += check(self) if check else []
         if bad:
             raise MmlinksError(f"invalid training config: {', '.join(bad)}")
-        if self.objective == "li2021" and self.k != "full":
-            raise MmlinksError("invalid training config: li2021 uses TK with k = full (Li et al. 2021)")

@@ -21,10 +21,12 @@ import mlflow
 from schemas.manifest import Manifest
 from schemas.shards import check_shards, read_table
 from training import tracking
+from training.backbone import get_backbone
 from training.config import TrainConfig
+from training.driver import fit
 from training.evaluate import evaluate
+from training.objectives.registry import get_objective
 from training.packaging import example_document, log_link_model
-from training.train import fit
 
 EXPERIMENT = "mmlinks"
 
@@ -64,9 +66,7 @@ def has_labels(paths: list) -> bool:
 
 
 def objective_text(cfg: TrainConfig) -> str:
-    if cfg.objective == "li2021":
-        return f"li2021 {cfg.objectives} backbone={cfg.backbone} negatives={cfg.negatives}"
-    return f"{cfg.objective} k={cfg.k} negatives={cfg.negatives} backbone={cfg.backbone}"
+    return get_objective(cfg.objective).text(cfg)
 
 
 @contextlib.contextmanager
@@ -169,7 +169,7 @@ def run_experiment(
                 first.column("sentences")[0].as_py(),
                 [im["features"] for im in first.column("images")[0].as_py()],
             )
-            if cfg.backbone == "gru"
+            if get_backbone(cfg.backbone).feature_only_requests
             else None
         )
         from training.report import document_cards, render_report, write_report
