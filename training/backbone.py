@@ -1,13 +1,59 @@
-"""Which model class a config names: the one place that maps ``backbone`` to a module.
+"""The backbone registry: the one module that defines every ``--backbone`` name.
 
-Checkpoints store the model config dict with its ``backbone`` key, so loading code (evaluation,
-packaging, resume) rebuilds the right class without knowing the training flags.
+A backbone is a model class plus the builder of its config from a ``TrainConfig`` and the
+dataset. Checkpoints store the model config dict with its ``backbone`` key, so loading code
+(evaluation, packaging, resume) rebuilds the right class without knowing the training flags
+(``build_model``). No torch at import time: ``training.config`` reads the names.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from torch import nn
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    from torch import nn
+
+    from training.config import TrainConfig
+
+DEFAULT_BACKBONE = "gru"  # what a model config without a "backbone" key was trained with
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    name: str
+    summary: str
+    # (cfg, manifest, vocab_size, word_dim, train_paths) -> the model config dict
+    model_config: Callable[..., dict]
+    # (model config dict, embeddings, feature_stats) -> nn.Module with encode(batch)
+    build: Callable[..., Any]
+    # reads per-image region features (and their labels as concept tokens of the vocabulary)
+    needs_regions: bool = False
+    # serves requests that carry only global image features (the packaged model's example)
+    feature_only_requests: bool = True
+    check: Callable[[TrainConfig], list[str]] | None = None
+
+
+_BACKBONES: dict[str, BackboneSpec] = {}
+
+
+def register_backbone(spec: BackboneSpec, replace: bool = False) -> BackboneSpec:
+    if spec.name in _BACKBONES and not replace:
+        raise ValueError(f"backbone {spec.name!r} is already registered")
+    _BACKBONES[spec.name] = spec
+    return spec
+
+
+def backbone_names() -> tuple[str, ...]:
+    return tuple(_BACKBONES)
+
+
+def get_backbone(name: str) -> BackboneSpec:
+    if name not in _BACKBONES:
+        raise ValueError(f"unknown backbone {name!r}; known: {', '.join(_BACKBONES)}")
+    return _BACKBONES[name]
 
 
 def build_model(
@@ -15,17 +61,91 @@ def build_model(
     embeddings: np.ndarray | None = None,
     feature_stats: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> nn.Module:
-    kind = model_cfg.get("backbone", "gru")
-    if kind == "gru":
-        from training.model import ModelConfig, MulLink
-
-        return MulLink(ModelConfig(**model_cfg), embeddings, feature_stats)
-    if kind == "transformer":
-        from training.transformer import TransformerConfig, TransformerLink
-
-        return TransformerLink(TransformerConfig(**model_cfg), embeddings, feature_stats)
-    raise ValueError(f"unknown backbone {kind!r}; known: gru, transformer")
+    return get_backbone(model_cfg.get("backbone", DEFAULT_BACKBONE)).build(
+        model_cfg, embeddings, feature_stats
+    )
 
 
 def needs_regions(model_cfg: dict) -> bool:
-    return model_cfg.get("backbone", "gru") == "transformer"
+    return get_backbone(model_cfg.get("backbone", DEFAULT_BACKBONE)).needs_regions
+
+
+# ------------------------------------------------------------------------------ gru
+
+
+def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+    from training.model import ModelConfig
+
+    return ModelConfig(
+        vocab_size=vocab_size,
+        word_dim=word_dim,
+        image_dim=manifest.feature_extractor.dim,
+        d_multi=cfg.d_multi,
+        image_dropout=cfg.image_dropout,
+    ).to_dict()
+
+
+def _gru_build(model_cfg: dict, embeddings=None, feature_stats=None):
+    from training.model import ModelConfig, MulLink
+
+    return MulLink(ModelConfig(**model_cfg), embeddings, feature_stats)
+
+
+# ---------------------------------------------------------------------- transformer
+
+
+def _transformer_config(
+    cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]
+) -> dict:
+    from schemas.errors import MmlinksError
+    from training.regions import region_dim
+    from training.transformer import TransformerConfig
+
+    dim = region_dim(train_paths)
+    if dim is None:
+        raise MmlinksError(
+            f"{cfg.data} has no region features; --backbone transformer needs them: rebuild the "
+            "dataset with --regions (e.g. --regions grid-lite0 offline, fasterrcnn-r50-fpn with weights)"
+        )
+    return TransformerConfig(
+        vocab_size=vocab_size,
+        word_dim=word_dim,
+        image_dim=manifest.feature_extractor.dim,
+        region_dim=dim,
+        d_multi=cfg.d_multi,
+        layers=cfg.transformer_layers,
+        heads=cfg.transformer_heads,
+        max_tokens=cfg.max_tokens,
+        max_regions=cfg.max_regions,
+    ).to_dict()
+
+
+def _transformer_build(model_cfg: dict, embeddings=None, feature_stats=None):
+    from training.transformer import TransformerConfig, TransformerLink
+
+    return TransformerLink(TransformerConfig(**model_cfg), embeddings, feature_stats)
+
+
+def _transformer_check(cfg: TrainConfig) -> list[str]:
+    return [] if cfg.d_multi % cfg.transformer_heads == 0 else ["d_multi (divisible by transformer_heads)"]
+
+
+register_backbone(
+    BackboneSpec(
+        name="gru",
+        summary="Hessel et al. 2019: GRU sentence encoder, linear image projection (MulLink)",
+        model_config=_gru_config,
+        build=_gru_build,
+    )
+)
+register_backbone(
+    BackboneSpec(
+        name="transformer",
+        summary="Li et al. 2021: transformer over tokens and image regions (TransformerLink)",
+        model_config=_transformer_config,
+        build=_transformer_build,
+        needs_regions=True,
+        feature_only_requests=False,
+        check=_transformer_check,
+    )
+)

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from schemas.config_fields import option
+from training.backbone import backbone_names
+from training.objectives.registry import LI2021_PARTS, get_objective, objective_names
 
-OBJECTIVES = ("nostruct", "dc", "tk", "ap", "li2021")
-BACKBONES = ("gru", "transformer")
-LI2021_PARTS = ("C", "I", "D")
+# The registries define the names; these are their values at import (see objective_names()).
+OBJECTIVES = objective_names()
+BACKBONES = backbone_names()
+__all__ = ["BACKBONES", "LI2021_PARTS", "MODEL_FIELDS", "OBJECTIVES", "TrainConfig"]
 MODEL = "model and objective (defaults: Hessel et al. 2019 unless noted)"
-RAY = "Ray Train"  # cross-document, intra-document, dropout sub-document
+RAY = "Ray Train"
 # Fields a resumed run must share with its checkpoint: they define the model or the loss.
 MODEL_FIELDS = (
     "data",
@@ -40,7 +43,7 @@ class TrainConfig:
         "ap",
         help="training objective: the NoStruct baseline, Hessel 2019's DC, TK or AP (assignment) "
         "document similarity, or Li et al. 2021",
-        choices=lambda: OBJECTIVES,
+        choices=objective_names,
         group=MODEL,
     )
     k: str = option("full", help="k for TK/AP", choices=("full", "half"), group=MODEL)
@@ -57,7 +60,7 @@ class TrainConfig:
         "gru",
         help="text/image encoders: GRU + projected CNN feature (Hessel 2019), or Transformers over words "
         "and over region features + concept tokens (Li 2021; needs a dataset built with --regions)",
-        choices=lambda: BACKBONES,
+        choices=backbone_names,
         group=MODEL,
     )
     sub_fraction: float = option(
@@ -164,23 +167,24 @@ class TrainConfig:
     @property
     def similarity(self) -> str:
         """The document similarity the objective trains: NoStruct is DC on 1 x 1 documents and
-        Li et al. 2021 use TK with k = min(n, m)."""
-        return {"nostruct": "dc", "li2021": "tk"}.get(self.objective, self.objective)
+        Li et al. 2021 use TK with k = min(n, m) (``ObjectiveSpec.similarity``)."""
+        spec = self._objective()
+        return spec.similarity if spec else self.objective
 
     @property
     def parts(self) -> tuple[str, ...]:
-        return tuple(p.strip() for p in self.objectives.split("+")) if self.objective == "li2021" else ("C",)
+        spec = self._objective()
+        return spec.parts(self) if spec else ("C",)
 
     @property
     def label(self) -> str:
         """A short run name, e.g. ``ap-full-hard`` or ``li2021-C+I+D-transformer``."""
-        if self.objective == "li2021":
-            return f"li2021-{self.objectives}-{self.backbone}"
-        if self.objective == "nostruct":
-            return f"nostruct-{self.negatives}"
-        if self.objective == "dc":
-            return f"dc-{self.negatives}"
-        return f"{self.objective}-{self.k}-{self.negatives}"
+        spec = self._objective()
+        return spec.label(self) if spec else f"{self.objective}-{self.k}-{self.negatives}"
+
+    def _objective(self):
+        """The registered spec of ``objective``; None for an unknown name (``validate`` refuses it)."""
+        return get_objective(self.objective) if self.objective in objective_names() else None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,28 +205,18 @@ class TrainConfig:
         return cls(**values)
 
     def validate(self) -> None:
+        """Every field's own rule (``option``), then what the objective and backbone add."""
+        from schemas.config_fields import problems
         from schemas.errors import MmlinksError
 
-        parts = self.parts
-        checks = {
-            f"objective (one of {', '.join(OBJECTIVES)})": self.objective in OBJECTIVES,
-            "k (full or half)": self.k in ("full", "half"),
-            "negatives (hard or mean)": self.negatives in ("hard", "mean"),
-            "objectives (C, C+I, C+D or C+I+D)": "C" in parts
-            and set(parts) <= set(LI2021_PARTS)
-            and len(set(parts)) == len(parts),
-            f"backbone (one of {', '.join(BACKBONES)})": self.backbone in BACKBONES,
-            "sub_fraction (in (0, 1])": 0 < self.sub_fraction <= 1,
-            "batch_docs (>= 2)": self.batch_docs >= 2,
-            "epochs (>= 1)": self.epochs >= 1,
-            "num_workers (>= 1)": self.num_workers >= 1,
-            "warmup_steps (>= 0)": self.warmup_steps >= 0,
-            "cache_data (auto, yes or no)": self.cache_data in ("auto", "yes", "no"),
-            "d_multi (divisible by transformer_heads)": self.backbone != "transformer"
-            or self.d_multi % self.transformer_heads == 0,
-        }
-        bad = [name for name, ok in checks.items() if not ok]
+        bad = problems(self)
+        if self.backbone in backbone_names():
+            from training.backbone import get_backbone
+
+            check = get_backbone(self.backbone).check
+            bad += check(self) if check else []
+        if self.objective in objective_names():
+            check = get_objective(self.objective).check
+            bad += check(self) if check else []
         if bad:
-            raise MmlinksError(f"invalid training config: {', '.join(bad)}")
-        if self.objective == "li2021" and self.k != "full":
-            raise MmlinksError("invalid training config: li2021 uses TK with k = full (Li et al. 2021)")
+            raise MmlinksError(f"invalid training config: {'; '.join(bad)}")

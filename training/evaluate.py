@@ -21,9 +21,9 @@ from schemas.manifest import Manifest
 from schemas.shards import read_table
 from training.backbone import needs_regions
 from training.data import TRAINING_COLUMNS, features_of, make_batch
+from training.loop import link_scores
 from training.metrics import DocMetrics, document_metrics, random_baseline, summarize
 from training.text import Vocabulary
-from training.train import link_scores
 
 
 def evaluate(
@@ -138,7 +138,7 @@ def load_checkpoint(path: str | Path, vocab: str | Path | None = None) -> tuple[
     The vocabulary is ``vocab``, else ``vocab.json`` inside the checkpoint or next to it (the
     layout of a logged model's artifacts: ``checkpoint/`` beside ``vocab.json``).
     """
-    from training.train import load_checkpoint_model
+    from training.checkpoints import load_checkpoint_model
 
     path = Path(path)
     if not (path / "meta.json").is_file():

@@ -21,10 +21,12 @@ import mlflow
 from schemas.manifest import Manifest
 from schemas.shards import check_shards, read_table
 from training import tracking
+from training.backbone import get_backbone
 from training.config import TrainConfig
+from training.driver import fit
 from training.evaluate import evaluate
+from training.objectives.registry import get_objective
 from training.packaging import example_document, log_link_model
-from training.train import fit
 
 EXPERIMENT = "mmlinks"
 
@@ -54,6 +56,37 @@ class ExperimentResult:
             "report": self.report_path,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> ExperimentResult:
+        """The inverse of ``to_dict`` (a job's JSON line back into a typed result); the per-doc
+        list is not part of that dict and comes back empty unless given as ``per_doc``."""
+        try:
+            return cls(
+                run_id=data["run_id"],
+                model_uri=data["model_uri"],
+                model_version=data.get("model_version"),
+                best_epoch=int(data["best_epoch"]),
+                test=data.get("test"),
+                random=data.get("random"),
+                tracking_uri=data.get("tracking_uri", ""),
+                report_path=data.get("report", data.get("report_path", "")) or "",
+                per_doc=list(data.get("per_doc") or []),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            from schemas.errors import MmlinksError
+
+            raise MmlinksError(f"not an experiment result: {exc!r} in {sorted(data)}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> ExperimentResult:
+        """From the JSON line ``python -m training.job`` prints (the last JSON line of ``text``)."""
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("{")]
+        if not lines:
+            from schemas.errors import MmlinksError
+
+            raise MmlinksError("no JSON result line in the job's output")
+        return cls.from_dict(json.loads(lines[-1]))
+
 
 def has_labels(paths: list) -> bool:
     """Whether any document of these shards has ground-truth links to score against."""
@@ -64,9 +97,7 @@ def has_labels(paths: list) -> bool:
 
 
 def objective_text(cfg: TrainConfig) -> str:
-    if cfg.objective == "li2021":
-        return f"li2021 {cfg.objectives} backbone={cfg.backbone} negatives={cfg.negatives}"
-    return f"{cfg.objective} k={cfg.k} negatives={cfg.negatives} backbone={cfg.backbone}"
+    return get_objective(cfg.objective).text(cfg)
 
 
 @contextlib.contextmanager
@@ -169,7 +200,7 @@ def run_experiment(
                 first.column("sentences")[0].as_py(),
                 [im["features"] for im in first.column("images")[0].as_py()],
             )
-            if cfg.backbone == "gru"
+            if get_backbone(cfg.backbone).feature_only_requests
             else None
         )
         from training.report import document_cards, render_report, write_report

@@ -354,7 +354,7 @@ def _ray_session(base: TrainConfig) -> Iterator[None]:
     """Reuse a running Ray, else start one the way ``fit`` does (shut down again afterwards)."""
     import ray
 
-    from training.train import connect_ray
+    from training.driver import connect_ray
 
     if not connect_ray(base):
         yield

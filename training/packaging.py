@@ -86,7 +86,7 @@ def _empty(value) -> bool:
 class LinkModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from training.backbone import needs_regions
-        from training.train import load_checkpoint_model
+        from training.checkpoints import load_checkpoint_model
 
         self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
         self.regions = needs_regions(meta["model"])
@@ -132,7 +132,7 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         """The sentence x image cosine matrix of one document (no request limits)."""
         import pyarrow as pa
 
-        from training.train import link_scores
+        from training.loop import link_scores
 
         table = pa.table(
             {

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.backbone import DEFAULT_BACKBONE, needs_regions
 from training.objectives.assignment import max_weight_matching
 
 PREDICTED, TRUE, BOTH = "#d9480f", "#1971c2", "#2b8a3e"
@@ -179,7 +180,7 @@ def document_cards(
     from schemas.manifest import Manifest
     from schemas.shards import read_table
     from training.data import make_batch
-    from training.train import link_scores
+    from training.loop import link_scores
 
     by_auc = sorted(per_doc, key=lambda d: d["auc"])
     chosen = {d["doc_id"]: d["auc"] for d in by_auc[-(limit - limit // 2) :] + by_auc[: limit // 2]}
@@ -190,7 +191,10 @@ def document_cards(
         return []
     table = table.take(keep).sort_by("doc_id")
     batch = make_batch(
-        table, vocab, max_tokens, regions=getattr(model.cfg, "backbone", "gru") == "transformer"
+        table,
+        vocab,
+        max_tokens,
+        regions=needs_regions({"backbone": getattr(model.cfg, "backbone", DEFAULT_BACKBONE)}),
     )
     with torch.no_grad():
         scores = link_scores(model.eval(), batch)

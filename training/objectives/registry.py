@@ -1,24 +1,212 @@
-"""The objective registry: ``--objective`` names a loss over a batch of encoded documents.
+"""The objective registry: the one module that defines every ``--objective`` name.
 
-Every objective sees the same padded [B, n, d] sentence and [B, m, d] image tensors:
+An objective is a loss over a batch of encoded documents. Every objective sees the same padded
+[B, n, d] sentence and [B, m, d] image tensors:
+
 - ``dc``, ``tk``, ``ap``: the cross-document in-batch hinge on sim(S_a, V_b) (Hessel 2019).
-- ``nostruct``: the same loss with DC on 1 x 1 documents; the batch was reduced to one random
-  sentence and one random image per document before encoding (``training/data.py``).
+- ``nostruct``: the same loss with DC on 1 x 1 documents; the batch is reduced to one random
+  sentence and one random image per document before encoding (``ObjectiveSpec.prepare``).
 - ``li2021``: cross (TK, k = min) plus the intra-document and dropout sub-document terms that
   ``--objectives`` selects (Li et al. 2021, ``training/objectives/li2021.py``).
+
+``TrainConfig`` validation, run labels, the training loop, the experiment's report text and the
+grid's rows all read these specs (``objective_names``, ``get_objective``); adding an objective is
+one ``register_objective(ObjectiveSpec(...))`` call. This module imports no torch at import time
+(``training.config`` reads it), the losses import their tensor code when called.
 """
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from training.config import TrainConfig
-from training.data import DocBatch, pad_documents
-from training.objectives.loss import in_batch_loss
-from training.objectives.similarity import document_similarity
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from training.config import TrainConfig
+    from training.data import DocBatch
+
+# loss(s_pad, s_mask, v_pad, v_mask, cfg, generator) -> (loss, {part name: float})
+LossFn = Callable[..., tuple[Any, dict[str, float]]]
+# Li et al. 2021 parts: cross-document, intra-document, dropout sub-document.
+LI2021_PARTS = ("C", "I", "D")
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str
+    summary: str  # one line for --help and docs
+    similarity: str  # the document similarity it trains (a key of similarity.SIMILARITIES)
+    loss: LossFn
+    label: Callable[[TrainConfig], str]  # run name / table label, e.g. ap-full-hard
+    # TrainConfig fields the objective reads beyond the shared ones (margin, batch_docs, ...);
+    # "k" here means the k mode applies (the grid folds k into "full" otherwise).
+    fields: tuple[str, ...] = ("negatives",)
+    # (pyarrow table, rng or None) -> table, applied before encoding (None = the batch as is);
+    # validation passes rng=None for a draw fixed by document id.
+    prepare: Callable[[Any, Any], Any] | None = None
+    # the named loss parts the config selects (logged as train_loss_<part> when > 1)
+    parts: Callable[[TrainConfig], tuple[str, ...]] = lambda cfg: ("C",)
+    # extra validation: the names of the config's invalid settings for this objective
+    check: Callable[[TrainConfig], list[str]] | None = None
+    # one line for the report: what was trained
+    describe: Callable[[TrainConfig], str] | None = None
+
+    def text(self, cfg: TrainConfig) -> str:
+        if self.describe is not None:
+            return self.describe(cfg)
+        return f"{self.name} k={cfg.k} negatives={cfg.negatives} backbone={cfg.backbone}"
+
+    @property
+    def uses_k(self) -> bool:
+        return "k" in self.fields
+
+
+_OBJECTIVES: dict[str, ObjectiveSpec] = {}
+
+
+def register_objective(spec: ObjectiveSpec, replace: bool = False) -> ObjectiveSpec:
+    """Add ``spec`` to the registry (``replace`` to redefine a name, e.g. in a test)."""
+    if spec.name in _OBJECTIVES and not replace:
+        raise ValueError(f"objective {spec.name!r} is already registered")
+    _OBJECTIVES[spec.name] = spec
+    return spec
+
+
+def unregister_objective(name: str) -> None:
+    _OBJECTIVES.pop(name, None)
+
+
+def objective_names() -> tuple[str, ...]:
+    return tuple(_OBJECTIVES)
+
+
+def get_objective(name: str) -> ObjectiveSpec:
+    try:
+        return _OBJECTIVES[name]
+    except KeyError:
+        from schemas.errors import MmlinksError
+
+        raise MmlinksError(f"unknown objective {name!r}; known: {', '.join(_OBJECTIVES)}") from None
+
+
+# ------------------------------------------------------------------------------- the losses
+
+
+def hessel_loss(s_pad, s_mask, v_pad, v_mask, cfg: TrainConfig, generator=None, similarity: str = "dc"):
+    """The Hessel 2019 cross-document in-batch hinge on ``similarity``."""
+    from training.objectives.loss import in_batch_loss
+    from training.objectives.similarity import document_similarity
+
+    sims = document_similarity(similarity, s_pad, s_mask, v_pad, v_mask, cfg.k)
+    loss = in_batch_loss(sims, cfg.margin, cfg.negatives)
+    return loss, {"C": float(loss.detach())}
+
+
+def _hessel(similarity: str) -> LossFn:
+    def loss(s_pad, s_mask, v_pad, v_mask, cfg, generator=None):
+        return hessel_loss(s_pad, s_mask, v_pad, v_mask, cfg, generator, similarity)
+
+    return loss
+
+
+def _li2021_loss(s_pad, s_mask, v_pad, v_mask, cfg: TrainConfig, generator=None):
+    from training.objectives.li2021 import li2021_loss
+
+    return li2021_loss(
+        s_pad,
+        s_mask,
+        v_pad,
+        v_mask,
+        parts=li2021_parts(cfg),
+        margin=cfg.margin,
+        negatives=cfg.negatives,
+        sub_fraction=cfg.sub_fraction,
+        generator=generator,
+    )
+
+
+def li2021_parts(cfg: TrainConfig) -> tuple[str, ...]:
+    return tuple(p.strip() for p in cfg.objectives.split("+"))
+
+
+def _li2021_check(cfg: TrainConfig) -> list[str]:
+    parts = li2021_parts(cfg)
+    bad = []
+    if not ("C" in parts and set(parts) <= set(LI2021_PARTS) and len(set(parts)) == len(parts)):
+        bad.append("objectives (C, C+I, C+D or C+I+D)")
+    if cfg.k != "full":
+        bad.append("k (li2021 uses TK with k = full, Li et al. 2021)")
+    return bad
+
+
+def _one_pair(table, rng):
+    from training.data import one_pair_per_document
+
+    return one_pair_per_document(table, rng)
+
+
+register_objective(
+    ObjectiveSpec(
+        name="nostruct",
+        summary="NoStruct: DC on one random sentence and one random image per document",
+        similarity="dc",
+        loss=_hessel("dc"),
+        label=lambda cfg: f"nostruct-{cfg.negatives}",
+        prepare=_one_pair,
+    )
+)
+register_objective(
+    ObjectiveSpec(
+        name="dc",
+        summary="DC: dense correspondence (mean of the best match of every sentence and image)",
+        similarity="dc",
+        loss=_hessel("dc"),
+        label=lambda cfg: f"dc-{cfg.negatives}",
+    )
+)
+register_objective(
+    ObjectiveSpec(
+        name="tk",
+        summary="TK: top-k best matches of sentences and images",
+        similarity="tk",
+        loss=_hessel("tk"),
+        label=lambda cfg: f"tk-{cfg.k}-{cfg.negatives}",
+        fields=("k", "negatives"),
+    )
+)
+register_objective(
+    ObjectiveSpec(
+        name="ap",
+        summary="AP: assignment problem (best k-edge matching), Hessel et al. 2019's main model",
+        similarity="ap",
+        loss=_hessel("ap"),
+        label=lambda cfg: f"ap-{cfg.k}-{cfg.negatives}",
+        fields=("k", "negatives"),
+    )
+)
+register_objective(
+    ObjectiveSpec(
+        name="li2021",
+        summary="Li et al. 2021: cross (TK, k = min) + intra-document (I) + dropout sub-document (D)",
+        similarity="tk",
+        loss=_li2021_loss,
+        label=lambda cfg: f"li2021-{cfg.objectives}-{cfg.backbone}",
+        fields=("negatives", "objectives", "sub_fraction"),
+        parts=li2021_parts,
+        check=_li2021_check,
+        describe=lambda cfg: f"li2021 {cfg.objectives} backbone={cfg.backbone} negatives={cfg.negatives}",
+    )
+)
+
+
+# ------------------------------------------------------------------- the loss of a batch
 
 
 def padded(model, batch: DocBatch):
+    from training.data import pad_documents
+
     s, v = model(batch)  # through forward: under DDP that is what syncs the gradients
     s_pad, s_mask = pad_documents(s, batch.n_sentences)
     v_pad, v_mask = pad_documents(v, batch.n_images)
@@ -26,25 +214,14 @@ def padded(model, batch: DocBatch):
 
 
 def objective_loss(
-    model, batch: DocBatch, cfg: TrainConfig, generator: torch.Generator | None = None
+    model,
+    batch: DocBatch,
+    cfg: TrainConfig,
+    generator: torch.Generator | None = None,
+    spec: ObjectiveSpec | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss, its named parts) for ``cfg.objective``; ``generator`` drives the random
-    sub-documents of li2021 (a fixed one on validation batches keeps that loss comparable)."""
-    s_pad, s_mask, v_pad, v_mask = padded(model, batch)
-    if cfg.objective == "li2021":
-        from training.objectives.li2021 import li2021_loss
-
-        return li2021_loss(
-            s_pad,
-            s_mask,
-            v_pad,
-            v_mask,
-            parts=cfg.parts,
-            margin=cfg.margin,
-            negatives=cfg.negatives,
-            sub_fraction=cfg.sub_fraction,
-            generator=generator,
-        )
-    sims = document_similarity(cfg.similarity, s_pad, s_mask, v_pad, v_mask, cfg.k)
-    loss = in_batch_loss(sims, cfg.margin, cfg.negatives)
-    return loss, {"C": float(loss.detach())}
+    sub-documents of li2021 (a fixed one on validation batches keeps that loss comparable).
+    ``spec`` overrides the registry lookup (a Ray worker gets the driver's spec)."""
+    spec = spec or get_objective(cfg.objective)
+    return spec.loss(*padded(model, batch), cfg, generator)

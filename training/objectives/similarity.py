@@ -13,7 +13,6 @@ import torch
 from training.objectives.assignment import batched_max_weight_matching
 
 NEG = -1e4  # finite "minus infinity" for masked cells (keeps gradients NaN-free)
-SIMILARITIES = ("dc", "tk", "ap")
 
 
 def pair_matrices(s: torch.Tensor, s_mask: torch.Tensor, v: torch.Tensor, v_mask: torch.Tensor):
@@ -39,7 +38,8 @@ def _mean_top_k(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return top.gather(-1, (k - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1) / k.clamp(min=1)
 
 
-def dc(sims, valid, s_mask, v_mask) -> torch.Tensor:
+def dc(sims, valid, s_mask, v_mask, k_mode: str = "full") -> torch.Tensor:
+    """Mean best match of every sentence plus of every image (k does not apply)."""
     masked = sims.masked_fill(~valid, NEG)
     row_max, col_max = masked.amax(dim=3), masked.amax(dim=2)  # [B, B, n], [B, B, m]
     rows = s_mask[:, None, :].to(sims.dtype)
@@ -85,11 +85,11 @@ def document_similarity(
     k_mode: str = "full",
 ) -> torch.Tensor:
     """[B, B] matrix: entry (a, b) = sim(sentences of a, images of b)."""
+    if kind not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {kind!r}; known: {tuple(SIMILARITIES)}")
     sims, valid = pair_matrices(s, s_mask, v, v_mask)
-    if kind == "dc":
-        return dc(sims, valid, s_mask, v_mask)
-    if kind == "tk":
-        return tk(sims, valid, s_mask, v_mask, k_mode)
-    if kind == "ap":
-        return ap(sims, valid, s_mask, v_mask, k_mode)
-    raise ValueError(f"unknown similarity {kind!r}; known: {SIMILARITIES}")
+    return SIMILARITIES[kind](sims, valid, s_mask, v_mask, k_mode)
+
+
+# The document similarities an objective can train (ObjectiveSpec.similarity names one).
+SIMILARITIES = {"dc": dc, "tk": tk, "ap": ap}

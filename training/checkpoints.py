@@ -1,0 +1,147 @@
+"""Checkpoints of a training run and the rules for resuming one.
+
+A checkpoint folder holds ``state.pt`` (model, optimizer, scheduler, epoch counters, history),
+``meta.json`` (the model config, the public train config, the history) and ``vocab.json``, so
+it evaluates on its own. A run resumes only with a config that continues the same model and
+loss (``MODEL_FIELDS``); all randomness of an epoch derives from (seed, rank, epoch), so a
+resumed run replays the next epoch exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from training.backbone import build_model
+from training.config import MODEL_FIELDS, TrainConfig
+
+CHECKPOINT_FILE = "state.pt"
+
+
+class IncompatibleResumeError(RuntimeError):
+    """A run name was reused with a config that would not continue the same model."""
+
+
+def unwrap(model):
+    """The module inside a DDP wrapper (or the model itself)."""
+    return model.module if hasattr(model, "module") else model
+
+
+def check_resumable(saved: dict, cfg: TrainConfig) -> None:
+    """Refuse to continue a checkpoint whose model or loss differ from this config's."""
+    old = TrainConfig.from_dict(saved)
+    diffs = [
+        f"{f}={getattr(old, f)!r} (asked {getattr(cfg, f)!r})"
+        for f in MODEL_FIELDS
+        if getattr(old, f) != getattr(cfg, f)
+    ]
+    if diffs:
+        raise IncompatibleResumeError(
+            f"cannot resume run {cfg.run_name!r}: its checkpoint was trained with "
+            + ", ".join(diffs)
+            + "; use a new --run-name or the same settings"
+        )
+
+
+@dataclass
+class LoopState:
+    """What a worker carries from epoch to epoch (and what a checkpoint restores)."""
+
+    start: int = 0  # the first epoch to run
+    best_val: float = float("inf")
+    best_epoch: int = -1
+    history: list[dict] = field(default_factory=list)
+    step: int = 0  # optimizer steps so far (the warm-up counts them)
+
+
+def restore(ckpt, cfg: TrainConfig, model, opt, sched) -> LoopState:
+    """Load a Ray checkpoint into model, optimizer and scheduler; the state to continue from."""
+    if not ckpt:
+        return LoopState()
+    with ckpt.as_directory() as d:
+        meta = json.loads((Path(d) / "meta.json").read_text())
+        check_resumable(meta["train"], cfg)
+        state = torch.load(Path(d) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+    unwrap(model).load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    return LoopState(
+        start=state["epoch"] + 1,
+        best_val=state["best_val_loss"],
+        best_epoch=state["best_epoch"],
+        history=state.get("history", []),
+        step=state.get("step", 0),
+    )
+
+
+def write(
+    folder: Path,
+    *,
+    model,
+    opt,
+    sched,
+    state: LoopState,
+    epoch: int,
+    val_loss: float,
+    model_cfg: dict,
+    cfg,
+    vocab,
+) -> None:
+    """Write epoch ``epoch``'s checkpoint files into ``folder`` (rank 0 only)."""
+    torch.save(
+        {
+            "model": unwrap(model).state_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "epoch": epoch,
+            "step": state.step,
+            "best_val_loss": state.best_val,
+            "best_epoch": state.best_epoch,
+            "val_loss": val_loss,
+            "history": state.history,
+        },
+        folder / CHECKPOINT_FILE,
+    )
+    (folder / "meta.json").write_text(
+        json.dumps(
+            {
+                "model": model_cfg,
+                # checkpoints travel into model artifacts: no addresses or URIs
+                "train": cfg.public_dict(),
+                "epoch": epoch,
+                "history": state.history,
+            }
+        )
+    )
+    vocab.save(folder / "vocab.json")  # a checkpoint folder evaluates on its own
+
+
+def load_checkpoint_model(path: str | Path) -> tuple[torch.nn.Module, dict]:
+    path = Path(path)
+    meta = json.loads((path / "meta.json").read_text())
+    state = torch.load(path / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+    model = build_model(meta["model"])
+    model.load_state_dict(state["model"])
+    return model.eval(), {**meta, **{k: state[k] for k in ("epoch", "val_loss", "best_epoch")}}
+
+
+def saved_train_config(storage: str, run_name: str) -> dict | None:
+    """The train config of the newest checkpoint of a local run directory, if any."""
+    root = Path(storage) / run_name
+    if "://" in storage or not root.is_dir():
+        return None
+    metas = sorted(root.glob("checkpoint_*/meta.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(metas[-1].read_text())["train"] if metas else None
+
+
+def history_of(result, best_meta: dict) -> list[dict]:
+    """The whole per-epoch history: Ray Train keeps metrics only next to retained checkpoints,
+    and the latest one carries every epoch."""
+    history = best_meta.get("history", [])
+    if result.checkpoint is not None:
+        with result.checkpoint.as_directory() as d:
+            history = json.loads((Path(d) / "meta.json").read_text()).get("history", history)
+    return history

@@ -1,0 +1,294 @@
+"""The Ray driver of a training run: checks the data, builds vocabulary and model config,
+connects to Ray, and runs ``training.loop.train_loop_per_worker`` under a TorchTrainer.
+
+``fit`` returns the lowest-validation-loss model (``TrainResult``); the loop itself, the
+checkpoint rules and the test-only fault hooks live in ``training/loop.py``,
+``training/checkpoints.py`` and ``training/fault_hooks.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training import fault_hooks
+from training.backbone import get_backbone
+from training.checkpoints import (
+    IncompatibleResumeError,
+    check_resumable,
+    history_of,
+    load_checkpoint_model,
+    saved_train_config,
+)
+from training.config import TrainConfig
+from training.data import TRAINING_COLUMNS
+from training.loop import train_loop_per_worker
+from training.objectives.registry import get_objective
+from training.text import Vocabulary
+
+
+@dataclass
+class TrainResult:
+    model: torch.nn.Module  # MulLink or TransformerLink: both have encode(batch)
+    vocab: Vocabulary
+    model_config: dict  # the backbone's config (with its "backbone" key)
+    best_epoch: int
+    best_val_loss: float
+    checkpoint_path: str  # where Ray stored it (a path or a URI under storage_path)
+    checkpoint: object  # the ray.train.Checkpoint; use .as_directory() to read it anywhere
+    history: list[dict]
+
+
+def training_feature_stats(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-dimension mean and std of the training images' CNN features (streamed by shard)."""
+    from schemas.shards import read_table
+    from training.data import features_of
+
+    total, total_sq, n = None, None, 0
+    for p in paths:
+        feats, _ = features_of(read_table([p], columns=["images"]))
+        if not feats or not sum(len(f) for f in feats):
+            continue
+        x = np.concatenate(feats).astype(np.float64)
+        total = x.sum(0) if total is None else total + x.sum(0)
+        total_sq = (x**2).sum(0) if total_sq is None else total_sq + (x**2).sum(0)
+        n += len(x)
+    if not n:
+        from schemas.errors import MmlinksError
+
+        raise MmlinksError("the training shards hold no image: nothing to train the image encoder on")
+    mean = total / n
+    return mean.astype(np.float32), np.sqrt(np.maximum(total_sq / n - mean**2, 0)).astype(np.float32)
+
+
+def training_sentences(paths: list[str], with_concepts: bool) -> Iterator[str]:
+    """Training sentences shard by shard (never the whole corpus in memory), plus the region
+    labels when the backbone reads them as concept tokens sharing the word embedding."""
+    from schemas.shards import read_table
+
+    for p in paths:
+        for doc in read_table([p], columns=["sentences"]).column("sentences").to_pylist():
+            yield from doc
+    if with_concepts:
+        from training.regions import concept_words
+
+        yield from concept_words(paths)
+
+
+CACHE_LIMIT_BYTES = 2 << 30  # "auto" caches training shards up to this size on disk
+
+
+def shard_bytes(paths: list[str]) -> int:
+    import pyarrow.fs as pafs
+
+    total = 0
+    for p in paths:
+        fs, path = pafs.FileSystem.from_uri(p) if "://" in p else (pafs.LocalFileSystem(), p)
+        total += fs.get_file_info(path).size or 0
+    return total
+
+
+def training_dataset(paths: list[str], cache: str):
+    """The training documents as a Ray Dataset, split between the workers every epoch.
+
+    Streamed (``no``, and ``auto`` above 2 GiB of shards): every epoch reads the shards again,
+    so the training set never has to fit in the cluster's memory. Cached (``yes``, and ``auto``
+    for smaller data): read once into the object store (which spills to disk under pressure),
+    so an epoch does not pay Ray Data's start-up and Parquet decoding again; on small data
+    that start-up would otherwise dominate the data wait.
+    """
+    import ray.data
+
+    ds = ray.data.read_parquet(paths, columns=TRAINING_COLUMNS)
+    if cache == "yes" or (cache == "auto" and shard_bytes(paths) <= CACHE_LIMIT_BYTES):
+        ds = ds.materialize()
+    return ds
+
+
+def connect_ray(cfg: TrainConfig) -> bool:
+    """Join ``cfg.ray_address`` or start a local Ray, unless one is running; True if started."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)
+    else:
+        # Logical CPUs above the core count leave room for Ray Data's read tasks next to the
+        # training workers (otherwise two workers on two cores starve the data pipeline).
+        # address="local" always starts a fresh instance, never attaches to a stray cluster.
+        ray.init(
+            address="local",
+            num_cpus=max(4, (os.cpu_count() or 1) * 2),
+            include_dashboard=False,
+            log_to_driver=cfg.ray_logs,
+            configure_logging=cfg.ray_logs,
+        )
+    return True
+
+
+def failure_message(exc: BaseException) -> str:
+    """The one line that says why workers failed: our own errors first, then the last
+    ``SomeError: message`` line of the workers' tracebacks, else the first line."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for marker in ("loss diverged", "validation loss diverged", "cannot resume run"):
+        for line in lines:
+            if marker in line:
+                return line[line.index(marker) :]
+    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b.*:", ln)]
+    if errors:
+        return errors[-1]
+    return lines[0] if lines else type(exc).__name__
+
+
+def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+    """The backbone's model config (``training/backbone.py`` builds it)."""
+    return get_backbone(cfg.backbone).model_config(cfg, manifest, vocab_size, word_dim, train_paths)
+
+
+@dataclass
+class RunInputs:
+    """What the driver reads before Ray starts: shard paths and where runs are stored."""
+
+    cfg: TrainConfig  # with an absolute data path
+    manifest: object
+    train_paths: list[str]
+    val_paths: list[str]
+    storage: str
+
+
+def check_inputs(cfg: TrainConfig) -> RunInputs:
+    """Validate the config, the shards and a resumed run's compatibility before Ray starts."""
+    from schemas.errors import MmlinksError
+    from schemas.manifest import Manifest
+    from schemas.shards import check_shards, read_table
+
+    cfg.validate()
+    if "://" not in cfg.data:  # Ray workers may run in another directory (or on another node)
+        cfg = dataclasses.replace(cfg, data=str(Path(cfg.data).resolve()))
+    manifest = Manifest.read(cfg.data)
+    train_paths = [str(p) for p in manifest.shard_paths(cfg.data, "train")]
+    val_paths = [str(p) for p in manifest.shard_paths(cfg.data, "val")]
+    if not train_paths or not val_paths:
+        raise MmlinksError(f"{cfg.data} needs train and val shards to train")
+    check_shards(train_paths + val_paths)  # schema versions, before Ray starts
+    n_val = read_table(val_paths, columns=["doc_id"]).num_rows
+    if n_val < 2:
+        raise MmlinksError(f"{cfg.data} has {n_val} validation document(s); the validation loss needs >= 2")
+    storage = cfg.storage_path or str(Path(cfg.data).resolve().parent / "ray_results")
+    if cfg.run_name:
+        saved = saved_train_config(storage, cfg.run_name)
+        if saved is not None:
+            try:
+                check_resumable(saved, cfg)
+            except IncompatibleResumeError as exc:
+                raise MmlinksError(str(exc)) from None
+    return RunInputs(cfg, manifest, train_paths, val_paths, storage)
+
+
+def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
+    """The TorchTrainer of one run (workers, storage, checkpoint retention, failures)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    cfg = inp.cfg
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=inp.storage,
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=2, checkpoint_score_attribute="val_loss", checkpoint_score_order="min"
+            ),
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+        ),
+        datasets={"train": training_dataset(inp.train_paths, cfg.cache_data)},
+    )
+
+
+def best_checkpoint(trainer):
+    """Run the trainer; (its result, the lowest-validation-loss checkpoint) or MmlinksError."""
+    import ray.train
+
+    from schemas.errors import MmlinksError
+
+    try:
+        result = trainer.fit()
+    except ray.train.TrainingFailedError as exc:  # V2 raises instead of returning result.error
+        raise MmlinksError(f"training failed: {failure_message(exc)}") from exc
+    if result.error:
+        raise MmlinksError(f"training failed: {failure_message(result.error)}")
+    try:
+        best = result.get_best_checkpoint(metric="val_loss", mode="min")
+    except RuntimeError as exc:  # Ray raises when the run directory holds no checkpoint
+        raise MmlinksError(f"training produced no checkpoint: {exc}") from exc
+    if best is None:
+        raise MmlinksError("training produced no checkpoint")
+    return result, best
+
+
+def fit(
+    cfg: TrainConfig,
+    mlflow_run_id: str | None = None,
+    mlflow_tracking_uri: str | None = None,
+) -> TrainResult:
+    """Train on ``cfg.data`` with Ray Train and return the lowest-validation-loss model."""
+    import ray.data
+
+    from training.text import embedding_matrix
+
+    inp = check_inputs(cfg)
+    cfg, train_paths = inp.cfg, inp.train_paths
+    feature_stats = training_feature_stats(train_paths)
+    vocab = Vocabulary.build(
+        training_sentences(train_paths, get_backbone(cfg.backbone).needs_regions), cfg.min_word_count
+    )
+    emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
+    model_cfg = model_config(cfg, inp.manifest, len(vocab), emb.shape[1], train_paths)
+
+    connect_ray(cfg)
+    data_ctx = ray.data.DataContext.get_current()
+    data_ctx.enable_progress_bars = False
+    data_ctx.execution_options.preserve_order = True  # same batches on a resumed run
+    # A fresh name per run: Ray resumes any run whose name already exists under storage, so
+    # reusing a fixed name would silently continue (or re-register) an old run. Pass the same
+    # run_name and storage_path explicitly to resume after a crash.
+    run_name = cfg.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    loop_config = {
+        "train": {**cfg.to_dict(), "run_name": run_name},
+        "model": model_cfg,
+        "vocab": vocab.words,
+        "embeddings": emb,
+        "feature_stats": feature_stats,
+        "val_paths": inp.val_paths,
+        "mlflow_run_id": mlflow_run_id,
+        "mlflow_tracking_uri": mlflow_tracking_uri,
+        # the spec itself: an objective registered at run time (a test's) reaches the workers
+        "objective_spec": get_objective(cfg.objective),
+        "test_kill": fault_hooks.kill_config(),
+    }
+    result, best = best_checkpoint(make_trainer(inp, loop_config, run_name))
+    with best.as_directory() as d:
+        model, meta = load_checkpoint_model(d)
+    return TrainResult(
+        model=model,
+        vocab=vocab,
+        model_config=model_cfg,
+        best_epoch=int(meta["epoch"]),
+        best_val_loss=float(meta["val_loss"]),
+        checkpoint_path=best.path,
+        checkpoint=best,
+        history=history_of(result, meta),
+    )

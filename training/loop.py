@@ -1,0 +1,353 @@
+"""The training loop: one function run by every Ray Train worker, and its epoch steps.
+
+Each worker reads its split of the training shards through Ray Data, forms batches of B
+documents, and minimises its objective's loss (``training/objectives/registry.py``); gradients
+are averaged by DDP (gloo on CPU, NCCL on GPU). The validation loss is the same unsupervised loss
+on validation documents, all-reduced across workers; it drives reduce-on-plateau and picks the
+best checkpoint, so no label is used to choose the model. Rank 0 writes each epoch's checkpoint
+(``training/checkpoints.py``) and, when a run id is given, logs the epoch's metrics to MLflow.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from training import checkpoints, fault_hooks
+from training.backbone import build_model, needs_regions
+from training.config import TrainConfig
+from training.data import TRAINING_COLUMNS, DocBatch, drop_empty, make_batch
+from training.metrics import document_metrics
+from training.objectives.registry import ObjectiveSpec, get_objective, objective_loss
+from training.text import Vocabulary
+
+
+class DivergedError(RuntimeError):
+    """The loss became NaN or infinite: training stops, the last good checkpoint stays."""
+
+
+def batch_loss(model, batch: DocBatch, cfg: TrainConfig) -> torch.Tensor:
+    return objective_loss(model, batch, cfg)[0]
+
+
+def link_scores(model, batch: DocBatch) -> list[np.ndarray]:
+    """Per-document sentence x image cosine matrices."""
+    s, v = model.encode(batch)
+    out, so, vo = [], 0, 0
+    for n, m in zip(batch.n_sentences, batch.n_images, strict=True):
+        out.append((s[so : so + n] @ v[vo : vo + m].T).detach().cpu().numpy())
+        so, vo = so + n, vo + m
+    return out
+
+
+def document_batches(shard, batch_docs: int, rng: np.random.Generator) -> Iterator:
+    """Batches of ``batch_docs`` documents from this worker's share of the training set.
+
+    Ray Data hands over chunks of a few hundred documents (prefetched in the background) and
+    the chunk is shuffled and cut here: asking Ray Data for every 11-document batch costs a
+    few milliseconds each, as much as a training step on small documents. Chunks are a
+    multiple of the batch size, so every batch but an epoch's last is full, and workers with
+    equal shares cut the same number of batches (DDP stays in step).
+    """
+    chunk = batch_docs * max(1, 256 // batch_docs)
+    for table in shard.iter_batches(batch_size=chunk, batch_format="pyarrow", prefetch_batches=2):
+        table = table.take(pa.array(rng.permutation(table.num_rows)))
+        for start in range(0, table.num_rows, batch_docs):
+            yield table.slice(start, batch_docs)
+
+
+def validation_batches(paths: list[str], batch_docs: int, rank: int, world: int) -> list:
+    """This worker's share of fixed validation batches.
+
+    The validation loss picks the checkpoint, so it must not depend on which documents happen
+    to share a batch: documents are sorted by id, cut into batches of ``batch_docs`` (a short
+    tail joins the previous batch, so none has fewer than 2 documents), and batch i goes to
+    worker i % world. The loss is then averaged per document, not per batch.
+    """
+    from schemas.shards import read_table
+
+    table, _ = drop_empty(read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id"))
+    starts = list(range(0, table.num_rows, batch_docs))
+    if len(starts) > 1 and table.num_rows - starts[-1] < 2:
+        starts.pop()
+    bounds = [*starts[1:], table.num_rows]
+    batches = [table.slice(s, e - s) for s, e in zip(starts, bounds, strict=True)]
+    return [b for i, b in enumerate(batches) if i % world == rank and b.num_rows >= 2]
+
+
+def epoch_seed(cfg: TrainConfig, rank: int, epoch: int) -> int:
+    """All randomness of an epoch derives from (seed, rank, epoch), so a run resumed from the
+    checkpoint of epoch e replays epoch e + 1 exactly as an uninterrupted run would."""
+    return int(np.random.default_rng([cfg.seed, rank, epoch]).integers(2**31))
+
+
+def _last_good(epoch: int) -> str:
+    return f"epoch {epoch - 1}" if epoch > 0 else "none (first epoch)"
+
+
+@dataclass
+class Worker:
+    """One worker's training state: config, objective, model, optimizer and counters."""
+
+    cfg: TrainConfig
+    objective: ObjectiveSpec
+    rank: int
+    world: int
+    vocab: Vocabulary
+    regions: bool
+    device: torch.device
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: object
+    state: checkpoints.LoopState
+
+    def to_device(self, b: DocBatch) -> DocBatch:
+        if self.device.type == "cpu":
+            return b
+        b.tokens, b.features = b.tokens.to(self.device), b.features.to(self.device)
+        if b.regions is not None:
+            b.regions = b.regions.to(self.device)
+        return b
+
+    def batch(self, table, rng, reduce: bool = True) -> DocBatch:
+        """A batch on the device; the objective's ``prepare`` (e.g. NoStruct's one pair per
+        document) applies unless ``reduce`` is False (the full documents, for link scores)."""
+        cfg = self.cfg
+        if reduce and self.objective.prepare is not None:
+            table = self.objective.prepare(table, rng)
+        return self.to_device(
+            make_batch(table, self.vocab, cfg.max_tokens, rng, self.regions, cfg.max_regions)
+        )
+
+    def set_warmup_lr(self) -> None:
+        cfg, step = self.cfg, self.state.step
+        if step < cfg.warmup_steps:
+            for g in self.opt.param_groups:
+                g["lr"] = cfg.lr * max(1e-3, (step + 1) / cfg.warmup_steps)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.state.step += 1
+
+
+def worker_config(config: dict) -> TrainConfig:
+    """The driver's TrainConfig in a worker process. An objective registered only in the
+    driver (a plug-in, a test module) arrives as ``objective_spec`` and is registered here
+    first, so the config validates as it did there."""
+    from training.objectives.registry import objective_names, register_objective
+
+    spec = config.get("objective_spec")
+    if spec is not None and spec.name not in objective_names():
+        register_objective(spec)
+    return TrainConfig.from_dict(config["train"])
+
+
+def make_worker(config: dict, rank: int, world: int, prepare_model=None, device=None) -> Worker:
+    """Build model, optimizer and scheduler from the driver's config; resume from the
+    checkpoint Ray hands over, if any."""
+    import ray.train
+
+    cfg = worker_config(config)
+    torch.set_num_threads(cfg.threads_per_worker)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every worker
+    model = build_model(config["model"], config.get("embeddings"), config.get("feature_stats"))
+    model = prepare_model(model) if prepare_model is not None else model
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    # torch lowers the rate once num_bad_epochs > patience; the paper's rule is "after
+    # plateau_patience epochs without improvement", hence the - 1.
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        opt, mode="min", factor=cfg.plateau_factor, patience=max(0, cfg.plateau_patience - 1)
+    )
+    state = checkpoints.restore(ray.train.get_checkpoint(), cfg, model, opt, sched)
+    return Worker(
+        cfg=cfg,
+        objective=config.get("objective_spec") or get_objective(cfg.objective),
+        rank=rank,
+        world=world,
+        vocab=Vocabulary(config["vocab"]),
+        regions=needs_regions(config["model"]),
+        device=device or torch.device("cpu"),
+        model=model,
+        opt=opt,
+        sched=sched,
+        state=state,
+    )
+
+
+def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: torch.Generator) -> dict:
+    """One pass over this worker's training share; timing and loss sums of the epoch."""
+    t0 = time.perf_counter()
+    w.model.train()
+    total, steps, docs, skipped, wait, first_wait = 0.0, 0, 0, 0, 0.0, None
+    parts_sum: dict[str, float] = {}
+    batches = document_batches(shard, w.cfg.batch_docs, rng)
+    while True:
+        tw = time.perf_counter()
+        table = next(batches, None)
+        if first_wait is None:  # the epoch's start-up: Ray Data begins a new execution
+            first_wait = time.perf_counter() - tw
+        else:
+            wait += time.perf_counter() - tw
+        if table is None:
+            break
+        table, n_empty = drop_empty(table)
+        skipped += n_empty
+        w.set_warmup_lr()
+        if table.num_rows < 2:
+            if w.world > 1:  # DDP needs every worker in every all-reduce: a zero loss
+                w.step(sum(p.sum() for p in w.model.parameters()) * 0.0)
+            continue
+        batch = w.batch(table, rng)
+        loss, parts = objective_loss(w.model, batch, w.cfg, gen, w.objective)
+        if not torch.isfinite(loss):
+            raise DivergedError(
+                f"loss diverged ({loss.item()}) at epoch {epoch} step {steps}; training stopped, "
+                f"the last good checkpoint is {_last_good(epoch)}; lower --lr or check the features for NaN"
+            )
+        w.step(loss)
+        total, steps, docs = total + loss.item(), steps + 1, docs + len(batch)
+        for k, v in parts.items():
+            parts_sum[k] = parts_sum.get(k, 0.0) + v
+    return {
+        "total": total,
+        "steps": steps,
+        "docs": docs,
+        "skipped": skipped,
+        "wait": wait,
+        "first_wait": first_wait or 0.0,
+        "time": time.perf_counter() - t0,
+        "parts": parts_sum,
+    }
+
+
+def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
+    """[loss x docs, docs, auc sum, auc docs, skipped docs], summed over all workers."""
+    w.model.eval()
+    sums = torch.zeros(5, dtype=torch.float64, device=w.device)
+    sums[4] = skipped
+    # The unwrapped module: workers hold different numbers of validation batches, and a DDP
+    # forward would wait for a matching forward (buffer sync) on every other worker.
+    net = checkpoints.unwrap(w.model)
+    with torch.no_grad():
+        for i, table in enumerate(val_batches):
+            loss_batch = w.batch(table, None)
+            val_gen = torch.Generator().manual_seed(w.cfg.seed * 1_000_003 + w.rank * 10_007 + i)
+            sums[0] += objective_loss(net, loss_batch, w.cfg, val_gen, w.objective)[0].item() * len(
+                loss_batch
+            )
+            sums[1] += len(loss_batch)
+            full = loss_batch if w.objective.prepare is None else w.batch(table, None, reduce=False)
+            for doc_id, scores, links in zip(full.doc_ids, link_scores(net, full), full.links, strict=True):
+                m = document_metrics(doc_id, scores, links)
+                if m is not None:
+                    sums[2] += m.auc
+                    sums[3] += 1
+    if w.world > 1:
+        torch.distributed.all_reduce(sums)
+    return sums
+
+
+def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor) -> dict:
+    """Step the scheduler, track the best epoch, and return the epoch's metrics row."""
+    cfg, state = w.cfg, w.state
+    val_loss = float(sums[0] / sums[1]) if sums[1] else float("nan")
+    val_auc = float(100 * sums[2] / sums[3]) if sums[3] else float("nan")
+    if not np.isfinite(val_loss) and sums[1]:
+        raise DivergedError(
+            f"validation loss diverged ({val_loss}) at epoch {epoch}; training stopped, the last good "
+            f"checkpoint is {_last_good(epoch)}"
+        )
+    steps, parts = tr["steps"], tr["parts"]
+    if state.step >= cfg.warmup_steps:  # warm-up owns the rate until it ends
+        w.sched.step(val_loss if np.isfinite(val_loss) else tr["total"] / max(steps, 1))
+    if val_loss < state.best_val:
+        state.best_val, state.best_epoch = val_loss, epoch
+    train_time, first_wait = tr["time"], tr["first_wait"]
+    return {
+        "epoch": epoch,
+        "train_loss": tr["total"] / max(steps, 1),
+        "val_loss": val_loss,
+        "val_auc": val_auc,
+        "lr": w.opt.param_groups[0]["lr"],
+        "docs_per_s": tr["docs"] * w.world / max(train_time, 1e-9),
+        # steady state: time blocked on the loader after the first batch / that time's total
+        "data_wait_frac": tr["wait"] / max(train_time - first_wait, 1e-9),
+        "epoch_start_s": first_wait,
+        "step_s": (train_time - tr["wait"] - first_wait) / max(steps, 1),
+        "skipped_docs": int(sums[4]),
+        "best_epoch": state.best_epoch,
+        "best_val_loss": state.best_val,
+        **{f"train_loss_{k}": v / max(steps, 1) for k, v in parts.items() if len(parts) > 1},
+    }
+
+
+def log_metrics(client, run_id: str, metrics: dict, epoch: int) -> None:
+    for k, v in metrics.items():
+        if k not in ("epoch", "best_epoch", "best_val_loss") and np.isfinite(v):
+            client.log_metric(run_id, k, v, step=epoch)
+
+
+def report_epoch(w: Worker, config: dict, epoch: int, metrics: dict) -> None:
+    """Hand the epoch's metrics (and rank 0's checkpoint) to Ray Train."""
+    import ray.train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if w.rank == 0:
+            checkpoints.write(
+                Path(tmp),
+                model=w.model,
+                opt=w.opt,
+                sched=w.sched,
+                state=w.state,
+                epoch=epoch,
+                val_loss=metrics["val_loss"],
+                model_cfg=config["model"],
+                cfg=w.cfg,
+                vocab=w.vocab,
+            )
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    cfg = worker_config(config)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    w = make_worker(
+        config,
+        rank,
+        world,
+        prepare_model=ray.train.torch.prepare_model if world > 1 or cfg.use_gpu else None,
+        device=ray.train.torch.get_device() if cfg.use_gpu else None,
+    )
+    mlflow_client = None
+    if rank == 0 and config.get("mlflow_run_id"):
+        from mlflow.tracking import MlflowClient
+
+        mlflow_client = MlflowClient(tracking_uri=config["mlflow_tracking_uri"])
+    train_shard = ray.train.get_dataset_shard("train")
+    val_batches = validation_batches(config["val_paths"], cfg.batch_docs, rank, world)
+    for epoch in range(w.state.start, cfg.epochs):
+        seed = epoch_seed(cfg, rank, epoch)
+        rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout masks
+        tr = train_epoch(w, train_shard, epoch, rng, gen)
+        metrics = epoch_metrics(w, epoch, tr, validate_epoch(w, val_batches, tr["skipped"]))
+        w.state.history.append(metrics)
+        if mlflow_client is not None:
+            log_metrics(mlflow_client, config["mlflow_run_id"], metrics, epoch)
+        report_epoch(w, config, epoch, metrics)
+        fault_hooks.after_epoch(rank, epoch, config.get("test_kill"))
