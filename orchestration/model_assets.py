@@ -97,7 +97,7 @@ def train_model(
         cfg.validate()
         where = f"Ray cluster {training.ray_address}" if training.on_cluster() else "in-process Ray"
         context.log.info(f"training {cfg.label} on {source} {dataset['dataset_version']} ({where})")
-        result = training.train(
+        outcome = training.train(
             cfg,
             model_name=name,
             alias=CANDIDATE,
@@ -110,37 +110,38 @@ def train_model(
                 "source": source,
             },
         )
-    test, rand = result.get("test", {}), result.get("random", {})
+    res = outcome.result
+    test, rand = res.test or {}, res.random or {}
     ref = {
         "source": source,
         "objective": objective,
         "model_name": name,
-        "model_version": str(result["model_version"]),
-        "model_uri": result["model_uri"],
-        "run_id": result["run_id"],
+        "model_version": str(res.model_version),
+        "model_uri": res.model_uri,
+        "run_id": res.run_id,
         "dataset_version": dataset["dataset_version"],
         "dataset_path": dataset["path"],
         "test": test,
         "random": rand,
-        "report": result.get("report", ""),
-        "ray_job_id": result.get("ray_job_id", ""),
+        "report": res.report_path,
+        "ray_job_id": outcome.ray_job_id,
     }
     metadata = {
-        "mlflow_run_id": result["run_id"],
+        "mlflow_run_id": res.run_id,
         "model_name": name,
         "model_version": ref["model_version"],
-        "model_uri": result["model_uri"],
-        "best_epoch": result.get("best_epoch", -1),
+        "model_uri": res.model_uri,
+        "best_epoch": res.best_epoch,
         "dataset_version": dataset["dataset_version"],
         "train_config": dg.MetadataValue.json(cfg.public_dict()),
         "test_auc": float(test.get("auc", float("nan"))),
         "test_p_at_1": float(test.get("p_at_1", float("nan"))),
         "random_auc": float(rand.get("auc", float("nan"))),
         "tracking_uri": mlflow.uri(),
-        **report_links(mlflow, result["run_id"], ref["report"]),
+        **report_links(mlflow, res.run_id, ref["report"]),
     }
-    if ref["ray_job_id"]:
-        metadata["ray_job_id"] = ref["ray_job_id"]
+    if outcome.ray_job_id:
+        metadata["ray_job_id"] = outcome.ray_job_id
     return versioned(ref, f"{name}/{ref['model_version']}", metadata)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from schemas.errors import MmlinksError
+from training.experiment import ExperimentResult
 
 ADDRESS_ENV = "MMLINKS_RAY_ADDRESS"
 TOKEN_ENV = "RAY_AUTH_TOKEN"
@@ -49,6 +50,14 @@ DEFAULT_EXCLUDES = [
     "**/__pycache__",
     "*.egg-info",
 ]
+
+
+@dataclass
+class TrainingOutcome:
+    """A training run's typed result, and the Ray job that ran it ("" when it ran in-process)."""
+
+    result: ExperimentResult
+    ray_job_id: str = ""
 
 
 class RayJobError(MmlinksError):
@@ -282,8 +291,8 @@ def submit_training(
     on_log: Callable[[str], None] = print,
     submission_id: str | None = None,
     metadata: dict[str, str] | None = None,
-) -> dict:
-    """Run ``mmlinks train`` for ``cfg`` as a Ray job; return its JSON result plus ``ray_job_id``."""
+) -> TrainingOutcome:
+    """Train ``cfg`` as a Ray job (``python -m training.job``); its typed result and job id."""
     entrypoint = shlex.join(train_command(cfg, model_name, alias, settings.python))
     runtime_env = _runtime_env(settings, tracking_uri)
     client = connect(settings.address)
@@ -322,4 +331,7 @@ def submit_training(
     result = parse_result(logs)
     if result is None:
         raise RayJobError(f"Ray job {job_id} succeeded but printed no JSON result", job_id=job_id)
-    return {**result, "ray_job_id": job_id}
+    try:
+        return TrainingOutcome(ExperimentResult.from_dict(result), job_id)
+    except MmlinksError as exc:
+        raise RayJobError(f"Ray job {job_id}: {exc}", job_id=job_id) from exc

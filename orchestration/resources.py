@@ -21,11 +21,15 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from pipelines.sources.reddit.config import DEFAULT_OVERLAP_S
 from schemas.errors import MmlinksError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestration.ray_jobs import TrainingOutcome
 
 
 def _env(name: str, default: str = "") -> str:
@@ -155,9 +159,11 @@ class TrainingResource(dg.ConfigurableResource):
         report_dir: str,
         log: Callable[[str], None],
         job_metadata: dict[str, str] | None = None,
-    ) -> dict:
-        """The ``mmlinks train --json`` result: run_id, model_uri, model_version, best_epoch,
-        test, random, tracking_uri, report (+ ray_job_id on a cluster)."""
+    ) -> TrainingOutcome:
+        """The run's typed result (run id, model URI and version, best epoch, test and Random
+        metrics, report), with the Ray job id when it ran on a cluster."""
+        from orchestration.ray_jobs import TrainingOutcome
+
         if self.on_cluster():
             from orchestration.ray_jobs import JobSettings, submit_training
 
@@ -174,7 +180,7 @@ class TrainingResource(dg.ConfigurableResource):
         from training.experiment import run_experiment
 
         res = run_experiment(cfg, tracking_uri, model_name, alias, progress=False, report_dir=report_dir)
-        return res.to_dict()
+        return TrainingOutcome(res)
 
 
 class RedditResource(dg.ConfigurableResource):

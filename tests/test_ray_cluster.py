@@ -180,7 +180,7 @@ def test_a_training_job_runs_on_the_two_node_cluster(cluster, dataset, tmp_path,
     lines: list[str] = []
     runner = TrainingResource(ray_address=cluster["address"], working_dir=str(ROOT), timeout_s=900)
     try:
-        result = runner.train(
+        outcome = runner.train(
             cfg,
             model_name="cluster-ap",
             alias="candidate",
@@ -191,18 +191,19 @@ def test_a_training_job_runs_on_the_two_node_cluster(cluster, dataset, tmp_path,
         )
     except RayJobError as exc:
         pytest.fail(f"{exc}\njob log:\n" + "\n".join(lines[-80:]))
-    assert result["ray_job_id"].startswith("mmlinks-train-")
-    assert result["model_uri"] == "models:/cluster-ap@candidate" and result["model_version"] == "1"
+    job_id, result = outcome.ray_job_id, outcome.result
+    assert job_id.startswith("mmlinks-train-")
+    assert result.model_uri == "models:/cluster-ap@candidate" and result.model_version == "1"
     client = MlflowClient(uri)
-    run = client.get_run(result["run_id"])
+    run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED" and run.data.params["objective"] == "ap"
-    assert client.get_model_version_by_alias("cluster-ap", "candidate").run_id == result["run_id"]
-    assert 0 <= result["test"]["auc"] <= 100 and Path(result["report"]).is_file()
+    assert client.get_model_version_by_alias("cluster-ap", "candidate").run_id == result.run_id
+    assert 0 <= result.test["auc"] <= 100 and Path(result.report_path).is_file()
     # the driver's log came back while it ran: the submission, then the job's own output
-    assert lines[0].startswith(f"submitted Ray job {result['ray_job_id']}")
-    assert "--ray-address auto" in lines[0] and cluster["token"] not in "\n".join(lines)
-    assert any(line.startswith("{") and result["run_id"] in line for line in lines)
-    job = connect(cluster["address"]).get_job_info(result["ray_job_id"])
+    assert lines[0].startswith(f"submitted Ray job {job_id}")
+    assert '"ray_address":"auto"' in lines[0] and cluster["token"] not in "\n".join(lines)
+    assert any(line.startswith("{") and result.run_id in line for line in lines)
+    job = connect(cluster["address"]).get_job_info(job_id)
     assert str(job.status).endswith("SUCCEEDED") and job.metadata["test"] == "two-node"
 
 

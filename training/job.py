@@ -1,6 +1,7 @@
 """Job entry point: one tracked experiment from a config file, its result as one JSON line.
 
     python -m training.job --config train.json [--tracking-uri URI] [--model-name N] [--alias A]
+    python -m training.job --config '{"data": "...", "objective": "ap", ...}'   (Ray Jobs submit this)
 
 ``train.json`` is a ``TrainConfig`` dict (``TrainConfig.to_dict()``; unknown keys are ignored).
 The command runs ``training.experiment.run_experiment`` and prints ``ExperimentResult.to_dict()``
@@ -28,7 +29,11 @@ from schemas.errors import MmlinksError
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m training.job", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="TrainConfig as JSON (a file path, or - for stdin)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="TrainConfig as JSON: a file path, - for stdin, or the JSON object itself",
+    )
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: see module doc)")
     p.add_argument("--workdir", default=".", help="where the default sqlite tracking store lives")
     p.add_argument("--model-name", default=None, help="registered model name ('' = do not register)")
@@ -41,7 +46,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_config(source: str):
     from training.config import TrainConfig
 
-    text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    if source.lstrip().startswith("{"):  # the JSON itself: a cluster job cannot read the submitter's disk
+        text = source
+    elif source == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise MmlinksError(f"--config {source}: cannot read it ({exc.strerror})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -61,6 +74,8 @@ def run(args: argparse.Namespace):
     if args.alias == "production":
         raise MmlinksError("--alias production would skip the gate; register a candidate and promote it")
     cfg = load_config(args.config)
+    if "://" not in cfg.data and not Path(cfg.data).is_dir():
+        raise MmlinksError(f"{cfg.data or '(no data)'} does not exist or is not a dataset directory")
     model_name = f"mmlinks-{cfg.objective}" if args.model_name is None else args.model_name
     return run_experiment(
         cfg,
