@@ -64,6 +64,22 @@ def _log_dataset_inputs(client, run_id: str, datasets: dict[str, str]) -> None:
     client.log_inputs(run_id, datasets=inputs)
 
 
+def open_parent_run(tracking_uri: str, grid: str):
+    """(MlflowClient, run id) of a new parent run for grid ``grid``."""
+    from mlflow.tracking import MlflowClient
+
+    from training import tracking
+    from training.experiment import EXPERIMENT
+
+    client = MlflowClient(tracking_uri)
+    run = client.create_run(
+        tracking.configure(tracking_uri, EXPERIMENT),
+        run_name=f"grid-{grid}",
+        tags={"mmlinks.grid": grid, "mmlinks.grid.role": "parent"},
+    )
+    return client, run.info.run_id
+
+
 def log_grid_params(
     client, parent_id: str, spec: GridSpec, base_cfg: TrainConfig, datasets: dict, specs: list
 ) -> None:

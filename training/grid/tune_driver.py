@@ -25,6 +25,7 @@ from training.grid.tracking import (
     _best_val_loss,
     log_grid_params,
     log_grid_result,
+    open_parent_run,
 )
 
 # Ray Tune refuses a trial with no resources at all; the trial only drives Ray Train (its
@@ -310,22 +311,13 @@ def run_grid(
     if max_concurrent is not None and max_concurrent < 1:
         raise MmlinksError("max concurrent trials must be >= 1")
     datasets = _check_inputs(spec, base_cfg, datasets)
-    from mlflow.tracking import MlflowClient
     from ray import tune
-
-    from training import tracking
-    from training.experiment import EXPERIMENT
 
     tracking_uri = _absolute_tracking_uri(tracking_uri)
     specs = _trial_specs(spec, base_cfg, datasets)
     storage = _storage(storage_path, base_cfg, datasets)
     report_dir = str(Path(report_dir).resolve()) if report_dir is not None else None
-    client = MlflowClient(tracking_uri)
-    parent_id = client.create_run(
-        tracking.configure(tracking_uri, EXPERIMENT),
-        run_name=f"grid-{spec.name}",
-        tags={"mmlinks.grid": spec.name, "mmlinks.grid.role": "parent"},
-    ).info.run_id
+    client, parent_id = open_parent_run(tracking_uri, spec.name)
     t0, status = time.perf_counter(), "FAILED"
     try:
         log_grid_params(client, parent_id, spec, base_cfg, datasets, specs)
