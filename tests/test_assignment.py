@@ -10,7 +10,21 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.optimize import linear_sum_assignment
 
-from training.objectives.assignment import batched_max_weight_matching, choose_k, max_weight_matching
+from training.objectives.assignment import (
+    batched_max_weight_matching,
+    choose_k,
+    looped_max_weight_matching,
+    max_weight_matching,
+    pick_solver,
+    solve_matchings,
+)
+
+# Every exact solver of the batched contract, the dispatcher that training calls included.
+SOLVERS = pytest.mark.parametrize(
+    "solver",
+    [batched_max_weight_matching, looped_max_weight_matching, solve_matchings],
+    ids=["batched", "lapjv-loop", "dispatch"],
+)
 
 
 def brute_force_best(w: np.ndarray, k: int) -> float:
@@ -105,11 +119,12 @@ def test_full_k_matches_scipy_on_larger_matrices(w):
     assert w[rows, cols].sum() == pytest.approx(w[r, c].sum(), abs=1e-9)
 
 
+@SOLVERS
 @settings(max_examples=150, deadline=None)
 @given(padded_problems())
-def test_batched_equals_lapjv_scipy_and_enumeration(problem):
+def test_batched_equals_lapjv_scipy_and_enumeration(solver, problem):
     w, n, m, k = problem
-    got = check_selection(batched_max_weight_matching(w, n, m, k), w, n, m, k)
+    got = check_selection(solver(w, n, m, k), w, n, m, k)
     for p in range(len(w)):
         block = w[p, : n[p], : m[p]]
         assert got[p] == pytest.approx(lapjv_best(block, k[p]), abs=1e-9)
@@ -119,9 +134,10 @@ def test_batched_equals_lapjv_scipy_and_enumeration(problem):
             assert got[p] == pytest.approx(expected, abs=1e-9)
 
 
+@SOLVERS
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 16), st.integers(1, 16), st.booleans())
-def test_batched_on_larger_padded_problems(seed, N, M, integer_weights):
+def test_batched_on_larger_padded_problems(solver, seed, N, M, integer_weights):
     """Up to 16 x 16 with k full (vs scipy directly) and k < min (vs lapjv); integer weights give
     many equal-value optima."""
     rng = np.random.default_rng(seed)
@@ -130,7 +146,7 @@ def test_batched_on_larger_padded_problems(seed, N, M, integer_weights):
     n, m = rng.integers(1, N + 1, P), rng.integers(1, M + 1, P)
     small = np.minimum(n, m)
     k = np.where(np.arange(P) % 2 == 0, small, rng.integers(0, small + 1))
-    got = check_selection(batched_max_weight_matching(w, n, m, k), w, n, m, k)
+    got = check_selection(solver(w, n, m, k), w, n, m, k)
     for p in range(P):
         block = w[p, : n[p], : m[p]]
         if k[p] == small[p]:
@@ -139,7 +155,8 @@ def test_batched_on_larger_padded_problems(seed, N, M, integer_weights):
         assert got[p] == pytest.approx(lapjv_best(block, k[p]), abs=1e-9)
 
 
-def test_batched_padding_never_enters_the_arithmetic():
+@SOLVERS
+def test_batched_padding_never_enters_the_arithmetic(solver):
     """Weights a few 1e-9 apart next to 1e12 padding: any use of the padding (say, in the cost
     shift) rounds them together and loses the optimum."""
     rng = np.random.default_rng(0)
@@ -148,34 +165,37 @@ def test_batched_padding_never_enters_the_arithmetic():
     w[:, :N, :N] = rng.integers(0, 100, (P, N, N)) * 1e-9
     n = m = np.full(P, N)
     k = np.full(P, 3)
-    got = check_selection(batched_max_weight_matching(w, n, m, k), w, n, m, k)
+    got = check_selection(solver(w, n, m, k), w, n, m, k)
     for p in range(P):
         assert got[p] == pytest.approx(scipy_best(w[p, :N, :N], 3), abs=1e-12)
 
 
-def test_batched_single_row_or_column_takes_the_largest_entries():
+@SOLVERS
+def test_batched_single_row_or_column_takes_the_largest_entries(solver):
     w = np.array([[[0.1, 0.9, -0.3]], [[0.4, -2.0, 0.8]]])  # two 1 x 3 problems
-    chosen = batched_max_weight_matching(w, [1, 1], [3, 2], [1, 1])
+    chosen = solver(w, [1, 1], [3, 2], [1, 1])
     assert chosen[0].tolist() == [[False, True, False]]
     assert chosen[1].tolist() == [[True, False, False]]  # column 2 is padding in problem 1
-    col = batched_max_weight_matching(w.transpose(0, 2, 1), [3, 2], [1, 1], [1, 1])
+    col = solver(w.transpose(0, 2, 1), [3, 2], [1, 1], [1, 1])
     assert (col == chosen.transpose(0, 2, 1)).all()
 
 
-def test_batched_k_zero_and_empty_batch():
+@SOLVERS
+def test_batched_k_zero_and_empty_batch(solver):
     w = np.ones((2, 3, 3))
-    assert not batched_max_weight_matching(w, [3, 0], [3, 2], [0, 0]).any()
-    assert batched_max_weight_matching(np.zeros((0, 2, 2)), [], [], []).shape == (0, 2, 2)
+    assert not solver(w, [3, 0], [3, 2], [0, 0]).any()
+    assert solver(np.zeros((0, 2, 2)), [], [], []).shape == (0, 2, 2)
 
 
-def test_batched_rejects_bad_sizes():
+@SOLVERS
+def test_batched_rejects_bad_sizes(solver):
     w = np.zeros((1, 2, 3))
     with pytest.raises(ValueError):
-        batched_max_weight_matching(w, [2], [3], [3])  # k > min(n, m)
+        solver(w, [2], [3], [3])  # k > min(n, m)
     with pytest.raises(ValueError):
-        batched_max_weight_matching(w, [3], [3], [1])  # n beyond the padding
+        solver(w, [3], [3], [1])  # n beyond the padding
     with pytest.raises(ValueError):
-        batched_max_weight_matching(w, [2], [3], [-1])
+        solver(w, [2], [3], [-1])
 
 
 def test_choose_k():
@@ -189,3 +209,15 @@ def test_choose_k():
 def test_k_out_of_range_is_rejected():
     with pytest.raises(ValueError):
         max_weight_matching(np.zeros((2, 3)), 3)
+
+
+def test_the_dispatch_picks_the_measured_faster_solver():
+    """docs/benchmarks.md, "AP's exact solver": the lapjv loop at k = min(n, m), batched below."""
+    n, m = np.array([3, 5, 2]), np.array([4, 2, 2])
+    assert pick_solver(n, m, np.minimum(n, m)) == "lapjv-loop"
+    assert pick_solver(n, m, np.minimum(n, m), "cuda") == "lapjv-loop"
+    assert pick_solver(n, m, [2, 1, 1]) == "batched"
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3, 5, 4))
+    for k in (np.minimum(n, m), np.array([2, 1, 1])):
+        assert (solve_matchings(w, n, m, k) == looped_max_weight_matching(w, n, m, k)).all()

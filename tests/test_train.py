@@ -102,3 +102,28 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
     assert scores.shape == (2, 3) and (np.abs(scores) <= 1 + 1e-6).all()
     assert all(len(link) == 2 for link in out["links"])
     mlflow.set_tracking_uri(None)
+
+
+def test_the_epoch_progress_bar_reads_the_logged_epochs(capsys):
+    from types import SimpleNamespace
+
+    from mlflow.exceptions import MlflowException
+
+    from training.experiment import epoch_progress, poll_epochs
+
+    class Store:
+        busy = False
+
+        def get_metric_history(self, run_id, key):
+            if self.busy:
+                raise MlflowException("database is locked")
+            values = {"val_loss": [0.5, 0.25], "val_auc": [60.0, 71.25]}[key]
+            return [SimpleNamespace(value=v) for v in values]
+
+    store = Store()
+    assert poll_epochs(store, "r") == (2, {"val_loss": "0.2500", "val_auc": "71.2"})
+    store.busy = True
+    assert poll_epochs(store, "r") is None  # a busy store only delays the bar
+    with epoch_progress("sqlite:///unused.db", "r", 3, enabled=False):
+        pass
+    assert capsys.readouterr().err == ""  # --json callers: no bar

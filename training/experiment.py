@@ -100,9 +100,28 @@ def objective_text(cfg: TrainConfig) -> str:
     return get_objective(cfg.objective).text(cfg)
 
 
+def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
+    """(epochs logged so far, the bar's postfix) from the run's metrics; None if the store is
+    busy (that only delays the bar; training is unaffected)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        hist = client.get_metric_history(run_id, "val_loss")
+        auc = client.get_metric_history(run_id, "val_auc")
+    except MlflowException:
+        return None
+    if not hist:
+        return 0, {}
+    post = {"val_loss": f"{hist[-1].value:.4f}"}
+    if auc:
+        post["val_auc"] = f"{auc[-1].value:.1f}"
+    return len(hist), post
+
+
 @contextlib.contextmanager
 def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool) -> Iterator[None]:
-    """A progress bar on stderr fed by the per-epoch metrics rank 0 logs to MLflow.
+    """A tqdm bar on stderr fed by the per-epoch metrics rank 0 logs to MLflow (``poll_epochs``
+    every 2 s while the body runs; off for ``--json`` callers).
 
     The training loop runs in Ray worker processes; polling the tracking store is the one
     channel the driver already shares with them, and it works the same on a remote cluster.
@@ -114,32 +133,101 @@ def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool) -
     from tqdm import tqdm
 
     client, stop = MlflowClient(tracking_uri), threading.Event()
-    bar = tqdm(total=epochs, desc="train", unit="epoch", file=sys.stderr)
+    with tqdm(total=epochs, desc="train", unit="epoch", file=sys.stderr) as bar:
 
-    def poll() -> None:
-        from mlflow.exceptions import MlflowException
+        def pump() -> None:
+            while not stop.wait(2.0):
+                polled = poll_epochs(client, run_id)
+                if polled and polled[0] > bar.n:
+                    bar.update(polled[0] - bar.n)
+                    bar.set_postfix(polled[1])
 
-        while not stop.wait(2.0):
-            try:
-                hist = client.get_metric_history(run_id, "val_loss")
-                auc = client.get_metric_history(run_id, "val_auc")
-            except MlflowException:  # a busy store only delays the bar; training is unaffected
-                continue
-            if len(hist) > bar.n:
-                bar.update(len(hist) - bar.n)
-                post = {"val_loss": f"{hist[-1].value:.4f}"}
-                if auc:
-                    post["val_auc"] = f"{auc[-1].value:.1f}"
-                bar.set_postfix(post)
+        thread = threading.Thread(target=pump, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=5)
 
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        bar.close()
+
+@contextlib.contextmanager
+def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None):
+    """The experiment's MLflow run, with the config and dataset logged on it."""
+    tracking.configure(tracking_uri, EXPERIMENT)
+    mlflow.set_experiment(EXPERIMENT)
+    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+    with mlflow.start_run(run_name=cfg.label, tags=tags) as run:
+        tracking.log_training_params(cfg, manifest, cfg.data)
+        mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
+        mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
+        mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
+        yield run
+
+
+def _log_model(result, manifest, example, model_name, alias, tracking_uri) -> tuple[str, str | None]:
+    """Log vocabulary, history and the packaged model; register it when ``model_name`` is given.
+    (model URI, registered version or None)."""
+    mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
+    mlflow.log_dict({"history": result.history}, "training_history.json")
+    with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
+        model_uri = log_link_model(ckpt_dir, result.vocab, example, manifest.feature_extractor.name)
+    version = None
+    if model_name:
+        version = tracking.register(model_uri, model_name, alias, tracking_uri)
+        model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
+    return model_uri, version
+
+
+def _log_scores(scores: dict, best_epoch: int) -> None:
+    mlflow.log_metrics({f"test_{k}": v for k, v in scores["model"].items() if not math.isnan(v)})
+    mlflow.log_metrics({f"random_{k}": v for k, v in scores["random"].items() if not math.isnan(v)})
+    mlflow.log_metric("best_epoch", best_epoch)
+    with tempfile.TemporaryDirectory() as tmp:
+        per_doc = Path(tmp) / "test_per_document.json"
+        per_doc.write_text(json.dumps(scores["per_doc"], indent=1))
+        mlflow.log_artifact(str(per_doc))
+        preds = Path(tmp) / "test_predictions.json"  # every test document's score matrix
+        preds.write_text(json.dumps(scores["predictions"]))
+        mlflow.log_artifact(str(preds))
+
+
+def _example(cfg: TrainConfig, manifest):
+    """A packaged model's input example: the first test document, for backbones that serve
+    feature-only requests (a transformer model refuses them, training/packaging.py)."""
+    if not get_backbone(cfg.backbone).feature_only_requests:
+        return None
+    first = read_table(manifest.shard_paths(cfg.data, "test")[:1], ["sentences", "images"]).slice(0, 1)
+    return example_document(
+        first.column("sentences")[0].as_py(),
+        [im["features"] for im in first.column("images")[0].as_py()],
+    )
+
+
+def _report(cfg, manifest, run, result, scores, report_dir) -> str:
+    """The HTML evaluation report, logged to MLflow and written to ``report_dir``; its path."""
+    from training.report import document_cards, render_report, write_report
+
+    info = {
+        "run": run.info.run_id,
+        "objective": objective_text(cfg),
+        "dataset": f"{manifest.source} {manifest.dataset_version}",
+        "features": f"{manifest.feature_extractor.name}",
+        "best epoch": str(result.best_epoch),
+    }
+    cards = document_cards(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, scores["per_doc"])
+    html = render_report(
+        f"mmlinks evaluation: {run.info.run_name}",
+        scores["model"],
+        scores["random"],
+        result.history,
+        scores["per_doc"],
+        cards,
+        info,
+    )
+    mlflow.log_text(html, "report.html")
+    folder = Path(report_dir or Path(cfg.data).resolve().parent / "reports")
+    return str(write_report(folder / f"{run.info.run_id}.html", html))
 
 
 def run_experiment(
@@ -157,14 +245,7 @@ def run_experiment(
     manifest = Manifest.read(cfg.data)
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
-    tracking.configure(tracking_uri, EXPERIMENT)
-    mlflow.set_experiment(EXPERIMENT)
-    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
-    with mlflow.start_run(run_name=cfg.label, tags=tags) as run:
-        tracking.log_training_params(cfg, manifest, cfg.data)
-        mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
-        mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
-        mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
+    with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
         if not has_labels(manifest.shard_paths(cfg.data, "test")):
@@ -172,78 +253,23 @@ def run_experiment(
             # still logged and registered; there is nothing to score it against.
             mlflow.set_tag("mmlinks.test", "not evaluated: the test split has no labelled document")
             mlflow.log_metric("best_epoch", result.best_epoch)
-            mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
-            mlflow.log_dict({"history": result.history}, "training_history.json")
-            with result.checkpoint.as_directory() as ckpt_dir:
-                model_uri = log_link_model(ckpt_dir, result.vocab, None, manifest.feature_extractor.name)
-            version = tracking.register(model_uri, model_name, alias, tracking_uri) if model_name else None
-            if version:
-                model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
+            model_uri, version = _log_model(result, manifest, None, model_name, alias, tracking_uri)
             return ExperimentResult(
                 run.info.run_id, model_uri, version, result.best_epoch, None, None, tracking_uri
             )
         scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
-        test, rand = scores["model"], scores["random"]
-        mlflow.log_metrics({f"test_{k}": v for k, v in test.items() if not math.isnan(v)})
-        mlflow.log_metrics({f"random_{k}": v for k, v in rand.items() if not math.isnan(v)})
-        mlflow.log_metric("best_epoch", result.best_epoch)
-        with tempfile.TemporaryDirectory() as tmp:
-            per_doc = Path(tmp) / "test_per_document.json"
-            per_doc.write_text(json.dumps(scores["per_doc"], indent=1))
-            mlflow.log_artifact(str(per_doc))
-            preds = Path(tmp) / "test_predictions.json"  # every test document's score matrix
-            preds.write_text(json.dumps(scores["predictions"]))
-            mlflow.log_artifact(str(preds))
-        first = read_table(manifest.shard_paths(cfg.data, "test")[:1], ["sentences", "images"]).slice(0, 1)
-        example = (  # a transformer model refuses feature-only requests (training/packaging.py)
-            example_document(
-                first.column("sentences")[0].as_py(),
-                [im["features"] for im in first.column("images")[0].as_py()],
-            )
-            if get_backbone(cfg.backbone).feature_only_requests
-            else None
-        )
-        from training.report import document_cards, render_report, write_report
-
-        info = {
-            "run": run.info.run_id,
-            "objective": objective_text(cfg),
-            "dataset": f"{manifest.source} {manifest.dataset_version}",
-            "features": f"{manifest.feature_extractor.name}",
-            "best epoch": str(result.best_epoch),
-        }
-        cards = document_cards(
-            result.model, result.vocab, cfg.data, "test", cfg.max_tokens, scores["per_doc"]
-        )
-        html = render_report(
-            f"mmlinks evaluation: {run.info.run_name}",
-            test,
-            rand,
-            result.history,
-            scores["per_doc"],
-            cards,
-            info,
-        )
-        mlflow.log_text(html, "report.html")
-        report_path = write_report(
-            Path(report_dir or Path(cfg.data).resolve().parent / "reports") / f"{run.info.run_id}.html", html
-        )
-        mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
-        mlflow.log_dict({"history": result.history}, "training_history.json")
-        with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
-            model_uri = log_link_model(ckpt_dir, result.vocab, example, manifest.feature_extractor.name)
-        version = None
-        if model_name:
-            version = tracking.register(model_uri, model_name, alias, tracking_uri)
-            model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
+        _log_scores(scores, result.best_epoch)
+        example = _example(cfg, manifest)
+        report_path = _report(cfg, manifest, run, result, scores, report_dir)
+        model_uri, version = _log_model(result, manifest, example, model_name, alias, tracking_uri)
     return ExperimentResult(
         run_id=run.info.run_id,
         model_uri=model_uri,
         model_version=version,
         best_epoch=result.best_epoch,
-        test=test,
-        random=rand,
+        test=scores["model"],
+        random=scores["random"],
         tracking_uri=tracking_uri,
-        report_path=str(report_path),
+        report_path=report_path,
         per_doc=scores["per_doc"],
     )

@@ -152,3 +152,47 @@ def batched_max_weight_matching(
     p, i = np.nonzero(row_match >= 0)
     chosen[p, i, row_match[p, i]] = True
     return chosen
+
+
+def looped_max_weight_matching(
+    weights: np.ndarray, n: np.ndarray, m: np.ndarray, k: np.ndarray
+) -> np.ndarray:
+    """``batched_max_weight_matching``'s contract with one lapjv call per problem (a Python loop)."""
+    w = np.asarray(weights, dtype=np.float64)
+    P, N, M = w.shape
+    n, m, k = (np.asarray(x, dtype=np.int64).reshape(P) for x in (n, m, k))
+    if np.any((n < 0) | (n > N) | (m < 0) | (m > M)):
+        raise ValueError(f"problem sizes must lie inside the padded {N}x{M} matrices")
+    if np.any((k < 0) | (k > np.minimum(n, m))):
+        raise ValueError("every k must lie in [0, min(n, m)] of its problem")
+    chosen = np.zeros((P, N, M), dtype=bool)
+    for p in range(P):
+        if k[p]:
+            r, c = max_weight_matching(w[p, : n[p], : m[p]], int(k[p]))
+            chosen[p, r, c] = True
+    return chosen
+
+
+# Which exact solver wins, by measurement (benchmarks/assignment.py, docs/benchmarks.md "AP's
+# exact solver"): the batched one's problems advance in lockstep, so each round waits for the
+# longest search; at k = min(n, m) there are as many rounds as the largest matching, and a loop
+# of C lapjv calls is faster. With k = half the batched solver stops after half the rounds and
+# wins. Both solvers run in numpy on CPU whatever the tensors' device (the similarity matrices
+# are copied to host first), so the device does not change the choice.
+SOLVERS = {"lapjv-loop": looped_max_weight_matching, "batched": batched_max_weight_matching}
+
+
+def pick_solver(n: np.ndarray, m: np.ndarray, k: np.ndarray, device: str = "cpu") -> str:
+    """The faster exact solver for these problems: ``lapjv-loop`` when every k is its
+    problem's min(n, m) (k = full), ``batched`` otherwise (k = half). ``device`` is where the
+    similarity tensors live; the solvers themselves run on CPU (see ``SOLVERS``)."""
+    full = np.array_equal(np.asarray(k), np.minimum(np.asarray(n), np.asarray(m)))
+    return "lapjv-loop" if full else "batched"
+
+
+def solve_matchings(
+    weights: np.ndarray, n: np.ndarray, m: np.ndarray, k: np.ndarray, device: str = "cpu"
+) -> np.ndarray:
+    """Maximum-weight ``k[p]``-edge matching of every padded problem (the contract of
+    ``batched_max_weight_matching``), by the solver ``pick_solver`` measures faster."""
+    return SOLVERS[pick_solver(n, m, k, device)](weights, n, m, k)

@@ -52,6 +52,10 @@ class ObjectiveSpec:
     check: Callable[[TrainConfig], list[str]] | None = None
     # one line for the report: what was trained
     describe: Callable[[TrainConfig], str] | None = None
+    # Hessel et al. 2019 grid tables: the row name ("" = not one of the paper's rows) and which
+    # negatives the main-paper Tables 2 and 3 print for it (the supplement prints both)
+    table_name: str = ""
+    main_negatives: str = "hard"
 
     def text(self, cfg: TrainConfig) -> str:
         if self.describe is not None:
@@ -155,6 +159,9 @@ register_objective(
         loss=_hessel("dc"),
         label=lambda cfg: f"nostruct-{cfg.negatives}",
         prepare=_one_pair,
+        table_name="NoStruct",
+        # the main tables' NoStruct matches the supplement's row without hard negatives
+        main_negatives="mean",
     )
 )
 register_objective(
@@ -163,6 +170,7 @@ register_objective(
         summary="DC: dense correspondence (mean of the best match of every sentence and image)",
         similarity="dc",
         loss=_hessel("dc"),
+        table_name="DC",
         label=lambda cfg: f"dc-{cfg.negatives}",
     )
 )
@@ -172,6 +180,7 @@ register_objective(
         summary="TK: top-k best matches of sentences and images",
         similarity="tk",
         loss=_hessel("tk"),
+        table_name="TK",
         label=lambda cfg: f"tk-{cfg.k}-{cfg.negatives}",
         fields=("k", "negatives"),
     )
@@ -182,6 +191,7 @@ register_objective(
         summary="AP: assignment problem (best k-edge matching), Hessel et al. 2019's main model",
         similarity="ap",
         loss=_hessel("ap"),
+        table_name="AP",
         label=lambda cfg: f"ap-{cfg.k}-{cfg.negatives}",
         fields=("k", "negatives"),
     )

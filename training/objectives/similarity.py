@@ -2,15 +2,16 @@
 
 All B x B pairs come from one batched product of padded sentence and image embeddings
 ([B, n, d] x [B, m, d] -> [B, B, n, m]); padding is masked. DC and TK are pure tensor ops; AP
-solves all B^2 k-edge matchings in one vectorised call on the detached matrices (the solver's
-choice is a constant) and masks the selected entries, so only those carry gradient.
+solves all B^2 k-edge matchings in one call on the detached matrices (the selection is a constant;
+``solve_matchings`` picks the faster exact solver) and masks the selected entries, so only those
+carry gradient.
 """
 
 from __future__ import annotations
 
 import torch
 
-from training.objectives.assignment import batched_max_weight_matching
+from training.objectives.assignment import solve_matchings
 
 NEG = -1e4  # finite "minus infinity" for masked cells (keeps gradients NaN-free)
 
@@ -65,11 +66,12 @@ def ap(sims, valid, s_mask, v_mask, k_mode: str = "full") -> torch.Tensor:
     B, _, N, M = sims.shape
     n, m = s_mask.sum(1), v_mask.sum(1)
     k = _k_per_pair(n, m, k_mode)  # [B, B]
-    chosen = batched_max_weight_matching(
+    chosen = solve_matchings(
         sims.detach().to(torch.float64).cpu().numpy().reshape(B * B, N, M),
         n[:, None].expand(B, B).reshape(-1).cpu().numpy(),
         m[None, :].expand(B, B).reshape(-1).cpu().numpy(),
         k.reshape(-1).cpu().numpy(),
+        sims.device.type,
     )
     chosen = torch.from_numpy(chosen).view(B, B, N, M).to(sims.device)
     total = torch.where(chosen, sims, torch.zeros((), dtype=sims.dtype, device=sims.device)).sum((2, 3))
