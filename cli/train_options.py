@@ -10,13 +10,14 @@ from schemas import config_fields
 def add_train_args(p, **defaults) -> None:
     """The TrainConfig flags (``defaults``: this command's own, e.g. the demo's 20 epochs)."""
     from training.config import TrainConfig
+    from training.objectives.similarity import SIMILARITIES
 
     config_fields.add_arguments(p, TrainConfig, defaults=defaults)
     # the pre-#5 spelling of --objective, still accepted
     p.add_argument(
         "--similarity",
         dest="objective",
-        choices=config_fields.choices_of(TrainConfig, "objective"),
+        choices=sorted(SIMILARITIES),
         default=argparse.SUPPRESS,
         help=argparse.SUPPRESS,
     )

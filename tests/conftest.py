@@ -184,7 +184,7 @@ def small_train_config(dataset, storage, **kw):
 @pytest.fixture(scope="session")
 def trained(dataset, tmp_path_factory, ray_local):
     """One real single-worker Ray Train run on the fixture dataset, shared by several tests."""
-    from training.train import fit
+    from training.driver import fit
 
     return fit(small_train_config(dataset, tmp_path_factory.mktemp("ray")))
 

@@ -62,7 +62,7 @@ def checkpoint(data, tmp_path_factory) -> Path:
 
 def brute_force_metrics(data: Path, checkpoint: Path) -> dict[str, dict]:
     """doc_id -> {auc, p_at_1}: one document at a time, straight through the two encoders."""
-    from training.train import load_checkpoint_model
+    from training.checkpoints import load_checkpoint_model
 
     model, _ = load_checkpoint_model(checkpoint)
     vocab = Vocabulary.load(checkpoint.parent / "vocab.json")

@@ -13,9 +13,10 @@ from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from tests.conftest import small_train_config
+from training.checkpoints import IncompatibleResumeError, check_resumable
 from training.config import TrainConfig
 from training.data import TRAINING_COLUMNS, drop_empty, one_pair_per_document
-from training.train import IncompatibleResumeError, check_resumable, fit
+from training.driver import fit
 
 
 def val_table(dataset) -> pa.Table:
@@ -55,7 +56,7 @@ def test_documents_without_sentences_or_images_are_dropped_and_counted(dataset):
 
 
 def test_shards_without_any_image_are_refused_with_one_line(dataset, tmp_path):
-    from training.train import training_feature_stats
+    from training.driver import training_feature_stats
 
     src = pq.read_table(Manifest.read(dataset).shard_paths(dataset, "val")[0])
     rows = src.to_pylist()
@@ -69,7 +70,7 @@ def test_shards_without_any_image_are_refused_with_one_line(dataset, tmp_path):
 
 
 def test_failure_message_names_the_worker_error():
-    from training.train import failure_message
+    from training.driver import failure_message
 
     text = (
         "Training failed due to worker errors:\n\n[Rank 0] Traceback (most recent call last):\n"

@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import small_train_config
 from training.config import TrainConfig
+from training.driver import fit
 from training.experiment import run_experiment
-from training.train import fit
 
 
 def small_cfg(dataset, tmp_path, **kw) -> TrainConfig:

@@ -12,6 +12,14 @@ from training.objectives.registry import LI2021_PARTS, get_objective, objective_
 OBJECTIVES = objective_names()
 BACKBONES = backbone_names()
 __all__ = ["BACKBONES", "LI2021_PARTS", "MODEL_FIELDS", "OBJECTIVES", "TrainConfig"]
+def li2021_part_choices() -> tuple[str, ...]:
+    """C alone or with any of the other Li 2021 parts, in their order: C, C+I, C+D, C+I+D."""
+    from itertools import combinations
+
+    rest = LI2021_PARTS[1:]
+    return tuple("+".join(("C", *c)) for r in range(len(rest) + 1) for c in combinations(rest, r))
+
+
 MODEL = "model and objective (defaults: Hessel et al. 2019 unless noted)"
 RAY = "Ray Train"
 # Fields a resumed run must share with its checkpoint: they define the model or the loss.
@@ -53,7 +61,7 @@ class TrainConfig:
     objectives: str = option(
         "C",
         help="li2021 terms: C cross-document, I intra-document NegTK, D dropout sub-document",
-        choices=("C", "C+I", "C+D", "C+I+D"),
+        choices=lambda: li2021_part_choices(),
         group=MODEL,
     )
     backbone: str = option(
