@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Iterator
 
+from schemas.progress import polled_progress
+
 _json_out: int | None = None  # the real stdout, kept aside while fd 1 points at stderr
 
 
@@ -66,32 +68,6 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def heartbeat(desc: str, enabled: bool = True) -> Iterator[None]:
-    """An elapsed-time bar for steps that report no progress of their own (a Beam run).
-
-    The direct runner exposes no live counters to the driver, so this shows that work goes on
-    and for how long, not how much is left.
-    """
-    if not enabled:
-        yield
-        return
-    import threading
-
-    from tqdm import tqdm
-
-    stop = threading.Event()
-    bar = tqdm(desc=desc, unit="s", file=sys.stderr, bar_format="{desc}: {elapsed} elapsed")
-
-    def tick() -> None:
-        while not stop.wait(1.0):
-            bar.refresh()
-
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=2)
-        bar.close()
+def heartbeat(desc: str, enabled: bool = True):
+    """An elapsed-time bar for steps that report no progress of their own (a Beam run)."""
+    return polled_progress(desc, enabled=enabled)

@@ -9,16 +9,14 @@ import contextlib
 import dataclasses
 import json
 import math
-import sys
 import tempfile
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
 
 from schemas.manifest import Manifest
+from schemas.progress import polled_progress
 from schemas.shards import check_shards, read_table
 from training import tracking
 from training.backbone import get_backbone
@@ -118,37 +116,16 @@ def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
     return len(hist), post
 
 
-@contextlib.contextmanager
-def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool) -> Iterator[None]:
-    """A tqdm bar on stderr fed by the per-epoch metrics rank 0 logs to MLflow (``poll_epochs``
-    every 2 s while the body runs; off for ``--json`` callers).
-
-    The training loop runs in Ray worker processes; polling the tracking store is the one
-    channel the driver already shares with them, and it works the same on a remote cluster.
-    """
-    if not enabled:
-        yield
-        return
+def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool):
+    """The epoch bar: ``poll_epochs`` on the MLflow store every 2 s while the body runs (off for
+    ``--json`` callers). The training loop runs in Ray worker processes; the tracking store is
+    the one channel the driver already shares with them, and it works the same on a cluster."""
     from mlflow.tracking import MlflowClient
-    from tqdm import tqdm
 
-    client, stop = MlflowClient(tracking_uri), threading.Event()
-    with tqdm(total=epochs, desc="train", unit="epoch", file=sys.stderr) as bar:
-
-        def pump() -> None:
-            while not stop.wait(2.0):
-                polled = poll_epochs(client, run_id)
-                if polled and polled[0] > bar.n:
-                    bar.update(polled[0] - bar.n)
-                    bar.set_postfix(polled[1])
-
-        thread = threading.Thread(target=pump, daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=5)
+    client = MlflowClient(tracking_uri) if enabled else None
+    return polled_progress(
+        "train", total=epochs, unit="epoch", poll=lambda: poll_epochs(client, run_id), enabled=enabled
+    )
 
 
 @contextlib.contextmanager
