@@ -197,7 +197,7 @@ def test_promote_command_exit_codes_and_json(registry, dataset):
     import os
     import subprocess
 
-    from tests.test_cli import MMLINKS
+    from tests.cli.test_cli import MMLINKS
 
     client, uris = registry
     name = "cli-test"

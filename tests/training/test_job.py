@@ -12,7 +12,7 @@ from schemas.errors import MmlinksError
 from tests.conftest import small_train_config
 from training.experiment import ExperimentResult
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_job(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from tests.conftest import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL, EVALUATION, PRODUCTION = (dg.AssetKey([k, "ap"]) for k in ("model", "evaluation", "production"))
 DATASET_CHECKS = {
     "schema_version",

@@ -4,6 +4,7 @@ build options; a null threshold is refused instead of silently keeping the defau
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from pipelines.build_config import BuildConfig
 from pipelines.sources import source_names
 from schemas.errors import MmlinksError
 
-MMLINKS = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "mmlinks")
+MMLINKS = str(Path(sys.executable).parent / "mmlinks")
 
 
 def cli_config(*argv: str) -> BuildConfig:

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.test_cli import MMLINKS
+from tests.cli.test_cli import MMLINKS
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ from orchestration.ray_jobs import (
 from orchestration.resources import TrainingResource
 from tests.conftest import free_port, small_train_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIP = os.environ.get("MMLINKS_SKIP_RAY_CLUSTER", "").strip() not in ("", "0")
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 K8S = INFRA / "k8s"
 DOCKER = INFRA / "docker"

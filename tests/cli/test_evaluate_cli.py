@@ -21,8 +21,8 @@ import torch
 from cli.main import main
 from schemas.manifest import Manifest
 from schemas.shards import read_table
-from tests.test_baselines import make_documents, write_dataset
-from tests.test_metrics_oracle import brute_auc
+from tests.training.test_baselines import make_documents, write_dataset
+from tests.training.test_metrics_oracle import brute_auc
 from training.text import Vocabulary
 
 MMLINKS = shutil.which("mmlinks", path=str(Path(sys.executable).parent)) or "mmlinks"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.test_cli import MMLINKS
+from tests.cli.test_cli import MMLINKS
 from training.report import document_card, render_report
 
 
