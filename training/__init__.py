@@ -1,0 +1,1 @@
+"""Models, objectives, the Ray Train loop, evaluation, MLflow tracking and the registered model."""
