@@ -81,6 +81,22 @@ def test_unknown_names_are_refused():
         register_objective(get_objective("ap"))
 
 
+def test_a_registered_objective_appears_in_the_cli_and_the_dagster_settings(toy_objective):
+    from cli.main import build_parser
+    from orchestration.settings import Settings
+
+    args = build_parser().parse_args(["train", "--data", "d", "--objective", "toy"])
+    assert args.objective == "toy"
+    train = next(
+        a
+        for a in build_parser()._subparsers._group_actions[0].choices["train"]._actions
+        if a.dest == "objective"
+    )
+    assert "toy" in train.choices
+    settings = Settings.from_dict({"sources": ["synthetic"], "objectives": {"toy": {"objective": "toy"}}})
+    assert settings.train_config("toy", data="d").objective == "toy"
+
+
 def test_a_registered_objective_is_known_to_config_validation(toy_objective):
     assert "toy" in objective_names()
     cfg = TrainConfig(objective="toy")
