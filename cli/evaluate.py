@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli.common import EPILOG, add_common, existing_dir, per_doc_path
+from schemas import config_fields
 from schemas.errors import MmlinksError
+from training.baselines import BASELINES
+
+# The TrainConfig flags of `baseline --method nostruct` (the rest keep TrainConfig's defaults).
+NOSTRUCT_FLAGS = ["epochs", "d_multi", "batch_docs", "lr", "min_word_count", "num_workers"]
 
 
 def add_parsers(sub) -> None:
@@ -64,6 +69,8 @@ def _add_evaluate(sub) -> None:
 
 
 def _add_baseline(sub) -> None:
+    from training.config import TrainConfig
+
     base = sub.add_parser(
         "baseline",
         help="score a baseline on a dataset split: random, object-detection or nostruct",
@@ -77,9 +84,7 @@ def _add_baseline(sub) -> None:
         epilog=EPILOG,
     )
     base.add_argument("--data", required=True, help="dataset directory (holds manifest.json)")
-    base.add_argument(
-        "--method", required=True, choices=["random", "object-detection", "nostruct"], help="which baseline"
-    )
+    base.add_argument("--method", required=True, choices=list(BASELINES), help="which baseline")
     base.add_argument("--split", default="test", help="split to score (default: test)")
     base.add_argument(
         "--per-doc-out",
@@ -87,12 +92,7 @@ def _add_baseline(sub) -> None:
         help="per-document JSON Lines (default: WORKDIR/evaluations/METHOD-SPLIT-TIME.jsonl; "
         "nostruct: only when given)",
     )
-    base.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    base.add_argument(
-        "--word-vectors",
-        default="glove",
-        help="'glove' (offline GloVe 6B 50-d) or a word2vec/GloVe text file (the paper: word2vec)",
-    )
+    config_fields.add_arguments(base, TrainConfig, ["seed", "word_vectors"], groups=False)
     base.add_argument("--workdir", default=".", help="output folder and the default mlflow.db (default: .)")
     od = base.add_argument_group("object-detection")
     od.add_argument(
@@ -103,13 +103,8 @@ def _add_baseline(sub) -> None:
         help="weight file of the dataset's CNN, for its ImageNet classifier (densenet169 needs one; "
         "efficientnet-lite0 uses the installed package's)",
     )
-    ns = base.add_argument_group("nostruct training (other settings: Hessel et al. 2019 defaults)")
-    ns.add_argument("--epochs", type=int, default=50, help="epochs (default: 50)")
-    ns.add_argument("--d-multi", type=int, default=1024, help="joint space width (default: 1024)")
-    ns.add_argument("--batch-docs", type=int, default=11, help="documents per batch (default: 11)")
-    ns.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default: 1e-4)")
-    ns.add_argument("--min-word-count", type=int, default=5, help="vocabulary min count (default: 5)")
-    ns.add_argument("--workers", type=int, default=2, help="Ray Train workers (default: 2)")
+    ns = base.add_argument_group("nostruct training (other settings: TrainConfig's defaults)")
+    config_fields.add_arguments(ns, TrainConfig, NOSTRUCT_FLAGS, groups=False)
     add_common(base)
     base.set_defaults(func=cmd_baseline, show=show_evaluation)
 
@@ -148,17 +143,28 @@ def cmd_evaluate(args) -> dict:
     return out
 
 
+def _baseline_options(args):
+    """The training options the baselines share (seed, word vectors, NoStruct's training)."""
+    from training.config import TrainConfig
+
+    # Ray workers run in another directory: the dataset path must be absolute.
+    return config_fields.from_args(
+        TrainConfig, args, data=str(Path(args.data).resolve()), objective="nostruct"
+    )
+
+
 def cmd_baseline(args) -> dict:
     from training.baselines import object_detection_baseline, random_scores_baseline
     from training.evaluate import write_per_doc
 
     existing_dir(args.data)
+    opts = _baseline_options(args)
     if args.method == "random":
-        out = random_scores_baseline(args.data, args.split, args.seed)
+        out = random_scores_baseline(args.data, args.split, opts.seed)
     elif args.method == "object-detection":
-        out = object_detection_baseline(args.data, args.split, args.k_max, args.word_vectors, args.weights)
+        out = object_detection_baseline(args.data, args.split, args.k_max, opts.word_vectors, args.weights)
     else:
-        out = _nostruct_baseline(args)
+        out = _nostruct_baseline(args, opts)
     rows = out.pop("per_doc_metrics", None)
     if rows is not None:  # DocMetrics (random, object-detection) or dicts (nostruct)
         rows = [r if isinstance(r, dict) else r.__dict__ for r in rows]
@@ -166,29 +172,16 @@ def cmd_baseline(args) -> dict:
     return out
 
 
-def _nostruct_baseline(args) -> dict:
+def _nostruct_baseline(args, cfg) -> dict:
     """Train the NoStruct objective (one random sentence and image per document) and score it
     on the test split, tracked in MLflow like any training run but not registered."""
     from schemas.manifest import Manifest
-    from training.config import TrainConfig
     from training.experiment import run_experiment
     from training.tracking import tracking_uri
 
     if args.split != "test":
         raise MmlinksError("--method nostruct trains a model and scores it on the test split; drop --split")
     Manifest.read(args.data)
-    cfg = TrainConfig(
-        data=str(Path(args.data).resolve()),  # Ray workers run in another directory
-        objective="nostruct",
-        epochs=args.epochs,
-        d_multi=args.d_multi,
-        batch_docs=args.batch_docs,
-        lr=args.lr,
-        min_word_count=args.min_word_count,
-        word_vectors=args.word_vectors,
-        seed=args.seed,
-        num_workers=args.workers,
-    )
     uri = tracking_uri(args.workdir)
     res = run_experiment(cfg, uri, model_name=None, alias=None, progress=True)
     out = {
@@ -227,7 +220,7 @@ def show_evaluation(r: dict) -> None:
                     adj = "n/a (too few documents)" if fit["adj_r2"] is None else f"{fit['adj_r2']:.3f}"
                     print(f"R^2 of per-document AUC on {what}: {fit['r2']:.3f} (adjusted {adj})")
     else:
-        name = {"random": "Random", "object-detection": "Obj Detect", "nostruct": "NoStruct"}[r["method"]]
+        name = BASELINES[r["method"]]
         print(f"{r['split']} split, {r['n_docs']} labelled documents")
         if r["method"] == "object-detection":
             rows = [[f"K={p['k']}", *cells(p[r["split"]])] for p in r["per_k"]]
