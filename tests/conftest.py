@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -152,14 +153,75 @@ def dataset(corpus, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_local():
+def ray_local(tmp_path_factory):
+    """The session's local Ray. Yields the flag file of tests/fixtures/param_probe: while it holds a
+    folder, the workers log each optimizer step's parameter digest there (see param_digests)."""
     import ray
 
-    ray.init(
-        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
-    )
-    yield
+    flag = tmp_path_factory.mktemp("param-probe") / "flag"
+    probe = str(Path(__file__).parent / "fixtures" / "param_probe")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "MMLINKS_TEST_PARAM_FLAG")}
+    # Ray's processes inherit the driver's environment at start-up; set it for them only.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (probe, saved["PYTHONPATH"]) if p)
+    os.environ["MMLINKS_TEST_PARAM_FLAG"] = str(flag)
+    try:
+        ray.init(
+            address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    yield flag
     ray.shutdown()
+
+
+@contextlib.contextmanager
+def param_digests(flag: Path, out: Path):
+    """Within the block, every optimizer step of the session Ray's workers appends its parameters'
+    digest to ``out/rank<R>-<pid>.txt``; yields {file name: [digests]} filled in on exit."""
+    out.mkdir(parents=True, exist_ok=True)
+    flag.write_text(str(out))
+    found: dict[str, list[str]] = {}
+    try:
+        yield found
+    finally:
+        flag.unlink()
+        found.update({f.name: f.read_text().split() for f in sorted(out.glob("rank*.txt"))})
+
+
+# `make test` runs the files in parallel (pytest-xdist, --dist loadfile): each file is one unit of
+# work, so its module fixtures (a Ray cluster, a served model, an MLflow server) start once. The files
+# built on the session's `trained` run are one unit together, so one worker trains it once for all of
+# them; that unit goes first, being the longest chain. (xdist_group/--dist loadgroup would say this,
+# but xdist 3.8 renames node ids in a way pytest 9 ignores, so this scheduler does.)
+TRAINED_GROUP = (
+    "test_train.py",
+    "test_objectives_train.py",
+    "test_registry.py",
+    "test_serving.py",
+    "test_report.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker must collect the same order
+        items.sort(key=lambda item: item.path.name not in TRAINED_GROUP)  # stable: files keep their order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class TrainedTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "trained" if path.rsplit("/", 1)[-1] in TRAINED_GROUP else path
+
+    return TrainedTogether(config, log)
 
 
 def small_train_config(dataset, storage, **kw):
