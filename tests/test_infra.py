@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import missing_tool
+
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
 K8S = INFRA / "k8s"
@@ -1160,7 +1162,7 @@ def test_readme_documents_each_deployment_step():
 def rendered() -> dict[Path, list[dict]]:
     kubectl = shutil.which("kubectl")
     if not kubectl:
-        pytest.skip("kubectl is not installed: overlays are checked unrendered only")
+        missing_tool("kubectl is not installed: overlays are checked unrendered only; .ci/run installs it")
     out = {}
     for kdir in overlay_dirs():
         proc = subprocess.run(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import missing_tool
 from tests.test_cli import MMLINKS
 from training.report import document_card, render_report
 
@@ -16,7 +17,7 @@ from training.report import document_card, render_report
 def chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
-        pytest.skip("chromium is not installed; .ci/run installs it")
+        missing_tool("chromium is not installed; .ci/run installs it")
     return exe
 
 
