@@ -211,6 +211,7 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: item.path.name not in TRAINED_GROUP)  # stable: files keep their order
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
