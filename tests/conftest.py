@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -126,21 +127,45 @@ def _tiny_png() -> bytes:
     return buf.getvalue()
 
 
+def shared_dir(tmp_path_factory, name: str, make) -> Path:
+    """A folder that ``make(folder)`` fills once per test run: under pytest-xdist the first worker
+    to get here builds it under a lock in the run's common temporary folder, the others reuse it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp(name)
+        make(out)
+        return out
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent  # shared by this run's workers
+    out, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            make(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
-    root = tmp_path_factory.mktemp("corpus")
-    write_corpus(root, SynthConfig(docs=40, seed=3, image_size=64))
-    add_bad_records(root)
-    return root
+    def make(root: Path) -> None:
+        write_corpus(root, SynthConfig(docs=40, seed=3, image_size=64))
+        add_bad_records(root)
+
+    return shared_dir(tmp_path_factory, "corpus", make)
 
 
 @pytest.fixture(scope="session")
 def dataset(corpus, tmp_path_factory) -> Path:
+    return shared_dir(tmp_path_factory, "dataset", lambda out: _build(corpus, out))
+
+
+def _build(corpus: Path, out: Path) -> None:
     from pipelines.build import BuildConfig, build_dataset
 
-    out = tmp_path_factory.mktemp("dataset")
     build_dataset(
         BuildConfig(
             source="synthetic",
@@ -149,7 +174,6 @@ def dataset(corpus, tmp_path_factory) -> Path:
             split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
         )
     )
-    return out
 
 
 @pytest.fixture(scope="session")
