@@ -13,11 +13,16 @@ $(BIN)/mmlinks: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $@
 
+# Two workers, whole files per worker (module fixtures start once; the files on the session's
+# trained run share one worker: tests/conftest.py). PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-quick: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,22 +127,46 @@ def _tiny_png() -> bytes:
     return buf.getvalue()
 
 
+def shared_dir(tmp_path_factory, name: str, make) -> Path:
+    """A folder that ``make(folder)`` fills once per test run: under pytest-xdist the first worker
+    to get here builds it under a lock in the run's common temporary folder, the others reuse it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp(name)
+        make(out)
+        return out
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent  # shared by this run's workers
+    out, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            make(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     from pipelines.synthetic_corpus import SynthConfig, write_corpus
 
-    root = tmp_path_factory.mktemp("corpus")
-    write_corpus(root, SynthConfig(docs=40, seed=3, image_size=64))
-    add_bad_records(root)
-    return root
+    def make(root: Path) -> None:
+        write_corpus(root, SynthConfig(docs=40, seed=3, image_size=64))
+        add_bad_records(root)
+
+    return shared_dir(tmp_path_factory, "corpus", make)
 
 
 @pytest.fixture(scope="session")
 def dataset(corpus, tmp_path_factory) -> Path:
+    return shared_dir(tmp_path_factory, "dataset", lambda out: _build(corpus, out))
+
+
+def _build(corpus: Path, out: Path) -> None:
     from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig
 
-    out = tmp_path_factory.mktemp("dataset")
     build_dataset(
         BuildConfig(
             source="synthetic",
@@ -149,18 +175,88 @@ def dataset(corpus, tmp_path_factory) -> Path:
             split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
         )
     )
-    return out
 
 
 @pytest.fixture(scope="session")
-def ray_local():
+def ray_local(tmp_path_factory):
+    """The session's local Ray. Yields the flag file of tests/fixtures/param_probe: while it holds a
+    folder, the workers log each optimizer step's parameter digest there (see param_digests)."""
     import ray
 
-    ray.init(
-        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
-    )
-    yield
+    flag = tmp_path_factory.mktemp("param-probe") / "flag"
+    probe = str(Path(__file__).parent / "fixtures" / "param_probe")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "MMLINKS_TEST_PARAM_FLAG")}
+    # Ray's processes inherit the driver's environment at start-up; set it for them only.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (probe, saved["PYTHONPATH"]) if p)
+    os.environ["MMLINKS_TEST_PARAM_FLAG"] = str(flag)
+    try:
+        ray.init(
+            address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    yield flag
     ray.shutdown()
+
+
+@contextlib.contextmanager
+def param_digests(flag: Path, out: Path):
+    """Within the block, every optimizer step of the session Ray's workers appends its parameters'
+    digest to ``out/rank<R>-<pid>.txt``; yields {file name: [digests]} filled in on exit."""
+    out.mkdir(parents=True, exist_ok=True)
+    flag.write_text(str(out))
+    found: dict[str, list[str]] = {}
+    try:
+        yield found
+    finally:
+        flag.unlink()
+        found.update({f.name: f.read_text().split() for f in sorted(out.glob("rank*.txt"))})
+
+
+# `make test` runs the files in parallel (pytest-xdist, --dist loadfile): each file is one unit of
+# work, so its module fixtures (a Ray cluster, a served model, an MLflow server) start once. The files
+# built on the session's `trained` run are one unit together, so one worker trains it once for all of
+# them; that unit goes first, being the longest chain. (xdist_group/--dist loadgroup would say this,
+# but xdist 3.8 renames node ids in a way pytest 9 ignores, so this scheduler does.)
+TRAINED_GROUP = (
+    "test_train.py",
+    "test_objectives_train.py",
+    "test_registry.py",
+    "test_serving.py",
+    "test_report.py",
+)
+
+# test_objectives_train.py's fits that do not compare with `trained` (the longest file): a unit apart.
+OWN_RAY_RUNS = (
+    "test_every_objective_trains",
+    "test_a_diverging_loss_stops",
+    "test_a_test_split_without_labels",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker must collect the same order
+        items.sort(key=lambda item: item.path.name not in TRAINED_GROUP)  # stable: files keep their order
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class TrainedTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path, _, test = nodeid.partition("::")
+            if test.startswith(OWN_RAY_RUNS):  # Ray Train runs that need no `trained`: the other worker
+                return "own-ray-runs"
+            return "trained" if path.rsplit("/", 1)[-1] in TRAINED_GROUP else path
+
+    return TrainedTogether(config, log)
 
 
 def small_train_config(dataset, storage, **kw):
@@ -187,6 +283,14 @@ def trained(dataset, tmp_path_factory, ray_local):
     from training.driver import fit
 
     return fit(small_train_config(dataset, tmp_path_factory.mktemp("ray")))
+
+
+def missing_tool(message: str) -> None:
+    """Skip a test whose system tool is absent, except under .ci/run (MMLINKS_CI=1), which installs
+    every such tool: there a missing one fails, so CI never passes by skipping."""
+    if os.environ.get("MMLINKS_CI") == "1":
+        pytest.fail(f"{message} (MMLINKS_CI=1: .ci/run must provide it)")
+    pytest.skip(message)
 
 
 def free_port() -> int:

@@ -12,6 +12,8 @@ from training.objectives.registry import LI2021_PARTS, get_objective, objective_
 OBJECTIVES = objective_names()
 BACKBONES = backbone_names()
 __all__ = ["BACKBONES", "LI2021_PARTS", "MODEL_FIELDS", "OBJECTIVES", "TrainConfig"]
+
+
 def li2021_part_choices() -> tuple[str, ...]:
     """C alone or with any of the other Li 2021 parts, in their order: C, C+I, C+D, C+I+D."""
     from itertools import combinations

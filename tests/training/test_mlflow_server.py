@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
+from tests.conftest import free_port, missing_tool, start_http_server, stop_http_server, venv_env
 
 MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
 
@@ -21,7 +21,7 @@ MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflo
 def pg_bin(name: str) -> str:
     found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))), None)
     if not found:
-        pytest.skip(f"PostgreSQL server binaries ({name}) are not installed; .ci/run installs them")
+        missing_tool(f"PostgreSQL server binaries ({name}) are not installed; .ci/run installs them")
     return found
 
 

@@ -10,13 +10,14 @@ import pytest
 from PIL import Image
 
 from tests.cli.test_cli import MMLINKS
+from tests.conftest import missing_tool
 from training.report import document_card, render_report
 
 
 def chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
-        pytest.skip("chromium is not installed; .ci/run installs it")
+        missing_tool("chromium is not installed; .ci/run installs it")
     return exe
 
 

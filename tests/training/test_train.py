@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import small_train_config
+from tests.conftest import param_digests, small_train_config
 from training.config import TrainConfig
 from training.driver import fit
 from training.experiment import run_experiment
@@ -55,7 +55,14 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
         batch_docs=3,
         storage_path=f"{tmp_path}/ray-{secret}",
     )
-    res = run_experiment(cfg, uri, model_name="test-model", alias="production")
+    with param_digests(ray_local, tmp_path / "digests") as digests:
+        res = run_experiment(cfg, uri, model_name="test-model", alias="production")
+    # DDP: both ranks hold the same weights after every optimizer step (gradients all-reduced),
+    # and the steps change them.
+    assert sorted(name.split("-")[0] for name in digests) == ["rank0", "rank1"], digests
+    rank0, rank1 = digests.values()
+    assert len(rank0) >= 4 and rank0 == rank1
+    assert len(set(rank0)) > 1
     assert res.model_uri == "models:/test-model@production"
     client = MlflowClient(uri)
     run = client.get_run(res.run_id)
