@@ -68,7 +68,7 @@ def _loop_ap(sims, valid, s_mask, v_mask, k_mode: str = "full"):
     return total.view(B, B) / torch.from_numpy(ks).to(sims.device, sims.dtype)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -83,6 +83,130 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def summarise(times: dict, solver: dict, config: dict) -> dict:
+    """Medians, ratios to DC, solver comparison and the targets, as the printed JSON."""
+    med = statistics.median
+    objectives = {}
+    for name, parts in times.items():
+        totals = [sum(vals) for vals in zip(*parts.values())]
+        sim = [parts["similarity_fwd"][i] + parts["similarity_loss_bwd"][i] for i in range(len(totals))]
+        objectives[name] = {
+            "step_ms": round(med(totals), 2),
+            "parts_ms": {p: round(med(v), 2) for p, v in parts.items()},
+            "similarity_share": round(med(a / t for a, t in zip(sim, totals)), 4),
+            "similarity_fwd_share": round(med(a / t for a, t in zip(parts["similarity_fwd"], totals)), 4),
+        }
+    dc_step = objectives["dc"]["step_ms"]
+    ratios = {name: round(o["step_ms"] / dc_step, 4) for name, o in objectives.items() if name != "dc"}
+    assignment = {
+        mode: {
+            "loop_lapjv_ms": round(med(v["loop"]), 3),
+            "batched_ms": round(med(v["batched"]), 3),
+            "speedup": round(med(v["loop"]) / med(v["batched"]), 2),
+        }
+        for mode, v in solver.items()
+    }
+    ap_fwd = {
+        mode: {
+            "loop_ms": objectives[f"ap-{mode}-loop"]["parts_ms"]["similarity_fwd"],
+            "batched_ms": objectives[f"ap-{mode}"]["parts_ms"]["similarity_fwd"],
+        }
+        for mode in ("full", "half")
+    }
+    for v in ap_fwd.values():
+        v["speedup"] = round(v["loop_ms"] / v["batched_ms"], 2)
+    out = {
+        "config": config,
+        "objectives": objectives,
+        "step_ratio_to_dc": ratios,
+        "ap_similarity_fwd_loop_vs_batched": ap_fwd,
+        "assignment_only_loop_vs_batched": assignment,
+        "targets": {
+            "ap_step_le_1.15x_dc": all(ratios[f"ap-{m}"] <= 1.15 for m in ("full", "half")),
+            "similarity_share_le_0.15": all(
+                objectives[n]["similarity_share"] <= 0.15 for n in ("dc", "tk-full", "ap-full", "ap-half")
+            ),
+        },
+    }
+    return out
+
+
+def time_solvers(padded, k_mode: str, clock, solver: dict) -> None:
+    """Assignment part only, on this step's matrices: per-pair lapjv loop vs one batched call."""
+    import numpy as np
+    import torch
+
+    from training.objectives.assignment import batched_max_weight_matching, max_weight_matching
+
+    s_pad, s_mask, v_pad, v_mask = padded
+    B = s_pad.shape[0]
+    sims = torch.einsum("and,bmd->abnm", s_pad, v_pad).double().cpu().numpy()
+    n, m = s_mask.sum(1).cpu().numpy(), v_mask.sum(1).cpu().numpy()
+    small = np.minimum(n[:, None], m[None, :])
+    k = small if k_mode == "full" else (small + 1) // 2
+    nn, mm = np.repeat(n, B), np.tile(m, B)
+    flat = sims.reshape(B * B, *sims.shape[2:])
+
+    def loop() -> None:
+        for p in range(B * B):
+            max_weight_matching(flat[p, : nn[p], : mm[p]], int(k.flat[p]))
+
+    def batched() -> None:
+        batched_max_weight_matching(flat, nn, mm, k.ravel())
+
+    for label, fn in (("loop", loop), ("batched", batched)):
+        best = float("inf")
+        for _ in range(5):
+            t = clock()
+            fn()
+            best = min(best, clock() - t)
+        solver[k_mode][label].append(best * 1e3)
+
+
+def make_inputs(args, rng, device):
+    """The default model and one batch of random tokens and CNN features of the asked size."""
+    import torch
+
+    from training.model import ModelConfig, MulLink
+
+    B, n_s, n_i = args.batch_docs, args.sentences, args.images
+    cfg = ModelConfig(vocab_size=args.vocab, word_dim=50)  # the rest are the paper's defaults
+    model = MulLink(cfg).to(device).train()
+    lengths = torch.as_tensor(rng.integers(args.tokens - 4, args.tokens + 5, B * n_s))
+    tokens = torch.as_tensor(rng.integers(1, args.vocab, (B * n_s, int(lengths.max()))))
+    tokens[torch.arange(tokens.shape[1])[None, :] >= lengths[:, None]] = 0
+    tokens = tokens.to(device)
+    features = torch.as_tensor(rng.normal(size=(B * n_i, cfg.image_dim)), dtype=torch.float32).to(device)
+    return cfg, model, tokens, lengths, features
+
+
+def run_config(args, cfg, device) -> dict:
+    """What was measured, and on what (recorded with the figures)."""
+    import torch
+
+    return {
+        "batch_docs": args.batch_docs,
+        "sentences": args.sentences,
+        "images": args.images,
+        "mean_tokens": args.tokens,
+        "vocab": args.vocab,
+        "model": cfg.to_dict(),
+        "threads": args.threads,
+        "device": str(device),
+        "clock": args.clock,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = build_parser()
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
 
@@ -91,8 +215,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     import training.objectives.similarity as similarity
     from training.data import pad_documents
-    from training.model import ModelConfig, MulLink
-    from training.objectives.assignment import batched_max_weight_matching, max_weight_matching
     from training.objectives.loss import in_batch_loss
 
     torch.set_num_threads(args.threads)
@@ -110,13 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
         return clock()
 
     B, n_s, n_i = args.batch_docs, args.sentences, args.images
-    cfg = ModelConfig(vocab_size=args.vocab, word_dim=50)  # the rest are the paper's defaults
-    model = MulLink(cfg).to(device).train()
-    lengths = torch.as_tensor(rng.integers(args.tokens - 4, args.tokens + 5, B * n_s))
-    tokens = torch.as_tensor(rng.integers(1, args.vocab, (B * n_s, int(lengths.max()))))
-    tokens[torch.arange(tokens.shape[1])[None, :] >= lengths[:, None]] = 0
-    tokens = tokens.to(device)
-    features = torch.as_tensor(rng.normal(size=(B * n_i, cfg.image_dim)), dtype=torch.float32).to(device)
+    cfg, model, tokens, lengths, features = make_inputs(args, rng, device)
     counts_s, counts_i = [n_s] * B, [n_i] * B
 
     ap = similarity.SIMILARITIES["ap"]  # AP with solve_matchings (the measured-faster solver)
@@ -158,30 +274,6 @@ def main(argv: list[str] | None = None) -> dict:
             times[name][part].append(dt * 1e3)
         return s_pad.detach(), s_mask, v_pad.detach(), v_mask
 
-    def time_solvers(s_pad, s_mask, v_pad, v_mask, k_mode: str) -> None:
-        """Assignment part only, on this step's matrices: per-pair lapjv loop vs one batched call."""
-        sims = torch.einsum("and,bmd->abnm", s_pad, v_pad).double().cpu().numpy()
-        n, m = s_mask.sum(1).cpu().numpy(), v_mask.sum(1).cpu().numpy()
-        small = np.minimum(n[:, None], m[None, :])
-        k = small if k_mode == "full" else (small + 1) // 2
-        nn, mm = np.repeat(n, B), np.tile(m, B)
-        flat = sims.reshape(B * B, *sims.shape[2:])
-
-        def loop() -> None:
-            for p in range(B * B):
-                max_weight_matching(flat[p, : nn[p], : mm[p]], int(k.flat[p]))
-
-        def batched() -> None:
-            batched_max_weight_matching(flat, nn, mm, k.ravel())
-
-        for label, fn in (("loop", loop), ("batched", batched)):
-            best = float("inf")
-            for _ in range(5):
-                t = clock()
-                fn()
-                best = min(best, clock() - t)
-            solver[k_mode][label].append(best * 1e3)
-
     for _ in range(args.warmup):
         for name in variants:
             step(name)
@@ -192,67 +284,10 @@ def main(argv: list[str] | None = None) -> dict:
         for name in variants:
             padded = step(name)
             if name in ("ap-full", "ap-half"):
-                time_solvers(*padded, variants[name][1])
+                time_solvers(padded, variants[name][1], clock, solver)
     similarity.SIMILARITIES["ap"] = ap
 
-    med = statistics.median
-    objectives = {}
-    for name, parts in times.items():
-        totals = [sum(vals) for vals in zip(*parts.values())]
-        sim = [parts["similarity_fwd"][i] + parts["similarity_loss_bwd"][i] for i in range(len(totals))]
-        objectives[name] = {
-            "step_ms": round(med(totals), 2),
-            "parts_ms": {p: round(med(v), 2) for p, v in parts.items()},
-            "similarity_share": round(med(a / t for a, t in zip(sim, totals)), 4),
-            "similarity_fwd_share": round(med(a / t for a, t in zip(parts["similarity_fwd"], totals)), 4),
-        }
-    dc_step = objectives["dc"]["step_ms"]
-    ratios = {name: round(o["step_ms"] / dc_step, 4) for name, o in objectives.items() if name != "dc"}
-    assignment = {
-        mode: {
-            "loop_lapjv_ms": round(med(v["loop"]), 3),
-            "batched_ms": round(med(v["batched"]), 3),
-            "speedup": round(med(v["loop"]) / med(v["batched"]), 2),
-        }
-        for mode, v in solver.items()
-    }
-    ap_fwd = {
-        mode: {
-            "loop_ms": objectives[f"ap-{mode}-loop"]["parts_ms"]["similarity_fwd"],
-            "batched_ms": objectives[f"ap-{mode}"]["parts_ms"]["similarity_fwd"],
-        }
-        for mode in ("full", "half")
-    }
-    for v in ap_fwd.values():
-        v["speedup"] = round(v["loop_ms"] / v["batched_ms"], 2)
-    out = {
-        "config": {
-            "batch_docs": B,
-            "sentences": n_s,
-            "images": n_i,
-            "mean_tokens": args.tokens,
-            "vocab": args.vocab,
-            "model": cfg.to_dict(),
-            "threads": args.threads,
-            "device": str(device),
-            "clock": args.clock,
-            "repeats": args.repeats,
-            "warmup": args.warmup,
-            "torch": torch.__version__,
-            "cpus": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-        },
-        "objectives": objectives,
-        "step_ratio_to_dc": ratios,
-        "ap_similarity_fwd_loop_vs_batched": ap_fwd,
-        "assignment_only_loop_vs_batched": assignment,
-        "targets": {
-            "ap_step_le_1.15x_dc": all(ratios[f"ap-{m}"] <= 1.15 for m in ("full", "half")),
-            "similarity_share_le_0.15": all(
-                objectives[n]["similarity_share"] <= 0.15 for n in ("dc", "tk-full", "ap-full", "ap-half")
-            ),
-        },
-    }
+    out = summarise(times, solver, run_config(args, cfg, device))
     print(json.dumps(out, indent=1))
     return out
 
