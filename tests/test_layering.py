@@ -15,9 +15,24 @@ LAYERS = ["schemas", "features", "pipelines", "training", "orchestration", "cli"
 EXTERNAL_ABOVE = {"orchestration": {"dagster"}}  # libraries that belong to one layer only
 
 
-def imported_modules(path: Path) -> set[str]:
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """Ids of the nodes inside ``if TYPE_CHECKING:`` blocks: imports made only for annotations."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for stmt in node.body:
+                inside.update(id(n) for n in ast.walk(stmt))
+    return inside
+
+
+def imported_modules(path: Path, runtime_only: bool = False) -> set[str]:
+    """Every module a file imports; with ``runtime_only``, not those imported for type hints only."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_nodes(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -63,7 +78,9 @@ def _graph(package: str) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, f in modules.items():
         targets = set()
-        for m in imported_modules(f):
+        # A type-only import never runs, so it cannot close a cycle: a registry may annotate its
+        # callbacks with the config class whose choices it defines. Across layers it still counts.
+        for m in imported_modules(f, runtime_only=True):
             # `from pkg import mod` names a module; `from pkg.mod import f` its module
             while m and m not in modules:
                 m = m.rpartition(".")[0]
@@ -110,6 +127,14 @@ def test_no_import_cycle_inside_a_package(package):
 def test_the_cycle_finder_finds_cycles():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_type_only_imports_are_runtime_free_but_still_seen(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n    import json\n")
+    assert "json" in imported_modules(f)
+    assert "json" not in imported_modules(f, runtime_only=True)
+    assert "os" in imported_modules(f, runtime_only=True)
 
 
 def test_features_never_import_pipelines_or_beam():

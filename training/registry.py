@@ -47,17 +47,15 @@ class Gate:
 
     max_auc_drop: float = option(
         0.5,
-        help="refuse if candidate AUC is more than this below production's",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        help="refuse if candidate AUC is more than this below production's "
+        "(negative: it must beat production by that much)",
         group=GATE_GROUP,
     )
     max_p_at_1_drop: float = option(
         0.0,
-        help="refuse if candidate p@1 is more than this below production's",
+        help="refuse if candidate p@1 is more than this below production's "
+        "(negative: it must beat production by that much)",
         flag="--max-p1-drop",
-        check=lambda v: v >= 0,
-        rule=">= 0",
         group=GATE_GROUP,
     )
     min_auc: float = option(

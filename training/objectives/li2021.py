@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from training.objectives.li2021_parts import LI2021_PARTS
 from training.objectives.loss import hinge, in_batch_loss
-from training.objectives.registry import LI2021_PARTS
 from training.objectives.similarity import pair_matrices, tk
 
-PARTS = LI2021_PARTS  # defined with the objective (training/objectives/registry.py)
+PARTS = LI2021_PARTS
 # floor(p * n) in floating point: 0.29 * 100 = 28.999999999999996; the epsilon makes the count
 # the decimal one the user meant, far below any real fraction's resolution.
 _FLOOR_EPS = 1e-6

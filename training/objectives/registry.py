@@ -27,10 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
     from training.data import DocBatch
 
+from training.objectives.li2021_parts import LI2021_PARTS
+
 # loss(s_pad, s_mask, v_pad, v_mask, cfg, generator) -> (loss, {part name: float})
 LossFn = Callable[..., tuple[Any, dict[str, float]]]
-# Li et al. 2021 parts: cross-document, intra-document, dropout sub-document.
-LI2021_PARTS = ("C", "I", "D")
 
 
 @dataclass(frozen=True)
