@@ -221,3 +221,14 @@ def test_the_dispatch_picks_the_measured_faster_solver():
     w = rng.normal(size=(3, 5, 4))
     for k in (np.minimum(n, m), np.array([2, 1, 1])):
         assert (solve_matchings(w, n, m, k) == looped_max_weight_matching(w, n, m, k)).all()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_are_refused_before_any_solver_runs(bad):
+    w = np.zeros((1, 3, 3))
+    w[0, 1, 2] = bad
+    ones = np.array([3])
+    with pytest.raises(ValueError, match="finite"):
+        solve_matchings(w, ones, ones, ones)
+    with pytest.raises(ValueError, match="finite"):
+        max_weight_matching(w[0])

@@ -129,6 +129,18 @@ def test_ap_gradient_flows_only_through_matched_cells():
     assert torch.allclose(M.grad[0, 0], expected)
 
 
+def test_ap_on_a_diverged_model_is_nan_and_never_hands_the_solver_a_nan():
+    """NaN features (a corrupt shard): the loss must come out NaN so the loop stops, not crash."""
+    s = torch.randn(3, 2, 4)
+    v = torch.randn(3, 3, 4)
+    v[1] = float("nan")
+    s_mask = torch.ones(3, 2, dtype=torch.bool)
+    v_mask = torch.ones(3, 3, dtype=torch.bool)
+    sim = document_similarity("ap", s, s_mask, v, v_mask)
+    assert torch.isnan(sim[:, 1]).all()  # every pair with document 1's images
+    assert torch.isfinite(sim[:, [0, 2]]).all()
+
+
 def oracle_loss(D: np.ndarray, margin: float, negatives: str) -> float:
     B = len(D)
     h = lambda p, n: max(0.0, margin - p + n)

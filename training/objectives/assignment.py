@@ -37,6 +37,8 @@ def max_weight_matching(weights: np.ndarray, k: int | None = None) -> tuple[np.n
     row.
     """
     w = np.asarray(weights, dtype=np.float64)
+    if not np.isfinite(w).all():
+        raise ValueError("matching weights must be finite (NaN or inf found)")
     n, m = w.shape
     small = min(n, m)
     k = small if k is None else k
@@ -194,5 +196,14 @@ def solve_matchings(
     weights: np.ndarray, n: np.ndarray, m: np.ndarray, k: np.ndarray, device: str = "cpu"
 ) -> np.ndarray:
     """Maximum-weight ``k[p]``-edge matching of every padded problem (the contract of
-    ``batched_max_weight_matching``), by the solver ``pick_solver`` measures faster."""
+    ``batched_max_weight_matching``), by the solver ``pick_solver`` measures faster.
+    Refuses non-finite weights: lapjv's result on NaN is undefined, and a crash in a C solver
+    takes its process with it."""
+    w = np.asarray(weights)
+    n_, m_ = np.asarray(n).reshape(-1), np.asarray(m).reshape(-1)
+    inside = (np.arange(w.shape[1]) < n_[:, None])[:, :, None] & (np.arange(w.shape[2]) < m_[:, None])[
+        :, None, :
+    ]
+    if not np.isfinite(w[inside]).all():  # padding outside n x m may hold anything
+        raise ValueError("matching weights must be finite (NaN or inf found)")
     return SOLVERS[pick_solver(n, m, k, device)](weights, n, m, k)

@@ -66,8 +66,12 @@ def ap(sims, valid, s_mask, v_mask, k_mode: str = "full") -> torch.Tensor:
     B, _, N, M = sims.shape
     n, m = s_mask.sum(1), v_mask.sum(1)
     k = _k_per_pair(n, m, k_mode)  # [B, B]
+    # A diverged model's NaN/inf must not reach the solver (lapjv on NaN is undefined: it crashed
+    # a training worker): solve on zeros there; the matched cells of ``sims`` keep the NaN, so the
+    # loss is non-finite and the loop stops with its "loss diverged" error.
+    weights = torch.nan_to_num(sims.detach().to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
     chosen = solve_matchings(
-        sims.detach().to(torch.float64).cpu().numpy().reshape(B * B, N, M),
+        weights.cpu().numpy().reshape(B * B, N, M),
         n[:, None].expand(B, B).reshape(-1).cpu().numpy(),
         m[None, :].expand(B, B).reshape(-1).cpu().numpy(),
         k.reshape(-1).cpu().numpy(),
