@@ -7,6 +7,8 @@ the MLflow work directory and the registration.
 
 from __future__ import annotations
 
+import sys
+
 from cli.common import EPILOG, add_common, add_workdir, existing_dir
 from cli.train_options import add_registration_args, add_train_args, train_config_from_args
 from schemas.errors import MmlinksError
@@ -67,6 +69,8 @@ def show_train(result: dict) -> None:
 
         print_grid(result)
         return
+    for warning in result.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
     if result["test"] is None:
         print(f"best epoch {result['best_epoch']}; the test split has no labelled document: not evaluated")
         print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")

@@ -12,7 +12,16 @@ def add_train_args(p, **defaults) -> None:
     from training.config import TrainConfig
     from training.objectives.similarity import SIMILARITIES
 
+    from training.config import PRESETS
+
     config_fields.add_arguments(p, TrainConfig, defaults=defaults)
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="start from a named configuration; flags you give still win. paper = Hessel et al. "
+        "2019 as published (GRU final state, checkpoint by validation loss), where mmlinks' defaults "
+        "deviate from it for documents with a style of their own (docs/training.md)",
+    )
     # the pre-#5 spelling of --objective, still accepted
     p.add_argument(
         "--similarity",
@@ -40,5 +49,8 @@ def train_config_from_args(args, **overrides):
     """The TrainConfig that `train`, `demo` and the grid build from their flags."""
     from training.config import TrainConfig
 
+    from training.config import preset_values
+
     values = {"data": getattr(args, "data", None) or "", "ray_logs": bool(getattr(args, "debug", False))}
-    return config_fields.from_args(TrainConfig, args, **{**values, **overrides})
+    preset = preset_values(getattr(args, "preset", None))  # under the flags given
+    return TrainConfig(**{**preset, **config_fields.given(args, TrainConfig), **values, **overrides})

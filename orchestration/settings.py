@@ -34,6 +34,7 @@ class Settings:
     sources: list[str] = field(default_factory=list)  # partitions; empty = every registered source
     objectives: dict[str, dict] = field(default_factory=lambda: json.loads(json.dumps(DEFAULT_OBJECTIVES)))
     train_base: dict = field(default_factory=dict)  # TrainConfig overrides shared by every objective
+    train_preset: str = ""  # a training.config.PRESETS name ("paper"), under train_base and the objective's
     build_options: dict[str, dict] = field(default_factory=dict)  # BuildConfig options; "*" = all sources
     raw_inputs: dict[str, str] = field(default_factory=dict)  # source -> input (default ROOT/raw/<source>)
     synthetic: dict = field(default_factory=dict)  # SynthConfig overrides for the synthetic source
@@ -130,10 +131,19 @@ class Settings:
             raise MmlinksError("max_retries and retry_delay_s must be >= 0")
 
     def train_config(self, objective: str, data: str, **defaults):
-        """TrainConfig: ``defaults`` (cluster facts from resources) < train_base < the objective's."""
+        """TrainConfig: ``defaults`` (cluster facts from resources) < train_preset < train_base <
+        the objective's."""
         from training.config import TrainConfig
 
-        values = {**defaults, **self.train_base, **self.objectives[objective], "data": data}
+        from training.config import preset_values
+
+        values = {
+            **defaults,
+            **preset_values(self.train_preset),
+            **self.train_base,
+            **self.objectives[objective],
+            "data": data,
+        }
         return TrainConfig.from_dict(values)
 
     def gate_config(self):

@@ -82,6 +82,7 @@ def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, trai
         image_dim=manifest.feature_extractor.dim,
         d_multi=cfg.d_multi,
         image_dropout=cfg.image_dropout,
+        text_pooling=cfg.text_pooling,
     ).to_dict()
 
 

@@ -51,8 +51,9 @@ class LoopState:
     """What a worker carries from epoch to epoch (and what a checkpoint restores)."""
 
     start: int = 0  # the first epoch to run
-    best_val: float = float("inf")
+    best_val: float = float("inf")  # the validation loss of the best epoch
     best_epoch: int = -1
+    best_score: float = float("inf")  # the --select-by value of the best epoch, as minimised
     history: list[dict] = field(default_factory=list)
     step: int = 0  # optimizer steps so far (the warm-up counts them)
 
@@ -72,6 +73,7 @@ def restore(ckpt, cfg: TrainConfig, model, opt, sched) -> LoopState:
         start=state["epoch"] + 1,
         best_val=state["best_val_loss"],
         best_epoch=state["best_epoch"],
+        best_score=state.get("best_score", state["best_val_loss"]),  # checkpoints before --select-by
         history=state.get("history", []),
         step=state.get("step", 0),
     )
@@ -100,6 +102,7 @@ def write(
             "step": state.step,
             "best_val_loss": state.best_val,
             "best_epoch": state.best_epoch,
+            "best_score": state.best_score,
             "val_loss": val_loss,
             "history": state.history,
         },

@@ -29,7 +29,7 @@ from training.checkpoints import (
     load_checkpoint_model,
     saved_train_config,
 )
-from training.config import TrainConfig
+from training.config import SELECTION_ORDER, TrainConfig
 from training.data import TRAINING_COLUMNS
 from training.loop import train_loop_per_worker
 from training.objectives.registry import get_objective
@@ -210,7 +210,9 @@ def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
             name=run_name,
             storage_path=inp.storage,
             checkpoint_config=CheckpointConfig(
-                num_to_keep=2, checkpoint_score_attribute="val_loss", checkpoint_score_order="min"
+                num_to_keep=2,
+                checkpoint_score_attribute=cfg.select_by,
+                checkpoint_score_order=SELECTION_ORDER[cfg.select_by],
             ),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
@@ -218,8 +220,8 @@ def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
     )
 
 
-def best_checkpoint(trainer):
-    """Run the trainer; (its result, the lowest-validation-loss checkpoint) or MmlinksError."""
+def best_checkpoint(trainer, select_by: str = "val_loss"):
+    """Run the trainer; (its result, the best checkpoint by ``select_by``) or MmlinksError."""
     import ray.train
 
     from schemas.errors import MmlinksError
@@ -231,7 +233,7 @@ def best_checkpoint(trainer):
     if result.error:
         raise MmlinksError(f"training failed: {failure_message(result.error)}")
     try:
-        best = result.get_best_checkpoint(metric="val_loss", mode="min")
+        best = result.get_best_checkpoint(metric=select_by, mode=SELECTION_ORDER[select_by])
     except RuntimeError as exc:  # Ray raises when the run directory holds no checkpoint
         raise MmlinksError(f"training produced no checkpoint: {exc}") from exc
     if best is None:
@@ -279,7 +281,7 @@ def fit(
         "objective_spec": get_objective(cfg.objective),
         "test_kill": fault_hooks.kill_config(),
     }
-    result, best = best_checkpoint(make_trainer(inp, loop_config, run_name))
+    result, best = best_checkpoint(make_trainer(inp, loop_config, run_name), cfg.select_by)
     with best.as_directory() as d:
         model, meta = load_checkpoint_model(d)
     return TrainResult(

@@ -23,6 +23,7 @@ from training.backbone import get_backbone
 from training.config import TrainConfig
 from training.driver import fit
 from training.evaluate import evaluate
+from training.metrics import flat_within_warning
 from training.objectives.registry import get_objective
 from training.packaging import example_document, log_link_model
 
@@ -40,6 +41,7 @@ class ExperimentResult:
     tracking_uri: str
     report_path: str = ""
     per_doc: list[dict] = dataclasses.field(default_factory=list)  # test metrics per document
+    warnings: list[str] = dataclasses.field(default_factory=list)  # e.g. a flat within-document signal
 
     def to_dict(self) -> dict:
         """What ``mmlinks train --json`` prints and the Dagster asset records (no per-doc list)."""
@@ -52,6 +54,7 @@ class ExperimentResult:
             "random": self.random,
             "tracking_uri": self.tracking_uri,
             "report": self.report_path,
+            "warnings": self.warnings,
         }
 
     @classmethod
@@ -69,6 +72,7 @@ class ExperimentResult:
                 tracking_uri=data.get("tracking_uri", ""),
                 report_path=data.get("report", data.get("report_path", "")) or "",
                 per_doc=list(data.get("per_doc") or []),
+                warnings=list(data.get("warnings") or []),
             )
         except (KeyError, TypeError, ValueError) as exc:
             from schemas.errors import MmlinksError
@@ -181,7 +185,7 @@ def _example(cfg: TrainConfig, manifest):
     )
 
 
-def _report(cfg, manifest, run, result, scores, report_dir) -> str:
+def _report(cfg, manifest, run, result, scores, report_dir, warnings: list[str]) -> str:
     """The HTML evaluation report, logged to MLflow and written to ``report_dir``; its path."""
     from training.report import document_cards, render_report, write_report
 
@@ -201,6 +205,7 @@ def _report(cfg, manifest, run, result, scores, report_dir) -> str:
         scores["per_doc"],
         cards,
         info,
+        warnings,
     )
     mlflow.log_text(html, "report.html")
     folder = Path(report_dir or Path(cfg.data).resolve().parent / "reports")
@@ -225,6 +230,9 @@ def run_experiment(
     with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
+        warnings = [w for w in [flat_within_warning(result.history)] if w]
+        if warnings:
+            mlflow.set_tag("mmlinks.warning", " | ".join(warnings))
         if not has_labels(manifest.shard_paths(cfg.data, "test")):
             # A corpus without ground truth (e.g. DIY beyond its labelled subset): the model is
             # still logged and registered; there is nothing to score it against.
@@ -232,12 +240,19 @@ def run_experiment(
             mlflow.log_metric("best_epoch", result.best_epoch)
             model_uri, version = _log_model(result, manifest, None, model_name, alias, tracking_uri)
             return ExperimentResult(
-                run.info.run_id, model_uri, version, result.best_epoch, None, None, tracking_uri
+                run.info.run_id,
+                model_uri,
+                version,
+                result.best_epoch,
+                None,
+                None,
+                tracking_uri,
+                warnings=warnings,
             )
         scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
         _log_scores(scores, result.best_epoch)
         example = _example(cfg, manifest)
-        report_path = _report(cfg, manifest, run, result, scores, report_dir)
+        report_path = _report(cfg, manifest, run, result, scores, report_dir, warnings)
         model_uri, version = _log_model(result, manifest, example, model_name, alias, tracking_uri)
     return ExperimentResult(
         run_id=run.info.run_id,
@@ -249,4 +264,5 @@ def run_experiment(
         tracking_uri=tracking_uri,
         report_path=report_path,
         per_doc=scores["per_doc"],
+        warnings=warnings,
     )

@@ -22,9 +22,9 @@ import torch
 
 from training import checkpoints, fault_hooks
 from training.backbone import build_model, needs_regions
-from training.config import TrainConfig
+from training.config import SELECTION_ORDER, TrainConfig
 from training.data import TRAINING_COLUMNS, DocBatch, drop_empty, make_batch
-from training.metrics import document_metrics
+from training.metrics import document_metrics, within_document_gap
 from training.objectives.registry import ObjectiveSpec, get_objective, objective_loss
 from training.text import Vocabulary
 
@@ -151,11 +151,11 @@ def worker_config(config: dict) -> TrainConfig:
     return TrainConfig.from_dict(config["train"])
 
 
-def make_worker(config: dict, rank: int, world: int, prepare_model=None, device=None) -> Worker:
-    """Build model, optimizer and scheduler from the driver's config; resume from the
-    checkpoint Ray hands over, if any."""
-    import ray.train
-
+def make_worker(
+    config: dict, rank: int, world: int, prepare_model=None, device=None, checkpoint=None
+) -> Worker:
+    """Build model, optimizer and scheduler from the driver's config; resume from
+    ``checkpoint`` (the one Ray hands over), if any."""
     cfg = worker_config(config)
     torch.set_num_threads(cfg.threads_per_worker)
     torch.manual_seed(cfg.seed)  # identical initial weights on every worker
@@ -167,7 +167,7 @@ def make_worker(config: dict, rank: int, world: int, prepare_model=None, device=
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
         opt, mode="min", factor=cfg.plateau_factor, patience=max(0, cfg.plateau_patience - 1)
     )
-    state = checkpoints.restore(ray.train.get_checkpoint(), cfg, model, opt, sched)
+    state = checkpoints.restore(checkpoint, cfg, model, opt, sched)
     return Worker(
         cfg=cfg,
         objective=config.get("objective_spec") or get_objective(cfg.objective),
@@ -230,9 +230,10 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
 
 
 def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
-    """[loss x docs, docs, auc sum, auc docs, skipped docs], summed over all workers."""
+    """[loss x docs, docs, auc sum, auc docs, skipped docs, within-document gap sum, gap docs],
+    summed over all workers (the gap: ``training.metrics.within_document_gap``, label-free)."""
     w.model.eval()
-    sums = torch.zeros(5, dtype=torch.float64, device=w.device)
+    sums = torch.zeros(7, dtype=torch.float64, device=w.device)
     sums[4] = skipped
     # The unwrapped module: workers hold different numbers of validation batches, and a DDP
     # forward would wait for a matching forward (buffer sync) on every other worker.
@@ -251,6 +252,10 @@ def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
                 if m is not None:
                     sums[2] += m.auc
                     sums[3] += 1
+                gap = within_document_gap(scores)
+                if gap is not None:
+                    sums[5] += gap
+                    sums[6] += 1
     if w.world > 1:
         torch.distributed.all_reduce(sums)
     return sums
@@ -261,6 +266,7 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor) -> dict:
     cfg, state = w.cfg, w.state
     val_loss = float(sums[0] / sums[1]) if sums[1] else float("nan")
     val_auc = float(100 * sums[2] / sums[3]) if sums[3] else float("nan")
+    val_within = float(sums[5] / sums[6]) if sums[6] else float("nan")
     if not np.isfinite(val_loss) and sums[1]:
         raise DivergedError(
             f"validation loss diverged ({val_loss}) at epoch {epoch}; training stopped, the last good "
@@ -269,14 +275,18 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor) -> dict:
     steps, parts = tr["steps"], tr["parts"]
     if state.step >= cfg.warmup_steps:  # warm-up owns the rate until it ends
         w.sched.step(val_loss if np.isfinite(val_loss) else tr["total"] / max(steps, 1))
-    if val_loss < state.best_val:
-        state.best_val, state.best_epoch = val_loss, epoch
+    # The checkpoint kept: lowest validation loss (the paper's), or widest within-document gap.
+    score = val_loss if cfg.select_by == "val_loss" else val_within
+    score = score if SELECTION_ORDER[cfg.select_by] == "min" else -score
+    if score < state.best_score:
+        state.best_score, state.best_val, state.best_epoch = score, val_loss, epoch
     train_time, first_wait = tr["time"], tr["first_wait"]
     return {
         "epoch": epoch,
         "train_loss": tr["total"] / max(steps, 1),
         "val_loss": val_loss,
         "val_auc": val_auc,
+        "val_within": val_within,
         "lr": w.opt.param_groups[0]["lr"],
         "docs_per_s": tr["docs"] * w.world / max(train_time, 1e-9),
         # steady state: time blocked on the loader after the first batch / that time's total
@@ -332,6 +342,7 @@ def train_loop_per_worker(config: dict) -> None:
         world,
         prepare_model=ray.train.torch.prepare_model if world > 1 or cfg.use_gpu else None,
         device=ray.train.torch.get_device() if cfg.use_gpu else None,
+        checkpoint=ray.train.get_checkpoint(),
     )
     mlflow_client = None
     if rank == 0 and config.get("mlflow_run_id"):

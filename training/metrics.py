@@ -123,3 +123,39 @@ def random_per_doc(
 def random_baseline(docs: list[tuple[str, int, int, list[tuple[int, int]] | None]], seed: int = 0) -> dict:
     """Uniform random scores for (doc_id, n, m, links) documents (the paper's Random row)."""
     return summarize(random_per_doc(docs, seed))
+
+
+def within_document_gap(scores: np.ndarray) -> float | None:
+    """How far a document's best one-to-one matching stands above its average cell.
+
+    Unsupervised (no label): the mean of the k = min(n, m) cells of the maximum-weight matching
+    minus the mean of all n x m cells. A model that only tells documents apart (by a style shared
+    by all a document's images, or topic words shared by all its sentences) scores every cell of a
+    document alike, and its gap stays near 0 however low its loss; a model that links inside the
+    document opens it. None for a 1 x 1 document (no inside to compare).
+    """
+    from training.objectives.assignment import max_weight_matching
+
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.size < 2 or not np.isfinite(scores).all():
+        return None
+    rows, cols = max_weight_matching(scores)
+    return float(scores[rows, cols].mean() - scores.mean())
+
+
+# Below this mean within-document gap (cosine units, validation documents) in every epoch, a
+# run has not learned to link inside documents (docs/benchmarks.md "Confounded documents": a
+# style-only model stays under it, a linking model passes it within an epoch or two).
+FLAT_WITHIN_GAP = 0.05
+
+
+def flat_within_warning(history: list[dict], threshold: float = FLAT_WITHIN_GAP) -> str | None:
+    """A one-line warning when the run's within-document signal never rose; else None."""
+    gaps = [h["val_within"] for h in history if np.isfinite(h.get("val_within", float("nan")))]
+    if not gaps or max(gaps) >= threshold:
+        return None
+    return (
+        f"the within-document signal stayed flat (val_within <= {max(gaps):.3f} < {threshold:g} in all "
+        f"{len(gaps)} epochs): the model tells documents apart but has not learned which sentence goes "
+        "with which image inside them (docs/training.md, 'Confounded documents')"
+    )

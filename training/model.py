@@ -13,7 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from training.text_pooling import TEXT_POOLING
 
 
 @dataclass
@@ -24,6 +26,7 @@ class ModelConfig:
     d_multi: int = 1024  # GRU units = joint space width
     image_dropout: float = 0.4
     backbone: str = "gru"
+    text_pooling: str = "last"  # one of TEXT_POOLING; configs saved before it were "last"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -32,18 +35,39 @@ class ModelConfig:
 class TextEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig, embeddings: np.ndarray | None = None):
         super().__init__()
+        if cfg.text_pooling not in TEXT_POOLING:
+            raise ValueError(f"unknown text pooling {cfg.text_pooling!r}; known: {', '.join(TEXT_POOLING)}")
+        self.pooling = cfg.text_pooling
         self.embed = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=0)
         if embeddings is not None:
             self.embed.weight.data.copy_(torch.from_numpy(np.asarray(embeddings, dtype=np.float32)))
-        self.gru = nn.GRU(cfg.word_dim, cfg.d_multi, batch_first=True)
+        if self.pooling == "bag":
+            self.proj = nn.Linear(cfg.word_dim, cfg.d_multi)
+        elif self.pooling == "bigru":
+            self.gru = nn.GRU(cfg.word_dim, max(1, cfg.d_multi // 2), batch_first=True, bidirectional=True)
+        else:
+            self.gru = nn.GRU(cfg.word_dim, cfg.d_multi, batch_first=True)
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """tokens [N, T] (0-padded), lengths [N] -> unit vectors [N, d_multi]."""
-        packed = pack_padded_sequence(
-            self.embed(tokens), lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
-        )
-        _, h = self.gru(packed)
-        return F.normalize(h[-1], dim=-1)
+        x = self.embed(tokens)  # [N, T, word_dim]
+        T = tokens.shape[1]
+        mask = torch.arange(T, device=tokens.device)[None, :] < lengths.clamp(min=1)[:, None]  # [N, T]
+        if self.pooling == "bag":
+            mean = (x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+            return F.normalize(self.proj(mean), dim=-1)
+        packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+        states, h = self.gru(packed)
+        if self.pooling == "last":
+            return F.normalize(h[-1], dim=-1)
+        if self.pooling == "bigru":
+            return F.normalize(torch.cat([h[-2], h[-1]], dim=-1), dim=-1)
+        out, _ = pad_packed_sequence(states, batch_first=True, total_length=T)  # [N, T, d_multi]
+        if self.pooling == "mean":
+            pooled = (out * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        else:  # max
+            pooled = out.masked_fill(~mask[..., None], float("-inf")).amax(1)
+        return F.normalize(pooled, dim=-1)
 
 
 class ImageEncoder(nn.Module):

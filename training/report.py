@@ -48,7 +48,11 @@ def learning_curve_png(history: list[dict]) -> str | None:
     ax2 = ax.twinx()
     ax2.plot(epochs, [h.get("val_auc") for h in history], color=TRUE, marker="s", label="val AUC")
     ax2.set_ylabel("intra-document val AUC", color=TRUE)
-    ax.set_title("Validation loss vs link AUC by epoch")
+    if any(h.get("val_within") is not None for h in history):  # label-free: x100 on the AUC axis
+        within = [100 * h["val_within"] if h.get("val_within") is not None else None for h in history]
+        ax2.plot(epochs, within, color=BOTH, marker="^", label="within-document gap x100 (no labels)")
+        ax2.legend(loc="lower right", fontsize=8)
+    ax.set_title("Validation loss, link AUC and within-document gap by epoch")
     return _png(fig)
 
 
@@ -124,6 +128,7 @@ padding:8px 12px;margin:12px 0}.thumbs{display:flex;flex-wrap:wrap;gap:6px}figur
 text-align:center;font-size:12px}img{border:1px solid #ccc}.noimg{width:96px;height:96px;
 background:#eee}.link{border:1.5px solid;border-radius:4px;padding:0 4px;margin-left:4px;
 font-size:12px}.legend span{margin-right:16px}
+.warning{background:#fff3cd;border:1px solid #d39e00;padding:8px}
 """
 
 
@@ -135,6 +140,7 @@ def render_report(
     per_doc: list[dict],
     cards: list[str],
     meta: dict[str, str],
+    warnings: list[str] = (),
 ) -> str:
     def row(name, m):
         return (
@@ -155,6 +161,7 @@ def render_report(
 <style>{CSS}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <table>{meta_rows}</table>
+{"".join(f"<p class=warning>warning: {html.escape(w)}</p>" for w in warnings)}
 <h2>Test metrics (macro-averaged over documents, x100)</h2>
 <table><tr><th>method</th><th>AUC</th><th>p@1</th><th>p@5</th><th>documents</th></tr>
 {row("model", metrics)}{row("Random", random)}</table>

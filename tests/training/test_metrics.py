@@ -46,3 +46,28 @@ def test_random_baseline_is_near_fifty():
     r = random_baseline(docs, seed=1)
     assert 47 < r["auc"] < 53
     assert r["n_docs"] == 400
+
+
+def test_within_document_gap_is_zero_for_a_flat_document_and_grows_with_the_links():
+    from training.metrics import within_document_gap
+
+    assert within_document_gap(np.full((3, 4), 0.7)) == pytest.approx(0.0)
+    linked = np.full((3, 3), 0.1) + 0.6 * np.eye(3)
+    assert within_document_gap(linked) == pytest.approx(0.7 - linked.mean())
+    assert within_document_gap(linked) > within_document_gap(np.full((3, 3), 0.1) + 0.1 * np.eye(3))
+    assert within_document_gap(np.ones((1, 1))) is None
+    assert within_document_gap(np.array([[np.nan, 1.0]])) is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 5), st.integers(0, 10_000))
+def test_within_document_gap_is_never_negative_and_ignores_a_shared_offset(n, m, seed):
+    from training.metrics import within_document_gap
+
+    scores = np.random.default_rng(seed).normal(size=(n, m))
+    gap = within_document_gap(scores)
+    if n * m < 2:
+        assert gap is None
+        return
+    assert gap >= -1e-12  # the best matching is at least as good as the average matching
+    assert within_document_gap(scores + 3.0) == pytest.approx(gap)  # a document-wide style adds nothing
