@@ -55,6 +55,9 @@ ROWS: dict[str, dict] = {
     "margin-0.5": {"margin": 0.5},
     "li2021-C+I": {"objective": "li2021", "objectives": "C+I"},
     "lr-1e-4": {"lr": 1e-4},
+    "select-within": {"select_by": "val_within"},
+    # mmlinks' defaults after the ablation (training/config.py): both changes together
+    "mmlinks-default": {"text_pooling": "max", "select_by": "val_within"},
 }
 
 
@@ -72,13 +75,22 @@ class LocalShard:
             yield self.table.slice(start, batch_size)
 
 
-def write_data(out: Path, docs: int, style: float, topic_words: int, seed: int) -> Path:
+def write_data(
+    out: Path, docs: int, style: float, topic_words: int, position: str, seed: int, image_size: int
+) -> Path:
     from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig
     from pipelines.synthetic_corpus import SynthConfig, corpus_matches, write_corpus
 
     corpus, dataset = out / "corpus", out / "dataset"
-    synth = SynthConfig(docs=docs, seed=seed, style_strength=style, topic_words=topic_words)
+    synth = SynthConfig(
+        docs=docs,
+        seed=seed,
+        style_strength=style,
+        topic_words=topic_words,
+        topic_position=position,
+        image_size=image_size,
+    )
     if not corpus_matches(corpus, synth) or not (dataset / "manifest.json").exists():
         write_corpus(corpus, synth)
         build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(dataset)))
@@ -153,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--docs", type=int, default=600, help="synthetic documents (default: 600, the demo's)")
     ap.add_argument("--style-strength", type=float, default=0.8, help="document visual style (0..1)")
     ap.add_argument("--topic-words", type=int, default=3, help="topic words in every sentence")
+    ap.add_argument("--topic-position", default="end", choices=("start", "end", "random"))
     ap.add_argument("--seed", type=int, default=0, help="corpus seed (training seed is BASE's)")
+    ap.add_argument("--image-size", type=int, default=128, help="rendered image side in pixels")
     ap.add_argument("--rows", default="all", help=f"comma-separated rows of: {', '.join(ROWS)}")
     ap.add_argument("--set", action="append", default=[], help="override a BASE field: name=json")
     ap.add_argument("--quiet", action="store_true", help="no per-epoch lines on stderr")
@@ -171,7 +185,9 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.disable(logging.WARNING)  # Beam's and the build's chatter; the JSON is the output
     t0 = time.perf_counter()
-    dataset = write_data(out, args.docs, args.style_strength, args.topic_words, args.seed)
+    dataset = write_data(
+        out, args.docs, args.style_strength, args.topic_words, args.topic_position, args.seed, args.image_size
+    )
     results = {}
     for name in names:
         if not args.quiet:
@@ -189,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
                     "docs": args.docs,
                     "style_strength": args.style_strength,
                     "topic_words": args.topic_words,
+                    "topic_position": args.topic_position,
                     "seed": args.seed,
                 },
                 "base": BASE,

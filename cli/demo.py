@@ -13,6 +13,7 @@ from cli.train_options import add_registration_args, add_train_args, train_confi
 from schemas import config_fields
 
 STEPS = 7
+CONFOUNDS = ("style_strength", "topic_words", "topic_position")  # SynthConfig fields the demo offers
 
 
 def add_parsers(sub) -> None:
@@ -30,6 +31,11 @@ def add_parsers(sub) -> None:
         "--workdir", default="mmlinks-demo", help="where everything is written (default: ./mmlinks-demo)"
     )
     demo.add_argument("--docs", type=int, default=600, help="synthetic documents (default: 600)")
+    from pipelines.synthetic_corpus import SynthConfig
+    from schemas import config_fields
+
+    # documents with a style of their own (docs/training.md, "Confounded documents")
+    config_fields.add_arguments(demo, SynthConfig, CONFOUNDS, groups=False)
     add_train_args(demo, epochs=20, d_multi=256, lr=1e-3)
     add_registration_args(demo)
     add_gate_args(demo, max_auc_drop=1.0, max_p_at_1_drop=5.0)  # reruns differ by shuffle noise
@@ -76,7 +82,7 @@ def run_demo(args) -> dict:
     if not cfg.storage_path:
         cfg.storage_path = str(work / "ray_results")
 
-    _corpus(corpus, args.docs, cfg.seed)
+    _corpus(corpus, args.docs, cfg.seed, {k: getattr(args, k) for k in CONFOUNDS if hasattr(args, k)})
     stage_s["synth"] = time.perf_counter() - t0
     t = time.perf_counter()
     manifest = _build(corpus, dataset)
@@ -134,12 +140,12 @@ def run_demo(args) -> dict:
     return summary
 
 
-def _corpus(corpus: Path, docs: int, seed: int) -> None:
+def _corpus(corpus: Path, docs: int, seed: int, confounds: dict) -> None:
     from tqdm import tqdm
 
     from pipelines.synthetic_corpus import SynthConfig, corpus_matches, write_corpus
 
-    synth_cfg = SynthConfig(docs=docs, seed=seed)
+    synth_cfg = SynthConfig(docs=docs, seed=seed, **confounds)
     if corpus_matches(corpus, synth_cfg):
         step(1, STEPS, f"synthetic corpus: reusing {corpus}")
         return

@@ -20,9 +20,11 @@ def add_parsers(sub) -> None:
     train = sub.add_parser(
         "train",
         help="train a model with Ray Train, evaluate on test, register in MLflow",
-        description="Train on a built dataset, keep the checkpoint with the lowest unsupervised "
-        "validation loss, evaluate it on the test split, log everything to MLflow "
-        "(MLFLOW_TRACKING_URI, or sqlite under --workdir) and register the model.",
+        description="Train on a built dataset, keep the best checkpoint by a label-free "
+        "validation signal (--select-by), evaluate it on the test split, log everything to MLflow "
+        "(MLFLOW_TRACKING_URI, or sqlite under --workdir) and register the model. The defaults "
+        "deviate from Hessel et al. 2019 where it fails on documents with a style of their own; "
+        "--preset paper restores it (docs/training.md).",
         epilog=EPILOG,
     )
     train.add_argument(

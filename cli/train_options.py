@@ -9,10 +9,8 @@ from schemas import config_fields
 
 def add_train_args(p, **defaults) -> None:
     """The TrainConfig flags (``defaults``: this command's own, e.g. the demo's 20 epochs)."""
-    from training.config import TrainConfig
+    from training.config import PRESETS, TrainConfig
     from training.objectives.similarity import SIMILARITIES
-
-    from training.config import PRESETS
 
     config_fields.add_arguments(p, TrainConfig, defaults=defaults)
     p.add_argument(
@@ -47,9 +45,7 @@ def add_registration_args(p) -> None:
 
 def train_config_from_args(args, **overrides):
     """The TrainConfig that `train`, `demo` and the grid build from their flags."""
-    from training.config import TrainConfig
-
-    from training.config import preset_values
+    from training.config import TrainConfig, preset_values
 
     values = {"data": getattr(args, "data", None) or "", "ray_logs": bool(getattr(args, "debug", False))}
     preset = preset_values(getattr(args, "preset", None))  # under the flags given

@@ -111,6 +111,8 @@ def train_model(
             },
         )
     res = outcome.result
+    for warning in res.warnings:  # e.g. a flat within-document signal (training.metrics)
+        context.log.warning(f"{name}: {warning}")
     test, rand = res.test or {}, res.random or {}
     ref = {
         "source": source,
@@ -125,6 +127,7 @@ def train_model(
         "random": rand,
         "report": res.report_path,
         "ray_job_id": outcome.ray_job_id,
+        "warnings": res.warnings,
     }
     metadata = {
         "mlflow_run_id": res.run_id,
@@ -142,6 +145,8 @@ def train_model(
     }
     if outcome.ray_job_id:
         metadata["ray_job_id"] = outcome.ray_job_id
+    if res.warnings:
+        metadata["warnings"] = " | ".join(res.warnings)
     return versioned(ref, f"{name}/{ref['model_version']}", metadata)
 
 

@@ -133,9 +133,7 @@ class Settings:
     def train_config(self, objective: str, data: str, **defaults):
         """TrainConfig: ``defaults`` (cluster facts from resources) < train_preset < train_base <
         the objective's."""
-        from training.config import TrainConfig
-
-        from training.config import preset_values
+        from training.config import TrainConfig, preset_values
 
         values = {
             **defaults,

@@ -12,7 +12,16 @@ from training.text_pooling import TEXT_POOLING
 # The registries define the names; these are their values at import (see objective_names()).
 OBJECTIVES = objective_names()
 BACKBONES = backbone_names()
-__all__ = ["BACKBONES", "LI2021_PARTS", "MODEL_FIELDS", "OBJECTIVES", "PRESETS", "SELECTION_ORDER", "TrainConfig", "preset_values"]
+__all__ = [
+    "BACKBONES",
+    "LI2021_PARTS",
+    "MODEL_FIELDS",
+    "OBJECTIVES",
+    "PRESETS",
+    "SELECTION_ORDER",
+    "TrainConfig",
+    "preset_values",
+]
 
 
 def li2021_part_choices() -> tuple[str, ...]:
@@ -144,7 +153,7 @@ class TrainConfig:
         group=MODEL,
     )
     select_by: str = option(
-        "val_loss",
+        "val_within",
         help="which epoch's checkpoint is the model: val_loss = lowest validation loss (paper); "
         "val_within = widest within-document gap on validation documents (label-free; a model that "
         "only tells documents apart by their style keeps it near 0)",
@@ -152,7 +161,7 @@ class TrainConfig:
         group=MODEL,
     )
     text_pooling: str = option(
-        "last",
+        "max",
         help="how a sentence becomes one vector (gru backbone): last = the GRU's final state (paper), "
         "mean / max over its states, bigru = bidirectional, bag = mean word embedding + linear",
         choices=lambda: tuple(TEXT_POOLING),

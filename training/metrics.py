@@ -144,9 +144,9 @@ def within_document_gap(scores: np.ndarray) -> float | None:
 
 
 # Below this mean within-document gap (cosine units, validation documents) in every epoch, a
-# run has not learned to link inside documents (docs/benchmarks.md "Confounded documents": a
-# style-only model stays under it, a linking model passes it within an epoch or two).
-FLAT_WITHIN_GAP = 0.05
+# run has not learned to link inside documents (docs/benchmarks.md "Confounded documents": runs
+# that stay near chance stay at 0.02-0.06; runs that link end at 0.17-0.49).
+FLAT_WITHIN_GAP = 0.1
 
 
 def flat_within_warning(history: list[dict], threshold: float = FLAT_WITHIN_GAP) -> str | None:

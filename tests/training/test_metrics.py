@@ -71,3 +71,16 @@ def test_within_document_gap_is_never_negative_and_ignores_a_shared_offset(n, m,
         return
     assert gap >= -1e-12  # the best matching is at least as good as the average matching
     assert within_document_gap(scores + 3.0) == pytest.approx(gap)  # a document-wide style adds nothing
+
+
+def test_a_flat_within_document_signal_is_warned_about_and_a_rising_one_is_not():
+    from training.metrics import FLAT_WITHIN_GAP, flat_within_warning
+
+    flat = [{"epoch": e, "val_within": 0.01 + 0.001 * e} for e in range(5)]
+    rising = [{"epoch": e, "val_within": 0.02 + 0.05 * e} for e in range(5)]
+    warning = flat_within_warning(flat)
+    assert warning and "stayed flat" in warning and "5 epochs" in warning
+    assert flat_within_warning(rising) is None
+    assert flat_within_warning([{"epoch": 0, "val_within": float("nan")}]) is None  # nothing to judge
+    assert flat_within_warning([]) is None
+    assert flat_within_warning([{"epoch": 0, "val_within": FLAT_WITHIN_GAP}]) is None

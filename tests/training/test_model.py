@@ -11,7 +11,8 @@ from training.text_pooling import TEXT_POOLING
 
 def _model(pooling: str, seed: int = 0) -> MulLink:
     torch.manual_seed(seed)
-    return MulLink(ModelConfig(vocab_size=30, word_dim=8, image_dim=5, d_multi=6, text_pooling=pooling)).eval()
+    cfg = ModelConfig(vocab_size=30, word_dim=8, image_dim=5, d_multi=6, text_pooling=pooling)
+    return MulLink(cfg).eval()
 
 
 @settings(max_examples=25, deadline=None)
@@ -32,7 +33,8 @@ def test_last_is_the_grus_final_state_as_in_the_paper():
     model = _model("last")
     tokens, lengths = torch.tensor([[3, 4, 5]]), torch.tensor([3])
     _, h = model.text.gru(model.text.embed(tokens))
-    assert torch.allclose(model.text(tokens, lengths), torch.nn.functional.normalize(h[-1], dim=-1), atol=1e-6)
+    expected = torch.nn.functional.normalize(h[-1], dim=-1)
+    assert torch.allclose(model.text(tokens, lengths), expected, atol=1e-6)
 
 
 def test_mean_pooling_is_the_mean_of_the_grus_states():

@@ -64,6 +64,15 @@ def test_document_card_marks_predicted_true_and_both():
     assert card.count("class=noimg") == 2  # unreadable images get a placeholder, not a crash
 
 
+def test_a_flat_within_document_signal_shows_as_a_warning_with_its_curve():
+    m = {"auc": 51.0, "p_at_1": 14.0, "p_at_5": 18.0, "n_docs": 3}
+    history = [{"epoch": e, "val_loss": 0.4, "val_auc": 50.0, "val_within": 0.01} for e in range(3)]
+    page = render_report("t", m, m, history, [], [], {}, ["the within-document signal stayed <flat>"])
+    assert "<p class=warning>warning: the within-document signal stayed &lt;flat&gt;</p>" in page
+    assert "data:image/png;base64," in page  # the curve, with the gap, rendered
+    assert "class=warning" not in render_report("t", m, m, history, [], [], {})
+
+
 @pytest.mark.slow
 def test_report_renders_in_headless_chromium(trained, dataset, tmp_path):
     from training.evaluate import evaluate
