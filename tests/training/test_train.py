@@ -87,6 +87,9 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
     assert {"test_auc", "test_p_at_1", "test_p_at_5", "random_auc"} <= set(run.data.metrics)
     hist = client.get_metric_history(res.run_id, "val_loss")
     assert [m.step for m in hist] == [0, 1]  # one value per epoch, logged by rank 0 only
+    # the label-free within-document signal, summed over both workers' validation documents
+    within = client.get_metric_history(res.run_id, "val_within")
+    assert [m.step for m in within] == [0, 1] and all(m.value >= 0 for m in within)
     assert str(client.get_model_version_by_alias("test-model", "production").version) == res.model_version
 
     # The registered model loads by alias in a fresh process and scores a document.
