@@ -110,6 +110,7 @@ def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
     try:
         hist = client.get_metric_history(run_id, "val_loss")
         auc = client.get_metric_history(run_id, "val_auc")
+        within = client.get_metric_history(run_id, "val_within")
     except MlflowException:
         return None
     if not hist:
@@ -117,6 +118,8 @@ def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
     post = {"val_loss": f"{hist[-1].value:.4f}"}
     if auc:
         post["val_auc"] = f"{auc[-1].value:.1f}"
+    if within:
+        post["val_within"] = f"{within[-1].value:.3f}"
     return len(hist), post
 
 

@@ -127,11 +127,11 @@ def test_the_epoch_progress_bar_reads_the_logged_epochs(capsys):
         def get_metric_history(self, run_id, key):
             if self.busy:
                 raise MlflowException("database is locked")
-            values = {"val_loss": [0.5, 0.25], "val_auc": [60.0, 71.25]}[key]
+            values = {"val_loss": [0.5, 0.25], "val_auc": [60.0, 71.25], "val_within": [0.02, 0.1234]}[key]
             return [SimpleNamespace(value=v) for v in values]
 
     store = Store()
-    assert poll_epochs(store, "r") == (2, {"val_loss": "0.2500", "val_auc": "71.2"})
+    assert poll_epochs(store, "r") == (2, {"val_loss": "0.2500", "val_auc": "71.2", "val_within": "0.123"})
     store.busy = True
     assert poll_epochs(store, "r") is None  # a busy store only delays the bar
     with epoch_progress("sqlite:///unused.db", "r", 3, enabled=False):
