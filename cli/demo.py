@@ -101,6 +101,8 @@ def run_demo(args) -> dict:
         cfg, uri, model_name=name, alias="candidate", progress=True, report_dir=work / "reports"
     )
     stage_s["train_evaluate_register"] = time.perf_counter() - t
+    for warning in res.warnings:  # e.g. a flat within-document signal
+        print(f"warning: {warning}", file=sys.stderr)
     step(
         4, STEPS, f"evaluated best checkpoint (epoch {res.best_epoch}) on {res.test['n_docs']} test documents"
     )
@@ -131,6 +133,7 @@ def run_demo(args) -> dict:
         "dataset_manifest": str(dataset / "manifest.json"),
         "dataset_version": manifest.dataset_version,
         "report": res.report_path,
+        "warnings": res.warnings,
         "production_query": query,
         "wall_time_s": round(wall, 1),
         "stage_s": {k: round(v, 1) for k, v in stage_s.items()},
