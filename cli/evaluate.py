@@ -7,7 +7,7 @@ from pathlib import Path
 from cli.common import EPILOG, add_common, existing_dir, per_doc_path
 from schemas import config_fields
 from schemas.errors import MmlinksError
-from training.baselines import BASELINES
+from training.baseline_names import BASELINES
 
 # The TrainConfig flags of `baseline --method nostruct` (the rest keep TrainConfig's defaults).
 NOSTRUCT_FLAGS = ["epochs", "d_multi", "batch_docs", "lr", "min_word_count", "num_workers"]

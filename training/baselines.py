@@ -30,9 +30,6 @@ from schemas.text import tokenize
 from training.data import TRAINING_COLUMNS, iter_documents
 from training.metrics import DocMetrics, document_metrics, random_per_doc, summarize
 
-# The baselines by name (the CLI's --method) and the name tables show.
-BASELINES = {"random": "Random", "object-detection": "Obj Detect", "nostruct": "NoStruct"}
-
 K_MAX = 20
 
 
