@@ -176,7 +176,8 @@ def _promote_and_query(args, uri: str, name: str, dataset: Path, version: str | 
     """The gate, then (if there is a production model) one query the way a downstream job makes it."""
     from mlflow.tracking import MlflowClient
 
-    from training.registry import Gate, promote
+    from training.gate import Gate
+    from training.registry import promote
 
     promotion = promote(MlflowClient(uri), name, dataset, config_fields.from_args(Gate, args))
     model_uri = f"models:/{name}@production"

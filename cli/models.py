@@ -11,7 +11,7 @@ from schemas.errors import MmlinksError
 
 def add_gate_args(p, **defaults) -> None:
     """The promotion gate's flags, from ``Gate``'s fields (``defaults``: the command's own)."""
-    from training.registry import Gate
+    from training.gate import Gate
 
     config_fields.add_arguments(p, Gate, defaults=defaults)
 
@@ -55,7 +55,8 @@ def add_parsers(sub) -> None:
 def cmd_promote(args) -> dict:
     from mlflow.tracking import MlflowClient
 
-    from training.registry import Gate, promote, rollback
+    from training.gate import Gate
+    from training.registry import promote, rollback
     from training.tracking import tracking_uri
 
     client = MlflowClient(tracking_uri(args.workdir))

@@ -10,7 +10,7 @@ from schemas import config_fields
 def add_train_args(p, **defaults) -> None:
     """The TrainConfig flags (``defaults``: this command's own, e.g. the demo's 20 epochs)."""
     from training.config import PRESETS, TrainConfig
-    from training.objectives.similarity import SIMILARITIES
+    from training.objectives.registry import get_objective, objective_names
 
     config_fields.add_arguments(p, TrainConfig, defaults=defaults)
     p.add_argument(
@@ -24,7 +24,7 @@ def add_train_args(p, **defaults) -> None:
     p.add_argument(
         "--similarity",
         dest="objective",
-        choices=sorted(SIMILARITIES),
+        choices=sorted(n for n in objective_names() if get_objective(n).similarity == n),  # dc, tk, ap
         default=argparse.SUPPRESS,
         help=argparse.SUPPRESS,
     )

@@ -39,7 +39,7 @@ class Settings:
     raw_inputs: dict[str, str] = field(default_factory=dict)  # source -> input (default ROOT/raw/<source>)
     synthetic: dict = field(default_factory=dict)  # SynthConfig overrides for the synthetic source
     thresholds: dict = field(default_factory=dict)  # orchestration.quality.Thresholds overrides
-    gate: dict = field(default_factory=dict)  # training.registry.Gate overrides of its defaults
+    gate: dict = field(default_factory=dict)  # training.gate.Gate overrides of its defaults
     promotion_split: str = "test"
     model_name: str = "mmlinks-{source}-{objective}"
     diy_first_month: str = "2013-01"  # first partition of the monthly r/DIY snapshots (the paper's)
@@ -118,7 +118,7 @@ class Settings:
                 raise MmlinksError(f"objective name {name!r}: use letters, digits and '_' (it names assets)")
             self.train_config(name, data="-").validate()
         from orchestration.quality import Thresholds
-        from training.registry import Gate
+        from training.gate import Gate
 
         Thresholds.from_dict(self.thresholds)
         from pipelines.synthetic_corpus import SynthConfig
@@ -145,7 +145,7 @@ class Settings:
         return TrainConfig.from_dict(values)
 
     def gate_config(self):
-        from training.registry import Gate
+        from training.gate import Gate
 
         return Gate(**self.gate)  # Gate's own defaults, as `mmlinks promote`
 

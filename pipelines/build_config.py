@@ -12,7 +12,6 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from features import get_extractor, resolve_device
 from features.registry import (
     DEFAULT_EXTRACTOR,
     describe_extractors,
@@ -276,6 +275,8 @@ class BuildConfig:
         if spec.check is not None:
             spec.check(ctx)
         self.document_filter()
+        from features import get_extractor, resolve_device  # torch: imported when a build is checked
+
         resolve_device(self.device)
         ext = get_extractor(self.extractor, **self.extractor_options)
         if ext.kind != "global":

@@ -21,15 +21,25 @@ from contextlib import contextmanager
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from schemas.errors import MmlinksError
 
 TEMP_MARKER = ".tmp-"
 _TEMP_RE = re.compile(re.escape(TEMP_MARKER) + r"[0-9a-f]{32}$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_RAW = CompressionTypes.UNCOMPRESSED
+_RAW = "uncompressed"  # Beam's CompressionTypes.UNCOMPRESSED: bytes as stored, whatever the suffix
+
+
+class _LazyFileSystems:
+    """Beam's ``FileSystems``, imported on first use: importing Beam takes seconds, and every
+    ``mmlinks`` command imports this module while building its parser."""
+
+    def __getattr__(self, name: str):
+        from apache_beam.io.filesystems import FileSystems as real
+
+        return getattr(real, name)
+
+
+FileSystems = _LazyFileSystems()
 
 
 class FileTooLarge(MmlinksError):

@@ -15,15 +15,10 @@ import logging
 import re
 import shlex
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from apache_beam.options.pipeline_options import (
-    GoogleCloudOptions,
-    PipelineOptions,
-    PortableOptions,
-    SetupOptions,
-    SparkRunnerOptions,
-    WorkerOptions,
-)
+if TYPE_CHECKING:  # Beam is imported where options are made: the CLI's parser imports this module
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 from schemas.errors import MmlinksError
 
@@ -83,6 +78,8 @@ def pipeline_options(
     ``beam_args`` wins). Raises MmlinksError for an unknown runner, a conflicting ``--runner`` in
     ``beam_args`` or a missing required option.
     """
+    from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
+
     name = canonical_runner(runner)
     beam_args = [str(a) for a in beam_args]
     for a in beam_args:
@@ -126,6 +123,8 @@ def _require(name: str, value, option: str, what: str) -> None:
 
 
 def _check(name: str, options: PipelineOptions, beam_args: list[str]) -> None:
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PortableOptions, SparkRunnerOptions
+
     gcp = options.view_as(GoogleCloudOptions)
     if name == DATAFLOW:
         _require(name, gcp.project, "project", "the Google Cloud project id")
@@ -175,6 +174,14 @@ def _check(name: str, options: PipelineOptions, beam_args: list[str]) -> None:
 
 def advisories(runner: str, beam_args: Sequence[str]) -> list[str]:
     """Non-fatal advice for a runner's options (logged as warnings by pipeline_options)."""
+    from apache_beam.options.pipeline_options import (
+        GoogleCloudOptions,
+        PipelineOptions,
+        PortableOptions,
+        SetupOptions,
+        WorkerOptions,
+    )
+
     name = canonical_runner(runner)
     options = PipelineOptions(list(beam_args))
     out = []

@@ -24,46 +24,17 @@ import numpy as np
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from schemas.config_fields import option, validate
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from training.data import TRAINING_COLUMNS, iter_documents
+from training.gate import Gate
 from training.metrics import document_metrics, summarize
 
 CANDIDATE, PRODUCTION = "candidate", "production"
 PREVIOUS_TAG = "mmlinks.previous_production"
 LOCK_SUFFIX = ".promotion-lock"
 LOCK_TTL_S = 600.0
-GATE_GROUP = "promotion gate (metric points, x100 scale)"
-
-
-@dataclass
-class Gate:
-    """How much worse than production a candidate may be, in metric points (x100 scale).
-
-    The one definition of the gate's defaults: ``mmlinks promote``, the demo (which loosens it
-    by its own command defaults) and the Dagster promotion settings all start from these."""
-
-    max_auc_drop: float = option(
-        0.5,
-        help="refuse if candidate AUC is more than this below production's "
-        "(negative: it must beat production by that much)",
-        group=GATE_GROUP,
-    )
-    max_p_at_1_drop: float = option(
-        0.0,
-        help="refuse if candidate p@1 is more than this below production's "
-        "(negative: it must beat production by that much)",
-        flag="--max-p1-drop",
-        group=GATE_GROUP,
-    )
-    min_auc: float = option(
-        0.0, help="absolute AUC floor, also applied when there is no production yet", group=GATE_GROUP
-    )
-
-    def __post_init__(self) -> None:
-        validate(self, "promotion gate")
 
 
 @dataclass

@@ -152,3 +152,16 @@ def test_crawl_without_credentials_names_the_variables(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert "praw_client_id" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_building_the_parser_imports_no_heavy_library():
+    """Every command builds the whole parser first: torch, Beam, MLflow, Ray or Dagster there
+    cost every `mmlinks` call seconds before it starts (``--help`` took ~8 s of CPU)."""
+    code = (
+        "import sys; from cli.main import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'apache_beam', 'mlflow', 'ray', 'dagster', 'scipy', 'praw') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

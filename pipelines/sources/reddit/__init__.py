@@ -18,75 +18,56 @@ The album scraping is ``pipelines.sources.imgur``; ``pipelines.sources.diy`` com
 Modules: ``config`` (options, RedditConfig, record shapes), ``api`` (praw client, credentials,
 one-line API errors), ``dumps`` (compressed files -> lines), ``normalise`` (lines -> posts,
 filters), ``candidates`` (the Beam transform ReadCandidatePosts), ``crawl`` (the incremental
-crawl, ``run_crawl`` for the CLI and Dagster). This package re-exports their public names.
+crawl, ``run_crawl`` for the CLI and Dagster). This package re-exports their public names,
+each imported on first use: Beam and praw load only when needed (the CLI's parser reads
+``config``).
 
 Credentials come only from praw's own environment variables (``praw_client_id``,
 ``praw_client_secret``, ``praw_user_agent``) of a read-only OAuth app; their values are never
 logged, put in options, metadata or error messages.
 """
 
-from pipelines.sources.reddit.api import (
-    REDDIT_CREDENTIALS,
-    api_error,
-    default_user_agent,
-    make_reddit,
-    missing_credentials,
-    require_credentials,
-)
-from pipelines.sources.reddit.candidates import ReadCandidatePosts, RefreshScores
-from pipelines.sources.reddit.config import (
-    DEFAULT_OVERLAP_S,
-    DUMP_FIELDS,
-    POST_KEYS,
-    REDDIT_OPTIONS,
-    RedditConfig,
-    reddit_config,
-)
-from pipelines.sources.reddit.crawl import crawl_new_posts, gap_warning, run_crawl, submission_record
-from pipelines.sources.reddit.dumps import (
-    ReadSubmissionFile,
-    StreamTruncated,
-    dump_month,
-    iter_decompressed,
-    list_input_files,
-    split_lines,
-)
-from pipelines.sources.reddit.normalise import (
-    album_of,
-    candidate,
-    filter_reason,
-    normalize_submission,
-    pick_latest,
-)
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_OVERLAP_S",
-    "DUMP_FIELDS",
-    "POST_KEYS",
-    "REDDIT_CREDENTIALS",
-    "REDDIT_OPTIONS",
-    "ReadCandidatePosts",
-    "ReadSubmissionFile",
-    "RedditConfig",
-    "RefreshScores",
-    "StreamTruncated",
-    "album_of",
-    "api_error",
-    "candidate",
-    "crawl_new_posts",
-    "default_user_agent",
-    "dump_month",
-    "filter_reason",
-    "gap_warning",
-    "iter_decompressed",
-    "list_input_files",
-    "make_reddit",
-    "missing_credentials",
-    "normalize_submission",
-    "pick_latest",
-    "reddit_config",
-    "require_credentials",
-    "run_crawl",
-    "split_lines",
-    "submission_record",
-]
+import importlib
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "DEFAULT_OVERLAP_S": "config",
+    "DUMP_FIELDS": "config",
+    "POST_KEYS": "config",
+    "REDDIT_CREDENTIALS": "api",
+    "REDDIT_OPTIONS": "config",
+    "ReadCandidatePosts": "candidates",
+    "ReadSubmissionFile": "dumps",
+    "RedditConfig": "config",
+    "RefreshScores": "candidates",
+    "StreamTruncated": "dumps",
+    "album_of": "normalise",
+    "api_error": "api",
+    "candidate": "normalise",
+    "crawl_new_posts": "crawl",
+    "default_user_agent": "api",
+    "dump_month": "dumps",
+    "filter_reason": "normalise",
+    "gap_warning": "crawl",
+    "iter_decompressed": "dumps",
+    "list_input_files": "dumps",
+    "make_reddit": "api",
+    "missing_credentials": "api",
+    "normalize_submission": "normalise",
+    "pick_latest": "normalise",
+    "reddit_config": "config",
+    "require_credentials": "api",
+    "run_crawl": "crawl",
+    "split_lines": "dumps",
+    "submission_record": "crawl",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,41 @@
+"""The promotion gate's thresholds (``mmlinks promote``, the demo, Dagster's promotion).
+
+Its own module, with no MLflow or torch, so that building the CLI's parser (the gate's flags are
+generated from these fields) stays cheap; ``training.registry`` applies it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.config_fields import option, validate
+
+GATE_GROUP = "promotion gate (metric points, x100 scale)"
+
+
+@dataclass
+class Gate:
+    """How much worse than production a candidate may be, in metric points (x100 scale).
+
+    The one definition of the gate's defaults: ``mmlinks promote``, the demo (which loosens it
+    by its own command defaults) and the Dagster promotion settings all start from these."""
+
+    max_auc_drop: float = option(
+        0.5,
+        help="refuse if candidate AUC is more than this below production's "
+        "(negative: it must beat production by that much)",
+        group=GATE_GROUP,
+    )
+    max_p_at_1_drop: float = option(
+        0.0,
+        help="refuse if candidate p@1 is more than this below production's "
+        "(negative: it must beat production by that much)",
+        flag="--max-p1-drop",
+        group=GATE_GROUP,
+    )
+    min_auc: float = option(
+        0.0, help="absolute AUC floor, also applied when there is no production yet", group=GATE_GROUP
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, "promotion gate")
