@@ -81,17 +81,7 @@ def regions_of(
     ):
         raise ValueError("region labels or scores do not match the region vectors in count")
 
-    # Output position of every shard-order image: document d's slot j holds image perms[d][j].
-    doc_start = _starts(per_doc)
-    order = (
-        np.arange(n_img)
-        if perms is None
-        else np.concatenate([doc_start[d] + np.asarray(p, np.int64) for d, p in enumerate(perms)] or [[]])
-    ).astype(np.int64)
-    if len(order) != n_img:
-        raise ValueError(f"perms cover {len(order)} images; the table has {n_img}")
-    position = np.empty(n_img, np.int64)
-    position[order] = np.arange(n_img)
+    position = _output_positions(per_doc, perms, n_img)
 
     # One row per region: its image, its index in the image, its score.
     total = int(counts.sum())
@@ -118,21 +108,47 @@ def regions_of(
     mask = np.zeros((n_img, R), bool)
     mask[slot_img, slot_rank] = True
 
-    # Concept tokens: tokenise each distinct label once; a missing label list reads as <unk>.
     tokens = np.zeros((n_img, R, label_tokens), np.int64)
     if total:
-        flat_labels = np.zeros(total, np.int64)
-        coded = pc.dictionary_encode(pc.fill_null(pc.list_flatten(labels), ""))
-        table_ids = np.zeros((len(coded.dictionary), label_tokens), np.int64)
-        for i, label in enumerate(coded.dictionary.to_pylist()):
-            ids = vocab.encode(label, label_tokens)
-            table_ids[i, : len(ids)] = ids
-        has_labels = np.repeat(label_counts == counts, counts)
-        flat_labels[has_labels] = coded.indices.to_numpy(zero_copy_only=False)
-        label_ids = np.where(has_labels[:, None], table_ids[flat_labels], 0)
-        label_ids[~has_labels, 0] = vocab.index.get("<unk>", 1)
+        label_ids = _concept_tokens(labels, label_counts == counts, counts, vocab, label_tokens)
         tokens[slot_img, slot_rank] = label_ids[keep]
     return RegionBatch(torch.from_numpy(features), torch.from_numpy(tokens), torch.from_numpy(mask))
+
+
+def _output_positions(per_doc: np.ndarray, perms: list[np.ndarray] | None, n_img: int) -> np.ndarray:
+    """Output slot of every shard-order image: document d's slot j holds image ``perms[d][j]``."""
+    doc_start = _starts(per_doc)
+    order = (
+        np.arange(n_img)
+        if perms is None
+        else np.concatenate([doc_start[d] + np.asarray(p, np.int64) for d, p in enumerate(perms)] or [[]])
+    ).astype(np.int64)
+    if len(order) != n_img:
+        raise ValueError(f"perms cover {len(order)} images; the table has {n_img}")
+    position = np.empty(n_img, np.int64)
+    position[order] = np.arange(n_img)
+    return position
+
+
+def _concept_tokens(
+    labels: pa.Array, image_has_labels: np.ndarray, counts: np.ndarray, vocab: Vocabulary, label_tokens: int
+) -> np.ndarray:
+    """[total_regions, label_tokens] token ids, one row per region in shard order.
+
+    Each distinct label is tokenised once; an image without a label list reads as ``<unk>``.
+    """
+    total = int(counts.sum())
+    flat_labels = np.zeros(total, np.int64)
+    coded = pc.dictionary_encode(pc.fill_null(pc.list_flatten(labels), ""))
+    table_ids = np.zeros((len(coded.dictionary), label_tokens), np.int64)
+    for i, label in enumerate(coded.dictionary.to_pylist()):
+        ids = vocab.encode(label, label_tokens)
+        table_ids[i, : len(ids)] = ids
+    has_labels = np.repeat(image_has_labels, counts)
+    flat_labels[has_labels] = coded.indices.to_numpy(zero_copy_only=False)
+    label_ids = np.where(has_labels[:, None], table_ids[flat_labels], 0)
+    label_ids[~has_labels, 0] = vocab.index.get("<unk>", 1)
+    return label_ids
 
 
 def concept_words(paths: list[str]) -> Iterator[str]:

@@ -145,6 +145,32 @@ def _label(value, n: int) -> int | str | None:
     return value if -1 <= value < n else "bad"
 
 
+def _link_labels(doc_id: str, images_in: list, sentences_in: list):
+    """Yields a dead letter per out-of-range label; returns ({(sentence, image)}, any label seen).
+
+    Labels come from both sides (image -> sentence and sentence -> image), as in the authors' files.
+    """
+    n_img, n_sent = len(images_in), len(sentences_in)
+    pairs, labelled = set(), False
+    for k, (_, s) in enumerate(images_in):
+        lab = _label(s, n_sent)
+        if lab == "bad":
+            yield dead_letter("link", doc_id, "out_of_range", f"image {k} -> sentence {s!r}")
+        elif lab is not None:
+            labelled = True
+            if lab >= 0:
+                pairs.add((lab, k))
+    for k, (_, i) in enumerate(sentences_in):
+        lab = _label(i, n_img)
+        if lab == "bad":
+            yield dead_letter("link", doc_id, "out_of_range", f"sentence {k} -> image {i!r}")
+        elif lab is not None:
+            labelled = True
+            if lab >= 0:
+                pairs.add((k, lab))
+    return pairs, labelled
+
+
 class AssembleHesselDocs(beam.DoFn):
     """(split, index, raw document) -> Document with features from the matrix; dead letters aside."""
 
@@ -172,24 +198,7 @@ class AssembleHesselDocs(beam.DoFn):
         except (TypeError, IndexError, KeyError) as exc:
             yield dead_letter("document", doc_id, "malformed_document", f"{type(exc).__name__}: {exc}")
             return
-        n_img, n_sent = len(images_in), len(sentences_in)
-        pairs, labelled = set(), False
-        for k, (_, s) in enumerate(images_in):
-            lab = _label(s, n_sent)
-            if lab == "bad":
-                yield dead_letter("link", doc_id, "out_of_range", f"image {k} -> sentence {s!r}")
-            elif lab is not None:
-                labelled = True
-                if lab >= 0:
-                    pairs.add((lab, k))
-        for k, (_, i) in enumerate(sentences_in):
-            lab = _label(i, n_img)
-            if lab == "bad":
-                yield dead_letter("link", doc_id, "out_of_range", f"sentence {k} -> image {i!r}")
-            elif lab is not None:
-                labelled = True
-                if lab >= 0:
-                    pairs.add((k, lab))
+        pairs, labelled = yield from _link_labels(doc_id, images_in, sentences_in)
 
         images, image_map = [], {}
         for k, (image_id, _) in enumerate(images_in):

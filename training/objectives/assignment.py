@@ -70,6 +70,23 @@ def max_weight_matching(weights: np.ndarray, k: int | None = None) -> tuple[np.n
     return r[order].astype(np.int64), c[order].astype(np.int64)
 
 
+def _padded_costs(
+    weights: np.ndarray, n: np.ndarray, m: np.ndarray, k: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Checked sizes -> ([P, N, M] costs ``top_p - w >= 0``, +inf outside each block; k as int64)."""
+    w = np.asarray(weights, dtype=np.float64)
+    P, N, M = w.shape
+    n, m, k = (np.asarray(x, dtype=np.int64).reshape(P) for x in (n, m, k))
+    if np.any((n < 0) | (n > N) | (m < 0) | (m > M)):
+        raise ValueError(f"problem sizes must lie inside the padded {N}x{M} matrices")
+    if np.any((k < 0) | (k > np.minimum(n, m))):
+        raise ValueError("every k must lie in [0, min(n, m)] of its problem")
+    valid_row = np.arange(N)[None, :] < n[:, None]
+    valid = valid_row[:, :, None] & (np.arange(M)[None, None, :] < m[:, None, None])
+    top = np.where(valid, w, -np.inf).max(axis=(1, 2), initial=-np.inf)
+    return np.where(valid, np.where(np.isfinite(top), top, 0.0)[:, None, None] - w, np.inf), k
+
+
 def batched_max_weight_matching(
     weights: np.ndarray, n: np.ndarray, m: np.ndarray, k: np.ndarray
 ) -> np.ndarray:
@@ -92,17 +109,8 @@ def batched_max_weight_matching(
     B = 11 (121 problems of 16 x 16, CPU) this is ~1.4x faster than a loop of lapjv calls for k
     half and ~2.4x slower for k full; both are ~1% of a training step (benchmarks/training_step.py).
     """
-    w = np.asarray(weights, dtype=np.float64)
-    P, N, M = w.shape
-    n, m, k = (np.asarray(x, dtype=np.int64).reshape(P) for x in (n, m, k))
-    if np.any((n < 0) | (n > N) | (m < 0) | (m > M)):
-        raise ValueError(f"problem sizes must lie inside the padded {N}x{M} matrices")
-    if np.any((k < 0) | (k > np.minimum(n, m))):
-        raise ValueError("every k must lie in [0, min(n, m)] of its problem")
-    valid_row = np.arange(N)[None, :] < n[:, None]
-    valid = valid_row[:, :, None] & (np.arange(M)[None, None, :] < m[:, None, None])
-    top = np.where(valid, w, -np.inf).max(axis=(1, 2), initial=-np.inf)
-    cost = np.where(valid, np.where(np.isfinite(top), top, 0.0)[:, None, None] - w, np.inf)
+    cost, k = _padded_costs(weights, n, m, k)
+    P, N, M = cost.shape
     cost_rows = cost.reshape(P * N, M)
     free_cost = cost.transpose(0, 2, 1).copy()  # [P, M, N]; a row's entries go to +inf once matched
     # potentials: free rows stay at 0 (their distance from the source), so only matched rows move

@@ -178,12 +178,16 @@ def crawl_new_posts(
         new_cursor["updated_at"] = stamp
         state.set_cursor(name, new_cursor)  # after the files: a crash before here redoes the run
         cursor = new_cursor
-    count_new = len(run.fresh)
-    log.info("r/%s: %d new posts in %d file(s)", subreddit, count_new, len(files))
+    log.info("r/%s: %d new posts in %d file(s)", subreddit, len(run.fresh), len(files))
+    return _crawl_summary(run, files, cursor, gap, gap_info)
+
+
+def _crawl_summary(run, files: list[str], cursor: dict, gap: bool, gap_info: dict | None) -> dict:
+    """What ``crawl_new_posts`` returns: counts, files and the cursor without its id list."""
     summary = {k: v for k, v in cursor.items() if k != "recent_ids"}
     summary["recent_ids_kept"] = len(cursor.get("recent_ids") or ())
     return {
-        "new_posts": count_new,
+        "new_posts": len(run.fresh),
         "files": files,
         "cursor": summary,
         "listed": run.listed,
