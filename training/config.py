@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from schemas.config_fields import option
-from training.backbone import backbone_names
-from training.objectives.registry import LI2021_PARTS, get_objective, objective_names
+from training.backbone import DEFAULT_BACKBONE, backbone_names
+from training.objectives.registry import DEFAULT_OBJECTIVE, LI2021_PARTS, get_objective, objective_names
 from training.text_pooling import TEXT_POOLING
 
 # The registries define the names; these are their values at import (see objective_names()).
@@ -84,7 +84,7 @@ class TrainConfig:
 
     data: str = option("", help="dataset directory (holds manifest.json)", flag="")
     objective: str = option(
-        "ap",
+        DEFAULT_OBJECTIVE,
         help="training objective: the NoStruct baseline, Hessel 2019's DC, TK or AP (assignment) "
         "document similarity, or Li et al. 2021",
         choices=objective_names,
@@ -101,7 +101,7 @@ class TrainConfig:
         group=MODEL,
     )
     backbone: str = option(
-        "gru",
+        DEFAULT_BACKBONE,
         help="text/image encoders: GRU + projected CNN feature (Hessel 2019), or Transformers over words "
         "and over region features + concept tokens (Li 2021; needs a dataset built with --regions)",
         choices=backbone_names,

@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from training.objectives.li2021_parts import LI2021_PARTS
 
+DEFAULT_OBJECTIVE = "ap"  # Hessel et al. 2019's best (assignment); TrainConfig's default
+
 # loss(s_pad, s_mask, v_pad, v_mask, cfg, generator) -> (loss, {part name: float})
 LossFn = Callable[..., tuple[Any, dict[str, float]]]
 
