@@ -1004,6 +1004,15 @@ def test_score_refresh_is_checkpointed_so_a_rerun_asks_only_for_the_rest(tmp_pat
         n_first = len(srv.requests)
         posts, dead, second = run_reader(ctx, tmp_path)
         asked_second = [q["id"].split(",") for _, p, q, _ in srv.requests[n_first:] if p == "/api/info/"]
+        # Scores taken an hour after posting (long ago) had not settled: a later build asks again.
+        for f in (tmp_path / "state").rglob("*.json"):
+            rec = json.loads(f.read_text())
+            f.write_text(json.dumps({**rec, "at": JAN_2015 + int(rec["_key"][1:]) + 3600}))
+        n_second = len(srv.requests)
+        _, _, third = run_reader(ctx, tmp_path)
+        asked_third = [
+            i for _, p, q, _ in srv.requests[n_second:] if p == "/api/info/" for i in q["id"].split(",")
+        ]
     assert first["score_refresh_failed"] in (50, 100)
     refreshed_first = {i for ids in asked_first[3:] for i in ids}  # the batch that answered
     assert len(refreshed_first) == 150 - first["score_refresh_failed"]
@@ -1013,5 +1022,6 @@ def test_score_refresh_is_checkpointed_so_a_rerun_asks_only_for_the_rest(tmp_pat
     assert second["scores_from_checkpoint"] == len(refreshed_first)
     assert dead == [] and {k: v["score"] for k, v in posts.items()} == {f"c{i}": 30 + i for i in range(150)}
     assert all(p["score_refreshed"] for p in posts.values())
+    assert len(asked_third) == 150 and "scores_from_checkpoint" not in third
     records = [f.read_text() for f in (tmp_path / "state").rglob("*.json")]
     assert len(records) == 150 and not any(SECRET in r or SECRET_ID in r for r in records)

@@ -7,6 +7,7 @@ of the candidates are refreshed through the API (100 ids per call) before the sc
 from __future__ import annotations
 
 import logging
+import time
 
 import apache_beam as beam
 
@@ -21,7 +22,12 @@ from schemas.errors import MmlinksError
 log = logging.getLogger(__name__)
 
 
-SCORES_KIND = "reddit_scores"  # crawl-state records: post id -> {"score": n} or {"missing": true}
+SCORES_KIND = "reddit_scores"  # crawl-state records: post id -> {"score": n} or {"missing": true}, "at": t
+# A checkpointed score is reused when it was taken once the post's score had settled (this long
+# after the post was created), or recently enough to be a rerun of an interrupted build; else the
+# API is asked again (a weekly rebuild must not keep a new post's first-day score forever).
+SCORE_SETTLED_S = 30 * 86400
+SCORE_RERUN_S = 86400
 
 
 class RefreshScores(beam.DoFn):
@@ -36,9 +42,10 @@ class RefreshScores(beam.DoFn):
     credentials) dump scores are used as they are (``scores_not_refreshed``).
 
     Each answer is checkpointed per post in the crawl state (``state_root``, kind
-    ``reddit_scores``) before the batch moves on, so a build interrupted after some batches asks
-    Reddit only for the posts it had not refreshed (``scores_from_checkpoint``). Failed calls are
-    not recorded: a rerun asks again. Delete that kind's folder to ask for every score afresh.
+    ``reddit_scores``) with its time before the batch moves on, so a build interrupted after some
+    batches asks Reddit only for the posts it had not refreshed (``scores_from_checkpoint``);
+    scores taken before a post's score settled are asked for again by later builds (see
+    ``SCORE_SETTLED_S``). Failed calls are not recorded: a rerun asks again.
     """
 
     def __init__(self, config: RedditConfig, state_root: str | None = None):
@@ -60,10 +67,18 @@ class RefreshScores(beam.DoFn):
         self._errors = api_errors()
 
     def _checkpointed(self, batch: list[dict]) -> dict[str, dict]:
+        """Checkpointed answers still good to use (see ``SCORE_SETTLED_S``), by post id."""
         if self._state is None:
             return {}
-        found = {p["id"]: self._state.get(SCORES_KIND, p["id"]) for p in batch}
-        return {k: v for k, v in found.items() if v is not None}
+        now, out = time.time(), {}
+        for post in batch:
+            rec = self._state.get(SCORES_KIND, post["id"])
+            at = rec.get("at") if rec else None
+            if isinstance(at, int | float) and (
+                at - post["created_utc"] >= SCORE_SETTLED_S or now - at < SCORE_RERUN_S
+            ):
+                out[post["id"]] = rec
+        return out
 
     def _ask(self, posts: list[dict]) -> dict[str, int]:
         """Current scores of ``posts`` from the API, checkpointed (raises the API's errors)."""
@@ -75,9 +90,10 @@ class RefreshScores(beam.DoFn):
             if score is not None:
                 fresh[str(item.id)] = score
         if self._state is not None:
+            at = int(time.time())
             for p in posts:
                 record = {"score": fresh[p["id"]]} if p["id"] in fresh else {"missing": True}
-                self._state.put(SCORES_KIND, p["id"], record)
+                self._state.put(SCORES_KIND, p["id"], {**record, "at": at})
         return fresh
 
     def process(self, batch: list[dict]):
