@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipelines.records import DEAD_LETTER, DeadLetter
@@ -135,8 +135,10 @@ def test_reddit_dump_lines_become_posts_or_reasoned_dead_letters(line, fault_sta
 
 
 @EXAMPLES
+@example(raw=b"", html="\x85")
 @given(raw=st.binary(max_size=120), html=st.text(max_size=300))
 def test_mediawiki_titles_and_html(raw, html, fault_stats):
+    # Found by this test: an href "File:" + whitespace (U+0085) gave an empty file name.
     fault_stats.add(inputs_fuzzed=2, invariant_checks=2)
     outputs = list(ParseTitles().process(raw))
     dead = _dead_letters(outputs)
