@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-quick lint demo clean
+.PHONY: setup test test-quick test-faults lint demo clean
 
 setup: $(BIN)/mmlinks
 
@@ -19,10 +19,14 @@ PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: setup
-	$(BIN)/python -m pytest -q $(XDIST)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not faults"
 
 test-quick: setup
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
+
+# The fault-injection scenarios (tests/faults, docs/reliability.md), alone and in one process.
+test-faults: setup
+	$(BIN)/python -m pytest -q -p no:xdist -m faults tests/faults
 
 lint: setup
 	$(BIN)/ruff check .

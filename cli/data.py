@@ -239,19 +239,27 @@ def cmd_build(args) -> dict:
     if "://" not in args.input and not Path(args.input).exists():  # remote: checked by the source
         raise MmlinksError(f"--input {args.input} does not exist")
     cfg = BuildConfig.for_source(args.source, args.input, args.out, **_explicit_build_options(args))
-    return run_build(cfg)
+    return run_build(cfg, debug=args.debug)
 
 
-def run_build(cfg) -> dict:
-    """Check ``cfg`` (one-line errors before anything is created), build, summarise."""
-    from cli.output import heartbeat
+def run_build(cfg, debug: bool = False) -> dict:
+    """Check ``cfg`` (one-line errors before anything is created), build, summarise.
+
+    Library output (Beam workers' warnings and logs) goes to the build's log file, not the
+    terminal; ``debug`` leaves it on the terminal."""
+    from cli.output import build_log_path, heartbeat, library_output_to
     from pipelines import fileio
     from pipelines.build import build_dataset
     from pipelines.commit import last_build
 
     cfg.check()
-    print(f"building {cfg.source} dataset with Beam ({cfg.runner}) -> {cfg.out}", file=sys.stderr)
-    with heartbeat("beam build"):
+    log_path = None if debug else build_log_path(cfg.out)
+    shown = f" (library logs: {log_path})" if log_path else ""
+    print(f"building {cfg.source} dataset with Beam ({cfg.runner}) -> {cfg.out}{shown}", file=sys.stderr)
+    describe = cfg.spec().describe
+    if describe is not None:
+        print(describe(cfg.source_context()), file=sys.stderr)
+    with library_output_to(log_path), heartbeat("beam build"):
         manifest = build_dataset(cfg)
     summary = {"manifest": fileio.join(cfg.out, "manifest.json"), **manifest_summary(manifest)}
     summary["dead_letter"] = fileio.join(cfg.out, manifest.dead_letter) if manifest.dead_letter else None
@@ -267,7 +275,7 @@ def cmd_import_hessel(args) -> dict:
         files["name"] = args.name
     root = args.docs.rsplit("/", 1)[0] if "/" in args.docs else "."  # keeps gs:// URIs whole
     options = {**_explicit_build_options(args), "source_options": files}
-    return run_build(BuildConfig.for_source("hessel", root, args.out, **options))
+    return run_build(BuildConfig.for_source("hessel", root, args.out, **options), debug=args.debug)
 
 
 def cmd_crawl(args) -> dict:

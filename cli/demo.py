@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cli.common import EPILOG, add_common, writable_dir
 from cli.models import add_gate_args
-from cli.output import heartbeat, step, table
+from cli.output import build_log_path, heartbeat, library_output_to, step, table
 from cli.train_options import add_registration_args, add_train_args, train_config_from_args
 from schemas import config_fields
 
@@ -85,7 +85,7 @@ def run_demo(args) -> dict:
     _corpus(corpus, args.docs, cfg.seed, {k: getattr(args, k) for k in CONFOUNDS if hasattr(args, k)})
     stage_s["synth"] = time.perf_counter() - t0
     t = time.perf_counter()
-    manifest = _build(corpus, dataset)
+    manifest = _build(corpus, dataset, debug=args.debug)
     stage_s["build"] = time.perf_counter() - t
 
     uri = tracking_uri(work)
@@ -157,12 +157,12 @@ def _corpus(corpus: Path, docs: int, seed: int, confounds: dict) -> None:
         write_corpus(corpus, synth_cfg, bar.update)
 
 
-def _build(corpus: Path, dataset: Path):
+def _build(corpus: Path, dataset: Path, debug: bool = False):
     from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig
 
     step(2, STEPS, "dataset build (Apache Beam, DirectRunner): validate, phash, CNN features, shards")
-    with heartbeat("beam build"):
+    with library_output_to(None if debug else build_log_path(str(dataset))), heartbeat("beam build"):
         manifest = build_dataset(BuildConfig(source="synthetic", input=str(corpus), out=str(dataset)))
     dropped = sum(manifest.counts.get("dropped", {}).values())
     print(

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from schemas.progress import polled_progress
 
@@ -32,6 +33,46 @@ def stdout_to_stderr(enabled: bool) -> Iterator[None]:
         _json_out = os.dup(1)
         os.dup2(2, 1)
     yield
+
+
+@contextlib.contextmanager
+def library_output_to(log_path: Path | None) -> Iterator[Path | None]:
+    """Inside the block, what libraries write goes to ``log_path``; the terminal keeps ours.
+
+    File descriptor 2 is pointed at the log file, so Beam's SDK worker processes (started
+    inside the block, they inherit it), C libraries and Python logging's stderr handlers write
+    there: GCS/apitools import warnings, ``semi_persistent_directory``, "Discarding unparseable
+    args". ``sys.stderr`` becomes a stream on the real terminal for the block, so progress bars
+    and messages made inside it still reach the user. ``None``: nothing is redirected.
+    """
+    if log_path is None:
+        yield None
+        return
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    terminal = open(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    with open(log_path, "wb") as log:
+        os.dup2(log.fileno(), 2)
+    previous, sys.stderr = sys.stderr, terminal
+    try:
+        yield log_path
+    finally:
+        terminal.flush()
+        sys.stderr = previous
+        os.dup2(saved, 2)
+        os.close(saved)
+        terminal.close()
+
+
+def build_log_path(out: str) -> Path:
+    """Where a build's library output goes: ``OUT/build.log`` (the last build's), or a temporary
+    file when OUT is a remote URI."""
+    if "://" in out and not out.startswith("file://"):
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / f"mmlinks-build-{os.getpid()}.log"
+    return Path(out.removeprefix("file://")) / "build.log"
 
 
 def _clean(value):

@@ -36,7 +36,10 @@ from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE
 from pipelines.shards_writer import write_outputs
 from pipelines.sources import SourceSpec
 from schemas.document import SCHEMA_VERSION
+from schemas.errors import MmlinksError
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
+
+SHOWN_COUNTS = 12  # counters named in the one-line "kept no document" error, largest first
 
 
 def build_dataset(cfg: BuildConfig) -> Manifest:
@@ -63,11 +66,37 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
                 build_pipeline(p, cfg, staging)
         shards = commit.read_shard_index(staging)
         manifest, run_counts = _manifest(cfg, shards, p.result, *extractors)
+        if not cfg.allow_empty and not any(s.rows for s in shards):
+            raise MmlinksError(empty_build_message(cfg, manifest))
         commit.commit_version(cfg.out, staging, manifest, shards)
         commit.append_build_log(cfg.out, manifest.dataset_version, run_counts, time.time() - started)
     finally:
         fileio.delete_tree(staging)
     return manifest
+
+
+def empty_build_message(cfg: BuildConfig, manifest: Manifest) -> str:
+    """One line: what a build that kept no document read, why everything went, what stays current.
+
+    Counters are the pipeline's own (``reddit_files_read``, ``posts_filtered_subreddit``, ...)
+    and the drops by ``kind:reason``, largest first; the dead letters are not committed, so the
+    line is all the user gets, and it must say where to look.
+    """
+    counts = {**manifest.counts["pipeline"], **manifest.counts["dropped"]}
+    shown = sorted(((v, k) for k, v in counts.items() if v), reverse=True)[:SHOWN_COUNTS]
+    what = ", ".join(f"{k}={v}" for v, k in shown) or "no counter moved: the source yielded nothing"
+    if len(counts) > SHOWN_COUNTS:
+        what += ", ..."
+    current = commit.current_manifest(cfg.out)
+    if current is None:
+        stays = "nothing was committed"
+    else:
+        rows = sum(s.rows for s in current.shards)
+        stays = f"the current version {current.dataset_version} ({rows} documents) stays"
+    return (
+        f"the {cfg.source} build of {cfg.input} kept no document ({what}); {stays}; "
+        "check --input and --source, or pass --allow-empty to commit an empty version"
+    )
 
 
 def _extractor_infos(

@@ -200,6 +200,12 @@ class BuildConfig:
         "(default: OUT/crawl-state/SOURCE)",
         metavar="URI",
     )
+    allow_empty: bool = option(
+        False,
+        help="commit a version with no document (by default a build that keeps nothing fails, "
+        "naming what it read and why each part was dropped, and the current version stays)",
+        group=DOCUMENTS,
+    )
 
     def __post_init__(self) -> None:
         validate(self, "build config")
@@ -250,6 +256,7 @@ class BuildConfig:
             "image_store",
             "direct_workers",
             "crawl_state",
+            "allow_empty",
         ):
             p.pop(k)
         # Politeness, caches and endpoints do not change the documents; credentials never get here.

@@ -112,6 +112,17 @@ def last_build(out: str) -> dict:
     return json.loads(lines[-1]) if lines else {}
 
 
+def current_manifest(out: str) -> Manifest | None:
+    """The committed manifest of ``out``, or None when there is none (or it is unreadable)."""
+    uri = fileio.join(out, MANIFEST_NAME)
+    if not fileio.exists(uri):
+        return None
+    try:
+        return Manifest.from_dict(json.loads(fileio.read_bytes(uri)), allow_older=True)
+    except (MmlinksError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _current_version(out: str) -> str | None:
     uri = fileio.join(out, MANIFEST_NAME)
     if not fileio.exists(uri):

@@ -7,6 +7,8 @@ its images; a document missing any image's features is dead-lettered once, by do
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import RunInference
@@ -19,6 +21,14 @@ from pipelines.image_store import ImageStore
 from pipelines.inference import model_handler
 from pipelines.records import DEAD_LETTER, DROPPED_NAMESPACE, DeadLetter, count, dead_letter
 from schemas.document import Document, ImageRecord, RegionFeatures
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why an image has no features (the exception of its failed batch); it travels in place of
+    the features so the document's dead letter can say it."""
+
+    error: str
 
 
 class LookUpFeatureCache(beam.DoFn):
@@ -73,15 +83,38 @@ class StoreFeatures(beam.DoFn):
         yield content_id, feats
 
 
+def error_text(error) -> str:
+    """``Type: message`` of a failed batch's error, as dead-letter details carry it.
+
+    Beam's RunInference hands the error over as ``(type, repr, formatted traceback lines)``
+    (the exception itself does not survive its coder); its traceback's last line is
+    ``Type: message``."""
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    if isinstance(error, tuple) and len(error) == 3 and isinstance(error[2], list) and error[2]:
+        return str(error[2][-1]).strip()
+    if isinstance(error, tuple) and error and isinstance(error[0], type):
+        return f"{error[0].__name__}: {error[1] if len(error) > 1 else ''}"
+    return repr(error)
+
+
 def _failed_batch(batch_and_error):
     batch, error = batch_and_error
     for (content_id, _size), _ in batch:
         beam.metrics.Metrics.counter(DROPPED_NAMESPACE, "image:inference_failed").inc()
-        yield DeadLetter("image", content_id, "inference_failed", repr(error)[:500])
+        yield DeadLetter("image", content_id, "inference_failed", error_text(error)[:500])
+
+
+def _failed_ids(batch_and_error):
+    """(content id, ``Type: message``) per image of a failed batch, joined back to its documents."""
+    batch, error = batch_and_error
+    for (content_id, _size), _ in batch:
+        yield content_id, Failure(error_text(error))
 
 
 def image_features(content_ids, cfg: BuildConfig, extractor: Extractor, label: str):
-    """Distinct content ids -> (content id, ImageFeatures), plus dead letters of failed batches."""
+    """Distinct content ids -> (content id, ImageFeatures | Failure), plus dead letters of failed
+    batches (a Failure stands for an image whose batch failed, carrying the exception)."""
     key = cache_key(
         extractor.name, extractor.version, cfg.device, {**extractor.options, "threads": cfg.threads()}
     )
@@ -98,7 +131,8 @@ def image_features(content_ids, cfg: BuildConfig, extractor: Extractor, label: s
         | f"{label}Inference" >> RunInference(handler).with_exception_handling()
     )
     computed = inferred | f"{label}Store" >> beam.ParDo(StoreFeatures(store_root, key, extractor))
-    feats = (looked.hit, computed) | f"{label}All" >> beam.Flatten()
+    failures = failed.failed_inferences | f"{label}FailedIds" >> beam.FlatMap(_failed_ids)
+    feats = (looked.hit, computed, failures) | f"{label}All" >> beam.Flatten()
     dead = failed.failed_inferences | f"{label}Failed" >> beam.FlatMap(_failed_batch)
     return feats, dead
 
@@ -106,7 +140,7 @@ def image_features(content_ids, cfg: BuildConfig, extractor: Extractor, label: s
 def fan_out(kv, tag: str):
     """(content id, {feat: [f], ref: [doc ids]}) -> (doc id, (tag, content id, f)) per reference."""
     content_id, grouped = kv
-    feats = list(grouped["feat"])
+    feats = sorted(grouped["feat"], key=lambda f: not isinstance(f, ImageFeatures))  # features first
     for doc_id in grouped["ref"]:
         yield doc_id, (tag, content_id, feats[0] if feats else None)
 
@@ -123,18 +157,26 @@ def _region_record(feats: ImageFeatures | None) -> RegionFeatures | None:
     )
 
 
+def _missing_features(images: list[dict], got: dict, tags: tuple[str, ...]) -> str:
+    """``"cnn: RuntimeError: ...: uri, uri"`` per (feature set, error) of the images that have no
+    features; errors first, so the 500-character detail keeps them ("" when nothing is missing)."""
+    by_error: dict[str, list[str]] = {}
+    for im in images:
+        for tag in tags:
+            value = got.get((tag, im["content_id"]))
+            if not isinstance(value, ImageFeatures):
+                why = value.error if isinstance(value, Failure) else "no features and no recorded error"
+                by_error.setdefault(f"{tag}: {why}", []).append(im["uri"])
+    return "; ".join(f"{why}: {', '.join(uris)}" for why, uris in by_error.items())
+
+
 def assemble(kv, with_regions: bool):
     doc_id, grouped = kv
     for doc in grouped["doc"]:  # exactly one: ids were made unique upstream
         got = {(tag, cid): f for tag, cid, f in grouped["feat"]}
-        missing = [
-            im["uri"]
-            for im in doc["images"]
-            if got.get(("cnn", im["content_id"])) is None
-            or (with_regions and got.get(("regions", im["content_id"])) is None)
-        ]
-        if missing:  # each failed image is already dead-lettered once, by content id
-            yield dead_letter("document", doc_id, "feature_extraction_failed", ", ".join(missing))
+        missing = _missing_features(doc["images"], got, ("cnn", "regions") if with_regions else ("cnn",))
+        if missing:  # each failed image is also dead-lettered once, by content id
+            yield dead_letter("document", doc_id, "feature_extraction_failed", missing)
             continue
         images = [
             ImageRecord(

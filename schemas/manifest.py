@@ -64,8 +64,19 @@ class Manifest:
         path.write_text(self.to_json())
         return path
 
-    def shard_paths(self, directory: str | Path, split: str | None = None) -> list[Path]:
-        return [Path(directory) / s.path for s in self.shards if split is None or s.split == split]
+    def shard_paths(self, directory: str | Path, split: str | None = None, verify: bool = True) -> list[Path]:
+        """The shards of ``split`` (all: None), each checked against its size and sha256 here
+        (``schemas.shards.verify_shard``: a changed shard is refused, naming the file)."""
+        from schemas.shards import verify_shard
+
+        out = []
+        for s in self.shards:
+            if split is None or s.split == split:
+                path = Path(directory) / s.path
+                if verify and s.sha256:
+                    verify_shard(path, s.sha256, s.bytes)
+                out.append(path)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict, allow_older: bool = False) -> Manifest:

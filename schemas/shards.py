@@ -45,6 +45,50 @@ def check_schema(schema: pa.Schema, where: str | Path) -> None:
         )
 
 
+# Shards whose bytes matched their manifest, by (path, size, mtime): hashed once per process.
+_VERIFIED: dict[tuple[str, int, int], str] = {}
+_HASH_CHUNK = 1 << 20
+
+
+def verify_shard(path: str | Path, sha256: str, size: int | None = None) -> None:
+    """Refuse a shard whose bytes are not the ones its manifest committed, naming the file.
+
+    A shard changed after the commit (a bad disk, a partial copy, a hand edit) would otherwise be
+    read as if it were the dataset version the manifest names. Size first (no read), then the
+    sha256; a match is remembered for the file's (size, mtime). When the file's footer names
+    another schema version, that error (with its migration hint) is raised instead.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise MmlinksError(f"shard {p} named by the manifest is missing; rebuild the dataset") from None
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if _VERIFIED.get(key) == sha256:
+        return
+    if size is not None and st.st_size != size:
+        found = f"{st.st_size} bytes where the manifest says {size}"
+    else:
+        h = hashlib.sha256()
+        with p.open("rb") as fh:
+            while chunk := fh.read(_HASH_CHUNK):
+                h.update(chunk)
+        if h.hexdigest() == sha256:
+            _VERIFIED[key] = sha256
+            return
+        found = f"sha256 {h.hexdigest()[:12]} where the manifest says {sha256[:12]}"
+    try:
+        schema = pq.read_schema(p)
+    except (OSError, pa.ArrowInvalid):
+        schema = None
+    if schema is not None:
+        check_schema(schema, p)  # another schema version: say that, with its hint
+    raise MmlinksError(
+        f"shard {p} is not the file the manifest committed ({found}): it changed after the build; "
+        "rebuild the dataset"
+    )
+
+
 def check_shards(paths: Iterable[str | Path]) -> None:
     """Check every shard's existence and schema version from its footer alone (no data read)."""
     for p in paths:

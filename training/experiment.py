@@ -155,7 +155,8 @@ def _log_model(result, manifest, example, model_name, alias, tracking_uri) -> tu
     mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
     mlflow.log_dict({"history": result.history}, "training_history.json")
     with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
-        model_uri = log_link_model(ckpt_dir, result.vocab, example, manifest.feature_extractor.name)
+        fe = manifest.feature_extractor
+        model_uri = log_link_model(ckpt_dir, result.vocab, example, fe.name, fe.version)
     version = None
     if model_name:
         version = tracking.register(model_uri, model_name, alias, tracking_uri)

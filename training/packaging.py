@@ -83,6 +83,21 @@ def _empty(value) -> bool:
     return value is None or isinstance(value, float) or (not isinstance(value, str) and len(value) == 0)
 
 
+def check_extractor_version(name: str, packaged: str | None, installed: str) -> None:
+    """Refuse images when this server's extractor is not the one the model was trained on: same
+    name, other weights give other features, and the scores would be silently meaningless."""
+    if packaged is None:
+        raise _bad_request(
+            f"this model names the feature extractor {name} but not its version, so images cannot "
+            "be checked against the training features; send image_features"
+        )
+    if packaged != installed:
+        raise _bad_request(
+            f"this model was trained on {name}@{packaged} features, but this server has "
+            f"{name}@{installed}; send image_features computed with {name}@{packaged}"
+        )
+
+
 class LinkModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from training.backbone import needs_regions
@@ -94,7 +109,9 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         self.vocab = Vocabulary.load(context.artifacts["vocab"])
         self.max_tokens = int(meta["train"]["max_tokens"])
         extractor = context.artifacts.get("extractor")
-        self.extractor_name = json.loads(Path(extractor).read_text())["name"] if extractor else None
+        packaged = json.loads(Path(extractor).read_text()) if extractor else {}
+        self.extractor_name = packaged.get("name")
+        self.extractor_version = packaged.get("version")  # absent in models packaged before #19
         self._cnn = None  # loaded on the first request that sends images
 
     def _featurize(self, row: int, images: list[str]) -> np.ndarray:
@@ -108,6 +125,7 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         if self.extractor_name is None:
             raise _bad_request("this model was packaged without a feature extractor; send image_features")
         extractor = get_extractor(self.extractor_name)
+        check_extractor_version(self.extractor_name, self.extractor_version, extractor.version)
         if self._cnn is None:
             self._cnn = extractor.load_model()
         batch = []
@@ -210,12 +228,18 @@ def log_link_model(
     vocab: Vocabulary,
     example: dict | None = None,
     extractor: str | None = DEFAULT_EXTRACTOR,
+    extractor_version: str | None = None,
 ) -> str:
     """Log the pyfunc model into the active run; returns its model URI.
 
     ``extractor`` names the feature extractor of the training data, so requests may send
-    images instead of features (None: features only).
+    images instead of features (None: features only); ``extractor_version`` (default: the
+    installed extractor's) is checked against the serving machine's before images are scored.
     """
+    if extractor and extractor_version is None:
+        from features import get_extractor
+
+        extractor_version = get_extractor(extractor).version
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "checkpoint"
         shutil.copytree(checkpoint_dir, ckpt)
@@ -223,7 +247,9 @@ def log_link_model(
         vocab.save(vocab_path)
         artifacts = {"checkpoint": str(ckpt), "vocab": str(vocab_path)}
         if extractor:
-            (Path(tmp) / "extractor.json").write_text(json.dumps({"name": extractor}))
+            (Path(tmp) / "extractor.json").write_text(
+                json.dumps({"name": extractor, "version": extractor_version})
+            )
             artifacts["extractor"] = str(Path(tmp) / "extractor.json")
         info = mlflow.pyfunc.log_model(
             name="model",

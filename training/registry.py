@@ -33,6 +33,13 @@ from training.metrics import document_metrics, summarize
 
 CANDIDATE, PRODUCTION = "candidate", "production"
 PREVIOUS_TAG = "mmlinks.previous_production"
+# Crash-safe rollback bookkeeping. A version tag written on the candidate *before* the alias
+# moves names the version it replaces; a model tag written in one call names the (production,
+# previous) pair the last promotion or rollback left. Rollback trusts the pair when it is about
+# the current production version, else the current version's own tag: whichever step a crash
+# (or a dead tracking server) interrupts, rollback goes to the version production really replaced.
+REPLACED_TAG = "mmlinks.replaced_version"
+ROLLBACK_TAG = "mmlinks.rollback"
 LOCK_SUFFIX = ".promotion-lock"
 LOCK_TTL_S = 600.0
 
@@ -185,8 +192,9 @@ class PromotionLock:
 
 
 def check_compatible(client: MlflowClient, name: str, version: str, manifest: Manifest) -> None:
-    """Refuse to score a version trained on another schema version or feature extractor: its
-    image projection expects other inputs, so its metrics here would be meaningless."""
+    """Refuse to score a version trained on another schema version or feature extractor (name
+    and weights version): its image projection expects other inputs, so its metrics here would
+    be meaningless. A version whose run lacks those parameters cannot be checked: refused too."""
     try:
         run_id = client.get_model_version(name, version).run_id
         params = client.get_run(run_id).data.params if run_id else {}
@@ -198,9 +206,16 @@ def check_compatible(client: MlflowClient, name: str, version: str, manifest: Ma
         "schema_version": str(manifest.schema_version),
         "feature_extractor": f"{manifest.feature_extractor.name}@{manifest.feature_extractor.version}",
     }
+    missing = [key for key in want if params.get(key) is None]
+    if missing:
+        raise MmlinksError(
+            f"version {version} of {name!r} has no {' or '.join(missing)} parameter in its training run, "
+            "so its compatibility with the evaluation dataset cannot be checked; register a model "
+            "trained by `mmlinks train`"
+        )
     for key, expected in want.items():
         got = params.get(key)
-        if got is not None and got != expected:
+        if got != expected:
             raise MmlinksError(
                 f"version {version} of {name!r} was trained with {key}={got}, "
                 f"but the evaluation dataset has {expected}"
@@ -248,9 +263,13 @@ def promote(
             raise MmlinksError(
                 f"production of {name!r} moved from {prod_v} to {now} during this promotion; run it again"
             )
-        # Move the alias first: if this fails, the previous-version tag still names the
-        # version that production really replaced last time.
+        # What the candidate replaces goes on the candidate first (harmless if the alias move
+        # fails), then the alias moves, then the model-level tags (see ROLLBACK_TAG).
+        client.set_model_version_tag(name, cand_v, REPLACED_TAG, prod_v or "")
         client.set_registered_model_alias(name, PRODUCTION, cand_v)
+        client.set_registered_model_tag(
+            name, ROLLBACK_TAG, json.dumps({"production": cand_v, "previous": prod_v})
+        )
         if prod_v is not None:
             client.set_registered_model_tag(name, PREVIOUS_TAG, prod_v)
         if _version_by_alias(client, name, CANDIDATE) == cand_v:  # not a newer candidate
@@ -259,16 +278,37 @@ def promote(
     return result
 
 
+def previous_production(client: MlflowClient, name: str, current: str) -> str | None:
+    """The version ``current`` (production now) replaced, robust to a promotion or rollback
+    that stopped between its steps (see ``ROLLBACK_TAG``)."""
+    try:
+        tags = client.get_registered_model(name).tags
+    except MlflowException as exc:
+        raise MmlinksError(f"no registered model {name!r}: {exc.message}") from exc
+    try:
+        pair = json.loads(tags.get(ROLLBACK_TAG) or "null")
+    except ValueError:
+        pair = None
+    if isinstance(pair, dict) and str(pair.get("production")) == current:
+        return pair.get("previous") or None
+    replaced = client.get_model_version(name, current).tags.get(REPLACED_TAG)
+    if replaced is not None:
+        return replaced or None
+    return tags.get(PREVIOUS_TAG)  # a registry promoted before these tags existed
+
+
 def rollback(client: MlflowClient, name: str) -> tuple[str, str]:
     """Point production back at the version it replaced; returns (from, to)."""
     with PromotionLock(client, name):
-        try:
-            previous = client.get_registered_model(name).tags.get(PREVIOUS_TAG)
-        except MlflowException as exc:
-            raise MmlinksError(f"no registered model {name!r}: {exc.message}") from exc
         current = _version_by_alias(client, name, PRODUCTION)
+        previous = previous_production(client, name, current) if current is not None else None
         if not previous or current is None or previous == current:
             raise MmlinksError(f"model {name!r} has no previous production version to roll back to")
+        # The pair first: if the alias move then fails, the pair is not about the production
+        # version, and the current version's own tag still says what it replaced.
+        client.set_registered_model_tag(
+            name, ROLLBACK_TAG, json.dumps({"production": previous, "previous": current})
+        )
         try:
             client.set_registered_model_alias(name, PRODUCTION, previous)
         except MlflowException as exc:

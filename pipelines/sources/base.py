@@ -128,6 +128,9 @@ class SourceSpec:
     # Sources that ship their own features (the authors' prebuilt datasets) skip the image,
     # near-duplicate, filter and feature stages; see ``PrebuiltFeatures``.
     prebuilt: PrebuiltFeatures | None = None
+    # (context) -> one line naming what the source will read (e.g. which files it takes as
+    # dumps), printed before the build starts; None: nothing to say.
+    describe: Callable[[SourceContext], str] | None = None
 
     def context(self, input: str, options: dict[str, str] | None, state_dir: str) -> SourceContext:
         options = dict(options or {})

@@ -250,6 +250,19 @@ def _check(ctx: SourceContext) -> None:
     ctx.bool("imgur_full_albums")
 
 
+FILES_SHOWN = 8  # file names in the "reading N files as dumps" line
+
+
+def _describe(ctx: SourceContext) -> str:
+    """Which files the build takes as Reddit submission dumps (what a wrong --input reveals)."""
+    files = list_input_files(ctx.input, reddit_config(ctx))
+    names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in files]
+    shown = ", ".join(names[:FILES_SHOWN]) + (
+        f", ... ({len(names) - FILES_SHOWN} more)" if len(names) > FILES_SHOWN else ""
+    )
+    return f"reading {len(files)} files under {ctx.input} as Reddit submission dumps: {shown}"
+
+
 def _fetcher(ctx: SourceContext) -> PoliteFetcher:
     return PoliteFetcher(PoliteClient(policy_from_context(ctx, {_host(_bases(ctx)[2], "imgur_image_base")})))
 
@@ -263,4 +276,5 @@ SPEC = SourceSpec(
     build_defaults={"filter_preset": "diy"},
     fetcher=_fetcher,
     check=_check,
+    describe=_describe,
 )

@@ -165,3 +165,44 @@ def test_building_the_parser_imports_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_build_that_keeps_nothing_fails_and_keeps_the_current_version(dataset, tmp_path):
+    """Issue #19: `data build --source diy` on a folder of other JSON files used to read them all as
+    dumps, filter every line and commit an empty version as current, exiting 0."""
+    from tests.pipelines.test_reddit import _not_reddit_folder
+
+    out = tmp_path / "ds"
+    shutil.copytree(dataset, out)  # a non-empty current version
+    before = (out / "manifest.json").read_bytes()
+    src = _not_reddit_folder(tmp_path / "in")
+    env_free = {"praw_client_id": "", "praw_client_secret": ""}
+    proc = subprocess.run(
+        [
+            MMLINKS,
+            "data",
+            "build",
+            "--source",
+            "diy",
+            "--input",
+            str(src),
+            "--out",
+            str(out),
+            "--direct-workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**{k: v for k, v in os.environ.items() if k not in env_free}},
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    # which files were taken as dumps, before the build starts
+    assert f"reading 3 files under {src} as Reddit submission dumps: " in proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("mmlinks: error: the diy build of ") and "kept no document" in error
+    assert "file:not_submissions=3" in error and "reddit_files_read=3" in error
+    version = json.loads(before)["dataset_version"]
+    assert f"the current version {version} (" in error and "--allow-empty" in error
+    assert (out / "manifest.json").read_bytes() == before  # nothing committed
+    assert sorted(p.name for p in (out / "versions").iterdir()) == [version]

@@ -113,13 +113,24 @@ def test_inference_failure_dead_letters_instead_of_crashing(tmp_path, monkeypatc
     write_corpus(tmp_path / "c", SynthConfig(docs=4, seed=9, image_size=48))
     # in-process (direct_workers=1): worker processes would not see the monkeypatch
     m = build_dataset(
-        BuildConfig(source="synthetic", input=str(tmp_path / "c"), out=str(tmp_path / "d"), direct_workers=1)
+        BuildConfig(
+            source="synthetic",
+            input=str(tmp_path / "c"),
+            out=str(tmp_path / "d"),
+            direct_workers=1,
+            allow_empty=True,  # every document fails here: the empty version is what is asserted
+        )
     )
     assert sum(m.counts["splits"].values()) == 0
     assert m.counts["dropped"]["document:feature_extraction_failed"] == 4
     assert m.counts["dropped"]["image:inference_failed"] >= 1
     records = dead_letters(tmp_path / "d")
     assert any("simulated inference failure" in r["detail"] for r in records)
+    # Each document's record names the exception of each failed image, not just its URI.
+    docs = [r for r in records if r["reason"] == "feature_extraction_failed"]
+    assert len(docs) == 4
+    for r in docs:
+        assert r["detail"].startswith("cnn: RuntimeError: simulated inference failure: "), r
     # nothing was cached for the failed images: a rerun with a working model computes them
     assert not list((tmp_path / "d" / "image-store").glob("features/*/*/*.npz"))
 

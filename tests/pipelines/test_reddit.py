@@ -906,3 +906,122 @@ def test_run_crawl_reports_a_possible_gap(tmp_path, creds):
         second = rd.run_crawl(st, out, api_base=srv.url, limit=2)
         warning = rd.gap_warning("DIY", second)
         assert warning.startswith("gap_possible") and "without --limit" in warning
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults (issue #19): files that are not dumps, decompression bombs, interrupted score refreshes
+
+
+def _not_reddit_folder(root: Path) -> Path:
+    """JSON files that are not Reddit submissions, nested as a careless --input might be."""
+    (root / "nested" / "deeper").mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"name": "DIY tools", "version": 2}, indent=2))
+    (root / "nested" / "items.jsonl").write_text(
+        "".join(
+            json.dumps({"sku": i, "title": "a DIY shelf", "subreddit_like": "DIY"}) + "\n" for i in range(20)
+        )
+    )
+    (root / "nested" / "deeper" / "list.json").write_text(json.dumps([{"id": "x", "name": "DIY"}]))
+    return root
+
+
+def test_json_files_that_are_not_submissions_are_named_not_read(tmp_path, no_creds):
+    src = _not_reddit_folder(tmp_path / "in")
+    write_dump(src / "DIY_submissions.ndjson", [submission("ok1")])  # one real file beside them
+    posts, dead, counters = run_reader(ctx_for(src, tmp_path), tmp_path)
+    assert set(posts) == {"ok1"}
+    assert sorted((d["kind"], d["reason"], d["source_id"]) for d in dead) == [
+        ("file", "not_submissions", "config.json"),
+        ("file", "not_submissions", "items.jsonl"),
+        ("file", "not_submissions", "list.json"),
+    ]
+    assert all("is a Reddit submission" in d["detail"] for d in dead)
+    assert counters["file:not_submissions"] == 3 and counters["reddit_files_read"] == 4
+    assert counters["reddit_files_read:json"] == 2 and counters["reddit_files_read:ndjson"] == 1
+    # the 20-line file is abandoned after its first lines, not read to the end
+    assert counters["reddit_lines_read"] == 1
+
+
+def _rle_zstd_bomb(total: int, byte: int = ord("x")) -> bytes:
+    """A real zstd frame of RLE blocks: 4 bytes per 128 KiB of output (32768-fold)."""
+    block = 128 * 1024
+    header = b"\x28\xb5\x2f\xfd" + bytes([0x00, 0x38])  # magic; no content size; 128 KiB window
+    blocks = total // block
+    body = b"".join(
+        ((i == blocks - 1) | (1 << 1) | (block << 3)).to_bytes(3, "little") + bytes([byte])
+        for i in range(blocks)
+    )
+    return header + body
+
+
+def test_zstd_bomb_output_is_bounded_per_call_and_refused(tmp_path, no_creds):
+    bomb = _rle_zstd_bomb(1 << 30)  # 32 KiB -> 1 GiB
+    assert len(bomb) < 40_000
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(bomb[:4096])[:1] == b"x"  # really zstd
+    from pipelines.sources.reddit.config import ZSTD_FEED
+    from pipelines.sources.reddit.dumps import DecompressionBomb, iter_decompressed
+
+    biggest, total = 0, 0
+    with pytest.raises(DecompressionBomb, match="over 1000x"):
+        for chunk in iter_decompressed(io.BytesIO(bomb), "RS_2015-01.zst"):
+            biggest, total = max(biggest, len(chunk)), total + len(chunk)
+    assert biggest <= (ZSTD_FEED // 4 + 1) * 128 * 1024  # never the whole GiB in one call
+    assert total <= 64 << 20  # refused soon after the floor, not after 1 GiB
+    # Through the reader: the bomb is a dead letter with its reason; the real file beside it is read.
+    src = tmp_path / "in"
+    write_dump(src / "DIY_submissions.zst", [submission("ok1")])
+    good = (src / "DIY_submissions.zst").read_bytes()
+    (src / "RS_2015-01.zst").write_bytes(good + bomb)  # a real first frame, then the bomb
+    posts, dead, counters = run_reader(ctx_for(src, tmp_path), tmp_path)
+    assert set(posts) == {"ok1"}
+    assert [(d["reason"], d["source_id"]) for d in dead] == [("decompression_bomb", "RS_2015-01.zst")]
+    assert "kept the 1 lines before it" in dead[0]["detail"]
+    assert counters["line:decompression_bomb"] == 1
+
+
+def test_bz2_and_xz_output_is_bounded_per_call():
+    from pipelines.sources.reddit.config import OUT_CHUNK
+    from pipelines.sources.reddit.dumps import Bounds, iter_decompressed
+
+    body = b"\n" * (10 << 20)
+    for name, data in (("RS_2015-01.bz2", bz2.compress(body)), ("RS_2015-01.xz", lzma.compress(body))):
+        sizes = [len(c) for c in iter_decompressed(io.BytesIO(data), name, bounds=Bounds(floor=1 << 40))]
+        assert sum(sizes) == len(body) and max(sizes) <= OUT_CHUNK, name
+
+
+def test_score_refresh_is_checkpointed_so_a_rerun_asks_only_for_the_rest(tmp_path, creds, no_retry_sleep):
+    recs = [submission(f"c{i}", score=5, ups=5, created_utc=JAN_2015 + i) for i in range(150)]
+    write_dump(tmp_path / "in" / "DIY_submissions.zst", recs)
+    with RedditFixtureServer(SECRET_ID, SECRET) as srv:
+        srv.posts.update({r["id"]: {**r, "score": 30 + i} for i, r in enumerate(recs)})
+        ctx = ctx_for(
+            tmp_path / "in", tmp_path, refresh_scores="true", min_score="25", reddit_api_base=srv.url
+        )
+        # The first build is cut short: the first batch's call fails (with prawcore's retries).
+        srv.info_failures = 3
+        _, _, first = run_reader(ctx, tmp_path)
+        asked_first = [q["id"].split(",") for _, p, q, _ in srv.requests if p == "/api/info/"]
+        n_first = len(srv.requests)
+        posts, dead, second = run_reader(ctx, tmp_path)
+        asked_second = [q["id"].split(",") for _, p, q, _ in srv.requests[n_first:] if p == "/api/info/"]
+        # Scores taken an hour after posting (long ago) had not settled: a later build asks again.
+        for f in (tmp_path / "state").rglob("*.json"):
+            rec = json.loads(f.read_text())
+            f.write_text(json.dumps({**rec, "at": JAN_2015 + int(rec["_key"][1:]) + 3600}))
+        n_second = len(srv.requests)
+        _, _, third = run_reader(ctx, tmp_path)
+        asked_third = [
+            i for _, p, q, _ in srv.requests[n_second:] if p == "/api/info/" for i in q["id"].split(",")
+        ]
+    assert first["score_refresh_failed"] in (50, 100)
+    refreshed_first = {i for ids in asked_first[3:] for i in ids}  # the batch that answered
+    assert len(refreshed_first) == 150 - first["score_refresh_failed"]
+    # the rerun asks once, only for the posts the first run could not refresh
+    assert len(asked_second) == 1
+    assert set(asked_second[0]) == {f"t3_{r['id']}" for r in recs} - refreshed_first
+    assert second["scores_from_checkpoint"] == len(refreshed_first)
+    assert dead == [] and {k: v["score"] for k, v in posts.items()} == {f"c{i}": 30 + i for i in range(150)}
+    assert all(p["score_refreshed"] for p in posts.values())
+    assert len(asked_third) == 150 and "scores_from_checkpoint" not in third
+    records = [f.read_text() for f in (tmp_path / "state").rglob("*.json")]
+    assert len(records) == 150 and not any(SECRET in r or SECRET_ID in r for r in records)

@@ -12,7 +12,7 @@ import pytest
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
-from tests.conftest import small_train_config
+from tests.conftest import resign_manifest, small_train_config
 from training.checkpoints import IncompatibleResumeError, check_resumable
 from training.config import TrainConfig
 from training.data import TRAINING_COLUMNS, drop_empty, one_pair_per_document
@@ -159,6 +159,7 @@ def _poison_train_features(data: Path) -> None:
         for im in rows[0]["images"]:
             im["features"] = [float("nan")] * len(im["features"])
         pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+    resign_manifest(data)  # poisoned on purpose: a rewrite the manifest knows of
 
 
 @pytest.mark.slow
@@ -197,6 +198,7 @@ def test_a_test_split_without_labels_is_not_evaluated_but_the_model_is_registere
             table.set_column(i, table.schema.field(i), pa.nulls(table.num_rows, table.schema.field(i).type)),
             path,
         )
+    resign_manifest(data)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     res = run_experiment(
         small_train_config(data, tmp_path / "ray", epochs=1), uri, model_name="m", alias="candidate"

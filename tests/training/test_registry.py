@@ -28,6 +28,19 @@ def _flipped_checkpoint(src: str, dst: Path) -> str:
     return str(dst)
 
 
+def log_compatible(checkpoint: str, vocab, dataset) -> str:
+    """Log a model into the active run with the parameters `mmlinks train` logs for the
+    compatibility check (schema version, feature extractor name@version of its dataset)."""
+    from schemas.manifest import Manifest
+
+    m = Manifest.read(dataset)
+    fe = m.feature_extractor
+    mlflow.log_params(
+        {"schema_version": str(m.schema_version), "feature_extractor": f"{fe.name}@{fe.version}"}
+    )
+    return log_link_model(checkpoint, vocab)
+
+
 @pytest.fixture(scope="module")
 def registry(trained, dataset, tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
@@ -40,7 +53,7 @@ def registry(trained, dataset, tmp_path_factory):
         ("flipped", _flipped_checkpoint(trained.checkpoint_path, root / "flipped")),
     ):
         with mlflow.start_run(run_name=label):
-            uris[label] = log_link_model(ckpt, trained.vocab)
+            uris[label] = log_compatible(ckpt, trained.vocab, dataset)
     yield MlflowClient(uri), uris
     mlflow.set_tracking_uri(None)
 
@@ -192,6 +205,36 @@ def test_model_trained_on_other_features_is_refused(registry, dataset, trained):
     assert client.get_registered_model("compat-test").aliases.get(PRODUCTION) is None
 
 
+def test_model_without_compatibility_params_is_refused(registry, dataset, trained):
+    """Issue #19: a version whose run lacks schema_version/feature_extractor used to be scored
+    without any compatibility check."""
+    client, _ = registry
+    with mlflow.start_run(run_name="no-params"):
+        mlflow.log_params({"schema_version": "2"})  # feature_extractor missing
+        uri = log_link_model(trained.checkpoint_path, trained.vocab)
+    v = str(mlflow.register_model(uri, "unchecked-test").version)
+    client.set_registered_model_alias("unchecked-test", CANDIDATE, v)
+    with pytest.raises(MmlinksError, match="has no feature_extractor parameter in its training run") as err:
+        promote(client, "unchecked-test", dataset, Gate())
+    assert "\n" not in str(err.value)
+    assert client.get_registered_model("unchecked-test").aliases.get(PRODUCTION) is None
+
+
+def test_model_trained_on_other_extractor_weights_is_refused(registry, dataset, trained):
+    client, _ = registry
+    from schemas.manifest import Manifest
+
+    m = Manifest.read(dataset)
+    with mlflow.start_run(run_name="other-weights"):
+        other = f"{m.feature_extractor.name}@other-weights-0000"  # same name, other weights
+        mlflow.log_params({"feature_extractor": other, "schema_version": str(m.schema_version)})
+        uri = log_link_model(trained.checkpoint_path, trained.vocab)
+    v = str(mlflow.register_model(uri, "weights-test").version)
+    client.set_registered_model_alias("weights-test", CANDIDATE, v)
+    with pytest.raises(MmlinksError, match=f"trained with feature_extractor={other}"):
+        promote(client, "weights-test", dataset, Gate())
+
+
 def test_promote_command_exit_codes_and_json(registry, dataset):
     import json
     import os
@@ -236,7 +279,7 @@ def test_corrupt_model_artifact_is_a_clear_error(registry, dataset, trained, tmp
     shutil.copytree(trained.checkpoint_path, broken)
     (broken / "state.pt").write_bytes(b"not a torch checkpoint")
     with mlflow.start_run(run_name="corrupt"):
-        uri = log_link_model(str(broken), trained.vocab)
+        uri = log_compatible(str(broken), trained.vocab, dataset)
     v = str(mlflow.register_model(uri, "corrupt-test").version)
     client.set_registered_model_alias("corrupt-test", CANDIDATE, v)
     with pytest.raises(MmlinksError, match="cannot load models:/corrupt-test/"):

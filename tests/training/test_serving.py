@@ -1,5 +1,6 @@
 """The registered model behind `mlflow models serve`: real HTTP over loopback."""
 
+import base64
 import json
 import shutil
 import sys
@@ -8,6 +9,8 @@ import urllib.request
 from pathlib import Path
 
 import mlflow
+import numpy as np
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -111,3 +114,26 @@ def test_served_model_accepts_images_instead_of_features(served_model, corpus):
         {"dataframe_records": [{"sentences": ["x"], "images": ["bm90IGFuIGltYWdl"]}]},
     )
     assert status == 400 and "not a readable image" in body["message"]
+
+
+def test_served_model_refuses_images_for_other_extractor_weights(trained, corpus, tmp_path):
+    """Issue #19: the served model checked the extractor's name, not its version (weights)."""
+    from mlflow.exceptions import MlflowException
+
+    png = base64.b64encode(sorted((corpus / "images").glob("synth-*/*.png"))[0].read_bytes()).decode()
+    request = pd.DataFrame([{"sentences": ["a red star"], "images": [png]}])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment_id=configure(uri, "extractor-version-tests"))  # artifacts in tmp_path
+    try:
+        with mlflow.start_run():
+            stale = log_link_model(
+                trained.checkpoint_path, trained.vocab, extractor_version="old-weights-0000"
+            )
+            current = log_link_model(trained.checkpoint_path, trained.vocab)
+        with pytest.raises(MlflowException, match=r"trained on efficientnet-lite0@old-weights-0000 features"):
+            mlflow.pyfunc.load_model(stale).predict(request)
+        out = mlflow.pyfunc.load_model(current).predict(request)  # the installed weights: scored
+        assert np.asarray(out["scores"][0]).shape == (1, 1)
+    finally:
+        mlflow.set_tracking_uri(None)

@@ -7,6 +7,7 @@ of the candidates are refreshed through the API (100 ids per call) before the sc
 from __future__ import annotations
 
 import logging
+import time
 
 import apache_beam as beam
 
@@ -21,6 +22,14 @@ from schemas.errors import MmlinksError
 log = logging.getLogger(__name__)
 
 
+SCORES_KIND = "reddit_scores"  # crawl-state records: post id -> {"score": n} or {"missing": true}, "at": t
+# A checkpointed score is reused when it was taken once the post's score had settled (this long
+# after the post was created), or recently enough to be a rerun of an interrupted build; else the
+# API is asked again (a weekly rebuild must not keep a new post's first-day score forever).
+SCORE_SETTLED_S = 30 * 86400
+SCORE_RERUN_S = 86400
+
+
 class RefreshScores(beam.DoFn):
     """Batches of up to 100 posts -> the same posts with current scores from ``/api/info``.
 
@@ -31,15 +40,25 @@ class RefreshScores(beam.DoFn):
     (``post:score_refresh_failed``, with the post id): a rerun with working API access would
     reconsider them. Without refreshing at all (``refresh_scores=false``, or ``auto`` without
     credentials) dump scores are used as they are (``scores_not_refreshed``).
+
+    Each answer is checkpointed per post in the crawl state (``state_root``, kind
+    ``reddit_scores``) with its time before the batch moves on, so a build interrupted after some
+    batches asks Reddit only for the posts it had not refreshed (``scores_from_checkpoint``);
+    scores taken before a post's score settled are asked for again by later builds (see
+    ``SCORE_SETTLED_S``). Failed calls are not recorded: a rerun asks again.
     """
 
-    def __init__(self, config: RedditConfig):
+    def __init__(self, config: RedditConfig, state_root: str | None = None):
         self.config = config
+        self.state_root = state_root
         self._reddit = None
 
     def setup(self):
+        from pipelines.crawl_state import CrawlState
+
         self._reddit = None
         self._errors = ()
+        self._state = CrawlState(self.state_root) if self.state_root else None
         if self.config.refresh == "false":
             return
         if self.config.refresh == "auto" and missing_credentials():
@@ -47,33 +66,53 @@ class RefreshScores(beam.DoFn):
         self._reddit = make_reddit(self.config.api_base)  # "true" + no credentials: clear error
         self._errors = api_errors()
 
+    def _checkpointed(self, batch: list[dict]) -> dict[str, dict]:
+        """Checkpointed answers still good to use (see ``SCORE_SETTLED_S``), by post id."""
+        if self._state is None:
+            return {}
+        now, out = time.time(), {}
+        for post in batch:
+            rec = self._state.get(SCORES_KIND, post["id"])
+            at = rec.get("at") if rec else None
+            if isinstance(at, int | float) and (
+                at - post["created_utc"] >= SCORE_SETTLED_S or now - at < SCORE_RERUN_S
+            ):
+                out[post["id"]] = rec
+        return out
+
+    def _ask(self, posts: list[dict]) -> dict[str, int]:
+        """Current scores of ``posts`` from the API, checkpointed (raises the API's errors)."""
+        fresh: dict[str, int] = {}
+        if not posts:
+            return fresh
+        for item in self._reddit.info(fullnames=[f"t3_{p['id']}" for p in posts]):
+            score = as_int(getattr(item, "score", None))
+            if score is not None:
+                fresh[str(item.id)] = score
+        if self._state is not None:
+            at = int(time.time())
+            for p in posts:
+                record = {"score": fresh[p["id"]]} if p["id"] in fresh else {"missing": True}
+                self._state.put(SCORES_KIND, p["id"], {**record, "at": at})
+        return fresh
+
     def process(self, batch: list[dict]):
         if self._reddit is None:
             count("scores_not_refreshed", len(batch))
             yield from batch
             return
-        fullnames = [f"t3_{p['id']}" for p in batch]
+        known = self._checkpointed(batch)
+        if known:
+            count("scores_from_checkpoint", len(known))
         try:
-            fresh = {}
-            for item in self._reddit.info(fullnames=fullnames):
-                score = as_int(getattr(item, "score", None))
-                if score is not None:
-                    fresh[str(item.id)] = score
+            fresh = self._ask([p for p in batch if p["id"] not in known])
         except self._errors as exc:
-            count("score_refresh_failed", len(batch))
-            log.warning("score refresh failed for %d posts: %s", len(batch), type(exc).__name__)
-            for post in batch:
-                if post["score"] >= self.config.min_score:
-                    yield post
-                else:
-                    yield dead_letter(
-                        "post",
-                        post["id"],
-                        "score_refresh_failed",
-                        f"dump score {post['score']} < min_score {self.config.min_score} and the API "
-                        f"call failed ({type(exc).__name__}); a rerun with API access reconsiders it",
-                    )
-            return
+            count("score_refresh_failed", len(batch) - len(known))
+            log.warning("score refresh failed for %d posts: %s", len(batch) - len(known), type(exc).__name__)
+            yield from self._failed([p for p in batch if p["id"] not in known], exc)
+            fresh = {}
+            batch = [p for p in batch if p["id"] in known]
+        fresh.update({k: v["score"] for k, v in known.items() if "score" in v})
         for post in batch:
             if post["id"] in fresh:
                 count("scores_refreshed")
@@ -81,6 +120,19 @@ class RefreshScores(beam.DoFn):
             else:
                 count("scores_not_returned")
                 yield {**post, "score_refreshed": False}
+
+    def _failed(self, posts: list[dict], exc: Exception):
+        for post in posts:
+            if post["score"] >= self.config.min_score:
+                yield post
+            else:
+                yield dead_letter(
+                    "post",
+                    post["id"],
+                    "score_refresh_failed",
+                    f"dump score {post['score']} < min_score {self.config.min_score} and the API "
+                    f"call failed ({type(exc).__name__}); a rerun with API access reconsiders it",
+                )
 
     def teardown(self):
         self._reddit = None
@@ -120,6 +172,7 @@ class ReadCandidatePosts(beam.PTransform):
                 f"{self.ctx.str('start')}..{self.ctx.str('end')} "
                 f"(RS_YYYY-MM.zst, <sub>_submissions.zst, *.ndjson[.zst])"
             )
+        log.info("taking %d files as Reddit submission dumps: %s", len(files), ", ".join(files))
         lines = (
             pbegin
             | "Files" >> beam.Create(files)
@@ -139,7 +192,9 @@ class ReadCandidatePosts(beam.PTransform):
             | "Filter" >> beam.ParDo(FilterCandidates(self.config))
             | "Batch" >> beam.BatchElements(min_batch_size=INFO_BATCH, max_batch_size=INFO_BATCH)
             | "RefreshScores"
-            >> beam.ParDo(RefreshScores(self.config)).with_outputs(DEAD_LETTER, main="posts")
+            >> beam.ParDo(RefreshScores(self.config, self.ctx.state())).with_outputs(
+                DEAD_LETTER, main="posts"
+            )
         )
         posts = refreshed.posts | "MinScore" >> beam.ParDo(_KeepScore(self.config.min_score))
         dead = (lines[DEAD_LETTER], parsed[DEAD_LETTER], refreshed[DEAD_LETTER]) | "DeadLetters" >> (

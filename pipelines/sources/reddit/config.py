@@ -94,6 +94,16 @@ DUMP_FIELDS = (
 INFO_BATCH = 100  # ids per /api/info call (the API's maximum)
 READ_SIZE = 1 << 20  # compressed bytes per read
 MAX_LINE_BYTES = 32 << 20  # longer "lines" are corrupt data, not submissions
+# Decompression bounds. zstd's densest block (RLE: 4 bytes -> 128 KiB) expands 32768-fold, so
+# compressed input is fed ZSTD_FEED bytes at a time: one call then returns at most
+# (ZSTD_FEED / 4 + 1) * 128 KiB (~16 MiB); bz2 and xz take OUT_CHUNK as their max_length.
+ZSTD_FEED = 512
+OUT_CHUNK = 4 << 20
+# A file that expands more than MAX_RATIO-fold (pushshift's JSON: 8-15x even at --ultra -22
+# --long=31) after BOMB_FLOOR bytes of output is a decompression bomb: refused, dead-lettered.
+MAX_RATIO = 1000
+BOMB_FLOOR = 32 << 20
+SNIFF_LINES = 8  # a file none of whose first 8 non-blank lines is a submission is not a dump
 LISTING_LIMIT = 1000  # Reddit listings end after about this many items
 # The crawl reads this far (seconds of creation time) below its checkpoint: posts approved late
 # (mod queue, spam filter) show up in /new at their original time, below newer posts.

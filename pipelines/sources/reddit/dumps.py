@@ -5,11 +5,14 @@ ndjson files, as a stream of lines per file (``ReadSubmissionFile``).
 from __future__ import annotations
 
 import bz2
+import json
+import logging
 import lzma
 import os
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -20,14 +23,21 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import fileio
 from pipelines.records import count, dead_letter
 from pipelines.sources.reddit.config import (
+    BOMB_FLOOR,
     DATA_SUFFIXES,
     DUMP_MONTH_RE,
     MAX_LINE_BYTES,
+    MAX_RATIO,
+    OUT_CHUNK,
     READ_SIZE,
+    SNIFF_LINES,
+    ZSTD_FEED,
     RedditConfig,
     month_epoch,
 )
 from schemas.errors import MmlinksError
+
+log = logging.getLogger(__name__)
 
 
 def _decompressor_factory(path: str) -> Callable[[], Any] | None:
@@ -51,32 +61,72 @@ class StreamTruncated(Exception):
     """The compressed stream ended inside a frame, or its data is corrupt."""
 
 
-def iter_decompressed(fh, path: str, read_size: int = READ_SIZE) -> Iterator[bytes]:
-    """Decompressed chunks of a (multi-frame) compressed file; raises StreamTruncated at the end
-    when the last frame is incomplete (zstd's stream reader would just stop) or data is corrupt."""
+class DecompressionBomb(Exception):
+    """The file expands far more than any real dump: refused before it costs hours of CPU."""
+
+
+@dataclass
+class Bounds:
+    """How far a file may expand: at most ``max_ratio`` x its compressed bytes read so far,
+    once past ``floor`` bytes of output (small files and the first bytes are never judged)."""
+
+    max_ratio: float = MAX_RATIO
+    floor: int = BOMB_FLOOR
+
+
+def _bounded(dobj) -> bool:
+    return isinstance(dobj, bz2.BZ2Decompressor | lzma.LZMADecompressor)
+
+
+def _pieces(dobj, feed: bytes) -> Iterator[bytes]:
+    """Decompress ``feed`` with a bounded output per call: bz2/xz by ``max_length``; zstd, whose
+    decompressobj has none, gets at most ``ZSTD_FEED`` bytes per call (see ``iter_decompressed``)."""
+    if not _bounded(dobj):
+        yield dobj.decompress(feed)
+        return
+    yield dobj.decompress(feed, OUT_CHUNK)
+    while not dobj.eof and not dobj.needs_input:
+        yield dobj.decompress(b"", OUT_CHUNK)
+
+
+def iter_decompressed(
+    fh, path: str, read_size: int = READ_SIZE, bounds: Bounds | None = None
+) -> Iterator[bytes]:
+    """Decompressed chunks of a (multi-frame) compressed file, each of bounded size (see
+    ``ZSTD_FEED``); raises StreamTruncated at the end when the last frame is incomplete (zstd's
+    stream reader would just stop) or data is corrupt, DecompressionBomb past ``bounds``."""
+    bounds = bounds or Bounds()
     factory = _decompressor_factory(path)
     dobj = None
+    read = written = 0
     while True:
         raw = fh.read(read_size)
         if not raw:
             break
+        read += len(raw)
         if factory is None:
             yield raw
             continue
         while raw:
             if dobj is None:
                 dobj = factory()
+            cut = len(raw) if _bounded(dobj) else ZSTD_FEED
+            feed, raw = raw[:cut], raw[cut:]
             try:
-                out = dobj.decompress(raw)
+                for out in _pieces(dobj, feed):
+                    written += len(out)
+                    if written > bounds.floor and written > bounds.max_ratio * read:
+                        raise DecompressionBomb(
+                            f"{written} bytes out of {read} compressed bytes read, over "
+                            f"{bounds.max_ratio:g}x; refused"
+                        )
+                    if out:
+                        yield out
             except _STREAM_ERRORS as exc:
                 raise StreamTruncated(f"corrupt data: {type(exc).__name__}: {exc}") from exc
-            if out:
-                yield out
             if dobj.eof:  # a frame ended; what follows is the next frame
-                raw = dobj.unused_data
+                raw = dobj.unused_data + raw
                 dobj = None
-            else:
-                raw = b""
     if dobj is not None:
         raise StreamTruncated("the stream ends inside a compressed frame")
 
@@ -151,34 +201,89 @@ def list_input_files(input_uri: str, config: RedditConfig | None = None) -> list
     return out
 
 
+class NotSubmissions(Exception):
+    """None of a file's first lines is a Reddit submission: it is not a dump, whatever its name."""
+
+
+def looks_like_submission(line: bytes | None) -> bool:
+    """A JSON object with ``subreddit`` and ``id`` (or ``name``): what every dump line is."""
+    if line is None or len(line) > 1 << 20:
+        return False
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(rec, dict) and "subreddit" in rec and ("id" in rec or "name" in rec)
+
+
+def submissions_only(lines: Iterator[bytes | None], sniff: int = SNIFF_LINES) -> Iterator[bytes | None]:
+    """``lines`` unchanged once one of the first ``sniff`` non-blank lines is a submission; else
+    raises NotSubmissions (naming the first of them) before yielding anything. An empty file passes."""
+    head: list[bytes | None] = []
+    tried = 0
+    for line in lines:
+        head.append(line)
+        if line is not None and not line.strip():
+            continue
+        if looks_like_submission(line):
+            yield from head
+            yield from lines
+            return
+        tried += 1
+        if tried >= sniff:
+            break
+    if tried:
+        first = next(x for x in head if x is None or x.strip())
+        shown = "(a line over the size limit)" if first is None else repr(first[:80])[1:]
+        raise NotSubmissions(
+            f"none of its first {tried} lines is a Reddit submission (a JSON object with subreddit "
+            f"and id); the first: {shown}"
+        )
+    yield from head
+
+
 class ReadSubmissionFile(beam.DoFn):
     """One file -> its lines as ``(file name, line number, bytes)``.
 
     Compressed files are not splittable, so each file is read by one worker as a stream. A
     truncated or corrupt stream keeps the lines read before the damage and dead-letters once
-    (``line:truncated_stream``); an over-long line dead-letters as ``line:too_long``.
+    (``line:truncated_stream``); an over-long line dead-letters as ``line:too_long``; a file
+    that expands past ``bounds`` as ``line:decompression_bomb``. A file whose first lines are
+    not submissions (a folder of other JSON files given as --input) is not read further:
+    ``file:not_submissions``. Each file taken as a dump is logged and counted by kind
+    (``reddit_files_read:zst``, ...).
     """
 
-    def __init__(self, read_size: int = READ_SIZE, max_line: int = MAX_LINE_BYTES):
+    def __init__(
+        self, read_size: int = READ_SIZE, max_line: int = MAX_LINE_BYTES, bounds: Bounds | None = None
+    ):
         self.read_size = read_size
         self.max_line = max_line
+        self.bounds = bounds or Bounds()
 
     def process(self, path: str):
         name = path.replace("\\", "/").rsplit("/", 1)[-1]
         n = 0
         count("reddit_files_read")
+        count(f"reddit_files_read:{name.rsplit('.', 1)[-1].lower()}")
+        log.info("reading %s as a Reddit submission file", path)
         try:
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-                for line in split_lines(iter_decompressed(fh, path, self.read_size), self.max_line):
+                chunks = iter_decompressed(fh, path, self.read_size, self.bounds)
+                for line in submissions_only(split_lines(chunks, self.max_line)):
                     n += 1
                     if line is None:
                         yield dead_letter("line", f"{name}:{n}", "too_long", f"over {self.max_line} bytes")
                     elif line.strip():
                         yield name, n, line
+        except NotSubmissions as exc:
+            yield dead_letter("file", name, "not_submissions", str(exc))
         except StreamTruncated as exc:
             # The partial last line was never yielded: split_lines only ends lines at b"\n"
             # or at the end of a stream that is *not* truncated (the exception comes first).
             yield dead_letter("line", name, "truncated_stream", f"{exc}; kept the {n} lines before it")
+        except DecompressionBomb as exc:
+            yield dead_letter("line", name, "decompression_bomb", f"{exc}; kept the {n} lines before it")
         except OSError as exc:
             yield dead_letter("line", name, "unreadable_file", f"{type(exc).__name__}: {exc}")
         count("reddit_lines_read", n)

@@ -46,7 +46,7 @@ def file_names_in_html(html: str) -> list[str]:
         match = _FILE_HREF_RE.search(unquote(a["href"]))
         if match:
             name = normalize_title(match.group(1))
-            if name not in names:
+            if name and name not in names:  # "File:" + only whitespace names no file
                 names.append(name)
     return names
 
