@@ -128,6 +128,9 @@ class SourceSpec:
     # Sources that ship their own features (the authors' prebuilt datasets) skip the image,
     # near-duplicate, filter and feature stages; see ``PrebuiltFeatures``.
     prebuilt: PrebuiltFeatures | None = None
+    # (context) -> the coherence-relation vocabulary of a labelled pair corpus (goes into the
+    # manifest's ``relations``), or None; see pipelines/coherence_corpus.py.
+    relations: Callable[[SourceContext], list[str] | None] | None = None
 
     def context(self, input: str, options: dict[str, str] | None, state_dir: str) -> SourceContext:
         options = dict(options or {})
