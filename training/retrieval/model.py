@@ -36,13 +36,27 @@ class RetrievalConfig:
     hidden: int = 256  # LSTM units per direction
     d_shared: int = 300  # the shared space (paper: 300 in its method section)
     pooling: str = "attention"  # one of POOLINGS; mean/last = NoAttn
-    n_relations: int = 0  # CAM outputs; 0 = CMCA (no CAM)
+    relations: tuple[str, ...] = ()  # what the CAM predicts; () = CMCA (no CAM)
+    # w_c of the coherence loss (1 / positive rate in the training set), one per relation
+    relation_weights: tuple[float, ...] = ()
     cam_hidden: int = 0  # 0 = one linear layer (paper)
     image_dropout: float = 0.0
-    backbone: str = "cmca"
+    backbone: str = "coherence"  # the backbone registry name (training/backbone.py)
+
+    def __post_init__(self) -> None:
+        self.relations = tuple(self.relations)
+        self.relation_weights = tuple(float(w) for w in self.relation_weights) or (1.0,) * len(self.relations)
+        if len(self.relation_weights) != len(self.relations):
+            raise ValueError("one relation weight per relation is needed")
+
+    @property
+    def n_relations(self) -> int:
+        return len(self.relations)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["relations"], out["relation_weights"] = list(self.relations), list(self.relation_weights)
+        return out
 
 
 class AttnTextEncoder(nn.Module):
@@ -140,6 +154,8 @@ class CoherenceRetrieval(nn.Module):
         self.cam = (
             CoherenceAwareModule(cfg.d_shared, cfg.n_relations, cfg.cam_hidden) if cfg.n_relations else None
         )
+        # w_c of the coherence loss: a buffer, so it travels with the checkpoint
+        self.register_buffer("relation_weights", torch.tensor(cfg.relation_weights, dtype=torch.float32))
 
     def forward(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """A batch of pairs (``DocBatch`` of one-sentence, one-image documents) -> (text [B, d],

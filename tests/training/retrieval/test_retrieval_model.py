@@ -111,7 +111,13 @@ def batch_of(tokens, lengths, features):
 def test_model_shapes_padding_and_pair_logits(pooling):
     torch.manual_seed(0)
     cfg = RetrievalConfig(
-        vocab_size=20, word_dim=8, image_dim=6, hidden=5, d_shared=7, pooling=pooling, n_relations=3
+        vocab_size=20,
+        word_dim=8,
+        image_dim=6,
+        hidden=5,
+        d_shared=7,
+        pooling=pooling,
+        relations=("a", "b", "c"),
     )
     model = CoherenceRetrieval(cfg).eval()
     tokens = torch.tensor([[3, 4, 5, 0], [6, 7, 0, 0], [8, 0, 0, 0]])
@@ -140,7 +146,14 @@ def test_cmca_has_no_cam_and_hidden_cam_pairs_agree():
     b = batch_of(torch.tensor([[1, 2]]).repeat(2, 1), torch.tensor([2, 1]), torch.randn(2, 3))
     assert cmca(b)[2] is None and cmca.relation_probs(*cmca.encode(b)) is None
     cfg = RetrievalConfig(
-        vocab_size=5, word_dim=4, image_dim=3, hidden=2, d_shared=4, n_relations=2, cam_hidden=6
+        vocab_size=5,
+        word_dim=4,
+        image_dim=3,
+        hidden=2,
+        d_shared=4,
+        relations=("a", "b"),
+        relation_weights=(1.0, 2.0),
+        cam_hidden=6,
     )
     cmcm = CoherenceRetrieval(cfg).eval()
     s, v, _ = cmcm(b)
