@@ -133,3 +133,44 @@ def test_validation_and_test_metrics():
     assert out["pairs"] == 10 and out["t2i"]["medr"] == pytest.approx(val["val_medr"])
     assert set(out["relations"]) == set(VOCAB) and set(out["relation_ap"]) == {"Action"}
     assert "t2i_refined" in out
+
+
+@pytest.mark.slow
+def test_cmcm_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
+    """synth-coherence -> Beam build -> Ray Train (cmcm, 2 epochs) -> test metrics in MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
+    from pipelines.coherence_corpus import CoherenceSynthConfig, write_coherence_corpus
+    from training.experiment import run_experiment
+
+    write_coherence_corpus(tmp_path / "raw", CoherenceSynthConfig(pairs=60, image_size=64))
+    manifest = build_dataset(
+        BuildConfig(
+            source="synthetic",
+            input=str(tmp_path / "raw"),
+            out=str(tmp_path / "ds"),
+            split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
+        )
+    )
+    assert manifest.relations == VOCAB
+    cfg = TrainConfig(
+        data=str(tmp_path / "ds"),
+        objective="cmcm",
+        epochs=2,
+        d_shared=16,
+        batch_docs=8,
+        lr=3e-3,
+        min_word_count=1,
+        word_vectors="random",
+        num_workers=1,
+        storage_path=str(tmp_path / "ray"),
+        n_pools=1,
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = run_experiment(cfg, uri, model_name="coh")
+    assert res.model_version is None and res.test["pairs"] == manifest.counts["splits"]["test"]
+    assert {"t2i", "i2t", "t2i_refined", "relations", "relation_ap"} <= set(res.test)
+    metrics = MlflowClient(uri).get_run(res.run_id).data.metrics
+    assert {"test_medr", "test_refined_medr", "test_ap_Action", "val_medr"} <= set(metrics)
