@@ -142,11 +142,11 @@ def train_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
             for b in batches_of(
                 tables["train"], vocab, args.batch, np.random.default_rng([args.seed, epoch]), device
             ):
-                loss, _ = model_loss(model, b, cfg)
+                loss, _ = model_loss(model, b, cfg, epoch=epoch)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
                 steps += 1
             model.eval()
             v = val_metrics(model, val, cfg)

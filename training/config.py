@@ -195,6 +195,14 @@ class TrainConfig:
         "relation vocabulary, e.g. Action)",
         group=RETRIEVAL,
     )
+    hard_negative_warmup: int = option(
+        1,
+        help="retrieval: first epochs with the hinge averaged over every in-batch negative before the "
+        "hardest one (from random weights the hardest-negative loss collapses)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
     lambda_cls: float = option(
         0.1,
         help="weight of the coherence loss (paper: 0.1)",

@@ -209,7 +209,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
                 w.step(sum(p.sum() for p in w.model.parameters()) * 0.0)
             continue
         batch = w.batch(table, rng)
-        loss, parts = objective_loss(w.model, batch, w.cfg, gen, w.objective)
+        loss, parts = objective_loss(w.model, batch, w.cfg, gen, w.objective, epoch=epoch)
         if not torch.isfinite(loss):
             raise DivergedError(
                 f"loss diverged ({loss.item()}) at epoch {epoch} step {steps}; training stopped, "

@@ -266,7 +266,14 @@ for _name, _summary in (
             similarity="dc",  # a pair is a 1 x 1 document: every similarity is the cosine
             loss=_hessel("dc"),  # unused: model_loss replaces it
             label=_retrieval_label,
-            fields=("relation", "lambda_cls", "retrieval_pooling", "d_shared"),
+            fields=(
+                "negatives",
+                "hard_negative_warmup",
+                "relation",
+                "lambda_cls",
+                "retrieval_pooling",
+                "d_shared",
+            ),
             parts=(lambda cfg: ("ret",) if cfg.objective == "cmca" else ("ret", "cls")),
             check=_retrieval_check,
             describe=lambda cfg: (
@@ -299,11 +306,12 @@ def objective_loss(
     cfg: TrainConfig,
     generator: torch.Generator | None = None,
     spec: ObjectiveSpec | None = None,
+    epoch: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss, its named parts) for ``cfg.objective``; ``generator`` drives the random
     sub-documents of li2021 (a fixed one on validation batches keeps that loss comparable).
     ``spec`` overrides the registry lookup (a Ray worker gets the driver's spec)."""
     spec = spec or get_objective(cfg.objective)
-    if spec.model_loss is not None:
-        return spec.model_loss(model, batch, cfg, generator)
+    if spec.model_loss is not None:  # ``epoch``: the retrieval objectives' hard-negative warm-up
+        return spec.model_loss(model, batch, cfg, generator, epoch=epoch)
     return spec.loss(*padded(model, batch), cfg, generator)

@@ -7,6 +7,9 @@
   margin m = 0.3; averaged over the batch (Eq. 3's 1/N). The paper prints the hinge as
   ``min{0, trip}`` with ``trip = s(a, p) - s(a, n) - alpha``: a sign slip, the hinge written here
   is the one a triplet loss means.
+- Warm-up: from random weights the hardest-negative hinge collapses the embeddings (measured
+  on the synthetic coherence corpus: validation MedR stays at chance); the first
+  ``--hard-negative-warmup`` epochs (default 1) average the hinge over every negative instead.
 - Coherence (Eq. 2): per pair, sum over relations c of w_c x BCE(x_c, y_c), w_c = 1 / (share of
   training pairs with relation c) (``relation_weights``); averaged over the batch.
 - Total (Eq. 3): retrieval + lambda_cls x coherence, lambda_cls = 0.1.
@@ -38,6 +41,21 @@ def hardest_triplet_loss(s: torch.Tensor, v: torch.Tensor, margin: float = MARGI
     return (F.relu(margin - pos + hardest_image) + F.relu(margin - pos + hardest_text)).mean()
 
 
+def mean_triplet_loss(s: torch.Tensor, v: torch.Tensor, margin: float = MARGIN) -> torch.Tensor:
+    """The same hinge averaged over every in-batch negative instead of the hardest one (VSE0):
+    the warm-up of ``hardest_triplet_loss``, which from random weights collapses every embedding
+    to one point (loss 2 x margin; docs/benchmarks.md, "Coherence retrieval")."""
+    B = s.shape[0]
+    if B < 2:
+        raise ValueError("the in-batch triplet loss needs at least 2 pairs")
+    scores = s @ v.T
+    pos = scores.diagonal()
+    eye = torch.eye(B, dtype=torch.bool, device=s.device)
+    per_image = F.relu(margin - pos[:, None] + scores).masked_fill(eye, 0.0).sum(1)  # text i vs images j
+    per_text = F.relu(margin - pos[None, :] + scores).masked_fill(eye, 0.0).sum(0)  # image i vs texts j
+    return (per_image + per_text).mean() / (B - 1)
+
+
 def relation_weights(labels: np.ndarray) -> np.ndarray:
     """[M, C] 0/1 training labels -> w_c = 1 / positive rate (a relation no training pair has
     counts as 1 / M, so its weight stays finite)."""
@@ -60,9 +78,11 @@ def cmcm_loss(
     weights: torch.Tensor | None,
     margin: float = MARGIN,
     lambda_cls: float = LAMBDA_CLS,
+    negatives: str = "hard",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Eq. 3: (total, {"ret": ..., "cls": ...}); CMCA when ``logits`` is None."""
-    ret = hardest_triplet_loss(s, v, margin)
+    """Eq. 3: (total, {"ret": ..., "cls": ...}); CMCA when ``logits`` is None. ``negatives``:
+    "hard" = the hardest in-batch negative (the paper), "mean" = all of them (the warm-up)."""
+    ret = (hardest_triplet_loss if negatives == "hard" else mean_triplet_loss)(s, v, margin)
     if logits is None:
         return ret, {"ret": float(ret.detach())}
     cls = coherence_loss(logits, labels, weights)

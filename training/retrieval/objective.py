@@ -112,14 +112,25 @@ def batch_labels(batch, relations) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(relations))
 
 
-def model_loss(model, batch, cfg: TrainConfig, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Eq. 3 on a batch of B pairs (through the model's forward, so DDP syncs the CAM too)."""
+def negatives_at(cfg: TrainConfig, epoch: int | None) -> str:
+    """ "mean" during the hard-negative warm-up epochs, else ``cfg.negatives`` (None: after it)."""
+    if epoch is not None and epoch < cfg.hard_negative_warmup:
+        return "mean"
+    return cfg.negatives
+
+
+def model_loss(
+    model, batch, cfg: TrainConfig, generator=None, epoch: int | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Eq. 3 on a batch of B pairs (through the model's forward, so DDP syncs the CAM too);
+    ``epoch`` decides the warm-up (None: validation, after it)."""
     net = _net(model)
     s, v, logits = model(batch)
+    negatives = negatives_at(cfg, epoch)
     if logits is None:
-        return cmcm_loss(s, v, None, None, None, MARGIN)
+        return cmcm_loss(s, v, None, None, None, MARGIN, negatives=negatives)
     labels = batch_labels(batch, net.cfg.relations).to(logits.device)
-    return cmcm_loss(s, v, logits, labels, net.relation_weights, MARGIN, cfg.lambda_cls)
+    return cmcm_loss(s, v, logits, labels, net.relation_weights, MARGIN, cfg.lambda_cls, negatives)
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ from training.retrieval.losses import (
     coherence_loss,
     confidence,
     hardest_triplet_loss,
+    mean_triplet_loss,
     relation_weights,
     selective_refinement,
 )
@@ -45,6 +46,18 @@ def test_hardest_triplet_matches_direct_computation(B, d, seed, margin):
     g = torch.Generator().manual_seed(seed)
     s, v = unit(torch.randn(B, d, generator=g)), unit(torch.randn(B, d, generator=g))
     assert float(hardest_triplet_loss(s, v, margin)) == pytest.approx(direct_triplet(s, v, margin), abs=1e-6)
+
+
+def test_mean_triplet_matches_direct_computation():
+    g = torch.Generator().manual_seed(1)
+    s, v = unit(torch.randn(4, 3, generator=g)), unit(torch.randn(4, 3, generator=g))
+    direct = 0.0
+    for i in range(4):
+        for j in range(4):
+            if j != i:
+                direct += max(0.0, 0.3 - float(s[i] @ v[i]) + float(s[i] @ v[j]))
+                direct += max(0.0, 0.3 - float(s[i] @ v[i]) + float(s[j] @ v[i]))
+    assert float(mean_triplet_loss(s, v, 0.3)) == pytest.approx(direct / (4 * 3), abs=1e-6)
 
 
 def test_triplet_is_zero_when_pairs_are_separated_by_the_margin():

@@ -124,6 +124,14 @@ def test_cmcm_loss_through_the_registry_matches_the_equation():
     assert set(parts) == {"ret"} and torch.isfinite(loss)
 
 
+def test_hard_negative_warmup():
+    from training.retrieval.objective import negatives_at
+
+    cfg = TrainConfig(objective="cmca", hard_negative_warmup=2)
+    assert [negatives_at(cfg, e) for e in (0, 1, 2, None)] == ["mean", "mean", "hard", "hard"]
+    assert negatives_at(TrainConfig(objective="cmca", negatives="mean", hard_negative_warmup=0), 5) == "mean"
+
+
 def test_validation_and_test_metrics():
     model, batch = _model_and_batch(["Action"], n=10)
     cfg = TrainConfig(objective="cmcm-c", relation="Action", pool_size=500, n_pools=1)
