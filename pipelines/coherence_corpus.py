@@ -83,6 +83,13 @@ class CoherenceSynthConfig:
         0.3, help="share of texts told as an anecdote (Story)", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"
     )
     image_size: int = option(128, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+    cue_words: int = option(
+        8,
+        help="distinct cue words per state: up to 8 real words, more adds made-up rare tokens "
+        "(act01, fin01, ...) that retrieval alone sees seldom while the relation label groups them",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+    )
 
     def __post_init__(self) -> None:
         validate(self, "synthetic coherence corpus options")
@@ -109,6 +116,13 @@ def _in_progress(
     return img
 
 
+def cue_list(action: bool, n: int) -> tuple[str, ...]:
+    """The state's ``n`` cue words: the real ones first, then made-up tokens."""
+    real = ACTION_CUES if action else RESULT_CUES
+    made_up = tuple(f"{'act' if action else 'fin'}{k:02d}" for k in range(1, max(0, n - len(real)) + 1))
+    return (real + made_up)[:n]
+
+
 def generate_pair(cfg: CoherenceSynthConfig, index: int) -> tuple[dict, Image.Image]:
     """One pair; depends only on (seed, index)."""
     rng = random.Random(f"coherence:{cfg.seed}:{index}")
@@ -131,7 +145,7 @@ def generate_pair(cfg: CoherenceSynthConfig, index: int) -> tuple[dict, Image.Im
         "n": rng.randint(1, 9),
     }
     if rng.random() < cfg.cue_rate:
-        cue = rng.choice(ACTION_CUES if action else RESULT_CUES)
+        cue = rng.choice(cue_list(action, cfg.cue_words))
         text = rng.choice(STEP_TEMPLATES).format(cue=cue, **fields)
     else:
         text = rng.choice(PLAIN_TEMPLATES).format(**fields)

@@ -39,6 +39,14 @@ def test_pairs_are_reproducible_and_labelled_consistently():
     assert seen == set(RELATIONS)
 
 
+def test_cue_lists():
+    from pipelines.coherence_corpus import cue_list
+
+    assert cue_list(True, 3) == ACTION_CUES[:3]
+    many = cue_list(False, 10)
+    assert many[:8] == RESULT_CUES and many[8:] == ("fin01", "fin02")
+
+
 def test_written_corpus_carries_the_vocabulary(tmp_path):
     write_coherence_corpus(tmp_path, CoherenceSynthConfig(pairs=3, image_size=32))
     meta = json.loads((tmp_path / "corpus.json").read_text())
