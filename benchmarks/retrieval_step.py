@@ -124,7 +124,7 @@ def step_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
 
 
 def train_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
-    from training.retrieval.objective import evaluate_pairs, model_loss, val_metrics
+    from training.retrieval.objective import evaluate_pairs, model_loss, tune_refinement, val_metrics
 
     device = torch.device(args.device)
     val = batches_of(tables["val"], vocab, args.batch, None, device)
@@ -156,7 +156,9 @@ def train_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
                 best_medr, best = v["val_medr"], (epoch, copy.deepcopy(model.state_dict()))
         train_s = time.perf_counter() - t0
         model.load_state_dict(best[1])
-        scores = evaluate_pairs(model.cpu(), [_cpu(b) for b in test], cfg, list(manifest.relations or []))
+        model.cpu()
+        tuned = tune_refinement(model, [_cpu(b) for b in val], cfg)
+        scores = evaluate_pairs(model, [_cpu(b) for b in test], cfg, list(manifest.relations or []), tuned)
         results[obj] = {
             "best_epoch": best[0],
             "best_val_medr": best_medr,

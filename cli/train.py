@@ -97,6 +97,9 @@ def show_retrieval(result: dict) -> None:
     rows = [("text->image", t["t2i"]), ("image->text", t["i2t"])]
     if "t2i_refined" in t:
         rows.append(("text->image refined", t["t2i_refined"]))
+    if "t2i_refined_tuned" in t:
+        tuned = t["t2i_refined_tuned"]
+        rows.append((f"  tuned (l {tuned['refine_lambda']:g}, T {tuned['refine_threshold']:g})", tuned))
     print(f"{'':22s} {'MedR':>6s} {'R@1':>6s} {'R@5':>6s} {'R@10':>6s}")
     for name, m in rows:
         print(f"{name:22s} {m['medr']:6.1f} {m['r1']:6.1f} {m['r5']:6.1f} {m['r10']:6.1f}")

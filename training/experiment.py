@@ -180,9 +180,15 @@ def flat_retrieval_metrics(scores: dict) -> dict[str, float]:
     """test_medr, test_r10, test_i2t_medr, test_refined_medr, test_<relation>_medr,
     test_ap_<relation>, ... from ``training.retrieval.objective.evaluate_pairs``."""
     out = {}
-    for key, prefix in (("t2i", "test_"), ("i2t", "test_i2t_"), ("t2i_refined", "test_refined_")):
+    keys = (
+        ("t2i", "test_"),
+        ("i2t", "test_i2t_"),
+        ("t2i_refined", "test_refined_"),
+        ("t2i_refined_tuned", "test_tuned_"),
+    )
+    for key, prefix in keys:
         for k, v in (scores.get(key) or {}).items():
-            if k in ("medr", "medr_std", "medr_frac", "r1", "r5", "r10"):
+            if k in ("medr", "medr_std", "medr_frac", "r1", "r5", "r10", "refine_lambda", "refine_threshold"):
                 out[prefix + k] = v
     for rel, m in (scores.get("relations") or {}).items():
         out.update({f"test_{rel}_{k}": m[k] for k in ("medr", "r1", "r5", "r10") if k in m})
@@ -197,13 +203,19 @@ def _retrieval_result(cfg: TrainConfig, manifest, run, result, tracking_uri: str
     promotion gate are not written yet (issue #17)."""
     from training.data import make_batch
     from training.loop import validation_batches
-    from training.retrieval.objective import evaluate_pairs
+    from training.retrieval.objective import evaluate_pairs, tune_refinement
 
     tables = validation_batches(
         [str(p) for p in manifest.shard_paths(cfg.data, "test")], cfg.batch_docs, 0, 1, ("metadata",)
     )
     batches = [make_batch(t, result.vocab, cfg.max_tokens) for t in tables]
-    scores = evaluate_pairs(result.model, batches, cfg, list(manifest.relations or []))
+    val_paths = [str(p) for p in manifest.shard_paths(cfg.data, "val")]
+    val = [
+        make_batch(t, result.vocab, cfg.max_tokens)
+        for t in validation_batches(val_paths, cfg.batch_docs, 0, 1, ("metadata",))
+    ]
+    tuned = tune_refinement(result.model, val, cfg)
+    scores = evaluate_pairs(result.model, batches, cfg, list(manifest.relations or []), tuned)
     mlflow.log_metrics(flat_retrieval_metrics(scores))
     mlflow.log_metric("best_epoch", result.best_epoch)
     mlflow.log_dict(scores, "test_retrieval.json")

@@ -10,8 +10,9 @@ training/backbone.py), the Ray Train loop and the experiment.
 - Validation: MedR and R@K (text-to-image) over the validation pairs (pools as the test's),
   reported as ``val_medr`` / ``val_r10``; ``--select-by val_medr`` (the paper's best epoch)
   is the retrieval objectives' default.
-- Test: MedR, R@K both ways, with and without selective refinement, per relation subset, and
-  the relation AP of the CAM on the true pairs.
+- Test: MedR, R@K both ways, with and without selective refinement (the configured lambda and
+  T, and the pair chosen on validation by ``tune_refinement``), per relation subset, and the
+  relation AP of the CAM on the true pairs.
 """
 
 from __future__ import annotations
@@ -155,7 +156,51 @@ def val_metrics(model, batches, cfg: TrainConfig) -> dict[str, float]:
     return {"val_medr": out["t2i"]["medr"], "val_r10": out["t2i"]["r10"]}
 
 
-def evaluate_pairs(net: CoherenceRetrieval, batches, cfg: TrainConfig, vocabulary: list[str]) -> dict:
+REFINE_LAMBDAS = (0.0, 0.05, 0.12, 0.13, 0.25, 0.5, 1.0)
+REFINE_THRESHOLDS = (0.05, 0.1, 0.2, 0.3)
+
+
+def _refined_scorer(net: CoherenceRetrieval, s, v, theta, lam: float, threshold: float):
+    def score(idx: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(idx)
+        probs = net.relation_probs(s[t], v[t])
+        return selective_refinement(theta[t][:, t], probs, lam, threshold)[0].numpy()
+
+    return score
+
+
+@torch.no_grad()
+def tune_refinement(net: CoherenceRetrieval, batches, cfg: TrainConfig) -> dict | None:
+    """lambda and T of the selective refinement chosen on ``batches`` (validation): the lowest
+    text-to-image MedR, then the highest R@1, over REFINE_LAMBDAS x REFINE_THRESHOLDS (lambda 0
+    leaves every ranking as it is). None for CMCA."""
+    if net.cam is None:
+        return None
+    net.eval()
+    s, v, _ = encode_pairs(net, batches)
+    theta = s @ v.T
+    common = {"pool_size": cfg.pool_size, "n_pools": cfg.n_pools, "seed": cfg.seed}
+    grid = []
+    for lam in REFINE_LAMBDAS:
+        for threshold in REFINE_THRESHOLDS:
+            m = retrieval_metrics(
+                n=len(s), score_pool=_refined_scorer(net, s, v, theta, lam, threshold), **common
+            )
+            grid.append(
+                {
+                    "refine_lambda": lam,
+                    "refine_threshold": threshold,
+                    "medr": m["t2i"]["medr"],
+                    "r1": m["t2i"]["r1"],
+                }
+            )
+    best = min(grid, key=lambda g: (g["medr"], -g["r1"], g["refine_lambda"]))
+    return {**best, "grid": grid}
+
+
+def evaluate_pairs(
+    net: CoherenceRetrieval, batches, cfg: TrainConfig, vocabulary: list[str], tuned: dict | None = None
+) -> dict:
     """Test metrics: t2i/i2t MedR and R@K, refined t2i (CMCM), per relation subset (labels of the
     dataset's whole vocabulary), relation AP of the CAM on the true pairs."""
     net.eval()
@@ -168,15 +213,16 @@ def evaluate_pairs(net: CoherenceRetrieval, batches, cfg: TrainConfig, vocabular
     out = retrieval_metrics(theta.numpy(), labels=full, relation_names=vocabulary, **common)
     out["pairs"] = len(s)
     if net.cam is not None:
-
-        def refined(idx: np.ndarray) -> np.ndarray:
-            t = torch.as_tensor(idx)
-            probs = net.relation_probs(s[t], v[t])
-            return selective_refinement(theta[t][:, t], probs, cfg.refine_lambda, cfg.refine_threshold)[
-                0
-            ].numpy()
-
+        refined = _refined_scorer(net, s, v, theta, cfg.refine_lambda, cfg.refine_threshold)
         out["t2i_refined"] = retrieval_metrics(n=len(s), score_pool=refined, **common)["t2i"]
+        if tuned is not None:  # lambda and T chosen on validation (``tune_refinement``)
+            lam, threshold = tuned["refine_lambda"], tuned["refine_threshold"]
+            scorer = _refined_scorer(net, s, v, theta, lam, threshold)
+            out["t2i_refined_tuned"] = {
+                **retrieval_metrics(n=len(s), score_pool=scorer, **common)["t2i"],
+                "refine_lambda": lam,
+                "refine_threshold": threshold,
+            }
         with torch.no_grad():
             true_probs = torch.sigmoid(net.cam(s, v)).numpy()
         out["relation_ap"] = relation_average_precision(true_probs, y.numpy(), list(net.cfg.relations))

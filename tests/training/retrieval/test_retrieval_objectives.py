@@ -182,3 +182,19 @@ def test_cmcm_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
     assert {"t2i", "i2t", "t2i_refined", "relations", "relation_ap"} <= set(res.test)
     metrics = MlflowClient(uri).get_run(res.run_id).data.metrics
     assert {"test_medr", "test_refined_medr", "test_ap_Action", "val_medr"} <= set(metrics)
+
+
+def test_refinement_tuned_on_validation():
+    from training.retrieval.objective import REFINE_LAMBDAS, REFINE_THRESHOLDS, tune_refinement
+
+    model, batch = _model_and_batch(VOCAB, n=12)
+    cfg = TrainConfig(objective="cmcm", n_pools=1)
+    tuned = tune_refinement(model, [batch], cfg)
+    assert len(tuned["grid"]) == len(REFINE_LAMBDAS) * len(REFINE_THRESHOLDS)
+    plain = val_metrics(model, [batch], cfg)["val_medr"]
+    assert all(g["medr"] == plain for g in tuned["grid"] if g["refine_lambda"] == 0.0)  # identity
+    assert tuned["medr"] == min(g["medr"] for g in tuned["grid"]) <= plain
+    out = evaluate_pairs(model, [batch], cfg, VOCAB, tuned)
+    assert out["t2i_refined_tuned"]["refine_lambda"] == tuned["refine_lambda"]
+    cmca, batch = _model_and_batch([])
+    assert tune_refinement(cmca, [batch], TrainConfig(objective="cmca")) is None
