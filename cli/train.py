@@ -77,6 +77,9 @@ def show_train(result: dict) -> None:
         print(f"best epoch {result['best_epoch']}; the test split has no labelled document: not evaluated")
         print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
         return
+    if "t2i" in result["test"]:  # a retrieval objective (training/retrieval/)
+        show_retrieval(result)
+        return
     t, r = result["test"], result["random"]
     rows = [
         ["model", *(f"{t[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5"))],
@@ -85,3 +88,24 @@ def show_train(result: dict) -> None:
     print(f"test split, {t['n_docs']} documents (best epoch {result['best_epoch']}):")
     print(table(rows, ["method", "AUC", "p@1", "p@5"]))
     print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
+
+
+def show_retrieval(result: dict) -> None:
+    t = result["test"]
+    pool, epoch = t["t2i"]["pool_size"], result["best_epoch"]
+    print(f"test split, {t['pairs']} pairs, pools of {pool} (best epoch {epoch}):")
+    rows = [("text->image", t["t2i"]), ("image->text", t["i2t"])]
+    if "t2i_refined" in t:
+        rows.append(("text->image refined", t["t2i_refined"]))
+    if "t2i_refined_tuned" in t:
+        tuned = t["t2i_refined_tuned"]
+        rows.append((f"  tuned (l {tuned['refine_lambda']:g}, T {tuned['refine_threshold']:g})", tuned))
+    print(f"{'':22s} {'MedR':>6s} {'R@1':>6s} {'R@5':>6s} {'R@10':>6s}")
+    for name, m in rows:
+        print(f"{name:22s} {m['medr']:6.1f} {m['r1']:6.1f} {m['r5']:6.1f} {m['r10']:6.1f}")
+    for rel, m in (t.get("relations") or {}).items():
+        if m.get("pools"):
+            print(f"{'  ' + rel:22s} {m['medr']:6.1f} {m['r1']:6.1f} {m['r5']:6.1f} {m['r10']:6.1f}")
+    if t.get("relation_ap"):
+        print("relation AP: " + ", ".join(f"{k} {v:.2f}" for k, v in t["relation_ap"].items()))
+    print(f"checkpoint: {result['model_uri']} (not registered)   tracking: {result['tracking_uri']}")

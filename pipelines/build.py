@@ -121,6 +121,7 @@ def _manifest(
     region_info: FeatureExtractorInfo | None,
 ) -> tuple[Manifest, dict[str, int]]:
     """The new version's manifest, and the run counters that go to the build log instead."""
+    spec = cfg.spec()
     params = cfg.params()
     version = Manifest.version_id(shards, params)
     vdir = commit.version_dir(version)
@@ -145,6 +146,7 @@ def _manifest(
         shards=[ShardInfo(f"{vdir}/{s.path}", s.split, s.rows, s.bytes, s.sha256) for s in shards],
         build_params=params,
         dead_letter=f"{vdir}/{commit.DEAD_LETTER_FILE}",
+        relations=spec.relations(cfg.source_context()) if spec.relations is not None else None,
     )
     return manifest, run_counts
 

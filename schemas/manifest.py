@@ -46,6 +46,10 @@ class Manifest:
     dead_letter: str | None = None  # relative path of the dead-letter file
     region_extractor: FeatureExtractorInfo | None = None  # region features, when built
     feature_dtype: str = "float32"  # storage dtype of feature vectors in the shards
+    # Coherence-relation label vocabulary of a pair dataset (Alikhani et al., issue #17): each
+    # document is one sentence + one image, its relations in metadata["relations"]
+    # (comma-separated names of this list). None: not a labelled pair dataset.
+    relations: list[str] | None = None
 
     @staticmethod
     def version_id(shards: list[ShardInfo], build_params: dict) -> str:
@@ -57,7 +61,10 @@ class Manifest:
         return h.hexdigest()[:16]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        data = asdict(self)
+        if data["relations"] is None:  # link datasets keep the manifest they always had
+            del data["relations"]
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def write(self, directory: str | Path) -> Path:
         path = Path(directory) / MANIFEST_NAME
@@ -106,9 +113,19 @@ class Manifest:
                 if data.get("region_extractor")
                 else None,
                 feature_dtype=str(data.get("feature_dtype", "float32")),
+                relations=_relations(data.get("relations")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MmlinksError(f"manifest is malformed: {type(exc).__name__}: {exc}") from exc
+
+    def relation_names(self, purpose: str) -> list[str]:
+        """The label vocabulary, or a clear error for a dataset without one."""
+        if not self.relations:
+            raise MmlinksError(
+                f"{purpose} needs a coherence-labelled pair dataset (a manifest with 'relations'); "
+                f"this {self.source!r} dataset has none (build one from `mmlinks data synth-coherence`)"
+            )
+        return list(self.relations)
 
     @classmethod
     def read(cls, path: str | Path, allow_older: bool = False) -> Manifest:
@@ -125,3 +142,22 @@ class Manifest:
         if not isinstance(data, dict):
             raise MmlinksError(f"manifest {path} is not a JSON object")
         return cls.from_dict(data, allow_older=allow_older)
+
+
+def _relations(value) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v and "," not in v for v in value):
+        raise ValueError("relations must be a list of non-empty names without commas")
+    if len(set(value)) != len(value):
+        raise ValueError("relations repeat a name")
+    return list(value)
+
+
+def pair_relations(metadata_value: str | None, vocabulary: list[str]) -> list[int]:
+    """metadata["relations"] of one pair -> 0/1 per vocabulary entry; an unknown name is an error."""
+    names = [n for n in (metadata_value or "").split(",") if n]
+    unknown = sorted(set(names) - set(vocabulary))
+    if unknown:
+        raise MmlinksError(f"relation(s) {', '.join(unknown)} not in the dataset's vocabulary {vocabulary}")
+    return [int(v in names) for v in vocabulary]

@@ -150,3 +150,36 @@ register_backbone(
         check=_transformer_check,
     )
 )
+
+
+# ------------------------------------------------------------------------ coherence
+
+
+def _coherence_config(
+    cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]
+) -> dict:
+    from training.retrieval.objective import model_config
+
+    return model_config(cfg, manifest, vocab_size, word_dim, train_paths)
+
+
+def _coherence_build(model_cfg: dict, embeddings=None, feature_stats=None):
+    from training.retrieval.objective import build
+
+    return build(model_cfg, embeddings, feature_stats)
+
+
+register_backbone(
+    BackboneSpec(
+        name="coherence",
+        summary="Alikhani et al.: BiLSTM + word attention and a CNN-feature bottleneck into a 300-d space "
+        "(+ the Coherence Aware Module); the backbone of --objective cmca|cmcm|cmcm-c",
+        model_config=_coherence_config,
+        build=_coherence_build,
+        check=lambda cfg: (
+            []
+            if cfg.objective in ("cmca", "cmcm", "cmcm-c")
+            else ["backbone (coherence trains only --objective cmca, cmcm or cmcm-c)"]
+        ),
+    )
+)

@@ -33,7 +33,8 @@ def li2021_part_choices() -> tuple[str, ...]:
 
 
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
-SELECTION_ORDER = {"val_loss": "min", "val_within": "max"}
+SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min"}
+RETRIEVAL = "coherence retrieval (Alikhani et al.; --objective cmca|cmcm|cmcm-c)"
 
 # --preset: named bundles of TrainConfig values, under the flags a user gives. "paper" is Hessel
 # et al. 2019 as published where mmlinks' defaults deviate from it (docs/training.md,
@@ -73,6 +74,9 @@ MODEL_FIELDS = (
     "transformer_layers",
     "transformer_heads",
     "max_regions",
+    "relation",
+    "retrieval_pooling",
+    "d_shared",
     "seed",
 )
 
@@ -156,7 +160,8 @@ class TrainConfig:
         "val_within",
         help="which epoch's checkpoint is the model: val_loss = lowest validation loss (paper); "
         "val_within = widest within-document gap on validation documents (label-free; a model that "
-        "only tells documents apart by their style keeps it near 0)",
+        "only tells documents apart by their style keeps it near 0); val_medr = lowest validation MedR "
+        "(the retrieval objectives' default, Alikhani et al.)",
         choices=lambda: tuple(SELECTION_ORDER),
         group=MODEL,
     )
@@ -183,6 +188,70 @@ class TrainConfig:
     )
     max_regions: int = option(
         36, help="regions per image, by score", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+    )
+    relation: str = option(
+        "",
+        help="cmcm-c: the one relation its Coherence Aware Module predicts (a name of the dataset's "
+        "relation vocabulary, e.g. Action)",
+        group=RETRIEVAL,
+    )
+    hard_negative_warmup: int = option(
+        1,
+        help="retrieval: first epochs with the hinge averaged over every in-batch negative before the "
+        "hardest one (from random weights the hardest-negative loss collapses)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
+    lambda_cls: float = option(
+        0.1,
+        help="weight of the coherence loss (paper: 0.1)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
+    retrieval_pooling: str = option(
+        "attention",
+        help="text pooling of the retrieval backbone: word attention (paper) or mean / last (NoAttn)",
+        choices=("attention", "mean", "last"),
+        group=RETRIEVAL,
+    )
+    d_shared: int = option(
+        300,
+        help="the shared text-image space of the retrieval models",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+        group=RETRIEVAL,
+    )
+    refine_lambda: float = option(
+        0.12,
+        help="selective refinement: lambda of the confidence exp(lambda |p - 0.5|) "
+        "(paper: 0.13 CITE++, 0.12 Clue)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
+    refine_threshold: float = option(
+        0.1,
+        help="selective refinement: queries whose top-2 similarity gap is below this are refined "
+        "(paper: 0.1)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
+    pool_size: int = option(
+        500,
+        help="retrieval candidates per pool (paper: 500)",
+        check=lambda v: v >= 2,
+        rule=">= 2",
+        group=RETRIEVAL,
+    )
+    n_pools: int = option(
+        10,
+        help="random pools the retrieval metrics average over",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+        group=RETRIEVAL,
     )
     seed: int = option(0, help="random seed", group=MODEL)
     num_workers: int = option(
@@ -221,7 +290,21 @@ class TrainConfig:
     ray_logs: bool = option(False, help="forward worker logs to this console", flag="", group=RAY)
 
     def __post_init__(self) -> None:
+        # The retrieval objectives pick the epoch by validation MedR (the paper); val_within,
+        # the link default, has no meaning for pairs.
+        if self.select_by == "val_within" and self._family() == "retrieval":
+            self.select_by = "val_medr"
         self.validate()
+
+    def _family(self) -> str:
+        spec = self._objective()
+        return spec.family if spec else "link"
+
+    @property
+    def model_backbone(self) -> str:
+        """The backbone that is trained: the objective's own (retrieval: coherence) or --backbone."""
+        spec = self._objective()
+        return (spec.backbone if spec else None) or self.backbone
 
     @property
     def similarity(self) -> str:
@@ -269,10 +352,12 @@ class TrainConfig:
         from schemas.errors import MmlinksError
 
         bad = problems(self)
-        if self.backbone in backbone_names():
+        if self.select_by == "val_medr" and self._family() != "retrieval":
+            bad.append("select_by (val_medr: only the retrieval objectives report it)")
+        if self.model_backbone in backbone_names():
             from training.backbone import get_backbone
 
-            check = get_backbone(self.backbone).check
+            check = get_backbone(self.model_backbone).check
             bad += check(self) if check else []
         if self.objective in objective_names():
             check = get_objective(self.objective).check

@@ -33,6 +33,8 @@ class DocBatch:
     # Region features and concept tokens per image (training/regions.py), for backbones that
     # read regions; None otherwise.
     regions: object | None = None
+    # Per-document metadata (when the table has the column: the retrieval objectives' relations)
+    metadata: list[dict] | None = None
 
     def __len__(self) -> int:
         return len(self.doc_ids)
@@ -162,7 +164,11 @@ def make_batch(
         from training.regions import regions_of
 
         region_batch = regions_of(table, perms, vocab, max_regions)
+    metadata = None
+    if "metadata" in table.column_names:
+        metadata = [dict(m or []) for m in table.column("metadata").to_pylist()]
     return DocBatch(
+        metadata=metadata,
         doc_ids=doc_ids,
         tokens=torch.from_numpy(tokens),
         lengths=torch.tensor([len(e) for e in encoded]),

@@ -97,7 +97,7 @@ def shard_bytes(paths: list[str]) -> int:
     return total
 
 
-def training_dataset(paths: list[str], cache: str):
+def training_dataset(paths: list[str], cache: str, extra_columns: tuple[str, ...] = ()):
     """The training documents as a Ray Dataset, split between the workers every epoch.
 
     Streamed (``no``, and ``auto`` above 2 GiB of shards): every epoch reads the shards again,
@@ -108,7 +108,7 @@ def training_dataset(paths: list[str], cache: str):
     """
     import ray.data
 
-    ds = ray.data.read_parquet(paths, columns=TRAINING_COLUMNS)
+    ds = ray.data.read_parquet(paths, columns=[*TRAINING_COLUMNS, *extra_columns])
     if cache == "yes" or (cache == "auto" and shard_bytes(paths) <= CACHE_LIMIT_BYTES):
         ds = ds.materialize()
     return ds
@@ -153,7 +153,7 @@ def failure_message(exc: BaseException) -> str:
 
 def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
     """The backbone's model config (``training/backbone.py`` builds it)."""
-    return get_backbone(cfg.backbone).model_config(cfg, manifest, vocab_size, word_dim, train_paths)
+    return get_backbone(cfg.model_backbone).model_config(cfg, manifest, vocab_size, word_dim, train_paths)
 
 
 @dataclass
@@ -216,7 +216,9 @@ def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
             ),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
-        datasets={"train": training_dataset(inp.train_paths, cfg.cache_data)},
+        datasets={
+            "train": training_dataset(inp.train_paths, cfg.cache_data, get_objective(cfg.objective).columns)
+        },
     )
 
 
@@ -255,7 +257,7 @@ def fit(
     cfg, train_paths = inp.cfg, inp.train_paths
     feature_stats = training_feature_stats(train_paths)
     vocab = Vocabulary.build(
-        training_sentences(train_paths, get_backbone(cfg.backbone).needs_regions), cfg.min_word_count
+        training_sentences(train_paths, get_backbone(cfg.model_backbone).needs_regions), cfg.min_word_count
     )
     emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
     model_cfg = model_config(cfg, inp.manifest, len(vocab), emb.shape[1], train_paths)

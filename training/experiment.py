@@ -177,6 +177,67 @@ def _log_scores(scores: dict, best_epoch: int) -> None:
         mlflow.log_artifact(str(preds))
 
 
+def flat_retrieval_metrics(scores: dict) -> dict[str, float]:
+    """test_medr, test_r10, test_i2t_medr, test_refined_medr, test_<relation>_medr,
+    test_ap_<relation>, ... from ``training.retrieval.objective.evaluate_pairs``."""
+    out = {}
+    keys = (
+        ("t2i", "test_"),
+        ("i2t", "test_i2t_"),
+        ("t2i_refined", "test_refined_"),
+        ("t2i_refined_tuned", "test_tuned_"),
+    )
+    for key, prefix in keys:
+        for k, v in (scores.get(key) or {}).items():
+            if k in ("medr", "medr_std", "medr_frac", "r1", "r5", "r10", "refine_lambda", "refine_threshold"):
+                out[prefix + k] = v
+    for rel, m in (scores.get("relations") or {}).items():
+        out.update({f"test_{rel}_{k}": m[k] for k in ("medr", "r1", "r5", "r10") if k in m})
+    for rel, ap in (scores.get("relation_ap") or {}).items():
+        out[f"test_ap_{rel}"] = ap
+    return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
+
+
+def _retrieval_result(cfg: TrainConfig, manifest, run, result, tracking_uri: str) -> ExperimentResult:
+    """A retrieval run's test evaluation (MedR/R@K, refined, per relation, relation AP), logged
+    with the checkpoint as the run's artifact. Not registered: the retrieval pyfunc and its
+    promotion gate are not written yet (issue #17)."""
+    from training.data import make_batch
+    from training.loop import validation_batches
+    from training.retrieval.objective import evaluate_pairs, tune_refinement
+
+    tables = validation_batches(
+        [str(p) for p in manifest.shard_paths(cfg.data, "test")], cfg.batch_docs, 0, 1, ("metadata",)
+    )
+    batches = [make_batch(t, result.vocab, cfg.max_tokens) for t in tables]
+    val_paths = [str(p) for p in manifest.shard_paths(cfg.data, "val")]
+    val = [
+        make_batch(t, result.vocab, cfg.max_tokens)
+        for t in validation_batches(val_paths, cfg.batch_docs, 0, 1, ("metadata",))
+    ]
+    tuned = tune_refinement(result.model, val, cfg)
+    scores = evaluate_pairs(result.model, batches, cfg, list(manifest.relations or []), tuned)
+    mlflow.log_metrics(flat_retrieval_metrics(scores))
+    mlflow.log_metric("best_epoch", result.best_epoch)
+    mlflow.log_dict(scores, "test_retrieval.json")
+    mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
+    mlflow.log_dict({"history": result.history}, "training_history.json")
+    with result.checkpoint.as_directory() as ckpt_dir:
+        mlflow.log_artifacts(ckpt_dir, "checkpoint")
+    mlflow.set_tag(
+        "mmlinks.registered", "no: retrieval models are not packaged or registered yet (issue #17)"
+    )
+    return ExperimentResult(
+        run_id=run.info.run_id,
+        model_uri=f"runs:/{run.info.run_id}/checkpoint",
+        model_version=None,
+        best_epoch=result.best_epoch,
+        test=scores,
+        random=None,
+        tracking_uri=tracking_uri,
+    )
+
+
 def _example(cfg: TrainConfig, manifest):
     """A packaged model's input example: the first test document, for backbones that serve
     feature-only requests (a transformer model refuses them, training/packaging.py)."""
@@ -234,6 +295,8 @@ def run_experiment(
     with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
+        if get_objective(cfg.objective).family == "retrieval":
+            return _retrieval_result(cfg, manifest, run, result, tracking_uri)
         warnings = [w for w in [flat_within_warning(result.history)] if w]
         if warnings:
             mlflow.set_tag("mmlinks.warning", " | ".join(warnings))

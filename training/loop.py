@@ -63,7 +63,9 @@ def document_batches(shard, batch_docs: int, rng: np.random.Generator) -> Iterat
             yield table.slice(start, batch_docs)
 
 
-def validation_batches(paths: list[str], batch_docs: int, rank: int, world: int) -> list:
+def validation_batches(
+    paths: list[str], batch_docs: int, rank: int, world: int, extra_columns: tuple[str, ...] = ()
+) -> list:
     """This worker's share of fixed validation batches.
 
     The validation loss picks the checkpoint, so it must not depend on which documents happen
@@ -73,7 +75,7 @@ def validation_batches(paths: list[str], batch_docs: int, rank: int, world: int)
     """
     from schemas.shards import read_table
 
-    table, _ = drop_empty(read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id"))
+    table, _ = drop_empty(read_table(paths, columns=[*TRAINING_COLUMNS, *extra_columns]).sort_by("doc_id"))
     starts = list(range(0, table.num_rows, batch_docs))
     if len(starts) > 1 and table.num_rows - starts[-1] < 2:
         starts.pop()
@@ -207,7 +209,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
                 w.step(sum(p.sum() for p in w.model.parameters()) * 0.0)
             continue
         batch = w.batch(table, rng)
-        loss, parts = objective_loss(w.model, batch, w.cfg, gen, w.objective)
+        loss, parts = objective_loss(w.model, batch, w.cfg, gen, w.objective, epoch=epoch)
         if not torch.isfinite(loss):
             raise DivergedError(
                 f"loss diverged ({loss.item()}) at epoch {epoch} step {steps}; training stopped, "
@@ -261,7 +263,17 @@ def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
     return sums
 
 
-def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor) -> dict:
+def extra_val_metrics(w: Worker, all_val: list) -> dict[str, float]:
+    """The objective's own validation metrics (retrieval: val_medr over every validation pair,
+    the same on every worker), {} for the link objectives."""
+    if w.objective.val_metrics is None:
+        return {}
+    net = checkpoints.unwrap(w.model)
+    net.eval()
+    return w.objective.val_metrics(net, [w.batch(t, None) for t in all_val], w.cfg)
+
+
+def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: dict | None = None) -> dict:
     """Step the scheduler, track the best epoch, and return the epoch's metrics row."""
     cfg, state = w.cfg, w.state
     val_loss = float(sums[0] / sums[1]) if sums[1] else float("nan")
@@ -276,7 +288,8 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor) -> dict:
     if state.step >= cfg.warmup_steps:  # warm-up owns the rate until it ends
         w.sched.step(val_loss if np.isfinite(val_loss) else tr["total"] / max(steps, 1))
     # The checkpoint kept: lowest validation loss (the paper's), or widest within-document gap.
-    score = val_loss if cfg.select_by == "val_loss" else val_within
+    extra = extra or {}
+    score = {"val_loss": val_loss, "val_within": val_within, **extra}.get(cfg.select_by, float("nan"))
     score = score if SELECTION_ORDER[cfg.select_by] == "min" else -score
     if score < state.best_score:
         state.best_score, state.best_val, state.best_epoch = score, val_loss, epoch
@@ -296,6 +309,7 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor) -> dict:
         "skipped_docs": int(sums[4]),
         "best_epoch": state.best_epoch,
         "best_val_loss": state.best_val,
+        **extra,
         **{f"train_loss_{k}": v / max(steps, 1) for k, v in parts.items() if len(parts) > 1},
     }
 
@@ -350,13 +364,21 @@ def train_loop_per_worker(config: dict) -> None:
 
         mlflow_client = MlflowClient(tracking_uri=config["mlflow_tracking_uri"])
     train_shard = ray.train.get_dataset_shard("train")
-    val_batches = validation_batches(config["val_paths"], cfg.batch_docs, rank, world)
+    columns = w.objective.columns
+    val_batches = validation_batches(config["val_paths"], cfg.batch_docs, rank, world, columns)
+    # every validation pair on every worker (the retrieval objectives' MedR), else none
+    all_val = (
+        validation_batches(config["val_paths"], cfg.batch_docs, 0, 1, columns)
+        if w.objective.val_metrics
+        else []
+    )
     for epoch in range(w.state.start, cfg.epochs):
         seed = epoch_seed(cfg, rank, epoch)
         rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout masks
         tr = train_epoch(w, train_shard, epoch, rng, gen)
-        metrics = epoch_metrics(w, epoch, tr, validate_epoch(w, val_batches, tr["skipped"]))
+        sums = validate_epoch(w, val_batches, tr["skipped"])
+        metrics = epoch_metrics(w, epoch, tr, sums, extra_val_metrics(w, all_val))
         w.state.history.append(metrics)
         if mlflow_client is not None:
             log_metrics(mlflow_client, config["mlflow_run_id"], metrics, epoch)

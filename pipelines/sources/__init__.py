@@ -22,6 +22,7 @@ SOURCE_MODULES = {
     "story-sis": "pipelines.sources.vist",
     "dii-stress": "pipelines.sources.vist",
     "hessel": "pipelines.sources.hessel",
+    "clue": "pipelines.sources.clue",
 }
 
 

@@ -131,6 +131,9 @@ class SourceSpec:
     # (context) -> one line naming what the source will read (e.g. which files it takes as
     # dumps), printed before the build starts; None: nothing to say.
     describe: Callable[[SourceContext], str] | None = None
+    # (context) -> the coherence-relation vocabulary of a labelled pair corpus (goes into the
+    # manifest's ``relations``), or None; see pipelines/coherence_corpus.py.
+    relations: Callable[[SourceContext], list[str] | None] | None = None
 
     def context(self, input: str, options: dict[str, str] | None, state_dir: str) -> SourceContext:
         options = dict(options or {})

@@ -86,9 +86,25 @@ def _check(ctx: SourceContext) -> None:
     ReadSyntheticCorpus(ctx.input)
 
 
+def corpus_relations(ctx: SourceContext) -> list[str] | None:
+    """The relation vocabulary of a synthetic coherence corpus (``corpus.json["relations"]``;
+    pipelines/coherence_corpus.py); None for the link corpus."""
+    path = FileSystems.join(ctx.input, "corpus.json")
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as fh:
+        try:
+            meta = json.loads(fh.read().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MmlinksError(f"{path} is not JSON: {exc}") from exc
+    relations = meta.get("relations") if isinstance(meta, dict) else None
+    return None if relations is None else [str(r) for r in relations]
+
+
 SPEC = SourceSpec(
     name=SOURCE,
     summary="the synthetic corpus of `mmlinks data synth` (DIR/documents.jsonl + images)",
     make=lambda ctx: ReadSyntheticCorpus(ctx.input),
     check=_check,
+    relations=corpus_relations,
 )

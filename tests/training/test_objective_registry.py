@@ -52,8 +52,8 @@ def toy_objective():
 
 
 def test_builtin_objectives_and_backbones_are_registered():
-    assert objective_names() == ("nostruct", "dc", "tk", "ap", "li2021")
-    assert backbone_names() == ("gru", "transformer")
+    assert objective_names() == ("nostruct", "dc", "tk", "ap", "li2021", "cmca", "cmcm", "cmcm-c")
+    assert backbone_names() == ("gru", "transformer", "coherence")
     for name in objective_names():
         spec = get_objective(name)
         assert spec.similarity in SIMILARITIES and spec.summary
@@ -63,8 +63,13 @@ def test_builtin_objectives_and_backbones_are_registered():
         "tk": "tk-full-hard",
         "ap": "ap-full-hard",
         "li2021": "li2021-C-gru",
+        "cmca": "cmca",
+        "cmcm": "cmcm",
+        "cmcm-c": "cmcm-c-Action",
     }
-    assert {o: TrainConfig(objective=o).label for o in objective_names()} == labels
+    relation = {"cmcm-c": "Action"}  # cmcm-c trains one relation
+    got = {o: TrainConfig(objective=o, relation=relation.get(o, "")).label for o in objective_names()}
+    assert got == labels
     assert TrainConfig(objective="li2021", objectives="C+I+D", backbone="transformer").label == (
         "li2021-C+I+D-transformer"
     )
@@ -75,7 +80,9 @@ def test_builtin_objectives_and_backbones_are_registered():
 def test_unknown_names_are_refused():
     with pytest.raises(MmlinksError, match="unknown objective 'nope'"):
         get_objective("nope")
-    with pytest.raises(MmlinksError, match=r"objective .* \(one of nostruct, dc, tk, ap, li2021\)"):
+    with pytest.raises(
+        MmlinksError, match=r"objective .* \(one of nostruct, dc, tk, ap, li2021, cmca, cmcm, cmcm-c\)"
+    ):
         TrainConfig(objective="nope").validate()
     with pytest.raises(ValueError, match="already registered"):
         register_objective(get_objective("ap"))

@@ -8,6 +8,9 @@ An objective is a loss over a batch of encoded documents. Every objective sees t
   sentence and one random image per document before encoding (``ObjectiveSpec.prepare``).
 - ``li2021``: cross (TK, k = min) plus the intra-document and dropout sub-document terms that
   ``--objectives`` selects (Li et al. 2021, ``training/objectives/li2021.py``).
+- ``cmca``, ``cmcm``, ``cmcm-c``: text-to-image retrieval on pair datasets (Alikhani et al.,
+  ``training/retrieval/``): their own model (the ``coherence`` backbone), loss and validation
+  MedR, plugged in through ``model_loss``, ``val_metrics`` and ``backbone``.
 
 ``TrainConfig`` validation, run labels, the training loop, the experiment's report text and the
 grid's rows all read these specs (``objective_names``, ``get_objective``); adding an objective is
@@ -58,6 +61,17 @@ class ObjectiveSpec:
     # negatives the main-paper Tables 2 and 3 print for it (the supplement prints both)
     table_name: str = ""
     main_negatives: str = "hard"
+    # "link" (documents, Hessel/Li) or "retrieval" (text-image pairs, Alikhani et al.)
+    family: str = "link"
+    # the backbone this objective trains whatever --backbone says (None: --backbone)
+    backbone: str | None = None
+    # (model, batch, cfg, generator) -> (loss, parts): replaces ``loss`` on the padded
+    # encodings, for objectives whose model has more than the two encoders (CMCM's CAM)
+    model_loss: Callable[..., tuple[Any, dict[str, float]]] | None = None
+    # (model, validation DocBatches, cfg) -> extra per-epoch validation metrics (val_medr)
+    val_metrics: Callable[..., dict[str, float]] | None = None
+    # shard columns the objective reads beyond the training ones
+    columns: tuple[str, ...] = ()
 
     def text(self, cfg: TrainConfig) -> str:
         if self.describe is not None:
@@ -213,6 +227,69 @@ register_objective(
 )
 
 
+def _retrieval(name):
+    def call(*args, **kwargs):
+        from training.retrieval import objective
+
+        return getattr(objective, name)(*args, **kwargs)
+
+    return call
+
+
+def _retrieval_check(cfg: TrainConfig) -> list[str]:
+    bad = []
+    if cfg.objective == "cmcm-c" and not cfg.relation:
+        bad.append("relation (cmcm-c trains one model per relation: --relation NAME)")
+    if cfg.objective != "cmcm-c" and cfg.relation:
+        bad.append("relation (only cmcm-c takes one)")
+    if cfg.select_by == "val_within":
+        bad.append("select_by (val_within measures inside documents; pairs have none: val_medr or val_loss)")
+    return bad
+
+
+def _retrieval_label(cfg: TrainConfig) -> str:
+    pooling = "" if cfg.retrieval_pooling == "attention" else "-noattn"
+    return f"{cfg.objective}{'-' + cfg.relation if cfg.relation else ''}{pooling}"
+
+
+for _name, _summary in (
+    (
+        "cmca",
+        "CMCA: coherence-agnostic text-to-image retrieval (Alikhani et al.): BiLSTM + attention, "
+        "VSE++ triplet",
+    ),
+    ("cmcm", "CMCM: CMCA + the Coherence Aware Module predicting every relation of the dataset (lambda_cls)"),
+    ("cmcm-c", "CMCM_c: CMCA + the Coherence Aware Module predicting one relation (--relation)"),
+):
+    register_objective(
+        ObjectiveSpec(
+            name=_name,
+            summary=_summary,
+            similarity="dc",  # a pair is a 1 x 1 document: every similarity is the cosine
+            loss=_hessel("dc"),  # unused: model_loss replaces it
+            label=_retrieval_label,
+            fields=(
+                "negatives",
+                "hard_negative_warmup",
+                "relation",
+                "lambda_cls",
+                "retrieval_pooling",
+                "d_shared",
+            ),
+            parts=(lambda cfg: ("ret",) if cfg.objective == "cmca" else ("ret", "cls")),
+            check=_retrieval_check,
+            describe=lambda cfg: (
+                f"{_retrieval_label(cfg)} d_shared={cfg.d_shared} lambda_cls={cfg.lambda_cls}"
+            ),
+            family="retrieval",
+            backbone="coherence",
+            model_loss=_retrieval("model_loss"),
+            val_metrics=_retrieval("val_metrics"),
+            columns=("metadata",),
+        )
+    )
+
+
 # ------------------------------------------------------------------- the loss of a batch
 
 
@@ -231,9 +308,12 @@ def objective_loss(
     cfg: TrainConfig,
     generator: torch.Generator | None = None,
     spec: ObjectiveSpec | None = None,
+    epoch: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss, its named parts) for ``cfg.objective``; ``generator`` drives the random
     sub-documents of li2021 (a fixed one on validation batches keeps that loss comparable).
     ``spec`` overrides the registry lookup (a Ray worker gets the driver's spec)."""
     spec = spec or get_objective(cfg.objective)
+    if spec.model_loss is not None:  # ``epoch``: the retrieval objectives' hard-negative warm-up
+        return spec.model_loss(model, batch, cfg, generator, epoch=epoch)
     return spec.loss(*padded(model, batch), cfg, generator)

@@ -1,0 +1,186 @@
+"""A synthetic coherence corpus: text-image pairs labelled with coherence relations, where a
+relation carries information that a coherence-agnostic retrieval model does not use by itself.
+
+Each pair is one step of a "painting" project: the text names an object (colour and shape)
+and the image shows either the **result** (the finished object: relation ``Visible``) or the
+step **in progress** (half of the object still background, a brush at the edge: relation
+``Action``). Every object (10 colours x 7 shapes) occurs in both states, so among the 500
+candidates of a retrieval pool about 7 images show the query's object, half of them in the
+other state; only a model whose embeddings keep the state can rank the right one first. The
+text says which state it describes in ``cue_rate`` of the pairs, with one of several rare cue
+words (``finished``, ``halfway``, ...) among the template words: the retrieval loss sees the
+state only when the same object in the other state happens to be in the batch, while the
+relation label (predicted by CMCM's Coherence Aware Module from both embeddings) names it in
+every pair. ``Story`` (an anecdote around the step, ``story_rate``) is decided by the text
+alone and says nothing about the image, as Clue's Subjective/Story relations. Multi-label:
+Visible xor Action, Story independent.
+
+On-disk format: the synthetic corpus's own (``pipelines/synthetic_corpus.py``), so ``mmlinks
+data build --source synthetic`` builds it: one document per pair (one sentence, one image,
+link (0, 0)), the pair's relations in ``metadata["relations"]`` (comma-separated, in the
+vocabulary's order, "" for none), and the label vocabulary in ``corpus.json["relations"]``,
+which the build copies into the manifest (``Manifest.relations``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from pipelines.synthetic_corpus import COLOURS, PATTERNS, POSITIONS, SHAPES, SIZES, ObjectSpec, render
+from schemas.config_fields import option, validate
+
+RELATIONS = ("Visible", "Action", "Story")
+FORMAT = "mmlinks-synthetic-coherence/1"
+
+RESULT_CUES = ("finished", "done", "complete", "ready", "final", "dried", "polished", "perfect")
+ACTION_CUES = ("painting", "starting", "halfway", "filling", "brushing", "beginning", "colouring", "working")
+STEP_TEMPLATES = (
+    "the {colour} {shape} {cue}",
+    "{cue} the {colour} {shape} at the {pos}",
+    "here the {colour} {shape} is {cue}",
+    "a {size} {colour} {shape} , {cue}",
+    "step {n} : {cue} {colour} {shape}",
+)
+PLAIN_TEMPLATES = (
+    "the {colour} {shape}",
+    "a {size} {colour} {shape} at the {pos}",
+    "step {n} : {colour} {shape}",
+)
+STORY_PHRASES = (
+    "my daughter helped me with this one",
+    "it was raining all weekend so",
+    "after lunch i went back to the garage and",
+    "this reminded me of my grandfather",
+    "we had friends over that evening",
+)
+
+
+@dataclass
+class CoherenceSynthConfig:
+    """The options of `mmlinks data synth-coherence`."""
+
+    pairs: int = option(3000, help="number of text-image pairs", check=lambda v: v >= 2, rule=">= 2")
+    seed: int = option(0, help="random seed")
+    action_rate: float = option(
+        0.5,
+        help="share of pairs whose image shows the step in progress (Action)",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
+    )
+    cue_rate: float = option(
+        0.7,
+        help="share of texts that name the state with a cue word",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
+    )
+    story_rate: float = option(
+        0.3, help="share of texts told as an anecdote (Story)", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"
+    )
+    image_size: int = option(128, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+    cue_words: int = option(
+        8,
+        help="distinct cue words per state: up to 8 real words, more adds made-up rare tokens "
+        "(act01, fin01, ...) that retrieval alone sees seldom while the relation label groups them",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, "synthetic coherence corpus options")
+
+
+def _in_progress(
+    img: Image.Image, spec: ObjectSpec, bg: tuple[int, int, int], rng: random.Random
+) -> Image.Image:
+    """Cover one half of the object (the part not yet painted) and draw a brush at the edge."""
+    size = img.size[0]
+    px, py = POSITIONS[spec.pos]
+    cx, cy = px * size, py * size
+    r = SIZES[spec.size][1] * size / 2 + 0.06 * size
+    draw = ImageDraw.Draw(img)
+    if rng.random() < 0.5:  # the right half still to do
+        draw.rectangle([cx, cy - r, cx + r, cy + r], fill=bg)
+    else:  # the bottom half
+        draw.rectangle([cx - r, cy, cx + r, cy + r], fill=bg)
+    handle = (110, 70, 30)
+    draw.line([(cx, cy), (cx + 0.35 * size, cy - 0.35 * size)], fill=handle, width=max(3, size // 20))
+    draw.ellipse(
+        [cx - size // 24, cy - size // 24, cx + size // 24, cy + size // 24], fill=COLOURS[spec.colour]
+    )
+    return img
+
+
+def cue_list(action: bool, n: int) -> tuple[str, ...]:
+    """The state's ``n`` cue words: the real ones first, then made-up tokens."""
+    real = ACTION_CUES if action else RESULT_CUES
+    made_up = tuple(f"{'act' if action else 'fin'}{k:02d}" for k in range(1, max(0, n - len(real)) + 1))
+    return (real + made_up)[:n]
+
+
+def generate_pair(cfg: CoherenceSynthConfig, index: int) -> tuple[dict, Image.Image]:
+    """One pair; depends only on (seed, index)."""
+    rng = random.Random(f"coherence:{cfg.seed}:{index}")
+    bg = tuple(rng.randint(90, 200) for _ in range(3))
+    spec = ObjectSpec(
+        shape=rng.choice(SHAPES),
+        colour=rng.choice(list(COLOURS)),
+        size=rng.choice(list(SIZES)),
+        pos=rng.choice(list(POSITIONS)),
+        pattern=rng.choice(PATTERNS),
+        background=bg,  # type: ignore[arg-type]
+    )
+    action = rng.random() < cfg.action_rate
+    story = rng.random() < cfg.story_rate
+    fields = {
+        "colour": spec.colour,
+        "shape": spec.shape,
+        "size": spec.size,
+        "pos": spec.pos,
+        "n": rng.randint(1, 9),
+    }
+    if rng.random() < cfg.cue_rate:
+        cue = rng.choice(cue_list(action, cfg.cue_words))
+        text = rng.choice(STEP_TEMPLATES).format(cue=cue, **fields)
+    else:
+        text = rng.choice(PLAIN_TEMPLATES).format(**fields)
+    if story:
+        text = f"{rng.choice(STORY_PHRASES)} {text}"
+    img = render(spec, cfg.image_size, rng)
+    if action:
+        img = _in_progress(img, spec, bg, rng)  # type: ignore[arg-type]
+    relations = [name for name, on in zip(RELATIONS, (not action, action, story), strict=True) if on]
+    doc_id = f"coh-{cfg.seed}-{index:06d}"
+    record = {
+        "doc_id": doc_id,
+        "sentences": [text],
+        "images": [f"images/{doc_id}.png"],
+        "links": [[0, 0]],
+        "metadata": {"relations": ",".join(relations), "object": f"{spec.colour} {spec.shape}"},
+    }
+    return record, img
+
+
+def write_coherence_corpus(
+    out: str | Path, cfg: CoherenceSynthConfig, progress: Callable[[int], None] | None = None
+) -> Path:
+    """Write the corpus under ``out``; returns the path of ``documents.jsonl``."""
+    out = Path(out)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    (out / "corpus.json").unlink(missing_ok=True)  # written last: marks a complete corpus
+    docs_path = out / "documents.jsonl"
+    with docs_path.open("w") as fh:
+        for i in range(cfg.pairs):
+            record, img = generate_pair(cfg, i)
+            img.save(out / record["images"][0], format="PNG", optimize=False)
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+            if progress:
+                progress(1)
+    meta = {"format": FORMAT, "relations": list(RELATIONS), **asdict(cfg)}
+    (out / "corpus.json").write_text(json.dumps(meta, indent=2))
+    return docs_path

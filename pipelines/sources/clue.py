@@ -1,0 +1,150 @@
+"""Clue (Alikhani et al. 2020): Conceptual Captions pairs labelled with image-text coherence
+relations, the retrieval family's real dataset (issue #17).
+
+Input: one CSV per split as released (a file, or a folder of ``*.csv``) with the columns
+``,index,caption,url,Visible,Subjective,Action,Story,Meta,Irrelevant,Other,When,How,Where,Comment``
+(the first, unnamed column is the writer's row number). Each row becomes a pair document: the
+caption, the image at ``url`` (fetched through the polite client into the image store, like
+imgur images; dead links become dead letters there), link (0, 0), and the relations whose
+column is 1 in ``metadata["relations"]``; the six relations of the paper's Table 5 form the
+manifest's vocabulary. ``Other``, ``When``, ``How``, ``Where`` and ``Comment`` are kept as
+``clue_<column>`` metadata when not empty. A row without caption, without an http(s) URL or with
+a relation value that is not 0/1 is a dead letter.
+
+Splits: a file whose name says ``test`` (``val``) is the test (validation) split; the rest is
+train, of which the build keeps 10 % as validation (the paper: 6,047 / 1,512 train / test).
+The HTTP allowlist is the set of hosts the CSV files name (redirects cannot leave it).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
+
+import apache_beam as beam
+
+from pipelines import fileio
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceSpec
+from pipelines.sources.http_options import http_source_options, policy_from_context
+from schemas.errors import MmlinksError
+
+SOURCE = "clue"
+RELATIONS = ("Visible", "Subjective", "Action", "Story", "Meta", "Irrelevant")
+EXTRA = ("Other", "When", "How", "Where", "Comment")
+COLUMNS = ("", "index", "caption", "url", *RELATIONS, *EXTRA)
+TRUE, FALSE = {"1", "1.0", "true", "True"}, {"0", "0.0", "false", "False"}
+
+
+def csv_files(input_uri: str) -> list[str]:
+    if input_uri.endswith(".csv"):
+        return [input_uri]
+    return sorted(f for f in fileio.list_files(fileio.join(input_uri, "*.csv")))
+
+
+def split_of(name: str) -> str | None:
+    stem = PurePosixPath(name).stem.lower()
+    return "test" if "test" in stem else "val" if "val" in stem else None
+
+
+def parse_clue_csv(text: str, name: str) -> Iterator[RawDocument | tuple[str, str, str]]:
+    """RawDocuments, or (source id, reason, detail) for each row that cannot be one."""
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in COLUMNS[1:] if c not in (reader.fieldnames or [])]
+    if missing:
+        yield (name, "bad_header", f"missing columns {missing}")
+        return
+    stem, split = PurePosixPath(name).stem, split_of(name)
+    for n, row in enumerate(reader):
+        sid = f"{stem}:{row.get('index') or n}"
+        caption, url = (row.get("caption") or "").strip(), (row.get("url") or "").strip()
+        if not caption:
+            yield (sid, "no_caption", "")
+            continue
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+            yield (sid, "bad_url", url[:200])
+            continue
+        values = {r: (row.get(r) or "").strip() for r in RELATIONS}
+        bad = {r: v for r, v in values.items() if v not in TRUE | FALSE}
+        if bad:
+            yield (sid, "bad_label", str(bad)[:200])
+            continue
+        meta = {"relations": ",".join(r for r in RELATIONS if values[r] in TRUE), "clue_file": stem}
+        meta.update({f"clue_{c.lower()}": row[c].strip() for c in EXTRA if (row.get(c) or "").strip()})
+        yield RawDocument(
+            doc_id=f"clue-{stem}-{row.get('index') or n}",
+            source=SOURCE,
+            sentences=[caption],
+            image_uris=[url],
+            links=[(0, 0)],
+            metadata=meta,
+            split=split,
+        )
+
+
+def hosts_of(input_uri: str) -> set[str]:
+    hosts = set()
+    for path in csv_files(input_uri):
+        for row in csv.DictReader(io.StringIO(fileio.read_text(path))):
+            url = urlsplit((row.get("url") or "").strip())
+            if url.scheme in ("http", "https") and url.netloc:
+                hosts.add(url.netloc.lower())
+    return hosts
+
+
+class ParseClueFile(beam.DoFn):
+    def process(self, path: str):
+        try:
+            text = fileio.read_text(path)
+        except UnicodeDecodeError as exc:
+            yield dead_letter("line", path, "not_utf8", str(exc))
+            return
+        for item in parse_clue_csv(text, path):
+            if isinstance(item, RawDocument):
+                count("documents_in")
+                yield item
+            else:
+                yield dead_letter("line", *item)
+
+
+class ReadClue(beam.PTransform):
+    """The CSV files -> RawDocument, with a ``dead_letter`` tagged output."""
+
+    def __init__(self, input_uri: str):
+        super().__init__()
+        self.files = csv_files(input_uri)
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "Files" >> beam.Create(self.files)
+            | "Parse" >> beam.ParDo(ParseClueFile()).with_outputs(DEAD_LETTER, main="documents")
+        )
+
+
+def _fetcher(ctx: SourceContext):
+    from pipelines.image_fetch import PoliteFetcher
+    from pipelines.web.client import PoliteClient
+
+    return PoliteFetcher(PoliteClient(policy_from_context(ctx, hosts_of(ctx.input))))
+
+
+def _check(ctx: SourceContext) -> None:
+    if not csv_files(ctx.input):
+        raise MmlinksError(f"clue input {ctx.input} holds no CSV file (one per split, as released)")
+    policy_from_context(ctx, {"example.org"})  # the politeness options, with clear errors
+
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="Clue (Alikhani et al. 2020): captions + Conceptual Captions image URLs with coherence relations",
+    make=lambda ctx: ReadClue(ctx.input),
+    options=http_source_options(),
+    build_defaults={"split_ratios": {"train": 0.9, "val": 0.1}},
+    fetcher=_fetcher,
+    check=_check,
+    relations=lambda ctx: list(RELATIONS),
+)

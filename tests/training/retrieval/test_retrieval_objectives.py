@@ -1,0 +1,200 @@
+"""cmca / cmcm / cmcm-c in the registries and the config, and their loss and validation MedR on
+a batch built the way the training loop builds it (no Ray here; the end-to-end run through
+Ray Train is the slow test at the bottom)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from schemas.document import Document, ImageRecord
+from schemas.errors import MmlinksError
+from schemas.shards import documents_to_table
+from training.config import TrainConfig
+from training.data import make_batch
+from training.objectives.registry import get_objective, objective_loss
+from training.retrieval.losses import cmcm_loss
+from training.retrieval.model import RetrievalConfig
+from training.retrieval.objective import (
+    build,
+    cam_relations,
+    evaluate_pairs,
+    pair_table_labels,
+    val_metrics,
+)
+from training.text import Vocabulary
+
+VOCAB = ["Visible", "Action", "Story"]
+WORDS = ["red", "blue", "circle", "star", "done", "painting", "yesterday"]
+
+
+def pair_docs(n: int, seed: int = 0) -> list[Document]:
+    rng = np.random.default_rng(seed)
+    docs = []
+    for i in range(n):
+        action = bool(i % 2)
+        rels = ["Action" if action else "Visible"] + (["Story"] if i % 3 == 0 else [])
+        text = " ".join(rng.choice(WORDS, size=4))
+        docs.append(
+            Document(
+                doc_id=f"p{i:03d}",
+                source="synthetic",
+                split="train",
+                sentences=[text],
+                images=[
+                    ImageRecord(f"c{i}", f"u{i}", 8, 8, i, rng.normal(size=6).astype(np.float32).tolist())
+                ],
+                links=[(0, 0)],
+                metadata={"relations": ",".join(rels)},
+            )
+        )
+    return docs
+
+
+def test_registry_and_config_rules():
+    assert get_objective("cmcm").family == "retrieval" and get_objective("ap").family == "link"
+    cfg = TrainConfig(objective="cmcm")
+    assert cfg.select_by == "val_medr" and cfg.model_backbone == "coherence"
+    assert TrainConfig(objective="ap").select_by == "val_within"
+    assert TrainConfig(objective="cmcm-c", relation="Action").label == "cmcm-c-Action"
+    assert TrainConfig(objective="cmca", retrieval_pooling="mean").label == "cmca-noattn"
+    for bad, match in (
+        ({"objective": "cmcm-c"}, "relation"),
+        ({"objective": "cmcm", "relation": "Action"}, "relation"),
+        ({"objective": "ap", "select_by": "val_medr"}, "val_medr"),
+        ({"objective": "ap", "backbone": "coherence"}, "coherence trains only"),
+    ):
+        with pytest.raises(MmlinksError, match=match):
+            TrainConfig(**bad)
+
+
+def test_cam_relations_follow_the_vocabulary():
+    assert cam_relations(TrainConfig(objective="cmca"), None) == []
+    assert cam_relations(TrainConfig(objective="cmcm"), VOCAB) == VOCAB
+    assert cam_relations(TrainConfig(objective="cmcm-c", relation="Story"), VOCAB) == ["Story"]
+    with pytest.raises(MmlinksError, match="not a relation"):
+        cam_relations(TrainConfig(objective="cmcm-c", relation="Meta"), VOCAB)
+    with pytest.raises(MmlinksError, match="coherence-labelled pair dataset"):
+        cam_relations(TrainConfig(objective="cmcm"), None)
+
+
+def test_pair_labels_refuse_documents_that_are_not_pairs():
+    docs = pair_docs(4)
+    table = documents_to_table(docs)
+    assert pair_table_labels(table, VOCAB, ["Action", "Story"]).tolist() == [[0, 1], [1, 0], [0, 0], [1, 1]]
+    docs[0].sentences.append("a second sentence")
+    with pytest.raises(MmlinksError, match="pair datasets"):
+        pair_table_labels(documents_to_table(docs), VOCAB, VOCAB)
+    docs = pair_docs(2)
+    docs[1].metadata["relations"] = "Meta"
+    with pytest.raises(MmlinksError, match="Meta"):
+        pair_table_labels(documents_to_table(docs), VOCAB, VOCAB)
+
+
+def _model_and_batch(relations, n: int = 12):
+    table = documents_to_table(pair_docs(n))
+    vocab = Vocabulary.build([s for d in table.column("sentences").to_pylist() for s in d], 1)
+    torch.manual_seed(0)
+    cfg = RetrievalConfig(
+        vocab_size=len(vocab),
+        word_dim=8,
+        image_dim=6,
+        hidden=8,
+        d_shared=10,
+        relations=tuple(relations),
+        relation_weights=(2.0,) * len(relations),
+    )
+    return build(cfg.to_dict()), make_batch(table, vocab, 20)
+
+
+def test_cmcm_loss_through_the_registry_matches_the_equation():
+    model, batch = _model_and_batch(VOCAB)
+    cfg = TrainConfig(objective="cmcm", lambda_cls=0.5)
+    loss, parts = objective_loss(model, batch, cfg)
+    s, v, logits = model(batch)
+    labels = torch.tensor([[float(r in (m["relations"].split(","))) for r in VOCAB] for m in batch.metadata])
+    expected, _ = cmcm_loss(s, v, logits, labels, torch.full((3,), 2.0), 0.3, 0.5)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert set(parts) == {"ret", "cls"}
+    loss.backward()
+    assert model.cam.text_part.weight.grad.abs().sum() > 0  # the CAM trains
+    cmca, batch = _model_and_batch([])
+    loss, parts = objective_loss(cmca, batch, TrainConfig(objective="cmca"))
+    assert set(parts) == {"ret"} and torch.isfinite(loss)
+
+
+def test_hard_negative_warmup():
+    from training.retrieval.objective import negatives_at
+
+    cfg = TrainConfig(objective="cmca", hard_negative_warmup=2)
+    assert [negatives_at(cfg, e) for e in (0, 1, 2, None)] == ["mean", "mean", "hard", "hard"]
+    assert negatives_at(TrainConfig(objective="cmca", negatives="mean", hard_negative_warmup=0), 5) == "mean"
+
+
+def test_validation_and_test_metrics():
+    model, batch = _model_and_batch(["Action"], n=10)
+    cfg = TrainConfig(objective="cmcm-c", relation="Action", pool_size=500, n_pools=1)
+    val = val_metrics(model, [batch], cfg)
+    assert 1 <= val["val_medr"] <= 10 and 0 <= val["val_r10"] <= 100
+    out = evaluate_pairs(model, [batch], cfg, VOCAB)
+    assert out["pairs"] == 10 and out["t2i"]["medr"] == pytest.approx(val["val_medr"])
+    assert set(out["relations"]) == set(VOCAB) and set(out["relation_ap"]) == {"Action"}
+    assert "t2i_refined" in out
+
+
+@pytest.mark.slow
+def test_cmcm_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
+    """synth-coherence -> Beam build -> Ray Train (cmcm, 2 epochs) -> test metrics in MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
+    from pipelines.coherence_corpus import CoherenceSynthConfig, write_coherence_corpus
+    from training.experiment import run_experiment
+
+    write_coherence_corpus(tmp_path / "raw", CoherenceSynthConfig(pairs=60, image_size=64))
+    manifest = build_dataset(
+        BuildConfig(
+            source="synthetic",
+            input=str(tmp_path / "raw"),
+            out=str(tmp_path / "ds"),
+            split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
+        )
+    )
+    assert manifest.relations == VOCAB
+    cfg = TrainConfig(
+        data=str(tmp_path / "ds"),
+        objective="cmcm",
+        epochs=2,
+        d_shared=16,
+        batch_docs=8,
+        lr=3e-3,
+        min_word_count=1,
+        word_vectors="random",
+        num_workers=1,
+        storage_path=str(tmp_path / "ray"),
+        n_pools=1,
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = run_experiment(cfg, uri, model_name="coh")
+    assert res.model_version is None and res.test["pairs"] == manifest.counts["splits"]["test"]
+    assert {"t2i", "i2t", "t2i_refined", "relations", "relation_ap"} <= set(res.test)
+    metrics = MlflowClient(uri).get_run(res.run_id).data.metrics
+    assert {"test_medr", "test_refined_medr", "test_ap_Action", "val_medr"} <= set(metrics)
+
+
+def test_refinement_tuned_on_validation():
+    from training.retrieval.objective import REFINE_LAMBDAS, REFINE_THRESHOLDS, tune_refinement
+
+    model, batch = _model_and_batch(VOCAB, n=12)
+    cfg = TrainConfig(objective="cmcm", n_pools=1)
+    tuned = tune_refinement(model, [batch], cfg)
+    assert len(tuned["grid"]) == len(REFINE_LAMBDAS) * len(REFINE_THRESHOLDS)
+    plain = val_metrics(model, [batch], cfg)["val_medr"]
+    assert all(g["medr"] == plain for g in tuned["grid"] if g["refine_lambda"] == 0.0)  # identity
+    assert tuned["medr"] == min(g["medr"] for g in tuned["grid"]) <= plain
+    out = evaluate_pairs(model, [batch], cfg, VOCAB, tuned)
+    assert out["t2i_refined_tuned"]["refine_lambda"] == tuned["refine_lambda"]
+    cmca, batch = _model_and_batch([])
+    assert tune_refinement(cmca, [batch], TrainConfig(objective="cmca")) is None

@@ -1,0 +1,107 @@
+"""CMCA / CMCM losses (Alikhani et al. Eq. 1-3) and the selective similarity refinement
+(Eq. 4-6). Pure torch.
+
+- Retrieval (Eq. 1, VSE++): for each matched pair i of the batch, the hardest in-batch negative
+  image of text i and the hardest negative text of image i,
+  ``max(0, m - s(t_i, v_i) + max_{j != i} s(t_i, v_j)) + max(0, m - s(t_i, v_i) + max_{j != i} s(t_j, v_i))``,
+  margin m = 0.3; averaged over the batch (Eq. 3's 1/N). The paper prints the hinge as
+  ``min{0, trip}`` with ``trip = s(a, p) - s(a, n) - alpha``: a sign slip, the hinge written here
+  is the one a triplet loss means.
+- Warm-up: from random weights the hardest-negative hinge collapses the embeddings (measured
+  on the synthetic coherence corpus: validation MedR stays at chance); the first
+  ``--hard-negative-warmup`` epochs (default 1) average the hinge over every negative instead.
+- Coherence (Eq. 2): per pair, sum over relations c of w_c x BCE(x_c, y_c), w_c = 1 / (share of
+  training pairs with relation c) (``relation_weights``); averaged over the batch.
+- Total (Eq. 3): retrieval + lambda_cls x coherence, lambda_cls = 0.1.
+- Refinement: eta_ij = sum_c exp(lambda |x_ijc - 0.5|) from the CAM's probabilities of pair
+  (i, j); refined theta_ij x eta_ij, only for "difficult" queries i whose two best similarities
+  differ by less than T (lambda 0.13 CITE++ / 0.12 Clue, T 0.1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+MARGIN = 0.3
+LAMBDA_CLS = 0.1
+
+
+def hardest_triplet_loss(s: torch.Tensor, v: torch.Tensor, margin: float = MARGIN) -> torch.Tensor:
+    """s, v [B, d] unit vectors of B matched pairs -> the mean two-direction hardest-negative hinge."""
+    B = s.shape[0]
+    if B < 2:
+        raise ValueError("the in-batch triplet loss needs at least 2 pairs")
+    scores = s @ v.T  # [B, B], text x image
+    pos = scores.diagonal()
+    off = scores.masked_fill(torch.eye(B, dtype=torch.bool, device=s.device), float("-inf"))
+    hardest_image = off.amax(1)  # per text
+    hardest_text = off.amax(0)  # per image
+    return (F.relu(margin - pos + hardest_image) + F.relu(margin - pos + hardest_text)).mean()
+
+
+def mean_triplet_loss(s: torch.Tensor, v: torch.Tensor, margin: float = MARGIN) -> torch.Tensor:
+    """The same hinge averaged over every in-batch negative instead of the hardest one (VSE0):
+    the warm-up of ``hardest_triplet_loss``, which from random weights collapses every embedding
+    to one point (loss 2 x margin; docs/benchmarks.md, "Coherence retrieval")."""
+    B = s.shape[0]
+    if B < 2:
+        raise ValueError("the in-batch triplet loss needs at least 2 pairs")
+    scores = s @ v.T
+    pos = scores.diagonal()
+    eye = torch.eye(B, dtype=torch.bool, device=s.device)
+    per_image = F.relu(margin - pos[:, None] + scores).masked_fill(eye, 0.0).sum(1)  # text i vs images j
+    per_text = F.relu(margin - pos[None, :] + scores).masked_fill(eye, 0.0).sum(0)  # image i vs texts j
+    return (per_image + per_text).mean() / (B - 1)
+
+
+def relation_weights(labels: np.ndarray) -> np.ndarray:
+    """[M, C] 0/1 training labels -> w_c = 1 / positive rate (a relation no training pair has
+    counts as 1 / M, so its weight stays finite)."""
+    labels = np.asarray(labels, dtype=np.float64)
+    rate = labels.mean(0)
+    return 1.0 / np.maximum(rate, 1.0 / max(len(labels), 1))
+
+
+def coherence_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """logits, labels [B, C], weights [C] -> mean over pairs of sum_c w_c BCE."""
+    bce = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
+    return (bce * weights.to(logits.dtype)).sum(-1).mean()
+
+
+def cmcm_loss(
+    s: torch.Tensor,
+    v: torch.Tensor,
+    logits: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    weights: torch.Tensor | None,
+    margin: float = MARGIN,
+    lambda_cls: float = LAMBDA_CLS,
+    negatives: str = "hard",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Eq. 3: (total, {"ret": ..., "cls": ...}); CMCA when ``logits`` is None. ``negatives``:
+    "hard" = the hardest in-batch negative (the paper), "mean" = all of them (the warm-up)."""
+    ret = (hardest_triplet_loss if negatives == "hard" else mean_triplet_loss)(s, v, margin)
+    if logits is None:
+        return ret, {"ret": float(ret.detach())}
+    cls = coherence_loss(logits, labels, weights)
+    return ret + lambda_cls * cls, {"ret": float(ret.detach()), "cls": float(cls.detach())}
+
+
+def confidence(probs: torch.Tensor, lam: float) -> torch.Tensor:
+    """[..., C] relation probabilities -> eta [...] = sum_c exp(lam |p_c - 0.5|) (Eq. 4-5)."""
+    return torch.exp(lam * (probs - 0.5).abs()).sum(-1)
+
+
+def selective_refinement(
+    theta: torch.Tensor, probs: torch.Tensor, lam: float = 0.12, threshold: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """theta [Q, N] similarities, probs [Q, N, C] -> (refined [Q, N], difficult [Q] bool).
+
+    Rows whose top-1 minus top-2 similarity is below ``threshold`` become theta x eta (Eq. 6);
+    the others keep theta."""
+    top2 = theta.topk(2, dim=1).values
+    difficult = (top2[:, 0] - top2[:, 1]) < threshold
+    refined = torch.where(difficult[:, None], theta * confidence(probs, lam), theta)
+    return refined, difficult

@@ -1,0 +1,174 @@
+"""CMCA and CMCM (Alikhani et al.): text and image encoders into a shared 300-d cosine space,
+plus CMCM's Coherence Aware Module (CAM). Pure torch.
+
+- Text: word embeddings (initialised from pretrained word vectors, ``training/word_vectors.py``
+  via ``training/text.py``) -> one-layer bidirectional LSTM -> word attention (a learned query
+  scores each LSTM state, softmax over the real tokens) -> linear -> L2. ``pooling`` "mean" or
+  "last" replaces the attention (the paper's NoAttn variant).
+- Image: a CNN feature (e.g. EfficientNet-Lite0 1280-d) standardised with the training set's
+  mean/std (buffers, as ``training/model.py``; the paper's extra batch norm) -> linear
+  bottleneck -> L2.
+- CAM: one linear layer (the paper: "one fully-connected layer, adding more layers does not
+  improve performance"; ``cam_hidden`` > 0 adds a ReLU layer) on concat(text, image) of the
+  normalised embeddings -> one logit per relation. A layer on a concatenation is a sum of one
+  term per side, so ``pair_logits`` scores every (text, image) pair of a pool without building
+  the [Q, N, 2d] concatenation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+POOLINGS = ("attention", "mean", "last")
+
+
+@dataclass
+class RetrievalConfig:
+    vocab_size: int
+    word_dim: int = 300
+    image_dim: int = 1280
+    hidden: int = 256  # LSTM units per direction
+    d_shared: int = 300  # the shared space (paper: 300 in its method section)
+    pooling: str = "attention"  # one of POOLINGS; mean/last = NoAttn
+    relations: tuple[str, ...] = ()  # what the CAM predicts; () = CMCA (no CAM)
+    # w_c of the coherence loss (1 / positive rate in the training set), one per relation
+    relation_weights: tuple[float, ...] = ()
+    cam_hidden: int = 0  # 0 = one linear layer (paper)
+    image_dropout: float = 0.0
+    backbone: str = "coherence"  # the backbone registry name (training/backbone.py)
+
+    def __post_init__(self) -> None:
+        self.relations = tuple(self.relations)
+        self.relation_weights = tuple(float(w) for w in self.relation_weights) or (1.0,) * len(self.relations)
+        if len(self.relation_weights) != len(self.relations):
+            raise ValueError("one relation weight per relation is needed")
+
+    @property
+    def n_relations(self) -> int:
+        return len(self.relations)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["relations"], out["relation_weights"] = list(self.relations), list(self.relation_weights)
+        return out
+
+
+class AttnTextEncoder(nn.Module):
+    def __init__(self, cfg: RetrievalConfig, embeddings: np.ndarray | None = None):
+        super().__init__()
+        if cfg.pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {cfg.pooling!r}; known: {', '.join(POOLINGS)}")
+        self.pooling = cfg.pooling
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=0)
+        if embeddings is not None:
+            self.embed.weight.data.copy_(torch.from_numpy(np.asarray(embeddings, dtype=np.float32)))
+        self.lstm = nn.LSTM(cfg.word_dim, cfg.hidden, batch_first=True, bidirectional=True)
+        self.attn = nn.Linear(2 * cfg.hidden, 1)  # the word score: a learned query . h_t
+        self.proj = nn.Linear(2 * cfg.hidden, cfg.d_shared)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, return_attention: bool = False):
+        """tokens [N, T] (0-padded), lengths [N] -> unit vectors [N, d_shared]
+        (and the attention weights [N, T] when asked; uniform over the tokens for mean)."""
+        T = tokens.shape[1]
+        lengths = lengths.clamp(min=1)
+        mask = torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]  # [N, T]
+        packed = pack_padded_sequence(
+            self.embed(tokens), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        states, (h, _) = self.lstm(packed)
+        out, _ = pad_packed_sequence(states, batch_first=True, total_length=T)  # [N, T, 2h]
+        if self.pooling == "attention":
+            scores = self.attn(out).squeeze(-1).masked_fill(~mask, float("-inf"))  # [N, T]
+            alpha = scores.softmax(-1)
+        elif self.pooling == "mean":
+            alpha = mask.float() / mask.sum(1, keepdim=True)
+        else:  # last: the forward direction's final state and the backward one's first
+            alpha = None
+        pooled = torch.cat([h[-2], h[-1]], -1) if alpha is None else (alpha[..., None] * out).sum(1)
+        z = F.normalize(self.proj(pooled), dim=-1)
+        return (z, alpha) if return_attention else z
+
+
+class BottleneckImageEncoder(nn.Module):
+    """[N, image_dim] CNN features -> standardise -> dropout -> linear -> L2 -> [N, d_shared]."""
+
+    def __init__(self, cfg: RetrievalConfig):
+        super().__init__()
+        self.register_buffer("feature_mean", torch.zeros(cfg.image_dim))
+        self.register_buffer("feature_std", torch.ones(cfg.image_dim))
+        self.dropout = nn.Dropout(cfg.image_dropout)
+        self.proj = nn.Linear(cfg.image_dim, cfg.d_shared)
+
+    def set_feature_stats(self, mean: np.ndarray, std: np.ndarray) -> None:
+        self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+        self.feature_std.copy_(torch.as_tensor(np.maximum(std, 1e-6), dtype=torch.float32))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = (features - self.feature_mean) / self.feature_std
+        return F.normalize(self.proj(self.dropout(x)), dim=-1)
+
+
+class CoherenceAwareModule(nn.Module):
+    """concat(text [.., d], image [.., d]) -> relation logits [.., C]."""
+
+    def __init__(self, d: int, n_relations: int, hidden: int = 0):
+        super().__init__()
+        width = hidden or n_relations
+        self.text_part = nn.Linear(d, width)
+        self.image_part = nn.Linear(d, width, bias=False)
+        self.out = nn.Linear(hidden, n_relations) if hidden else None
+
+    def _finish(self, z: torch.Tensor) -> torch.Tensor:
+        return z if self.out is None else self.out(torch.relu(z))
+
+    def forward(self, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Matched pairs: t, v [B, d] -> logits [B, C]."""
+        return self._finish(self.text_part(t) + self.image_part(v))
+
+    def pair_logits(self, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Every pair: t [Q, d], v [N, d] -> logits [Q, N, C]."""
+        return self._finish(self.text_part(t)[:, None, :] + self.image_part(v)[None, :, :])
+
+
+class CoherenceRetrieval(nn.Module):
+    """CMCA (``n_relations`` 0) or CMCM / CMCM_c (a CAM over ``n_relations`` outputs)."""
+
+    def __init__(
+        self,
+        cfg: RetrievalConfig,
+        embeddings: np.ndarray | None = None,
+        feature_stats: tuple[np.ndarray, np.ndarray] | None = None,
+    ):
+        super().__init__()
+        self.cfg = cfg
+        self.text = AttnTextEncoder(cfg, embeddings)
+        self.image = BottleneckImageEncoder(cfg)
+        if feature_stats is not None:
+            self.image.set_feature_stats(*feature_stats)
+        self.cam = (
+            CoherenceAwareModule(cfg.d_shared, cfg.n_relations, cfg.cam_hidden) if cfg.n_relations else None
+        )
+        # w_c of the coherence loss: a buffer, so it travels with the checkpoint
+        self.register_buffer("relation_weights", torch.tensor(cfg.relation_weights, dtype=torch.float32))
+
+    def forward(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A batch of pairs (``DocBatch`` of one-sentence, one-image documents) -> (text [B, d],
+        image [B, d], CAM logits of the matched pairs [B, C] or None). The CAM runs inside
+        forward so DDP syncs its gradients too."""
+        s, v = self.text(batch.tokens, batch.lengths), self.image(batch.features)
+        return s, v, None if self.cam is None else self.cam(s, v)
+
+    def encode(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        s, v, _ = self(batch)
+        return s, v
+
+    @torch.no_grad()
+    def relation_probs(self, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+        """The CAM's probabilities for every pair: s [Q, d], v [N, d] -> [Q, N, C] (None: CMCA)."""
+        return None if self.cam is None else torch.sigmoid(self.cam.pair_logits(s, v))
