@@ -194,6 +194,12 @@ def check_compatible(client: MlflowClient, name: str, version: str, manifest: Ma
         raise MmlinksError(
             f"cannot read the training run of {name!r} version {version}: {exc.message}"
         ) from exc
+    check_run_params(params, manifest, f"version {version} of {name!r}", "evaluation dataset")
+
+
+def check_run_params(params: dict, manifest: Manifest, what: str, dataset: str = "dataset") -> None:
+    """Refuse a training run's model for a dataset of another schema version or feature
+    extractor (``what`` names the model in the one-line error)."""
     want = {
         "schema_version": str(manifest.schema_version),
         "feature_extractor": f"{manifest.feature_extractor.name}@{manifest.feature_extractor.version}",
@@ -201,10 +207,7 @@ def check_compatible(client: MlflowClient, name: str, version: str, manifest: Ma
     for key, expected in want.items():
         got = params.get(key)
         if got is not None and got != expected:
-            raise MmlinksError(
-                f"version {version} of {name!r} was trained with {key}={got}, "
-                f"but the evaluation dataset has {expected}"
-            )
+            raise MmlinksError(f"{what} was trained with {key}={got}, but the {dataset} has {expected}")
 
 
 def promote(
