@@ -135,6 +135,12 @@ class LinkConfig:
         group=RUNNER,
     )
     beam_args: list[str] = option(help="extra Beam pipeline options", flag="", default_factory=list)
+    tracking_uri: str | None = option(
+        None,
+        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else WORKDIR/mlflow.db)",
+        flag="",
+        secret=True,
+    )
     workdir: str = option(
         ".", help="where the default mlflow.db lives (MLFLOW_TRACKING_URI wins)", group=MODEL
     )

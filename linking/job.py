@@ -67,7 +67,7 @@ def link_documents(cfg: LinkConfig) -> LinkResult:
     from training.tracking import tracking_uri
 
     started = time.time()
-    uri = tracking_uri(cfg.workdir)
+    uri = cfg.tracking_uri or tracking_uri(cfg.workdir)
     model = resolve_model(cfg.model, uri)
     job = {"load_uri": model.load_uri, "tracking_uri": uri}
     if cfg.data is not None:

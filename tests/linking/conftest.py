@@ -33,7 +33,7 @@ def write_checkpoint(folder: Path, vocab, image_dim: int, seed: int, features=No
 
 
 def register_model(
-    workdir: Path, dataset: Path, seed: int, alias: str | None = "production", **params
+    workdir: Path, dataset: Path, seed: int, alias: str | None = "production", name: str = NAME, **params
 ) -> str:
     """Log and register a seeded model trained on nothing; returns its version."""
     import mlflow
@@ -67,9 +67,9 @@ def register_model(
     with mlflow.start_run(run_name=f"seed-{seed}"):
         mlflow.log_params(logged)
         model_uri = log_link_model(str(ckpt), vocab, extractor=manifest.feature_extractor.name)
-    version = str(mlflow.register_model(model_uri, NAME).version)
+    version = str(mlflow.register_model(model_uri, name).version)
     if alias:
-        MlflowClient(uri).set_registered_model_alias(NAME, alias, version)
+        MlflowClient(uri).set_registered_model_alias(name, alias, version)
     mlflow.set_tracking_uri(None)
     mlflow.set_registry_uri(None)
     return version
