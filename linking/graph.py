@@ -1,5 +1,6 @@
-"""The link job's Beam graph, top to bottom: documents in fixed chunks -> RunInference (the link
-model, once per worker) -> predicted links -> link shards, dead letters and evaluation records.
+"""The link job's Beam graph, top to bottom: row groups spread over workers -> documents in fixed
+chunks -> RunInference (the link model, once per worker) -> predicted links -> link shards, dead
+letters and evaluation records.
 
 Documents come from a built dataset's shards, or from raw documents through the build's own
 read/validate/features stages (``pipelines/graph.py``), so raw documents get exactly the
@@ -15,7 +16,7 @@ from apache_beam.ml.inference.base import RunInference
 
 from linking.config import LinkConfig
 from linking.model import LinkModelHandler
-from linking.steps import EVAL, LinkChunk, ReadShardChunks, WriteLinkShards, from_document, raw_chunks
+from linking.steps import EVAL, LinkChunk, ReadChunks, WriteLinkShards, from_document, raw_chunks, row_groups
 from linking.steps import write_sorted_lines as _write_sorted
 from pipelines import fileio
 from pipelines.commit import DEAD_LETTER_FILE, SHARD_INDEX_FILE
@@ -36,7 +37,6 @@ def link_pipeline(p: beam.Pipeline, cfg: LinkConfig, job: dict, staging: str) ->
     handler = LinkModelHandler(job["load_uri"], job["tracking_uri"], cfg.device, cfg.threads())
     linked = (
         chunks
-        | "Spread" >> beam.Reshuffle()  # chunks of one shard go to every worker
         | "Score" >> RunInference(handler)
         | "Link"
         >> beam.ParDo(LinkChunk(cfg.assign, cfg.threshold(), cfg.keep_scores, cfg.eval)).with_outputs(
@@ -57,13 +57,15 @@ def link_pipeline(p: beam.Pipeline, cfg: LinkConfig, job: dict, staging: str) ->
 
 
 def dataset_chunks(p: beam.Pipeline, cfg: LinkConfig, shards: list[tuple[str, str]], limits):
+    """Shards -> row groups (from their footers), spread over the workers, each read and cut into
+    chunks where it is scored: only row-group names cross the shuffle, never features."""
     read = (
         p
         | "Shards" >> beam.Create(shards)
+        | "RowGroups" >> beam.FlatMap(row_groups, cfg.data)
+        | "Spread" >> beam.Reshuffle()
         | "ReadChunks"
-        >> beam.ParDo(ReadShardChunks(cfg.data, cfg.batch_docs, limits)).with_outputs(
-            DEAD_LETTER, main="chunks"
-        )
+        >> beam.ParDo(ReadChunks(cfg.data, cfg.batch_docs, limits)).with_outputs(DEAD_LETTER, main="chunks")
     )
     return read.chunks, [read[DEAD_LETTER]]
 
@@ -94,7 +96,7 @@ def raw_document_chunks(p: beam.Pipeline, cfg: LinkConfig, build, limits):
         | "RawChunks"
         >> beam.FlatMap(raw_chunks, cfg.batch_docs, limits).with_outputs(DEAD_LETTER, main="chunks")
     )
-    return chunks.chunks, [*dead, *feature_dead, chunks[DEAD_LETTER]]
+    return chunks.chunks | "Spread" >> beam.Reshuffle(), [*dead, *feature_dead, chunks[DEAD_LETTER]]
 
 
 def write_links(rows, staging: str) -> None:

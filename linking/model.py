@@ -115,9 +115,21 @@ class LinkScorer:
 
 
 def load_scorer(load_uri: str, tracking_uri: str, device: str = "cpu") -> LinkScorer:
+    """The scorer of a model URI. MLflow resolves ``models:/`` URIs against its global tracking
+    URI, which ``set_tracking_uri`` also exports as MLFLOW_TRACKING_URI; both are put back after
+    loading, so one job in a long-lived process (Dagster, tests) does not redirect the next."""
+    import os
+
+    import mlflow
+
     from training.evaluate import load_linker
 
-    return LinkScorer(load_linker(load_uri, tracking_uri), device)
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        linker = load_linker(load_uri, tracking_uri)
+    finally:
+        mlflow.set_tracking_uri(before)
+    return LinkScorer(linker, device)
 
 
 class LinkModelHandler(ModelHandler[dict, PredictionResult, LinkScorer]):

@@ -94,25 +94,39 @@ def chunks_of(docs: list[dict], key: str, limits: tuple[int, int, int]) -> Itera
         yield {"key": key, "docs": kept}
 
 
-class ReadShardChunks(beam.DoFn):
-    """(shard path relative to the dataset, output shard name) -> chunks of its documents in
-    file order (the dataset sorts shards by doc id), plus dead letters."""
+def row_groups(shard: tuple[str, str], data_dir: str) -> list[tuple[str, str, int]]:
+    """(shard path, output name) -> one (path, name, row group) unit per Parquet row group, read
+    from the footer only: the units the job spreads over workers (the features are read where
+    they are scored, never shuffled)."""
+    import pyarrow.parquet as pq
+
+    from schemas.shards import check_schema
+
+    path, name = shard
+    with fileio.open_read(fileio.join(data_dir, path)) as fh:
+        pf = pq.ParquetFile(fh)
+        check_schema(pf.schema_arrow, path)
+        return [(path, name, k) for k in range(pf.num_row_groups)]
+
+
+class ReadChunks(beam.DoFn):
+    """(shard path, output name, row group) -> chunks of at most ``batch_docs`` of its documents
+    in file order (the dataset sorts shards by doc id), plus dead letters."""
 
     def __init__(self, data_dir: str, batch_docs: int, limits: tuple[int, int, int]):
         self.data_dir, self.batch_docs, self.limits = data_dir, batch_docs, limits
 
-    def process(self, shard: tuple[str, str]):
+    def process(self, unit: tuple[str, str, int]):
         import pyarrow.parquet as pq
 
-        from schemas.shards import check_schema
-
-        path, name = shard
+        path, name, group = unit
         with fileio.open_read(fileio.join(self.data_dir, path)) as fh:
-            pf = pq.ParquetFile(fh)
-            check_schema(pf.schema_arrow, path)
-            for k, rb in enumerate(pf.iter_batches(batch_size=self.batch_docs, columns=LINK_COLUMNS)):
+            batches = pq.ParquetFile(fh).iter_batches(
+                batch_size=self.batch_docs, row_groups=[group], columns=LINK_COLUMNS
+            )
+            for k, rb in enumerate(batches):
                 docs = documents_of_table(pa.Table.from_batches([rb]), name)
-                yield from chunks_of(docs, f"{name}#{k}", self.limits)
+                yield from chunks_of(docs, f"{name}#{group}.{k}", self.limits)
 
 
 def from_document(doc) -> dict:

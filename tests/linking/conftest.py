@@ -45,7 +45,7 @@ def register_model(
     from training.data import features_of
     from training.packaging import log_link_model
     from training.text import Vocabulary
-    from training.tracking import configure, tracking_uri
+    from training.tracking import configure
 
     manifest = Manifest.read(dataset)
     table = read_table(manifest.shard_paths(dataset, "train"), ["sentences", "images"])
@@ -55,7 +55,7 @@ def register_model(
     ckpt = write_checkpoint(
         workdir / f"ckpt-{seed}", vocab, dim, seed, feats if dim == feats.shape[1] else None
     )
-    uri = tracking_uri(workdir)
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"  # what `--workdir` names (a set MLFLOW_TRACKING_URI would win)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)  # else an earlier test's registry may still be the default
     mlflow.set_experiment(experiment_id=configure(uri, "link-tests"))
@@ -81,3 +81,10 @@ def link_workdir(dataset, tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("link-mlflow")
     register_model(workdir, dataset, seed=0)
     return workdir
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_tracking_uri(monkeypatch):
+    """`mmlinks evaluate` run in-process exports its store as MLFLOW_TRACKING_URI (MLflow's
+    set_tracking_uri does), which would win over the next test's --workdir."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
