@@ -64,9 +64,11 @@ class LinkResult:
 
 def link_documents(cfg: LinkConfig) -> LinkResult:
     """Run the link job of ``cfg``; returns the committed manifest and the wall time."""
+    from features import resolve_device
     from training.tracking import tracking_uri
 
     started = time.time()
+    resolve_device(cfg.device)  # --device cuda without a GPU: one line, before anything
     uri = cfg.tracking_uri or tracking_uri(cfg.workdir)
     model = resolve_model(cfg.model, uri)
     job = {"load_uri": model.load_uri, "tracking_uri": uri}

@@ -176,6 +176,11 @@ def test_refusals_come_before_any_work(dataset, link_workdir, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert why in err[-1] and err[-1].startswith("mmlinks: error:"), err
         assert not out.exists()  # refused before the output folder was made
+    import torch
+
+    if not torch.cuda.is_available():  # the GPU path is taken only where one exists
+        assert main(link_args(dataset, link_workdir, tmp_path / "g", "--device", "cuda")) == 2
+        assert "device 'cuda' requested but CUDA is not available" in capsys.readouterr().err
     # nothing to read: a split without shards, and a dataset whose shards hold no document
     assert main(link_args(dataset, link_workdir, tmp_path / "n", "--split", "nosuch")) == 2
     assert "has no 'nosuch' shards: nothing to link" in capsys.readouterr().err
