@@ -9,6 +9,7 @@ features the model was trained on. Step labels are stable names (runner UIs, met
 
 from __future__ import annotations
 
+import json
 import math
 
 import apache_beam as beam
@@ -46,8 +47,6 @@ def link_pipeline(p: beam.Pipeline, cfg: LinkConfig, job: dict, staging: str) ->
     write_links(linked.rows, staging)
     write_small(dead, "DeadLetters", lambda r: r.to_json(), fileio.join(staging, DEAD_LETTER_FILE))
     if cfg.eval:
-        import json
-
         write_small(
             [linked[EVAL]],
             "Evaluation",
