@@ -150,12 +150,14 @@ def bare_run(data: Path, model: str, workdir: Path, batch_docs: int, threads: in
     import pyarrow.parquet as pq
     import torch
 
+    from features.base import tune_cpu_malloc
     from linking.assign import assign_links, pad_scores
     from linking.model import load_scorer, resolve_model
     from linking.steps import LINK_COLUMNS, documents_of_table
     from schemas.manifest import Manifest
     from training.tracking import tracking_uri
 
+    tune_cpu_malloc()  # as the job's handler does in each worker
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     scorer = load_scorer(resolve_model(model, tracking_uri(workdir)).load_uri, tracking_uri(workdir))

@@ -149,8 +149,12 @@ class LinkModelHandler(ModelHandler[dict, PredictionResult, LinkScorer]):
     def load_model(self) -> LinkScorer:
         import torch
 
-        if self._device == "cpu" and self._cpu_threads:
-            torch.set_num_threads(self._cpu_threads)
+        if self._device == "cpu":
+            from features.base import tune_cpu_malloc
+
+            tune_cpu_malloc()  # keep freed activations in the heap (see its docstring); once per worker
+            if self._cpu_threads:
+                torch.set_num_threads(self._cpu_threads)
         return load_scorer(self._load_uri, self._tracking_uri, self._device)
 
     def run_inference(
