@@ -11,11 +11,11 @@ import argparse
 import json
 import sys
 
-from cli import data, demo, evaluate, models, train
+from cli import data, demo, evaluate, link, models, train
 from cli.common import EPILOG, Parser, quiet_libraries
 from schemas.errors import MmlinksError
 
-GROUPS = (demo, data, train, models, evaluate)  # the order of `mmlinks --help`
+GROUPS = (demo, data, train, models, evaluate, link)  # the order of `mmlinks --help`
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ ids); the data itself stays where the libraries write it.
     diy_submissions[month] ··> raw_snapshot[source] -> dataset[source] -> model/<obj>[source]
                                                                       \\-> evaluation/<obj>[source]
                                                                            -> production/<obj>[source]
+                                          dataset[source] + production/<obj> ··> linked/<obj>[source]
 
 Expected failures (a missing input, a refused config or credential, a dataset that fails its
 checks) raise ``dg.Failure`` with the one-line cause and no retry; flaky ones (networks, the
@@ -18,6 +19,7 @@ import dagster as dg
 
 from orchestration.asset_support import month_partitions, retry_policy, source_partitions
 from orchestration.data_assets import data_assets
+from orchestration.link_assets import linked_asset
 from orchestration.model_assets import objective_assets
 from orchestration.settings import Settings
 
@@ -27,4 +29,5 @@ def build_assets(settings: Settings) -> list[dg.AssetsDefinition]:
     out = data_assets(settings, sources, month_partitions(settings), retry_policy(settings))
     for objective in settings.objectives:
         out += objective_assets(settings, objective, sources, retry_policy(settings))
+        out.append(linked_asset(settings, objective, sources, retry_policy(settings)))
     return out

@@ -7,6 +7,8 @@
                          -> train_job[source] (model/<objective> + evaluation/<objective> + checks)
     promotion_sensor:    an evaluation passed its floor -> promote_job[source] for that objective
                          (training.registry's gate decides; off unless MMLINKS_AUTOMATION=1)
+    linking_sensor:      a source's dataset version or an objective's production alias moved
+                         -> link_job[source] for linked/<objective>
 
 A sensor advances past a materialization only once the run that made it has finished, so a
 dataset whose checks are still running is not trained on, and one whose checks failed never is.
@@ -54,6 +56,12 @@ def build_jobs(settings: Settings) -> dict[str, Any]:
                 *[dg.AssetKey(["evaluation", o]) for o in objectives],
             ),
             description="Train and evaluate every configured objective on a source's current dataset.",
+        ),
+        "link_job": dg.define_asset_job(
+            "link_job",
+            selection=dg.AssetSelection.assets(*[dg.AssetKey(["linked", o]) for o in objectives]),
+            description="Link every document of a source's current dataset with each objective's "
+            "production model.",
         ),
         "promote_job": dg.define_asset_job(
             "promote_job",
@@ -170,7 +178,62 @@ def build_automation(
             description="Promote a candidate through the registry's gate once its evaluation passed.",
         )
     )
+    sensors.append(_linking_sensor(settings, jobs["link_job"]))
     return schedules, sensors
+
+
+def _linking_sensor(settings: Settings, job) -> dg.SensorDefinition:
+    """Polls what linked/<obj> depends on: each source's dataset version (its manifest) and each
+    objective's production version (the registry alias, which promotion and rollback move).
+    The cursor remembers the pair last asked for, per (objective, source)."""
+    import json
+
+    from orchestration.resources import MlflowResource, StorageResource
+
+    @dg.sensor(
+        name="linking_sensor",
+        job=job,
+        minimum_interval_seconds=120,
+        default_status=_sensor_status(settings),
+        description="Link a source again when a new dataset version lands or an objective's "
+        "'production' alias moves (promotion, rollback).",
+    )
+    def linking_sensor(context: dg.SensorEvaluationContext, storage: StorageResource, mlflow: MlflowResource):
+        from orchestration.asset_support import alias_version
+        from schemas.errors import MmlinksError
+        from schemas.manifest import Manifest
+
+        seen = json.loads(context.cursor) if context.cursor else {}
+        client = mlflow.client()
+        requests = []
+        for source in settings.sources:
+            try:
+                dataset_version = Manifest.read(storage.dataset_path(source)).dataset_version
+            except MmlinksError:
+                continue  # no dataset yet
+            for objective in settings.objectives:
+                version = alias_version(
+                    client, settings.registered_model_name(source, objective), "production"
+                )
+                state = f"{version}@{dataset_version}"
+                key = f"{objective}/{source}"
+                if version is None or seen.get(key) == state:
+                    continue
+                seen[key] = state
+                requests.append(
+                    dg.RunRequest(
+                        run_key=f"link-{objective}-{source}-{state}",
+                        partition_key=source,
+                        asset_selection=[dg.AssetKey(["linked", objective])],
+                        tags={"mmlinks/model_version": version, "mmlinks/dataset_version": dataset_version},
+                    )
+                )
+        cursor = json.dumps(seen, sort_keys=True)
+        if not requests:
+            return dg.SensorResult(skip_reason="no dataset version or production alias moved", cursor=cursor)
+        return dg.SensorResult(run_requests=requests, cursor=cursor)
+
+    return linking_sensor
 
 
 def _diy_automation(settings: Settings, jobs: dict[str, Any]):

@@ -10,7 +10,7 @@ import warnings
 
 import dagster as dg
 
-from orchestration.quality import DATASET_CHECKS, Outcome, check_evaluation_floor
+from orchestration.quality import DATASET_CHECKS, Outcome, check_evaluation_floor, check_links
 from orchestration.settings import Settings
 
 DESCRIPTIONS = {
@@ -41,6 +41,7 @@ def build_checks(settings: Settings, sources: dg.PartitionsDefinition) -> list[d
         checks.append(_dataset_check(settings, sources, name, rule))
     for objective in settings.objectives:
         checks.append(_evaluation_check(settings, sources, objective))
+        checks.append(_link_check(settings, sources, objective))
     return checks
 
 
@@ -80,5 +81,20 @@ def _evaluation_check(settings: Settings, sources, objective: str) -> dg.AssetCh
     )
     def check(evaluation: dict) -> dg.AssetCheckResult:
         return _result(check_evaluation_floor(evaluation, settings.thresholds_config()))
+
+    return check
+
+
+def _link_check(settings: Settings, sources, objective: str) -> dg.AssetChecksDefinition:
+    @_partitioned_check(
+        asset=dg.AssetKey(["linked", objective]),
+        name="link_quality",
+        blocking=True,
+        partitions_def=sources,
+        description="Documents the link job dead-lettered at most thresholds.max_link_dead_letter_rate, "
+        "and linked images per image within [thresholds.min_link_rate, thresholds.max_link_rate].",
+    )
+    def check(linked: dict) -> dg.AssetCheckResult:
+        return _result(check_links(linked, settings.thresholds_config()))
 
     return check

@@ -34,6 +34,9 @@ class Thresholds:
     min_test_auc: float = 55.0  # evaluation floor (metric points, x100 scale)
     min_test_p_at_1: float = 0.0
     min_auc_over_random: float = 0.0  # candidate AUC minus the Random baseline's
+    max_link_dead_letter_rate: float = 0.05  # linked/<obj>: documents the link job could not link
+    min_link_rate: float = 0.05  # linked/<obj>: linked images per image, bounds of a sane model
+    max_link_rate: float = 1.0
 
     @classmethod
     def from_dict(cls, data: dict | None) -> Thresholds:
@@ -218,6 +221,25 @@ def check_evaluation_floor(evaluation: dict, t: Thresholds) -> Outcome:
     if failures:
         return Outcome("metrics_above_floor", False, "; ".join(failures), meta)
     return Outcome("metrics_above_floor", True, f"auc {auc:.2f}, p@1 {p1:.2f} above the floors", meta)
+
+
+def check_links(linked: dict, t: Thresholds) -> Outcome:
+    """A link job's dead-letter rate and link rate (linked images per image) within bounds:
+    a model or dataset gone wrong links nothing, everything, or drops what it cannot read."""
+    dead, rate = linked.get("dead_letter_rate", math.nan), linked.get("link_rate", math.nan)
+    failures = []
+    if not dead <= t.max_link_dead_letter_rate:
+        failures.append(f"dead-letter rate {dead:.1%} above {t.max_link_dead_letter_rate:.1%}")
+    if not t.min_link_rate <= rate <= t.max_link_rate:
+        failures.append(f"link rate {rate:.1%} outside [{t.min_link_rate:.1%}, {t.max_link_rate:.1%}]")
+    meta = {
+        "dead_letter_rate": dead,
+        "link_rate": rate,
+        "documents_linked": linked.get("documents_linked", 0),
+    }
+    if failures:
+        return Outcome("link_quality", False, "; ".join(failures), meta)
+    return Outcome("link_quality", True, f"link rate {rate:.1%}, dead-letter rate {dead:.1%}", meta)
 
 
 def require(outcomes: list[Outcome], what: str) -> None:

@@ -38,9 +38,10 @@ def _env(name: str, default: str = "") -> str:
 
 class StorageResource(dg.ConfigurableResource):
     """``ROOT/raw/<source>`` (raw snapshots), ``ROOT/datasets/<source>`` (shards + manifest),
-    ``ROOT/crawl-state`` and ``ROOT/reports``. Builds write through ``root`` (a path or a
-    gs://, s3:// URI); training and checks read through ``mount``, the local path where the same
-    root is visible (a Cloud Storage FUSE volume at /data on the cluster; locally the same)."""
+    ``ROOT/linked/<source>/<objective>`` (link shards), ``ROOT/crawl-state`` and ``ROOT/reports``.
+    Builds write through ``root`` (a path or a gs://, s3:// URI); training and checks read through
+    ``mount``, the local path where the same root is visible (a Cloud Storage FUSE volume at /data
+    on the cluster; locally the same)."""
 
     root: str = "data"
     mount: str = ""
@@ -69,6 +70,10 @@ class StorageResource(dg.ConfigurableResource):
 
     def dataset_path(self, source: str) -> str:
         return self._join(self.local_root(), "datasets", source)
+
+    def linked_uri(self, source: str, objective: str) -> str:
+        """Where linked/<objective>[source] writes its link shards + manifest."""
+        return self._join(self.root, "linked", source, objective)
 
     def crawl_state_uri(self, name: str) -> str:
         return self._join(self.root, "crawl-state", name)

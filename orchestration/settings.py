@@ -41,6 +41,7 @@ class Settings:
     thresholds: dict = field(default_factory=dict)  # orchestration.quality.Thresholds overrides
     gate: dict = field(default_factory=dict)  # training.gate.Gate overrides of its defaults
     promotion_split: str = "test"
+    link: dict = field(default_factory=dict)  # linking.config.LinkConfig overrides for linked/<obj>
     model_name: str = "mmlinks-{source}-{objective}"
     diy_first_month: str = "2013-01"  # first partition of the monthly r/DIY snapshots (the paper's)
     weekly_cron: str = "0 3 * * 1"  # Mondays 03:00 UTC: incremental DIY crawl, then the rebuild
@@ -125,6 +126,7 @@ class Settings:
 
         from_dict(SynthConfig, self.synthetic, what="synthetic setting")
         from_dict(Gate, self.gate, what="gate")
+        self.link_config("-", "-", "-")  # unknown or bad link options fail here
         if len(self.diy_first_month) != 7 or self.diy_first_month[4] != "-":
             raise MmlinksError(f"diy_first_month wants YYYY-MM, not {self.diy_first_month!r}")
         if self.max_retries < 0 or self.retry_delay_s < 0:
@@ -148,6 +150,16 @@ class Settings:
         from training.gate import Gate
 
         return Gate(**self.gate)  # Gate's own defaults, as `mmlinks promote`
+
+    def link_config(self, data: str, model: str, out: str, **defaults):
+        """LinkConfig for linked/<obj>: ``defaults`` (resources) < the ``link`` settings."""
+        from linking.config import LinkConfig
+
+        fixed = {"data": data, "model": model, "out": out}
+        bad = sorted(set(self.link) & set(fixed))
+        if bad:
+            raise MmlinksError(f"link settings may not set {', '.join(bad)}: the assets choose them")
+        return from_dict(LinkConfig, {**defaults, **self.link, **fixed}, what="link setting")
 
     def thresholds_config(self):
         from orchestration.quality import Thresholds

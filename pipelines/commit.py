@@ -61,16 +61,22 @@ def version_dir(version: str) -> str:
 
 def commit_version(out: str, staging: str, manifest: Manifest, shards: list[ShardInfo]) -> None:
     """Move the staged files to their version folder, then write the manifest (the commit)."""
-    version = manifest.dataset_version
+    commit_files(out, staging, manifest.dataset_version, [s.path for s in shards], manifest.to_json())
+
+
+def commit_files(out: str, staging: str, version: str, shard_names: list[str], manifest_json: str) -> None:
+    """The commit of any versioned output (dataset shards, link shards): staged shards and the
+    dead-letter file to ``versions/<version>/``, then ``OUT/manifest.json`` last. The manifest
+    must name its version under the key ``dataset_version`` or ``link_version``."""
     target = fileio.join(out, version_dir(version))
     fileio.delete_tree(target)  # a same-version leftover (e.g. an interrupted earlier commit)
     fileio.mkdirs(target)
-    for s in shards:
-        fileio.rename(fileio.join(staging, "shards", s.path), fileio.join(target, s.path))
+    for name in shard_names:
+        fileio.rename(fileio.join(staging, "shards", name), fileio.join(target, name))
     fileio.rename(fileio.join(staging, DEAD_LETTER_FILE), fileio.join(target, DEAD_LETTER_FILE))
-    fileio.write_bytes_atomic(fileio.join(target, MANIFEST_NAME), manifest.to_json().encode())
+    fileio.write_bytes_atomic(fileio.join(target, MANIFEST_NAME), manifest_json.encode())
     previous = _current_version(out)
-    fileio.write_bytes_atomic(fileio.join(out, MANIFEST_NAME), manifest.to_json().encode())  # commit
+    fileio.write_bytes_atomic(fileio.join(out, MANIFEST_NAME), manifest_json.encode())  # commit
     _prune_versions(out, keep={version, previous} - {None})
 
 
@@ -128,7 +134,8 @@ def _current_version(out: str) -> str | None:
     if not fileio.exists(uri):
         return None
     try:
-        return str(json.loads(fileio.read_bytes(uri))["dataset_version"])
+        data = json.loads(fileio.read_bytes(uri))
+        return str(data.get("dataset_version") or data["link_version"])
     except (ValueError, KeyError, TypeError):
         return None  # unreadable: nothing to keep for it
 

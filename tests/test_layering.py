@@ -1,4 +1,4 @@
-"""The layers stay layers: schemas <- features <- pipelines <- training <- orchestration <- cli.
+"""The layers stay layers: schemas <- features <- pipelines <- training <- linking <- orchestration <- cli.
 
 A package never imports one above it (Dagster code never calls the CLI; library code never
 imports the orchestrator), and inside a package no two modules import each other, directly or
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ["schemas", "features", "pipelines", "training", "orchestration", "cli"]
+LAYERS = ["schemas", "features", "pipelines", "training", "linking", "orchestration", "cli"]
 EXTERNAL_ABOVE = {"orchestration": {"dagster"}}  # libraries that belong to one layer only
 
 

@@ -130,6 +130,19 @@ def one_pair_per_document(table: pa.Table, rng: np.random.Generator | None) -> p
     return out
 
 
+def encode_sentences(
+    sentences: list[list[str]], vocab: Vocabulary, max_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every document's sentences, flattened in order -> (tokens [N, T] 0-padded, lengths [N]):
+    the text half of a batch, shared by training batches and batch linking (linking/)."""
+    encoded = [vocab.encode(s, max_tokens) for doc in sentences for s in doc]
+    T = max((len(e) for e in encoded), default=1)
+    tokens = np.zeros((len(encoded), T), dtype=np.int64)
+    for i, e in enumerate(encoded):
+        tokens[i, : len(e)] = e
+    return torch.from_numpy(tokens), torch.tensor([len(e) for e in encoded], dtype=torch.int64)
+
+
 def make_batch(
     table: pa.Table,
     vocab: Vocabulary,
@@ -154,11 +167,7 @@ def make_batch(
         else:
             inv = np.argsort(perm)  # old image index -> new position
             out_links.append([(d["sentence"], int(inv[d["image"]])) for d in lk])
-    encoded = [vocab.encode(s, max_tokens) for doc in sentences for s in doc]
-    T = max(len(e) for e in encoded)
-    tokens = np.zeros((len(encoded), T), dtype=np.int64)
-    for i, e in enumerate(encoded):
-        tokens[i, : len(e)] = e
+    tokens, lengths = encode_sentences(sentences, vocab, max_tokens)
     region_batch = None
     if regions:
         from training.regions import regions_of
@@ -170,8 +179,8 @@ def make_batch(
     return DocBatch(
         metadata=metadata,
         doc_ids=doc_ids,
-        tokens=torch.from_numpy(tokens),
-        lengths=torch.tensor([len(e) for e in encoded]),
+        tokens=tokens,
+        lengths=lengths,
         features=torch.from_numpy(np.concatenate(out_feats)),
         n_sentences=[len(doc) for doc in sentences],
         n_images=n_img,

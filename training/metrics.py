@@ -125,6 +125,26 @@ def random_baseline(docs: list[tuple[str, int, int, list[tuple[int, int]] | None
     return summarize(random_per_doc(docs, seed))
 
 
+def link_counts(predicted: list[tuple[int, int]], gold: list[tuple[int, int]]) -> tuple[int, int, int]:
+    """(true positives, predicted links, true links) of one document's predicted
+    (sentence, image) links against its ground truth; duplicates count once."""
+    pred, true = set(map(tuple, predicted)), set(map(tuple, gold))
+    return len(pred & true), len(pred), len(true)
+
+
+def link_prf(tp: int, n_pred: int, n_gold: int) -> dict[str, float]:
+    """Link-level precision, recall and F1 (x100, micro: every link of every document counts
+    once) from summed ``link_counts``; NaN where a denominator is 0."""
+    p = 100 * tp / n_pred if n_pred else float("nan")
+    r = 100 * tp / n_gold if n_gold else float("nan")
+    f1 = (
+        2 * p * r / (p + r)
+        if n_pred and n_gold and p + r > 0
+        else (0.0 if n_pred and n_gold else float("nan"))
+    )
+    return {"precision": p, "recall": r, "f1": f1, "true_positives": tp, "predicted": n_pred, "gold": n_gold}
+
+
 def within_document_gap(scores: np.ndarray) -> float | None:
     """How far a document's best one-to-one matching stands above its average cell.
 

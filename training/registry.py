@@ -202,6 +202,12 @@ def check_compatible(client: MlflowClient, name: str, version: str, manifest: Ma
         raise MmlinksError(
             f"cannot read the training run of {name!r} version {version}: {exc.message}"
         ) from exc
+    check_run_params(params, manifest, f"version {version} of {name!r}", "evaluation dataset")
+
+
+def check_run_params(params: dict, manifest: Manifest, what: str, dataset: str = "dataset") -> None:
+    """Refuse a training run's model for a dataset of another schema version or feature
+    extractor (``what`` names the model in the one-line error)."""
     want = {
         "schema_version": str(manifest.schema_version),
         "feature_extractor": f"{manifest.feature_extractor.name}@{manifest.feature_extractor.version}",
@@ -209,17 +215,14 @@ def check_compatible(client: MlflowClient, name: str, version: str, manifest: Ma
     missing = [key for key in want if params.get(key) is None]
     if missing:
         raise MmlinksError(
-            f"version {version} of {name!r} has no {' or '.join(missing)} parameter in its training run, "
-            "so its compatibility with the evaluation dataset cannot be checked; register a model "
+            f"{what} has no {' or '.join(missing)} parameter in its training run, "
+            f"so its compatibility with the {dataset} cannot be checked; register a model "
             "trained by `mmlinks train`"
         )
     for key, expected in want.items():
         got = params.get(key)
         if got != expected:
-            raise MmlinksError(
-                f"version {version} of {name!r} was trained with {key}={got}, "
-                f"but the evaluation dataset has {expected}"
-            )
+            raise MmlinksError(f"{what} was trained with {key}={got}, but the {dataset} has {expected}")
 
 
 def promote(

@@ -132,7 +132,11 @@ def test_definitions_hold_every_asset_check_job_schedule_and_sensor():
         "diy_submissions",
         "raw_snapshot",
         "dataset",
-        *(f"{kind}/{o}" for kind in ("model", "evaluation", "production") for o in ("ap", "nostruct")),
+        *(
+            f"{kind}/{o}"
+            for kind in ("model", "evaluation", "production", "linked")
+            for o in ("ap", "nostruct")
+        ),
     }
     checks = {(c.asset_key.to_user_string(), c.name) for c in defs.resolve_asset_graph().asset_check_keys}
     assert {name for asset, name in checks if asset == "dataset"} == DATASET_CHECKS
@@ -140,14 +144,27 @@ def test_definitions_hold_every_asset_check_job_schedule_and_sensor():
         "evaluation/nostruct",
         "metrics_above_floor",
     ) in checks
-    assert {j.name for j in defs.jobs} >= {"diy_crawl_job", "rebuild_job", "train_job", "promote_job"}
+    assert ("linked/ap", "link_quality") in checks
+    assert {j.name for j in defs.jobs} >= {
+        "diy_crawl_job",
+        "rebuild_job",
+        "train_job",
+        "promote_job",
+        "link_job",
+    }
     assert [s.name for s in defs.schedules] == ["weekly_diy_crawl"]
-    assert {s.name for s in defs.sensors} == {"diy_rebuild_sensor", "training_sensor", "promotion_sensor"}
+    assert {s.name for s in defs.sensors} == {
+        "diy_rebuild_sensor",
+        "training_sensor",
+        "promotion_sensor",
+        "linking_sensor",
+    }
     graph = defs.resolve_asset_graph()
     # lineage: raw -> dataset -> model -> evaluation -> production, and the monthly DIY snapshots
     assert dg.AssetKey("diy_submissions") in graph.get(dg.AssetKey("raw_snapshot")).parent_keys
     assert dg.AssetKey("dataset") in graph.get(MODEL).parent_keys
     assert MODEL in graph.get(EVALUATION).parent_keys and EVALUATION in graph.get(PRODUCTION).parent_keys
+    assert graph.get(dg.AssetKey(["linked", "ap"])).parent_keys == {dg.AssetKey("dataset"), PRODUCTION}
     # training and promotion jobs carry the blocking checks of what they materialize
     train = defs.resolve_job_def("train_job")
     assert (

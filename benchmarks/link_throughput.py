@@ -1,0 +1,246 @@
+"""Throughput of batch linking (`mmlinks link`, issue #16): the Beam job vs the bare model; JSON.
+
+Usage: .venv/bin/python benchmarks/link_throughput.py [--docs 5000] [--direct-workers N]
+       [--batch-docs 64] [--d-multi 256] [--workdir DIR]
+
+The dataset's shards are generated directly (``schemas.shards.write_shard``: EfficientNet-Lite0
+sized 1280-d non-negative features, 5-8 images and 3-10 sentences per document, 1,000 documents
+per shard), because building thousands of documents through the CNN measures the build, not the
+link job (benchmarks/build_scale.py does that). The model is a seeded, untrained GRU MulLink of
+the demo's size (50-d word vectors, d_multi 256), packaged and registered as a training run
+would be; its quality does not change its speed.
+
+Reported:
+
+- ``beam``: ``linking.job.link_documents`` on all documents (end-to-end wall) and on the first
+  ``--batch-docs`` x 2 of them (``small``); steady state = the extra documents over the extra
+  time, start-up = the small run's wall minus its documents at the steady rate;
+- ``bare``: one process, the model loaded once, the same chunks (same batch size, read before
+  the clock starts) scored in a loop (``score``), and scored + assigned (``score_assign``, the
+  work the job does per chunk); the median of ``rounds`` alternating rounds;
+- ``ratio``: Beam steady state / bare score + assign.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+WORDS = "a the red blue green small big round square star circle moon kite shelf wood paint wall".split()
+
+
+def write_dataset(out: Path, docs: int, seed: int, per_shard: int = 1000) -> Path:
+    """Documents with random features straight into shards + manifest (no build)."""
+    from schemas.document import SCHEMA_VERSION, Document, ImageRecord
+    from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
+    from schemas.shards import write_shard
+
+    rng = np.random.default_rng(seed)
+    shards, split_counts = [], {"train": 0, "val": 0, "test": 0}
+    for start in range(0, docs, per_shard):
+        batch = []
+        for i in range(start, min(docs, start + per_shard)):
+            n, m = int(rng.integers(3, 11)), int(rng.integers(5, 9))
+            feats = np.maximum(rng.standard_normal((m, 1280)), 0).astype(np.float32)
+            images = [
+                ImageRecord(f"c{i}-{j}", f"u{i}-{j}", 64, 64, 0, f.tolist()) for j, f in enumerate(feats)
+            ]
+            sentences = [" ".join(rng.choice(WORDS, int(rng.integers(4, 12)))) for _ in range(n)]
+            links = [(int(s), j) for j, s in enumerate(rng.integers(0, n, m)) if rng.random() < 0.5]
+            batch.append(Document(f"doc-{i:06d}", "bench", "test", sentences, images, links))
+        name = f"test-{start // per_shard:05d}-000.parquet"
+        rows, size, sha = write_shard(out / "versions" / "v1" / name, sorted(batch, key=lambda d: d.doc_id))
+        shards.append(ShardInfo(f"versions/v1/{name}", "test", rows, size, sha))
+        split_counts["test"] += rows
+    info = FeatureExtractorInfo("efficientnet-lite0", "bench", 1280)
+    manifest = Manifest(
+        SCHEMA_VERSION, f"bench-{docs}-{seed}", "bench", {"splits": split_counts}, info, shards
+    )
+    manifest.write(out)
+    return out
+
+
+def register(workdir: Path, data: Path, d_multi: int, word_dim: int, seed: int) -> str:
+    """A seeded MulLink packaged and registered as `bench@production`; returns the URI."""
+    import mlflow
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from schemas.manifest import Manifest
+    from training.backbone import build_model
+    from training.packaging import log_link_model
+    from training.text import Vocabulary
+    from training.tracking import configure, tracking_uri
+
+    manifest = Manifest.read(data)
+    vocab = Vocabulary.build(WORDS, min_count=1)
+    torch.manual_seed(seed)
+    cfg = {"vocab_size": len(vocab), "word_dim": word_dim, "image_dim": 1280, "d_multi": d_multi}
+    model = build_model(cfg).eval()
+    ckpt = workdir / "ckpt"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "epoch": 0, "val_loss": 0.0, "best_epoch": 0}, ckpt / "state.pt")
+    (ckpt / "meta.json").write_text(json.dumps({"model": cfg, "train": {"max_tokens": 20}}))
+    uri = tracking_uri(workdir)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    mlflow.set_experiment(experiment_id=configure(uri, "bench"))
+    with mlflow.start_run():
+        mlflow.log_params(
+            {"feature_extractor": "efficientnet-lite0@bench", "schema_version": str(manifest.schema_version)}
+        )
+        model_uri = log_link_model(str(ckpt), vocab)
+    version = mlflow.register_model(model_uri, "bench").version
+    MlflowClient(uri).set_registered_model_alias("bench", "production", version)
+    return "models:/bench@production"
+
+
+def small_copy(data: Path, out: Path, docs: int) -> Path:
+    """The first ``docs`` documents of ``data`` as a one-shard dataset (the start-up run)."""
+    from schemas.manifest import Manifest, ShardInfo
+    from schemas.shards import read_documents, write_shard
+
+    manifest = Manifest.read(data)
+    first = read_documents(manifest.shard_paths(data)[:1])[:docs]
+    rows, size, sha = write_shard(out / "versions" / "v1" / "test-00000-000.parquet", first)
+    manifest.shards = [ShardInfo("versions/v1/test-00000-000.parquet", "test", rows, size, sha)]
+    manifest.dataset_version += "-small"
+    manifest.write(out)
+    return out
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (Beam's worker processes): on a shared
+    machine, wall time measures the neighbours too."""
+    return sum(
+        r.ru_utime + r.ru_stime
+        for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+
+
+def beam_run(data: Path, out: Path, model: str, workdir: Path, args) -> tuple[float, float, dict]:
+    from linking.config import LinkConfig
+    from linking.job import link_documents
+
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = LinkConfig(
+        model=model,
+        out=str(out),
+        data=str(data),
+        batch_docs=args.batch_docs,
+        direct_workers=args.direct_workers or None,
+        workdir=str(workdir),
+    )
+    t0, c0 = time.perf_counter(), cpu_s()
+    result = link_documents(cfg)
+    return time.perf_counter() - t0, cpu_s() - c0, result.summary()
+
+
+def bare_run(data: Path, model: str, workdir: Path, batch_docs: int, threads: int, rounds: int = 3) -> dict:
+    """The same chunks scored in one process, in a loop."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from features.base import tune_cpu_malloc
+    from linking.assign import assign_links, pad_scores
+    from linking.model import load_scorer, resolve_model
+    from linking.steps import LINK_COLUMNS, documents_of_table
+    from schemas.manifest import Manifest
+    from training.tracking import tracking_uri
+
+    tune_cpu_malloc()  # as the job's handler does in each worker
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    scorer = load_scorer(resolve_model(model, tracking_uri(workdir)).load_uri, tracking_uri(workdir))
+    load_s = time.perf_counter() - t0
+    chunks = []
+    for path in Manifest.read(data).shard_paths(data):
+        for rb in pq.ParquetFile(path).iter_batches(batch_size=batch_docs, columns=LINK_COLUMNS):
+            chunks.append(documents_of_table(pa.Table.from_batches([rb]), path.name))
+    n = sum(len(c) for c in chunks)
+    rates = {"score": [], "score_assign": []}
+    for _ in range(rounds):  # alternate, so both see the same neighbours on a shared machine
+        for what in rates:
+            t0, c0 = time.perf_counter(), cpu_s()
+            for c in chunks:
+                scores = scorer.score(c)
+                if what == "score_assign":
+                    padded, rows, cols = pad_scores(scores)
+                    assign_links(padded, rows, cols, "matching", float("-inf"))
+            rates[what].append((n / (time.perf_counter() - t0), n / max(cpu_s() - c0, 1e-9)))
+    out = {"documents": n, "threads": threads, "rounds": rounds, "model_load_s": round(load_s, 2)}
+    for what, values in rates.items():  # the median round
+        wall, cpu = sorted(values)[len(values) // 2]
+        out[f"{what}_docs_per_s"], out[f"{what}_docs_per_cpu_s"] = round(wall, 1), round(cpu, 1)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=5000)
+    ap.add_argument("--direct-workers", type=int, default=0, help="0: LinkConfig's default (one per core)")
+    ap.add_argument("--batch-docs", type=int, default=64)
+    ap.add_argument("--d-multi", type=int, default=256)
+    ap.add_argument("--word-dim", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default="")
+    args = ap.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="mmlinks-link-"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    data = write_dataset(work / "ds", args.docs, args.seed)
+    gen_s = time.perf_counter() - t0
+    model = register(work, data, args.d_multi, args.word_dim, args.seed)
+    bare = bare_run(data, model, work, args.batch_docs, os.cpu_count() or 1)  # first: a quiet process
+    small_n = min(args.docs, 2 * args.batch_docs)
+    small = small_copy(data, work / "ds-small", small_n)
+    small_s, small_cpu, _ = beam_run(small, work / "links-small", model, work, args)
+    full_s, full_cpu, summary = beam_run(data, work / "links", model, work, args)
+    extra = summary["documents_linked"] - small_n
+    steady = extra / max(full_s - small_s, 1e-9)
+    steady_cpu = extra / max(full_cpu - small_cpu, 1e-9)
+    print(
+        json.dumps(
+            {
+                "documents": summary["documents_linked"],
+                "generate_dataset_s": round(gen_s, 1),
+                "batch_docs": args.batch_docs,
+                "model": {"d_multi": args.d_multi, "word_dim": args.word_dim, "backbone": "gru"},
+                "cpus": os.cpu_count(),
+                "beam": {
+                    "direct_workers": args.direct_workers or os.cpu_count(),
+                    "end_to_end_s": round(full_s, 1),
+                    "end_to_end_docs_per_s": round(summary["documents_linked"] / full_s, 1),
+                    "end_to_end_cpu_s": round(full_cpu, 1),
+                    "small_run": {
+                        "documents": small_n,
+                        "wall_s": round(small_s, 1),
+                        "cpu_s": round(small_cpu, 1),
+                    },
+                    "steady_docs_per_s": round(steady, 1),
+                    "steady_docs_per_cpu_s": round(steady_cpu, 1),
+                    "start_up_s": round(small_s - small_n / steady, 1),
+                    "start_up_cpu_s": round(small_cpu - small_n / steady_cpu, 1),
+                    "link_rate": summary["link_rate"],
+                },
+                "bare": bare,
+                "ratio_steady_vs_bare": round(steady / bare["score_assign_docs_per_s"], 3),
+                "ratio_steady_vs_bare_cpu": round(steady_cpu / bare["score_assign_docs_per_cpu_s"], 3),
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

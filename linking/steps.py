@@ -1,0 +1,226 @@
+"""The link job's element functions and DoFns, each small enough to test alone.
+
+Documents travel as dicts: ``doc_id``, ``split``, ``sentences``, ``features`` ([m, D] float32),
+``links`` (ground truth or None) and ``shard`` (the output shard they belong to). They are cut
+into chunks of at most ``batch_docs`` in a fixed order (shard order, or doc-id order for raw
+input), so the scores of a document never depend on how a runner bundled its neighbours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from pipelines import fileio
+from pipelines.records import count, dead_letter
+from schemas.links import link_shard_bytes
+from schemas.manifest import ShardInfo
+
+EVAL = "eval"
+LINK_COLUMNS = ["doc_id", "split", "sentences", "images", "links"]
+
+
+def check_document(doc: dict, dim: int, max_sentences: int, max_images: int) -> tuple[str, str] | None:
+    """(reason, detail) when a document cannot be linked, else None."""
+    n, feats = len(doc["sentences"]), doc["features"]
+    m = len(feats)
+    if n == 0 or m == 0:
+        return "empty_document", f"{n} sentences, {m} images"
+    if n > max_sentences or m > max_images:
+        return "too_large", f"{n} sentences, {m} images (limits {max_sentences}, {max_images})"
+    if feats.ndim != 2 or feats.shape[1] != dim:
+        width = feats.shape[1] if feats.ndim == 2 else "ragged"
+        return "wrong_feature_width", f"features of width {width}, the model takes {dim}"
+    if not np.isfinite(feats).all():
+        return "non_finite_features", "NaN or infinity in the image features"
+    return None
+
+
+def _features(images: list[dict]) -> np.ndarray:
+    rows = [[] if im.get("features") is None else im["features"] for im in images]
+    if not rows:
+        return np.zeros((0, 0), np.float32)
+    if len({len(r) for r in rows}) > 1:  # ragged: dead-lettered by check_document
+        out = np.empty(len(rows), dtype=object)
+        out[:] = rows
+        return out
+    return np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)
+
+
+def documents_of_table(table: pa.Table, shard: str) -> list[dict]:
+    """Shard rows -> document dicts; features vectorised per table (``training.data``), row by
+    row only when widths differ inside the table (such documents are dead-lettered later)."""
+    from training.data import features_of
+
+    ids = table.column("doc_id").to_pylist()
+    sentences = table.column("sentences").to_pylist()
+    splits = table.column("split").to_pylist()
+    links = table.column("links").to_pylist()
+    try:
+        feats, _ = features_of(table)
+    except ValueError:  # mixed feature widths in this table
+        feats = [_features(images) for images in table.column("images").to_pylist()]
+    return [
+        {
+            "doc_id": d,
+            "split": sp,
+            "sentences": s,
+            "features": f,
+            "links": None if lk is None else [(x["sentence"], x["image"]) for x in lk],
+            "shard": shard,
+        }
+        for d, sp, s, f, lk in zip(ids, splits, sentences, feats, links, strict=True)
+    ]
+
+
+def chunks_of(docs: list[dict], key: str, limits: tuple[int, int, int]) -> Iterator:
+    """Documents in their fixed order -> dead letters for the unlinkable ones and one chunk of
+    the rest (the caller passes at most ``batch_docs`` documents)."""
+    dim, max_s, max_i = limits
+    kept = []
+    for doc in docs:
+        count("documents_read")
+        bad = check_document(doc, dim, max_s, max_i)
+        if bad:
+            yield dead_letter("document", doc["doc_id"], *bad)
+        else:
+            kept.append(doc)
+    if kept:
+        yield {"key": key, "docs": kept}
+
+
+def row_groups(shard: tuple[str, str], data_dir: str) -> list[tuple[str, str, int]]:
+    """(shard path, output name) -> one (path, name, row group) unit per Parquet row group, read
+    from the footer only: the units the job spreads over workers (the features are read where
+    they are scored, never shuffled)."""
+    import pyarrow.parquet as pq
+
+    from schemas.shards import check_schema
+
+    path, name = shard
+    with fileio.open_read(fileio.join(data_dir, path)) as fh:
+        pf = pq.ParquetFile(fh)
+        check_schema(pf.schema_arrow, path)
+        return [(path, name, k) for k in range(pf.num_row_groups)]
+
+
+class ReadChunks(beam.DoFn):
+    """(shard path, output name, row group) -> chunks of at most ``batch_docs`` of its documents
+    in file order (the dataset sorts shards by doc id), plus dead letters."""
+
+    def __init__(self, data_dir: str, batch_docs: int, limits: tuple[int, int, int]):
+        self.data_dir, self.batch_docs, self.limits = data_dir, batch_docs, limits
+
+    def process(self, unit: tuple[str, str, int]):
+        import pyarrow.parquet as pq
+
+        path, name, group = unit
+        with fileio.open_read(fileio.join(self.data_dir, path)) as fh:
+            batches = pq.ParquetFile(fh).iter_batches(
+                batch_size=self.batch_docs, row_groups=[group], columns=LINK_COLUMNS
+            )
+            for k, rb in enumerate(batches):
+                docs = documents_of_table(pa.Table.from_batches([rb]), name)
+                yield from chunks_of(docs, f"{name}#{group}.{k}", self.limits)
+
+
+def from_document(doc) -> dict:
+    """A built ``schemas.document.Document`` (raw --input) -> a document dict."""
+    feats = _features([{"features": im.features} for im in doc.images])
+    return {
+        "doc_id": doc.doc_id,
+        "split": doc.split,
+        "sentences": list(doc.sentences),
+        "features": feats,
+        "links": None if doc.links is None else [tuple(x) for x in doc.links],
+        "shard": "",
+    }
+
+
+def raw_chunks(kv, batch_docs: int, limits: tuple[int, int, int]) -> Iterator:
+    """(bucket, documents) -> the bucket's documents sorted by id, cut into chunks."""
+    bucket, docs = kv
+    name = f"links-{bucket:05d}.parquet"
+    docs = sorted(docs, key=lambda d: d["doc_id"])
+    for k in range(0, len(docs), batch_docs):
+        yield from chunks_of([{**d, "shard": name} for d in docs[k : k + batch_docs]], f"{name}#{k}", limits)
+
+
+class LinkChunk(beam.DoFn):
+    """A scored chunk -> one link row per document, keyed by its output shard; with ``evaluate``
+    also one evaluation record per labelled document on the ``eval`` output."""
+
+    def __init__(self, assign: str, min_score: float, keep_scores: bool, evaluate: bool):
+        self.assign, self.min_score = assign, min_score
+        self.keep_scores, self.evaluate = keep_scores, evaluate
+
+    def process(self, result):
+        from linking.assign import assign_links, pad_scores
+
+        chunk, matrices = result.example, result.inference
+        padded, n, m = pad_scores(matrices)
+        sentence, score = assign_links(padded, n, m, self.assign, self.min_score)
+        for b, doc in enumerate(chunk["docs"]):
+            row = link_row(doc, matrices[b], sentence[b, : m[b]], score[b, : m[b]], self.keep_scores)
+            count("documents_linked")
+            count("images", int(m[b]))
+            count("images_linked", int((sentence[b, : m[b]] >= 0).sum()))
+            yield doc["shard"], row
+            if self.evaluate and doc["links"] is not None:
+                yield beam.pvalue.TaggedOutput(EVAL, eval_record(doc, matrices[b], row))
+
+
+def link_row(doc: dict, scores: np.ndarray, sentence: np.ndarray, score: np.ndarray, keep: bool) -> dict:
+    return {
+        "doc_id": doc["doc_id"],
+        "split": doc["split"],
+        "n_sentences": int(scores.shape[0]),
+        "n_images": int(scores.shape[1]),
+        "sentence": [int(s) if s >= 0 else None for s in sentence],
+        "score": [float(np.float32(x)) if s >= 0 else None for s, x in zip(sentence, score, strict=True)],
+        "scores": scores.astype(np.float32).tolist() if keep else None,
+    }
+
+
+def eval_record(doc: dict, scores: np.ndarray, row: dict) -> dict:
+    """What the evaluation needs of one labelled document: its link counts and its metrics
+    (``training.metrics``; None when AUC is undefined for it)."""
+    from training.metrics import document_metrics, link_counts
+
+    predicted = [(s, j) for j, s in enumerate(row["sentence"]) if s is not None]
+    tp, n_pred, n_gold = link_counts(predicted, doc["links"])
+    m = document_metrics(doc["doc_id"], scores, doc["links"])
+    return {
+        "doc_id": doc["doc_id"],
+        "tp": tp,
+        "predicted": n_pred,
+        "gold": n_gold,
+        "metrics": None if m is None else dict(m.__dict__),
+    }
+
+
+class WriteLinkShards(beam.DoFn):
+    """(shard name, rows) -> one Parquet shard, rows sorted by doc id; yields its ShardInfo."""
+
+    def __init__(self, shard_dir: str):
+        self.shard_dir = shard_dir
+
+    def process(self, kv):
+        name, rows = kv
+        rows = sorted(rows, key=lambda r: r["doc_id"])
+        data = link_shard_bytes(rows)
+        fileio.write_bytes_atomic(fileio.join(self.shard_dir, name), data)
+        split = rows[0]["split"] if len({r["split"] for r in rows}) == 1 else "mixed"
+        info = ShardInfo(name, split, len(rows), len(data), hashlib.sha256(data).hexdigest())
+        yield json.dumps(info.__dict__, sort_keys=True)
+
+
+def write_sorted_lines(lines: list[str], path: str) -> None:
+    """A small output (dead letters, evaluation records) as one file, sorted, so reruns give
+    the same bytes whatever order the runner produced them in."""
+    fileio.write_bytes_atomic(path, "".join(f"{x}\n" for x in sorted(lines)).encode())

@@ -1,0 +1,172 @@
+"""Each DoFn and element function of the link job on its own, and the batched scorer against
+the per-document scores of training.loop.link_scores."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.ml.inference.base import PredictionResult
+
+from linking.config import LinkConfig
+from linking.steps import (
+    EVAL,
+    LinkChunk,
+    WriteLinkShards,
+    check_document,
+    chunks_of,
+    documents_of_table,
+    raw_chunks,
+)
+from schemas.errors import MmlinksError
+from schemas.links import read_links
+
+
+def doc(doc_id: str, n: int = 2, m: int = 3, dim: int = 4, links=None, split: str = "test") -> dict:
+    rng = np.random.default_rng(len(doc_id))
+    return {
+        "doc_id": doc_id,
+        "split": split,
+        "sentences": [f"sentence {i}" for i in range(n)],
+        "features": rng.standard_normal((m, dim)).astype(np.float32),
+        "links": links,
+        "shard": "s.parquet",
+    }
+
+
+def outputs(gen):
+    """(main outputs, {tag: tagged values})."""
+    main, tagged = [], {}
+    for x in gen:
+        if hasattr(x, "tag"):
+            tagged.setdefault(x.tag, []).append(x.value)
+        else:
+            main.append(x)
+    return main, tagged
+
+
+def test_check_document_names_each_reason():
+    assert check_document(doc("ok"), 4, 10, 10) is None
+    assert check_document(doc("e", n=0), 4, 10, 10)[0] == "empty_document"
+    assert check_document(doc("e", m=0), 4, 10, 10)[0] == "empty_document"
+    assert check_document(doc("big", m=11), 4, 10, 10)[0] == "too_large"
+    assert check_document(doc("w", dim=5), 4, 10, 10) == (
+        "wrong_feature_width",
+        "features of width 5, the model takes 4",
+    )
+    bad = doc("nan")
+    bad["features"][0, 0] = np.nan
+    assert check_document(bad, 4, 10, 10)[0] == "non_finite_features"
+
+
+def test_chunks_keep_order_and_dead_letter_the_rest():
+    docs = [doc("a"), doc("b", n=0), doc("c"), doc("d", dim=3)]
+    main, tagged = outputs(chunks_of(docs, "s#0", (4, 10, 10)))
+    assert [[d["doc_id"] for d in c["docs"]] for c in main] == [["a", "c"]]
+    assert [(r.source_id, r.reason) for r in tagged["dead_letter"]] == [
+        ("b", "empty_document"),
+        ("d", "wrong_feature_width"),
+    ]
+
+
+def test_raw_chunks_sort_by_id_and_cut_fixed_chunks():
+    docs = [doc(x) for x in "edcba"]
+    main, _ = outputs(raw_chunks((3, docs), 2, (4, 10, 10)))
+    assert [[d["doc_id"] for d in c["docs"]] for c in main] == [["a", "b"], ["c", "d"], ["e"]]
+    assert {d["shard"] for c in main for d in c["docs"]} == {"links-00003.parquet"}
+
+
+def test_documents_of_a_table_with_mixed_widths_are_kept_for_the_dead_letter():
+    images = [[{"features": [1.0, 2.0]}], [{"features": [1.0, 2.0, 3.0]}, {"features": [1.0]}]]
+    table = pa.table(
+        {
+            "doc_id": ["a", "b"],
+            "split": ["test", "test"],
+            "sentences": [["x"], ["y"]],
+            "images": images,
+            "links": [[{"sentence": 0, "image": 0}], None],
+        }
+    )
+    a, b = documents_of_table(table, "s")
+    assert a["features"].shape == (1, 2) and a["links"] == [(0, 0)] and b["links"] is None
+    assert check_document(a, 2, 9, 9) is None
+    assert check_document(b, 2, 9, 9) == (
+        "wrong_feature_width",
+        "features of width ragged, the model takes 2",
+    )
+
+
+def test_link_chunk_rows_and_evaluation_records():
+    docs = [doc("a", n=2, m=3, links=[(0, 1)]), doc("b", n=1, m=1)]
+    scores = [np.array([[0.9, 0.1, 0.2], [0.1, 0.8, 0.7]], np.float32), np.array([[0.3]], np.float32)]
+    result = PredictionResult({"key": "k", "docs": docs}, scores, "m")
+    main, tagged = outputs(LinkChunk("matching", 0.35, True, True).process(result))
+    assert {shard for shard, _ in main} == {"s.parquet"}
+    a, b = (row for _, row in main)
+    # the best 2-edge matching is (0, 0) + (1, 1) = 1.7; image 2 stays out of it
+    assert a["sentence"] == [0, 1, None] and a["score"] == pytest.approx([0.9, 0.8, None])
+    assert b["sentence"] == [None] and b["score"] == [None]  # its only link scores 0.3 < 0.35
+    assert a["scores"] == [pytest.approx(r) for r in scores[0].tolist()] and b["scores"] == [
+        [pytest.approx(0.3)]
+    ]
+    [record] = tagged[EVAL]  # only the labelled document
+    assert (record["tp"], record["predicted"], record["gold"]) == (0, 2, 1)
+    # the true cell (0, 1) scores 0.1: it ties one of the five negatives and loses to the rest
+    assert record["metrics"]["auc"] == pytest.approx(0.1)
+
+
+def test_write_link_shards_sorts_rows_and_is_byte_stable(tmp_path):
+    rows = [
+        {
+            "doc_id": d,
+            "split": "test",
+            "n_sentences": 1,
+            "n_images": 1,
+            "sentence": [0],
+            "score": [0.5],
+            "scores": None,
+        }
+        for d in ("b", "a")
+    ]
+    [info1] = WriteLinkShards(str(tmp_path / "1")).process(("x.parquet", rows))
+    [info2] = WriteLinkShards(str(tmp_path / "2")).process(("x.parquet", rows[::-1]))
+    assert info1 == info2 and json.loads(info1)["rows"] == 2
+    assert read_links([tmp_path / "1" / "x.parquet"]).column("doc_id").to_pylist() == ["a", "b"]
+
+
+def test_batched_scores_equal_per_document_scores(dataset, tmp_path):
+    import torch
+
+    from linking.model import LinkScorer
+    from schemas.manifest import Manifest
+    from schemas.shards import read_table
+    from tests.linking.conftest import write_checkpoint
+    from training.checkpoints import load_checkpoint_model
+    from training.data import TRAINING_COLUMNS, make_batch
+    from training.loop import link_scores
+    from training.text import Vocabulary
+
+    manifest = Manifest.read(dataset)
+    table = read_table(manifest.shard_paths(dataset, "test"), TRAINING_COLUMNS)
+    vocab = Vocabulary.build([s for d in table.column("sentences").to_pylist() for s in d], min_count=1)
+    model, _ = load_checkpoint_model(
+        write_checkpoint(tmp_path / "ckpt", vocab, manifest.feature_extractor.dim, 1)
+    )
+    scorer = LinkScorer(SimpleNamespace(model=model, vocab=vocab, max_tokens=20))
+    docs = documents_of_table(read_table(manifest.shard_paths(dataset, "test")), "t")
+    with torch.no_grad():
+        expected = link_scores(model, make_batch(table, vocab, 20))
+    for got, want in zip(scorer.score(docs), expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_link_config_refuses_bad_combinations():
+    with pytest.raises(MmlinksError, match="exactly one of --data"):
+        LinkConfig(model="models:/m@production", out="o")
+    with pytest.raises(MmlinksError, match="--input needs --source"):
+        LinkConfig(model="models:/m@production", out="o", input="raw")
+    with pytest.raises(MmlinksError, match=r"min_score 2\.0 \(a cosine in \[-1, 1\] or 'off'\)"):
+        LinkConfig(model="models:/m@production", out="o", data="d", min_score=2.0)
+    with pytest.raises(MmlinksError, match="assign 'greedy'"):
+        LinkConfig(model="models:/m@production", out="o", data="d", assign="greedy")
