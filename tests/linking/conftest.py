@@ -6,6 +6,7 @@ version). Its links are not good ones; the tests check the job, not the model.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -66,12 +67,20 @@ def register_model(
     }
     with mlflow.start_run(run_name=f"seed-{seed}"):
         mlflow.log_params(logged)
-        model_uri = log_link_model(str(ckpt), vocab, extractor=manifest.feature_extractor.name)
+        model_uri = log_link_model(
+            str(ckpt),
+            vocab,
+            extractor=manifest.feature_extractor.name,
+            extractor_version=manifest.feature_extractor.version,  # as run_experiment passes it
+        )
     version = str(mlflow.register_model(model_uri, name).version)
     if alias:
         MlflowClient(uri).set_registered_model_alias(name, alias, version)
     mlflow.set_tracking_uri(None)
     mlflow.set_registry_uri(None)
+    # set_registry_uri(None) leaves the MLFLOW_REGISTRY_URI it exported: later tests in this worker
+    # would register into this store (it broke the grid and PostgreSQL-server tests)
+    os.environ.pop("MLFLOW_REGISTRY_URI", None)
     return version
 
 
