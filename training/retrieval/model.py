@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from training.model import ImageEncoder, ModelConfig
+
 POOLINGS = ("attention", "mean", "last")
 
 
@@ -95,23 +97,18 @@ class AttnTextEncoder(nn.Module):
         return (z, alpha) if return_attention else z
 
 
-class BottleneckImageEncoder(nn.Module):
-    """[N, image_dim] CNN features -> standardise -> dropout -> linear -> L2 -> [N, d_shared]."""
+class BottleneckImageEncoder(ImageEncoder):
+    """[N, image_dim] CNN features -> standardise -> dropout -> linear -> L2 -> [N, d_shared].
+
+    The linking family's image encoder (same parameters and feature statistics), sized by the
+    retrieval config: the paper's bottleneck is that projection into the shared space."""
 
     def __init__(self, cfg: RetrievalConfig):
-        super().__init__()
-        self.register_buffer("feature_mean", torch.zeros(cfg.image_dim))
-        self.register_buffer("feature_std", torch.ones(cfg.image_dim))
-        self.dropout = nn.Dropout(cfg.image_dropout)
-        self.proj = nn.Linear(cfg.image_dim, cfg.d_shared)
-
-    def set_feature_stats(self, mean: np.ndarray, std: np.ndarray) -> None:
-        self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
-        self.feature_std.copy_(torch.as_tensor(np.maximum(std, 1e-6), dtype=torch.float32))
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        x = (features - self.feature_mean) / self.feature_std
-        return F.normalize(self.proj(self.dropout(x)), dim=-1)
+        super().__init__(
+            ModelConfig(
+                vocab_size=0, image_dim=cfg.image_dim, image_dropout=cfg.image_dropout, d_multi=cfg.d_shared
+            )
+        )
 
 
 class CoherenceAwareModule(nn.Module):
