@@ -190,9 +190,20 @@ def ray_local(tmp_path_factory):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (probe, saved["PYTHONPATH"]) if p)
     os.environ["MMLINKS_TEST_PARAM_FLAG"] = str(flag)
     try:
-        ray.init(
-            address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False
-        )
+        for attempt in range(2):
+            try:
+                ray.init(
+                    address="local",
+                    num_cpus=4,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+                break
+            except Exception as exc:  # Ray waits a fixed 30 s for its raylet; under load it can miss
+                if attempt or "timed out during startup" not in str(exc):
+                    raise
+                ray.shutdown()
     finally:
         for k, v in saved.items():
             if v is None:
