@@ -10,7 +10,6 @@ extractor), so a reader can tell whether the links are still current.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import asdict, dataclass, field
@@ -20,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.errors import MmlinksError
-from schemas.manifest import MANIFEST_NAME, FeatureExtractorInfo, ShardInfo
+from schemas.manifest import MANIFEST_NAME, FeatureExtractorInfo, Manifest, ShardInfo
 
 LINKS_SCHEMA_VERSION = 1
 LINKS_SCHEMA_NAME = "mmlinks.links"
@@ -88,11 +87,9 @@ class LinkManifest:
 
     @staticmethod
     def version_id(shards: list[ShardInfo], identity: dict) -> str:
-        h = hashlib.sha256()
-        for s in sorted(shards, key=lambda s: s.path):
-            h.update(f"{s.path.rsplit('/', 1)[-1]}:{s.sha256}\n".encode())
-        h.update(json.dumps(identity, sort_keys=True).encode())
-        return h.hexdigest()[:16]
+        """The dataset manifest's hash (shard names, checksums, parameters), so link versions
+        and dataset versions are named the same way."""
+        return Manifest.version_id(shards, identity)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
