@@ -12,6 +12,9 @@ import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# Ray Train's controller polls its workers every 2 s, so each run ends up to 2 s after its last
+# epoch; the suite runs ~30 short runs. Ray processes and CLI subprocesses inherit it.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 # A transparent 1x1 GIF is too small; a truncated PNG is undecodable; text is not an image.
 BAD_DOC_IDS = {

@@ -362,6 +362,9 @@ def train_loop_per_worker(config: dict) -> None:
     if rank == 0 and config.get("mlflow_run_id"):
         from mlflow.tracking import MlflowClient
 
+        from training.tracking import wait_for_sqlite_locks
+
+        wait_for_sqlite_locks()
         mlflow_client = MlflowClient(tracking_uri=config["mlflow_tracking_uri"])
     train_shard = ray.train.get_dataset_shard("train")
     columns = w.objective.columns

@@ -20,6 +20,32 @@ from mlflow.tracking import MlflowClient
 from schemas.manifest import Manifest
 from training.config import TrainConfig
 
+SQLITE_BUSY_TIMEOUT_S = 60
+
+
+def _sqlite_busy_timeout(dbapi_connection, _record) -> None:
+    import sqlite3
+
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_S * 1000}")
+
+
+def wait_for_sqlite_locks() -> None:
+    """Let every SQLite connection of this process wait up to 60 s for another writer's lock.
+
+    Concurrent writers share the default SQLite store: grid trials, and a run's rank-0 worker
+    logging epochs next to its driver. sqlite3 gives up after 5 s ("database is locked"), which a
+    loaded laptop exceeds, and MLflow has no setting for it; a SQLAlchemy connect hook does.
+    """
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "connect", _sqlite_busy_timeout):
+        event.listen(Engine, "connect", _sqlite_busy_timeout)
+
+
+wait_for_sqlite_locks()
+
 
 def tracking_uri(workdir: str | Path) -> str:
     env = os.environ.get("MLFLOW_TRACKING_URI")

@@ -1,7 +1,5 @@
 """The HTML evaluation report: content, re-rendering from a run, and a real headless-Chromium render."""
 
-import json
-import os
 import shutil
 import subprocess
 
@@ -9,7 +7,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.cli.test_cli import MMLINKS
 from tests.conftest import missing_tool
 from training.report import document_card, render_report
 
@@ -98,55 +95,3 @@ def test_report_renders_in_headless_chromium(trained, dataset, tmp_path):
     assert img.shape[0] >= 1000
     non_white = (img < 240).any(axis=2).mean()
     assert 0.02 < non_white < 0.9, non_white  # text, charts and thumbnails were drawn
-
-
-@pytest.mark.slow
-def test_report_command_rerenders_a_logged_run(tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    work = tmp_path / "demo"
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    demo = subprocess.run(
-        [
-            MMLINKS,
-            "demo",
-            "--workdir",
-            str(work),
-            "--docs",
-            "40",
-            "--epochs",
-            "2",
-            "--d-multi",
-            "32",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert demo.returncode == 0, demo.stderr[-3000:]
-    out = json.loads(demo.stdout)
-    assert os.path.exists(out["report"])
-    proc = subprocess.run(
-        [MMLINKS, "report", "models:/mmlinks-ap@production", "--workdir", str(work), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rep = json.loads(proc.stdout)
-    assert rep["run_id"] == out["run_id"]
-    text = open(rep["report"]).read()
-    assert "Learning curves" in text and "class=card" in text
-    client = MlflowClient(out["tracking_uri"])
-    assert "report.html" in [a.path for a in client.list_artifacts(out["run_id"])]
-    bad = subprocess.run(
-        [MMLINKS, "report", "models:/no-such@production", "--workdir", str(work)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert bad.returncode == 2 and bad.stderr.startswith("mmlinks: error:")
