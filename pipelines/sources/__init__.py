@@ -24,6 +24,7 @@ SOURCE_MODULES = {
     "hessel": "pipelines.sources.hessel",
     "clue": "pipelines.sources.clue",
     "news-jsonl": "pipelines.sources.news_jsonl",
+    "goodnews": "pipelines.sources.goodnews",
 }
 
 

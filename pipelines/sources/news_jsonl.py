@@ -96,15 +96,29 @@ def parse_article(
     """One JSONL line -> a RawDocument per image, or (source id, reason, detail) dead letters."""
     try:
         rec = json.loads(line)
+    except ValueError as exc:
+        yield (line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
+        return
+    yield from parse_record(rec, root, rule, languages, line[:80], SOURCE)
+
+
+def parse_record(
+    rec, root: str, rule: SplitRule, languages: frozenset[str] | None, where: str, source: str
+) -> Iterator[RawDocument | tuple[str, str, str]]:
+    """One article in the news layout (a dict) -> RawDocuments or dead letters (``where`` names
+    it in a dead letter when it has no id); other news formats convert to this layout."""
+    try:
         if not isinstance(rec, dict):
             raise ValueError("line is not a JSON object")
         article_id = str(rec["article_id"]).strip()
-        date, language = day_of(rec["date"]), str(rec["language"]).strip()
+        # a ratio split does without dates (GoodNews records may carry none)
+        date = day_of(rec["date"]) if rec.get("date") or rule.mode == "date" else ""
+        language = str(rec["language"]).strip()
         images = rec.get("images") or []
         if not article_id or not language or not isinstance(images, list):
             raise ValueError("article_id and language must be non-empty, images a list")
     except (ValueError, KeyError, TypeError) as exc:
-        yield (line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
+        yield (where, "malformed_record", f"{type(exc).__name__}: {exc}")
         return
     if languages is not None and language not in languages:
         yield (article_id, "language_filtered", language)
@@ -130,7 +144,7 @@ def parse_article(
             meta["outlet"] = str(rec["outlet"])
         yield RawDocument(
             doc_id=sid,
-            source=SOURCE,
+            source=source,
             sentences=[texts[s] for s in present],
             image_uris=[resolve_uri(root, uri)],
             links=[(j, 0) for j in range(len(present))],

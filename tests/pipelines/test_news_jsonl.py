@@ -150,3 +150,37 @@ def test_read_news_jsonl_graph(tmp_path):
         assert_that(ids, equal_to(want), label="docs")
         assert_that(reasons, equal_to(["language_filtered", "malformed_record", "not_utf8"]), label="dead")
     assert NEWS_SOURCES == ("headline", "lead", "body", "caption")
+
+
+def test_goodnews_members_become_news_samples():
+    from pathlib import Path
+
+    from pipelines.sources.goodnews import ReadGoodNews
+    from pipelines.sources.jsonstream import stream_members
+
+    root = Path(__file__).parents[1] / "fixtures" / "goodnews"
+    assert list(stream_members(['{"a": 1, "b": {"c": [2]}}'])) == [("a", 1), ("b", {"c": [2]})]
+    spec = get_spec("goodnews")
+    ctx = spec.context(str(root), {}, str(root / "state"))
+    with TestPipeline() as p:
+        out = p | ReadGoodNews(ctx)
+        docs = out["documents"] | beam.Map(
+            lambda d: (d.doc_id, tuple(d.metadata[k] for k in ("news_sources", "date")))
+        )
+        uris = out["documents"] | beam.Map(lambda d: d.image_uris[0].rsplit("/", 2)[-2:])
+        reasons = out[DEAD_LETTER] | beam.Map(lambda d: d.reason)
+        a, b = "5a4a7e8a95d0e0246f213b67", "5a4a7e8a95d0e0246f213b68"
+        want = [
+            (f"{a}#0", ("headline,lead,body,caption", "2018-01-02")),
+            (f"{a}#1", ("headline,lead,body,caption", "2018-01-02")),
+            (f"{b}#0", ("headline,body", "2018-01-04")),  # an empty caption: the source is absent
+        ]
+        assert_that(docs, equal_to(want), label="docs")
+        assert_that(
+            uris,
+            equal_to([["resized", f"{a}_0.jpg"], ["resized", f"{a}_1.jpg"], ["resized", f"{b}_0.jpg"]]),
+            label="uris",
+        )
+        assert_that(reasons, equal_to(["malformed_record"]), label="dead")
+    with pytest.raises(MmlinksError, match="val_from"):
+        spec.check(spec.context(str(root), {"split": "date"}, "s"))
