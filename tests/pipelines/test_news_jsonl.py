@@ -184,3 +184,20 @@ def test_goodnews_members_become_news_samples():
         assert_that(reasons, equal_to(["malformed_record"]), label="dead")
     with pytest.raises(MmlinksError, match="val_from"):
         spec.check(spec.context(str(root), {"split": "date"}, "s"))
+
+
+def test_synth_news_command(tmp_path, capfd):
+    from cli.main import main
+
+    assert (
+        main(
+            ["data", "synth-news", "--out", str(tmp_path), "--articles", "3", "--image-size", "32", "--json"]
+        )
+        == 0
+    )
+    out = json.loads(capfd.readouterr().out)
+    assert out["documents"] == 3 and (tmp_path / "corpus.json").exists()
+    lines = (tmp_path / "articles.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and all(
+        (tmp_path / im["uri"]).exists() for ln in lines for im in json.loads(ln)["images"]
+    )
