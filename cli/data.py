@@ -23,6 +23,7 @@ def add_parsers(sub) -> None:
 
     _add_synth(dsub)
     _add_synth_coherence(dsub)
+    _add_synth_news(dsub)
     _add_build(dsub)
     _add_import_hessel(dsub)
 
@@ -64,6 +65,25 @@ def _add_synth_coherence(dsub) -> None:
     synth.add_argument("--quiet", action="store_true", help="no progress bar")
     add_common(synth)
     synth.set_defaults(func=cmd_synth_coherence, show=show_synth)
+
+
+def _add_synth_news(dsub) -> None:
+    synth = dsub.add_parser(
+        "synth-news",
+        help="generate a synthetic multi-source, bilingual news corpus (news image selection)",
+        description="Write news articles (headline, lead, body, one or two captioned photos of "
+        "rendered objects; sources of different informativeness, some missing; English and a "
+        "German-like language with an aligned lexicon; dated) in the news JSONL layout that "
+        "`data build --source news-jsonl` reads. For --objective news.",
+        epilog=EPILOG,
+    )
+    synth.add_argument("--out", required=True, help="output directory")
+    from pipelines.news_corpus import NewsSynthConfig
+
+    config_fields.add_arguments(synth, NewsSynthConfig)
+    synth.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_common(synth)
+    synth.set_defaults(func=cmd_synth_news, show=show_synth)
 
 
 def _add_crawl(dsub) -> None:
@@ -161,6 +181,18 @@ def cmd_synth_coherence(args) -> dict:
         "seed": cfg.seed,
         "relations": list(RELATIONS),
     }
+
+
+def cmd_synth_news(args) -> dict:
+    from tqdm import tqdm
+
+    from pipelines.news_corpus import NewsSynthConfig, write_news_corpus
+
+    cfg = config_fields.from_args(NewsSynthConfig, args)
+    writable_dir(args.out)
+    with tqdm(total=cfg.articles, desc="synth", unit="article", file=sys.stderr, disable=args.quiet) as bar:
+        path = write_news_corpus(args.out, cfg, bar.update)
+    return {"corpus": str(path.parent), "documents": cfg.articles, "seed": cfg.seed}
 
 
 def _add_build(dsub) -> None:

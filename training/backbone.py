@@ -183,3 +183,30 @@ register_backbone(
         ),
     )
 )
+
+
+# ------------------------------------------------------------------------------ news
+
+
+def _news_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+    from training.news.objective import model_config
+
+    return model_config(cfg, manifest, vocab_size, word_dim, train_paths)
+
+
+def _news_build(model_cfg: dict, embeddings=None, feature_stats=None):
+    from training.news.objective import build
+
+    return build(model_cfg, embeddings, feature_stats)
+
+
+register_backbone(
+    BackboneSpec(
+        name="news",
+        summary="Liu et al.: per-source self-attention + point-wise CNN + max-pool text encoders, a fuser, "
+        "a linear image projection; the backbone of --objective news",
+        model_config=_news_config,
+        build=_news_build,
+        check=lambda cfg: [] if cfg.objective == "news" else ["backbone (news trains only --objective news)"],
+    )
+)

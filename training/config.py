@@ -24,6 +24,13 @@ __all__ = [
 ]
 
 
+def news_names(name: str) -> tuple[str, ...]:
+    """The fusers / losses of the news objective (``training/news/__init__.py``, no torch)."""
+    import training.news
+
+    return getattr(training.news, name)
+
+
 def li2021_part_choices() -> tuple[str, ...]:
     """C alone or with any of the other Li 2021 parts, in their order: C, C+I, C+D, C+I+D."""
     from itertools import combinations
@@ -35,6 +42,7 @@ def li2021_part_choices() -> tuple[str, ...]:
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
 SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min"}
 RETRIEVAL = "coherence retrieval (Alikhani et al.; --objective cmca|cmcm|cmcm-c)"
+NEWS = "news image selection (Liu et al.; --objective news)"
 
 # --preset: named bundles of TrainConfig values, under the flags a user gives. "paper" is Hessel
 # et al. 2019 as published where mmlinks' defaults deviate from it (docs/training.md,
@@ -77,6 +85,11 @@ MODEL_FIELDS = (
     "relation",
     "retrieval_pooling",
     "d_shared",
+    "news_sources",
+    "fusion",
+    "news_loss",
+    "subword_buckets",
+    "news_heads",
     "seed",
 )
 
@@ -252,6 +265,49 @@ class TrainConfig:
         check=lambda v: v >= 1,
         rule=">= 1",
         group=RETRIEVAL,
+    )
+    news_sources: str = option(
+        "headline,lead,body,caption",
+        help="news: the text sources the model reads, comma-separated (one: a single-source model)",
+        group=NEWS,
+    )
+    fusion: str = option(
+        "attention",
+        help="news: how the sources' vectors become one: element-wise max, add, mlp (two Linear+ReLU "
+        "blocks) or attention (the paper's Feature Fuser)",
+        choices=lambda: news_names("FUSERS"),
+        group=NEWS,
+    )
+    random_drop: float = option(
+        0.0,
+        help="news: per training sample keep one random source and drop each other one with this "
+        "probability (paper: 0.3; 0 = complete inputs)",
+        check=lambda v: 0 <= v < 1,
+        rule="in [0, 1)",
+        group=NEWS,
+    )
+    news_loss: str = option(
+        "vse",
+        help="news: vse = sum of hinges over all in-batch negatives (the paper's choice for weak labels), "
+        "vsepp = hardest negative, hal = Liu et al. 2020 (Eq. 5)",
+        choices=lambda: news_names("LOSSES"),
+        group=NEWS,
+    )
+    subword_buckets: int = option(
+        0,
+        help="news: fastText-style character 3-6-gram buckets added to the word vectors (0 = words only; "
+        "fastText: 2000000)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=NEWS,
+    )
+    news_heads: int = option(
+        2,
+        help="news: self-attention heads per source encoder (the word vector size must divide by it; "
+        "paper: 6)",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+        group=NEWS,
     )
     seed: int = option(0, help="random seed", group=MODEL)
     num_workers: int = option(

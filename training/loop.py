@@ -248,6 +248,8 @@ def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
                 loss_batch
             )
             sums[1] += len(loss_batch)
+            if not w.objective.link_metrics:  # one fused text per document (news samples)
+                continue
             full = loss_batch if w.objective.prepare is None else w.batch(table, None, reduce=False)
             for doc_id, scores, links in zip(full.doc_ids, link_scores(net, full), full.links, strict=True):
                 m = document_metrics(doc_id, scores, links)

@@ -23,6 +23,8 @@ SOURCE_MODULES = {
     "dii-stress": "pipelines.sources.vist",
     "hessel": "pipelines.sources.hessel",
     "clue": "pipelines.sources.clue",
+    "news-jsonl": "pipelines.sources.news_jsonl",
+    "goodnews": "pipelines.sources.goodnews",
 }
 
 

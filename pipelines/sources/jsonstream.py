@@ -226,3 +226,24 @@ def repaired(value: Any) -> Any:
     if n:
         count("text_repaired", n)
     return fixed
+
+
+def stream_members(chunks: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    """``(key, value)`` of every member of a top-level JSON object, one value decoded at a time
+    (GoodNews's ``captioning_dataset.json`` is one object keyed by article id). Raises
+    ``MalformedJson`` (after the members before the fault were yielded) like ``stream_arrays``."""
+    reader = _Reader(chunks)
+    reader.expect("{")
+    if reader.peek() == "}":
+        reader.pos += 1
+    else:
+        while True:
+            key = reader.value()
+            if not isinstance(key, str):
+                raise reader.fail("object keys must be strings")
+            reader.expect(":")
+            yield key, reader.value()
+            if reader._close("}"):
+                break
+    if reader.peek():
+        raise reader.fail("data after the top-level object")

@@ -52,8 +52,8 @@ def toy_objective():
 
 
 def test_builtin_objectives_and_backbones_are_registered():
-    assert objective_names() == ("nostruct", "dc", "tk", "ap", "li2021", "cmca", "cmcm", "cmcm-c")
-    assert backbone_names() == ("gru", "transformer", "coherence")
+    assert objective_names() == ("nostruct", "dc", "tk", "ap", "li2021", "cmca", "cmcm", "cmcm-c", "news")
+    assert backbone_names() == ("gru", "transformer", "coherence", "news")
     for name in objective_names():
         spec = get_objective(name)
         assert spec.similarity in SIMILARITIES and spec.summary
@@ -66,6 +66,7 @@ def test_builtin_objectives_and_backbones_are_registered():
         "cmca": "cmca",
         "cmcm": "cmcm",
         "cmcm-c": "cmcm-c-Action",
+        "news": "news-headline+lead+body+caption-attention-vse",
     }
     relation = {"cmcm-c": "Action"}  # cmcm-c trains one relation
     got = {o: TrainConfig(objective=o, relation=relation.get(o, "")).label for o in objective_names()}
@@ -81,7 +82,7 @@ def test_unknown_names_are_refused():
     with pytest.raises(MmlinksError, match="unknown objective 'nope'"):
         get_objective("nope")
     with pytest.raises(
-        MmlinksError, match=r"objective .* \(one of nostruct, dc, tk, ap, li2021, cmca, cmcm, cmcm-c\)"
+        MmlinksError, match=r"objective .* \(one of nostruct, dc, tk, ap, li2021, cmca, cmcm, cmcm-c, news\)"
     ):
         TrainConfig(objective="nope").validate()
     with pytest.raises(ValueError, match="already registered"):

@@ -11,6 +11,8 @@ An objective is a loss over a batch of encoded documents. Every objective sees t
 - ``cmca``, ``cmcm``, ``cmcm-c``: text-to-image retrieval on pair datasets (Alikhani et al.,
   ``training/retrieval/``): their own model (the ``coherence`` backbone), loss and validation
   MedR, plugged in through ``model_loss``, ``val_metrics`` and ``backbone``.
+- ``news``: news image selection on multi-source news samples (Liu et al., ``training/news/``),
+  the same way, with the ``news`` backbone.
 
 ``TrainConfig`` validation, run labels, the training loop, the experiment's report text and the
 grid's rows all read these specs (``objective_names``, ``get_objective``); adding an objective is
@@ -72,6 +74,10 @@ class ObjectiveSpec:
     val_metrics: Callable[..., dict[str, float]] | None = None
     # shard columns the objective reads beyond the training ones
     columns: tuple[str, ...] = ()
+    # False: the model encodes ONE text per document from its several sentences (news samples:
+    # headline, lead, body, caption fused), so the per-sentence link scores of validation
+    # (AUC, within-document gap) do not apply and are skipped
+    link_metrics: bool = True
 
     def text(self, cfg: TrainConfig) -> str:
         if self.describe is not None:
@@ -288,6 +294,69 @@ for _name, _summary in (
             columns=("metadata",),
         )
     )
+
+
+def _news(name):
+    def call(*args, **kwargs):
+        from training.news import objective
+
+        return getattr(objective, name)(*args, **kwargs)
+
+    return call
+
+
+def _news_label(cfg: TrainConfig) -> str:
+    """e.g. news-headline+lead+body+caption-attention-drop0.3-vse, news-caption-vse"""
+    sources = cfg.news_sources.replace(",", "+").replace(" ", "")
+    fusion = f"-{cfg.fusion}" if "+" in sources else ""
+    drop = f"-drop{cfg.random_drop:g}" if cfg.random_drop else ""
+    return f"news-{sources}{fusion}{drop}-{cfg.news_loss}"
+
+
+def _news_check(cfg: TrainConfig) -> list[str]:
+    from schemas.news import parse_sources
+
+    try:
+        sources = parse_sources(cfg.news_sources)
+    except ValueError as exc:
+        return [f"news_sources ({exc})"]
+    return (
+        ["random_drop (a single-source model has nothing to drop)"]
+        if len(sources) == 1 and cfg.random_drop
+        else []
+    )
+
+
+register_objective(
+    ObjectiveSpec(
+        name="news",
+        summary="news image selection (Liu et al.): headline/lead/body/caption encoders (self-attention + "
+        "point-wise CNN + max pool), fused; VSE, VSE++ or HAL; random_drop",
+        similarity="dc",  # a sample is one text x one image: every similarity is the cosine
+        loss=_hessel("dc"),  # unused: model_loss replaces it
+        label=_news_label,
+        fields=(
+            "news_sources",
+            "fusion",
+            "random_drop",
+            "news_loss",
+            "subword_buckets",
+            "news_heads",
+            "d_shared",
+        ),
+        parts=lambda cfg: ("ret",),
+        check=_news_check,
+        describe=lambda cfg: (
+            f"{_news_label(cfg)} d_shared={cfg.d_shared} subword_buckets={cfg.subword_buckets}"
+        ),
+        family="retrieval",
+        backbone="news",
+        model_loss=_news("model_loss"),
+        val_metrics=_news("val_metrics"),
+        columns=("metadata",),
+        link_metrics=False,
+    )
+)
 
 
 # ------------------------------------------------------------------- the loss of a batch

@@ -1,0 +1,220 @@
+"""A synthetic multi-source, bilingual news corpus (issue #18, Liu et al. "Upgrading the
+Newsroom"), written in the news JSONL layout that ``mmlinks data build --source news-jsonl``
+reads (``pipelines/sources/news_jsonl.py`` documents the layout).
+
+Each article reports on one "event": an object rendered as in the synthetic link corpus
+(``pipelines/synthetic_corpus.py``: shape, colour, size, position, background pattern). The
+article has a headline, a lead, a body and one or two photos with captions. The four text
+sources differ in how informative they are, so fusion and random_drop are measurable:
+
+- every source names each attribute of the event with its own probability (``MENTIONS``): the
+  headline mostly the colour, the lead size and pattern, the caption shape and position of its
+  own photo, the body a bit of everything among filler sentences and a distractor object (a
+  second event "nearby"). No single source pins the object down; together they do.
+- sources go missing at their own rate (``PRESENCE``), as real articles lack a lead or a caption.
+- an article's second photo shows the same object elsewhere in the frame, with its own caption.
+
+Two languages with an aligned lexicon: ``en`` and ``de``, a German-like language whose every
+word is a one-to-one translation of an English one (``LEXICON``; the word order is the
+English one, so it is an invented language that shares German words, not German). An article
+is written in ``de`` with probability ``second_language_rate``; language transfer is then
+measurable by building with ``--source-option languages=de`` and so on.
+
+Dates run from ``start_date`` over ``days`` in article order (plus jitter), so the news source's
+date split (train on the past, test on the future) has something to cut.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from pipelines.synthetic_corpus import COLOURS, PATTERNS, POSITIONS, SHAPES, SIZES, ObjectSpec, render
+from schemas.config_fields import option, validate
+from schemas.news import NEWS_SOURCES
+
+FORMAT = "mmlinks-synthetic-news/1"
+SOURCES = NEWS_SOURCES
+ATTRIBUTES = ("colour", "shape", "size", "pos", "pattern")
+
+# P(source names attribute): complementary on purpose (see the module docstring)
+MENTIONS: dict[str, dict[str, float]] = {
+    "headline": {"colour": 0.9, "shape": 0.3},
+    "lead": {"size": 0.9, "pattern": 0.8, "shape": 0.3},
+    "body": {"colour": 0.4, "shape": 0.4, "size": 0.4, "pos": 0.4, "pattern": 0.4},
+    "caption": {"shape": 0.8, "pos": 0.9},
+}
+PRESENCE = {"headline": 1.0, "lead": 0.85, "body": 0.9, "caption": 0.75}
+
+# Glue and filler words per source; the attribute words go between them.
+GLUE = {
+    "headline": (("news", "today"), ("city", "reports"), ("breaking", "story"), ("local", "event")),
+    "lead": (("people", "saw", "a"), ("witnesses", "describe", "the"), ("reporters", "found", "the")),
+    "body": (("the", "police", "said"), ("according", "to", "officials"), ("residents", "told", "us")),
+    "caption": (("photo", "of", "the"), ("picture", "shows", "the"), ("image", "of", "a")),
+}
+FILLER = (
+    ("the", "council", "will", "meet", "again", "next", "week"),
+    ("traffic", "was", "slow", "in", "the", "morning"),
+    ("the", "weather", "stayed", "cold", "and", "grey"),
+    ("more", "news", "follows", "later", "today"),
+)
+NEARBY = ("also", "nearby", "was")
+
+# en -> de, one word each way (an aligned lexicon: what MUSE gives for real languages)
+LEXICON = {
+    # attributes
+    "red": "rot", "green": "gruen", "blue": "blau", "yellow": "gelb", "orange": "orangefarben",
+    "purple": "lila", "pink": "rosa", "brown": "braun", "white": "weiss", "black": "schwarz",
+    "circle": "kreis", "square": "quadrat", "triangle": "dreieck", "star": "stern", "cross": "kreuz",
+    "ring": "reif", "diamond": "raute", "small": "klein", "big": "gross", "top": "oben",
+    "bottom": "unten", "left": "links", "right": "rechts", "middle": "mitte", "stripes": "streifen",
+    "checks": "karos", "dots": "punkte", "plain": "schlicht",
+    # glue and filler
+    "news": "nachrichten", "today": "heute", "city": "stadt", "reports": "meldet",
+    "breaking": "eilmeldung", "story": "geschichte", "local": "lokales", "event": "ereignis",
+    "people": "leute", "saw": "sahen", "a": "ein", "witnesses": "zeugen", "describe": "beschreiben",
+    "the": "der", "reporters": "reporter", "found": "fanden", "police": "polizei", "said": "sagte",
+    "according": "laut", "to": "zu", "officials": "beamten", "residents": "anwohner", "told": "sagten",
+    "us": "uns", "photo": "foto", "of": "von", "picture": "bild", "shows": "zeigt", "image": "abbild",
+    "council": "rat", "will": "wird", "meet": "tagen", "again": "wieder", "next": "naechste",
+    "week": "woche", "traffic": "verkehr", "was": "war", "slow": "langsam", "in": "in",
+    "morning": "morgen", "weather": "wetter", "stayed": "blieb", "cold": "kalt", "and": "und",
+    "grey": "grau", "more": "mehr", "follows": "folgt", "later": "spaeter", "also": "auch",
+    "nearby": "nahebei",
+}  # fmt: skip
+
+
+@dataclass
+class NewsSynthConfig:
+    """The options of `mmlinks data synth-news`."""
+
+    articles: int = option(800, help="number of articles", check=lambda v: v >= 1, rule=">= 1")
+    seed: int = option(0, help="random seed")
+    second_image_rate: float = option(
+        0.25,
+        help="share of articles with a second photo (the same object elsewhere, its own caption)",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
+    )
+    second_language_rate: float = option(
+        0.5,
+        help="share of articles written in 'de' (a German-like language aligned word for word with 'en')",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
+    )
+    start_date: str = option("2019-01-01", help="date of the first article (YYYY-MM-DD)")
+    days: int = option(
+        730, help="days the articles span, in article order", check=lambda v: v >= 1, rule=">= 1"
+    )
+    image_size: int = option(96, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+
+    def __post_init__(self) -> None:
+        validate(self, "synthetic news corpus options")
+        dt.date.fromisoformat(self.start_date)  # a clear ValueError for a bad date
+
+
+def attribute_words(spec: ObjectSpec, attribute: str) -> list[str]:
+    return str(getattr(spec, attribute)).split()
+
+
+def translate(words: list[str], language: str) -> list[str]:
+    """English words -> the article's language (``de``: the lexicon, word for word)."""
+    return list(words) if language == "en" else [LEXICON[w] for w in words]
+
+
+def _random_object(rng: random.Random) -> ObjectSpec:
+    return ObjectSpec(
+        shape=rng.choice(SHAPES),
+        colour=rng.choice(list(COLOURS)),
+        size=rng.choice(list(SIZES)),
+        pos=rng.choice(list(POSITIONS)),
+        pattern=rng.choice(PATTERNS),
+        background=tuple(rng.randint(90, 200) for _ in range(3)),  # type: ignore[arg-type]
+    )
+
+
+def source_text(
+    source: str, spec: ObjectSpec, rng: random.Random, distractor: ObjectSpec | None = None
+) -> list[str]:
+    """The English words of one source about ``spec`` (before translation)."""
+    words = list(rng.choice(GLUE[source]))
+    named = [a for a in ATTRIBUTES if rng.random() < MENTIONS[source].get(a, 0.0)]
+    for a in named:
+        words += attribute_words(spec, a)
+    if source == "body":
+        body = [*rng.choice(FILLER), *words, *rng.choice(FILLER)]
+        if distractor is not None:  # a second object in the story, not in the photo
+            body += [*NEARBY, *attribute_words(distractor, "colour"), *attribute_words(distractor, "shape")]
+        return body
+    return words
+
+
+def generate_article(cfg: NewsSynthConfig, index: int) -> tuple[dict, list[Image.Image]]:
+    """One article record (the news JSONL layout) and its photos; depends only on (seed, index)."""
+    rng = random.Random(f"news:{cfg.seed}:{index}")
+    language = "de" if rng.random() < cfg.second_language_rate else "en"
+    event = _random_object(rng)
+    distractor = _random_object(rng)
+    specs = [event]
+    if rng.random() < cfg.second_image_rate:
+        other = [p for p in POSITIONS if p != event.pos]
+        specs.append(ObjectSpec(**{**asdict(event), "pos": rng.choice(other)}))
+    present = {s: rng.random() < PRESENCE[s] for s in SOURCES}
+    present["headline"] = True  # every article has a headline
+    texts = {
+        s: " ".join(translate(source_text(s, event, rng, distractor), language))
+        for s in ("headline", "lead", "body")
+    }
+    article_id = f"news-{cfg.seed}-{index:06d}"
+    day = dt.date.fromisoformat(cfg.start_date) + dt.timedelta(
+        days=min(cfg.days - 1, int(index * cfg.days / max(cfg.articles, 1)) + rng.randint(0, 1))
+    )
+    images, records = [], []
+    for k, spec in enumerate(specs):
+        caption = " ".join(translate(source_text("caption", spec, rng), language))
+        images.append(render(spec, cfg.image_size, rng))
+        records.append(
+            {
+                "uri": f"images/{article_id}-{k}.png",
+                "caption": caption if present["caption"] else "",
+                "object": f"{spec.size} {spec.colour} {spec.shape} {spec.pos} {spec.pattern}",
+            }
+        )
+    record = {
+        "article_id": article_id,
+        "date": day.isoformat(),
+        "language": language,
+        "outlet": f"outlet-{rng.randint(1, 3)}",
+        **{s: (texts[s] if present[s] else "") for s in ("headline", "lead", "body")},
+        "images": records,
+    }
+    return record, images
+
+
+def write_news_corpus(
+    out: str | Path, cfg: NewsSynthConfig, progress: Callable[[int], None] | None = None
+) -> Path:
+    """Write ``articles.jsonl`` + ``images/`` + ``corpus.json`` (last) under ``out``; returns the
+    path of ``articles.jsonl``."""
+    out = Path(out)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    (out / "corpus.json").unlink(missing_ok=True)  # written last: marks a complete corpus
+    path = out / "articles.jsonl"
+    with path.open("w") as fh:
+        for i in range(cfg.articles):
+            record, images = generate_article(cfg, i)
+            for im, img in zip(record["images"], images, strict=True):
+                img.save(out / im["uri"], format="PNG", optimize=False)
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+            if progress:
+                progress(1)
+    meta = {"format": FORMAT, "languages": ["en", "de"], "sources": list(SOURCES), **asdict(cfg)}
+    (out / "corpus.json").write_text(json.dumps(meta, indent=2))
+    return path

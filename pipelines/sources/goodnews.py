@@ -1,0 +1,131 @@
+"""GoodNews (Biten et al., CVPR 2019): New York Times articles with captioned images, a public
+news image dataset, read into the news samples of ``schemas/news.py`` (issue #18).
+
+Input: the folder with the released ``captioning_dataset.json`` and the ``resized/`` images
+(``resized/<article id>_<image index>.jpg``, as GoodNews ships them; ``images=`` names another
+folder). The JSON file is one object keyed by article id; each value is the crawler's article
+dict (its non-list fields) with ``images``, ``{"<index>": "<caption>"}``. Read here: ``article``
+(the body), ``headline`` (the NYT API's ``{"main": ...}`` object, or a string), ``abstract``
+or ``lead_paragraph`` (the lead, when present) and ``pub_date`` (when present). The file is
+streamed member by member (``pipelines/sources/jsonstream.py``), never loaded whole.
+
+Each member becomes an article of the news JSONL layout (language ``en``) and goes through the
+same parser (``pipelines/sources/news_jsonl.py``): one sample per image, the same dead
+letters. Splits: ``split=ratio`` (default, by article id, as GoodNews's own random split) or
+``split=date`` when the records carry ``pub_date`` (``val_from`` / ``test_from`` required).
+Checked against the layout GoodNews's preprocessing scripts read, on the fixture
+``tests/fixtures/goodnews/``; not run on the full release here.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+
+from pipelines import fileio
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.sources.jsonstream import MalformedJson, stream_members, text_chunks
+from pipelines.sources.news_jsonl import SplitRule, day_of, parse_record
+from schemas.errors import MmlinksError
+
+SOURCE = "goodnews"
+FILE = "captioning_dataset.json"
+
+
+def _text(value) -> str:
+    if isinstance(value, dict):
+        value = value.get("main") or value.get("print_headline") or ""
+    return str(value or "")
+
+
+def news_record(key: str, value, images_dir: str) -> dict:
+    """One GoodNews member -> an article in the news JSONL layout (uris relative to the input)."""
+    if not isinstance(value, dict):
+        return {"article_id": key}  # the parser dead-letters it as malformed
+    images = value.get("images") if isinstance(value.get("images"), dict) else {}
+    return {
+        "article_id": key,
+        "date": str(value.get("pub_date") or "")[:10],
+        "language": "en",
+        "headline": _text(value.get("headline")),
+        "lead": _text(value.get("abstract") or value.get("lead_paragraph")),
+        "body": _text(value.get("article")),
+        "images": [
+            {"uri": f"{images_dir}/{key}_{ix}.jpg", "caption": _text(cap)}
+            for ix, cap in sorted(images.items(), key=lambda kv: (len(kv[0]), kv[0]))
+        ],
+    }
+
+
+class ParseGoodNews(beam.DoFn):
+    def __init__(self, root: str, images_dir: str, rule: SplitRule):
+        self.root, self.images_dir, self.rule = root, images_dir, rule
+
+    def process(self, path: str):
+        try:
+            with fileio.open_read(path) as fh:
+                for key, value in stream_members(text_chunks(fh)):
+                    count("articles_in")
+                    rec = news_record(key, value, self.images_dir)
+                    for item in parse_record(rec, self.root, self.rule, None, key, SOURCE):
+                        if isinstance(item, RawDocument):
+                            count("documents_in")
+                            yield item
+                        else:
+                            yield dead_letter("document", *item)
+        except MalformedJson as exc:
+            yield dead_letter("line", path, "malformed_json", str(exc))
+
+
+class ReadGoodNews(beam.PTransform):
+    def __init__(self, ctx: SourceContext):
+        super().__init__()
+        self.path = _check(ctx)
+        self.images_dir = ctx.str("images") or "resized"
+        self.rule = _rule(ctx)
+        self.root = ctx.input
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "File" >> beam.Create([self.path])
+            | "Parse"
+            >> beam.ParDo(ParseGoodNews(self.root, self.images_dir, self.rule)).with_outputs(
+                DEAD_LETTER, main="documents"
+            )
+        )
+
+
+def _rule(ctx: SourceContext) -> SplitRule:
+    mode = ctx.str("split") or "ratio"
+    if mode == "ratio":
+        return SplitRule("ratio")
+    if mode != "date":
+        raise MmlinksError(f"--source-option split wants ratio or date, not {mode!r}")
+    try:
+        val_from, test_from = day_of(ctx.str("val_from")), day_of(ctx.str("test_from"))
+    except ValueError:
+        raise MmlinksError("goodnews split=date needs val_from and test_from (YYYY-MM-DD)") from None
+    return SplitRule("date", val_from, test_from)
+
+
+def _check(ctx: SourceContext) -> str:
+    path = fileio.join(ctx.input, FILE)
+    if not fileio.exists(path):
+        raise MmlinksError(f"goodnews input {ctx.input} has no {FILE} (the released GoodNews folder)")
+    _rule(ctx)
+    return path
+
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="GoodNews (NYT articles + captioned images): captioning_dataset.json + resized/ -> news samples",
+    make=ReadGoodNews,
+    options=(
+        SourceOption("images", "resized", "image folder under the input (<id>_<index>.jpg)"),
+        SourceOption("split", "ratio", "ratio (by article id, 80/10/10) or date (needs pub_date)"),
+        SourceOption("val_from", None, "date split: first validation day"),
+        SourceOption("test_from", None, "date split: first test day"),
+    ),
+    check=_check,  # its return value (the file's path) is ignored
+)

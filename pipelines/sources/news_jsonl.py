@@ -1,0 +1,303 @@
+"""News articles in the mmlinks news JSONL layout (issue #18): the format a newsroom's own
+archive export can be written in, and what `mmlinks data synth-news` writes.
+
+Layout: a ``.jsonl`` file (or a folder of ``*.jsonl``), one article per line::
+
+    {"article_id": "a-17",             required, unique
+     "date": "2020-03-01",             required (YYYY-MM-DD; a longer ISO timestamp is cut to the day)
+     "language": "de",                 required (any code; ``languages=`` filters)
+     "headline": "...", "lead": "...", "body": "...",   each optional ("" or absent: missing)
+     "outlet": "...",                  optional, kept in metadata
+     "images": [{"uri": "images/a-17-0.jpg", "caption": "..."}, ...]}   at least one
+
+``uri``: relative to the JSONL file's folder, an absolute path / Beam FileSystems URI, or an
+http(s) URL (fetched through the polite client, allowlisted to the hosts the files name).
+
+Each image gives one sample (the paper's (image, caption, body, headline, lead)): doc_id
+``<article_id>#<k>``, the present sources as sentences in the order of
+``schemas.news.NEWS_SOURCES``, all linked to the image, and metadata ``news_sources``,
+``language``, ``date``, ``article_id`` (+ ``outlet``): the layout of ``schemas/news.py``.
+
+Splits (the source sets them, so all samples of an article share one split):
+
+- ``split=date`` (default), as a newsroom would: train on the past, test on the future.
+  Articles dated before ``val_from`` are train, from ``val_from`` val, from ``test_from`` test.
+  Without the two dates the cut points are the 80 % and 90 % quantiles of the article dates
+  (read up front).
+- ``split=ratio``: by a hash of ``article_id`` with ``ratios`` (default ``0.8,0.1,0.1``).
+
+Dead letters: an unparseable line, a missing id/date/language, no image, an image without a
+uri, an article in a language outside ``languages`` (``language_filtered``), a sample whose
+sources are all empty (``no_text``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import apache_beam as beam
+import numpy as np
+from apache_beam import coders
+
+from pipelines import fileio
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.splits import assign_split
+from schemas.errors import MmlinksError
+from schemas.news import NEWS_SOURCES, SOURCES_KEY
+from schemas.text import has_tokens
+
+SOURCE = "news-jsonl"
+SPLIT_MODES = ("date", "ratio")
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """How an article gets its split: by date cut points or by a hash with ratios."""
+
+    mode: str = "date"
+    val_from: str = ""
+    test_from: str = ""
+    ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
+
+    def split(self, article_id: str, date: str) -> str:
+        if self.mode == "ratio":
+            return assign_split(article_id, dict(zip(("train", "val", "test"), self.ratios, strict=True)))
+        if self.test_from and date >= self.test_from:
+            return "test"
+        return "val" if self.val_from and date >= self.val_from else "train"
+
+
+def jsonl_files(input_uri: str) -> list[str]:
+    if input_uri.endswith(".jsonl"):
+        return [input_uri]
+    return sorted(fileio.list_files(fileio.join(input_uri, "*.jsonl")))
+
+
+def day_of(value) -> str:
+    """'2020-03-01' or '2020-03-01T10:00:00Z' -> '2020-03-01'; ValueError otherwise."""
+    return dt.date.fromisoformat(str(value)[:10]).isoformat()
+
+
+def resolve_uri(root: str, uri: str) -> str:
+    if urlsplit(uri).scheme in ("http", "https") or uri.startswith("/") or "://" in uri:
+        return uri
+    return fileio.join(root, uri)
+
+
+def parse_article(
+    line: str, root: str, rule: SplitRule, languages: frozenset[str] | None = None
+) -> Iterator[RawDocument | tuple[str, str, str]]:
+    """One JSONL line -> a RawDocument per image, or (source id, reason, detail) dead letters."""
+    try:
+        rec = json.loads(line)
+    except ValueError as exc:
+        yield (line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
+        return
+    yield from parse_record(rec, root, rule, languages, line[:80], SOURCE)
+
+
+def parse_record(
+    rec, root: str, rule: SplitRule, languages: frozenset[str] | None, where: str, source: str
+) -> Iterator[RawDocument | tuple[str, str, str]]:
+    """One article in the news layout (a dict) -> RawDocuments or dead letters (``where`` names
+    it in a dead letter when it has no id); other news formats convert to this layout."""
+    try:
+        if not isinstance(rec, dict):
+            raise ValueError("line is not a JSON object")
+        article_id = str(rec["article_id"]).strip()
+        # a ratio split does without dates (GoodNews records may carry none)
+        date = day_of(rec["date"]) if rec.get("date") or rule.mode == "date" else ""
+        language = str(rec["language"]).strip()
+        images = rec.get("images") or []
+        if not article_id or not language or not isinstance(images, list):
+            raise ValueError("article_id and language must be non-empty, images a list")
+    except (ValueError, KeyError, TypeError) as exc:
+        yield (where, "malformed_record", f"{type(exc).__name__}: {exc}")
+        return
+    if languages is not None and language not in languages:
+        yield (article_id, "language_filtered", language)
+        return
+    if not images:
+        yield (article_id, "no_images", "")
+        return
+    split = rule.split(article_id, date)
+    shared = {s: str(rec.get(s) or "") for s in NEWS_SOURCES[:3]}
+    for k, im in enumerate(images):
+        sid = f"{article_id}#{k}"
+        uri = str(im.get("uri") or "").strip() if isinstance(im, dict) else ""
+        if not uri:
+            yield (sid, "no_image_uri", "")
+            continue
+        texts = {**shared, "caption": str(im.get("caption") or "")}
+        present = [s for s in NEWS_SOURCES if has_tokens(texts[s])]
+        if not present:
+            yield (sid, "no_text", "")
+            continue
+        meta = {SOURCES_KEY: ",".join(present), "language": language, "date": date, "article_id": article_id}
+        if rec.get("outlet"):
+            meta["outlet"] = str(rec["outlet"])
+        yield RawDocument(
+            doc_id=sid,
+            source=source,
+            sentences=[texts[s] for s in present],
+            image_uris=[resolve_uri(root, uri)],
+            links=[(j, 0) for j in range(len(present))],
+            metadata=meta,
+            split=split,
+        )
+
+
+class ParseNewsLine(beam.DoFn):
+    def __init__(self, root: str, rule: SplitRule, languages: frozenset[str] | None):
+        self.root, self.rule, self.languages = root, rule, languages
+
+    def process(self, raw: bytes):
+        if not raw.strip():
+            return
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
+            return
+        count("articles_in")
+        for item in parse_article(line, self.root, self.rule, self.languages):
+            if isinstance(item, RawDocument):
+                count("documents_in")
+                yield item
+            else:
+                yield dead_letter("line" if item[1] == "malformed_record" else "document", *item)
+
+
+def _lines(path: str) -> Iterator[str]:
+    yield from fileio.read_text(path).splitlines()
+
+
+def date_cut_points(files: list[str]) -> tuple[str, str]:
+    """The dates at the 80 % and 90 % quantiles of the articles (the default date split)."""
+    days = []
+    for path in files:
+        for line in _lines(path):
+            try:
+                days.append(day_of(json.loads(line)["date"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # the parse dead-letters it
+    if not days:
+        raise MmlinksError("no article of the news input has a readable date")
+    ordinal = np.sort([dt.date.fromisoformat(d).toordinal() for d in days])
+    val, test = (dt.date.fromordinal(int(np.quantile(ordinal, q, method="higher"))) for q in (0.8, 0.9))
+    return val.isoformat(), test.isoformat()
+
+
+def split_rule(ctx: SourceContext, files: list[str]) -> SplitRule:
+    mode = ctx.str("split") or "date"
+    if mode not in SPLIT_MODES:
+        raise MmlinksError(f"--source-option split wants one of {', '.join(SPLIT_MODES)}, not {mode!r}")
+    if mode == "ratio":
+        try:
+            ratios = tuple(float(x) for x in (ctx.str("ratios") or "").split(","))
+            if len(ratios) != 3 or min(ratios) < 0 or sum(ratios) <= 0:
+                raise ValueError
+        except ValueError:
+            raise MmlinksError("--source-option ratios wants train,val,test, e.g. 0.8,0.1,0.1") from None
+        return SplitRule("ratio", ratios=ratios)  # type: ignore[arg-type]
+    val_from, test_from = ctx.str("val_from") or "", ctx.str("test_from") or ""
+    try:
+        val_from, test_from = (day_of(d) if d else "" for d in (val_from, test_from))
+    except ValueError:
+        raise MmlinksError("--source-option val_from / test_from want YYYY-MM-DD dates") from None
+    if not val_from and not test_from:
+        val_from, test_from = date_cut_points(files)
+    if val_from and test_from and test_from < val_from:
+        raise MmlinksError("--source-option test_from must not be before val_from")
+    return SplitRule("date", val_from, test_from)
+
+
+def languages_of(ctx: SourceContext) -> frozenset[str] | None:
+    text = (ctx.str("languages") or "").strip()
+    return frozenset(x.strip() for x in text.split(",") if x.strip()) or None
+
+
+class ReadNewsJsonl(beam.PTransform):
+    """The JSONL files -> RawDocument (one per article image), with a ``dead_letter`` output."""
+
+    def __init__(self, ctx: SourceContext):
+        super().__init__()
+        self.files = jsonl_files(ctx.input)
+        if not self.files:
+            raise MmlinksError(f"news input {ctx.input} holds no .jsonl file (the news JSONL layout)")
+        self.rule = split_rule(ctx, self.files)
+        self.languages = languages_of(ctx)
+
+    def expand(self, pbegin):
+        outs = []
+        for n, path in enumerate(self.files):
+            root = path.rsplit("/", 1)[0] if "/" in path else "."
+            outs.append(
+                pbegin
+                | f"Read{n}" >> beam.io.ReadFromText(path, coder=coders.BytesCoder())
+                | f"Parse{n}"
+                >> beam.ParDo(ParseNewsLine(root, self.rule, self.languages)).with_outputs(
+                    DEAD_LETTER, main="documents"
+                )
+            )
+        return {
+            "documents": [o.documents for o in outs] | "Documents" >> beam.Flatten(),
+            DEAD_LETTER: [o[DEAD_LETTER] for o in outs] | "DeadLetters" >> beam.Flatten(),
+        }
+
+
+def hosts_of(input_uri: str) -> set[str]:
+    hosts = set()
+    for path in jsonl_files(input_uri):
+        for line in _lines(path):
+            try:
+                images = json.loads(line).get("images") or []
+            except (ValueError, AttributeError):
+                continue
+            for im in images:
+                url = urlsplit(str((im or {}).get("uri") or "")) if isinstance(im, dict) else None
+                if url is not None and url.scheme in ("http", "https") and url.netloc:
+                    hosts.add(url.netloc.lower())
+    return hosts
+
+
+def _fetcher(ctx: SourceContext):
+    hosts = hosts_of(ctx.input)
+    if not hosts:
+        return None  # local files only: the image store reads them by scheme
+    from pipelines.image_fetch import PoliteFetcher
+    from pipelines.web.client import PoliteClient
+
+    return PoliteFetcher(PoliteClient(policy_from_context(ctx, hosts)))
+
+
+def _check(ctx: SourceContext) -> None:
+    files = jsonl_files(ctx.input)
+    if not files:
+        raise MmlinksError(f"news input {ctx.input} holds no .jsonl file (the news JSONL layout)")
+    split_rule(ctx, files)
+
+
+OPTIONS = (
+    SourceOption("split", "date", "date: train on the past, test on the future; ratio: by article id hash"),
+    SourceOption("val_from", None, "date split: first validation day (default: the 80 % date quantile)"),
+    SourceOption("test_from", None, "date split: first test day (default: the 90 % date quantile)"),
+    SourceOption("ratios", "0.8,0.1,0.1", "ratio split: train,val,test shares"),
+    SourceOption("languages", None, "keep only these language codes, comma-separated (default: all)"),
+    *http_source_options(),
+)
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="news articles in the mmlinks news JSONL layout (headline, lead, body, captioned images)",
+    make=ReadNewsJsonl,
+    options=OPTIONS,
+    fetcher=_fetcher,
+    check=_check,
+)

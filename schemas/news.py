@@ -1,0 +1,35 @@
+"""The news sample layout in document shards (issue #18): one row per (article, image).
+
+A news sample is the paper's (image, caption, body, headline, lead): one image and up to four
+text sources. In a shard row the sources that are present (have tokens) are the row's
+``sentences`` in the order of ``NEWS_SOURCES``, every one linked to image 0, and
+``metadata["news_sources"]`` names them, comma-separated, in the same order (a missing source
+is simply absent). ``metadata`` also carries ``language``, ``date`` (YYYY-MM-DD) and
+``article_id`` (shared by an article's samples).
+"""
+
+from __future__ import annotations
+
+NEWS_SOURCES = ("headline", "lead", "body", "caption")
+SOURCES_KEY = "news_sources"
+
+
+def sources_of(metadata: dict | None) -> list[str]:
+    """The source name of each sentence of a row, from its metadata; ValueError for a name
+    outside ``NEWS_SOURCES`` or out of order."""
+    names = [n for n in (metadata or {}).get(SOURCES_KEY, "").split(",") if n]
+    order = [NEWS_SOURCES.index(n) if n in NEWS_SOURCES else -1 for n in names]
+    if -1 in order or order != sorted(set(order)):
+        raise ValueError(
+            f"bad {SOURCES_KEY} {','.join(names)!r}: a subset of {','.join(NEWS_SOURCES)}, in order"
+        )
+    return names
+
+
+def parse_sources(text: str) -> tuple[str, ...]:
+    """'headline,body' -> ('headline', 'body') in ``NEWS_SOURCES`` order; ValueError otherwise."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in NEWS_SOURCES]
+    if not names or bad or len(set(names)) != len(names):
+        raise ValueError(f"news sources {text!r}: distinct names among {', '.join(NEWS_SOURCES)}")
+    return tuple(n for n in NEWS_SOURCES if n in names)

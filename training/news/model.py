@@ -1,0 +1,247 @@
+"""The news image selection model of Liu et al. ("Upgrading the Newsroom", Sect. 4.3 and 5.1).
+Pure torch.
+
+- Words: a word embedding (initialised from word vectors, ``training/text.py``) plus, optionally,
+  fastText-style subword n-grams: every vocabulary word's character 3- to 6-grams of
+  ``<word>`` hashed (FNV-1a, as fastText) into ``subword_buckets`` rows whose sum is added to
+  the word vector. The n-gram table is computed from the vocabulary's words (in the model
+  config) once, as a buffer.
+- One text encoder per source (headline, lead, body, caption), sharing the word embedding
+  (paper: "the four single models share a common word embedding"): multi-head self-attention
+  without positional encoding or causal mask, with a residual connection (Eq. 2-3) ->
+  point-wise (kernel-1) CNN ReLU(A W1 + b1) W2 + b2 -> global max pooling over the words.
+- Image: a frozen CNN feature (computed by the build) standardised with the training set's
+  statistics -> linear (``BottleneckImageEncoder``, the retrieval family's).
+- Fusion of the per-source vectors (``FUSERS``): ``max`` (element-wise max over the present
+  sources), ``add`` (their sum), ``mlp`` (concatenation -> two Linear+ReLU blocks, Yu et al.),
+  ``attention`` (the paper's Feature Fuser: single-head self-attention over the S source
+  vectors -> concatenation -> Linear(Sd, Sd) -> ReLU -> Linear(Sd, d)). A missing or dropped
+  source is a zero vector and is masked out of max, add and the attention's keys.
+- Both sides end L2-normalised, so text x image scores are cosines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from schemas.news import sources_of
+from training.news import FUSERS
+from training.retrieval.model import BottleneckImageEncoder, RetrievalConfig
+
+NGRAM_MIN, NGRAM_MAX = 3, 6
+
+
+def fnv1a(text: str) -> int:
+    """32-bit FNV-1a over the UTF-8 bytes (fastText's n-gram hash)."""
+    h = 2166136261
+    for b in text.encode("utf-8"):
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+def char_ngrams(word: str, nmin: int = NGRAM_MIN, nmax: int = NGRAM_MAX) -> list[str]:
+    """fastText's subwords of ``word``: the n-grams of ``<word>``, n in [nmin, nmax]."""
+    w = f"<{word}>"
+    return [w[i : i + n] for n in range(nmin, nmax + 1) for i in range(len(w) - n + 1)]
+
+
+def ngram_table(words: list[str], buckets: int) -> np.ndarray:
+    """[V, G] bucket row + 1 of every word's n-grams (0 = padding); the first two vocabulary
+    entries (PAD, UNK) get none."""
+    rows = [[] if i < 2 else [1 + fnv1a(g) % buckets for g in char_ngrams(w)] for i, w in enumerate(words)]
+    out = np.zeros((len(words), max((len(r) for r in rows), default=0) or 1), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+@dataclass
+class NewsConfig:
+    vocab_size: int
+    word_dim: int = 300
+    image_dim: int = 1280
+    d: int = 300  # the shared space (paper: 1024)
+    d_hidden: int = 600  # point-wise CNN width (paper: 2048)
+    heads: int = 2  # paper: 6
+    sources: tuple[str, ...] = ("headline", "lead", "body", "caption")
+    fusion: str = "attention"
+    subword_buckets: int = 0  # 0: words only
+    words: list[str] = field(default_factory=list)  # the vocabulary (for the n-gram table)
+    image_dropout: float = 0.0
+    backbone: str = "news"  # the backbone registry name (training/backbone.py)
+
+    def __post_init__(self) -> None:
+        self.sources = tuple(self.sources)
+        if self.fusion not in FUSERS:
+            raise ValueError(f"unknown fusion {self.fusion!r}; known: {', '.join(FUSERS)}")
+        if self.word_dim % self.heads:
+            raise ValueError(f"word_dim {self.word_dim} is not divisible by heads {self.heads}")
+        if self.subword_buckets and len(self.words) != self.vocab_size:
+            raise ValueError("subword n-grams need the vocabulary's words in the model config")
+
+    @property
+    def relations(self) -> tuple[str, ...]:
+        """No coherence relations: the retrieval family's evaluation reads this (CMCA has none)."""
+        return ()
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["sources"] = list(self.sources)
+        return out
+
+
+class WordEmbedding(nn.Module):
+    """tokens [N, T] -> [N, T, w]: word vector (+ the sum of its n-gram vectors)."""
+
+    def __init__(self, cfg: NewsConfig, embeddings: np.ndarray | None = None):
+        super().__init__()
+        self.words = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=0)
+        if embeddings is not None:
+            self.words.weight.data.copy_(torch.from_numpy(np.asarray(embeddings, dtype=np.float32)))
+        self.ngrams = None
+        if cfg.subword_buckets:
+            self.ngrams = nn.Embedding(cfg.subword_buckets + 1, cfg.word_dim, padding_idx=0)
+            nn.init.uniform_(self.ngrams.weight, -0.02, 0.02)
+            with torch.no_grad():
+                self.ngrams.weight[0].zero_()
+            table = ngram_table(cfg.words, cfg.subword_buckets)
+            self.register_buffer("ngram_ids", torch.from_numpy(table), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        e = self.words(tokens)
+        if self.ngrams is not None:
+            e = e + self.ngrams(self.ngram_ids[tokens]).sum(-2)  # [N, T, G, w] -> [N, T, w]
+        return e
+
+
+class SourceEncoder(nn.Module):
+    """Word embeddings [N, T, w] + mask [N, T] -> [N, d]: self-attention (+ residual) ->
+    point-wise CNN -> max over the real words."""
+
+    def __init__(self, cfg: NewsConfig):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(cfg.word_dim, cfg.heads, batch_first=True)
+        self.ffn = nn.Sequential(
+            nn.Linear(cfg.word_dim, cfg.d_hidden), nn.ReLU(), nn.Linear(cfg.d_hidden, cfg.d)
+        )  # kernel-1 convolutions are position-wise linear layers
+
+    def forward(self, e: torch.Tensor, mask: torch.Tensor, return_attention: bool = False):
+        a, maps = self.attn(e, e, e, key_padding_mask=~mask, need_weights=return_attention)
+        h = self.ffn(e + a).masked_fill(~mask[..., None], float("-inf"))  # [N, T, d]
+        out = h.amax(1)
+        return (out, maps) if return_attention else out
+
+
+class Fuser(nn.Module):
+    """Source vectors x [B, S, d] and presence mask [B, S] (at least one True per row) -> [B, d]."""
+
+    def __init__(self, kind: str, n_sources: int, d: int):
+        super().__init__()
+        self.kind = kind
+        if kind == "mlp":
+            self.net = nn.Sequential(nn.Linear(n_sources * d, d), nn.ReLU(), nn.Linear(d, d), nn.ReLU())
+        elif kind == "attention":
+            self.attn = nn.MultiheadAttention(d, 1, batch_first=True)
+            self.net = nn.Sequential(
+                nn.Linear(n_sources * d, n_sources * d), nn.ReLU(), nn.Linear(n_sources * d, d)
+            )
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x.masked_fill(~mask[..., None], 0.0)
+        if self.kind == "max":
+            return x.masked_fill(~mask[..., None], float("-inf")).amax(1)
+        if self.kind == "add":
+            return x.sum(1)
+        if self.kind == "attention":
+            x, _ = self.attn(x, x, x, key_padding_mask=~mask, need_weights=False)
+            x = x.masked_fill(~mask[..., None], 0.0)
+        return self.net(x.flatten(1))
+
+
+class NewsRetrieval(nn.Module):
+    """Articles (a ``DocBatch`` of news samples: each row's sentences are its present sources,
+    named by ``slots``) x images -> unit vectors in one space."""
+
+    cam = None  # no Coherence Aware Module: the retrieval family's test evaluation checks this
+
+    def __init__(
+        self,
+        cfg: NewsConfig,
+        embeddings: np.ndarray | None = None,
+        feature_stats: tuple[np.ndarray, np.ndarray] | None = None,
+    ):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = WordEmbedding(cfg, embeddings)
+        self.encoders = nn.ModuleDict({s: SourceEncoder(cfg) for s in cfg.sources})
+        self.fuser = Fuser(cfg.fusion, len(cfg.sources), cfg.d)
+        image_cfg = RetrievalConfig(
+            vocab_size=0, image_dim=cfg.image_dim, d_shared=cfg.d, image_dropout=cfg.image_dropout
+        )
+        self.image = BottleneckImageEncoder(image_cfg)
+        if feature_stats is not None:
+            self.image.set_feature_stats(*feature_stats)
+
+    def encode_text(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        rows: torch.Tensor,
+        keep: torch.Tensor,
+    ) -> torch.Tensor:
+        """tokens [N, T], lengths [N]; sentence n is source ``slots[n]`` (an index into
+        ``cfg.sources``, -1: a source this model does not read) of sample ``rows[n]``; keep
+        [B, S] the (sample, source) cells to use -> [B, d] unit vectors (zeros for a sample with
+        no cell left: it scores 0 against every image)."""
+        B, S = keep.shape
+        known = slots >= 0
+        tokens, lengths, slots, rows = tokens[known], lengths[known], slots[known], rows[known]
+        present = torch.zeros(B, S, dtype=torch.bool, device=keep.device)
+        present[rows, slots] = True
+        use = keep & present
+        x = torch.zeros(B, S, self.cfg.d, device=keep.device)
+        mask = torch.arange(tokens.shape[1], device=keep.device)[None, :] < lengths.clamp(min=1)[:, None]
+        for j, name in enumerate(self.cfg.sources):
+            sel = (slots == j) & use[rows, slots]
+            if sel.any():
+                x[rows[sel], j] = self.encoders[name](self.embed(tokens[sel]), mask[sel])
+        some = use.any(1)
+        fused = self.fuser(x, use | ~some[:, None])  # rows without a source: masked out below
+        return F.normalize(fused, dim=-1) * some[:, None]
+
+    def forward(self, batch, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch of news samples -> (text [B, d], image [B, d]); ``keep`` [B, S] bool says
+        which sources to use (None: every present one, the complete inputs of validation)."""
+        slots, rows = sentence_slots(batch.metadata, batch.n_sentences, self.cfg.sources)
+        device = batch.tokens.device
+        if keep is None:
+            keep = torch.ones(len(batch), len(self.cfg.sources), dtype=torch.bool, device=device)
+        text = self.encode_text(batch.tokens, batch.lengths, slots.to(device), rows.to(device), keep)
+        return text, self.image(batch.features)
+
+    def encode(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self(batch)
+
+
+def sentence_slots(
+    metadata: list[dict] | None, n_sentences: list[int], sources: tuple[str, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slot [N], row [N]) of every sentence of a batch: its source's index in ``sources``
+    (-1 for a source the model does not read) and its sample, from ``metadata["news_sources"]``
+    (``schemas/news.py``); ValueError when a row's names do not match its sentences."""
+    if metadata is None:
+        raise ValueError("news samples need their metadata (news_sources) in the batch")
+    slots, rows = [], []
+    for b, (meta, n) in enumerate(zip(metadata, n_sentences, strict=True)):
+        names = sources_of(meta)
+        if len(names) != n:
+            raise ValueError(f"sample {b}: {len(names)} source names for {n} sentences")
+        slots += [sources.index(s) if s in sources else -1 for s in names]
+        rows += [b] * n
+    return torch.tensor(slots, dtype=torch.long), torch.tensor(rows, dtype=torch.long)
