@@ -10,7 +10,7 @@ from schemas.errors import MmlinksError
 from training.baseline_names import BASELINES
 
 # The TrainConfig flags of `baseline --method nostruct` (the rest keep TrainConfig's defaults).
-NOSTRUCT_FLAGS = ["epochs", "d_multi", "batch_docs", "lr", "min_word_count", "num_workers"]
+NOSTRUCT_FLAGS = ["epochs", "d_multi", "batch_docs", "lr", "min_word_count", "num_workers", "ray_address"]
 
 
 def add_parsers(sub) -> None:

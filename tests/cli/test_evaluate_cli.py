@@ -231,9 +231,13 @@ def test_evaluate_needs_exactly_one_model_and_both_commands_have_help(data, caps
 
 
 @pytest.mark.slow
-def test_nostruct_baseline_trains_with_ray(data, tmp_path):
+def test_nostruct_baseline_trains_with_ray(data, tmp_path, ray_local):
+    import ray
+
     proc = run(
         "baseline",
+        "--ray-address",  # the session's Ray: a CLI run joins a cluster instead of starting one
+        ray.get_runtime_context().gcs_address,
         "--data",
         str(data),
         "--method",

@@ -56,8 +56,12 @@ def test_a_bad_config_fails_with_one_error_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_job_trains_and_prints_a_typed_result(dataset, tmp_path):
-    cfg = small_train_config(dataset, tmp_path / "ray", epochs=1, run_name="")
+def test_the_job_trains_and_prints_a_typed_result(dataset, tmp_path, ray_local):
+    import ray
+
+    # As a Ray job's driver does, the job joins a running cluster (here the session's) by address.
+    address = ray.get_runtime_context().gcs_address
+    cfg = small_train_config(dataset, tmp_path / "ray", epochs=1, run_name="", ray_address=address)
     path = tmp_path / "train.json"
     path.write_text(json.dumps(cfg.to_dict()))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
