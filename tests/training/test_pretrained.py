@@ -124,6 +124,7 @@ def test_a_model_trained_on_other_minilm_weights_is_refused(dataset, train_batch
         build_model({**model_cfg, "tower_version": "all-MiniLM-L6-v2-deadbeef"})
 
 
+@pytest.mark.slow  # a Ray Train run with the 90 MB encoder: ~1 min on a quiet machine, 220 s at load 20+
 def test_minilm_trains_with_ray_and_serves_through_the_packaged_model(dataset, ray_local, tmp_path):
     """The real weights end to end: Ray Train (1 epoch) -> checkpoint -> MLflow pyfunc -> predict."""
     import mlflow
