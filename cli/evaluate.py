@@ -249,6 +249,14 @@ def show_evaluation(r: dict) -> None:
             print(f"{name}: K={r['best_k']} chosen on {r['selected_on']}; test-best K={oracle['k']}")
             rows = [[f"{name} K={r['best_k']}", *cells(r)], [f"oracle K={oracle['k']}", *cells(oracle)]]
             print(table(rows, header))
+        elif r["method"] == "clip-zero-shot":
+            print(table([[name, *cells(r)], ["Random", *cells(r["random"])]], header))
+            lk = r["links"]
+            print(
+                f"assigned links (one-to-one, score >= {r['min_score']}): precision {lk['precision']:.1f}, "
+                f"recall {lk['recall']:.1f}, F1 {lk['f1']:.1f} "
+                f"({lk['predicted']} predicted, {lk['gold']} true)"
+            )
         else:
             print(table([[name, *cells(r)]], header))
         if r.get("run_id"):

@@ -22,7 +22,7 @@ from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from training.data import TRAINING_COLUMNS, iter_documents
-from training.metrics import document_metrics, link_counts, link_prf, summarize
+from training.metrics import document_metrics, link_counts, link_prf, random_per_doc, summarize
 from training.objectives.assignment import max_weight_matching
 
 SENTENCE_CHUNK = 256  # sentences per text-tower forward
@@ -105,6 +105,7 @@ def clip_zero_shot_baseline(
         "method": "clip-zero-shot",
         "split": split,
         **summarize(per_doc),
+        "random": summarize(random_per_doc([(d, *s.shape, lk) for d, s, lk in scored])),
         "links": link_prf(tp, n_pred, n_gold),
         "min_score": min_score,
         "clip": f"{manifest.feature_extractor.name}@{manifest.feature_extractor.version}",
