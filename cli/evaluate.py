@@ -1,4 +1,5 @@
-"""`mmlinks evaluate` (a trained model) and `mmlinks baseline` (random, object-detection, nostruct)."""
+"""`mmlinks evaluate` (a trained model) and `mmlinks baseline` (random, object-detection, nostruct,
+clip-zero-shot)."""
 
 from __future__ import annotations
 
@@ -73,14 +74,17 @@ def _add_baseline(sub) -> None:
 
     base = sub.add_parser(
         "baseline",
-        help="score a baseline on a dataset split: random, object-detection or nostruct",
+        help="score a baseline on a dataset split: random, object-detection, nostruct or clip-zero-shot",
         description="The paper's baselines. random: uniform random scores (about 50 AUC). "
         "object-detection: each image is the mean word vector of its top-K ImageNet class names "
         "(from the classifier of the CNN that made the dataset's features), each sentence the mean "
         "word vector of its words, scored by cosine, for every K in 1..--k-max; K is chosen on the "
         "val split and the test-set best K (the paper's post-hoc choice, an upper bound) is shown "
         "too. nostruct: trains the NoStruct objective (one random sentence and image per document) "
-        "with Ray Train and scores it on test, tracked in MLflow but not registered.",
+        "with Ray Train and scores it on test, tracked in MLflow but not registered. clip-zero-shot: "
+        "mmc4's linker: cosine of CLIP text embeddings and the dataset's CLIP image embeddings (a "
+        "dataset built with --extractor clip-vit-b32 --weights FILE; pass the same --weights), links "
+        "by one max-weight assignment per document.",
         epilog=EPILOG,
     )
     base.add_argument("--data", required=True, help="dataset directory (holds manifest.json)")
@@ -101,7 +105,19 @@ def _add_baseline(sub) -> None:
     od.add_argument(
         "--weights",
         help="weight file of the dataset's CNN, for its ImageNet classifier (densenet169 needs one; "
-        "efficientnet-lite0 uses the installed package's)",
+        "efficientnet-lite0 uses the installed package's); clip-zero-shot: the CLIP weight file",
+    )
+    zs = base.add_argument_group("clip-zero-shot")
+    zs.add_argument(
+        "--clip-model",
+        default="ViT-B-32",
+        help="open_clip architecture of --weights (default: ViT-B-32; OpenAI's file: ViT-B-32-quickgelu)",
+    )
+    zs.add_argument(
+        "--min-score",
+        type=float,
+        default=-1.0,
+        help="assigned links with a lower cosine are dropped from the link P/R/F1 (default: -1, none)",
     )
     ns = base.add_argument_group("nostruct training (other settings: TrainConfig's defaults)")
     config_fields.add_arguments(ns, TrainConfig, NOSTRUCT_FLAGS, groups=False)
@@ -163,6 +179,10 @@ def cmd_baseline(args) -> dict:
         out = random_scores_baseline(args.data, args.split, opts.seed)
     elif args.method == "object-detection":
         out = object_detection_baseline(args.data, args.split, args.k_max, opts.word_vectors, args.weights)
+    elif args.method == "clip-zero-shot":
+        from training.zero_shot import clip_zero_shot_baseline
+
+        out = clip_zero_shot_baseline(args.data, args.split, args.weights, args.clip_model, args.min_score)
     else:
         out = _nostruct_baseline(args, opts)
     rows = out.pop("per_doc_metrics", None)
@@ -229,6 +249,14 @@ def show_evaluation(r: dict) -> None:
             print(f"{name}: K={r['best_k']} chosen on {r['selected_on']}; test-best K={oracle['k']}")
             rows = [[f"{name} K={r['best_k']}", *cells(r)], [f"oracle K={oracle['k']}", *cells(oracle)]]
             print(table(rows, header))
+        elif r["method"] == "clip-zero-shot":
+            print(table([[name, *cells(r)], ["Random", *cells(r["random"])]], header))
+            lk = r["links"]
+            print(
+                f"assigned links (one-to-one, score >= {r['min_score']}): precision {lk['precision']:.1f}, "
+                f"recall {lk['recall']:.1f}, F1 {lk['f1']:.1f} "
+                f"({lk['predicted']} predicted, {lk['gold']} true)"
+            )
         else:
             print(table([[name, *cells(r)]], header))
         if r.get("run_id"):

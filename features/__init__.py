@@ -26,7 +26,7 @@ _FROM_BASE = (
     "tune_cpu_malloc",
 )
 
-_SUBMODULES = ("base", "densenet", "detection", "efficientnet_lite", "images", "lite0", "registry")
+_SUBMODULES = ("base", "clip", "densenet", "detection", "efficientnet_lite", "images", "lite0", "registry")
 
 
 def __getattr__(name: str) -> Any:

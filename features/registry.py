@@ -62,10 +62,20 @@ GRID_LITE0 = ExtractorSpec(
     "GridLite0Extractor",
     needs_weights=False,
 )
+CLIP_VIT_B32 = ExtractorSpec(
+    "clip-vit-b32",
+    "global",
+    "CLIP image embeddings (open_clip ViT-B/32 by default, option model=; mmc4's zero-shot linker; "
+    "needs --weights)",
+    512,
+    "features.clip",
+    "ClipViTB32Extractor",
+    needs_weights=True,
+)
 
 # The order is the order of --help.
 BUILTIN_EXTRACTORS: dict[str, ExtractorSpec] = {
-    s.name: s for s in (LITE0, DENSENET169, FASTERRCNN, GRID_LITE0)
+    s.name: s for s in (LITE0, DENSENET169, FASTERRCNN, GRID_LITE0, CLIP_VIT_B32)
 }
 DEFAULT_EXTRACTOR = LITE0.name
 

@@ -105,6 +105,7 @@ class LinkScorer:
             n_sentences=n,
             n_images=m,
             links=[None] * len(docs),
+            sentences=[s for doc in sentences for s in doc],
         )
         with torch.no_grad():
             s, v = self.model.encode(batch)

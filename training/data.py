@@ -35,6 +35,9 @@ class DocBatch:
     regions: object | None = None
     # Per-document metadata (when the table has the column: the retrieval objectives' relations)
     metadata: list[dict] | None = None
+    # Every sentence as text, flattened in order [N_sentences] (pretrained text towers tokenise
+    # them their own way, training/towers.py)
+    sentences: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.doc_ids)
@@ -186,6 +189,7 @@ def make_batch(
         n_images=n_img,
         links=out_links,
         regions=region_batch,
+        sentences=[s for doc in sentences for s in doc],
     )
 
 

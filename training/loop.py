@@ -132,7 +132,7 @@ class Worker:
         cfg, step = self.cfg, self.state.step
         if step < cfg.warmup_steps:
             for g in self.opt.param_groups:
-                g["lr"] = cfg.lr * max(1e-3, (step + 1) / cfg.warmup_steps)
+                g["lr"] = cfg.lr * g.get("lr_scale", 1.0) * max(1e-3, (step + 1) / cfg.warmup_steps)
 
     def step(self, loss: torch.Tensor) -> None:
         self.opt.zero_grad()
@@ -153,6 +153,15 @@ def worker_config(config: dict) -> TrainConfig:
     return TrainConfig.from_dict(config["train"])
 
 
+def optimizer_groups(model, lr: float) -> list:
+    """The model's own parameter groups when it has some (a pretrained encoder's blocks at a
+    lower rate, ``training/pretrained.py``), else every parameter at ``lr``."""
+    net = checkpoints.unwrap(model)
+    if hasattr(net, "param_groups"):
+        return net.param_groups(lr)
+    return [{"params": list(model.parameters())}]
+
+
 def make_worker(
     config: dict, rank: int, world: int, prepare_model=None, device=None, checkpoint=None
 ) -> Worker:
@@ -163,7 +172,7 @@ def make_worker(
     torch.manual_seed(cfg.seed)  # identical initial weights on every worker
     model = build_model(config["model"], config.get("embeddings"), config.get("feature_stats"))
     model = prepare_model(model) if prepare_model is not None else model
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.Adam(optimizer_groups(model, cfg.lr), lr=cfg.lr)
     # torch lowers the rate once num_bad_epochs > patience; the paper's rule is "after
     # plateau_patience epochs without improvement", hence the - 1.
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
