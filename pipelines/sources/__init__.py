@@ -23,6 +23,7 @@ SOURCE_MODULES = {
     "dii-stress": "pipelines.sources.vist",
     "hessel": "pipelines.sources.hessel",
     "clue": "pipelines.sources.clue",
+    "cite": "pipelines.sources.cite",
 }
 
 

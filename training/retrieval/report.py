@@ -41,6 +41,24 @@ class LoadedRetrieval:
     refine_threshold: float
 
 
+def load_registered(name: str, model_uri: str, tracking_uri: str | None = None) -> LoadedRetrieval | None:
+    """A logged or registered retrieval model with its packaged refinement; None when the URI
+    holds a linking model."""
+    from training.evaluate import load_linker
+
+    linker = load_linker(model_uri, tracking_uri)
+    if getattr(linker, "family", "link") != "retrieval":
+        return None
+    return LoadedRetrieval(
+        name,
+        linker.model,
+        linker.vocab,
+        int(linker.max_tokens),
+        linker.refine_lambda,
+        linker.refine_threshold,
+    )
+
+
 def _batches(paths: list, vocab: Vocabulary, max_tokens: int, batch_docs: int = 256):
     from training.data import make_batch
     from training.loop import validation_batches
