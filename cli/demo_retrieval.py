@@ -78,7 +78,9 @@ def run_retrieval_demo(args) -> dict:
         if not cfg.storage_path:
             cfg.storage_path = str(work / "ray_results")
         step(3 + k, STEPS, f"training {objective.upper()} with Ray Train, up to {cfg.epochs} epochs")
-        runs[objective] = run_experiment(cfg, uri, NAMES[objective], "candidate", progress=not args.json)
+        runs[objective] = run_experiment(
+            cfg, uri, NAMES[objective], "candidate", progress=not args.json, report_dir=work / "reports"
+        )
     step(5, STEPS, "test metrics of both models and the report (CMCM's top 5 beside CMCA's)")
     results = {}
     for objective, res in runs.items():

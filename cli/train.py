@@ -110,3 +110,5 @@ def show_retrieval(result: dict) -> None:
     if t.get("relation_ap"):
         print("relation AP: " + ", ".join(f"{k} {v:.2f}" for k, v in t["relation_ap"].items()))
     print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
+    if result.get("report"):
+        print(f"report: {result['report']}")

@@ -199,7 +199,14 @@ def flat_retrieval_metrics(scores: dict) -> dict[str, float]:
 
 
 def _retrieval_result(
-    cfg: TrainConfig, manifest, run, result, tracking_uri: str, model_name: str | None, alias: str | None
+    cfg: TrainConfig,
+    manifest,
+    run,
+    result,
+    tracking_uri: str,
+    model_name: str | None,
+    alias: str | None,
+    report_dir=None,
 ) -> ExperimentResult:
     """A retrieval run's test evaluation (MedR/R@K, refined, per relation, relation AP), logged
     with the packaged retrieval model (``training/retrieval/serving.py``: its gallery is the
@@ -226,6 +233,7 @@ def _retrieval_result(
     mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
     mlflow.log_dict({"history": result.history}, "training_history.json")
     refine = tuned or {"refine_lambda": cfg.refine_lambda, "refine_threshold": cfg.refine_threshold}
+    report_path = _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir)
     ids, _, feats = split_pairs(test_paths)
     fe = manifest.feature_extractor
     with result.checkpoint.as_directory() as ckpt_dir:
@@ -242,7 +250,28 @@ def _retrieval_result(
         test=scores,
         random=None,
         tracking_uri=tracking_uri,
+        report_path=report_path,
     )
+
+
+def _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir) -> str:
+    """The retrieval run's HTML report (metrics, the first test queries with their top 5),
+    logged to MLflow and written to ``report_dir``; its path."""
+    from training.report import write_report
+    from training.retrieval.report import LoadedRetrieval, per_query, retrieval_report
+
+    name = cfg.label.upper()
+    loaded = LoadedRetrieval(
+        name, result.model, result.vocab, cfg.max_tokens, refine["refine_lambda"], refine["refine_threshold"]
+    )
+    results = {name: {"metrics": scores, "per_query": per_query(loaded, batches)}}
+    meta = {"run": run.info.run_id, "dataset": f"{manifest.source} {manifest.dataset_version}"}
+    html = retrieval_report(
+        f"mmlinks retrieval evaluation: {run.info.run_name}", cfg.data, "test", results, meta
+    )
+    mlflow.log_text(html, "report.html")
+    folder = Path(report_dir or Path(cfg.data).resolve().parent / "reports")
+    return str(write_report(folder / f"{run.info.run_id}.html", html))
 
 
 def _example(cfg: TrainConfig, manifest):
@@ -303,7 +332,7 @@ def run_experiment(
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
         if get_objective(cfg.objective).family == "retrieval":
-            return _retrieval_result(cfg, manifest, run, result, tracking_uri, model_name, alias)
+            return _retrieval_result(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir)
         warnings = [w for w in [flat_within_warning(result.history)] if w]
         if warnings:
             mlflow.set_tag("mmlinks.warning", " | ".join(warnings))

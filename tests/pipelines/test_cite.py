@@ -18,16 +18,21 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "cite" / "data.csv"
 
 
 def recipeqa_images(root: Path) -> Path:
-    """RecipeQA's layout: <root>/images/images-qa/<split>/images-qa/<file>, tiny real images."""
+    """RecipeQA's layout: <root>/images/images-qa/<split>/images-qa/<file>, small noise images
+    (a build refuses blank ones)."""
+    import numpy as np
     from PIL import Image
 
-    for split, name in (("train", "fluffy-pancakes_2_0.jpg"), ("val", "fluffy-pancakes_1_0.jpg")):
+    rng = np.random.default_rng(0)
+    files = (
+        ("train", "fluffy-pancakes_2_0.jpg"),
+        ("val", "fluffy-pancakes_1_0.jpg"),
+        ("test", "sun-tea_1_0.jpg"),
+    )
+    for split, name in files:
         folder = root / "images" / "images-qa" / split / "images-qa"
         folder.mkdir(parents=True, exist_ok=True)
-        Image.new("RGB", (40, 40), (200, 150, 40)).save(folder / name)
-    folder = root / "images" / "images-qa" / "test" / "images-qa"
-    folder.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", (40, 40), (40, 90, 200)).save(folder / "sun-tea_1_0.jpg")
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(folder / name)
     return root
 
 

@@ -77,7 +77,7 @@ def evaluate_retrieval_split(
 ) -> dict:
     """{"metrics": evaluate_pairs' dict, "per_query": [{doc_id, relations, rank, top5}]}."""
     from training.config import TrainConfig
-    from training.retrieval.objective import encode_pairs, evaluate_pairs
+    from training.retrieval.objective import evaluate_pairs
 
     manifest = Manifest.read(data)
     paths = manifest.shard_paths(data, split)
@@ -91,6 +91,14 @@ def evaluate_retrieval_split(
         refine_threshold=model.refine_threshold,
     )
     metrics = evaluate_pairs(model.net, batches, cfg, list(manifest.relations or []))
+    return {"metrics": metrics, "per_query": per_query(model, batches)}
+
+
+def per_query(model: LoadedRetrieval, batches) -> list[dict]:
+    """[{doc_id, relations, rank, top5}] of every pair of ``batches``: rank among all of them
+    (pessimistic ties) and the top-5 doc ids, by the served ranking."""
+    from training.retrieval.objective import encode_pairs
+
     s, v, _ = encode_pairs(model.net, batches)
     scores = ranking_scores(model.net, s, v, model.refine_lambda, model.refine_threshold).numpy()
     ids = [d for b in batches for d in b.doc_ids]
@@ -98,11 +106,10 @@ def evaluate_retrieval_split(
     true = np.diag(scores)[:, None]
     rank = 1 + (scores > true).sum(1) + (scores == true).sum(1) - 1  # pessimistic ties
     top = np.argsort(-scores, axis=1, kind="stable")[:, :TOP]
-    per_query = [
+    return [
         {"doc_id": d, "relations": r, "rank": int(k), "top5": [ids[j] for j in t]}
         for d, r, k, t in zip(ids, relations, rank, top, strict=True)
     ]
-    return {"metrics": metrics, "per_query": per_query}
 
 
 def _figure(uri: str | None, caption: str, true: bool) -> str:
