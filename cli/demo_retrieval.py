@@ -70,7 +70,8 @@ def run_retrieval_demo(args) -> dict:
     t0 = time.perf_counter()
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    dataset, manifest = _corpus_and_build(work, args.pairs, args.seed, args.debug)
+    seed = train_config_from_args(args, data=str(work / "coherence-dataset"), objective="cmca").seed
+    dataset, manifest = _corpus_and_build(work, args.pairs, seed, args.debug)
     uri = tracking_uri(work)
     runs = {}
     for k, objective in enumerate(("cmca", "cmcm")):
@@ -85,7 +86,7 @@ def run_retrieval_demo(args) -> dict:
     results = {}
     for objective, res in runs.items():
         loaded = load_registered(objective.upper(), res.model_uri, uri)
-        results[loaded.name] = evaluate_retrieval_split(loaded, dataset, "test", seed=args.seed)
+        results[loaded.name] = evaluate_retrieval_split(loaded, dataset, "test", seed=seed)
     meta = {"dataset": f"{manifest.source} {manifest.dataset_version}", "split": "test"}
     html = retrieval_report("mmlinks retrieval demo: CMCM vs CMCA", dataset, "test", results, meta)
     report = write_report(work / "reports" / "retrieval-demo.html", html)
