@@ -62,8 +62,28 @@ def _add_evaluate(sub) -> None:
         help="sentence vectors for --spread: 'glove' (offline GloVe 6B 50-d) or a word2vec/GloVe text file",
     )
     ev.add_argument(
-        "--seed", type=int, default=0, help="seed of the Random baseline shown alongside (default: 0)"
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the Random baseline shown alongside, and of a retrieval model's pools (default: 0)",
     )
+    ret = ev.add_argument_group(
+        "retrieval models (--objective cmca|cmcm|cmcm-c): MedR and R@K over pools, per relation, "
+        "relation AP; the per-query file holds each text's rank and top-5 images"
+    )
+    ret.add_argument(
+        "--compare-uri",
+        help="a second retrieval model scored beside the first (e.g. CMCA beside CMCM), also in --report",
+    )
+    ret.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write the HTML report: metrics and, for a few texts, the true image and each model's top 5",
+    )
+    ret.add_argument(
+        "--pool-size", type=int, default=500, help="candidates per pool (default: 500, the paper's)"
+    )
+    ret.add_argument("--pools", type=int, default=10, help="random pools averaged over (default: 10)")
     ev.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
     add_common(ev)
     ev.set_defaults(func=cmd_evaluate, show=show_evaluation)
@@ -125,16 +145,78 @@ def _add_baseline(sub) -> None:
     base.set_defaults(func=cmd_baseline, show=show_evaluation)
 
 
-def cmd_evaluate(args) -> dict:
-    from training.evaluate import evaluate, load_checkpoint, load_model_uri, write_per_doc
+def _retrieval_model(name: str, model, vocab, max_tokens: int, linker=None):
+    """A ``LoadedRetrieval`` when ``model`` is a retrieval network (the coherence backbone),
+    else None; a registered model brings its packaged refinement, a checkpoint the defaults."""
+    from training.config import TrainConfig
+    from training.retrieval.report import LoadedRetrieval
+
+    if getattr(getattr(model, "cfg", None), "backbone", None) != "coherence":
+        return None
+    defaults = TrainConfig(objective="cmca")
+    lam = getattr(linker, "refine_lambda", defaults.refine_lambda)
+    threshold = getattr(linker, "refine_threshold", defaults.refine_threshold)
+    return LoadedRetrieval(name, model, vocab, max_tokens, lam, threshold)
+
+
+def _load_any(args, uri: str | None, checkpoint: str | None):
+    """(model, vocab, max_tokens, the LoadedRetrieval or None) of a model URI or checkpoint."""
+    from training.evaluate import load_checkpoint, load_linker
     from training.tracking import tracking_uri
 
+    if checkpoint:
+        existing_dir(checkpoint)
+        model, vocab, max_tokens = load_checkpoint(checkpoint, args.vocab)
+        return model, vocab, max_tokens, _retrieval_model(Path(checkpoint).name, model, vocab, max_tokens)
+    linker = load_linker(uri, tracking_uri(args.workdir))
+    if not all(hasattr(linker, a) for a in ("model", "vocab", "max_tokens")):
+        raise MmlinksError(f"{uri} is not an mmlinks model")
+    name = uri.split("models:/", 1)[-1]
+    found = _retrieval_model(name, linker.model, linker.vocab, int(linker.max_tokens), linker)
+    return linker.model, linker.vocab, int(linker.max_tokens), found
+
+
+def _evaluate_retrieval(args, first) -> dict:
+    """`mmlinks evaluate` of a retrieval model (and --compare-uri beside it)."""
+    from training.evaluate import write_per_doc
+    from training.retrieval.report import evaluate_retrieval_split, retrieval_report
+
+    models = [first]
+    if args.compare_uri:
+        other = _load_any(args, args.compare_uri, None)[3]
+        if other is None:
+            raise MmlinksError(f"--compare-uri {args.compare_uri} is not a retrieval model")
+        models.append(other)
+    results = {
+        m.name: evaluate_retrieval_split(m, args.data, args.split, args.pool_size, args.pools, args.seed)
+        for m in models
+    }
+    rows = [{"model": name, **q} for name, r in results.items() for q in r["per_query"]]
+    path = write_per_doc(rows, per_doc_path(args, "retrieval"))
+    out = {
+        "family": "retrieval",
+        "split": args.split,
+        "models": {name: r["metrics"] for name, r in results.items()},
+        "per_doc": str(path.resolve()),
+    }
+    if args.report:
+        meta = {"dataset": str(Path(args.data).resolve()), "split": args.split}
+        html = retrieval_report("mmlinks retrieval evaluation", args.data, args.split, results, meta)
+        from training.report import write_report
+
+        out["report"] = str(write_report(args.report, html).resolve())
+    return out
+
+
+def cmd_evaluate(args) -> dict:
+    from training.evaluate import evaluate, write_per_doc
+
     existing_dir(args.data)
-    if args.checkpoint:
-        existing_dir(args.checkpoint)
-        model, vocab, max_tokens = load_checkpoint(args.checkpoint, args.vocab)
-    else:
-        model, vocab, max_tokens = load_model_uri(args.model_uri, tracking_uri(args.workdir))
+    model, vocab, max_tokens, retrieval = _load_any(args, args.model_uri, args.checkpoint)
+    if retrieval is not None:
+        return _evaluate_retrieval(args, retrieval)
+    if args.compare_uri or args.report:
+        raise MmlinksError("--compare-uri and --report are for retrieval models (cmca, cmcm, cmcm-c)")
     scores = evaluate(
         model,
         vocab,
@@ -228,7 +310,9 @@ def show_evaluation(r: dict) -> None:
         return [f"{m[k]:.1f}" if m.get(k) is not None else "-" for k in ("auc", "p_at_1", "p_at_5")]
 
     header = ["method", "AUC", "p@1", "p@5"]
-    if "method" not in r:  # evaluate
+    if r.get("family") == "retrieval":
+        _show_retrieval(r)
+    elif "method" not in r:  # evaluate
         print(f"{r['split']} split, {r['n_docs']} labelled documents ({r['n_skipped']} skipped)")
         print(f"model: {r['model']}")
         print(table([["model", *cells(r)], ["Random", *cells(r["random"])]], header))
@@ -263,3 +347,25 @@ def show_evaluation(r: dict) -> None:
             print(f"run: {r['run_id']}   tracking: {r['tracking_uri']}")
     if r.get("per_doc"):
         print(f"per-document values: {r['per_doc']}")
+
+
+def _show_retrieval(r: dict) -> None:
+    from cli.output import table
+
+    def cells(m: dict) -> list[str]:
+        return [f"{m[k]:.1f}" for k in ("medr", "r1", "r5", "r10")]
+
+    rows = []
+    for name, m in r["models"].items():
+        rows += [[f"{name} text->image", *cells(m["t2i"])], [f"{name} image->text", *cells(m["i2t"])]]
+        if "t2i_refined" in m:
+            rows.append([f"{name} text->image refined", *cells(m["t2i_refined"])])
+        rows += [[f"  {rel}", *cells(x)] for rel, x in (m.get("relations") or {}).items() if x.get("pools")]
+    pool = next(iter(r["models"].values()))["t2i"]["pool_size"]
+    print(f"{r['split']} split, pools of {pool} (MedR: lower is better)")
+    print(table(rows, ["model / queries", "MedR", "R@1", "R@5", "R@10"]))
+    for name, m in r["models"].items():
+        if m.get("relation_ap"):
+            print(f"{name} relation AP: " + ", ".join(f"{k} {v:.2f}" for k, v in m["relation_ap"].items()))
+    if r.get("report"):
+        print(f"report: {r['report']}")

@@ -21,14 +21,20 @@ def add_parsers(sub) -> None:
         "promote",
         help="move 'production' to the 'candidate' version if it passes the gate (or --rollback)",
         description="Score the candidate and the current production version of a registered "
-        "model on the same frozen split of a dataset; move the 'production' alias to the "
-        "candidate only if every gate holds, recording the previous version so --rollback can "
+        "model on the same frozen split of a dataset (linking: AUC, p@1; retrieval models of "
+        "`--objective cmca|cmcm|cmcm-c`: MedR, lower is better, and R@10); move the 'production' "
+        "alias to the candidate only if every gate holds, recording the previous version so --rollback can "
         "restore it. Exit code 1 when the gate refuses (the reasons are printed).",
         epilog=EPILOG,
     )
     prom.add_argument("--model-name", default="mmlinks-ap", help="registered model (default: mmlinks-ap)")
     prom.add_argument("--data", help="dataset directory to evaluate on (required unless --rollback)")
-    prom.add_argument("--split", default="test", help="split of --data to evaluate on (default: test)")
+    prom.add_argument(
+        "--split",
+        default=None,
+        help="split of --data to evaluate on (default: test for linking models, val for retrieval "
+        "models, which gate on validation MedR / R@10)",
+    )
     prom.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
     prom.add_argument("--rollback", action="store_true", help="restore the previous production version")
     add_gate_args(prom)

@@ -56,7 +56,8 @@ def cmd_train(args) -> dict:
             "--alias production would skip the gate; register a candidate and run `mmlinks promote`"
         )
     cfg = train_config_from_args(args)
-    model_name = f"mmlinks-{cfg.objective}" if args.model_name is None else args.model_name
+    default_name = f"mmlinks-{cfg.objective}" + (f"-{cfg.relation}" if cfg.objective == "cmcm-c" else "")
+    model_name = default_name if args.model_name is None else args.model_name
     res = run_experiment(
         cfg, tracking_uri(args.workdir), model_name or None, args.alias or None, progress=True
     )
@@ -108,4 +109,6 @@ def show_retrieval(result: dict) -> None:
             print(f"{'  ' + rel:22s} {m['medr']:6.1f} {m['r1']:6.1f} {m['r5']:6.1f} {m['r10']:6.1f}")
     if t.get("relation_ap"):
         print("relation AP: " + ", ".join(f"{k} {v:.2f}" for k, v in t["relation_ap"].items()))
-    print(f"checkpoint: {result['model_uri']} (not registered)   tracking: {result['tracking_uri']}")
+    print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
+    if result.get("report"):
+        print(f"report: {result['report']}")

@@ -198,44 +198,80 @@ def flat_retrieval_metrics(scores: dict) -> dict[str, float]:
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
 
 
-def _retrieval_result(cfg: TrainConfig, manifest, run, result, tracking_uri: str) -> ExperimentResult:
+def _retrieval_result(
+    cfg: TrainConfig,
+    manifest,
+    run,
+    result,
+    tracking_uri: str,
+    model_name: str | None,
+    alias: str | None,
+    report_dir=None,
+) -> ExperimentResult:
     """A retrieval run's test evaluation (MedR/R@K, refined, per relation, relation AP), logged
-    with the checkpoint as the run's artifact. Not registered: the retrieval pyfunc and its
-    promotion gate are not written yet (issue #17)."""
+    with the packaged retrieval model (``training/retrieval/serving.py``: its gallery is the
+    test split's images, its refinement the lambda and T chosen on validation), registered under
+    ``model_name`` as ``alias`` when a name is given."""
     from training.data import make_batch
     from training.loop import validation_batches
     from training.retrieval.objective import evaluate_pairs, tune_refinement
+    from training.retrieval.serving import log_retrieval_model, split_pairs
 
-    tables = validation_batches(
-        [str(p) for p in manifest.shard_paths(cfg.data, "test")], cfg.batch_docs, 0, 1, ("metadata",)
-    )
+    test_paths = [str(p) for p in manifest.shard_paths(cfg.data, "test")]
+    tables = validation_batches(test_paths, cfg.batch_docs, 0, 1, ("metadata",))
     batches = [make_batch(t, result.vocab, cfg.max_tokens) for t in tables]
     val_paths = [str(p) for p in manifest.shard_paths(cfg.data, "val")]
     val = [
         make_batch(t, result.vocab, cfg.max_tokens)
         for t in validation_batches(val_paths, cfg.batch_docs, 0, 1, ("metadata",))
     ]
-    tuned = tune_refinement(result.model, val, cfg)
+    tuned = tune_refinement(result.model, val, cfg) if val else None
     scores = evaluate_pairs(result.model, batches, cfg, list(manifest.relations or []), tuned)
     mlflow.log_metrics(flat_retrieval_metrics(scores))
     mlflow.log_metric("best_epoch", result.best_epoch)
     mlflow.log_dict(scores, "test_retrieval.json")
     mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
     mlflow.log_dict({"history": result.history}, "training_history.json")
+    refine = tuned or {"refine_lambda": cfg.refine_lambda, "refine_threshold": cfg.refine_threshold}
+    report_path = _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir)
+    ids, _, feats = split_pairs(test_paths)
+    fe = manifest.feature_extractor
     with result.checkpoint.as_directory() as ckpt_dir:
-        mlflow.log_artifacts(ckpt_dir, "checkpoint")
-    mlflow.set_tag(
-        "mmlinks.registered", "no: retrieval models are not packaged or registered yet (issue #17)"
-    )
+        model_uri = log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version)
+    version = None
+    if model_name:
+        version = tracking.register(model_uri, model_name, alias, tracking_uri)
+        model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
     return ExperimentResult(
         run_id=run.info.run_id,
-        model_uri=f"runs:/{run.info.run_id}/checkpoint",
-        model_version=None,
+        model_uri=model_uri,
+        model_version=version,
         best_epoch=result.best_epoch,
         test=scores,
         random=None,
         tracking_uri=tracking_uri,
+        report_path=report_path,
     )
+
+
+def _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir) -> str:
+    """The retrieval run's HTML report (metrics, the first test queries with their top 5),
+    logged to MLflow and written to ``report_dir``; its path."""
+    from training.report import write_report
+    from training.retrieval.report import LoadedRetrieval, per_query, retrieval_report
+
+    name = cfg.label.upper()
+    loaded = LoadedRetrieval(
+        name, result.model, result.vocab, cfg.max_tokens, refine["refine_lambda"], refine["refine_threshold"]
+    )
+    results = {name: {"metrics": scores, "per_query": per_query(loaded, batches)}}
+    meta = {"run": run.info.run_id, "dataset": f"{manifest.source} {manifest.dataset_version}"}
+    html = retrieval_report(
+        f"mmlinks retrieval evaluation: {run.info.run_name}", cfg.data, "test", results, meta
+    )
+    mlflow.log_text(html, "report.html")
+    folder = Path(report_dir or Path(cfg.data).resolve().parent / "reports")
+    return str(write_report(folder / f"{run.info.run_id}.html", html))
 
 
 def _example(cfg: TrainConfig, manifest):
@@ -296,7 +332,7 @@ def run_experiment(
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
         if get_objective(cfg.objective).family == "retrieval":
-            return _retrieval_result(cfg, manifest, run, result, tracking_uri)
+            return _retrieval_result(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir)
         warnings = [w for w in [flat_within_warning(result.history)] if w]
         if warnings:
             mlflow.set_tag("mmlinks.warning", " | ".join(warnings))

@@ -1,4 +1,5 @@
-"""The promotion gate's thresholds (``mmlinks promote``, the demo, Dagster's promotion).
+"""The promotion gate's thresholds (linking: AUC, p@1, higher is better; retrieval: MedR,
+lower is better, and R@10) (``mmlinks promote``, the demo, Dagster's promotion).
 
 Its own module, with no MLflow or torch, so that building the CLI's parser (the gate's flags are
 generated from these fields) stays cheap; ``training.registry`` applies it.
@@ -35,6 +36,25 @@ class Gate:
     )
     min_auc: float = option(
         0.0, help="absolute AUC floor, also applied when there is no production yet", group=GATE_GROUP
+    )
+    # retrieval models (training/retrieval/): MedR is a rank, lower is better
+    max_medr_rise: float = option(
+        0.0,
+        help="retrieval: refuse if candidate MedR (a rank, lower is better) is more than this above "
+        "production's (negative: it must beat production by that much)",
+        group=GATE_GROUP,
+    )
+    max_r10_drop: float = option(
+        0.0,
+        help="retrieval: refuse if candidate R@10 is more than this below production's",
+        group=GATE_GROUP,
+    )
+    max_medr: float = option(
+        0.0,
+        help="retrieval: absolute MedR ceiling, also applied when there is no production yet (0: none)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=GATE_GROUP,
     )
 
     def __post_init__(self) -> None:

@@ -72,18 +72,24 @@ def evaluate_model_uri(
 ) -> dict:
     """Score a registered model on a dataset split through its pyfunc model.
 
-    The serving limits (documents of at most 200 sentences/images) do not apply here: a
-    dataset's long documents must not make promotion impossible.
+    A linking model: AUC, p@1, p@5 over the split's labelled documents. The serving limits
+    (documents of at most 200 sentences/images) do not apply here: a dataset's long documents
+    must not make promotion impossible. A retrieval model (``family`` "retrieval"): MedR and R@K
+    over the gate's fixed pools of the split's pairs (``training/retrieval/serving.py``).
     """
 
     manifest = Manifest.read(data)
     paths = manifest.shard_paths(data, split)
     if not paths:
         raise MmlinksError(f"{data} has no {split!r} shards to evaluate on")
-    table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
     from training.evaluate import load_linker
 
     linker = load_linker(model_uri, tracking_uri)
+    if getattr(linker, "family", "link") == "retrieval":
+        from training.retrieval.serving import evaluate_retrieval
+
+        return evaluate_retrieval(linker, paths)
+    table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
     per_doc = []
     for doc_id, sentences, f, lk in iter_documents(table):
         m = document_metrics(doc_id, linker.score(sentences, f), lk)
@@ -97,9 +103,12 @@ def evaluate_model_uri(
 def check_gate(cand: dict, prod: dict | None, gate: Gate) -> list[str]:
     """Human-readable reasons the candidate fails; empty when it passes.
 
-    Each rule is written as "passes when value >= limit", so a NaN metric (a broken model)
-    fails every rule instead of slipping through comparisons that are all False.
+    Each rule is written as "passes when value >= limit" (or "<= limit" for MedR, where lower
+    is better), so a NaN metric (a broken model) fails every rule instead of slipping through
+    comparisons that are all False. Retrieval metrics (a "medr" key) take the retrieval rules.
     """
+    if "medr" in cand:
+        return check_retrieval_gate(cand, prod, gate)
     failures = [
         f"{k} is not a finite number ({cand.get(k)})"
         for k in ("auc", "p_at_1")
@@ -119,6 +128,32 @@ def check_gate(cand: dict, prod: dict | None, gate: Gate) -> list[str]:
             failures.append(
                 f"p_at_1 {cand['p_at_1']:.2f} is more than {gate.max_p_at_1_drop:g} below "
                 f"production's {prod['p_at_1']:.2f}"
+            )
+    return failures
+
+
+def check_retrieval_gate(cand: dict, prod: dict | None, gate: Gate) -> list[str]:
+    """The retrieval rules: MedR (a rank: lower is better) at most ``max_medr`` (when set) and
+    at most production's + ``max_medr_rise``; R@10 at least production's - ``max_r10_drop``."""
+    failures = [
+        f"{k} is not a finite number ({cand.get(k)})"
+        for k in ("medr", "r10")
+        if not np.isfinite(cand.get(k, np.nan))
+    ]
+    if failures:
+        return failures
+    if gate.max_medr > 0 and not cand["medr"] <= gate.max_medr:
+        failures.append(f"medr {cand['medr']:.1f} is above the ceiling {gate.max_medr:.1f}")
+    if prod is not None:
+        if not cand["medr"] <= prod["medr"] + gate.max_medr_rise:
+            failures.append(
+                f"medr {cand['medr']:.1f} is more than {gate.max_medr_rise:g} above "
+                f"production's {prod['medr']:.1f} (lower is better)"
+            )
+        if not cand["r10"] >= prod["r10"] - gate.max_r10_drop:
+            failures.append(
+                f"r10 {cand['r10']:.1f} is more than {gate.max_r10_drop:g} below "
+                f"production's {prod['r10']:.1f}"
             )
     return failures
 
@@ -191,7 +226,7 @@ class PromotionLock:
             pass  # already broken as stale by someone else; nothing of ours to release
 
 
-def check_compatible(client: MlflowClient, name: str, version: str, manifest: Manifest) -> None:
+def check_compatible(client: MlflowClient, name: str, version: str, manifest: Manifest) -> dict:
     """Refuse to score a version trained on another schema version or feature extractor (name
     and weights version): its image projection expects other inputs, so its metrics here would
     be meaningless. A version whose run lacks those parameters cannot be checked: refused too."""
@@ -203,6 +238,14 @@ def check_compatible(client: MlflowClient, name: str, version: str, manifest: Ma
             f"cannot read the training run of {name!r} version {version}: {exc.message}"
         ) from exc
     check_run_params(params, manifest, f"version {version} of {name!r}", "evaluation dataset")
+    return params
+
+
+def model_family(params: dict) -> str:
+    """ "link" or "retrieval": the family of the objective a training run trained."""
+    from training.objectives.registry import get_objective
+
+    return get_objective(params.get("objective") or "ap").family
 
 
 def check_run_params(params: dict, manifest: Manifest, what: str, dataset: str = "dataset") -> None:
@@ -230,9 +273,11 @@ def promote(
     name: str,
     data: str | Path,
     gate: Gate,
-    split: str = "test",
+    split: str | None = None,
 ) -> PromotionResult:
-    """Evaluate candidate vs production on ``data``/``split`` and move production if gates hold."""
+    """Evaluate candidate vs production on ``data``/``split`` and move production if gates hold.
+    ``split`` None: "test" for linking models, "val" (validation MedR / R@10, as the paper
+    selects) for retrieval models."""
     cand_v = _version_by_alias(client, name, CANDIDATE)
     if cand_v is None:
         raise MmlinksError(f"model {name!r} has no {CANDIDATE!r} version to promote")
@@ -240,8 +285,16 @@ def promote(
     if prod_v == cand_v:
         raise MmlinksError(f"version {cand_v} of {name!r} is already {PRODUCTION}")
     manifest = Manifest.read(data)
-    for v in filter(None, (cand_v, prod_v)):
-        check_compatible(client, name, v, manifest)
+    families = {
+        v: model_family(check_compatible(client, name, v, manifest)) for v in filter(None, (cand_v, prod_v))
+    }
+    if len(set(families.values())) > 1:
+        raise MmlinksError(
+            f"version {cand_v} of {name!r} is a {families[cand_v]} model but production (version "
+            f"{prod_v}) is a {families[prod_v]} model; their metrics cannot be compared"
+        )
+    if split is None:
+        split = "val" if families[cand_v] == "retrieval" else "test"
     uri = client.tracking_uri
     cand_m = evaluate_model_uri(f"models:/{name}/{cand_v}", data, split, uri)
     prod_m = evaluate_model_uri(f"models:/{name}/{prod_v}", data, split, uri) if prod_v else None

@@ -144,10 +144,16 @@ def test_validation_and_test_metrics():
 
 
 @pytest.mark.slow
-def test_cmcm_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
-    """synth-coherence -> Beam build -> Ray Train (cmcm, 2 epochs) -> test metrics in MLflow."""
+def test_cmcm_trains_registers_and_is_promoted(tmp_path, ray_local, capfd):
+    """synth-coherence -> Beam build -> Ray Train (cmcm, 2 epochs) -> test metrics in MLflow ->
+    the registered pyfunc ranks the gallery for a text -> `mmlinks promote` gates on val MedR."""
+    import json
+
+    import mlflow
+    import pandas as pd
     from mlflow.tracking import MlflowClient
 
+    from cli.main import main
     from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig
     from pipelines.coherence_corpus import CoherenceSynthConfig, write_coherence_corpus
@@ -176,12 +182,32 @@ def test_cmcm_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
         storage_path=str(tmp_path / "ray"),
         n_pools=1,
     )
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
     res = run_experiment(cfg, uri, model_name="coh")
-    assert res.model_version is None and res.test["pairs"] == manifest.counts["splits"]["test"]
+    assert res.model_version == "1" and res.model_uri == "models:/coh@candidate"
+    assert res.test["pairs"] == manifest.counts["splits"]["test"]
     assert {"t2i", "i2t", "t2i_refined", "relations", "relation_ap"} <= set(res.test)
     metrics = MlflowClient(uri).get_run(res.run_id).data.metrics
     assert {"test_medr", "test_refined_medr", "test_ap_Action", "val_medr"} <= set(metrics)
+    mlflow.set_tracking_uri(uri)
+    out = mlflow.pyfunc.load_model(res.model_uri).predict(pd.DataFrame([{"text": "a red circle"}]))
+    assert len(out.iloc[0]["candidates"]) == 10 and len(out.iloc[0]["relation_probs"][0]) == len(VOCAB)
+    capfd.readouterr()
+    rc = main(
+        [
+            "promote",
+            "--model-name",
+            "coh",
+            "--data",
+            str(tmp_path / "ds"),
+            "--workdir",
+            str(tmp_path),
+            "--json",
+        ]
+    )
+    promoted = json.loads(capfd.readouterr().out)
+    assert rc == 0 and promoted["promoted"], promoted
+    assert promoted["candidate_metrics"]["pairs"] == manifest.counts["splits"]["val"]
 
 
 def test_refinement_tuned_on_validation():

@@ -1,0 +1,197 @@
+"""The registered retrieval pyfunc (training/retrieval/serving.py) and its gated promotion
+(training/registry.py), on tiny untrained CMCM models logged to a SQLite MLflow store (no Ray:
+the train -> register -> promote path through Ray and the CLI is the slow test of
+test_retrieval_objectives.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from schemas.document import SCHEMA_VERSION
+from schemas.errors import MmlinksError
+from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
+from schemas.shards import write_shard
+from training.gate import Gate
+from training.registry import CANDIDATE, PRODUCTION, check_gate, promote, rollback
+from training.retrieval.metrics import retrieval_metrics
+from training.retrieval.model import RetrievalConfig
+from training.retrieval.objective import build
+from training.retrieval.serving import evaluate_retrieval, log_retrieval_model, split_pairs
+from training.text import Vocabulary
+
+from .test_retrieval_objectives import VOCAB, WORDS, pair_docs
+
+EXTRACTOR = ("efficientnet-lite0", "imagenet-57934424", 6)  # 6-d features, as pair_docs
+
+
+def write_pair_dataset(root: Path) -> Path:
+    docs = pair_docs(40, seed=3)
+    shards = []
+    for split, part in (("train", docs[:8]), ("val", docs[8:22]), ("test", docs[22:])):
+        for d in part:
+            d.split = split
+        rel = f"shards/{split}-00000.parquet"
+        rows, size, sha = write_shard(root / rel, part)
+        shards.append(ShardInfo(rel, split, rows, size, sha))
+    counts = {"splits": {s.split: s.rows for s in shards}, "dropped": {}}
+    Manifest(
+        SCHEMA_VERSION,
+        "pairs-v1",
+        "synthetic",
+        counts,
+        FeatureExtractorInfo(*EXTRACTOR),
+        shards,
+        relations=list(VOCAB),
+    ).write(root)
+    return root
+
+
+def write_checkpoint(folder: Path, seed: int, relations=VOCAB) -> Vocabulary:
+    torch.manual_seed(seed)
+    vocab = Vocabulary(["<pad>", "<unk>", *WORDS])
+    cfg = RetrievalConfig(
+        vocab_size=len(vocab), word_dim=8, image_dim=6, hidden=8, d_shared=10, relations=tuple(relations)
+    )
+    net = build(cfg.to_dict())
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": net.state_dict(), "epoch": 0, "val_loss": 0.0, "best_epoch": 0}, folder / "state.pt")
+    (folder / "meta.json").write_text(json.dumps({"model": cfg.to_dict(), "train": {"max_tokens": 20}}))
+    return vocab
+
+
+def register(
+    uri: str, tmp: Path, data: Path, seed: int, objective: str = "cmcm", refine=None, name: str = "coh"
+) -> str:
+    vocab = write_checkpoint(tmp / f"ckpt{seed}", seed, VOCAB if objective != "cmca" else ())
+    ids, _, feats = split_pairs(Manifest.read(data).shard_paths(data, "test"))
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run():
+        mlflow.log_params(
+            {
+                "objective": objective,
+                "schema_version": SCHEMA_VERSION,
+                "feature_extractor": f"{EXTRACTOR[0]}@{EXTRACTOR[1]}",
+            }
+        )
+        model_uri = log_retrieval_model(
+            str(tmp / f"ckpt{seed}"),
+            vocab,
+            ids,
+            feats,
+            refine or {"refine_lambda": 0.5, "refine_threshold": 0.3},
+            *EXTRACTOR[:2],
+        )
+    version = mlflow.register_model(model_uri, name).version
+    MlflowClient(uri).set_registered_model_alias(name, CANDIDATE, version)
+    return str(version)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("retrieval-serving")
+    data = write_pair_dataset(tmp / "ds")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    version = register(uri, tmp, data, seed=0)
+    return tmp, data, uri, version
+
+
+def test_gate_direction_lower_medr_is_better():
+    prod = {"medr": 10.0, "r10": 50.0}
+    assert check_gate({"medr": 8.0, "r10": 55.0}, prod, Gate()) == []
+    worse = check_gate({"medr": 12.0, "r10": 50.0}, prod, Gate())
+    assert len(worse) == 1 and "medr 12.0" in worse[0] and "lower is better" in worse[0]
+    assert "r10" in check_gate({"medr": 9.0, "r10": 40.0}, prod, Gate())[0]
+    assert check_gate({"medr": 11.0, "r10": 50.0}, prod, Gate(max_medr_rise=1.0)) == []
+    assert check_gate({"medr": 10.0, "r10": 50.0}, prod, Gate(max_medr_rise=-1.0))  # must beat by 1
+    assert check_gate({"medr": 30.0, "r10": 5.0}, None, Gate(max_medr=20.0))  # the ceiling alone
+    assert check_gate({"medr": 30.0, "r10": 5.0}, None, Gate()) == []
+    assert "not a finite" in check_gate({"medr": float("nan"), "r10": 1.0}, prod, Gate())[0]
+
+
+def test_pyfunc_ranks_the_gallery_or_given_candidates(store):
+    _, data, uri, version = store
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"models:/coh/{version}")
+    impl = model.unwrap_python_model()
+    ids, texts, feats = split_pairs(Manifest.read(data).shard_paths(data, "test"))
+    out = model.predict(__import__("pandas").DataFrame([{"text": texts[0]}]), params={"top_k": 3})
+    row = out.iloc[0]
+    assert len(row["candidates"]) == 3 and set(row["candidates"]) <= set(ids)  # the packaged gallery
+    assert list(row["scores"]) == sorted(row["scores"], reverse=True)
+    assert np.asarray(row["relation_probs"]).shape == (3, len(VOCAB))
+    # given candidates, unrefined: the plain cosine ranking (brute force)
+    names = [f"img{i}" for i in range(5)]
+    req = __import__("pandas").DataFrame(
+        [{"text": texts[1], "image_features": feats[:5].tolist(), "candidate_ids": names}]
+    )
+    got = model.predict(req, params={"top_k": 0, "refine": False}).iloc[0]
+    cos = (impl.encode_texts([texts[1]]) @ impl.encode_images(feats[:5]).T)[0].numpy()
+    assert list(got["candidates"]) == [names[i] for i in np.argsort(-cos, kind="stable")]
+    np.testing.assert_allclose(got["scores"], np.sort(cos)[::-1], rtol=1e-5)
+    bad = req.assign(image_features=[feats[:5, :4].tolist()])
+    with pytest.raises(MlflowException, match="6 numbers"):
+        model.predict(bad)
+
+
+def test_evaluation_matches_the_metrics_on_the_cosine_matrix(store):
+    _, data, uri, version = store
+    mlflow.set_tracking_uri(uri)
+    impl = mlflow.pyfunc.load_model(f"models:/coh/{version}").unwrap_python_model()
+    paths = Manifest.read(data).shard_paths(data, "val")
+    got = evaluate_retrieval(impl, paths, refine=False)
+    _, texts, feats = split_pairs(paths)
+    theta = (impl.encode_texts(texts) @ impl.encode_images(feats).T).numpy()
+    want = retrieval_metrics(theta, pool_size=500, n_pools=10)["t2i"]
+    assert got["pairs"] == 14 and got["medr"] == want["medr"] and got["r10"] == want["r10"]
+
+
+def test_promotion_gates_on_validation_medr_and_rolls_back(store):
+    tmp, data, uri, v1 = store
+    client = MlflowClient(uri)
+    first = promote(client, "coh", data, Gate())
+    assert first.promoted and set(first.candidate_metrics) >= {"medr", "r10", "pairs"}
+    assert first.candidate_metrics["pairs"] == 14  # the val split: retrieval gates on validation
+    tag = json.loads(client.get_model_version("coh", v1).tags["mmlinks.promotion_check"])
+    assert tag["split"] == "val"
+    v2 = register(uri, tmp, data, seed=0)  # the same weights: equal MedR
+    refused = promote(client, "coh", data, Gate(max_medr_rise=-1.0))
+    assert not refused.promoted and "medr" in refused.failures[0]
+    assert str(client.get_model_version_by_alias("coh", PRODUCTION).version) == v1
+    assert promote(client, "coh", data, Gate()).promoted
+    assert str(client.get_model_version_by_alias("coh", PRODUCTION).version) == v2
+    assert rollback(client, "coh") == (v2, v1)
+    # a linking-family candidate is not compared with a retrieval production
+    register(uri, tmp, data, seed=1, objective="ap")
+    with pytest.raises(MmlinksError, match="cannot be compared"):
+        promote(client, "coh", data, Gate())
+
+
+def test_evaluate_command_compares_two_models_in_the_report(store, capfd):
+    """`mmlinks evaluate` on a CMCM model with a CMCA model beside it: the paper's metrics per
+    model and relation, the per-query file, and the Figure 6 cards in the HTML report."""
+    from cli.main import main
+
+    tmp, data, uri, version = store
+    register(uri, tmp, data, seed=2, objective="cmca", name="coh-cmca")
+    report, per_query = tmp / "report.html", tmp / "queries.jsonl"
+    argv = ["evaluate", "--data", str(data), "--model-uri", f"models:/coh/{version}", "--workdir", str(tmp)]
+    argv += ["--compare-uri", "models:/coh-cmca@candidate", "--report", str(report), "--per-doc-out"]
+    capfd.readouterr()
+    assert main([*argv, str(per_query), "--json"]) == 0
+    out = json.loads(capfd.readouterr().out)
+    assert out["family"] == "retrieval" and set(out["models"]) == {"coh/1", "coh-cmca@candidate"}
+    cmcm, cmca = out["models"]["coh/1"], out["models"]["coh-cmca@candidate"]
+    assert set(cmcm["relations"]) == set(VOCAB) and set(cmcm["relation_ap"]) == set(VOCAB)
+    assert "t2i_refined" in cmcm and "relation_ap" not in cmca
+    rows = [json.loads(line) for line in per_query.read_text().splitlines()]
+    assert len(rows) == 2 * 18 and all(1 <= r["rank"] <= 18 and len(r["top5"]) == 5 for r in rows)
+    page = report.read_text()
+    assert page.count("<section class=card>") == 6 and "coh-cmca@candidate (rank" in page

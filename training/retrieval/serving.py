@@ -1,0 +1,258 @@
+"""The registered retrieval model (CMCA / CMCM / CMCM_c): an ``mlflow.pyfunc`` wrapper that
+ranks candidate images for a text, and the evaluation promotion applies to it.
+
+- Input: one row per query with ``text`` (a string) and optionally ``image_features`` (the
+  candidates' CNN feature vectors, same extractor as the training data) with
+  ``candidate_ids`` (their names; default "0", "1", ...). Without ``image_features`` the query
+  ranks the packaged gallery: the image features of the training dataset's test split (at most
+  ``GALLERY_MAX`` of them, named by document id), so a served model answers a bare text.
+- Output per query: ``candidates`` (ids, best first), ``scores`` (the score each was ranked
+  by) and, for CMCM / CMCM_c, ``relation_probs`` (the CAM's probability of each relation of
+  ``relations`` for each returned candidate; empty lists for CMCA).
+- Params: ``top_k`` (default 10; 0 = every candidate), ``refine`` (default true): CMCM's
+  selective similarity refinement with the lambda and T packaged with the model (chosen on
+  validation by ``tune_refinement`` when the run had a validation split). The refinement of a
+  query depends only on its own row (its top-2 gap and the CAM on its pairs), so a query is
+  ranked the same alone as in a batch.
+
+Promotion (``training/registry.py``) scores a version through ``evaluate_retrieval``: MedR and
+R@K over fixed pools (``GATE_POOL_SIZE`` x ``GATE_POOLS``, seed 0), so the candidate and the
+production version are measured on the same pools of the same split, whatever their training
+configs said.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+from mlflow.models import ModelSignature
+from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
+
+from schemas.errors import MmlinksError
+from training.data import encode_sentences, features_of
+from training.packaging import _bad_request, _empty
+from training.retrieval.losses import selective_refinement
+from training.retrieval.metrics import retrieval_metrics
+from training.text import Vocabulary
+
+SIGNATURE = ModelSignature(
+    inputs=Schema(
+        [
+            ColSpec(DataType.string, "text"),
+            ColSpec(Array(Array(DataType.double)), "image_features", required=False),
+            ColSpec(Array(DataType.string), "candidate_ids", required=False),
+        ]
+    ),
+    outputs=Schema(
+        [
+            ColSpec(Array(DataType.string), "candidates"),
+            ColSpec(Array(DataType.double), "scores"),
+            ColSpec(Array(Array(DataType.double)), "relation_probs"),
+        ]
+    ),
+    params=ParamSchema([ParamSpec("top_k", DataType.long, 10), ParamSpec("refine", DataType.boolean, True)]),
+)
+
+MAX_CANDIDATES = 10_000  # per query in a request; beyond it the request is refused (HTTP 400)
+GALLERY_MAX = 5_000  # packaged test-split images
+GATE_POOL_SIZE, GATE_POOLS = 500, 10
+# The model's pip requirements, stated instead of inferred: MLflow's inference re-imports the
+# model in a subprocess (20-30 s per logged model on 2 busy cores) and finds this same list
+# (the wrapper class needs the installed mmlinks package, which brings torch).
+REQUIREMENTS = ("mlflow", "cloudpickle", "mmlinks", "numpy", "pandas", "pyarrow")
+
+
+def pip_requirements() -> list[str]:
+    from importlib import metadata
+
+    out = []
+    for name in REQUIREMENTS:
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(name)
+    return out
+
+
+@torch.no_grad()
+def ranking_scores(net, s: torch.Tensor, v: torch.Tensor, lam: float, threshold: float) -> torch.Tensor:
+    """texts [Q, d] x images [N, d] -> [Q, N]: the cosine, with the selective refinement of
+    lambda ``lam`` and gap ``threshold`` for a model with a CAM (``lam`` 0: the plain cosine)."""
+    theta = s @ v.T
+    if lam == 0 or net.cam is None or theta.shape[1] < 2:
+        return theta
+    return selective_refinement(theta, net.relation_probs(s, v), lam, threshold)[0]
+
+
+class RetrievalModel(mlflow.pyfunc.PythonModel):
+    family = "retrieval"  # what promotion and evaluation dispatch on (LinkModel has none)
+
+    def load_context(self, context) -> None:
+        from training.checkpoints import load_checkpoint_model
+
+        self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
+        self.vocab = Vocabulary.load(context.artifacts["vocab"])
+        self.max_tokens = int(meta["train"]["max_tokens"])
+        self.relations = list(self.model.cfg.relations)
+        refine = json.loads(Path(context.artifacts["refine"]).read_text())
+        self.refine_lambda = float(refine["refine_lambda"])
+        self.refine_threshold = float(refine["refine_threshold"])
+        gallery = np.load(context.artifacts["gallery"], allow_pickle=False)
+        self.gallery_ids = [str(i) for i in gallery["ids"]]
+        self.gallery = gallery["features"].astype(np.float32)
+
+    @torch.no_grad()
+    def encode_texts(self, texts: list[str]) -> torch.Tensor:
+        """[Q] texts -> [Q, d] unit vectors."""
+        tokens, lengths = encode_sentences([list(texts)], self.vocab, self.max_tokens)
+        return self.model.text(tokens, lengths)
+
+    @torch.no_grad()
+    def encode_images(self, features: np.ndarray) -> torch.Tensor:
+        """[N, image_dim] CNN features -> [N, d] unit vectors."""
+        return self.model.image(torch.as_tensor(np.asarray(features, dtype=np.float32)))
+
+    def score(self, s: torch.Tensor, v: torch.Tensor, refine: bool = True) -> torch.Tensor:
+        """texts [Q, d] x images [N, d] -> [Q, N]: cosine, refined for CMCM's difficult queries."""
+        lam = self.refine_lambda if refine else 0.0
+        return ranking_scores(self.model, s, v, lam, self.refine_threshold)
+
+    def _candidates(self, row: int, feats, ids) -> tuple[np.ndarray, list[str]]:
+        width = self.model.cfg.image_dim
+        if _empty(feats):
+            return self.gallery, self.gallery_ids
+        if len(feats) > MAX_CANDIDATES:
+            raise _bad_request(f"query {row}: at most {MAX_CANDIDATES} candidate images")
+        try:
+            feats = np.asarray([np.asarray(f, dtype=np.float32) for f in feats])
+        except (TypeError, ValueError) as exc:
+            raise _bad_request(f"query {row}: image_features must be numbers: {exc}") from None
+        if feats.ndim != 2 or feats.shape[1] != width:
+            raise _bad_request(f"query {row}: each image feature vector must have {width} numbers")
+        if not np.isfinite(feats).all():
+            raise _bad_request(f"query {row}: image_features contain NaN or infinity")
+        ids = [str(i) for i in ids] if not _empty(ids) else [str(i) for i in range(len(feats))]
+        if len(ids) != len(feats):
+            raise _bad_request(f"query {row}: {len(ids)} candidate_ids for {len(feats)} image_features")
+        return feats, ids
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        params = params or {}
+        top_k, refine = int(params.get("top_k", 10)), bool(params.get("refine", True))
+        if "text" not in model_input.columns:
+            raise _bad_request("input needs a text column (and optionally image_features)")
+        n = len(model_input)
+        feats_col = model_input["image_features"] if "image_features" in model_input else [None] * n
+        ids_col = model_input["candidate_ids"] if "candidate_ids" in model_input else [None] * n
+        rows = []
+        for row, (text, feats, ids) in enumerate(zip(model_input["text"], feats_col, ids_col, strict=True)):
+            if not isinstance(text, str) or not text.strip():
+                raise _bad_request(f"query {row}: text must be a non-empty string")
+            feats, ids = self._candidates(row, feats, ids)
+            s, v = self.encode_texts([text]), self.encode_images(feats)
+            scores = self.score(s, v, refine)[0]
+            k = len(ids) if top_k <= 0 else min(top_k, len(ids))
+            best = torch.topk(scores, k).indices
+            probs = [] if self.model.cam is None else self.model.relation_probs(s, v[best])[0].tolist()
+            rows.append(
+                {
+                    "candidates": [ids[i] for i in best.tolist()],
+                    "scores": scores[best].double().tolist(),
+                    "relation_probs": probs,
+                }
+            )
+        return pd.DataFrame(rows, columns=["candidates", "scores", "relation_probs"])
+
+
+def split_pairs(paths: list) -> tuple[list[str], list[str], np.ndarray]:
+    """(doc ids, texts, image features [M, D]) of a pair dataset's shards, by doc id; refuses
+    documents that are not one sentence and one image."""
+    from schemas.shards import read_table
+
+    table = read_table(paths, columns=["doc_id", "sentences", "images"]).sort_by("doc_id")
+    sentences = table.column("sentences").to_pylist()
+    feats, n_img = features_of(table)
+    bad = sum(1 for s, m in zip(sentences, n_img, strict=True) if len(s) != 1 or m != 1)
+    if bad:
+        raise MmlinksError(
+            f"retrieval models are evaluated on pair datasets (one sentence and one image per "
+            f"document); {bad} document(s) are not pairs"
+        )
+    features = np.concatenate(feats) if feats else np.zeros((0, 0), np.float32)
+    return table.column("doc_id").to_pylist(), [s[0] for s in sentences], features
+
+
+def evaluate_retrieval(model: RetrievalModel, paths: list, refine: bool = True) -> dict:
+    """MedR, R@1/5/10 text-to-image (and i2t_medr, i2t_r10) of a loaded retrieval model on the
+    pairs of ``paths``, over the gate's fixed pools."""
+    _, texts, feats = split_pairs(paths)
+    if len(texts) < 2:
+        raise MmlinksError("retrieval evaluation needs at least 2 pairs")
+    if feats.shape[1] != model.model.cfg.image_dim:
+        raise MmlinksError(
+            f"the model takes {model.model.cfg.image_dim}-d image features, the data has {feats.shape[1]}-d"
+        )
+    s, v = model.encode_texts(texts), model.encode_images(feats)
+
+    def score_pool(idx: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(idx)
+        return model.score(s[t], v[t], refine).numpy()
+
+    m = retrieval_metrics(n=len(texts), score_pool=score_pool, pool_size=GATE_POOL_SIZE, n_pools=GATE_POOLS)
+    out = {k: m["t2i"][k] for k in ("medr", "medr_std", "r1", "r5", "r10", "pool_size", "pools")}
+    out.update({"i2t_medr": m["i2t"]["medr"], "i2t_r10": m["i2t"]["r10"], "pairs": len(texts)})
+    return out
+
+
+def log_retrieval_model(
+    checkpoint_dir: str,
+    vocab: Vocabulary,
+    gallery_ids: list[str],
+    gallery_features: np.ndarray,
+    refine: dict,
+    extractor: str | None = None,
+    extractor_version: str | None = None,
+) -> str:
+    """Log the pyfunc retrieval model into the active run; returns its model URI. ``refine``:
+    {"refine_lambda", "refine_threshold"} used when a request asks for refinement."""
+    ids = np.asarray([str(i) for i in gallery_ids[:GALLERY_MAX]])
+    feats = np.asarray(gallery_features, dtype=np.float32)[:GALLERY_MAX]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        shutil.copytree(checkpoint_dir, root / "checkpoint")
+        vocab.save(root / "vocab.json")
+        np.savez(root / "gallery.npz", ids=ids, features=feats)
+        (root / "refine.json").write_text(
+            json.dumps({k: float(refine[k]) for k in ("refine_lambda", "refine_threshold")})
+        )
+        (root / "extractor.json").write_text(json.dumps({"name": extractor, "version": extractor_version}))
+        artifacts = {
+            name: str(root / file)
+            for name, file in (
+                ("checkpoint", "checkpoint"),
+                ("vocab", "vocab.json"),
+                ("gallery", "gallery.npz"),
+                ("refine", "refine.json"),
+                ("extractor", "extractor.json"),
+            )
+        }
+        example = pd.DataFrame([{"text": "an example query"}])
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=RetrievalModel(),
+            artifacts=artifacts,
+            signature=SIGNATURE,
+            input_example=example,
+            pip_requirements=pip_requirements(),
+        )
+    return info.model_uri
+
+
+__all__ = ["SIGNATURE", "RetrievalModel", "evaluate_retrieval", "log_retrieval_model", "split_pairs"]
