@@ -83,8 +83,8 @@ def chunks_of(docs: list[dict], key: str, limits: tuple[int, int, int]) -> Itera
     the rest (the caller passes at most ``batch_docs`` documents)."""
     dim, max_s, max_i = limits
     kept = []
+    count("documents_read", len(docs))  # one counter update per chunk, not per document
     for doc in docs:
-        count("documents_read")
         bad = check_document(doc, dim, max_s, max_i)
         if bad:
             yield dead_letter("document", doc["doc_id"], *bad)
@@ -152,8 +152,9 @@ def raw_chunks(kv, batch_docs: int, limits: tuple[int, int, int]) -> Iterator:
 
 
 class LinkChunk(beam.DoFn):
-    """A scored chunk -> one link row per document, keyed by its output shard; with ``evaluate``
-    also one evaluation record per labelled document on the ``eval`` output."""
+    """A scored chunk -> its link rows as one element per output shard (``(shard, [rows])``: the
+    shuffle to the writers moves a few lists per chunk, not one element per document); with
+    ``evaluate`` also one evaluation record per labelled document on the ``eval`` output."""
 
     def __init__(self, assign: str, min_score: float, keep_scores: bool, evaluate: bool):
         self.assign, self.min_score = assign, min_score
@@ -165,24 +166,30 @@ class LinkChunk(beam.DoFn):
         chunk, matrices = result.example, result.inference
         padded, n, m = pad_scores(matrices)
         sentence, score = assign_links(padded, n, m, self.assign, self.min_score)
+        # counters once per chunk: a Beam counter update costs about as much as a small row
+        count("documents_linked", len(matrices))
+        count("images", int(m.sum()))
+        count("images_linked", int(((sentence >= 0) & (np.arange(sentence.shape[1]) < m[:, None])).sum()))
+        sentences, scores = sentence.tolist(), score.astype(np.float32).tolist()
+        by_shard: dict[str, list[dict]] = {}
         for b, doc in enumerate(chunk["docs"]):
-            row = link_row(doc, matrices[b], sentence[b, : m[b]], score[b, : m[b]], self.keep_scores)
-            count("documents_linked")
-            count("images", int(m[b]))
-            count("images_linked", int((sentence[b, : m[b]] >= 0).sum()))
-            yield doc["shard"], row
+            row = link_row(doc, matrices[b], sentences[b][: m[b]], scores[b][: m[b]], self.keep_scores)
+            by_shard.setdefault(doc["shard"], []).append(row)
             if self.evaluate and doc["links"] is not None:
                 yield beam.pvalue.TaggedOutput(EVAL, eval_record(doc, matrices[b], row))
+        yield from by_shard.items()
 
 
-def link_row(doc: dict, scores: np.ndarray, sentence: np.ndarray, score: np.ndarray, keep: bool) -> dict:
+def link_row(doc: dict, scores: np.ndarray, sentence: list[int], score: list[float], keep: bool) -> dict:
+    """One document's link row; ``sentence`` (-1: unlinked) and ``score`` are plain Python lists
+    (``ndarray.tolist()`` of the chunk's arrays: no per-element numpy scalars)."""
     return {
         "doc_id": doc["doc_id"],
         "split": doc["split"],
         "n_sentences": int(scores.shape[0]),
         "n_images": int(scores.shape[1]),
-        "sentence": [int(s) if s >= 0 else None for s in sentence],
-        "score": [float(np.float32(x)) if s >= 0 else None for s, x in zip(sentence, score, strict=True)],
+        "sentence": [s if s >= 0 else None for s in sentence],
+        "score": [x if s >= 0 else None for s, x in zip(sentence, score, strict=True)],
         "scores": scores.astype(np.float32).tolist() if keep else None,
     }
 
@@ -205,14 +212,14 @@ def eval_record(doc: dict, scores: np.ndarray, row: dict) -> dict:
 
 
 class WriteLinkShards(beam.DoFn):
-    """(shard name, rows) -> one Parquet shard, rows sorted by doc id; yields its ShardInfo."""
+    """(shard name, blocks of rows) -> one Parquet shard, rows sorted by doc id; yields its ShardInfo."""
 
     def __init__(self, shard_dir: str):
         self.shard_dir = shard_dir
 
     def process(self, kv):
-        name, rows = kv
-        rows = sorted(rows, key=lambda r: r["doc_id"])
+        name, blocks = kv  # a chunk's rows per block (LinkChunk)
+        rows = sorted((r for block in blocks for r in block), key=lambda r: r["doc_id"])
         data = link_shard_bytes(rows)
         fileio.write_bytes_atomic(fileio.join(self.shard_dir, name), data)
         split = rows[0]["split"] if len({r["split"] for r in rows}) == 1 else "mixed"

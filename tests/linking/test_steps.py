@@ -102,8 +102,8 @@ def test_link_chunk_rows_and_evaluation_records():
     scores = [np.array([[0.9, 0.1, 0.2], [0.1, 0.8, 0.7]], np.float32), np.array([[0.3]], np.float32)]
     result = PredictionResult({"key": "k", "docs": docs}, scores, "m")
     main, tagged = outputs(LinkChunk("matching", 0.35, True, True).process(result))
-    assert {shard for shard, _ in main} == {"s.parquet"}
-    a, b = (row for _, row in main)
+    [(shard, (a, b))] = main  # one block of rows per output shard of the chunk
+    assert shard == "s.parquet"
     # the best 2-edge matching is (0, 0) + (1, 1) = 1.7; image 2 stays out of it
     assert a["sentence"] == [0, 1, None] and a["score"] == pytest.approx([0.9, 0.8, None])
     assert b["sentence"] == [None] and b["score"] == [None]  # its only link scores 0.3 < 0.35
@@ -129,8 +129,8 @@ def test_write_link_shards_sorts_rows_and_is_byte_stable(tmp_path):
         }
         for d in ("b", "a")
     ]
-    [info1] = WriteLinkShards(str(tmp_path / "1")).process(("x.parquet", rows))
-    [info2] = WriteLinkShards(str(tmp_path / "2")).process(("x.parquet", rows[::-1]))
+    [info1] = WriteLinkShards(str(tmp_path / "1")).process(("x.parquet", [rows]))
+    [info2] = WriteLinkShards(str(tmp_path / "2")).process(("x.parquet", [rows[1:], rows[:1]]))
     assert info1 == info2 and json.loads(info1)["rows"] == 2
     assert read_links([tmp_path / "1" / "x.parquet"]).column("doc_id").to_pylist() == ["a", "b"]
 
