@@ -26,7 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COUNTS = ("faults_injected", "inputs_fuzzed", "invariant_checks")
+COUNTS = ("faults_injected", "inputs_fuzzed", "invariant_checks", "requests_served", "request_errors")
+FIGURES = ("p50_ms", "p99_ms", "requests_per_s")  # the serving load test's, not summed
 
 
 def run(only: str | None, extra: list[str]) -> dict:
@@ -35,6 +36,7 @@ def run(only: str | None, extra: list[str]) -> dict:
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-m", "faults", "tests/faults"]
         cmd += [f"--junitxml={junit}", *(["-k", only] if only else []), *extra]
         env = {**os.environ, "MMLINKS_FAULTS_STATS": str(stats), "PYTHONPATH": str(ROOT)}
+        env.setdefault("MMLINKS_FUZZ_EXAMPLES", "300")  # the suite runs 60 per fuzzer
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
@@ -49,6 +51,7 @@ def run(only: str | None, extra: list[str]) -> dict:
         row = rows[entry["scenario"].split("::")[0]]
         for key in COUNTS:
             row[key] = row.get(key, 0) + entry.get(key, 0)
+        row.update({k: v for k, v in entry.get("figures", {}).items() if k in FIGURES})
     total = {
         k: sum(r.get(k, 0) for r in rows.values())
         for k in ("scenarios", "passed", "violations", "skipped", *COUNTS)
@@ -59,7 +62,10 @@ def run(only: str | None, extra: list[str]) -> dict:
         "seconds": round(seconds, 1),
         "total": {"invariant_violations": total.pop("violations"), **total},
         "by_file": {
-            k: {key: v.get(key, 0) for key in ("scenarios", "passed", "violations", "skipped", *COUNTS)}
+            k: {
+                **{key: v.get(key, 0) for key in ("scenarios", "passed", "violations", "skipped", *COUNTS)},
+                **{key: v[key] for key in FIGURES if key in v},
+            }
             for k, v in sorted(rows.items())
         },
         "pytest_tail": proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else [],

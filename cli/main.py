@@ -14,6 +14,7 @@ import sys
 from cli import data, demo, evaluate, link, models, train
 from cli.common import EPILOG, Parser, quiet_libraries
 from schemas.errors import MmlinksError
+from schemas.secrets import scrub_credentials
 
 GROUPS = (demo, data, train, models, evaluate, link)  # the order of `mmlinks --help`
 
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except MmlinksError as exc:
         if args.debug:
             raise
-        print(f"mmlinks: error: {exc}", file=sys.stderr)
+        print(f"mmlinks: error: {scrub_credentials(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("mmlinks: interrupted", file=sys.stderr)

@@ -1,5 +1,8 @@
 """What the fault scenarios report: each test adds its counts to ``$MMLINKS_FAULTS_STATS`` (a JSON
-lines file) when that is set, so ``benchmarks/faults.py`` can total them."""
+lines file) when that is set, so ``benchmarks/faults.py`` can total them.
+
+Fuzzers run ``FUZZ`` examples each: ``$MMLINKS_FUZZ_EXAMPLES`` (default 60, what the test suite
+can afford; ``benchmarks/faults.py`` sets 300)."""
 
 from __future__ import annotations
 
@@ -7,16 +10,24 @@ import json
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+FUZZ_EXAMPLES = int(os.environ.get("MMLINKS_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 class Stats:
     def __init__(self, scenario: str):
         self.scenario = scenario
         self.counts = {"faults_injected": 0, "inputs_fuzzed": 0, "invariant_checks": 0}
+        self.figures: dict[str, float] = {}  # measured, not summed (latency percentiles)
 
     def add(self, **counts: int) -> None:
         for key, n in counts.items():
             self.counts[key] = self.counts.get(key, 0) + n
+
+    def measured(self, **figures: float) -> None:
+        self.figures.update(figures)
 
 
 @pytest.fixture
@@ -26,4 +37,6 @@ def fault_stats(request):
     target = os.environ.get("MMLINKS_FAULTS_STATS")
     if target:
         with open(target, "a") as fh:
-            fh.write(json.dumps({"scenario": stats.scenario, **stats.counts}) + "\n")
+            fh.write(
+                json.dumps({"scenario": stats.scenario, **stats.counts, "figures": stats.figures}) + "\n"
+            )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pipelines.records import DEAD_LETTER, DeadLetter
@@ -19,10 +19,11 @@ from pipelines.sources.reddit.config import POST_KEYS
 from pipelines.sources.vist import parse_element
 from pipelines.sources.wiki.imageclef import ImageMetadata, parse_image_metadata
 from pipelines.sources.wiki.mediawiki import ParseTitles, file_names_in_html
+from tests.faults.conftest import FUZZ
 from tests.fixtures.reddit import submission
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
-EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+EXAMPLES = FUZZ  # 60 examples per parser in the suite, 300 under benchmarks/faults.py
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30)
 json_values = st.recursive(
