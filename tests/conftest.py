@@ -217,6 +217,20 @@ def ray_local(tmp_path_factory):
     ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def fresh_cli_stdout():
+    """Each test's in-process CLI calls start as a fresh process's would: ``--json`` keeps the
+    real stdout aside for the rest of the process (``cli.output.stdout_to_stderr``), which
+    would otherwise send a later test's JSON to the fd captured during an earlier test."""
+    yield
+    import sys
+
+    out = sys.modules.get("cli.output")
+    if out is not None and out._json_out is not None:
+        os.close(out._json_out)
+        out._json_out = None
+
+
 @contextlib.contextmanager
 def param_digests(flag: Path, out: Path):
     """Within the block, every optimizer step of the session Ray's workers appends its parameters'

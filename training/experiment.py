@@ -212,6 +212,7 @@ def _retrieval_result(
     with the packaged retrieval model (``training/retrieval/serving.py``: its gallery is the
     test split's images, its refinement the lambda and T chosen on validation), registered under
     ``model_name`` as ``alias`` when a name is given."""
+    from schemas.errors import MmlinksError
     from training.data import make_batch
     from training.loop import validation_batches
     from training.retrieval.objective import evaluate_pairs, tune_refinement
@@ -234,12 +235,20 @@ def _retrieval_result(
     mlflow.log_dict({"history": result.history}, "training_history.json")
     refine = tuned or {"refine_lambda": cfg.refine_lambda, "refine_threshold": cfg.refine_threshold}
     report_path = _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir)
-    ids, _, feats = split_pairs(test_paths)
+    try:
+        ids, _, feats = split_pairs(test_paths)
+    except MmlinksError as exc:
+        # News samples carry several texts per image: their served model (an archive index,
+        # issue #18) is not built yet, so the run is evaluated and logged but not packaged.
+        mlflow.set_tag("mmlinks.model", f"not packaged: {exc}")
+        ids, feats = None, None
     fe = manifest.feature_extractor
-    with result.checkpoint.as_directory() as ckpt_dir:
-        model_uri = log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version)
+    model_uri = None
+    if ids is not None:
+        with result.checkpoint.as_directory() as ckpt_dir:
+            model_uri = log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version)
     version = None
-    if model_name:
+    if model_name and model_uri:
         version = tracking.register(model_uri, model_name, alias, tracking_uri)
         model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
     return ExperimentResult(

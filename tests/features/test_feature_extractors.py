@@ -47,6 +47,7 @@ def test_registry_lists_the_builtins_with_their_kinds():
         "densenet169": "global",
         "fasterrcnn-r50-fpn": "regions",
         "grid-lite0": "regions",
+        "clip-vit-b32": "global",
     }
     assert F.extractor_options(EXTRACTORS["fasterrcnn-r50-fpn"]) == [
         "weights",
@@ -62,7 +63,11 @@ def test_registry_lists_the_builtins_with_their_kinds():
 @pytest.mark.parametrize(
     ("name", "options", "message"),
     [
-        ("resnet9000", {}, "unknown feature extractor 'resnet9000'; known: densenet169, efficientnet-lite0"),
+        (
+            "resnet9000",
+            {},
+            "unknown feature extractor 'resnet9000'; known: clip-vit-b32, densenet169, efficientnet-lite0",
+        ),
         ("grid-lite0", {"num_regions": 4}, "has no option num_regions; options: weights, grid, precision"),
         ("grid-lite0", {"grid": 0}, "option grid must be an integer >= 1"),
         ("grid-lite0", {"grid": 9}, "option grid must be <= 7"),

@@ -48,7 +48,7 @@ def _table(data, split):
     return drop_empty(read_table(m.shard_paths(data, split), columns=TRAINING_COLUMNS).sort_by("doc_id"))[0]
 
 
-def test_the_build_records_clip_and_zero_shot_scores_it(clip_data, tmp_path, capsys):
+def test_the_build_records_clip_and_zero_shot_scores_it(clip_data, tmp_path, capfd):
     from cli.main import main
 
     data, weights = clip_data
@@ -56,7 +56,7 @@ def test_the_build_records_clip_and_zero_shot_scores_it(clip_data, tmp_path, cap
     assert (fe.name, fe.dim) == ("clip-vit-b32", 16) and fe.version.startswith("mmlinks-tiny-clip-")
     args = ["baseline", "--data", str(data), "--method", "clip-zero-shot", "--weights", str(weights)]
     assert main([*args, "--clip-model", TINY, "--workdir", str(tmp_path), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capfd.readouterr().out)
     assert out["method"] == "clip-zero-shot" and out["n_docs"] > 0 and 0 <= out["auc"] <= 100
     assert out["links"]["predicted"] > 0  # one-to-one assignment per document
     other = save_tiny_clip(tmp_path / "other.pt", seed=1)

@@ -139,6 +139,7 @@ def test_minilm_trains_with_ray_and_serves_through_the_packaged_model(dataset, r
     assert result.history and np.isfinite(result.history[0]["val_loss"])
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     try:
+        mlflow.set_experiment("minilm-tests")  # not an id left active by an earlier test's store
         with mlflow.start_run():
             uri = log_link_model(result.checkpoint_path, result.vocab)
         served = mlflow.pyfunc.load_model(uri)

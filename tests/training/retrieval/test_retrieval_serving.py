@@ -73,6 +73,7 @@ def register(
     vocab = write_checkpoint(tmp / f"ckpt{seed}", seed, VOCAB if objective != "cmca" else ())
     ids, _, feats = split_pairs(Manifest.read(data).shard_paths(data, "test"))
     mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("coherence-tests")  # not an id left active by an earlier test's store
     with mlflow.start_run():
         mlflow.log_params(
             {
