@@ -186,27 +186,15 @@ def stream_arrays(
     """
     reader = _Reader(chunks)
     seen: set[str] = set()
-    reader.expect("{")
-    if reader.peek() == "}":
-        reader.pos += 1
-    else:
-        while True:
-            key = reader.value()
-            if not isinstance(key, str):
-                raise reader.fail("object keys must be strings")
-            reader.expect(":")
-            if key in keys:
-                if reader.peek() != "[":
-                    raise reader.fail(f"{key!r} is not a list")
-                seen.add(key)
-                for item in reader.items():
-                    yield key, item
-            else:
-                reader.skip()
-            if reader._close("}"):
-                break
-    if reader.peek():
-        raise reader.fail("data after the top-level object")
+    for key in _members(reader):
+        if key in keys:
+            if reader.peek() != "[":
+                raise reader.fail(f"{key!r} is not a list")
+            seen.add(key)
+            for item in reader.items():
+                yield key, item
+        else:
+            reader.skip()
     missing = sorted(set(required) - seen)
     if missing:
         raise reader.fail(f"no {', '.join(repr(k) for k in missing)} list in the object")
@@ -233,6 +221,13 @@ def stream_members(chunks: Iterable[str]) -> Iterator[tuple[str, Any]]:
     (GoodNews's ``captioning_dataset.json`` is one object keyed by article id). Raises
     ``MalformedJson`` (after the members before the fault were yielded) like ``stream_arrays``."""
     reader = _Reader(chunks)
+    for key in _members(reader):
+        yield key, reader.value()
+
+
+def _members(reader: _Reader) -> Iterator[str]:
+    """The keys of the top-level JSON object, in file order, the reader left at each key's value
+    (the caller reads or skips it before asking for the next key); then nothing may follow."""
     reader.expect("{")
     if reader.peek() == "}":
         reader.pos += 1
@@ -242,7 +237,7 @@ def stream_members(chunks: Iterable[str]) -> Iterator[tuple[str, Any]]:
             if not isinstance(key, str):
                 raise reader.fail("object keys must be strings")
             reader.expect(":")
-            yield key, reader.value()
+            yield key
             if reader._close("}"):
                 break
     if reader.peek():
