@@ -33,7 +33,7 @@ EXPERIMENT = "mmlinks"
 @dataclass
 class ExperimentResult:
     run_id: str
-    model_uri: str  # models:/<name>@<alias> when registered, else runs:/...
+    model_uri: str | None  # models:/<name>@<alias> when registered, else runs:/...; None: not packaged (news)
     model_version: str | None
     best_epoch: int
     test: dict | None  # None: the test split has no labelled document
