@@ -223,6 +223,26 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=["scores", "links"])
 
 
+# The models' pip requirements, stated instead of inferred: MLflow's inference re-imports the
+# model in a subprocess (10-30 s per logged model on 2 cores) and finds this same list (the
+# wrapper classes need the installed mmlinks package, which brings torch; the assignment solver
+# needs scipy). Pinned to the versions installed where the model is logged.
+REQUIREMENTS = ("mlflow", "cloudpickle", "mmlinks", "numpy", "pandas", "pyarrow", "scipy", "torch")
+
+
+def pip_requirements() -> list[str]:
+    """``name==version`` of each of ``REQUIREMENTS`` as installed here (bare name if absent)."""
+    from importlib import metadata
+
+    out = []
+    for name in REQUIREMENTS:
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(name)
+    return out
+
+
 def log_link_model(
     checkpoint_dir: str,
     vocab: Vocabulary,
@@ -257,6 +277,7 @@ def log_link_model(
             artifacts=artifacts,
             signature=SIGNATURE,
             input_example=pd.DataFrame([example]) if example else None,
+            pip_requirements=pip_requirements(),
         )
     return info.model_uri
 
@@ -265,4 +286,4 @@ def example_document(sentences: list[str], features: list[list[float]]) -> dict:
     return {"sentences": list(sentences), "image_features": [list(map(float, f)) for f in features]}
 
 
-__all__ = ["SIGNATURE", "LinkModel", "example_document", "log_link_model"]
+__all__ = ["SIGNATURE", "LinkModel", "example_document", "log_link_model", "pip_requirements"]

@@ -37,7 +37,7 @@ from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec
 
 from schemas.errors import MmlinksError
 from training.data import encode_sentences, features_of
-from training.packaging import _bad_request, _empty
+from training.packaging import _bad_request, _empty, pip_requirements
 from training.retrieval.losses import selective_refinement
 from training.retrieval.metrics import retrieval_metrics
 from training.text import Vocabulary
@@ -63,22 +63,6 @@ SIGNATURE = ModelSignature(
 MAX_CANDIDATES = 10_000  # per query in a request; beyond it the request is refused (HTTP 400)
 GALLERY_MAX = 5_000  # packaged test-split images
 GATE_POOL_SIZE, GATE_POOLS = 500, 10
-# The model's pip requirements, stated instead of inferred: MLflow's inference re-imports the
-# model in a subprocess (20-30 s per logged model on 2 busy cores) and finds this same list
-# (the wrapper class needs the installed mmlinks package, which brings torch).
-REQUIREMENTS = ("mlflow", "cloudpickle", "mmlinks", "numpy", "pandas", "pyarrow")
-
-
-def pip_requirements() -> list[str]:
-    from importlib import metadata
-
-    out = []
-    for name in REQUIREMENTS:
-        try:
-            out.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            out.append(name)
-    return out
 
 
 @torch.no_grad()
