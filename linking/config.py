@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from pipelines.runners import KNOWN_RUNNERS, canonical_runner
+from pipelines.runners import KNOWN_RUNNERS, canonical_runner, default_direct_workers
 from schemas.config_fields import OFF, option, validate
 from schemas.errors import MmlinksError
 
@@ -114,7 +114,8 @@ class LinkConfig:
     )
     direct_workers: int | None = option(
         None,
-        help="DirectRunner: N local worker processes (default: one per core; 1 = in-process)",
+        help="DirectRunner: N local worker processes (default: $MMLINKS_DIRECT_WORKERS, else one"
+        " per core; 1 = in-process)",
         check=lambda v: v is None or v >= 1,
         rule=">= 1",
         group=RUNNER,
@@ -165,7 +166,7 @@ class LinkConfig:
         """DirectRunner worker processes (None for cluster runners)."""
         if canonical_runner(self.runner) != "DirectRunner":
             return None
-        return self.direct_workers or (os.cpu_count() or 1)
+        return self.direct_workers or default_direct_workers()
 
     def threads(self) -> int | None:
         """Torch threads per worker: fixed per job, so reruns give the same bytes (None on GPU or

@@ -21,7 +21,7 @@ from features.registry import (
 from pipelines import fileio
 from pipelines.filters import PRESETS, DocumentFilter, filter_for
 from pipelines.image_store import Placeholders
-from pipelines.runners import KNOWN_RUNNERS, canonical_runner, pipeline_options
+from pipelines.runners import KNOWN_RUNNERS, canonical_runner, default_direct_workers, pipeline_options
 from pipelines.sources import SourceContext, SourceSpec, get_spec, source_names
 from pipelines.splits import DEFAULT_RATIOS
 from schemas.config_fields import OFF, from_dict, int_or_off, is_int_or_off, option, validate
@@ -167,7 +167,8 @@ class BuildConfig:
     )
     direct_workers: int | None = option(
         None,
-        help="DirectRunner: N local worker processes (default: one per core; 1 = in-process)",
+        help="DirectRunner: N local worker processes (default: $MMLINKS_DIRECT_WORKERS, else one"
+        " per core; 1 = in-process)",
         check=lambda v: v is None or v >= 1,
         rule=">= 1",
         group=SHARDS,
@@ -314,7 +315,7 @@ class BuildConfig:
         """DirectRunner worker processes (None for cluster runners)."""
         if canonical_runner(self.runner) != "DirectRunner":
             return None
-        return self.direct_workers or (os.cpu_count() or 1)
+        return self.direct_workers or default_direct_workers()
 
     def placeholders(self) -> Placeholders | None:
         if not self.placeholder_images:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -61,6 +62,21 @@ def dataflow_job_name(name: str) -> str:
     if not s or not s[0].isalpha():
         s = f"mmlinks-{s}".rstrip("-")
     return s[:63].rstrip("-")
+
+
+DIRECT_WORKERS_ENV = "MMLINKS_DIRECT_WORKERS"
+
+
+def default_direct_workers() -> int:
+    """The DirectRunner's worker processes when a job names none: ``$MMLINKS_DIRECT_WORKERS``
+    (a machine-wide choice, e.g. 1 on a shared laptop or in a test suite, where per-process
+    start-up costs more than small inputs gain), else one per core."""
+    raw = os.environ.get(DIRECT_WORKERS_ENV, "").strip()
+    if not raw:
+        return os.cpu_count() or 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise MmlinksError(f"{DIRECT_WORKERS_ENV} must be a whole number >= 1, not {raw!r}")
+    return int(raw)
 
 
 def pipeline_options(

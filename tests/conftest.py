@@ -15,6 +15,12 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # Ray Train's controller polls its workers every 2 s, so each run ends up to 2 s after its last
 # epoch; the suite runs ~30 short runs. Ray processes and CLI subprocesses inherit it.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+# as training.driver.connect_ray does for the local Ray it starts (the suite starts its own)
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+# Beam builds and link jobs run in-process unless a test names its workers: on the suite's tiny
+# inputs two worker processes (each importing torch and loading the CNN) cost ~11 CPU-s a build
+# and gain nothing. The tests of the multiprocess path name their workers.
+os.environ.setdefault("MMLINKS_DIRECT_WORKERS", "1")
 
 # A transparent 1x1 GIF is too small; a truncated PNG is undecodable; text is not an image.
 BAD_DOC_IDS = {

@@ -135,6 +135,9 @@ def connect_ray(cfg: TrainConfig) -> bool:
         # Logical CPUs above the core count leave room for Ray Data's read tasks next to the
         # training workers (otherwise two workers on two cores starve the data pipeline).
         # address="local" always starts a fresh instance, never attaches to a stray cluster.
+        # One machine has no preemptible nodes: Ray Train's preemption watcher (an actor process
+        # per run, ~2 CPU-s to start) has nothing to watch. Its processes inherit this at start.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
         ray.init(
             address="local",
             num_cpus=max(4, (os.cpu_count() or 1) * 2),

@@ -245,11 +245,12 @@ def test_a_killed_build_resumes_without_repeating_work(corpus, dataset, tmp_path
     assert not list(out.glob(".staging-*"))  # the dead build's staging folder was cleaned up
 
 
-def test_in_process_build_matches_the_multiprocess_default(corpus, dataset, tmp_path):
-    """The fixture ran with the default (one worker process per core); in-process with a fresh
-    store must give the same bytes. The torch thread count is part of the dataset's parameters
-    (CPU reductions change the last bits with it), so it is pinned to the default's."""
+def test_multiprocess_build_matches_the_in_process_one(corpus, dataset, tmp_path):
+    """The fixture ran in-process (the suite's MMLINKS_DIRECT_WORKERS=1); two worker processes
+    (the default on 2 cores) with a fresh store must give the same bytes. The torch thread count
+    is part of the dataset's parameters (CPU reductions change the last bits with it), so it is
+    pinned to the fixture's."""
     reference = Manifest.read(dataset)
     threads = reference.build_params["cpu_threads"]
-    m = build_dataset(_cfg(corpus, tmp_path, direct_workers=1, cpu_threads=threads))
+    m = build_dataset(_cfg(corpus, tmp_path, direct_workers=2, cpu_threads=threads))
     assert m.to_json() == reference.to_json()

@@ -4,6 +4,7 @@ errors. One real multi-process DirectRunner run checks that counters come back."
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 
 import apache_beam as beam
@@ -195,3 +196,20 @@ def test_multiprocessing_direct_runner_reports_counters():
     counters = result.metrics().query(MetricsFilter().with_namespace("mmlinks.test"))["counters"]
     values = {c.key.metric.name: (c.committed, c.attempted) for c in counters}
     assert values == {"seen": (50, 50), "seen_even": (25, 25)}
+
+
+def test_the_direct_worker_default_comes_from_the_environment_else_the_cores(monkeypatch):
+    from pipelines.build_config import BuildConfig
+    from pipelines.runners import DIRECT_WORKERS_ENV, default_direct_workers
+
+    monkeypatch.delenv(DIRECT_WORKERS_ENV, raising=False)
+    assert default_direct_workers() == (os.cpu_count() or 1)
+    monkeypatch.setenv(DIRECT_WORKERS_ENV, "3")
+    assert BuildConfig(source="synthetic", input="i", out="o").workers() == 3
+    assert BuildConfig(source="synthetic", input="i", out="o", direct_workers=2).workers() == 2  # named wins
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(DIRECT_WORKERS_ENV, bad)
+        with pytest.raises(
+            MmlinksError, match=f"MMLINKS_DIRECT_WORKERS must be a whole number >= 1, not '{bad}'"
+        ):
+            default_direct_workers()
