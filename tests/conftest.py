@@ -343,6 +343,36 @@ def missing_tool(message: str) -> None:
     pytest.skip(message)
 
 
+_EMPTY_TRACKING_DB: list[Path] = []  # this process's empty, migrated MLflow database
+
+
+def tracking_uri(folder: Path, name: str = "mlflow.db") -> str:
+    """A SQLite tracking URI in ``folder``; its database starts as a copy of an empty one made
+    once per test process. MLflow creates a database by running ~130 Alembic migrations (~5 CPU-s
+    each time) and the suite opens dozens; the CLI tests' own databases still go through them."""
+    import sqlite3
+    import tempfile
+
+    if not _EMPTY_TRACKING_DB:
+        from mlflow.tracking import MlflowClient
+
+        empty = Path(tempfile.mkdtemp(prefix="mmlinks-empty-mlflow-")) / "mlflow.db"
+        MlflowClient(f"sqlite:///{empty}").search_experiments()  # creates and migrates the tables
+        _EMPTY_TRACKING_DB.append(empty)
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    db = folder / name
+    if db.exists():  # a store the test already wrote to
+        return f"sqlite:///{db}"
+    shutil.copyfile(_EMPTY_TRACKING_DB[0], db)
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:  # experiment 0 keeps its artifacts here
+        conn.execute(
+            "update experiments set artifact_location = ? where experiment_id = 0",
+            (str(folder / "mlruns" / "0"),),
+        )
+    return f"sqlite:///{db}"
+
+
 def free_port() -> int:
     import socket
 

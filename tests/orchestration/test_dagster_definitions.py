@@ -19,7 +19,7 @@ from orchestration.resources import MlflowResource, RedditResource, StorageResou
 from orchestration.settings import Settings
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
-from tests.conftest import free_port
+from tests.conftest import free_port, tracking_uri
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, EVALUATION, PRODUCTION = (dg.AssetKey([k, "ap"]) for k in ("model", "evaluation", "production"))
@@ -71,7 +71,7 @@ def env(tmp_path_factory, ray_local):
     with dg.instance_for_test(temp_dir=str(tmp / "home")) as instance:
         resources = {
             "storage": StorageResource(root=str(tmp / "data")),
-            "mlflow": MlflowResource(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}"),
+            "mlflow": MlflowResource(tracking_uri=tracking_uri(tmp)),
             "training": TrainingResource(storage_path=str(tmp / "ray"), num_workers=1),
             "reddit": RedditResource(dumps=str(tmp / "dumps"), api_base="http://127.0.0.1:9"),
             "io_manager": dg.FilesystemIOManager(base_dir=str(tmp / "io")),

@@ -13,6 +13,7 @@ from orchestration.definitions import build_definitions
 from orchestration.resources import MlflowResource, RedditResource, StorageResource, TrainingResource
 from schemas.links import LinkManifest
 from schemas.manifest import Manifest
+from tests.conftest import tracking_uri
 from tests.linking.conftest import register_model
 from tests.orchestration.test_dagster_definitions import failures, materialize, settings
 
@@ -33,7 +34,7 @@ def env(dataset, tmp_path_factory):
     with dg.instance_for_test(temp_dir=str(tmp / "home")) as instance:
         resources = {
             "storage": StorageResource(root=str(tmp / "data")),
-            "mlflow": MlflowResource(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}"),
+            "mlflow": MlflowResource(tracking_uri=tracking_uri(tmp)),
             "training": TrainingResource(storage_path=str(tmp / "ray"), num_workers=1),  # unused here
             "reddit": RedditResource(dumps=str(tmp / "dumps"), api_base="http://127.0.0.1:9"),  # unused here
             "io_manager": dg.FilesystemIOManager(base_dir=str(tmp / "io")),

@@ -32,7 +32,7 @@ from orchestration.ray_jobs import (
     train_command,
 )
 from orchestration.resources import TrainingResource
-from tests.conftest import free_port, small_train_config
+from tests.conftest import free_port, small_train_config, tracking_uri
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP = os.environ.get("MMLINKS_SKIP_RAY_CLUSTER", "").strip() not in ("", "0")
@@ -173,7 +173,7 @@ def test_a_training_job_runs_on_the_two_node_cluster(cluster, dataset, tmp_path,
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", cluster["token"])
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri(tmp_path)
     cfg = small_train_config(
         dataset, tmp_path / "ray", epochs=1, num_workers=1, run_name="", word_vectors="random"
     )

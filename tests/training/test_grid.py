@@ -10,7 +10,7 @@ import pytest
 
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
-from tests.conftest import small_train_config
+from tests.conftest import small_train_config, tracking_uri
 from training.config import TrainConfig
 from training.grid import (
     GRIDS,
@@ -213,7 +213,7 @@ def test_grid_end_to_end_with_ray_tune_and_mlflow(dataset, tmp_path, ray_local):
     base = small_train_config(
         dataset, tmp_path / "ray", epochs=1, d_multi=16, word_vectors="random", run_name="ignored"
     )
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = tracking_uri(tmp_path)
     t0 = time.perf_counter()
     res = run_grid(spec, base, {"MSCOCO": str(dataset)}, uri, max_concurrent=2, report_dir=tmp_path / "rep")
     elapsed = time.perf_counter() - t0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from schemas.errors import MmlinksError
-from tests.conftest import small_train_config
+from tests.conftest import small_train_config, tracking_uri
 from training.experiment import ExperimentResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_the_job_trains_and_prints_a_typed_result(dataset, tmp_path, ray_local):
     cfg = small_train_config(dataset, tmp_path / "ray", epochs=1, run_name="", ray_address=address)
     path = tmp_path / "train.json"
     path.write_text(json.dumps(cfg.to_dict()))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri(tmp_path)
     proc = run_job(
         "--config",
         str(path),

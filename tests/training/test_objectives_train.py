@@ -12,7 +12,7 @@ import pytest
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
-from tests.conftest import resign_manifest, small_train_config
+from tests.conftest import resign_manifest, small_train_config, tracking_uri
 from training.checkpoints import IncompatibleResumeError, check_resumable
 from training.config import TrainConfig
 from training.data import TRAINING_COLUMNS, drop_empty, one_pair_per_document
@@ -199,7 +199,7 @@ def test_a_test_split_without_labels_is_not_evaluated_but_the_model_is_registere
             path,
         )
     resign_manifest(data)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri(tmp_path)
     res = run_experiment(
         small_train_config(data, tmp_path / "ray", epochs=1), uri, model_name="m", alias="candidate"
     )

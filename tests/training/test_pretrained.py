@@ -10,6 +10,7 @@ import torch
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
+from tests.conftest import tracking_uri
 from training.backbone import build_model, get_backbone
 from training.config import TrainConfig
 from training.data import TRAINING_COLUMNS, drop_empty, make_batch
@@ -137,7 +138,7 @@ def test_minilm_trains_with_ray_and_serves_through_the_packaged_model(dataset, r
     cfg = small_train_config(dataset, tmp_path / "ray", backbone="minilm", epochs=1, word_vectors="random")
     result = fit(cfg)
     assert result.history and np.isfinite(result.history[0]["val_loss"])
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(tracking_uri(tmp_path))
     try:
         mlflow.set_experiment("minilm-tests")  # not an id left active by an earlier test's store
         with mlflow.start_run():

@@ -11,6 +11,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from schemas.errors import MmlinksError
+from tests.conftest import tracking_uri
 from training.packaging import log_link_model
 from training.registry import CANDIDATE, PRODUCTION, Gate, PromotionLock, promote, rollback
 from training.tracking import configure
@@ -44,7 +45,7 @@ def log_compatible(checkpoint: str, vocab, dataset) -> str:
 @pytest.fixture(scope="module")
 def registry(trained, dataset, tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = tracking_uri(root)
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(experiment_id=configure(uri, "registry-tests"))  # artifacts beside the db
     uris = {}

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
+from tests.conftest import free_port, start_http_server, stop_http_server, tracking_uri, venv_env
 from training.packaging import MAX_SENTENCES, log_link_model
 from training.tracking import configure
 
@@ -33,7 +33,7 @@ def post(url: str, body: dict) -> tuple[int, dict]:
 @pytest.fixture(scope="module")
 def served_model(trained, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = tracking_uri(root)
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(experiment_id=configure(uri, "serving-tests"))  # artifacts beside the db
     with mlflow.start_run():
@@ -122,7 +122,7 @@ def test_served_model_refuses_images_for_other_extractor_weights(trained, corpus
 
     png = base64.b64encode(sorted((corpus / "images").glob("synth-*/*.png"))[0].read_bytes()).decode()
     request = pd.DataFrame([{"sentences": ["a red star"], "images": [png]}])
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri(tmp_path)
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(experiment_id=configure(uri, "extractor-version-tests"))  # artifacts in tmp_path
     try:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import param_digests, small_train_config
+from tests.conftest import param_digests, small_train_config, tracking_uri
 from training.config import TrainConfig
 from training.driver import fit
 from training.experiment import run_experiment
@@ -45,7 +45,7 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
     secret = "s3cr3t-token-7f2a9c"
     for var in ("MLFLOW_TRACKING_TOKEN", "praw_client_secret", "IMGUR_CLIENT_ID"):
         monkeypatch.setenv(var, secret)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri(tmp_path)
     # batch_docs 3 gives the two workers different numbers of validation batches (a DDP trap)
     cfg = small_cfg(
         dataset,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import tracking_uri
+
 
 @pytest.mark.slow
 def test_news_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
@@ -48,7 +50,7 @@ def test_news_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
         storage_path=str(tmp_path / "ray"),
         n_pools=1,
     )
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri(tmp_path)
     res = run_experiment(cfg, uri, model_name="news")
     assert res.test["pairs"] == splits["test"] and {"t2i", "i2t"} <= set(res.test)
     assert 0 <= res.test["t2i"]["r10"] <= 100

@@ -11,6 +11,7 @@ import torch
 from schemas.document import Document, ImageRecord
 from schemas.errors import MmlinksError
 from schemas.shards import documents_to_table
+from tests.conftest import tracking_uri
 from training.config import TrainConfig
 from training.data import make_batch
 from training.objectives.registry import get_objective, objective_loss
@@ -182,7 +183,7 @@ def test_cmcm_trains_registers_and_is_promoted(tmp_path, ray_local, capfd):
         storage_path=str(tmp_path / "ray"),
         n_pools=1,
     )
-    uri = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
+    uri = tracking_uri(tmp_path)
     res = run_experiment(cfg, uri, model_name="coh")
     assert res.model_version == "1" and res.model_uri == "models:/coh@candidate"
     assert res.test["pairs"] == manifest.counts["splits"]["test"]

@@ -19,6 +19,7 @@ from schemas.document import SCHEMA_VERSION
 from schemas.errors import MmlinksError
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
 from schemas.shards import write_shard
+from tests.conftest import tracking_uri
 from training.gate import Gate
 from training.registry import CANDIDATE, PRODUCTION, check_gate, promote, rollback
 from training.retrieval.metrics import retrieval_metrics
@@ -99,7 +100,7 @@ def register(
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("retrieval-serving")
     data = write_pair_dataset(tmp / "ds")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = tracking_uri(tmp)
     version = register(uri, tmp, data, seed=0)
     return tmp, data, uri, version
 
