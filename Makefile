@@ -22,6 +22,7 @@ XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup
 	$(BIN)/python -m pytest -q $(XDIST)
 
+# Without the tests marked slow (Ray, clusters, servers, training, the longer builds).
 test-quick: setup
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 

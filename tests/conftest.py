@@ -272,7 +272,16 @@ OWN_RAY_RUNS = (
 )
 
 
+# A test that needs one of these starts Ray, a Ray cluster, a server or a training run: it is
+# `slow` (left out of `make test-quick`) without saying so itself.
+SLOW_FIXTURES = {"ray_local", "trained", "cluster", "postgres", "mlflow_server"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):  # an xdist worker: every worker must collect the same order
         items.sort(key=lambda item: item.path.name not in TRAINED_GROUP)  # stable: files keep their order
 

@@ -58,6 +58,7 @@ def test_off_is_recorded_as_before_so_dataset_versions_do_not_move():
     assert cfg.dedupe_threshold == "off" and cfg.params()["dedupe_threshold"] is None
 
 
+@pytest.mark.slow
 def test_a_build_with_dedupe_off_keeps_documents_that_share_an_image(tmp_path, corpus):
     """Two documents share an image: the default build drops both (drop_all), `off` keeps them."""
     work = tmp_path / "c"

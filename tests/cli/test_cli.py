@@ -71,6 +71,7 @@ def _one_line_error(proc, fragment):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_missing_path_is_a_one_line_error(tmp_path):
     _one_line_error(run("data", "inspect", str(tmp_path / "nope")), "does not exist")
     _one_line_error(
@@ -79,12 +80,14 @@ def test_missing_path_is_a_one_line_error(tmp_path):
     _one_line_error(run("train", "--data", str(tmp_path / "nope")), "does not exist")
 
 
+@pytest.mark.slow
 def test_unreadable_manifest_is_a_one_line_error(tmp_path):
     (tmp_path / "manifest.json").write_text("{oops")
     _one_line_error(run("data", "inspect", str(tmp_path)), "cannot read manifest")
     _one_line_error(run("train", "--data", str(tmp_path)), "cannot read manifest")
 
 
+@pytest.mark.slow
 def test_unknown_schema_version_shards_are_refused(dataset, tmp_path):
     copy = tmp_path / "ds"
     shutil.copytree(dataset, copy)
@@ -95,6 +98,7 @@ def test_unknown_schema_version_shards_are_refused(dataset, tmp_path):
     _one_line_error(run("train", "--data", str(copy), "--epochs", "1"), "schema version 3")
 
 
+@pytest.mark.slow
 def test_build_option_errors_are_one_line(tmp_path, corpus):
     base = ["data", "build", "--input", str(corpus), "--out", str(tmp_path / "o")]
     _one_line_error(run(*base, "--split-sizes", "val=x"), "--split-sizes")
@@ -167,6 +171,7 @@ def test_building_the_parser_imports_no_heavy_library():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_build_that_keeps_nothing_fails_and_keeps_the_current_version(dataset, tmp_path):
     """Issue #19: `data build --source diy` on a folder of other JSON files used to read them all as
     dumps, filter every line and commit an empty version as current, exiting 0."""

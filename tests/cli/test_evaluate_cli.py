@@ -90,6 +90,7 @@ def brute_force_metrics(data: Path, checkpoint: Path) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.slow
 def test_evaluate_a_checkpoint_with_spread_json(data, checkpoint, tmp_path):
     per_doc_file = tmp_path / "out" / "per_doc.jsonl"
     proc = run(
@@ -156,6 +157,7 @@ def test_evaluate_a_model_uri_gives_the_checkpoint_figures(data, checkpoint, tmp
     assert len(list((tmp_path / "evaluations").glob("model-test-*.jsonl"))) == 2
 
 
+@pytest.mark.slow
 def test_baseline_object_detection_json(data, tmp_path):
     args = ["--method", "object-detection", "--k-max", "4", "--workdir", str(tmp_path), "--json"]
     proc = run("baseline", "--data", str(data), *args)

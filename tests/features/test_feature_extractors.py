@@ -181,6 +181,7 @@ def test_lite0_features_are_the_pooled_backbone_outputs(lite0, chelsea):
     assert float(probs[281:286].sum()) > 0.8
 
 
+@pytest.mark.slow
 def test_features_do_not_depend_on_the_other_images_in_the_batch(lite0):
     ext, model = lite0
     torch.manual_seed(1)
@@ -198,6 +199,7 @@ def test_float16_precision(lite0, chelsea):
     assert f16.dtype == np.float16 and np.allclose(f16, f32, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_beam_handler_batches_and_results_do_not_depend_on_batching():
     """Through RunInference (batches of 8 + a short one), region boxes still come out in original
     pixels and every image's result equals extracting it alone."""

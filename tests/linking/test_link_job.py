@@ -36,6 +36,7 @@ def linked(dataset, link_workdir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_cli_writes_one_row_per_document_and_a_manifest_naming_its_inputs(linked, dataset):
     manifest = LinkManifest.read(linked)
     data = Manifest.read(dataset)
@@ -190,6 +191,7 @@ def test_refusals_come_before_any_work(dataset, link_workdir, tmp_path, capsys):
     assert not (tmp_path / "e" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_raw_documents_get_the_builds_features_and_the_same_links(
     corpus, dataset, link_workdir, linked, tmp_path
 ):
@@ -216,6 +218,7 @@ def test_raw_documents_get_the_builds_features_and_the_same_links(
     assert dropped.get("document:empty_document", 0) + dropped.get("document:no_valid_images", 0) >= 1
 
 
+@pytest.mark.slow
 def test_an_imported_hessel_dataset_links_end_to_end(tmp_path):
     from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig

@@ -20,6 +20,8 @@ from tests.orchestration.test_dagster_definitions import failures, materialize, 
 LINKED = dg.AssetKey(["linked", "ap"])
 MODEL_NAME = "mmlinks-synthetic-ap"
 
+pytestmark = pytest.mark.slow  # a registered model and a Beam link job per test
+
 
 @pytest.fixture(scope="module")
 def env(dataset, tmp_path_factory):

@@ -6,6 +6,7 @@ from collections import Counter
 import duckdb
 import polars as pl
 import pyarrow.parquet as pq
+import pytest
 import torch
 
 from pipelines.build import build_dataset
@@ -81,6 +82,7 @@ def test_shards_are_sorted_and_readable_without_mmlinks(dataset):
     assert frame.select(pl.col("images").list.len().sum()).item() == n_images
 
 
+@pytest.mark.slow
 def test_rebuild_is_byte_identical(corpus, dataset, tmp_path):
     m1 = Manifest.read(dataset)
     # A different inference batch size must not change a single byte (see fixed_chunk_inference).
@@ -159,6 +161,7 @@ def test_rebuild_from_the_store_fetches_decodes_and_infers_nothing(corpus, datas
     assert m2.to_json() == m1.to_json()  # same version, same shards, same counts of drops
 
 
+@pytest.mark.slow
 def test_bounded_float16_fixed_size_build_and_version_retention(corpus, dataset, tmp_path):
     from pipelines.splits import split_rank_key
 
@@ -208,6 +211,7 @@ def test_bounded_float16_fixed_size_build_and_version_retention(corpus, dataset,
     assert not list(tmp_path.glob(".staging-*"))
 
 
+@pytest.mark.slow
 def test_a_killed_build_resumes_without_repeating_work(corpus, dataset, tmp_path):
     """SIGKILL a real `mmlinks data build` mid-inference, run it again: same dataset, no rework."""
     import os
@@ -245,6 +249,7 @@ def test_a_killed_build_resumes_without_repeating_work(corpus, dataset, tmp_path
     assert not list(out.glob(".staging-*"))  # the dead build's staging folder was cleaned up
 
 
+@pytest.mark.slow
 def test_multiprocess_build_matches_the_in_process_one(corpus, dataset, tmp_path):
     """The fixture ran in-process (the suite's MMLINKS_DIRECT_WORKERS=1); two worker processes
     (the default on 2 cores) with a fresh store must give the same bytes. The torch thread count

@@ -465,6 +465,7 @@ def documents(draw):
     return docs
 
 
+@pytest.mark.slow
 @given(documents(), st.integers(0, 5))
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_find_duplicate_documents_matches_oracle(docs, t):

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from schemas.manifest import Manifest
 from schemas.shards import read_documents
 from tests.fixtures.imgur import ImgurFixtureServer, diy_albums
@@ -45,6 +47,7 @@ def _no_secret_in_files(root: Path) -> None:
             assert CLIENT_ID.encode() not in data and SECRET.encode() not in data, path
 
 
+@pytest.mark.slow
 def test_diy_build_then_incremental_crawl_and_rebuild(tmp_path):
     dumps = tmp_path / "dumps"
     records = [

@@ -70,6 +70,7 @@ def test_bad_documents_are_dead_lettered_not_lost(imported):
     assert manifest.counts["pipeline"]["text_repaired"] == 1
 
 
+@pytest.mark.slow
 def test_reimport_gives_the_same_version_and_the_cli_shortcut_agrees(imported, tmp_path):
     root, out, _, manifest = imported
     again = build_dataset(BuildConfig.for_source("hessel", str(root / "mscoco"), str(out), direct_workers=1))

@@ -85,6 +85,7 @@ def test_recipeqa(tmp_path):
     assert manifest.build_params["dedupe_threshold"] is None
 
 
+@pytest.mark.slow
 def test_mscoco_documents_link_each_true_caption_to_its_image(tmp_path):
     from tests.fixtures.crowd import coco_truth, write_mscoco
 
