@@ -196,3 +196,36 @@ def test_evaluate_command_compares_two_models_in_the_report(store, capfd):
     assert len(rows) == 2 * 18 and all(1 <= r["rank"] <= 18 and len(r["top5"]) == 5 for r in rows)
     page = report.read_text()
     assert page.count("<section class=card>") == 6 and "coh-cmca@candidate (rank" in page
+
+
+def test_promote_names_the_model_by_the_objective_without_a_flag(store, capfd):
+    """`mmlinks promote --data PAIRS` finds the model `mmlinks train --objective cmcm` registered
+    (training.objectives.registry.default_model_name); several candidates need --objective."""
+    from cli.main import main
+    from training.objectives.registry import default_model_name
+    from training.registry import default_names
+
+    assert default_model_name("cmcm") == "mmlinks-cmcm"
+    assert default_model_name("cmcm-c", "Story") == "mmlinks-cmcm-c-Story"
+    tmp, data, uri, _ = store
+    manifest = Manifest.read(data)
+    assert "mmlinks-ap" not in default_names(manifest) and "mmlinks-cmcm-c-Action" in default_names(manifest)
+
+    def promote_cli(*flags: str) -> tuple[int, dict]:
+        capfd.readouterr()
+        rc = main(["promote", "--data", str(data), "--workdir", str(tmp), *flags, "--json"])
+        return rc, json.loads(capfd.readouterr().out or "{}")
+
+    cmcm = register(uri, tmp, data, seed=0, objective="cmcm", name="mmlinks-cmcm")
+    rc, out = promote_cli()
+    assert rc == 0 and out["name"] == "mmlinks-cmcm" and out["candidate_version"] == cmcm, out
+    register(uri, tmp, data, seed=0, objective="cmcm", name="mmlinks-cmcm")
+    register(uri, tmp, data, seed=2, objective="cmca", name="mmlinks-cmca")
+    capfd.readouterr()
+    assert main(["promote", "--data", str(data), "--workdir", str(tmp)]) == 2
+    err = capfd.readouterr().err
+    assert "several models have a 'candidate' version (mmlinks-cmca, mmlinks-cmcm)" in err
+    rc, out = promote_cli("--objective", "cmca")
+    assert rc == 0 and out["name"] == "mmlinks-cmca" and out["promoted"]
+    assert main(["promote", "--data", str(data), "--workdir", str(tmp), "--relation", "Story"]) == 2
+    assert "--relation needs --objective cmcm-c" in capfd.readouterr().err
