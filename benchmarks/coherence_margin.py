@@ -54,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cam-hidden", type=int, default=0, help="CMCM's CAM with a ReLU layer of this width")
     return p.parse_args(argv)
 
 
@@ -112,6 +113,7 @@ def main(argv=None) -> None:
     data = write_dataset(args, Path(args.workdir) / "ds")
     flags = ["--data", str(data), "--mode", "train", "--word-vectors", "random", "--objectives", "cmca,cmcm"]
     flags += ["--epochs", str(args.epochs), "--batch", str(args.batch), "--lr", str(args.lr)]
+    flags += ["--cam-hidden", str(args.cam_hidden)]
     targs = retrieval_step.parse_args([*flags, "--seed", str(args.seed)])
     loaded = retrieval_step.load(str(data), "random", args.seed)
     results = retrieval_step.train_mode(targs, *loaded)
