@@ -296,8 +296,14 @@ def infer_model_name(client: MlflowClient, manifest: Manifest | None, alias: str
     from training.objectives.registry import DEFAULT_OBJECTIVE, default_model_name
 
     wanted = default_names(manifest)
+    models, token = [], None
     try:
-        models = client.search_registered_models(max_results=1000)
+        while True:  # every page: a store may hold more models than one page
+            page = client.search_registered_models(max_results=1000, page_token=token)
+            models += list(page)
+            token = page.token
+            if not token:
+                break
     except MlflowException as exc:
         raise MmlinksError(f"cannot list the registered models: {exc.message}") from exc
     holding = sorted(m.name for m in models if m.name in wanted and alias in (m.aliases or {}))
