@@ -55,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cam-hidden", type=int, default=0, help="CMCM's CAM with a ReLU layer of this width")
+    p.add_argument("--lambda-cls", type=float, default=0.1, help="weight of CMCM's coherence loss")
     return p.parse_args(argv)
 
 
@@ -113,7 +114,7 @@ def main(argv=None) -> None:
     data = write_dataset(args, Path(args.workdir) / "ds")
     flags = ["--data", str(data), "--mode", "train", "--word-vectors", "random", "--objectives", "cmca,cmcm"]
     flags += ["--epochs", str(args.epochs), "--batch", str(args.batch), "--lr", str(args.lr)]
-    flags += ["--cam-hidden", str(args.cam_hidden)]
+    flags += ["--cam-hidden", str(args.cam_hidden), "--lambda-cls", str(args.lambda_cls)]
     targs = retrieval_step.parse_args([*flags, "--seed", str(args.seed)])
     loaded = retrieval_step.load(str(data), "random", args.seed)
     results = retrieval_step.train_mode(targs, *loaded)
