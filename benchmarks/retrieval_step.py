@@ -42,6 +42,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--word-vectors", default="glove")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--lambda-cls", type=float, default=0.1, help="weight of the coherence loss (paper: 0.1)")
+    p.add_argument(
+        "--cam-hidden",
+        type=int,
+        default=0,
+        help="a ReLU layer of this width in the CAM (RetrievalConfig.cam_hidden; 0 = the paper's linear CAM)",
+    )
     return p.parse_args(argv)
 
 
@@ -62,14 +69,25 @@ def load(data: str, word_vectors: str, seed: int):
     return manifest, paths["train"], tables, vocab, emb, (feats.mean(0), feats.std(0))
 
 
-def make_model(objective: str, manifest, train_paths, vocab, emb, stats, seed: int):
+def make_model(
+    objective: str,
+    manifest,
+    train_paths,
+    vocab,
+    emb,
+    stats,
+    seed: int,
+    cam_hidden: int = 0,
+    lambda_cls: float = 0.1,
+):
     from training.config import TrainConfig
     from training.retrieval.objective import build, model_config
 
     name, _, relation = objective.partition(":")
-    cfg = TrainConfig(objective=name, relation=relation, data="-", seed=seed)
+    cfg = TrainConfig(objective=name, relation=relation, data="-", seed=seed, lambda_cls=lambda_cls)
     torch.manual_seed(seed)
-    model = build(model_config(cfg, manifest, len(vocab), emb.shape[1], train_paths), emb, stats)
+    model_cfg = model_config(cfg, manifest, len(vocab), emb.shape[1], train_paths)
+    model = build({**model_cfg, "cam_hidden": cam_hidden}, emb, stats)
     return cfg, model
 
 
@@ -95,7 +113,9 @@ def step_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
     batch = batches_of(tables["train"].slice(0, args.batch), vocab, args.batch, None, device)[0]
     runs = {}
     for obj in args.objectives.split(","):
-        cfg, model = make_model(obj, manifest, train_paths, vocab, emb, stats, args.seed)
+        cfg, model = make_model(
+            obj, manifest, train_paths, vocab, emb, stats, args.seed, args.cam_hidden, args.lambda_cls
+        )
         model.to(device).train()
         runs[obj] = (cfg, model, torch.optim.Adam(model.parameters(), lr=args.lr), [])
 
@@ -131,7 +151,9 @@ def train_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
     test = batches_of(tables["test"], vocab, args.batch, None, device)
     results = {}
     for obj in args.objectives.split(","):
-        cfg, model = make_model(obj, manifest, train_paths, vocab, emb, stats, args.seed)
+        cfg, model = make_model(
+            obj, manifest, train_paths, vocab, emb, stats, args.seed, args.cam_hidden, args.lambda_cls
+        )
         model.to(device)
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
         best, best_medr, history, t0, steps = None, float("inf"), [], time.perf_counter(), 0

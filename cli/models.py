@@ -27,7 +27,22 @@ def add_parsers(sub) -> None:
         "restore it. Exit code 1 when the gate refuses (the reasons are printed).",
         epilog=EPILOG,
     )
-    prom.add_argument("--model-name", default="mmlinks-ap", help="registered model (default: mmlinks-ap)")
+    prom.add_argument(
+        "--model-name",
+        default=None,
+        help="registered model (default: the name `mmlinks train --objective` registered, "
+        "mmlinks-OBJECTIVE[-RELATION]: the one of --data's family with a candidate, e.g. "
+        "mmlinks-cmcm on a pair dataset; mmlinks-ap when none has one)",
+    )
+    prom.add_argument(
+        "--objective",
+        default=None,
+        help="the objective the model was trained with, when several have candidates: names the "
+        "model mmlinks-OBJECTIVE (see `mmlinks train --objective`)",
+    )
+    prom.add_argument(
+        "--relation", default="", help="cmcm-c: the relation of that model (mmlinks-cmcm-c-RELATION)"
+    )
     prom.add_argument("--data", help="dataset directory to evaluate on (required unless --rollback)")
     prom.add_argument(
         "--split",
@@ -67,16 +82,40 @@ def cmd_promote(args) -> dict:
 
     client = MlflowClient(tracking_uri(args.workdir))
     if args.rollback:
-        was, now = rollback(client, args.model_name)
-        return {"rolled_back": True, "name": args.model_name, "from_version": was, "to_version": now}
+        name = _model_name(args, client, None)
+        was, now = rollback(client, name)
+        return {"rolled_back": True, "name": name, "from_version": was, "to_version": now}
     if not args.data:
         raise MmlinksError("--data DIR is required (the dataset both models are scored on)")
     existing_dir(args.data)
     gate = config_fields.from_args(Gate, args)
-    result = promote(client, args.model_name, args.data, gate, args.split).to_dict()
+    name = _model_name(args, client, args.data)
+    result = promote(client, name, args.data, gate, args.split).to_dict()
     if not result["promoted"]:
         args.exit_code = 1
     return result
+
+
+def _model_name(args, client, data) -> str:
+    """--model-name, else the default name of --objective/--relation (the objective registry's
+    rule), else the one default-named model of the dataset's family holding the alias."""
+    from schemas.manifest import Manifest
+    from training.objectives.registry import default_model_name, get_objective
+    from training.registry import CANDIDATE, PRODUCTION, infer_model_name
+
+    if args.model_name:
+        return args.model_name
+    if args.objective:
+        get_objective(args.objective)  # a one-line error naming the known objectives
+        if (args.objective == "cmcm-c") != bool(args.relation):
+            raise MmlinksError(
+                "--relation goes with --objective cmcm-c (one model per relation) and only with it"
+            )
+        return default_model_name(args.objective, args.relation)
+    if args.relation:
+        raise MmlinksError("--relation needs --objective cmcm-c")
+    manifest = Manifest.read(data) if data else None
+    return infer_model_name(client, manifest, PRODUCTION if data is None else CANDIDATE)
 
 
 def cmd_report(args) -> dict:

@@ -56,7 +56,9 @@ def cmd_train(args) -> dict:
             "--alias production would skip the gate; register a candidate and run `mmlinks promote`"
         )
     cfg = train_config_from_args(args)
-    default_name = f"mmlinks-{cfg.objective}" + (f"-{cfg.relation}" if cfg.objective == "cmcm-c" else "")
+    from training.objectives.registry import default_model_name
+
+    default_name = default_model_name(cfg.objective, cfg.relation)
     model_name = default_name if args.model_name is None else args.model_name
     res = run_experiment(
         cfg, tracking_uri(args.workdir), model_name or None, args.alias or None, progress=True

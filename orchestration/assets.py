@@ -10,6 +10,10 @@ ids); the data itself stays where the libraries write it.
                                                                            -> production/<obj>[source]
                                           dataset[source] + production/<obj> ··> linked/<obj>[source]
 
+Retrieval objectives (cmca, cmcm, cmcm-c: ``training/retrieval/``) get the same model ->
+evaluation -> production chain, evaluated and gated on the validation split's MedR / R@10
+(``Settings.split_for``), and no ``linked/<obj>``.
+
 Expected failures (a missing input, a refused config or credential, a dataset that fails its
 checks) raise ``dg.Failure`` with the one-line cause and no retry; flaky ones (networks, the
 cluster) are retried by the step's RetryPolicy, with backoff.
@@ -29,5 +33,6 @@ def build_assets(settings: Settings) -> list[dg.AssetsDefinition]:
     out = data_assets(settings, sources, month_partitions(settings), retry_policy(settings))
     for objective in settings.objectives:
         out += objective_assets(settings, objective, sources, retry_policy(settings))
+    for objective in settings.link_objectives():  # retrieval models have no link job
         out.append(linked_asset(settings, objective, sources, retry_policy(settings)))
     return out

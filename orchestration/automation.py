@@ -59,7 +59,9 @@ def build_jobs(settings: Settings) -> dict[str, Any]:
         ),
         "link_job": dg.define_asset_job(
             "link_job",
-            selection=dg.AssetSelection.assets(*[dg.AssetKey(["linked", o]) for o in objectives]),
+            selection=dg.AssetSelection.assets(
+                *[dg.AssetKey(["linked", o]) for o in settings.link_objectives()]
+            ),
             description="Link every document of a source's current dataset with each objective's "
             "production model.",
         ),
@@ -211,7 +213,7 @@ def _linking_sensor(settings: Settings, job) -> dg.SensorDefinition:
                 dataset_version = Manifest.read(storage.dataset_path(source)).dataset_version
             except MmlinksError:
                 continue  # no dataset yet
-            for objective in settings.objectives:
+            for objective in settings.link_objectives():
                 version = alias_version(
                     client, settings.registered_model_name(source, objective), "production"
                 )

@@ -41,6 +41,7 @@ def build_checks(settings: Settings, sources: dg.PartitionsDefinition) -> list[d
         checks.append(_dataset_check(settings, sources, name, rule))
     for objective in settings.objectives:
         checks.append(_evaluation_check(settings, sources, objective))
+    for objective in settings.link_objectives():
         checks.append(_link_check(settings, sources, objective))
     return checks
 
@@ -76,8 +77,13 @@ def _evaluation_check(settings: Settings, sources, objective: str) -> dg.AssetCh
         name="metrics_above_floor",
         blocking=True,
         partitions_def=sources,
-        description="AUC and p@1 at or above thresholds.min_test_auc / min_test_p_at_1, and AUC "
-        "thresholds.min_auc_over_random above the Random baseline; blocks promotion.",
+        description=(
+            "MedR at most thresholds.max_medr (when set; a rank, lower is better) and R@10 at least "
+            "thresholds.min_r10 on the validation pairs; blocks promotion."
+            if settings.family(objective) == "retrieval"
+            else "AUC and p@1 at or above thresholds.min_test_auc / min_test_p_at_1, and AUC "
+            "thresholds.min_auc_over_random above the Random baseline; blocks promotion."
+        ),
     )
     def check(evaluation: dict) -> dg.AssetCheckResult:
         return _result(check_evaluation_floor(evaluation, settings.thresholds_config()))

@@ -1,5 +1,7 @@
 """Per objective: ``model/<obj>[source]`` (train + register as candidate) -> ``evaluation/<obj>``
-(the registered version scored on the frozen split) -> ``production/<obj>`` (the gated alias)."""
+(the registered version scored on the frozen split) -> ``production/<obj>`` (the gated alias).
+Linking and retrieval objectives alike: the library functions dispatch on the model's family
+(``training.registry``), the split comes from ``Settings.split_for``."""
 
 from dataclasses import asdict
 
@@ -53,8 +55,12 @@ def objective_assets(
         kinds={"mlflow"},
         ins={"model": dg.AssetIn(model_key), "dataset": dg.AssetIn("dataset")},
         description=f"The registered {objective} version scored through its pyfunc model on the frozen "
-        f"{settings.promotion_split} split (training.registry.evaluate_model_uri, what promotion uses), "
-        "next to the Random baseline of its training run.",
+        f"{settings.split_for(objective)} split (training.registry.evaluate_model_uri, what promotion uses)"
+        + (
+            ": MedR and R@1/5/10 over fixed pools of 500."
+            if settings.family(objective) == "retrieval"
+            else ", next to the Random baseline of its training run."
+        ),
     )
     def evaluation(
         context: AssetExecutionContext, model: dict, dataset: dict, mlflow: MlflowResource
@@ -68,13 +74,18 @@ def objective_assets(
         kinds={"mlflow"},
         ins={"evaluation": dg.AssetIn(evaluation_key), "dataset": dg.AssetIn("dataset")},
         description=f"The 'production' alias of the {objective} model: moved to the candidate only "
-        "through training.registry.promote's gate (candidate vs production on the same split, AUC and "
-        "p@1 drops, AUC floor), under the registry's promotion lock. A refused promotion fails here.",
+        "through training.registry.promote's gate (candidate vs production on the same split, "
+        + (
+            "MedR rise and R@10 drop, MedR ceiling"
+            if settings.family(objective) == "retrieval"
+            else "AUC and p@1 drops, AUC floor"
+        )
+        + "), under the registry's promotion lock. A refused promotion fails here.",
     )
     def production(
         context: AssetExecutionContext, evaluation: dict, dataset: dict, mlflow: MlflowResource
     ) -> dg.Output[dict]:
-        return promote_model(settings, evaluation, dataset, mlflow)
+        return promote_model(settings, objective, evaluation, dataset, mlflow)
 
     return [model, evaluation, production]
 
@@ -137,9 +148,7 @@ def train_model(
         "best_epoch": res.best_epoch,
         "dataset_version": dataset["dataset_version"],
         "train_config": dg.MetadataValue.json(cfg.public_dict()),
-        "test_auc": float(test.get("auc", float("nan"))),
-        "test_p_at_1": float(test.get("p_at_1", float("nan"))),
-        "random_auc": float(rand.get("auc", float("nan"))),
+        **_test_metrics(test, rand),
         "tracking_uri": mlflow.uri(),
         **report_links(mlflow, res.run_id, ref["report"]),
     }
@@ -150,13 +159,29 @@ def train_model(
     return versioned(ref, f"{name}/{ref['model_version']}", metadata)
 
 
+def _test_metrics(test: dict, rand: dict) -> dict[str, float]:
+    """The headline test metrics of a training run: AUC, p@1 and Random's AUC (linking), or
+    text-to-image MedR and R@10 (retrieval, whose test results carry a "t2i" block)."""
+    nan = float("nan")
+    if "t2i" in test:
+        return {
+            "test_medr": float(test["t2i"].get("medr", nan)),
+            "test_r10": float(test["t2i"].get("r10", nan)),
+        }
+    return {
+        "test_auc": float(test.get("auc", nan)),
+        "test_p_at_1": float(test.get("p_at_1", nan)),
+        "random_auc": float(rand.get("auc", nan)),
+    }
+
+
 def evaluate_model(
     settings: Settings, objective: str, model: dict, dataset: dict, mlflow: MlflowResource
 ) -> dg.Output[dict]:
     """The registered version scored through its pyfunc on the promotion split."""
     from training.registry import evaluate_model_uri
 
-    split = settings.promotion_split
+    split = settings.split_for(objective)
     with failures_explained(f"evaluation {objective} on {dataset['source']}"):
         if model["dataset_version"] != dataset["dataset_version"]:
             raise MmlinksError(
@@ -187,7 +212,7 @@ def evaluate_model(
 
 
 def promote_model(
-    settings: Settings, evaluation: dict, dataset: dict, mlflow: MlflowResource
+    settings: Settings, objective: str, evaluation: dict, dataset: dict, mlflow: MlflowResource
 ) -> dg.Output[dict]:
     """Move production to the evaluated candidate through the gate, or fail with the reasons."""
     from training.registry import promote
@@ -202,7 +227,7 @@ def promote_model(
                 f"{name}'s candidate is version {candidate}, the evaluation scored version "
                 f"{evaluation['model_version']}: evaluate the current candidate first"
             )
-        result = promote(client, name, dataset["path"], settings.gate_config(), settings.promotion_split)
+        result = promote(client, name, dataset["path"], settings.gate_config(), settings.split_for(objective))
     meta = {
         "model_name": name,
         "candidate_version": result.candidate_version,

@@ -34,6 +34,8 @@ class Thresholds:
     min_test_auc: float = 55.0  # evaluation floor (metric points, x100 scale)
     min_test_p_at_1: float = 0.0
     min_auc_over_random: float = 0.0  # candidate AUC minus the Random baseline's
+    max_medr: float = 0.0  # retrieval evaluation ceiling: MedR (a rank, lower is better); 0 = none
+    min_r10: float = 0.0  # retrieval evaluation floor: R@10
     max_link_dead_letter_rate: float = 0.05  # linked/<obj>: documents the link job could not link
     min_link_rate: float = 0.05  # linked/<obj>: linked images per image, bounds of a sane model
     max_link_rate: float = 1.0
@@ -207,7 +209,10 @@ DATASET_CHECKS: dict[str, Callable[..., Outcome]] = {
 
 
 def check_evaluation_floor(evaluation: dict, t: Thresholds) -> Outcome:
-    """Written as "passes when value >= limit" so that a NaN metric (a broken model) fails."""
+    """Written as "passes when value >= limit" so that a NaN metric (a broken model) fails.
+    A retrieval evaluation (a "medr" key) takes the retrieval rules."""
+    if "medr" in evaluation:
+        return check_retrieval_floor(evaluation, t)
     auc, p1 = evaluation.get("auc", math.nan), evaluation.get("p_at_1", math.nan)
     random_auc = evaluation.get("random_auc", math.nan)
     failures = []
@@ -221,6 +226,21 @@ def check_evaluation_floor(evaluation: dict, t: Thresholds) -> Outcome:
     if failures:
         return Outcome("metrics_above_floor", False, "; ".join(failures), meta)
     return Outcome("metrics_above_floor", True, f"auc {auc:.2f}, p@1 {p1:.2f} above the floors", meta)
+
+
+def check_retrieval_floor(evaluation: dict, t: Thresholds) -> Outcome:
+    """A retrieval model's MedR at most ``max_medr`` (when set) and R@10 at least ``min_r10``;
+    written so that a NaN metric fails."""
+    medr, r10 = evaluation.get("medr", math.nan), evaluation.get("r10", math.nan)
+    failures = []
+    if not medr <= (t.max_medr if t.max_medr > 0 else math.inf):
+        failures.append(f"medr {medr:.1f} is above the ceiling {t.max_medr:.1f} (lower is better)")
+    if not r10 >= t.min_r10:
+        failures.append(f"r10 {r10:.1f} is below the floor {t.min_r10:.1f}")
+    meta = {"medr": medr, "r10": r10, "max_medr": t.max_medr, "min_r10": t.min_r10}
+    if failures:
+        return Outcome("metrics_above_floor", False, "; ".join(failures), meta)
+    return Outcome("metrics_above_floor", True, f"medr {medr:.1f}, r@10 {r10:.1f} within the limits", meta)
 
 
 def check_links(linked: dict, t: Thresholds) -> Outcome:

@@ -40,7 +40,8 @@ class Settings:
     synthetic: dict = field(default_factory=dict)  # SynthConfig overrides for the synthetic source
     thresholds: dict = field(default_factory=dict)  # orchestration.quality.Thresholds overrides
     gate: dict = field(default_factory=dict)  # training.gate.Gate overrides of its defaults
-    promotion_split: str = "test"
+    promotion_split: str = "test"  # linking models
+    retrieval_promotion_split: str = "val"  # retrieval models gate on validation MedR / R@10 (the paper)
     link: dict = field(default_factory=dict)  # linking.config.LinkConfig overrides for linked/<obj>
     model_name: str = "mmlinks-{source}-{objective}"
     diy_first_month: str = "2013-01"  # first partition of the monthly r/DIY snapshots (the paper's)
@@ -165,6 +166,23 @@ class Settings:
         from orchestration.quality import Thresholds
 
         return Thresholds.from_dict(self.thresholds)
+
+    def family(self, objective: str) -> str:
+        """ "link" or "retrieval": the family of the objective an objective entry trains."""
+        from training.objectives.registry import get_objective
+
+        return get_objective(self.train_config(objective, data="-").objective).family
+
+    def link_objectives(self) -> list[str]:
+        """The entries whose models link documents (they get ``linked/<obj>``; retrieval models
+        rank images for a text and have no link job)."""
+        return [o for o in self.objectives if self.family(o) == "link"]
+
+    def split_for(self, objective: str) -> str:
+        """The split an objective's evaluation and promotion score on."""
+        return (
+            self.retrieval_promotion_split if self.family(objective) == "retrieval" else self.promotion_split
+        )
 
     def registered_model_name(self, source: str, objective: str) -> str:
         return self.model_name.format(source=source, objective=objective)

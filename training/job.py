@@ -11,9 +11,9 @@ instead of rebuilding a CLI command line. Errors: one ``mmlinks: error: ...`` li
 exit code 2.
 
 Defaults follow ``mmlinks train``: the tracking URI is ``$MLFLOW_TRACKING_URI`` or
-``sqlite:///<workdir>/mlflow.db``, the model name ``mmlinks-<objective>`` (``--model-name ''``
-registers nothing), the alias ``candidate`` (``--alias ''`` for none; ``production`` is refused,
-promotion goes through the gate).
+``sqlite:///<workdir>/mlflow.db``, the model name ``default_model_name`` of the objective
+registry (``--model-name ''`` registers nothing), the alias ``candidate`` (``--alias ''`` for
+none; ``production`` is refused, promotion goes through the gate).
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ def run(args: argparse.Namespace):
     cfg = load_config(args.config)
     if "://" not in cfg.data and not Path(cfg.data).is_dir():
         raise MmlinksError(f"{cfg.data or '(no data)'} does not exist or is not a dataset directory")
-    model_name = f"mmlinks-{cfg.objective}" if args.model_name is None else args.model_name
+    from training.objectives.registry import default_model_name
+
+    default_name = default_model_name(cfg.objective, cfg.relation)
+    model_name = default_name if args.model_name is None else args.model_name
     return run_experiment(
         cfg,
         args.tracking_uri or tracking_uri(args.workdir),

@@ -98,34 +98,33 @@ def check_extractor_version(name: str, packaged: str | None, installed: str) -> 
         )
 
 
-class LinkModel(mlflow.pyfunc.PythonModel):
-    def load_context(self, context) -> None:
-        from training.backbone import needs_regions
-        from training.checkpoints import load_checkpoint_model
+class ImageFeaturizer:
+    """Images in a request -> the CNN features the training data was built with: the extractor
+    named by the model's ``extractor.json`` artifact, refused when this machine's weights version
+    differs, loaded on the first request that sends images. Shared by the linking pyfunc and the
+    retrieval pyfunc (``training/retrieval/serving.py``).
 
-        self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
-        self.regions = needs_regions(meta["model"])
-        self.max_regions = int(meta["train"].get("max_regions", 36))
-        self.vocab = Vocabulary.load(context.artifacts["vocab"])
-        self.max_tokens = int(meta["train"]["max_tokens"])
-        extractor = context.artifacts.get("extractor")
-        packaged = json.loads(Path(extractor).read_text()) if extractor else {}
-        self.extractor_name = packaged.get("name")
-        self.extractor_version = packaged.get("version")  # absent in models packaged before #19
-        self._cnn = None  # loaded on the first request that sends images
+    An item is base64 bytes, a ``data:`` URI, or (only when ``MMLINKS_IMAGE_ROOT`` is set) a
+    file path inside that folder; an unreadable one is a 400 naming the item."""
 
-    def _featurize(self, row: int, images: list[str]) -> np.ndarray:
-        """Decode images and run the extractor the training data was built with."""
+    def __init__(self, artifact: str | None):
+        packaged = json.loads(Path(artifact).read_text()) if artifact else {}
+        self.name = packaged.get("name")
+        self.version = packaged.get("version")  # absent in models packaged before #19
+        self._cnn = None
+
+    def features(self, images: list, what: str) -> np.ndarray:
+        """[N] images -> [N, D] float32 features; ``what`` names the request row in errors."""
         import base64
         import binascii
 
         from features import get_extractor
         from features.images import InvalidImage, decode
 
-        if self.extractor_name is None:
+        if self.name is None:
             raise _bad_request("this model was packaged without a feature extractor; send image_features")
-        extractor = get_extractor(self.extractor_name)
-        check_extractor_version(self.extractor_name, self.extractor_version, extractor.version)
+        extractor = get_extractor(self.name)
+        check_extractor_version(self.name, self.version, extractor.version)
         if self._cnn is None:
             self._cnn = extractor.load_model()
         batch = []
@@ -142,9 +141,26 @@ class LinkModel(mlflow.pyfunc.PythonModel):
                     raise ValueError(f"larger than {MAX_IMAGE_BYTES} bytes")
                 batch.append(extractor.preprocess(decode(data)))
             except (binascii.Error, IndexError, ValueError, OSError, InvalidImage) as exc:
-                raise _bad_request(f"document {row}: image {k} is not a readable image ({exc})") from None
+                raise _bad_request(f"{what}: image {k} is not a readable image ({exc})") from None
         outs = extractor.forward(self._cnn, batch)  # the build's forward: same features as the shards
         return np.stack([extractor.postprocess(o).features for o in outs]).astype(np.float32)
+
+
+class LinkModel(mlflow.pyfunc.PythonModel):
+    def load_context(self, context) -> None:
+        from training.backbone import needs_regions
+        from training.checkpoints import load_checkpoint_model
+
+        self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
+        self.regions = needs_regions(meta["model"])
+        self.max_regions = int(meta["train"].get("max_regions", 36))
+        self.vocab = Vocabulary.load(context.artifacts["vocab"])
+        self.max_tokens = int(meta["train"]["max_tokens"])
+        self.images = ImageFeaturizer(context.artifacts.get("extractor"))
+
+    def _featurize(self, row: int, images: list[str]) -> np.ndarray:
+        """Decode images and run the extractor the training data was built with."""
+        return self.images.features(images, f"document {row}")
 
     def score(self, sentences: list[str], features: np.ndarray) -> np.ndarray:
         """The sentence x image cosine matrix of one document (no request limits)."""
@@ -286,4 +302,11 @@ def example_document(sentences: list[str], features: list[list[float]]) -> dict:
     return {"sentences": list(sentences), "image_features": [list(map(float, f)) for f in features]}
 
 
-__all__ = ["SIGNATURE", "LinkModel", "example_document", "log_link_model", "pip_requirements"]
+__all__ = [
+    "SIGNATURE",
+    "ImageFeaturizer",
+    "LinkModel",
+    "example_document",
+    "log_link_model",
+    "pip_requirements",
+]

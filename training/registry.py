@@ -268,6 +268,60 @@ def check_run_params(params: dict, manifest: Manifest, what: str, dataset: str =
             raise MmlinksError(f"{what} was trained with {key}={got}, but the {dataset} has {expected}")
 
 
+def default_names(manifest: Manifest | None) -> list[str]:
+    """The registered-model names ``mmlinks train`` gives by default
+    (``default_model_name``) to models that fit ``manifest``: the coherence objectives (one
+    CMCM_c per relation) for a coherence-labelled pair dataset, the others otherwise; every
+    name when there is no dataset (a rollback)."""
+    from training.objectives.registry import default_model_name, get_objective, objective_names
+
+    names = []
+    for objective in objective_names():
+        coherence = get_objective(objective).backbone == "coherence"
+        if manifest is not None and coherence != bool(manifest.relations):
+            continue
+        if objective == "cmcm-c":
+            names += [default_model_name(objective, r) for r in (manifest.relations if manifest else [])]
+        else:
+            names.append(default_model_name(objective))
+    return names
+
+
+def infer_model_name(client: MlflowClient, manifest: Manifest | None, alias: str = CANDIDATE) -> str:
+    """The registered model ``mmlinks promote`` (``alias`` candidate) or ``--rollback``
+    (``alias`` production) acts on when no name is given: the one default-named model of the
+    dataset's family that holds ``alias``. None holds it: ``mmlinks-ap`` for link data (the
+    error then says it has no candidate), a one-line error for a pair dataset; several: a
+    one-line error naming them."""
+    from training.objectives.registry import DEFAULT_OBJECTIVE, default_model_name
+
+    wanted = default_names(manifest)
+    models, token = [], None
+    try:
+        while True:  # every page: a store may hold more models than one page
+            page = client.search_registered_models(max_results=1000, page_token=token)
+            models += list(page)
+            token = page.token
+            if not token:
+                break
+    except MlflowException as exc:
+        raise MmlinksError(f"cannot list the registered models: {exc.message}") from exc
+    holding = sorted(m.name for m in models if m.name in wanted and alias in (m.aliases or {}))
+    if len(holding) == 1:
+        return holding[0]
+    if len(holding) > 1:
+        raise MmlinksError(
+            f"several models have a {alias!r} version ({', '.join(holding)}); "
+            "say which with --objective (and --relation) or --model-name"
+        )
+    if manifest is not None and manifest.relations:
+        raise MmlinksError(
+            f"no {', '.join(wanted)} model has a {alias!r} version; train one with "
+            "`mmlinks train --objective cmca|cmcm|cmcm-c` or name it with --model-name"
+        )
+    return default_model_name(DEFAULT_OBJECTIVE)
+
+
 def promote(
     client: MlflowClient,
     name: str,

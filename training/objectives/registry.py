@@ -108,6 +108,13 @@ def objective_names() -> tuple[str, ...]:
     return tuple(_OBJECTIVES)
 
 
+def default_model_name(objective: str, relation: str = "") -> str:
+    """The registered-model name a run of ``objective`` gets unless told otherwise, e.g.
+    ``mmlinks-ap``, ``mmlinks-cmcm``, ``mmlinks-cmcm-c-Action`` (CMCM_c: one model per relation).
+    The one rule: ``mmlinks train``, a Ray job and ``mmlinks promote`` all name models by it."""
+    return f"mmlinks-{objective}" + (f"-{relation}" if relation else "")
+
+
 def get_objective(name: str) -> ObjectiveSpec:
     try:
         return _OBJECTIVES[name]

@@ -1,9 +1,12 @@
 """The registered retrieval model (CMCA / CMCM / CMCM_c): an ``mlflow.pyfunc`` wrapper that
 ranks candidate images for a text, and the evaluation promotion applies to it.
 
-- Input: one row per query with ``text`` (a string) and optionally ``image_features`` (the
-  candidates' CNN feature vectors, same extractor as the training data) with
-  ``candidate_ids`` (their names; default "0", "1", ...). Without ``image_features`` the query
+- Input: one row per query with ``text`` (a string) and optionally the candidates, either
+  ``image_features`` (their CNN feature vectors, same extractor as the training data) or
+  ``images`` (base64 bytes or ``data:`` URIs, run through the extractor the training data was
+  built with, recorded with the model and refused when this machine's weights differ, as the
+  linking pyfunc does: ``training.packaging.ImageFeaturizer``), with ``candidate_ids`` (their
+  names; default "0", "1", ...). A row may not send both. Without candidates the query
   ranks the packaged gallery: the image features of the training dataset's test split (at most
   ``GALLERY_MAX`` of them, named by document id), so a served model answers a bare text.
 - Output per query: ``candidates`` (ids, best first), ``scores`` (the score each was ranked
@@ -37,7 +40,7 @@ from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec
 
 from schemas.errors import MmlinksError
 from training.data import encode_sentences, features_of
-from training.packaging import _bad_request, _empty, pip_requirements
+from training.packaging import ImageFeaturizer, _bad_request, _empty, pip_requirements
 from training.retrieval.losses import selective_refinement
 from training.retrieval.metrics import retrieval_metrics
 from training.text import Vocabulary
@@ -47,6 +50,7 @@ SIGNATURE = ModelSignature(
         [
             ColSpec(DataType.string, "text"),
             ColSpec(Array(Array(DataType.double)), "image_features", required=False),
+            ColSpec(Array(DataType.string), "images", required=False),
             ColSpec(Array(DataType.string), "candidate_ids", required=False),
         ]
     ),
@@ -61,6 +65,7 @@ SIGNATURE = ModelSignature(
 )
 
 MAX_CANDIDATES = 10_000  # per query in a request; beyond it the request is refused (HTTP 400)
+MAX_IMAGES = 200  # raw candidate images per query (each runs the CNN on the server)
 GALLERY_MAX = 5_000  # packaged test-split images
 GATE_POOL_SIZE, GATE_POOLS = 500, 10
 
@@ -91,6 +96,7 @@ class RetrievalModel(mlflow.pyfunc.PythonModel):
         gallery = np.load(context.artifacts["gallery"], allow_pickle=False)
         self.gallery_ids = [str(i) for i in gallery["ids"]]
         self.gallery = gallery["features"].astype(np.float32)
+        self.images = ImageFeaturizer(context.artifacts.get("extractor"))
 
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> torch.Tensor:
@@ -108,8 +114,19 @@ class RetrievalModel(mlflow.pyfunc.PythonModel):
         lam = self.refine_lambda if refine else 0.0
         return ranking_scores(self.model, s, v, lam, self.refine_threshold)
 
-    def _candidates(self, row: int, feats, ids) -> tuple[np.ndarray, list[str]]:
+    def _candidates(self, row: int, feats, ids, images=None) -> tuple[np.ndarray, list[str]]:
         width = self.model.cfg.image_dim
+        if not _empty(images):
+            if not _empty(feats):
+                raise _bad_request(f"query {row}: send image_features or images, not both")
+            if isinstance(images, str) or len(images) > MAX_IMAGES:
+                raise _bad_request(f"query {row}: images must be a list of at most {MAX_IMAGES} images")
+            feats = self.images.features(list(images), f"query {row}")
+            if feats.shape[1] != width:  # another extractor than the model's image tower takes
+                raise _bad_request(
+                    f"query {row}: the extractor {self.images.name} gives {feats.shape[1]}-d features, "
+                    f"this model takes {width}-d; send image_features"
+                )
         if _empty(feats):
             return self.gallery, self.gallery_ids
         if len(feats) > MAX_CANDIDATES:
@@ -135,11 +152,14 @@ class RetrievalModel(mlflow.pyfunc.PythonModel):
         n = len(model_input)
         feats_col = model_input["image_features"] if "image_features" in model_input else [None] * n
         ids_col = model_input["candidate_ids"] if "candidate_ids" in model_input else [None] * n
+        image_col = model_input["images"] if "images" in model_input else [None] * n
         rows = []
-        for row, (text, feats, ids) in enumerate(zip(model_input["text"], feats_col, ids_col, strict=True)):
+        for row, (text, feats, ids, images) in enumerate(
+            zip(model_input["text"], feats_col, ids_col, image_col, strict=True)
+        ):
             if not isinstance(text, str) or not text.strip():
                 raise _bad_request(f"query {row}: text must be a non-empty string")
-            feats, ids = self._candidates(row, feats, ids)
+            feats, ids = self._candidates(row, feats, ids, images)
             s, v = self.encode_texts([text]), self.encode_images(feats)
             scores = self.score(s, v, refine)[0]
             k = len(ids) if top_k <= 0 else min(top_k, len(ids))

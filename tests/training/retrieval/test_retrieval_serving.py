@@ -55,11 +55,16 @@ def write_pair_dataset(root: Path) -> Path:
     return root
 
 
-def write_checkpoint(folder: Path, seed: int, relations=VOCAB) -> Vocabulary:
+def write_checkpoint(folder: Path, seed: int, relations=VOCAB, image_dim: int = 6) -> Vocabulary:
     torch.manual_seed(seed)
     vocab = Vocabulary(["<pad>", "<unk>", *WORDS])
     cfg = RetrievalConfig(
-        vocab_size=len(vocab), word_dim=8, image_dim=6, hidden=8, d_shared=10, relations=tuple(relations)
+        vocab_size=len(vocab),
+        word_dim=8,
+        image_dim=image_dim,
+        hidden=8,
+        d_shared=10,
+        relations=tuple(relations),
     )
     net = build(cfg.to_dict())
     folder.mkdir(parents=True, exist_ok=True)
@@ -69,9 +74,19 @@ def write_checkpoint(folder: Path, seed: int, relations=VOCAB) -> Vocabulary:
 
 
 def register(
-    uri: str, tmp: Path, data: Path, seed: int, objective: str = "cmcm", refine=None, name: str = "coh"
+    uri: str,
+    tmp: Path,
+    data: Path,
+    seed: int,
+    objective: str = "cmcm",
+    refine=None,
+    name: str = "coh",
+    image_dim: int = 6,
+    extractor: tuple[str, str] = EXTRACTOR[:2],
 ) -> str:
-    vocab = write_checkpoint(tmp / f"ckpt{seed}", seed, VOCAB if objective != "cmca" else ())
+    """A tiny untrained model registered as ``name``'s candidate, packaged with ``extractor``
+    (name, weights version) and the test split's images as its gallery."""
+    vocab = write_checkpoint(tmp / f"ckpt{seed}", seed, VOCAB if objective != "cmca" else (), image_dim)
     ids, _, feats = split_pairs(Manifest.read(data).shard_paths(data, "test"))
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("coherence-tests")  # not an id left active by an earlier test's store
@@ -89,7 +104,7 @@ def register(
             ids,
             feats,
             refine or {"refine_lambda": 0.5, "refine_threshold": 0.3},
-            *EXTRACTOR[:2],
+            *extractor,
         )
     version = mlflow.register_model(model_uri, name).version
     MlflowClient(uri).set_registered_model_alias(name, CANDIDATE, version)
@@ -197,3 +212,100 @@ def test_evaluate_command_compares_two_models_in_the_report(store, capfd):
     assert len(rows) == 2 * 18 and all(1 <= r["rank"] <= 18 and len(r["top5"]) == 5 for r in rows)
     page = report.read_text()
     assert page.count("<section class=card>") == 6 and "coh-cmca@candidate (rank" in page
+
+
+def test_promote_names_the_model_by_the_objective_without_a_flag(store, capfd):
+    """`mmlinks promote --data PAIRS` finds the model `mmlinks train --objective cmcm` registered
+    (training.objectives.registry.default_model_name); several candidates need --objective."""
+    from cli.main import main
+    from training.objectives.registry import default_model_name
+    from training.registry import default_names
+
+    assert default_model_name("cmcm") == "mmlinks-cmcm"
+    assert default_model_name("cmcm-c", "Story") == "mmlinks-cmcm-c-Story"
+    tmp, data, uri, _ = store
+    manifest = Manifest.read(data)
+    assert "mmlinks-ap" not in default_names(manifest) and "mmlinks-cmcm-c-Action" in default_names(manifest)
+
+    def promote_cli(*flags: str) -> tuple[int, dict]:
+        capfd.readouterr()
+        rc = main(["promote", "--data", str(data), "--workdir", str(tmp), *flags, "--json"])
+        return rc, json.loads(capfd.readouterr().out or "{}")
+
+    cmcm = register(uri, tmp, data, seed=0, objective="cmcm", name="mmlinks-cmcm")
+    rc, out = promote_cli()
+    assert rc == 0 and out["name"] == "mmlinks-cmcm" and out["candidate_version"] == cmcm, out
+    register(uri, tmp, data, seed=0, objective="cmcm", name="mmlinks-cmcm")
+    register(uri, tmp, data, seed=2, objective="cmca", name="mmlinks-cmca")
+    capfd.readouterr()
+    assert main(["promote", "--data", str(data), "--workdir", str(tmp)]) == 2
+    err = capfd.readouterr().err
+    assert "several models have a 'candidate' version (mmlinks-cmca, mmlinks-cmcm)" in err
+    rc, out = promote_cli("--objective", "cmca")
+    assert rc == 0 and out["name"] == "mmlinks-cmca" and out["promoted"]
+    assert main(["promote", "--data", str(data), "--workdir", str(tmp), "--relation", "Story"]) == 2
+    assert "--relation needs --objective cmcm-c" in capfd.readouterr().err
+
+
+def test_pyfunc_ranks_raw_candidate_images_through_the_recorded_extractor(store):
+    """Candidates as base64 images or data: URIs: the recorded extractor (EfficientNet-Lite0 here)
+    gives the same ranking as its features sent as image_features; a width or weights mismatch,
+    an unreadable image and both kinds at once are 400-style errors."""
+    import base64
+
+    import pandas as pd
+
+    from features import get_extractor
+    from features.images import decode
+    from tests.fixtures.images import noise_png
+
+    tmp, data, uri, _ = store
+    lite0 = get_extractor("efficientnet-lite0")
+    pngs = [noise_png(seed) for seed in range(3)]
+    images = [base64.b64encode(b).decode() for b in pngs[:2]]
+    images.append("data:image/png;base64," + base64.b64encode(pngs[2]).decode())
+    net = lite0.load_model()
+    feats = [
+        lite0.postprocess(o).features for o in lite0.forward(net, [lite0.preprocess(decode(b)) for b in pngs])
+    ]
+    version = register(
+        uri, tmp, data, seed=4, name="coh-raw", image_dim=len(feats[0]), extractor=(lite0.name, lite0.version)
+    )
+    model = mlflow.pyfunc.load_model(f"models:/coh-raw/{version}")
+    names = ["a", "b", "c"]
+    params = {"top_k": 0, "refine": False}
+    got = model.predict(
+        pd.DataFrame([{"text": "a red circle", "images": images, "candidate_ids": names}]), params=params
+    )
+    want = model.predict(
+        pd.DataFrame(
+            [{"text": "a red circle", "image_features": np.asarray(feats).tolist(), "candidate_ids": names}]
+        ),
+        params=params,
+    )
+    assert list(got.iloc[0]["candidates"]) == list(want.iloc[0]["candidates"])
+    np.testing.assert_allclose(got.iloc[0]["scores"], want.iloc[0]["scores"], rtol=1e-4, atol=1e-5)
+    with pytest.raises(MlflowException, match="query 0: image 1 is not a readable image"):
+        model.predict(pd.DataFrame([{"text": "x", "images": [images[0], "bm90IGFuIGltYWdl"]}]))
+    with pytest.raises(MlflowException, match="not both"):
+        model.predict(
+            pd.DataFrame([{"text": "x", "images": images, "image_features": np.asarray(feats).tolist()}])
+        )
+    # the 6-d model of the store: Lite0's features do not fit its image tower
+    small = mlflow.pyfunc.load_model(f"models:/coh/{store[3]}")
+    with pytest.raises(MlflowException, match="gives 1280-d features, this model takes 6-d"):
+        small.predict(pd.DataFrame([{"text": "x", "images": images[:1]}]))
+    # other weights than this machine's: refused before any image is decoded
+    other = register(
+        uri,
+        tmp,
+        data,
+        seed=5,
+        name="coh-other",
+        image_dim=len(feats[0]),
+        extractor=(lite0.name, "other-weights"),
+    )
+    with pytest.raises(MlflowException, match="trained on efficientnet-lite0@other-weights"):
+        mlflow.pyfunc.load_model(f"models:/coh-other/{other}").predict(
+            pd.DataFrame([{"text": "x", "images": images[:1]}])
+        )
