@@ -111,6 +111,7 @@ def test_build_option_errors_are_one_line(tmp_path, corpus):
     _one_line_error(run(*base, "--device", "cuda"), "CUDA is not available")
 
 
+@pytest.mark.slow
 def test_bad_split_and_output_paths_are_one_line_errors(tmp_path, corpus):
     for split in ("0.8,0.2", "a,b,c", "0,0,0", "-1,1,1"):
         _one_line_error(
@@ -139,6 +140,7 @@ def test_data_sources_lists_every_source_with_options_and_credentials():
     assert sources["diy"]["options"]["min_score"]["default"] == "25"
 
 
+@pytest.mark.slow
 def test_source_option_errors_are_one_line(tmp_path):
     out = str(tmp_path / "o")
     proc = run("data", "build", "--source", "recipeqa", "--input", str(tmp_path), "--out", out,

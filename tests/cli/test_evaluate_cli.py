@@ -139,6 +139,7 @@ def _log_model(checkpoint: Path, workdir: Path) -> str:
         return log_link_model(str(checkpoint), Vocabulary.load(checkpoint.parent / "vocab.json"), None, None)
 
 
+@pytest.mark.slow
 def test_evaluate_a_model_uri_gives_the_checkpoint_figures(data, checkpoint, tmp_path, monkeypatch, capsys):
     from training.evaluate import evaluate, load_checkpoint
 

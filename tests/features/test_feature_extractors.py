@@ -290,6 +290,7 @@ def densenet_files(tmp_path_factory):
     return net, d
 
 
+@pytest.mark.slow
 def test_densenet169_gives_the_pooled_pre_classifier_features(densenet_files, chelsea):
     net, d = densenet_files
     ext = get_extractor("densenet169", weights=str(d / "new.pth"))
@@ -342,6 +343,7 @@ def detector(tmp_path_factory):
     return ext, ext.load_model()
 
 
+@pytest.mark.slow
 def test_fasterrcnn_regions_match_the_detector_output(detector, chelsea):
     from features.detection import coco_categories
 

@@ -20,6 +20,8 @@ from schemas.manifest import Manifest, ShardInfo
 from schemas.shards import read_documents, write_shard
 from tests.linking.conftest import NAME, register_model
 
+pytestmark = pytest.mark.slow  # every test here shares a registered model and real Beam link jobs
+
 PRODUCTION = f"models:/{NAME}@production"
 
 

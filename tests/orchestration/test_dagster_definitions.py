@@ -211,6 +211,7 @@ def test_refusals_skip_the_retry_policy_and_network_hiccups_keep_it():
     assert not refused.allow_retries and refused.description == "dataset diy: the Reddit API failed"
 
 
+@pytest.mark.slow
 def test_dagster_definitions_validate_from_the_repository_root(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

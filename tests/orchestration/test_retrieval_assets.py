@@ -130,6 +130,7 @@ def test_retrieval_floor_rules():
     assert check_evaluation_floor({"medr": 400.0, "r10": 0.0}, Thresholds()).passed  # off by default
 
 
+@pytest.mark.slow
 def test_cmcm_is_evaluated_on_validation_and_promoted_and_the_check_blocks(env):
     client = MlflowClient(env["uri"])
     v1 = register(env["uri"], env["tmp"], env["data"], seed=0, objective="cmcm", name=NAME)

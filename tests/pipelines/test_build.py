@@ -147,6 +147,7 @@ def _cfg(corpus, out, **kw):
     )
 
 
+@pytest.mark.slow
 def test_rebuild_from_the_store_fetches_decodes_and_infers_nothing(corpus, dataset, tmp_path):
     from pipelines.commit import last_build
 

@@ -100,6 +100,7 @@ def test_mscoco_documents_link_each_true_caption_to_its_image(tmp_path):
             assert truth[d.sentences[s]] == _basename(d.images[i].uri)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source,sentences", [("story-dii", 5), ("story-sis", 5), ("dii-stress", 50)])
 def test_vist_story_sets(tmp_path, source, sentences):
     from tests.fixtures.crowd import write_vist

@@ -47,6 +47,7 @@ def test_experiment_result_round_trips_through_its_dict_and_json():
         ExperimentResult.from_json("nothing here")
 
 
+@pytest.mark.slow
 def test_a_bad_config_fails_with_one_error_line(tmp_path):
     cfg = tmp_path / "train.json"
     cfg.write_text(json.dumps({"data": str(tmp_path), "objective": "nope"}))
