@@ -1,7 +1,7 @@
 """Throughput of batch linking (`mmlinks link`, issue #16): the Beam job vs the bare model; JSON.
 
 Usage: .venv/bin/python benchmarks/link_throughput.py [--docs 5000] [--direct-workers N]
-       [--batch-docs 64] [--d-multi 256] [--workdir DIR]
+       [--batch-docs 64] [--d-multi 256] [--repeats 3] [--workdir DIR]
 
 The dataset's shards are generated directly (``schemas.shards.write_shard``: EfficientNet-Lite0
 sized 1280-d non-negative features, 5-8 images and 3-10 sentences per document, 1,000 documents
@@ -10,15 +10,22 @@ link job (benchmarks/build_scale.py does that). The model is a seeded, untrained
 the demo's size (50-d word vectors, d_multi 256), packaged and registered as a training run
 would be; its quality does not change its speed.
 
-Reported:
+Reported (medians of ``--repeats`` repetitions; each repetition runs the bare loop, then the job
+on a small copy and on the whole dataset, so both sides see the same neighbours):
 
-- ``beam``: ``linking.job.link_documents`` on all documents (end-to-end wall) and on the first
-  ``--batch-docs`` x 2 of them (``small``); steady state = the extra documents over the extra
-  time, start-up = the small run's wall minus its documents at the steady rate;
-- ``bare``: one process, the model loaded once, the same chunks (same batch size, read before
-  the clock starts) scored in a loop (``score``), and scored + assigned (``score_assign``, the
-  work the job does per chunk); the median of ``rounds`` alternating rounds;
-- ``ratio``: Beam steady state / bare score + assign.
+- ``beam``: ``linking.job.link_documents`` (``mmlinks link``'s function) on all documents. The
+  steady state is measured inside the run (``in_run_*``, in-process runs only): the documents
+  after the first chunk over the time from the moment that chunk leaves ``LinkChunk`` to the
+  job's return, so the rest of the reading, scoring, linking, shard writing and the commit are
+  inside the window and the imports, model loads and pipeline start-up are not; start-up = the
+  time to the first linked chunk less that chunk's share at the steady rate. Cross-check
+  (``difference_*``): the extra documents of the full run over its extra wall time against a
+  run on the first ``--batch-docs`` x 2 documents.
+- ``bare``: one process, the model loaded once and warmed on one chunk, the same chunks (same
+  batch size, read before the clock starts) scored in a loop (``score``), and scored + assigned
+  (``score_assign``, the work the job does per chunk).
+- ``ratio_steady_vs_bare``: Beam in-run steady state / bare score + assign (wall; ``_cpu``: per
+  CPU-second), with each repetition's ratio in ``ratio_per_repeat``.
 """
 
 from __future__ import annotations
@@ -203,6 +210,7 @@ def bare_setup(data: Path, model: str, workdir: Path, batch_docs: int, threads: 
     for path in Manifest.read(data).shard_paths(data):
         for rb in pq.ParquetFile(path).iter_batches(batch_size=batch_docs, columns=LINK_COLUMNS):
             chunks.append(documents_of_table(pa.Table.from_batches([rb]), path.name))
+    scorer.score(chunks[0])  # warm-up, as the job's steady state starts after its first chunk
     return scorer, chunks, load_s
 
 
