@@ -1,7 +1,7 @@
 """Throughput of batch linking (`mmlinks link`, issue #16): the Beam job vs the bare model; JSON.
 
 Usage: .venv/bin/python benchmarks/link_throughput.py [--docs 5000] [--direct-workers N]
-       [--batch-docs 64] [--d-multi 256] [--workdir DIR]
+       [--batch-docs 64] [--d-multi 256] [--repeats 3] [--workdir DIR]
 
 The dataset's shards are generated directly (``schemas.shards.write_shard``: EfficientNet-Lite0
 sized 1280-d non-negative features, 5-8 images and 3-10 sentences per document, 1,000 documents
@@ -10,15 +10,22 @@ link job (benchmarks/build_scale.py does that). The model is a seeded, untrained
 the demo's size (50-d word vectors, d_multi 256), packaged and registered as a training run
 would be; its quality does not change its speed.
 
-Reported:
+Reported (medians of ``--repeats`` repetitions; each repetition runs the bare loop, then the job
+on a small copy and on the whole dataset, so both sides see the same neighbours):
 
-- ``beam``: ``linking.job.link_documents`` on all documents (end-to-end wall) and on the first
-  ``--batch-docs`` x 2 of them (``small``); steady state = the extra documents over the extra
-  time, start-up = the small run's wall minus its documents at the steady rate;
-- ``bare``: one process, the model loaded once, the same chunks (same batch size, read before
-  the clock starts) scored in a loop (``score``), and scored + assigned (``score_assign``, the
-  work the job does per chunk); the median of ``rounds`` alternating rounds;
-- ``ratio``: Beam steady state / bare score + assign.
+- ``beam``: ``linking.job.link_documents`` (``mmlinks link``'s function) on all documents. The
+  steady state is measured inside the run (``in_run_*``, in-process runs only): the documents
+  after the first chunk over the time from the moment that chunk leaves ``LinkChunk`` to the
+  job's return, so the rest of the reading, scoring, linking, shard writing and the commit are
+  inside the window and the imports, model loads and pipeline start-up are not; start-up = the
+  time to the first linked chunk less that chunk's share at the steady rate. Cross-check
+  (``difference_*``): the extra documents of the full run over its extra wall time against a
+  run on the first ``--batch-docs`` x 2 documents.
+- ``bare``: one process, the model loaded once and warmed on one chunk, the same chunks (same
+  batch size, read before the clock starts) scored in a loop (``score``), and scored + assigned
+  (``score_assign``, the work the job does per chunk).
+- ``ratio_steady_vs_bare``: Beam in-run steady state / bare score + assign (wall; ``_cpu``: per
+  CPU-second), with each repetition's ratio in ``ratio_per_repeat``.
 """
 
 from __future__ import annotations
@@ -126,7 +133,30 @@ def cpu_s() -> float:
     )
 
 
-def beam_run(data: Path, out: Path, model: str, workdir: Path, args) -> tuple[float, float, dict]:
+CHUNKS_DONE: list[tuple[float, float, int]] = []  # (wall, CPU, documents) as each chunk is linked
+
+
+def time_chunks() -> None:
+    """Record when each chunk leaves ``LinkChunk`` (the job's last per-chunk step), from inside
+    the run. Only an in-process run (``--direct-workers 1``) executes the DoFn in this process;
+    with worker processes the list stays empty and the in-run figures are null. One
+    ``perf_counter`` per chunk: nothing the job would notice."""
+    from linking.steps import LinkChunk
+
+    process = LinkChunk.process
+
+    def timed(self, result):
+        yield from process(self, result)
+        CHUNKS_DONE.append((time.perf_counter(), cpu_s(), len(result.inference)))
+
+    LinkChunk.process = timed
+
+
+def beam_run(data: Path, out: Path, model: str, workdir: Path, args) -> dict:
+    """One ``link_documents`` run: its wall and CPU, and the in-run steady state: the documents
+    after the first chunk over the time from that chunk's end to the job's return (so the rest
+    of the reading, scoring, linking, the shard writing and the commit are all inside it, the
+    imports, model loads and pipeline start-up are not)."""
     from linking.config import LinkConfig
     from linking.job import link_documents
 
@@ -139,19 +169,33 @@ def beam_run(data: Path, out: Path, model: str, workdir: Path, args) -> tuple[fl
         direct_workers=args.direct_workers or None,
         workdir=str(workdir),
     )
+    CHUNKS_DONE.clear()
     t0, c0 = time.perf_counter(), cpu_s()
     result = link_documents(cfg)
-    return time.perf_counter() - t0, cpu_s() - c0, result.summary()
+    t1, c1 = time.perf_counter(), cpu_s()
+    run = {"wall_s": t1 - t0, "cpu_s": c1 - c0, "summary": result.summary(), "in_run": None}
+    if len(CHUNKS_DONE) > 1:
+        (w_first, c_first, n_first), (w_last, _, _) = CHUNKS_DONE[0], CHUNKS_DONE[-1]
+        rest = sum(n for *_, n in CHUNKS_DONE[1:])
+        rate, rate_cpu = rest / (t1 - w_first), rest / max(c1 - c_first, 1e-9)
+        run["in_run"] = {
+            "chunks": len(CHUNKS_DONE),
+            "steady_docs_per_s": rate,
+            "steady_docs_per_cpu_s": rate_cpu,
+            "start_up_s": (w_first - t0) - n_first / rate,  # to the first chunk, less its share
+            "start_up_cpu_s": (c_first - c0) - n_first / rate_cpu,
+            "after_last_chunk_s": t1 - w_last,  # writing the shards, committing (inside the window)
+        }
+    return run
 
 
-def bare_run(data: Path, model: str, workdir: Path, batch_docs: int, threads: int, rounds: int = 3) -> dict:
-    """The same chunks scored in one process, in a loop."""
+def bare_setup(data: Path, model: str, workdir: Path, batch_docs: int, threads: int):
+    """The bare side: the model loaded once, the same chunks read before any clock starts."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
 
     from features.base import tune_cpu_malloc
-    from linking.assign import assign_links, pad_scores
     from linking.model import load_scorer, resolve_model
     from linking.steps import LINK_COLUMNS, documents_of_table
     from schemas.manifest import Manifest
@@ -166,22 +210,27 @@ def bare_run(data: Path, model: str, workdir: Path, batch_docs: int, threads: in
     for path in Manifest.read(data).shard_paths(data):
         for rb in pq.ParquetFile(path).iter_batches(batch_size=batch_docs, columns=LINK_COLUMNS):
             chunks.append(documents_of_table(pa.Table.from_batches([rb]), path.name))
+    scorer.score(chunks[0])  # warm-up, as the job's steady state starts after its first chunk
+    return scorer, chunks, load_s
+
+
+def bare_round(scorer, chunks: list[list[dict]], assign: bool) -> tuple[float, float]:
+    """(docs/s, docs per CPU-s) of one pass over the chunks in a loop: score, and with
+    ``assign`` also the matching (the work the job does per chunk)."""
+    from linking.assign import assign_links, pad_scores
+
     n = sum(len(c) for c in chunks)
-    rates = {"score": [], "score_assign": []}
-    for _ in range(rounds):  # alternate, so both see the same neighbours on a shared machine
-        for what in rates:
-            t0, c0 = time.perf_counter(), cpu_s()
-            for c in chunks:
-                scores = scorer.score(c)
-                if what == "score_assign":
-                    padded, rows, cols = pad_scores(scores)
-                    assign_links(padded, rows, cols, "matching", float("-inf"))
-            rates[what].append((n / (time.perf_counter() - t0), n / max(cpu_s() - c0, 1e-9)))
-    out = {"documents": n, "threads": threads, "rounds": rounds, "model_load_s": round(load_s, 2)}
-    for what, values in rates.items():  # the median round
-        wall, cpu = sorted(values)[len(values) // 2]
-        out[f"{what}_docs_per_s"], out[f"{what}_docs_per_cpu_s"] = round(wall, 1), round(cpu, 1)
-    return out
+    t0, c0 = time.perf_counter(), cpu_s()
+    for c in chunks:
+        scores = scorer.score(c)
+        if assign:
+            padded, rows, cols = pad_scores(scores)
+            assign_links(padded, rows, cols, "matching", float("-inf"))
+    return n / (time.perf_counter() - t0), n / max(cpu_s() - c0, 1e-9)
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values))
 
 
 def main() -> None:
@@ -192,6 +241,7 @@ def main() -> None:
     ap.add_argument("--d-multi", type=int, default=256)
     ap.add_argument("--word-dim", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3, help="repetitions; medians are reported")
     ap.add_argument("--workdir", default="")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mmlinks-link-"))
@@ -201,45 +251,77 @@ def main() -> None:
     data = write_dataset(work / "ds", args.docs, args.seed)
     gen_s = time.perf_counter() - t0
     model = register(work, data, args.d_multi, args.word_dim, args.seed)
-    bare = bare_run(data, model, work, args.batch_docs, os.cpu_count() or 1)  # first: a quiet process
     small_n = min(args.docs, 2 * args.batch_docs)
     small = small_copy(data, work / "ds-small", small_n)
-    small_s, small_cpu, _ = beam_run(small, work / "links-small", model, work, args)
-    full_s, full_cpu, summary = beam_run(data, work / "links", model, work, args)
-    extra = summary["documents_linked"] - small_n
-    steady = extra / max(full_s - small_s, 1e-9)
-    steady_cpu = extra / max(full_cpu - small_cpu, 1e-9)
-    print(
-        json.dumps(
-            {
-                "documents": summary["documents_linked"],
-                "generate_dataset_s": round(gen_s, 1),
-                "batch_docs": args.batch_docs,
-                "model": {"d_multi": args.d_multi, "word_dim": args.word_dim, "backbone": "gru"},
-                "cpus": os.cpu_count(),
-                "beam": {
-                    "direct_workers": args.direct_workers or os.cpu_count(),
-                    "end_to_end_s": round(full_s, 1),
-                    "end_to_end_docs_per_s": round(summary["documents_linked"] / full_s, 1),
-                    "end_to_end_cpu_s": round(full_cpu, 1),
-                    "small_run": {
-                        "documents": small_n,
-                        "wall_s": round(small_s, 1),
-                        "cpu_s": round(small_cpu, 1),
-                    },
-                    "steady_docs_per_s": round(steady, 1),
-                    "steady_docs_per_cpu_s": round(steady_cpu, 1),
-                    "start_up_s": round(small_s - small_n / steady, 1),
-                    "start_up_cpu_s": round(small_cpu - small_n / steady_cpu, 1),
-                    "link_rate": summary["link_rate"],
-                },
-                "bare": bare,
-                "ratio_steady_vs_bare": round(steady / bare["score_assign_docs_per_s"], 3),
-                "ratio_steady_vs_bare_cpu": round(steady_cpu / bare["score_assign_docs_per_cpu_s"], 3),
-            },
-            indent=1,
+    threads = os.cpu_count() or 1
+    scorer, chunks, load_s = bare_setup(data, model, work, args.batch_docs, threads)
+    time_chunks()
+    reps = []
+    for _ in range(args.repeats):  # interleaved, so both sides see the same neighbours
+        score = bare_round(scorer, chunks, assign=False)
+        score_assign = bare_round(scorer, chunks, assign=True)
+        small_run = beam_run(small, work / "links-small", model, work, args)
+        full = beam_run(data, work / "links", model, work, args)
+        reps.append({"score": score, "score_assign": score_assign, "small": small_run, "full": full})
+    print(json.dumps(report(args, reps, small_n, gen_s, load_s, threads), indent=1))
+
+
+def report(args, reps: list[dict], small_n: int, gen_s: float, load_s: float, threads: int) -> dict:
+    """Medians over the repetitions, plus each repetition's ratios."""
+    summary = reps[-1]["full"]["summary"]
+    n = summary["documents_linked"]
+    bare = {"documents": n, "threads": threads, "model_load_s": round(load_s, 2)}
+    for what in ("score", "score_assign"):
+        bare[f"{what}_docs_per_s"] = round(median([r[what][0] for r in reps]), 1)
+        bare[f"{what}_docs_per_cpu_s"] = round(median([r[what][1] for r in reps]), 1)
+    # cross-check: the extra documents of the full run over its extra time against the small run
+    diff = [(n - small_n) / max(r["full"]["wall_s"] - r["small"]["wall_s"], 1e-9) for r in reps]
+    diff_cpu = [(n - small_n) / max(r["full"]["cpu_s"] - r["small"]["cpu_s"], 1e-9) for r in reps]
+    beam = {
+        "direct_workers": args.direct_workers or os.cpu_count(),
+        "end_to_end_s": round(median([r["full"]["wall_s"] for r in reps]), 2),
+        "end_to_end_cpu_s": round(median([r["full"]["cpu_s"] for r in reps]), 2),
+        "small_run": {"documents": small_n, "wall_s": round(median([r["small"]["wall_s"] for r in reps]), 2)},
+        "difference_steady_docs_per_s": round(median(diff), 1),
+        "difference_steady_docs_per_cpu_s": round(median(diff_cpu), 1),
+        "link_rate": summary["link_rate"],
+    }
+    beam["end_to_end_docs_per_s"] = round(n / beam["end_to_end_s"], 1)
+    out = {
+        "documents": n,
+        "generate_dataset_s": round(gen_s, 1),
+        "batch_docs": args.batch_docs,
+        "repeats": len(reps),
+        "model": {"d_multi": args.d_multi, "word_dim": args.word_dim, "backbone": "gru"},
+        "cpus": os.cpu_count(),
+        "beam": beam,
+        "bare": bare,
+        "ratio_difference_vs_bare": round(
+            beam["difference_steady_docs_per_s"] / bare["score_assign_docs_per_s"], 3
+        ),
+    }
+    in_run = [r["full"]["in_run"] for r in reps]
+    if all(in_run):
+        for k in (
+            "steady_docs_per_s",
+            "steady_docs_per_cpu_s",
+            "start_up_s",
+            "start_up_cpu_s",
+            "after_last_chunk_s",
+        ):
+            beam[f"in_run_{k}"] = round(
+                median([x[k] for x in in_run]), 2 if k.endswith("_s") and "docs" not in k else 1
+            )
+        out["ratio_steady_vs_bare"] = round(
+            beam["in_run_steady_docs_per_s"] / bare["score_assign_docs_per_s"], 3
         )
-    )
+        out["ratio_steady_vs_bare_cpu"] = round(
+            beam["in_run_steady_docs_per_cpu_s"] / bare["score_assign_docs_per_cpu_s"], 3
+        )
+        out["ratio_per_repeat"] = [
+            round(x["steady_docs_per_s"] / r["score_assign"][0], 3) for x, r in zip(in_run, reps, strict=True)
+        ]
+    return out
 
 
 if __name__ == "__main__":

@@ -64,7 +64,9 @@ def dataset_chunks(p: beam.Pipeline, cfg: LinkConfig, shards: list[tuple[str, st
         | "RowGroups" >> beam.FlatMap(row_groups, cfg.data)
         | "Spread" >> beam.Reshuffle()
         | "ReadChunks"
-        >> beam.ParDo(ReadChunks(cfg.data, cfg.batch_docs, limits)).with_outputs(DEAD_LETTER, main="chunks")
+        >> beam.ParDo(ReadChunks(cfg.data, cfg.batch_docs, limits, cfg.eval)).with_outputs(
+            DEAD_LETTER, main="chunks"
+        )
     )
     return read.chunks, [read[DEAD_LETTER]]
 
