@@ -78,6 +78,12 @@ class ObjectiveSpec:
     # headline, lead, body, caption fused), so the per-sentence link scores of validation
     # (AUC, within-document gap) do not apply and are skipped
     link_metrics: bool = True
+    # how a run is packaged as an MLflow pyfunc (a key of ``PACKAGINGS``): "link" (documents ->
+    # link matrix, training/packaging.py), "pairs" (text -> ranked test-split gallery,
+    # training/retrieval/serving.py; the test split must be pairs), "news-archive" (article ->
+    # ranked archive images through a FAISS index, training/news/serving.py), "none" (evaluated
+    # and logged, not packaged)
+    packaging: str = "link"
 
     def text(self, cfg: TrainConfig) -> str:
         if self.describe is not None:
@@ -90,10 +96,13 @@ class ObjectiveSpec:
 
 
 _OBJECTIVES: dict[str, ObjectiveSpec] = {}
+PACKAGINGS = ("link", "pairs", "news-archive", "none")
 
 
 def register_objective(spec: ObjectiveSpec, replace: bool = False) -> ObjectiveSpec:
     """Add ``spec`` to the registry (``replace`` to redefine a name, e.g. in a test)."""
+    if spec.packaging not in PACKAGINGS:
+        raise ValueError(f"objective {spec.name!r}: packaging {spec.packaging!r} is not one of {PACKAGINGS}")
     if spec.name in _OBJECTIVES and not replace:
         raise ValueError(f"objective {spec.name!r} is already registered")
     _OBJECTIVES[spec.name] = spec
@@ -292,6 +301,7 @@ for _name, _summary in (
             model_loss=_retrieval("model_loss"),
             val_metrics=_retrieval("val_metrics"),
             columns=("metadata",),
+            packaging="pairs",
         )
     )
 
@@ -355,6 +365,7 @@ register_objective(
         val_metrics=_news("val_metrics"),
         columns=("metadata",),
         link_metrics=False,
+        packaging="news-archive",
     )
 )
 
