@@ -163,35 +163,55 @@ def train_languages(paths: list) -> list[str]:
     return sorted({dict(m or {}).get("language", "") for m in meta} - {""})
 
 
+def _model_kwargs(
+    root: Path, checkpoint_dir: str, vocab: Vocabulary, index: ArchiveIndex, languages, run_id
+) -> dict:
+    """The pyfunc's files under ``root`` and the arguments ``log_model`` / ``save_model`` take."""
+    if not languages:
+        raise MmlinksError("the training split names no language (metadata 'language')")
+    shutil.copytree(checkpoint_dir, root / "checkpoint")
+    vocab.save(root / "vocab.json")
+    index.save(root / "archive")
+    (root / "news.json").write_text(json.dumps({"languages": list(languages), "run_id": run_id}))
+    artifacts = {
+        "checkpoint": str(root / "checkpoint"),
+        "vocab": str(root / "vocab.json"),
+        "archive": str(root / "archive"),
+        "news": str(root / "news.json"),
+    }
+    return {
+        "python_model": NewsModel(),
+        "artifacts": artifacts,
+        "signature": SIGNATURE,
+        "input_example": pd.DataFrame([{"language": languages[0], "headline": "an example headline"}]),
+        "pip_requirements": [*pip_requirements(), "faiss-cpu"],
+    }
+
+
 def log_news_model(
     checkpoint_dir: str, vocab: Vocabulary, index: ArchiveIndex, languages: list[str], run_id: str
 ) -> str:
     """Log the news pyfunc (checkpoint, vocabulary, archive index, languages) into the active
     run; its model URI."""
-    if not languages:
-        raise MmlinksError("the training split names no language (metadata 'language')")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        shutil.copytree(checkpoint_dir, root / "checkpoint")
-        vocab.save(root / "vocab.json")
-        index.save(root / "archive")
-        (root / "news.json").write_text(json.dumps({"languages": list(languages), "run_id": run_id}))
-        artifacts = {
-            "checkpoint": str(root / "checkpoint"),
-            "vocab": str(root / "vocab.json"),
-            "archive": str(root / "archive"),
-            "news": str(root / "news.json"),
-        }
-        example = pd.DataFrame([{"language": languages[0], "headline": "an example headline"}])
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=NewsModel(),
-            artifacts=artifacts,
-            signature=SIGNATURE,
-            input_example=example,
-            pip_requirements=[*pip_requirements(), "faiss-cpu"],
-        )
-    return info.model_uri
+        kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id)
+        return mlflow.pyfunc.log_model(name="model", **kwargs).model_uri
+
+
+def save_news_model(
+    path: str | Path,
+    checkpoint_dir: str,
+    vocab: Vocabulary,
+    index: ArchiveIndex,
+    languages: list[str],
+    run_id: str,
+) -> Path:
+    """The same pyfunc written to a local folder (no tracking store): ``mlflow models serve -m
+    PATH`` serves it, ``mlflow.pyfunc.load_model(PATH)`` loads it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id)
+        mlflow.pyfunc.save_model(path=str(path), **kwargs)
+    return Path(path)
 
 
 def package_news_run(
@@ -223,6 +243,8 @@ def evaluate_news(model: NewsModel, paths: list) -> dict:
     from training.retrieval.metrics import retrieval_metrics
     from training.retrieval.serving import GATE_POOL_SIZE, GATE_POOLS
 
+    if not paths:
+        raise MmlinksError("news evaluation needs at least 2 samples; no shard given")
     table = read_table(paths, columns=["doc_id", "sentences", "images", "metadata"]).sort_by("doc_id")
     articles = [
         dict(zip(sources_of(dict(m or {})), s, strict=True))
