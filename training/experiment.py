@@ -24,7 +24,7 @@ from training.config import TrainConfig
 from training.driver import fit
 from training.evaluate import evaluate
 from training.metrics import flat_within_warning
-from training.objectives.registry import get_objective
+from training.objectives.registry import check_objective_data, get_objective
 from training.packaging import example_document, log_link_model
 
 EXPERIMENT = "mmlinks"
@@ -347,6 +347,7 @@ def run_experiment(
     manifest = Manifest.read(cfg.data)
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
+    check_objective_data(cfg, manifest)
     with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)

@@ -84,6 +84,9 @@ class ObjectiveSpec:
     # ranked archive images through a FAISS index, training/news/serving.py), "none" (evaluated
     # and logged, not packaged)
     packaging: str = "link"
+    # (manifest, dataset folder) -> what the dataset lacks for this objective (checked before a
+    # run is opened, so `mmlinks train` fails in one line instead of inside a Ray worker)
+    check_data: Callable[[Any, str], list[str]] | None = None
 
     def text(self, cfg: TrainConfig) -> str:
         if self.describe is not None:
@@ -111,6 +114,17 @@ def register_objective(spec: ObjectiveSpec, replace: bool = False) -> ObjectiveS
 
 def unregister_objective(name: str) -> None:
     _OBJECTIVES.pop(name, None)
+
+
+def check_objective_data(cfg: TrainConfig, manifest) -> None:
+    """Refuse a dataset the objective cannot train on (``ObjectiveSpec.check_data``), in one
+    line, before anything heavy is imported or a run is opened."""
+    spec = get_objective(cfg.objective)
+    problems = spec.check_data(manifest, cfg.data) if spec.check_data else []
+    if problems:
+        from schemas.errors import MmlinksError
+
+        raise MmlinksError(f"--objective {cfg.objective}: {'; '.join(problems)}")
 
 
 def objective_names() -> tuple[str, ...]:
@@ -337,6 +351,12 @@ def _news_check(cfg: TrainConfig) -> list[str]:
     )
 
 
+def _news_data(manifest, data: str) -> list[str]:
+    from schemas.news import check_news_dataset
+
+    return check_news_dataset(manifest, data)
+
+
 register_objective(
     ObjectiveSpec(
         name="news",
@@ -366,6 +386,7 @@ register_objective(
         columns=("metadata",),
         link_metrics=False,
         packaging="news-archive",
+        check_data=_news_data,
     )
 )
 
