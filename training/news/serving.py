@@ -269,3 +269,45 @@ def evaluate_news(model: NewsModel, paths: list) -> dict:
     out = {k: m["t2i"][k] for k in ("medr", "medr_std", "r1", "r5", "r10", "pool_size", "pools")}
     out.update({"i2t_medr": m["i2t"]["medr"], "i2t_r10": m["i2t"]["r10"], "pairs": len(articles)})
     return out
+
+
+def build_model_archive(
+    model_uri: str, data: str, out_root: str, tracking_uri: str | None = None, kind: str = "flat"
+) -> dict:
+    """The archive index of dataset ``data`` (every split) under the registered news model
+    ``model_uri`` (``models:/NAME@ALIAS`` or ``/VERSION``), saved to
+    ``out_root/<model version>@<dataset version>``: what the Dagster asset
+    ``archive_index/<objective>`` materialises. The index carries the model's run id, so the
+    served model accepts it as ``MMLINKS_NEWS_ARCHIVE``. A summary dict."""
+    from schemas.manifest import Manifest
+    from training.evaluate import load_linker
+
+    model = load_linker(model_uri, tracking_uri)
+    if not isinstance(model, NewsModel):
+        raise MmlinksError(f"{model_uri} is not a news image selection model")
+    version = _model_version(model_uri, tracking_uri)
+    manifest = Manifest.read(data)
+    paths = [str(p) for p in manifest.shard_paths(data)]
+    info = {
+        "run_id": model.run_id,
+        "model_uri": model_uri,
+        "model_version": version,
+        "dataset_version": manifest.dataset_version,
+    }
+    index = build_archive_index(model.model, paths, kind, info)
+    folder = index.save(Path(out_root) / f"{version}@{manifest.dataset_version}")
+    return {**info, "path": str(folder), "images": len(index), "kind": kind}
+
+
+def _model_version(model_uri: str, tracking_uri: str | None) -> str:
+    """The registry version behind ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION`` ("" for
+    another URI)."""
+    from mlflow.tracking import MlflowClient
+
+    if not model_uri.startswith("models:/"):
+        return ""
+    name_ref = model_uri[len("models:/") :]
+    if "@" in name_ref:
+        name, alias = name_ref.split("@", 1)
+        return str(MlflowClient(tracking_uri).get_model_version_by_alias(name, alias).version)
+    return name_ref.rsplit("/", 1)[-1]

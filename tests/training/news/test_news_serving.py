@@ -18,13 +18,11 @@ import pytest
 import torch
 from mlflow.exceptions import MlflowException
 
-from schemas.document import Document, ImageRecord
 from schemas.errors import MmlinksError
-from schemas.shards import write_shard
 from tests.conftest import free_port
-from training.checkpoints import CHECKPOINT_FILE
+from tests.training.news.helpers import news_checkpoint, write_news_dataset
+from training.checkpoints import load_checkpoint_model
 from training.news.archive import build_archive_index
-from training.news.model import NewsConfig, NewsRetrieval
 from training.news.serving import (
     ARCHIVE_ENV,
     encode_articles,
@@ -32,53 +30,21 @@ from training.news.serving import (
     save_news_model,
     train_languages,
 )
-from training.text import Vocabulary
-
-DIM = 8
-WORDS = "red blue green cross dot storm rot blau grün kreuz".split()
-
-
-def _sample(i: int, lang: str, split: str, rng) -> Document:
-    words = rng.choice(WORDS, size=4)
-    content = f"{i // 2:064x}"  # every two samples share a photo: the archive dedupes it
-    return Document(
-        doc_id=f"a{i}#0",
-        source="news-jsonl",
-        split=split,
-        sentences=[" ".join(words[:2]), " ".join(words[2:])],
-        images=[ImageRecord(content, f"img/{content[-4:]}.jpg", 32, 32, i, rng.random(DIM).tolist())],
-        links=[(0, 0), (1, 0)],
-        metadata={"news_sources": "headline,caption", "language": lang, "article_id": f"a{i}"},
-    )
 
 
 @pytest.fixture(scope="module")
 def news_model(tmp_path_factory):
     """(loaded pyfunc, model folder, shard paths, run id)."""
     root = tmp_path_factory.mktemp("news-serve")
-    rng = np.random.default_rng(0)
-    docs = [_sample(i, ("en", "de")[i % 2], "train" if i < 16 else "test", rng) for i in range(20)]
-    paths = [root / "train.parquet", root / "test.parquet"]
-    write_shard(paths[0], docs[:16])
-    write_shard(paths[1], docs[16:])
-    vocab = Vocabulary.build((s for d in docs for s in d.sentences), 1)
-    torch.manual_seed(0)
-    cfg = NewsConfig(
-        vocab_size=len(vocab.words), word_dim=16, image_dim=DIM, d=16, d_hidden=32, fusion="attention"
-    )
-    net = NewsRetrieval(cfg).eval()
-    ckpt = root / "ckpt"
-    ckpt.mkdir()
-    torch.save(
-        {"model": net.state_dict(), "epoch": 1, "val_loss": 0.0, "best_epoch": 1}, ckpt / CHECKPOINT_FILE
-    )
-    (ckpt / "meta.json").write_text(json.dumps({"model": cfg.to_dict(), "train": {"max_tokens": 20}}))
+    data, docs = write_news_dataset(root / "data")
+    ckpt, vocab = news_checkpoint(root / "ckpt", docs)
+    net = load_checkpoint_model(ckpt)[0]
+    paths = sorted(data.glob("*.parquet"))
+    train = [str(data / "train-00000.parquet")]
     # a model folder, not a tracking store: a sqlite store's first migration costs seconds;
     # the logged form (log_news_model) is the same files, exercised by test_news_train.py
     index = build_archive_index(net, [str(p) for p in paths], "flat", {"run_id": "run-1"})
-    model_uri = str(
-        save_news_model(root / "model", str(ckpt), vocab, index, train_languages([str(paths[0])]), "run-1")
-    )
+    model_uri = str(save_news_model(root / "model", str(ckpt), vocab, index, train_languages(train), "run-1"))
     return mlflow.pyfunc.load_model(model_uri), model_uri, [str(p) for p in paths], "run-1"
 
 
@@ -167,9 +133,10 @@ def test_an_archive_of_another_run_is_refused_and_the_gate_metrics_are_computed(
     monkeypatch.setenv(ARCHIVE_ENV, str(other.save(tmp_path / "other")))
     with pytest.raises(Exception, match="built from run another-run"):
         mlflow.pyfunc.load_model(model_uri)
-    same = build_archive_index(model.model, paths[:1], "hnsw", {"run_id": run_id})
+    train = [p for p in paths if "train" in p]  # 12 samples, 6 photos
+    same = build_archive_index(model.model, train, "hnsw", {"run_id": run_id})
     monkeypatch.setenv(ARCHIVE_ENV, str(same.save(tmp_path / "same")))
-    assert len(mlflow.pyfunc.load_model(model_uri).unwrap_python_model().archive) == 8
+    assert len(mlflow.pyfunc.load_model(model_uri).unwrap_python_model().archive) == 6
     m = evaluate_news(model, paths)
     assert m["pairs"] == 20 and 1 <= m["medr"] <= 20 and {"r1", "r10", "i2t_medr"} <= set(m)
     with pytest.raises(MmlinksError, match="at least 2"):
