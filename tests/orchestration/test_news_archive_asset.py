@@ -12,10 +12,11 @@ from mlflow.tracking import MlflowClient
 
 from orchestration.definitions import build_definitions
 from orchestration.resources import MlflowResource, RedditResource, StorageResource, TrainingResource
+from schemas.manifest import Manifest
 from tests.orchestration.test_dagster_definitions import failures, materialize, settings
 from tests.training.news.helpers import news_checkpoint, write_news_dataset
-from training.news.archive import ArchiveIndex, build_archive_index
-from training.news.serving import log_news_model, train_languages
+from training.news.archive import ArchiveIndex
+from training.news.serving import package_news_run
 from training.tracking import configure
 
 ARCHIVE = dg.AssetKey(["archive_index", "news"])
@@ -33,12 +34,8 @@ def env(tmp_path_factory):
     from training.checkpoints import load_checkpoint_model
 
     net = load_checkpoint_model(ckpt)[0]
-    with mlflow.start_run() as run:
-        index = build_archive_index(
-            net, [str(data / "train-00000.parquet")], "flat", {"run_id": run.info.run_id}
-        )
-        langs = train_languages([str(data / "train-00000.parquet")])
-        model_uri = log_news_model(str(ckpt), vocab, index, langs, run.info.run_id)
+    with mlflow.start_run() as run:  # what the experiment does after a news fit
+        model_uri = package_news_run(str(ckpt), net, vocab, str(data), Manifest.read(data), run.info.run_id)
     version = mlflow.register_model(model_uri, MODEL_NAME).version
     MlflowClient(uri).set_registered_model_alias(MODEL_NAME, "production", version)
     mlflow.set_tracking_uri(None)
@@ -64,6 +61,20 @@ def env(tmp_path_factory):
 def news_settings():
     limits = {"min_documents": 10, "min_split_documents": {"train": 5, "val": 2, "test": 2}}
     return settings(sources=["news-jsonl"], objectives={"news": {"objective": "news"}}, thresholds=limits)
+
+
+def test_the_packaged_run_serves_its_whole_dataset_as_the_archive(env):
+    import pandas as pd
+
+    uri = env["resources"]["mlflow"].uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@production")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert len(model.unwrap_python_model().archive) == 10  # every split's distinct photos
+    out = model.predict(pd.DataFrame([{"language": "en", "headline": "red storm"}]), params={"top_k": 10})
+    assert len(out["image_ids"][0]) == 10
 
 
 def test_the_archive_index_of_the_production_news_model_is_built_and_versioned(env):

@@ -69,3 +69,15 @@ def test_bad_index_inputs_are_one_line_errors(tmp_path):
         ArchiveIndex.build(["a", "b", "c"], x).search(np.ones((1, 4)), 1)
     with pytest.raises(MmlinksError, match="no archive index"):
         ArchiveIndex.load(tmp_path)
+
+
+def test_the_registry_says_how_each_objective_is_packaged():
+    import dataclasses
+
+    from training.objectives.registry import get_objective, objective_names, register_objective
+
+    kinds = {name: get_objective(name).packaging for name in objective_names()}
+    assert kinds["news"] == "news-archive" and kinds["cmca"] == kinds["cmcm-c"] == "pairs"
+    assert kinds["ap"] == kinds["li2021"] == "link"
+    with pytest.raises(ValueError, match="packaging 'zip'"):
+        register_objective(dataclasses.replace(get_objective("ap"), name="ap-zip", packaging="zip"))
