@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--noise", type=float, default=0.5, help="query = database vector + noise * N(0, I/D)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--ef-search", type=int, default=0, help="HNSW search breadth (0: the library's HNSW_EF_SEARCH)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
     for kind in ("flat", "hnsw"):
         t0 = time.perf_counter()
         index = ArchiveIndex.build(ids, x, kind=kind)
+        if kind == "hnsw" and args.ef_search:
+            index.index.hnsw.efSearch = args.ef_search
         build_s = time.perf_counter() - t0
         lat, hits = [], []
         for row in q:
@@ -69,7 +74,11 @@ def main(argv: list[str] | None = None) -> dict:
         [len(set(a) & set(b)) / args.k for a, b in zip(results["hnsw"], results["flat"], strict=True)]
     )
     out["hnsw"].update(
-        {"recall_at_k_vs_exact": round(float(recall), 4), "M": HNSW_M, "ef_search": HNSW_EF_SEARCH}
+        {
+            "recall_at_k_vs_exact": round(float(recall), 4),
+            "M": HNSW_M,
+            "ef_search": args.ef_search or HNSW_EF_SEARCH,
+        }
     )
     out["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "faiss": faiss.__version__}
     out["load_avg_end"] = os.getloadavg()[0]
