@@ -40,8 +40,7 @@ def add_parsers(sub) -> None:
 
 def cmd_train(args) -> dict:
     from schemas.manifest import Manifest
-    from training.experiment import run_experiment
-    from training.tracking import tracking_uri
+    from training.objectives.registry import check_objective_data
 
     if getattr(args, "grid", None):
         from cli.grid import cmd_train_grid
@@ -50,13 +49,17 @@ def cmd_train(args) -> dict:
     if not args.data:
         raise MmlinksError("train needs --data DIR (or --grid with --grid-data NAME=DIR)")
     existing_dir(args.data)
-    Manifest.read(args.data)
+    manifest = Manifest.read(args.data)
     if args.alias == "production":
         raise MmlinksError(
             "--alias production would skip the gate; register a candidate and run `mmlinks promote`"
         )
     cfg = train_config_from_args(args)
+    cfg.validate()  # config and dataset errors in one line, before torch / Ray / MLflow load
+    check_objective_data(cfg, manifest)
+    from training.experiment import run_experiment
     from training.objectives.registry import default_model_name
+    from training.tracking import tracking_uri
 
     default_name = default_model_name(cfg.objective, cfg.relation)
     model_name = default_name if args.model_name is None else args.model_name

@@ -9,6 +9,7 @@ ids); the data itself stays where the libraries write it.
                                                                       \\-> evaluation/<obj>[source]
                                                                            -> production/<obj>[source]
                                           dataset[source] + production/<obj> ··> linked/<obj>[source]
+                         news objectives: dataset + production/<obj> -> archive_index/<obj>[source]
 
 Retrieval objectives (cmca, cmcm, cmcm-c: ``training/retrieval/``) get the same model ->
 evaluation -> production chain, evaluated and gated on the validation split's MedR / R@10
@@ -25,6 +26,7 @@ from orchestration.asset_support import month_partitions, retry_policy, source_p
 from orchestration.data_assets import data_assets
 from orchestration.link_assets import linked_asset
 from orchestration.model_assets import objective_assets
+from orchestration.news_assets import archive_index_asset, is_news_objective
 from orchestration.settings import Settings
 
 
@@ -33,6 +35,9 @@ def build_assets(settings: Settings) -> list[dg.AssetsDefinition]:
     out = data_assets(settings, sources, month_partitions(settings), retry_policy(settings))
     for objective in settings.objectives:
         out += objective_assets(settings, objective, sources, retry_policy(settings))
-    for objective in settings.link_objectives():  # retrieval models have no link job
+    for objective in settings.link_objectives():  # coherence retrieval models have no link job
         out.append(linked_asset(settings, objective, sources, retry_policy(settings)))
+    for objective in settings.objectives:
+        if is_news_objective(settings, objective):  # ranks an archive's images; links nothing
+            out.append(archive_index_asset(settings, objective, sources, retry_policy(settings)))
     return out

@@ -24,6 +24,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.asset_support import DIY
+from orchestration.news_assets import served_objectives, serving_key
 from orchestration.settings import Settings
 
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
@@ -37,6 +38,7 @@ IN_FLIGHT = [
 
 def build_jobs(settings: Settings) -> dict[str, Any]:
     objectives = list(settings.objectives)
+    served = served_objectives(settings)
     return {
         "diy_crawl_job": dg.define_asset_job(
             "diy_crawl_job",
@@ -59,11 +61,9 @@ def build_jobs(settings: Settings) -> dict[str, Any]:
         ),
         "link_job": dg.define_asset_job(
             "link_job",
-            selection=dg.AssetSelection.assets(
-                *[dg.AssetKey(["linked", o]) for o in settings.link_objectives()]
-            ),
+            selection=dg.AssetSelection.assets(*[serving_key(settings, o) for o in served]),
             description="Link every document of a source's current dataset with each objective's "
-            "production model.",
+            "production model (news objectives: rebuild its image archive index).",
         ),
         "promote_job": dg.define_asset_job(
             "promote_job",
@@ -213,7 +213,7 @@ def _linking_sensor(settings: Settings, job) -> dg.SensorDefinition:
                 dataset_version = Manifest.read(storage.dataset_path(source)).dataset_version
             except MmlinksError:
                 continue  # no dataset yet
-            for objective in settings.link_objectives():
+            for objective in served_objectives(settings):
                 version = alias_version(
                     client, settings.registered_model_name(source, objective), "production"
                 )
@@ -226,7 +226,7 @@ def _linking_sensor(settings: Settings, job) -> dg.SensorDefinition:
                     dg.RunRequest(
                         run_key=f"link-{objective}-{source}-{state}",
                         partition_key=source,
-                        asset_selection=[dg.AssetKey(["linked", objective])],
+                        asset_selection=[serving_key(settings, objective)],
                         tags={"mmlinks/model_version": version, "mmlinks/dataset_version": dataset_version},
                     )
                 )

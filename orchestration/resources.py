@@ -75,6 +75,11 @@ class StorageResource(dg.ConfigurableResource):
         """Where linked/<objective>[source] writes its link shards + manifest."""
         return self._join(self.root, "linked", source, objective)
 
+    def archive_path(self, source: str, objective: str) -> str:
+        """Where archive_index/<objective> writes its versioned index folders (local: FAISS
+        writes files)."""
+        return self._join(self.local_root(), "archive", source, objective)
+
     def crawl_state_uri(self, name: str) -> str:
         return self._join(self.root, "crawl-state", name)
 

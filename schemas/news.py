@@ -33,3 +33,21 @@ def parse_sources(text: str) -> tuple[str, ...]:
     if not names or bad or len(set(names)) != len(names):
         raise ValueError(f"news sources {text!r}: distinct names among {', '.join(NEWS_SOURCES)}")
     return tuple(n for n in NEWS_SOURCES if n in names)
+
+
+def check_news_dataset(manifest, data: str) -> list[str]:
+    """What a dataset lacks for ``--objective news``: its rows must be news samples (metadata
+    naming their sources, what ``--source news-jsonl`` / ``goodnews`` build); read from the
+    first train shard only, so it costs one small read."""
+    from schemas.shards import read_table
+
+    paths = manifest.shard_paths(data, "train")[:1]
+    if not paths:
+        return [f"{data} has no train shard"]
+    meta = read_table(paths, columns=["metadata"]).column("metadata").to_pylist()
+    if not meta or any(SOURCES_KEY not in dict(m or {}) for m in meta):
+        return [
+            f"{data} (source {manifest.source}) does not hold news samples (metadata "
+            f"{SOURCES_KEY!r}); build one with --source news-jsonl or goodnews"
+        ]
+    return []

@@ -24,7 +24,7 @@ from training.config import TrainConfig
 from training.driver import fit
 from training.evaluate import evaluate
 from training.metrics import flat_within_warning
-from training.objectives.registry import get_objective
+from training.objectives.registry import check_objective_data, get_objective
 from training.packaging import example_document, log_link_model
 
 EXPERIMENT = "mmlinks"
@@ -33,7 +33,8 @@ EXPERIMENT = "mmlinks"
 @dataclass
 class ExperimentResult:
     run_id: str
-    model_uri: str | None  # models:/<name>@<alias> when registered, else runs:/...; None: not packaged (news)
+    # models:/<name>@<alias> when registered, else runs:/...; None: not packaged (objective packaging "none")
+    model_uri: str | None
     model_version: str | None
     best_epoch: int
     test: dict | None  # None: the test split has no labelled document
@@ -212,11 +213,9 @@ def _retrieval_result(
     with the packaged retrieval model (``training/retrieval/serving.py``: its gallery is the
     test split's images, its refinement the lambda and T chosen on validation), registered under
     ``model_name`` as ``alias`` when a name is given."""
-    from schemas.errors import MmlinksError
     from training.data import make_batch
     from training.loop import validation_batches
     from training.retrieval.objective import evaluate_pairs, tune_refinement
-    from training.retrieval.serving import log_retrieval_model, split_pairs
 
     test_paths = [str(p) for p in manifest.shard_paths(cfg.data, "test")]
     tables = validation_batches(test_paths, cfg.batch_docs, 0, 1, ("metadata",))
@@ -235,18 +234,7 @@ def _retrieval_result(
     mlflow.log_dict({"history": result.history}, "training_history.json")
     refine = tuned or {"refine_lambda": cfg.refine_lambda, "refine_threshold": cfg.refine_threshold}
     report_path = _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir)
-    try:
-        ids, _, feats = split_pairs(test_paths)
-    except MmlinksError as exc:
-        # News samples carry several texts per image: their served model (an archive index,
-        # issue #18) is not built yet, so the run is evaluated and logged but not packaged.
-        mlflow.set_tag("mmlinks.model", f"not packaged: {exc}")
-        ids, feats = None, None
-    fe = manifest.feature_extractor
-    model_uri = None
-    if ids is not None:
-        with result.checkpoint.as_directory() as ckpt_dir:
-            model_uri = log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version)
+    model_uri = _package_retrieval(cfg, manifest, run, result, test_paths, refine)
     version = None
     if model_name and model_uri:
         version = tracking.register(model_uri, model_name, alias, tracking_uri)
@@ -261,6 +249,28 @@ def _retrieval_result(
         tracking_uri=tracking_uri,
         report_path=report_path,
     )
+
+
+def _package_retrieval(
+    cfg: TrainConfig, manifest, run, result, test_paths: list[str], refine: dict
+) -> str | None:
+    """The run's pyfunc, as its objective's ``packaging`` says: "pairs" ranks the test split's
+    images for a text, "news-archive" ranks the whole dataset's images (a FAISS archive index)
+    for an article, "none" packages nothing (the URI is then None)."""
+    packaging = get_objective(cfg.objective).packaging
+    if packaging == "none":
+        mlflow.set_tag("mmlinks.model", f"not packaged (objective {cfg.objective})")
+        return None
+    fe = manifest.feature_extractor
+    with result.checkpoint.as_directory() as ckpt_dir:
+        if packaging == "news-archive":
+            from training.news.serving import package_news_run
+
+            return package_news_run(ckpt_dir, result.model, result.vocab, cfg.data, manifest, run.info.run_id)
+        from training.retrieval.serving import log_retrieval_model, split_pairs
+
+        ids, _, feats = split_pairs(test_paths)
+        return log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version)
 
 
 def _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir) -> str:
@@ -337,6 +347,7 @@ def run_experiment(
     manifest = Manifest.read(cfg.data)
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
+    check_objective_data(cfg, manifest)
     with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)

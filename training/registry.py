@@ -75,7 +75,8 @@ def evaluate_model_uri(
     A linking model: AUC, p@1, p@5 over the split's labelled documents. The serving limits
     (documents of at most 200 sentences/images) do not apply here: a dataset's long documents
     must not make promotion impossible. A retrieval model (``family`` "retrieval"): MedR and R@K
-    over the gate's fixed pools of the split's pairs (``training/retrieval/serving.py``).
+    over the gate's fixed pools of the split's pairs (``training/retrieval/serving.py``); a news
+    model (``family`` "news") the same over the split's news samples.
     """
 
     manifest = Manifest.read(data)
@@ -89,6 +90,10 @@ def evaluate_model_uri(
         from training.retrieval.serving import evaluate_retrieval
 
         return evaluate_retrieval(linker, paths)
+    if getattr(linker, "family", "link") == "news":
+        from training.news.serving import evaluate_news
+
+        return evaluate_news(linker, paths)
     table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
     per_doc = []
     for doc_id, sentences, f, lk in iter_documents(table):

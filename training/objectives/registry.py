@@ -78,6 +78,15 @@ class ObjectiveSpec:
     # headline, lead, body, caption fused), so the per-sentence link scores of validation
     # (AUC, within-document gap) do not apply and are skipped
     link_metrics: bool = True
+    # how a run is packaged as an MLflow pyfunc (a key of ``PACKAGINGS``): "link" (documents ->
+    # link matrix, training/packaging.py), "pairs" (text -> ranked test-split gallery,
+    # training/retrieval/serving.py; the test split must be pairs), "news-archive" (article ->
+    # ranked archive images through a FAISS index, training/news/serving.py), "none" (evaluated
+    # and logged, not packaged)
+    packaging: str = "link"
+    # (manifest, dataset folder) -> what the dataset lacks for this objective (checked before a
+    # run is opened, so `mmlinks train` fails in one line instead of inside a Ray worker)
+    check_data: Callable[[Any, str], list[str]] | None = None
 
     def text(self, cfg: TrainConfig) -> str:
         if self.describe is not None:
@@ -90,10 +99,13 @@ class ObjectiveSpec:
 
 
 _OBJECTIVES: dict[str, ObjectiveSpec] = {}
+PACKAGINGS = ("link", "pairs", "news-archive", "none")
 
 
 def register_objective(spec: ObjectiveSpec, replace: bool = False) -> ObjectiveSpec:
     """Add ``spec`` to the registry (``replace`` to redefine a name, e.g. in a test)."""
+    if spec.packaging not in PACKAGINGS:
+        raise ValueError(f"objective {spec.name!r}: packaging {spec.packaging!r} is not one of {PACKAGINGS}")
     if spec.name in _OBJECTIVES and not replace:
         raise ValueError(f"objective {spec.name!r} is already registered")
     _OBJECTIVES[spec.name] = spec
@@ -102,6 +114,17 @@ def register_objective(spec: ObjectiveSpec, replace: bool = False) -> ObjectiveS
 
 def unregister_objective(name: str) -> None:
     _OBJECTIVES.pop(name, None)
+
+
+def check_objective_data(cfg: TrainConfig, manifest) -> None:
+    """Refuse a dataset the objective cannot train on (``ObjectiveSpec.check_data``), in one
+    line, before anything heavy is imported or a run is opened."""
+    spec = get_objective(cfg.objective)
+    problems = spec.check_data(manifest, cfg.data) if spec.check_data else []
+    if problems:
+        from schemas.errors import MmlinksError
+
+        raise MmlinksError(f"--objective {cfg.objective}: {'; '.join(problems)}")
 
 
 def objective_names() -> tuple[str, ...]:
@@ -299,6 +322,7 @@ for _name, _summary in (
             model_loss=_retrieval("model_loss"),
             val_metrics=_retrieval("val_metrics"),
             columns=("metadata",),
+            packaging="pairs",
         )
     )
 
@@ -334,6 +358,12 @@ def _news_check(cfg: TrainConfig) -> list[str]:
     )
 
 
+def _news_data(manifest, data: str) -> list[str]:
+    from schemas.news import check_news_dataset
+
+    return check_news_dataset(manifest, data)
+
+
 register_objective(
     ObjectiveSpec(
         name="news",
@@ -362,6 +392,8 @@ register_objective(
         val_metrics=_news("val_metrics"),
         columns=("metadata",),
         link_metrics=False,
+        packaging="news-archive",
+        check_data=_news_data,
     )
 )
 

@@ -1,5 +1,6 @@
 """synth-news -> Beam build (news-jsonl) -> Ray Train (--objective news, fused, random_drop) ->
-test R@K / MedR both directions in MLflow: the one end-to-end run of the news family.
+test R@K / MedR both directions in MLflow -> the packaged archive-ranking model answers an
+article: the one end-to-end run of the news family.
 
 Marked slow: it is the only news test that pays for the feature extractor and a Ray Train fit
 (about 30 s on a quiet 2-core machine); the parts are unit-tested in test_news_model.py and
@@ -64,3 +65,15 @@ def test_news_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
         "test_i2t_r10",
         "val_medr",
     } <= set(metrics)
+    # packaged as the archive-ranking pyfunc (objective packaging "news-archive"), registered
+    import mlflow
+    import pandas as pd
+
+    assert res.model_uri == "models:/news@candidate" and res.model_version == "1"
+    mlflow.set_tracking_uri(uri)
+    try:
+        served = mlflow.pyfunc.load_model(res.model_uri)
+    finally:
+        mlflow.set_tracking_uri(None)
+    out = served.predict(pd.DataFrame([{"language": "de", "caption": "foto"}]), params={"top_k": 5})
+    assert len(out["image_ids"][0]) == 5 and out["scores"][0] == sorted(out["scores"][0], reverse=True)

@@ -1,0 +1,89 @@
+"""Per news objective (an objective whose registry ``packaging`` is "news-archive"):
+``archive_index/<obj>[source]``, the FAISS index of every image of the source's current dataset
+version under the objective's production model (``training.news.serving.build_model_archive``).
+
+It depends on ``dataset`` and ``production/<obj>``: when either moves, the index is rebuilt, in
+its own folder ``ROOT/archive/<source>/<obj>/<model version>@<dataset version>`` (versioned next
+to the model it came from). The served model picks it up through ``MMLINKS_NEWS_ARCHIVE``.
+"""
+
+import dagster as dg
+from dagster import AssetExecutionContext
+
+from orchestration.asset_support import current_dataset, failures_explained, versioned
+from orchestration.resources import MlflowResource, StorageResource
+from orchestration.settings import Settings
+
+PRODUCTION = "production"
+
+
+def is_news_objective(settings: Settings, objective: str) -> bool:
+    from training.objectives.registry import get_objective
+
+    name = settings.objectives[objective].get("objective", objective)
+    return get_objective(name).packaging == "news-archive"
+
+
+def served_objectives(settings: Settings) -> list[str]:
+    """The objectives whose production model feeds an asset: ``linked/<obj>`` (linking) or
+    ``archive_index/<obj>`` (news); coherence retrieval models feed nothing downstream."""
+    links = set(settings.link_objectives())
+    return [o for o in settings.objectives if o in links or is_news_objective(settings, o)]
+
+
+def serving_key(settings: Settings, objective: str) -> dg.AssetKey:
+    """What the production model of ``objective`` feeds: ``archive_index/<obj>`` for a news
+    objective, ``linked/<obj>`` otherwise (the link job and sensor materialise it)."""
+    kind = "archive_index" if is_news_objective(settings, objective) else "linked"
+    return dg.AssetKey([kind, objective])
+
+
+def archive_index_asset(
+    settings: Settings, objective: str, sources: dg.StaticPartitionsDefinition, retry: dg.RetryPolicy
+) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=dg.AssetKey(["archive_index", objective]),
+        partitions_def=sources,
+        group_name="news",
+        kinds={"faiss", "mlflow"},
+        retry_policy=retry,
+        deps=[dg.AssetKey("dataset"), dg.AssetKey([PRODUCTION, objective])],
+        description=f"The image archive index (FAISS) of the current dataset version under the {objective} "
+        f"model's '{PRODUCTION}' version, under ROOT/archive/<source>/{objective}/<version>@<dataset>.",
+    )
+    def archive_index(
+        context: AssetExecutionContext, storage: StorageResource, mlflow: MlflowResource
+    ) -> dg.Output[dict]:
+        return build_current_archive(context, settings, objective, storage, mlflow)
+
+    return archive_index
+
+
+def build_current_archive(
+    context: AssetExecutionContext,
+    settings: Settings,
+    objective: str,
+    storage: StorageResource,
+    mlflow: MlflowResource,
+) -> dg.Output[dict]:
+    from schemas.manifest import Manifest
+    from training.news.serving import build_model_archive
+
+    source = context.partition_key
+    name = settings.registered_model_name(source, objective)
+    data = storage.dataset_path(source)
+    with failures_explained(f"archive_index {objective} on {source}"):
+        manifest = Manifest.read(data)
+        ref = {"source": source, "path": data, "dataset_version": manifest.dataset_version}
+        current_dataset(ref, settings.thresholds_config())
+        out = storage.archive_path(source, objective)
+        summary = build_model_archive(f"models:/{name}@{PRODUCTION}", data, out, mlflow.uri())
+    context.log.info(f"archive index of {summary['images']} images -> {summary['path']}")
+    metadata = {
+        "model_version": summary["model_version"],
+        "mlflow_run_id": summary["run_id"] or "",
+        "dataset_version": summary["dataset_version"],
+        "images": int(summary["images"]),
+        "index": dg.MetadataValue.path(summary["path"]),
+    }
+    return versioned(summary, f"{summary['model_version']}@{summary['dataset_version']}", metadata)

@@ -1,0 +1,164 @@
+"""The news image archive index (issue #18): every archive image embedded by a news model's
+image tower, searchable by an article's fused text vector.
+
+FAISS does the search (a library, not hand-written code): ``flat`` is ``IndexFlatIP``, the
+exact inner-product search (the vectors are unit length, so it ranks by cosine) used for tests
+and archives up to a few hundred thousand images; ``hnsw`` is ``IndexHNSWFlat`` with the inner
+product metric, the approximate graph index for millions of images (recall against exact search
+is measured by ``benchmarks/news_archive_index.py``). Ties are broken by FAISS (lower position
+first for the flat index).
+
+Archive images are named by their ``content_id`` (the SHA-256 of the image bytes the build
+stores), so an agency photo that recurs across articles is one archive entry. The index folder
+holds ``index.faiss``, ``ids.json`` (content id and uri per row) and ``index.json`` (kind,
+dimension, size and the model it was built from: the index is versioned next to that model).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from schemas.errors import MmlinksError
+
+KINDS = ("flat", "hnsw")
+HNSW_M = 32  # graph neighbours per node (FAISS's usual 32)
+# search breadth: 128 gave recall@10 0.88 on 20k random 256-d vectors, 512 gave 0.99 (docs/benchmarks.md)
+HNSW_EF_SEARCH = 512
+HNSW_EF_CONSTRUCTION = 80
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+@dataclass
+class ArchiveIndex:
+    """``ids[i]`` / ``uris[i]`` name row i of ``index`` (a FAISS index of d-dim unit vectors)."""
+
+    index: object
+    ids: list[str]
+    uris: list[str]
+    kind: str = "flat"
+    info: dict = field(default_factory=dict)  # provenance: model URI / version, dataset version
+
+    @classmethod
+    def build(
+        cls,
+        ids: list[str],
+        vectors: np.ndarray,
+        uris: list[str] | None = None,
+        kind: str = "flat",
+        info: dict | None = None,
+    ) -> ArchiveIndex:
+        """vectors [N, d] (unit length: inner product = cosine) named by ``ids``."""
+        if kind not in KINDS:
+            raise MmlinksError(f"unknown archive index kind {kind!r}; known: {', '.join(KINDS)}")
+        x = np.ascontiguousarray(vectors, dtype=np.float32)
+        if x.ndim != 2 or len(x) != len(ids):
+            raise MmlinksError(f"archive index: {len(ids)} ids for vectors of shape {x.shape}")
+        if len(set(ids)) != len(ids):
+            raise MmlinksError("archive index: image ids must be unique")
+        faiss = _faiss()
+        d = x.shape[1]
+        if kind == "flat":
+            index = faiss.IndexFlatIP(d)
+        else:
+            index = faiss.IndexHNSWFlat(d, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+            index.hnsw.efSearch = HNSW_EF_SEARCH
+        if len(x):
+            index.add(x)
+        uris = list(uris) if uris is not None else [""] * len(ids)
+        return cls(index, [str(i) for i in ids], uris, kind, dict(info or {}))
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    def __len__(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        """queries [Q, d] -> (scores [Q, k'], ids per query), best first, k' = min(k, size)."""
+        q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        if q.shape[1] != self.dim:
+            raise MmlinksError(f"archive index: {q.shape[1]}-d queries for a {self.dim}-d index")
+        k = min(int(k), len(self))
+        if k <= 0:
+            return np.zeros((len(q), 0), np.float32), [[] for _ in q]
+        scores, rows = self.index.search(q, k)
+        # HNSW may return fewer than k hits (-1 rows) on tiny graphs: drop them
+        ids = [[self.ids[r] for r in row if r >= 0] for row in rows]
+        return scores, ids
+
+    def save(self, folder: str | Path) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        _faiss().write_index(self.index, str(folder / "index.faiss"))
+        (folder / "ids.json").write_text(json.dumps({"ids": self.ids, "uris": self.uris}))
+        meta = {"kind": self.kind, "dim": self.dim, "size": len(self), **self.info}
+        (folder / "index.json").write_text(json.dumps(meta, indent=1))
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> ArchiveIndex:
+        folder = Path(folder)
+        if not (folder / "index.faiss").is_file():
+            raise MmlinksError(f"no archive index in {folder} (index.faiss missing)")
+        index = _faiss().read_index(str(folder / "index.faiss"))
+        names = json.loads((folder / "ids.json").read_text())
+        meta = json.loads((folder / "index.json").read_text())
+        kind = meta.pop("kind", "flat")
+        for key in ("dim", "size"):
+            meta.pop(key, None)
+        if kind == "hnsw":
+            index.hnsw.efSearch = HNSW_EF_SEARCH
+        return cls(index, names["ids"], names["uris"], kind, meta)
+
+
+def archive_images(paths: list) -> tuple[list[str], list[str], np.ndarray]:
+    """(content ids, uris, CNN features [N, D]) of every distinct image of these shards (the
+    first occurrence of a content id wins: a recurring agency photo is one archive image)."""
+    from schemas.shards import read_table
+
+    table = read_table(paths, columns=["doc_id", "images"]).sort_by("doc_id")
+    ids, uris, feats, seen = [], [], [], set()
+    for images in table.column("images").to_pylist():
+        for im in images:
+            if im["content_id"] in seen or not im.get("features"):
+                continue
+            seen.add(im["content_id"])
+            ids.append(im["content_id"])
+            uris.append(im.get("uri") or "")
+            feats.append(np.asarray(im["features"], dtype=np.float32))
+    return ids, uris, (np.stack(feats) if feats else np.zeros((0, 0), np.float32))
+
+
+def embed_images(net, features: np.ndarray, batch: int = 4096) -> np.ndarray:
+    """[N, D] CNN features -> [N, d] unit vectors through the news model's image tower."""
+    import torch
+
+    net.eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(features), batch):
+            out.append(net.image(torch.as_tensor(features[i : i + batch])).float().numpy())
+    return np.concatenate(out) if out else np.zeros((0, net.cfg.d), np.float32)
+
+
+def build_archive_index(net, paths: list, kind: str = "flat", info: dict | None = None) -> ArchiveIndex:
+    """The archive index of the images of ``paths`` (dataset shards) under model ``net``."""
+    ids, uris, feats = archive_images(paths)
+    if not ids:
+        raise MmlinksError("the archive has no image with features")
+    if feats.shape[1] != net.cfg.image_dim:
+        raise MmlinksError(
+            f"the model takes {net.cfg.image_dim}-d image features, the archive has {feats.shape[1]}-d"
+        )
+    return ArchiveIndex.build(ids, embed_images(net, feats), uris, kind, info)

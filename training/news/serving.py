@@ -1,0 +1,313 @@
+"""The registered news image selection model (issue #18): an ``mlflow.pyfunc`` that ranks the
+archive's images for an article.
+
+- Input: one row per article with ``language`` (required) and any of ``headline``, ``lead``,
+  ``body``, ``caption`` (strings; a missing or empty one is fine, random_drop trained the model
+  for that). At least one source the model reads must have words.
+- Output per article: ``image_ids`` (archive content ids, best first), ``scores`` (cosines) and
+  ``uris`` (where the build read each image).
+- Params: ``top_k`` (default 10, at most ``MAX_TOP_K``).
+- Errors are MLflow ``INVALID_PARAMETER_VALUE`` exceptions, which ``mlflow models serve``
+  answers with HTTP 400 and the reason: an article in a language the model was not trained on
+  (its vocabulary and embeddings do not cover it, so its ranking would be noise), an article
+  without any source the model reads, a bad ``top_k``.
+
+The archive is an ``ArchiveIndex`` (``training/news/archive.py``) packaged with the model: every
+distinct image of the training dataset, embedded by this model's image tower. The environment
+variable ``MMLINKS_NEWS_ARCHIVE`` names a newer index folder built for the same model (the
+Dagster asset ``news_archive_index`` writes one when the archive grows); it must have been built
+from this model's run, or the model refuses to load it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+from mlflow.models import ModelSignature
+from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
+
+from schemas.errors import MmlinksError
+from schemas.news import NEWS_SOURCES, SOURCES_KEY, sources_of
+from schemas.text import has_tokens
+from training.data import encode_sentences
+from training.news.archive import ArchiveIndex, build_archive_index
+from training.news.model import NewsRetrieval, sentence_slots
+from training.packaging import _bad_request
+from training.retrieval.serving import pip_requirements
+from training.text import Vocabulary
+
+ARCHIVE_ENV = "MMLINKS_NEWS_ARCHIVE"
+MAX_TOP_K = 1000
+
+SIGNATURE = ModelSignature(
+    inputs=Schema(
+        [
+            ColSpec(DataType.string, "language"),
+            *(ColSpec(DataType.string, s, required=False) for s in NEWS_SOURCES),
+        ]
+    ),
+    outputs=Schema(
+        [
+            ColSpec(Array(DataType.string), "image_ids"),
+            ColSpec(Array(DataType.double), "scores"),
+            ColSpec(Array(DataType.string), "uris"),
+        ]
+    ),
+    params=ParamSchema([ParamSpec("top_k", DataType.long, 10)]),
+)
+
+
+def _text(value) -> str:
+    """A cell as text: None / NaN filler (a column another row set) -> ''."""
+    return value if isinstance(value, str) else ""
+
+
+@torch.no_grad()
+def encode_articles(
+    net: NewsRetrieval, vocab: Vocabulary, max_tokens: int, articles: list[dict]
+) -> torch.Tensor:
+    """Articles ({source: text}) -> [Q, d] fused unit vectors, complete inputs (every present
+    source). An article without any source the model reads gets a zero vector."""
+    sentences, metadata = [], []
+    for a in articles:
+        names = [s for s in NEWS_SOURCES if has_tokens(_text(a.get(s)))]
+        sentences.append([a[s] for s in names])
+        metadata.append({SOURCES_KEY: ",".join(names)})
+    tokens, lengths = encode_sentences(sentences, vocab, max_tokens)
+    n = [len(s) for s in sentences]
+    slots, rows = sentence_slots(metadata, n, net.cfg.sources)
+    keep = torch.ones(len(articles), len(net.cfg.sources), dtype=torch.bool)
+    net.eval()
+    return net.encode_text(tokens, lengths, slots, rows, keep)
+
+
+class NewsModel(mlflow.pyfunc.PythonModel):
+    family = "news"
+
+    def load_context(self, context) -> None:
+        from training.checkpoints import load_checkpoint_model
+
+        self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
+        self.vocab = Vocabulary.load(context.artifacts["vocab"])
+        self.max_tokens = int(meta["train"]["max_tokens"])
+        info = json.loads(Path(context.artifacts["news"]).read_text())
+        self.languages = tuple(info["languages"])
+        self.run_id = info.get("run_id")
+        self.archive = load_archive(context.artifacts["archive"], self.model.cfg.d, self.run_id)
+
+    def _articles(self, model_input: pd.DataFrame) -> list[dict]:
+        if "language" not in model_input.columns:
+            raise _bad_request("input needs a language column (and any of headline, lead, body, caption)")
+        articles = []
+        for row, rec in enumerate(model_input.to_dict("records")):
+            lang = _text(rec.get("language")).strip()
+            if lang not in self.languages:
+                raise _bad_request(
+                    f"article {row}: unsupported language {lang!r}; this model was trained on "
+                    f"{', '.join(self.languages)}"
+                )
+            art = {s: _text(rec.get(s)) for s in NEWS_SOURCES}
+            if not any(has_tokens(art[s]) for s in self.model.cfg.sources):
+                reads = ", ".join(self.model.cfg.sources)
+                raise _bad_request(f"article {row}: no words in any source this model reads ({reads})")
+            articles.append(art)
+        return articles
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        top_k = int((params or {}).get("top_k", 10))
+        if not 1 <= top_k <= MAX_TOP_K:
+            raise _bad_request(f"top_k must be between 1 and {MAX_TOP_K}")
+        articles = self._articles(model_input)
+        q = encode_articles(self.model, self.vocab, self.max_tokens, articles).numpy()
+        scores, ids = self.archive.search(q, top_k)
+        uri_of = dict(zip(self.archive.ids, self.archive.uris, strict=True))
+        rows = [
+            {
+                "image_ids": row_ids,
+                "scores": s[: len(row_ids)].astype(float).tolist(),
+                "uris": [uri_of[i] for i in row_ids],
+            }
+            for s, row_ids in zip(scores, ids, strict=True)
+        ]
+        return pd.DataFrame(rows, columns=["image_ids", "scores", "uris"])
+
+
+def load_archive(packaged: str, d: int, run_id: str | None) -> ArchiveIndex:
+    """The packaged index, or the one ``MMLINKS_NEWS_ARCHIVE`` names when it was built from the
+    same run (another model's image vectors live in another space)."""
+    folder = os.environ.get(ARCHIVE_ENV) or packaged
+    index = ArchiveIndex.load(folder)
+    built_from = index.info.get("run_id")
+    if folder != packaged and run_id and built_from != run_id:
+        raise MmlinksError(
+            f"{ARCHIVE_ENV}={folder} was built from run {built_from}, this model is run {run_id}"
+        )
+    if index.dim != d:
+        raise MmlinksError(f"archive index {folder} holds {index.dim}-d vectors, the model makes {d}-d ones")
+    return index
+
+
+def train_languages(paths: list) -> list[str]:
+    """The languages of the training samples (what the served model accepts)."""
+    from schemas.shards import read_table
+
+    meta = read_table(paths, columns=["metadata"]).column("metadata").to_pylist()
+    return sorted({dict(m or {}).get("language", "") for m in meta} - {""})
+
+
+def _model_kwargs(
+    root: Path, checkpoint_dir: str, vocab: Vocabulary, index: ArchiveIndex, languages, run_id
+) -> dict:
+    """The pyfunc's files under ``root`` and the arguments ``log_model`` / ``save_model`` take."""
+    if not languages:
+        raise MmlinksError("the training split names no language (metadata 'language')")
+    shutil.copytree(checkpoint_dir, root / "checkpoint")
+    vocab.save(root / "vocab.json")
+    index.save(root / "archive")
+    (root / "news.json").write_text(json.dumps({"languages": list(languages), "run_id": run_id}))
+    artifacts = {
+        "checkpoint": str(root / "checkpoint"),
+        "vocab": str(root / "vocab.json"),
+        "archive": str(root / "archive"),
+        "news": str(root / "news.json"),
+    }
+    return {
+        "python_model": NewsModel(),
+        "artifacts": artifacts,
+        "signature": SIGNATURE,
+        "input_example": pd.DataFrame([{"language": languages[0], "headline": "an example headline"}]),
+        "pip_requirements": [*pip_requirements(), "faiss-cpu"],
+    }
+
+
+def log_news_model(
+    checkpoint_dir: str, vocab: Vocabulary, index: ArchiveIndex, languages: list[str], run_id: str
+) -> str:
+    """Log the news pyfunc (checkpoint, vocabulary, archive index, languages) into the active
+    run; its model URI."""
+    with tempfile.TemporaryDirectory() as tmp:
+        kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id)
+        return mlflow.pyfunc.log_model(name="model", **kwargs).model_uri
+
+
+def save_news_model(
+    path: str | Path,
+    checkpoint_dir: str,
+    vocab: Vocabulary,
+    index: ArchiveIndex,
+    languages: list[str],
+    run_id: str,
+) -> Path:
+    """The same pyfunc written to a local folder (no tracking store): ``mlflow models serve -m
+    PATH`` serves it, ``mlflow.pyfunc.load_model(PATH)`` loads it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id)
+        mlflow.pyfunc.save_model(path=str(path), **kwargs)
+    return Path(path)
+
+
+def package_news_run(
+    checkpoint_dir: str, net: NewsRetrieval, vocab: Vocabulary, data: str, manifest, run_id: str
+) -> str:
+    """What the experiment calls for a news run: the archive index of every image of the
+    dataset (all splits: the newsroom's archive), then the packaged model; its URI."""
+    paths = [str(p) for p in manifest.shard_paths(data)]
+    info = {"run_id": run_id, "dataset_version": manifest.dataset_version}
+    index = build_archive_index(net, paths, "flat", info)
+    languages = train_languages([str(p) for p in manifest.shard_paths(data, "train")])
+    return log_news_model(checkpoint_dir, vocab, index, languages, run_id)
+
+
+def loaded_news_model(model_uri: str) -> NewsModel:
+    """A registered news model, loaded (its Python object, for the archive asset)."""
+    model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+    if not isinstance(model, NewsModel):
+        raise MmlinksError(f"{model_uri} is not a news image selection model")
+    return model
+
+
+def evaluate_news(model: NewsModel, paths: list) -> dict:
+    """MedR, R@1/5/10 text-to-image (and i2t_medr, i2t_r10) of a loaded news model on the
+    samples of ``paths`` (complete inputs), over the promotion gate's fixed pools, as
+    ``evaluate_retrieval`` scores pair models."""
+    from schemas.shards import read_table
+    from training.data import features_of
+    from training.retrieval.metrics import retrieval_metrics
+    from training.retrieval.serving import GATE_POOL_SIZE, GATE_POOLS
+
+    if not paths:
+        raise MmlinksError("news evaluation needs at least 2 samples; no shard given")
+    table = read_table(paths, columns=["doc_id", "sentences", "images", "metadata"]).sort_by("doc_id")
+    articles = [
+        dict(zip(sources_of(dict(m or {})), s, strict=True))
+        for s, m in zip(
+            table.column("sentences").to_pylist(), table.column("metadata").to_pylist(), strict=True
+        )
+    ]
+    feats, _ = features_of(table)
+    if len(articles) < 2:
+        raise MmlinksError("news evaluation needs at least 2 samples")
+    s = encode_articles(model.model, model.vocab, model.max_tokens, articles)
+    with torch.no_grad():
+        v = model.model.image(torch.as_tensor(np.stack([f[0] for f in feats])))
+
+    def score_pool(idx: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(idx)
+        return (s[t] @ v[t].T).numpy()
+
+    m = retrieval_metrics(
+        n=len(articles), score_pool=score_pool, pool_size=GATE_POOL_SIZE, n_pools=GATE_POOLS
+    )
+    out = {k: m["t2i"][k] for k in ("medr", "medr_std", "r1", "r5", "r10", "pool_size", "pools")}
+    out.update({"i2t_medr": m["i2t"]["medr"], "i2t_r10": m["i2t"]["r10"], "pairs": len(articles)})
+    return out
+
+
+def build_model_archive(
+    model_uri: str, data: str, out_root: str, tracking_uri: str | None = None, kind: str = "flat"
+) -> dict:
+    """The archive index of dataset ``data`` (every split) under the registered news model
+    ``model_uri`` (``models:/NAME@ALIAS`` or ``/VERSION``), saved to
+    ``out_root/<model version>@<dataset version>``: what the Dagster asset
+    ``archive_index/<objective>`` materialises. The index carries the model's run id, so the
+    served model accepts it as ``MMLINKS_NEWS_ARCHIVE``. A summary dict."""
+    from schemas.manifest import Manifest
+    from training.evaluate import load_linker
+
+    model = load_linker(model_uri, tracking_uri)
+    if not isinstance(model, NewsModel):
+        raise MmlinksError(f"{model_uri} is not a news image selection model")
+    version = _model_version(model_uri, tracking_uri)
+    manifest = Manifest.read(data)
+    paths = [str(p) for p in manifest.shard_paths(data)]
+    info = {
+        "run_id": model.run_id,
+        "model_uri": model_uri,
+        "model_version": version,
+        "dataset_version": manifest.dataset_version,
+    }
+    index = build_archive_index(model.model, paths, kind, info)
+    folder = index.save(Path(out_root) / f"{version}@{manifest.dataset_version}")
+    return {**info, "path": str(folder), "images": len(index), "kind": kind}
+
+
+def _model_version(model_uri: str, tracking_uri: str | None) -> str:
+    """The registry version behind ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION`` ("" for
+    another URI)."""
+    from mlflow.tracking import MlflowClient
+
+    if not model_uri.startswith("models:/"):
+        return ""
+    name_ref = model_uri[len("models:/") :]
+    if "@" in name_ref:
+        name, alias = name_ref.split("@", 1)
+        return str(MlflowClient(tracking_uri).get_model_version_by_alias(name, alias).version)
+    return name_ref.rsplit("/", 1)[-1]
