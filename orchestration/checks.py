@@ -10,7 +10,6 @@ import warnings
 
 import dagster as dg
 
-from orchestration.news_assets import is_news_objective
 from orchestration.quality import DATASET_CHECKS, Outcome, check_evaluation_floor, check_links
 from orchestration.settings import Settings
 
