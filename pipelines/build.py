@@ -96,7 +96,7 @@ _FULL = {
     errno.EDQUOT: "disk quota exceeded",
     errno.EFBIG: "file too large",
 }
-_FULL_TEXT = re.compile(r"No space left on device|Disk quota exceeded|File too large", re.IGNORECASE)
+_FULL_TEXT = re.compile(r"\[Errno \d+\] (No space left on device|Disk quota exceeded|File too large)")
 
 
 def storage_full(exc: BaseException) -> str | None:
@@ -108,7 +108,7 @@ def storage_full(exc: BaseException) -> str | None:
             return _FULL[exc.errno]
         found = _FULL_TEXT.search(str(exc))
         if found:
-            return found.group(0).lower()
+            return found.group(1).lower()
         exc = exc.__cause__ or exc.__context__
     return None
 

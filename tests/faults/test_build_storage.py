@@ -156,3 +156,24 @@ def test_racing_builds_into_one_output_never_expose_a_broken_version(tiny, tmp_p
     assert len(m.shard_paths(out)) == len(m.shards)
     assert len(list((out / "versions").iterdir())) <= 2  # the current one and the one it replaced
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
+
+
+def test_storage_full_is_recognised_through_beams_wrapping():
+    """Beam re-raises a worker's error with its text in another exception: both are a full disk;
+    an image merely "too large" is not."""
+    import errno
+
+    from pipelines.build import storage_full
+
+    assert storage_full(OSError(errno.ENOSPC, "No space left on device")) == "no space left on device"
+    wrapped = RuntimeError("WriteShards failed: OSError: [Errno 122] Disk quota exceeded [while running]")
+    assert storage_full(wrapped) == "disk quota exceeded"
+    try:
+        try:
+            raise OSError(errno.EFBIG, "File too large")
+        except OSError as inner:
+            raise RuntimeError("bundle failed") from inner
+    except RuntimeError as outer:
+        assert storage_full(outer) == "file too large"
+    assert storage_full(MmlinksError("image: too_large: file too large for the store")) is None
+    assert storage_full(OSError(errno.EACCES, "Permission denied")) is None
