@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,21 +125,29 @@ def test_racing_builds_into_one_output_never_expose_a_broken_version(tiny, tmp_p
     stop, broken, reads = threading.Event(), [], [0]
 
     def reader():
+        """A failed check counts only while the manifest it read is still the current one: a
+        reader overtaken by two newer commits (its version pruned) is the retention policy."""
+        manifest = out / MANIFEST_NAME
         while not stop.is_set():
-            if not (out / MANIFEST_NAME).exists():
-                continue
             try:
+                before = manifest.stat()
                 m = Manifest.read(out)
                 m.shard_paths(out)  # each shard present with its size and sha256
                 (out / m.dead_letter).stat()
             except (MmlinksError, OSError) as exc:
-                broken.append(str(exc))
+                try:
+                    after = manifest.stat()
+                except OSError:
+                    continue
+                if (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns):
+                    broken.append(str(exc))
             reads[0] += 1
 
     def builder(k: int):
         for i in range(25):
             version = f"race-{(i + k) % 3}" if i % 2 else f"race-{k}-{i}"
             staged_commit(out, reference, version, f"{k}-{i}")
+            time.sleep(0.01)  # let the reader in (the GIL): it must check while commits go on
 
     threads = [threading.Thread(target=builder, args=(k,)) for k in range(2)]
     watcher = threading.Thread(target=reader)
