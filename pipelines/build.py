@@ -22,7 +22,9 @@ versions, manifest-last commit, pruning, build log). This module runs them in or
 
 from __future__ import annotations
 
+import errno
 import logging
+import re
 import time
 
 import apache_beam as beam
@@ -69,10 +71,54 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
         if not cfg.allow_empty and not any(s.rows for s in shards):
             raise MmlinksError(empty_build_message(cfg, manifest))
         commit.commit_version(cfg.out, staging, manifest, shards)
-        commit.append_build_log(cfg.out, manifest.dataset_version, run_counts, time.time() - started)
+    except Exception as exc:
+        reason = storage_full(exc)
+        if reason is None:
+            raise
+        raise MmlinksError(
+            f"the build ran out of space writing {cfg.out} ({reason}); {_what_stays(cfg.out)}; "
+            "free space (or build into another --out) and run it again: images and features "
+            "already done are kept in the image store"
+        ) from exc
     finally:
         fileio.delete_tree(staging)
+    try:
+        commit.append_build_log(cfg.out, manifest.dataset_version, run_counts, time.time() - started)
+    except OSError as exc:  # the version is committed; the log only says how it was built
+        logging.getLogger(__name__).warning("build log not written: %s", exc)
     return manifest
+
+
+# errno -> the words a user reads; Beam may re-raise a worker's OSError as another type, so the
+# text is matched too (``[Errno 28] No space left on device``).
+_FULL = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large",
+}
+_FULL_TEXT = re.compile(r"\[Errno \d+\] (No space left on device|Disk quota exceeded|File too large)")
+
+
+def storage_full(exc: BaseException) -> str | None:
+    """What ran out (``no space left on device``, ...) when ``exc`` or its cause is a full disk."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            return _FULL[exc.errno]
+        found = _FULL_TEXT.search(str(exc))
+        if found:
+            return found.group(1).lower()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _what_stays(out: str) -> str:
+    current = commit.current_manifest(out)
+    if current is None:
+        return "nothing was committed"
+    rows = sum(s.rows for s in current.shards)
+    return f"the current version {current.dataset_version} ({rows} documents) stays"
 
 
 def empty_build_message(cfg: BuildConfig, manifest: Manifest) -> str:
@@ -87,12 +133,7 @@ def empty_build_message(cfg: BuildConfig, manifest: Manifest) -> str:
     what = ", ".join(f"{k}={v}" for v, k in shown) or "no counter moved: the source yielded nothing"
     if len(counts) > SHOWN_COUNTS:
         what += ", ..."
-    current = commit.current_manifest(cfg.out)
-    if current is None:
-        stays = "nothing was committed"
-    else:
-        rows = sum(s.rows for s in current.shards)
-        stays = f"the current version {current.dataset_version} ({rows} documents) stays"
+    stays = _what_stays(cfg.out)
     return (
         f"the {cfg.source} build of {cfg.input} kept no document ({what}); {stays}; "
         "check --input and --source, or pass --allow-empty to commit an empty version"

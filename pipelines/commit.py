@@ -10,13 +10,15 @@ new one and the one it replaced are pruned; each build appends a line to ``build
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 
-from pipelines import fileio
+from pipelines import fault_hooks, fileio
 from schemas.errors import MmlinksError
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 
@@ -25,6 +27,8 @@ DEAD_LETTER_FILE = "dead_letter.jsonl"
 SHARD_INDEX_FILE = "shards.jsonl"
 OWNER_FILE = "owner.json"
 BUILD_LOG = "build-log.jsonl"
+LOCK_FILE = ".commit.lock"
+LOCK_TIMEOUT_S = 600.0
 # How this run got its inputs (store hits, cache hits) is not part of the dataset: these counters
 # go to the build log, so a rebuild from a warm store writes the identical manifest.
 RUN_COUNTERS = ("images_fetched", "images_from_store", "features_cached", "features_computed")
@@ -67,17 +71,74 @@ def commit_version(out: str, staging: str, manifest: Manifest, shards: list[Shar
 def commit_files(out: str, staging: str, version: str, shard_names: list[str], manifest_json: str) -> None:
     """The commit of any versioned output (dataset shards, link shards): staged shards and the
     dead-letter file to ``versions/<version>/``, then ``OUT/manifest.json`` last. The manifest
-    must name its version under the key ``dataset_version`` or ``link_version``."""
+    must name its version under the key ``dataset_version`` or ``link_version``.
+
+    Commits into one local folder are serialised (``output_lock``): two builds racing into the
+    same output both commit, one after the other, and neither prunes or replaces the version the
+    other is moving. A rerun of the committed version (same bytes, so the same version manifest)
+    leaves its folder in place instead of deleting what readers of the current manifest read. A
+    commit that fails before the manifest is written removes the version folder it was filling.
+    """
     target = fileio.join(out, version_dir(version))
-    fileio.delete_tree(target)  # a same-version leftover (e.g. an interrupted earlier commit)
-    fileio.mkdirs(target)
-    for name in shard_names:
-        fileio.rename(fileio.join(staging, "shards", name), fileio.join(target, name))
-    fileio.rename(fileio.join(staging, DEAD_LETTER_FILE), fileio.join(target, DEAD_LETTER_FILE))
-    fileio.write_bytes_atomic(fileio.join(target, MANIFEST_NAME), manifest_json.encode())
-    previous = _current_version(out)
-    fileio.write_bytes_atomic(fileio.join(out, MANIFEST_NAME), manifest_json.encode())  # commit
-    _prune_versions(out, keep={version, previous} - {None})
+    version_manifest = fileio.join(target, MANIFEST_NAME)
+    with output_lock(out):
+        if not _same_bytes(version_manifest, manifest_json):
+            fileio.delete_tree(target)  # a same-version leftover (e.g. an interrupted earlier commit)
+            try:
+                fileio.mkdirs(target)
+                for name in shard_names:
+                    fileio.rename(fileio.join(staging, "shards", name), fileio.join(target, name))
+                fileio.rename(fileio.join(staging, DEAD_LETTER_FILE), fileio.join(target, DEAD_LETTER_FILE))
+                fileio.write_bytes_atomic(version_manifest, manifest_json.encode())
+            except BaseException:
+                fileio.delete_tree(target)  # no half-filled version folder is left behind
+                raise
+        fault_hooks.reached("commit")
+        previous = _current_version(out)
+        fileio.write_bytes_atomic(fileio.join(out, MANIFEST_NAME), manifest_json.encode())  # commit
+        _prune_versions(out, keep={version, previous} - {None})
+
+
+def _same_bytes(uri: str, text: str) -> bool:
+    try:
+        return fileio.exists(uri) and fileio.read_bytes(uri) == text.encode()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def output_lock(out: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold ``OUT/.commit.lock`` (an exclusive ``flock``) while committing into a local folder.
+
+    A second build waits for the first's commit (seconds: renames and two small writes) and
+    then commits its own; after ``timeout_s`` it gives up with a one-line error naming the lock.
+    The kernel releases a flock when its process dies, so a SIGKILLed build never leaves a stale
+    lock. Object stores have no such lock: racing builds into one ``gs://``/``s3://`` prefix
+    are not serialised (documented in docs/reliability.md).
+    """
+    if not fileio.is_local(fileio.normalize(out)):
+        yield
+        return
+    import fcntl
+
+    path = os.path.join(fileio.normalize(out), LOCK_FILE)
+    with open(path, "a+b") as fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise MmlinksError(
+                        f"another build has been committing into {out} for over {timeout_s:.0f} s "
+                        f"(it holds {path}); wait for it to finish or build into another --out"
+                    ) from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _owner() -> dict:

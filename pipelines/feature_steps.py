@@ -15,6 +15,7 @@ from apache_beam.ml.inference.base import RunInference
 
 from features import Extractor, ImageFeatures
 from features.images import decode
+from pipelines import fault_hooks
 from pipelines.build_config import BuildConfig
 from pipelines.feature_cache import FeatureCache, cache_key
 from pipelines.image_store import ImageStore
@@ -79,6 +80,7 @@ class StoreFeatures(beam.DoFn):
         (content_id, size), result = kv
         feats = self.extractor.postprocess(result.inference, size)
         self.cache.put(content_id, feats)
+        fault_hooks.reached("features")
         count("features_computed")
         yield content_id, feats
 

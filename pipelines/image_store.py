@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from features.images import InvalidImage, inspect_image
-from pipelines import fileio
+from pipelines import fault_hooks, fileio
 from pipelines.image_fetch import (
     Fetcher,
     default_fetcher,
@@ -279,6 +279,7 @@ class ImageStore:
         if stamp is not None:
             record["stamp"] = stamp
         fileio.write_bytes_atomic(self.uri_record_uri(uri), _canonical(record))
+        fault_hooks.reached("fetch")
         return self._accept(uri, info, cached=False, final_uri=got.final_uri, data=got.data)
 
     def _decode_and_store(self, cid: str, data: bytes) -> dict:

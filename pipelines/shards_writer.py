@@ -16,7 +16,7 @@ from dataclasses import asdict
 import apache_beam as beam
 import numpy as np
 
-from pipelines import fileio
+from pipelines import fault_hooks, fileio
 from pipelines.build_config import BuildConfig
 from pipelines.commit import DEAD_LETTER_FILE, SHARD_INDEX_FILE
 from pipelines.records import count
@@ -69,6 +69,7 @@ class WriteShards(beam.DoFn):
             name = f"{split}-{bucket:05d}-{part:03d}.parquet"
             data = shard_bytes(chunk, self.precision)
             fileio.write_bytes_atomic(fileio.join(self.shard_dir, name), data)
+            fault_hooks.reached("write")
             count("shards_written")
             info = ShardInfo(name, split, len(chunk), len(data), hashlib.sha256(data).hexdigest())
             yield json.dumps(asdict(info), sort_keys=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import apache_beam as beam
 
 from features.images import InvalidImage
+from pipelines import fault_hooks
 from pipelines.image_fetch import Fetcher
 from pipelines.image_store import ImageStore, Placeholders
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
@@ -50,6 +51,7 @@ class LoadAndValidate(beam.DoFn):
         self.store = ImageStore(self.store_root, placeholders=self.placeholders)
 
     def process(self, doc: RawDocument):
+        fault_hooks.reached("read")
         if not doc.sentences and not doc.image_uris:
             yield dead_letter("document", doc.doc_id, "empty_document")
             return

@@ -40,3 +40,25 @@ def fault_stats(request):
             fh.write(
                 json.dumps({"scenario": stats.scenario, **stats.counts, "figures": stats.figures}) + "\n"
             )
+
+
+def tiny_cfg(corpus, out, **kw):
+    """The fault scenarios' cheap build: in-process DirectRunner, one CPU thread."""
+    from pipelines.build_config import BuildConfig
+
+    kw = {"split_ratios": {"train": 0.5, "val": 0.25, "test": 0.25}, **kw}
+    return BuildConfig(
+        source="synthetic", input=str(corpus), out=str(out), direct_workers=1, cpu_threads=1, **kw
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """(corpus, out): 8 synthetic documents and their fault-free build, the reference bytes."""
+    from pipelines.build import build_dataset
+    from pipelines.synthetic_corpus import SynthConfig, write_corpus
+
+    root = tmp_path_factory.mktemp("tiny-build")
+    write_corpus(root / "corpus", SynthConfig(docs=8, seed=11, image_size=32))
+    build_dataset(tiny_cfg(root / "corpus", root / "reference"))
+    return root / "corpus", root / "reference"

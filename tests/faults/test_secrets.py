@@ -177,3 +177,38 @@ def test_registration_and_failing_servers_keep_credentials_out(
         echo.close()
     fault_stats.add(faults_injected=2, invariant_checks=2)
     assert _scan_tree(tmp_path, fault_stats) > 3
+
+
+def test_build_log_is_scrubbed_of_credentials_libraries_print(tmp_path, monkeypatch, fault_stats):
+    """What a library or a worker process prints during a build (fd 2: a C library, a child
+    process, Python logging) reaches ``build.log`` with every credential replaced by ``***``,
+    including a secret split over writes and one inside a 100 KiB line without a newline."""
+    import logging
+    import sys
+
+    from cli.output import library_output_to
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://f19user:{URI_PASSWORD}@127.0.0.1:1")
+    secret = SECRETS["praw_client_secret"]
+    log_path = tmp_path / "build.log"
+    with library_output_to(log_path):
+        os.write(2, f"raw fd write: url=http://f19user:{URI_PASSWORD}@host\n".encode())
+        os.write(2, f"split write: {secret[:7]}".encode())
+        os.write(2, f"{secret[7:]} ends here\n".encode())
+        subprocess.run(["sh", "-c", 'echo "child process: $RAY_AUTH_TOKEN" >&2'], check=True)
+        handler = logging.StreamHandler(open(os.dup(2), "w"))  # as a library's handler on fd 2
+        logging.getLogger("f19").addHandler(handler)
+        logging.getLogger("f19").warning("logging: token %s", SECRETS["MLFLOW_TRACKING_TOKEN"])
+        handler.stream.close()
+        logging.getLogger("f19").removeHandler(handler)
+        os.write(2, ("x" * 65530 + FORBIDDEN[-2] + "y" * 40000).encode())
+        print("to the terminal", file=sys.stderr)
+    text = log_path.read_text()
+    for line in ("raw fd write: url=http://f19user:***@host", "split write: *** ends here"):
+        assert line in text
+    assert "child process: ***" in text and "logging: token ***" in text
+    assert "x" * 65530 + "***" + "y" * 40000 in text
+    assert not _leaks(text), _leaks(text)
+    fault_stats.add(faults_injected=6, invariant_checks=len(FORBIDDEN))
