@@ -1,6 +1,7 @@
 """CLIP through the whole path (issue #20) with a random tiny CLIP weight file: a Beam build with
 the clip-vit-b32 extractor (RunInference), ``mmlinks baseline --method clip-zero-shot``, and the
-``clip`` backbone, which starts exactly at zero-shot CLIP and trains under AP."""
+``clip`` backbone, which starts exactly at zero-shot CLIP, trains under AP, and goes through Ray
+Train, MLflow registration and the packaged pyfunc (raw images through the recorded extractor)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from training.config import TrainConfig
 from training.data import TRAINING_COLUMNS, drop_empty, make_batch
 from training.text import Vocabulary
 
-pytestmark = pytest.mark.slow  # a Beam build of its own (~30 s on a quiet machine)
+# a Beam build of its own (~30 s on a quiet machine) and one 1-epoch Ray Train run + registration
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
