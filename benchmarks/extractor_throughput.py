@@ -1,7 +1,13 @@
 """Feature-extraction throughput: bare batched forward vs. the same model inside a Beam pipeline.
 
 Usage: .venv/bin/python benchmarks/extractor_throughput.py [--images 512] [--batch-size 32]
-       [--extractor NAME] [--option key=value ...] [--rounds 3] [--threads N] [--json]
+       [--extractor NAME] [--option key=value ...] [--rounds 3] [--threads N] [--device cuda]
+       [--beam auto|on|off] [--json]
+
+CLIP ViT-B/32 (issue #20's GPU target): ``--extractor clip-vit-b32 --option weights=FILE --device cuda``.
+The bare forward needs only torch (and the extractor's own library, e.g. open_clip): with
+``--beam auto`` (the default) the Beam half is skipped, and said so, where apache_beam is not
+installed (a GPU image without the pipeline stack runs ``PYTHONPATH=. python benchmarks/...``).
 
 Measured in one process on the same machine, model and batch size:
   (a) bare forward: images/s of ``extractor.forward`` (the batch-independent fixed-chunk forward
@@ -41,25 +47,57 @@ def _photos() -> list[Image.Image]:
     return [*photos, photos[0].transpose(Image.FLIP_LEFT_RIGHT)]  # 8 distinct images
 
 
-def bare_forward(ext, model, tensors: list, batch_size: int, plain: bool = False) -> float:
-    """Seconds to run ``tensors`` through the model in batches of ``batch_size``."""
+def _photos_or_noise() -> list[Image.Image]:
+    """The 8 photos, or 8 seeded noise images where scikit-image is not installed."""
+    try:
+        return _photos()
+    except ImportError:
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        return [Image.fromarray((rng.random((300, 400, 3)) * 255).astype("uint8")) for _ in range(8)]
+
+
+def _sync(device: str) -> None:
+    """Wait for queued GPU kernels, so a timer measures the work and not its launch."""
     import torch
 
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bare_forward(
+    ext, model, tensors: list, batch_size: int, plain: bool = False, device: str = "cpu"
+) -> float:
+    """Seconds to run ``tensors`` through the model in batches of ``batch_size`` (``plain``:
+    ``model(batch)`` on a stacked batch moved to ``device``; else the extractor's forward)."""
+    import torch
+
+    _sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
         for start in range(0, len(tensors), batch_size):
             batch = tensors[start : start + batch_size]
             if not plain:
-                ext.forward(model, batch)
+                ext.forward(model, batch, device)
             elif ext.forward_chunk:
-                model(torch.stack(batch))
+                model(torch.stack(batch).to(device))
             else:  # detectors: one image per forward is the plain way too
                 for x in batch:
-                    model(x)
+                    model(x.to(device))
+    _sync(device)
     return time.perf_counter() - t0
 
 
-def beam_run(ext, base: list, n: int, batch_size: int) -> tuple[float, dict]:
+def beam_available() -> bool:
+    try:
+        import apache_beam  # noqa: F401  (the Beam half imports it anyway)
+    except ImportError:
+        return False
+    return True
+
+
+def beam_run(ext, base: list, n: int, batch_size: int, device: str = "cpu") -> tuple[float, dict]:
     """(seconds for the whole pipeline, RunInference batch-size distribution)."""
     import apache_beam as beam
     from apache_beam.metrics.metric import MetricsFilter
@@ -80,7 +118,7 @@ def beam_run(ext, base: list, n: int, batch_size: int) -> tuple[float, dict]:
         p
         | "Keys" >> beam.Create(range(n))
         | "Tensors" >> beam.Map(lambda i: (i, base[i % k]))
-        | "Infer" >> RunInference(model_handler(ext, "cpu", batch_size=batch_size))
+        | "Infer" >> RunInference(model_handler(ext, device, batch_size=batch_size))
         | "One" >> beam.Map(lambda _: 1)
         | "Count" >> beam.CombineGlobally(sum)
         | "Check" >> beam.Map(check)
@@ -97,7 +135,7 @@ def beam_run(ext, base: list, n: int, batch_size: int) -> tuple[float, dict]:
     return seconds, batches
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from features.registry import DEFAULT_EXTRACTOR  # light: no torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -110,8 +148,12 @@ def main() -> None:
     ap.add_argument(
         "--no-malloc-tuning", action="store_true", help="leave glibc malloc as is (see tune_cpu_malloc)"
     )
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument(
+        "--beam", default="auto", choices=("auto", "on", "off"), help="the Beam half (auto: if installed)"
+    )
     ap.add_argument("--json", action="store_true", help="print only the JSON object")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.no_malloc_tuning:
         os.environ["MMLINKS_CPU_MALLOC_TUNING"] = "0"
     if args.threads:
@@ -119,43 +161,45 @@ def main() -> None:
             os.environ[var] = str(args.threads)
     import torch
 
-    from features import get_extractor, tune_cpu_malloc
-    from pipelines.inference import model_handler
+    from features import get_extractor, resolve_device, tune_cpu_malloc
 
-    malloc_tuned = tune_cpu_malloc()  # what the Beam handler does on a CPU worker, so (a) and (b) match
+    device = resolve_device(args.device)
+    beam = args.beam == "on" or (args.beam == "auto" and beam_available())
+    if args.beam == "on" and not beam_available():
+        raise SystemExit("--beam on: apache_beam is not installed")
+    # what the Beam handler does on a CPU worker, so (a) and (b) match
+    malloc_tuned = tune_cpu_malloc() if device == "cpu" else False
 
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
     options = dict(o.split("=", 1) for o in args.option)
     ext = get_extractor(args.extractor, **options)
-    model = ext.load_model("cpu")
-    base = [ext.preprocess(im) for im in _photos()]
+    model = ext.load_model(device)
+    base = [ext.preprocess(im) for im in _photos_or_noise()]
     tensors = [base[i % len(base)] for i in range(args.images)]
     bs = args.batch_size
     load0 = os.getloadavg()[0]
 
-    bare_forward(ext, model, tensors[:bs], bs)  # warm-up (allocator, kernels)
+    bare_forward(ext, model, tensors[:bs], bs, device=device)  # warm-up (allocator, kernels)
     bare, plain, small, full, batches = [], [], [], [], {}
     for _ in range(args.rounds):
-        bare.append(bare_forward(ext, model, tensors, bs))
-        plain.append(bare_forward(ext, model, tensors, bs, plain=True))
-        small.append(beam_run(ext, base, bs, bs)[0])
-        seconds, batches = beam_run(ext, base, args.images, bs)
-        full.append(seconds)
-    bare, plain, small, full = min(bare), min(plain), min(small), min(full)
-
-    handler_bs = model_handler(ext, "cpu", batch_size=bs).batch_elements_kwargs()["max_batch_size"]
+        bare.append(bare_forward(ext, model, tensors, bs, device=device))
+        plain.append(bare_forward(ext, model, tensors, bs, plain=True, device=device))
+        if beam:
+            small.append(beam_run(ext, base, bs, bs, device)[0])
+            seconds, batches = beam_run(ext, base, args.images, bs, device)
+            full.append(seconds)
+    bare, plain = min(bare), min(plain)
     bare_ips = args.images / bare
-    steady_ips = (args.images - bs) / (full - small) if full > small else float("nan")
     out = {
         "extractor": ext.name,
         "version": ext.version,
         "options": ext.options,
-        "device": "cpu",
+        "device": device,
+        "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
         "images": args.images,
         "batch_size": bs,
-        "handler_batch_size": handler_bs,
         "forward_chunk": ext.forward_chunk,
         "torch_threads": torch.get_num_threads(),
         "malloc_tuned": malloc_tuned,
@@ -164,21 +208,37 @@ def main() -> None:
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "bare_forward_images_per_s": round(bare_ips, 2),
         "bare_plain_model_images_per_s": round(args.images / plain, 2),
+        "rounds": args.rounds,
+    }
+    if beam:
+        out.update(_beam_figures(ext, device, args.images, bs, min(small), min(full), batches, bare_ips))
+    else:
+        out["beam"] = (
+            "skipped: apache_beam is not installed" if args.beam == "auto" else "skipped: --beam off"
+        )
+    if not args.json:
+        print(__doc__.splitlines()[0], file=sys.stderr)
+    print(json.dumps(out, indent=None if args.json else 2))
+
+
+def _beam_figures(ext, device, images, bs, small, full, batches, bare_ips) -> dict:
+    from pipelines.inference import model_handler
+
+    handler_bs = model_handler(ext, device, batch_size=bs).batch_elements_kwargs()["max_batch_size"]
+    steady_ips = (images - bs) / (full - small) if full > small else float("nan")
+    return {
+        "handler_batch_size": handler_bs,
         "beam_total_s": round(full, 3),
-        "beam_images_per_s_including_startup": round(args.images / full, 2),
+        "beam_images_per_s_including_startup": round(images / full, 2),
         "beam_small_run_s": round(small, 3),
-        "beam_startup_s_estimate": round(full - args.images / steady_ips, 3)
+        "beam_startup_s_estimate": round(full - images / steady_ips, 3)
         if math.isfinite(steady_ips)
         else None,
         "beam_images_per_s_steady": round(steady_ips, 2),
         "beam_inference_batches": batches,
-        "rounds": args.rounds,
         "ratio_steady": round(steady_ips / bare_ips, 3),
-        "ratio_including_startup": round((args.images / full) / bare_ips, 3),
+        "ratio_including_startup": round((images / full) / bare_ips, 3),
     }
-    if not args.json:
-        print(__doc__.splitlines()[0], file=sys.stderr)
-    print(json.dumps(out, indent=None if args.json else 2))
 
 
 if __name__ == "__main__":

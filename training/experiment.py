@@ -157,7 +157,10 @@ def _log_model(result, manifest, example, model_name, alias, tracking_uri) -> tu
     mlflow.log_dict({"history": result.history}, "training_history.json")
     with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
         fe = manifest.feature_extractor
-        model_uri = log_link_model(ckpt_dir, result.vocab, example, fe.name, fe.version)
+        # the build's extractor options (a CLIP architecture, ...; never the weight path), so the
+        # served model runs the same extractor on raw images
+        options = dict(manifest.build_params.get("extractor_options") or {})
+        model_uri = log_link_model(ckpt_dir, result.vocab, example, fe.name, fe.version, options)
     version = None
     if model_name:
         version = tracking.register(model_uri, model_name, alias, tracking_uri)

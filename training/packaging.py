@@ -4,9 +4,11 @@ Loading it needs the installed ``mmlinks`` package (the wrapper class is pickled
 not this repository's source tree.
 
 Input: one row per document with ``sentences`` (list of strings) and ``image_features`` (list of
-CNN feature vectors, same extractor as the training data). Output per document: the sentence x
-image cosine matrix and the predicted links (the max-weight assignment, kept where the score is
-at least ``threshold``), as in the paper's qualitative examples.
+CNN feature vectors, same extractor as the training data) or ``images`` (raw images, run through
+the extractor the model recorded: its name, version and build options, ``served_extractor``).
+Output per document: the sentence x image cosine matrix and the predicted links (the max-weight
+assignment, kept where the score is at least ``threshold``), as in the paper's qualitative
+examples.
 """
 
 from __future__ import annotations
@@ -98,6 +100,42 @@ def check_extractor_version(name: str, packaged: str | None, installed: str) -> 
         )
 
 
+def served_extractor(name: str, version: str | None, options: dict | None = None, weights: str | None = None):
+    """The extractor a packaged model recorded, configured as at build time, for raw images.
+
+    ``options``: the build's extractor options without the weight path (the manifest's
+    ``build_params``, e.g. a CLIP ``model=``); ``weights``: the file used at training time, tried
+    first where this machine has it, then the extractor's own lookup (``$MMLINKS_WEIGHTS_DIR``,
+    the torch cache). Only an extractor whose version equals the recorded one is returned: same
+    name, other weights or architecture give other features and meaningless scores. Anything
+    else is a one-line HTTP 400 that says what to send instead.
+    """
+    from features import get_extractor
+    from schemas.errors import MmlinksError
+
+    if version is None:
+        check_extractor_version(name, None, "")
+    opts = {k: v for k, v in (options or {}).items() if k != "weights"}
+    tries = ([{"weights": weights}] if weights and Path(weights).is_file() else []) + [{}]
+    found, failure = None, None
+    for extra in tries:
+        try:
+            extractor = get_extractor(name, **opts, **extra)
+            installed = extractor.version
+        except MmlinksError as exc:
+            failure = failure or str(exc)
+            continue
+        if installed == version:
+            return extractor
+        found = found or installed
+    if found is not None:
+        check_extractor_version(name, version, found)  # raises: another file or architecture
+    raise _bad_request(
+        f"this model reads images with {name}@{version}, which this server cannot load ({failure}); "
+        f"send image_features computed with {name}@{version}"
+    )
+
+
 class ImageFeaturizer:
     """Images in a request -> the CNN features the training data was built with: the extractor
     named by the model's ``extractor.json`` artifact, refused when this machine's weights version
@@ -107,10 +145,14 @@ class ImageFeaturizer:
     An item is base64 bytes, a ``data:`` URI, or (only when ``MMLINKS_IMAGE_ROOT`` is set) a
     file path inside that folder; an unreadable one is a 400 naming the item."""
 
-    def __init__(self, artifact: str | None):
+    def __init__(self, artifact: str | None, weights: str | None = None):
         packaged = json.loads(Path(artifact).read_text()) if artifact else {}
         self.name = packaged.get("name")
         self.version = packaged.get("version")  # absent in models packaged before #19
+        self.options = packaged.get("options") or {}  # the build's extractor options (absent before #20)
+        # the weight file used at training time: recorded, else ``weights`` (the CLIP backbone's own)
+        self.weights = packaged.get("weights") or weights
+        self._extractor = None  # resolved and loaded on the first request that sends images
         self._cnn = None
 
     def features(self, images: list, what: str) -> np.ndarray:
@@ -118,15 +160,19 @@ class ImageFeaturizer:
         import base64
         import binascii
 
-        from features import get_extractor
         from features.images import InvalidImage, decode
+        from schemas.errors import MmlinksError
 
         if self.name is None:
             raise _bad_request("this model was packaged without a feature extractor; send image_features")
-        extractor = get_extractor(self.name)
-        check_extractor_version(self.name, self.version, extractor.version)
-        if self._cnn is None:
-            self._cnn = extractor.load_model()
+        if self._extractor is None:
+            extractor = served_extractor(self.name, self.version, self.options, self.weights)
+            try:
+                self._cnn = extractor.load_model()
+            except MmlinksError as exc:  # the file has the right digest but does not load here
+                raise _bad_request(f"{exc}; send image_features") from None
+            self._extractor = extractor
+        extractor = self._extractor
         batch = []
         for k, item in enumerate(images):
             item = str(item)
@@ -156,7 +202,8 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         self.max_regions = int(meta["train"].get("max_regions", 36))
         self.vocab = Vocabulary.load(context.artifacts["vocab"])
         self.max_tokens = int(meta["train"]["max_tokens"])
-        self.images = ImageFeaturizer(context.artifacts.get("extractor"))
+        # the CLIP backbone's own weight file, for models packaged without a recorded one
+        self.images = ImageFeaturizer(context.artifacts.get("extractor"), meta["model"].get("clip_weights"))
 
     def _featurize(self, row: int, images: list[str]) -> np.ndarray:
         """Decode images and run the extractor the training data was built with."""
@@ -265,17 +312,23 @@ def log_link_model(
     example: dict | None = None,
     extractor: str | None = DEFAULT_EXTRACTOR,
     extractor_version: str | None = None,
+    extractor_options: dict | None = None,
+    extractor_weights: str | None = None,
 ) -> str:
     """Log the pyfunc model into the active run; returns its model URI.
 
     ``extractor`` names the feature extractor of the training data, so requests may send
     images instead of features (None: features only); ``extractor_version`` (default: the
     installed extractor's) is checked against the serving machine's before images are scored.
+    ``extractor_options`` (the build's, without the weight path) and ``extractor_weights`` (the
+    file it read, a hint tried first) configure the extractor the server runs on raw images.
     """
+    options = {k: v for k, v in (extractor_options or {}).items() if k != "weights"}
     if extractor and extractor_version is None:
         from features import get_extractor
 
-        extractor_version = get_extractor(extractor).version
+        hint = {"weights": extractor_weights} if extractor_weights else {}
+        extractor_version = get_extractor(extractor, **options, **hint).version
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "checkpoint"
         shutil.copytree(checkpoint_dir, ckpt)
@@ -284,7 +337,14 @@ def log_link_model(
         artifacts = {"checkpoint": str(ckpt), "vocab": str(vocab_path)}
         if extractor:
             (Path(tmp) / "extractor.json").write_text(
-                json.dumps({"name": extractor, "version": extractor_version})
+                json.dumps(
+                    {
+                        "name": extractor,
+                        "version": extractor_version,
+                        "options": options,
+                        "weights": str(extractor_weights) if extractor_weights else None,
+                    }
+                )
             )
             artifacts["extractor"] = str(Path(tmp) / "extractor.json")
         info = mlflow.pyfunc.log_model(
@@ -309,4 +369,5 @@ __all__ = [
     "example_document",
     "log_link_model",
     "pip_requirements",
+    "served_extractor",
 ]

@@ -1,6 +1,7 @@
 """CLIP through the whole path (issue #20) with a random tiny CLIP weight file: a Beam build with
 the clip-vit-b32 extractor (RunInference), ``mmlinks baseline --method clip-zero-shot``, and the
-``clip`` backbone, which starts exactly at zero-shot CLIP and trains under AP."""
+``clip`` backbone, which starts exactly at zero-shot CLIP, trains under AP, and goes through Ray
+Train, MLflow registration and the packaged pyfunc (raw images through the recorded extractor)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from training.config import TrainConfig
 from training.data import TRAINING_COLUMNS, drop_empty, make_batch
 from training.text import Vocabulary
 
-pytestmark = pytest.mark.slow  # a Beam build of its own (~30 s on a quiet machine)
+# a Beam build of its own (~30 s on a quiet machine) and one 1-epoch Ray Train run + registration
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +99,48 @@ def test_the_clip_backbone_starts_at_zero_shot_and_trains_under_ap(clip_data):
             clip_model=TINY,
         )
         get_backbone("clip").model_config(other, manifest, 0, 0, [])
+
+
+def test_the_clip_backbone_trains_with_ray_registers_and_serves_raw_images(
+    clip_data, corpus, ray_local, tmp_path
+):
+    """build (above) -> Ray Train (1 epoch) -> evaluate -> MLflow registration -> the packaged
+    pyfunc, which scores raw images through the recorded tiny-CLIP extractor exactly as it
+    scores their features."""
+    import base64
+
+    import mlflow
+    import pandas as pd
+
+    from features import get_extractor
+    from features.images import decode
+    from tests.conftest import small_train_config
+    from training.experiment import run_experiment
+
+    data, weights = clip_data
+    cfg = small_train_config(
+        data,
+        tmp_path / "ray",
+        backbone="clip",
+        clip_weights=str(weights),
+        clip_model=TINY,
+        epochs=1,
+        word_vectors="random",
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = run_experiment(cfg, uri, model_name="clip-towers", alias="candidate")
+    assert res.model_version is not None and 0 <= res.test["auc"] <= 100
+    mlflow.set_tracking_uri(uri)
+    try:
+        served = mlflow.pyfunc.load_model(res.model_uri)
+    finally:
+        mlflow.set_tracking_uri(None)
+    pngs = sorted(p for p in corpus.rglob("*.png") if "bad" not in p.parts)[:2]
+    images = [base64.b64encode(p.read_bytes()).decode() for p in pngs]
+    ext = get_extractor("clip-vit-b32", weights=str(weights), model=TINY)
+    feats = [f.features.tolist() for f in ext.extract([decode(p.read_bytes()) for p in pngs])]
+    sentences = ["a red square above a star", "a small blue circle"]
+    by_images = served.predict(pd.DataFrame([{"sentences": sentences, "images": images}]))
+    by_features = served.predict(pd.DataFrame([{"sentences": sentences, "image_features": feats}]))
+    assert np.asarray(by_images["scores"][0]).shape == (2, 2)
+    np.testing.assert_allclose(by_images["scores"][0], by_features["scores"][0], atol=1e-5)
