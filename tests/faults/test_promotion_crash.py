@@ -84,8 +84,6 @@ def test_tracking_server_killed_mid_promotion_leaves_a_consistent_registry(
     tmp_path,
     monkeypatch,
 ):
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast while the server is down
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     server = Server(postgres, tmp_path)
     server.start()
     try:
@@ -100,6 +98,11 @@ def test_tracking_server_killed_mid_promotion_leaves_a_consistent_registry(
         v1, v2, v3 = versions
         client.set_registered_model_alias(NAME, CANDIDATE, v1)
         assert promote(client, NAME, dataset, LENIENT).promoted  # v1: production, nothing before it
+
+        # Fail fast while the server is down (set only now: logging the models above can take
+        # longer than 10 s on 2 busy cores, with nothing injected yet).
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
         # Crash 1: the alias moved to v2, then the server died before the rollback tags.
         client.set_registered_model_alias(NAME, CANDIDATE, v2)
