@@ -132,14 +132,15 @@ class TrainingResource(dg.ConfigurableResource):
     runtime_env_json: str = ""  # more of Ray's runtime_env, JSON (pip, env_vars, py_modules, ...)
     python: str = "python"
     storage_path: str = ""  # Ray Train storage (local path or shared URI); empty: next to the data
-    num_workers: int = 0  # 0: TrainConfig's default
+    # None: TrainConfig's default; 0: the loop in this process (Ray Train's local mode)
+    num_workers: int | None = None
     timeout_s: float = 12 * 3600.0
 
     def defaults(self) -> dict:
         out: dict = {}
         if self.storage_path:
             out["storage_path"] = self.storage_path
-        if self.num_workers:
+        if self.num_workers is not None:
             out["num_workers"] = self.num_workers
         return out
 
@@ -236,9 +237,9 @@ class RedditResource(dg.ConfigurableResource):
 def resources_from_env() -> dict[str, dg.ConfigurableResource]:
     """The resources a deployment gets from its environment (see the table above)."""
     root = _env("MMLINKS_DATASETS_URI", "data")
-    workers = _env("MMLINKS_TRAIN_WORKERS", "0")
+    workers = _env("MMLINKS_TRAIN_WORKERS")
     try:
-        num_workers = int(workers)
+        num_workers = int(workers) if workers else None
     except ValueError:
         raise MmlinksError(f"MMLINKS_TRAIN_WORKERS wants a number, not {workers!r}") from None
     return {

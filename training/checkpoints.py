@@ -10,6 +10,9 @@ resumed run replays the next epoch exactly as an uninterrupted one would.
 from __future__ import annotations
 
 import json
+import math
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +22,8 @@ from training.backbone import build_model
 from training.config import MODEL_FIELDS, TrainConfig
 
 CHECKPOINT_FILE = "state.pt"
+METRICS_FILE = "metrics.json"  # the epoch's reported metrics, next to a local-mode checkpoint
+KEEP_BEST = 2  # checkpoints kept by score (Ray's CheckpointConfig(num_to_keep=2) in make_trainer)
 
 
 class IncompatibleResumeError(RuntimeError):
@@ -140,11 +145,63 @@ def saved_train_config(storage: str, run_name: str) -> dict | None:
     return json.loads(metas[-1].read_text())["train"] if metas else None
 
 
-def history_of(result, best_meta: dict) -> list[dict]:
+def history_of(latest, best_meta: dict) -> list[dict]:
     """The whole per-epoch history: Ray Train keeps metrics only next to retained checkpoints,
-    and the latest one carries every epoch."""
+    and the latest checkpoint (``latest``, a ``ray.train.Checkpoint`` or None) carries every
+    epoch."""
     history = best_meta.get("history", [])
-    if result.checkpoint is not None:
-        with result.checkpoint.as_directory() as d:
+    if latest is not None:
+        with latest.as_directory() as d:
             history = json.loads((Path(d) / "meta.json").read_text()).get("history", history)
     return history
+
+
+# Ray Train's local mode (``--workers 0``) runs the loop in the driver and keeps no checkpoint
+# (it has no storage; ``ray.train.get_checkpoint()`` is None on a restart). These functions keep
+# them under the run's folder the way a Ray run does: atomically, the KEEP_BEST best by score and
+# the latest, with the metrics that chose them, so resume, retention and best-epoch selection
+# work the same with and without worker processes.
+
+
+def save_local(
+    run_dir: Path, epoch: int, metrics: dict, write_files: Callable[[Path], None], select_by: str, order: str
+) -> Path:
+    """Write epoch ``epoch``'s checkpoint into ``run_dir`` (a temporary folder renamed into
+    place, so a killed run never leaves half a checkpoint), then drop the ones Ray would."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = run_dir / f"checkpoint_{epoch:06d}"
+    tmp = run_dir / f".tmp-checkpoint_{epoch:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    write_files(tmp)
+    (tmp / METRICS_FILE).write_text(json.dumps(metrics))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    keep = {latest_local(run_dir), *ranked_local(run_dir, select_by, order)[:KEEP_BEST]}
+    for path, _ in local_checkpoints(run_dir):
+        if path not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+    return final
+
+
+def local_checkpoints(run_dir: Path) -> list[tuple[Path, dict]]:
+    """(folder, metrics) of each complete local-mode checkpoint, oldest epoch first."""
+    found = []
+    for metrics in sorted(Path(run_dir).glob(f"checkpoint_*/{METRICS_FILE}")):
+        found.append((metrics.parent, json.loads(metrics.read_text())))
+    return found
+
+
+def ranked_local(run_dir: Path, select_by: str, order: str) -> list[Path]:
+    """The local checkpoints, best ``select_by`` first (non-finite values last, ties: earlier)."""
+
+    def key(item: tuple[Path, dict]) -> tuple[bool, float]:
+        v = float(item[1].get(select_by, math.nan))
+        return (not math.isfinite(v), v if order == "min" else -v)
+
+    return [path for path, _ in sorted(local_checkpoints(run_dir), key=key)]
+
+
+def latest_local(run_dir: Path) -> Path | None:
+    found = local_checkpoints(run_dir)
+    return found[-1][0] if found else None

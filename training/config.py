@@ -352,10 +352,11 @@ class TrainConfig:
     seed: int = option(0, help="random seed", group=MODEL)
     num_workers: int = option(
         2,
-        help="Ray Train workers, each one process",
+        help="Ray Train workers, each one process; 0 runs the loop in this process (Ray Train's "
+        "local mode: no worker processes to start, for debugging and small data)",
         flag="--workers",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        check=lambda v: v >= 0,
+        rule=">= 0",
         group=RAY,
     )
     use_gpu: bool = option(False, help="one GPU per worker", flag="--gpu", group=RAY)
@@ -450,6 +451,10 @@ class TrainConfig:
         bad = problems(self)
         if self.select_by == "val_medr" and self._family() != "retrieval":
             bad.append("select_by (val_medr: only the retrieval objectives report it)")
+        if self.num_workers == 0 and self.use_gpu:
+            bad.append("use_gpu (--gpu needs --workers >= 1: local mode runs on this process's CPU)")
+        if self.num_workers == 0 and "://" in (self.storage_path or ""):
+            bad.append("storage_path (--workers 0 keeps its checkpoints on local disk, not at a URI)")
         if self.model_backbone in backbone_names():
             from training.backbone import get_backbone
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training import fault_hooks
+from training import checkpoints, fault_hooks
 from training.backbone import get_backbone
 from training.checkpoints import (
     IncompatibleResumeError,
@@ -237,8 +237,11 @@ def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
     )
 
 
-def best_checkpoint(trainer, select_by: str = "val_loss"):
-    """Run the trainer; (its result, the best checkpoint by ``select_by``) or MmlinksError."""
+def best_checkpoint(trainer, select_by: str = "val_loss", local_run_dir: str | None = None):
+    """Run the trainer; (the latest checkpoint, the best one by ``select_by``) or MmlinksError.
+
+    ``local_run_dir``: where a local-mode run (no worker processes) kept its checkpoints.
+    """
     import ray.train
 
     from schemas.errors import MmlinksError
@@ -247,15 +250,28 @@ def best_checkpoint(trainer, select_by: str = "val_loss"):
         result = trainer.fit()
     except ray.train.TrainingFailedError as exc:  # V2 raises instead of returning result.error
         raise MmlinksError(f"training failed: {failure_message(exc)}") from exc
+    except MmlinksError:
+        raise
+    except Exception as exc:  # local mode: the loop's own exception, in this process
+        if local_run_dir is None:
+            raise
+        raise MmlinksError(f"training failed: {failure_message(exc)}") from exc
     if result.error:
         raise MmlinksError(f"training failed: {failure_message(result.error)}")
+    if local_run_dir is not None:
+        ranked = checkpoints.ranked_local(Path(local_run_dir), select_by, SELECTION_ORDER[select_by])
+        if not ranked:
+            raise MmlinksError("training produced no checkpoint")
+        latest = checkpoints.latest_local(Path(local_run_dir))
+        as_checkpoint = ray.train.Checkpoint.from_directory
+        return as_checkpoint(str(latest)), as_checkpoint(str(ranked[0]))
     try:
         best = result.get_best_checkpoint(metric=select_by, mode=SELECTION_ORDER[select_by])
     except RuntimeError as exc:  # Ray raises when the run directory holds no checkpoint
         raise MmlinksError(f"training produced no checkpoint: {exc}") from exc
     if best is None:
         raise MmlinksError("training produced no checkpoint")
-    return result, best
+    return result.checkpoint, best
 
 
 def fit(
@@ -298,7 +314,13 @@ def fit(
         "objective_spec": get_objective(cfg.objective),
         "test_kill": fault_hooks.kill_config(),
     }
-    result, best = best_checkpoint(make_trainer(inp, loop_config, run_name), cfg.select_by)
+    local_run_dir = str(Path(inp.storage) / run_name) if cfg.num_workers == 0 else None
+    loop_config["local_run_dir"] = local_run_dir
+    threads = torch.get_num_threads()  # local mode: the loop sets this process's own
+    try:
+        latest, best = best_checkpoint(make_trainer(inp, loop_config, run_name), cfg.select_by, local_run_dir)
+    finally:
+        torch.set_num_threads(threads)
     with best.as_directory() as d:
         model, meta = load_checkpoint_model(d)
     return TrainResult(
@@ -309,5 +331,5 @@ def fit(
         best_val_loss=float(meta["val_loss"]),
         checkpoint_path=best.path,
         checkpoint=best,
-        history=history_of(result, meta),
+        history=history_of(latest, meta),
     )

@@ -335,23 +335,39 @@ def report_epoch(w: Worker, config: dict, epoch: int, metrics: dict) -> None:
     """Hand the epoch's metrics (and rank 0's checkpoint) to Ray Train."""
     import ray.train
 
+    def write_files(folder: Path) -> None:
+        checkpoints.write(
+            folder,
+            model=w.model,
+            opt=w.opt,
+            sched=w.sched,
+            state=w.state,
+            epoch=epoch,
+            val_loss=metrics["val_loss"],
+            model_cfg=config["model"],
+            cfg=w.cfg,
+            vocab=w.vocab,
+        )
+
+    if config.get("local_run_dir"):  # Ray Train's local mode keeps no checkpoints: we do
+        run_dir, by = Path(config["local_run_dir"]), w.cfg.select_by
+        checkpoints.save_local(run_dir, epoch, metrics, write_files, by, SELECTION_ORDER[by])
+        ray.train.report(metrics)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None
         if w.rank == 0:
-            checkpoints.write(
-                Path(tmp),
-                model=w.model,
-                opt=w.opt,
-                sched=w.sched,
-                state=w.state,
-                epoch=epoch,
-                val_loss=metrics["val_loss"],
-                model_cfg=config["model"],
-                cfg=w.cfg,
-                vocab=w.vocab,
-            )
+            write_files(Path(tmp))
             checkpoint = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def local_checkpoint(run_dir: str | None):
+    """The latest checkpoint a local-mode run (``--workers 0``) left in ``run_dir``, to resume."""
+    import ray.train
+
+    latest = checkpoints.latest_local(Path(run_dir)) if run_dir else None
+    return ray.train.Checkpoint.from_directory(str(latest)) if latest else None
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -367,7 +383,7 @@ def train_loop_per_worker(config: dict) -> None:
         world,
         prepare_model=ray.train.torch.prepare_model if world > 1 or cfg.use_gpu else None,
         device=ray.train.torch.get_device() if cfg.use_gpu else None,
-        checkpoint=ray.train.get_checkpoint(),
+        checkpoint=ray.train.get_checkpoint() or local_checkpoint(config.get("local_run_dir")),
     )
     mlflow_client = None
     if rank == 0 and config.get("mlflow_run_id"):
