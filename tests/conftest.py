@@ -325,7 +325,10 @@ def small_train_config(dataset, storage, **kw):
         batch_docs=4,
         lr=3e-3,
         min_word_count=1,
-        num_workers=1,
+        # Ray Train's local mode: the loop in the test process, no worker processes to start
+        # (~20 s and ~40 CPU-s a run); tests/training/test_train.py proves it is the same run as
+        # one worker's, and the tests of Ray itself (workers, kills, clusters, jobs) ask for 1+.
+        num_workers=0,
         storage_path=str(storage),
         run_name="t",
         # the paper's checkpoint choice, which these tests assert; the default (val_within) is
@@ -341,7 +344,7 @@ def trained(dataset, tmp_path_factory, ray_local):
     """One real single-worker Ray Train run on the fixture dataset, shared by several tests."""
     from training.driver import fit
 
-    return fit(small_train_config(dataset, tmp_path_factory.mktemp("ray")))
+    return fit(small_train_config(dataset, tmp_path_factory.mktemp("ray"), num_workers=1))
 
 
 def missing_tool(message: str) -> None:

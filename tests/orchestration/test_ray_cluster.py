@@ -257,7 +257,14 @@ def test_the_job_command_carries_the_whole_config_as_json(tmp_path):
     from training.config import TrainConfig
 
     cfg = small_train_config(
-        tmp_path, tmp_path / "ray", objective="tk", k="half", use_gpu=True, run_name="", margin=0.3
+        tmp_path,
+        tmp_path / "ray",
+        objective="tk",
+        k="half",
+        use_gpu=True,
+        run_name="",
+        margin=0.3,
+        num_workers=1,
     )
     cmd = train_command(cfg, "m", "candidate", python="/opt/py/bin/python")
     assert cmd[:5] == ["/opt/py/bin/python", "-m", "training.job", "--config", cmd[4]]

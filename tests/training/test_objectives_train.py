@@ -136,7 +136,7 @@ def test_killed_worker_resumes_to_the_uninterrupted_result(
     marker = tmp_path / "killed"
     monkeypatch.setenv("MMLINKS_TEST_KILL_AT_EPOCH", "1")
     monkeypatch.setenv("MMLINKS_TEST_KILL_MARKER", str(marker))
-    res = fit(small_train_config(dataset, tmp_path / "ray", max_failures=1))
+    res = fit(small_train_config(dataset, tmp_path / "ray", max_failures=1, num_workers=1))
     assert marker.read_text() == "1"  # the worker really died after epoch 1
     _same_run(res, trained)  # `trained`: the same config, never interrupted
 
@@ -144,11 +144,11 @@ def test_killed_worker_resumes_to_the_uninterrupted_result(
 @pytest.mark.slow
 def test_restarted_job_resumes_and_refuses_an_incompatible_config(dataset, tmp_path, ray_local, trained):
     storage = tmp_path / "ray"
-    first = fit(small_train_config(dataset, storage, epochs=2))
+    first = fit(small_train_config(dataset, storage, epochs=2, num_workers=1))
     assert [h["epoch"] for h in first.history] == [0, 1]
     with pytest.raises(MmlinksError, match=r"cannot resume run 't'.*objective='ap' \(asked 'dc'\)"):
-        fit(small_train_config(dataset, storage, epochs=3, objective="dc"))
-    resumed = fit(small_train_config(dataset, storage, epochs=3))  # same run name: continues
+        fit(small_train_config(dataset, storage, epochs=3, objective="dc", num_workers=1))
+    resumed = fit(small_train_config(dataset, storage, epochs=3, num_workers=1))  # same run name: continues
     _same_run(resumed, trained)
 
 
