@@ -20,7 +20,7 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from linking.config import ALL_SPLITS, LinkConfig
 from linking.graph import EVAL_FILE, link_pipeline
-from linking.model import ResolvedModel, check_model_fits, load_scorer, resolve_model
+from linking.model import ResolvedModel, check_model_fits, load_linker_at, load_scorer, resolve_model
 from pipelines import commit, fileio
 from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE
 from schemas.errors import MmlinksError
@@ -76,7 +76,7 @@ def link_documents(cfg: LinkConfig) -> LinkResult:
         manifest = Manifest.read(cfg.data)
         job["shards"] = _shards(cfg, manifest)
     else:
-        manifest, job["build"] = _raw_input(cfg, model)
+        manifest, job["build"] = _raw_input(cfg, model, uri)
     check_model_fits(model, manifest)
     job["dim"] = _check_width(model, uri, manifest, cfg.device)
     options = cfg.pipeline_options()
@@ -105,16 +105,28 @@ def _shards(cfg: LinkConfig, manifest: Manifest) -> list[tuple[str, str]]:
     return [(s.path, s.path.rsplit("/", 1)[-1]) for s in chosen]
 
 
-def _raw_input(cfg: LinkConfig, model: ResolvedModel):
+def _raw_input(cfg: LinkConfig, model: ResolvedModel, tracking_uri: str):
     """--input: the build config whose stages read and featurise the raw documents with the
-    model's feature extractor, and a manifest standing for the data (extractor, schema)."""
+    extractor the model was trained on (its recorded name, options such as a CLIP architecture,
+    and weights, checked against the recorded version), and a manifest standing for the data."""
+    from mlflow.exceptions import MlflowException
+
     from features import get_extractor
     from pipelines.build_config import BuildConfig
     from schemas.document import SCHEMA_VERSION
+    from training.packaging import served_extractor_options
 
-    name = model.params.get("feature_extractor", "").split("@")[0] or _packaged_extractor(model)
+    images = getattr(load_linker_at(model.load_uri, tracking_uri), "images", None)
+    if images is None or not images.name:
+        raise MmlinksError(f"{model.info.uri} names no feature extractor; link a built dataset with --data")
+    try:
+        recorded = (images.name, images.version, images.options, images.weights)
+        extractor_options = served_extractor_options(*recorded)
+    except MlflowException as exc:  # the serving path's 400: here a one-line refusal before any work
+        raise MmlinksError(f"cannot featurise raw documents for {model.info.uri}: {exc.message}") from None
     options = {
-        "extractor": name,
+        "extractor": images.name,
+        "extractor_options": extractor_options,
         "runner": cfg.runner,
         "device": cfg.device,
         "beam_args": list(cfg.beam_args),
@@ -124,19 +136,10 @@ def _raw_input(cfg: LinkConfig, model: ResolvedModel):
     )
     build = BuildConfig.for_source(cfg.source, cfg.input, cfg.out, **options)
     build.check()
-    ext = get_extractor(name)
+    ext = get_extractor(images.name, **extractor_options)
     info = FeatureExtractorInfo(ext.name, ext.version, ext.dim)
     manifest = Manifest(SCHEMA_VERSION, "raw", cfg.source, {}, info, [], {"input": cfg.input})
     return manifest, build
-
-
-def _packaged_extractor(model: ResolvedModel) -> str:
-    from training.evaluate import load_linker
-
-    name = getattr(load_linker(model.load_uri), "extractor_name", None)
-    if not name:
-        raise MmlinksError(f"{model.info.uri} names no feature extractor; link a built dataset with --data")
-    return name
 
 
 def _check_width(model: ResolvedModel, uri: str, manifest: Manifest, device: str) -> int:

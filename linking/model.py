@@ -119,6 +119,12 @@ def load_scorer(load_uri: str, tracking_uri: str, device: str = "cpu") -> LinkSc
     """The scorer of a model URI. MLflow resolves ``models:/`` URIs against its global tracking
     URI, which ``set_tracking_uri`` also exports as MLFLOW_TRACKING_URI; both are put back after
     loading, so one job in a long-lived process (Dagster, tests) does not redirect the next."""
+    return LinkScorer(load_linker_at(load_uri, tracking_uri), device)
+
+
+def load_linker_at(load_uri: str, tracking_uri: str):
+    """The packaged model behind ``load_uri`` in ``tracking_uri``'s registry, leaving MLflow's
+    global tracking URI (and MLFLOW_TRACKING_URI) as they were."""
     import os
 
     import mlflow
@@ -127,10 +133,9 @@ def load_scorer(load_uri: str, tracking_uri: str, device: str = "cpu") -> LinkSc
 
     before = os.environ.get("MLFLOW_TRACKING_URI")
     try:
-        linker = load_linker(load_uri, tracking_uri)
+        return load_linker(load_uri, tracking_uri)
     finally:
         mlflow.set_tracking_uri(before)
-    return LinkScorer(linker, device)
 
 
 class LinkModelHandler(ModelHandler[dict, PredictionResult, LinkScorer]):

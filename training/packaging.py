@@ -110,6 +110,19 @@ def served_extractor(name: str, version: str | None, options: dict | None = None
     name, other weights or architecture give other features and meaningless scores. Anything
     else is a one-line HTTP 400 that says what to send instead.
     """
+    return _resolve_served(name, version, options, weights)[0]
+
+
+def served_extractor_options(
+    name: str, version: str | None, options: dict | None = None, weights: str | None = None
+) -> dict:
+    """The extractor options (with ``weights`` where the recorded file was the one that matched)
+    that rebuild ``served_extractor``'s extractor: what a Beam job that featurises raw documents
+    for this model passes as ``BuildConfig.extractor_options``."""
+    return _resolve_served(name, version, options, weights)[1]
+
+
+def _resolve_served(name: str, version: str | None, options: dict | None, weights: str | None):
     from features import get_extractor
     from schemas.errors import MmlinksError
 
@@ -126,7 +139,7 @@ def served_extractor(name: str, version: str | None, options: dict | None = None
             failure = failure or str(exc)
             continue
         if installed == version:
-            return extractor
+            return extractor, {**opts, **extra}
         found = found or installed
     if found is not None:
         check_extractor_version(name, version, found)  # raises: another file or architecture

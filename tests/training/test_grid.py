@@ -112,7 +112,7 @@ def test_table_follows_the_paper_layout():
 
 
 def test_bad_grid_inputs_are_refused(dataset, tmp_path):
-    base = small_train_config(dataset, tmp_path)
+    base = small_train_config(dataset, tmp_path, num_workers=1)
     with pytest.raises(MmlinksError, match="unknown grid"):
         run_grid("table9", base, {"x": str(dataset)}, f"sqlite:///{tmp_path}/m.db")
     with pytest.raises(MmlinksError, match="not a directory"):
@@ -122,6 +122,10 @@ def test_bad_grid_inputs_are_refused(dataset, tmp_path):
     bad = GridSpec("bad", "bad", ("x",), ({"objective": "cosine", "batch_docs": 4},))
     with pytest.raises(MmlinksError, match="objective"):
         run_grid(bad, base, {"x": str(dataset)}, f"sqlite:///{tmp_path}/m.db")
+    with pytest.raises(MmlinksError, match="--workers must be >= 1"):  # local mode cannot run in Tune
+        run_grid(
+            "paper-table2", replace(base, num_workers=0), {"x": str(dataset)}, f"sqlite:///{tmp_path}/m.db"
+        )
     assert not (tmp_path / "m.db").exists()  # refused before any run was opened
 
 
@@ -211,7 +215,13 @@ def test_grid_end_to_end_with_ray_tune_and_mlflow(dataset, tmp_path, ray_local):
         main_b=3,
     )
     base = small_train_config(
-        dataset, tmp_path / "ray", epochs=1, d_multi=16, word_vectors="random", run_name="ignored"
+        dataset,
+        tmp_path / "ray",
+        epochs=1,
+        d_multi=16,
+        word_vectors="random",
+        run_name="ignored",
+        num_workers=1,
     )
     uri = tracking_uri(tmp_path)
     t0 = time.perf_counter()

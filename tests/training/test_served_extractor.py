@@ -120,3 +120,19 @@ def test_the_packaged_model_scores_raw_images_through_its_recorded_extractor(tin
     with pytest.raises(MlflowException, match="cannot load"):
         again.predict(None, pd.DataFrame([{"sentences": sentences, "images": images}]))
     assert len(again.predict(None, pd.DataFrame([{"sentences": sentences, "image_features": feats}]))) == 1
+
+
+def test_the_link_jobs_build_options_rebuild_the_recorded_extractor(tiny, no_weights):
+    """`mmlinks link --input` featurises raw documents through a Beam build: its extractor
+    options are the recorded architecture plus the file that matched, not the defaults."""
+    from training.packaging import served_extractor_options
+
+    weights, version = tiny
+    opts = served_extractor_options(CLIP, version, {"model": TINY}, str(weights))
+    assert opts == {"model": TINY, "weights": str(weights)}
+    rebuilt = get_extractor(CLIP, **opts)
+    assert (rebuilt.version, rebuilt.dim) == (version, 16)
+    shutil.copy(weights, no_weights / "clip-vit-b32.pt")  # the training file gone, the lookup has it
+    assert served_extractor_options(CLIP, version, {"model": TINY}, "/nowhere/tiny.pt") == {"model": TINY}
+    with pytest.raises(MlflowException, match="not its version"):
+        served_extractor_options(CLIP, None, {"model": TINY}, str(weights))
