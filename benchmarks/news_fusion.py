@@ -2,13 +2,18 @@
 news dataset (`mmlinks data synth-news` + `data build --source news-jsonl`), in one process.
 
 Each ``--runs`` entry is ``SOURCES[:FUSION][:dropP]`` (e.g. ``caption``,
-``headline+lead+body+caption:attention:drop0.3``). Every run trains from the same seed on the
-same batches with the training loop's recipe without Ray (Adam, ``--batch`` samples per batch
-reshuffled every epoch, random_drop while training, the epoch with the lowest validation MedR
-kept), through the library's config, model, loss and metrics (``training/news/``), then scores
-the test split with complete inputs: R@1/5/10 and MedR, text-to-image and image-to-text, on
-every test sample and on the complete samples (all four sources present). A sample without
-any source a model reads counts as a miss for it (zero text vector, pessimistic ties).
+``headline+lead+body+caption:attention:drop0.3``); ``dc:`` in front trains it by divide and
+conquer (Liu et al. Sect. 6.2): every source encoder starts from the single-source run of the
+same invocation (which must come earlier in ``--runs``; word embeddings and image tower from the
+caption model, else the first), then the fuser alone for ``--fuser-warmup-epochs``, then all.
+
+Every run trains from the same seed on the same batches with the training loop's recipe without
+Ray (Adam, ``--batch`` samples per batch reshuffled every epoch, random_drop while training, the
+epoch with the lowest validation MedR kept), through the library's config, model, loss and
+metrics (``training/news/``), then scores the test split with complete inputs: R@1/5/10 and
+MedR, text-to-image and image-to-text, on every test sample and on the complete samples (all
+four sources present). A sample without any source a model reads counts as a miss for it (zero
+text vector, pessimistic ties).
 
 One JSON object on stdout. Example::
 
@@ -23,6 +28,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -49,13 +55,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--fuser-warmup-epochs", type=int, default=1, help="dc: runs: epochs of fuser-only training"
+    )
     return p.parse_args(argv)
 
 
-def run_config(entry: str, args, data: str):
+def run_config(entry: str, args, data: str, singles: dict | None = None):
     from training.config import TrainConfig
 
-    parts = entry.split(":")
+    dc = entry.startswith("dc:")
+    parts = entry.removeprefix("dc:").split(":")
     fusion = next((x for x in parts[1:] if not x.startswith("drop")), "attention")
     drop = next((float(x[4:]) for x in parts[1:] if x.startswith("drop")), 0.0)
     return TrainConfig(
@@ -76,7 +86,33 @@ def run_config(entry: str, args, data: str):
         seed=args.seed,
         pool_size=500,
         n_pools=1,
+        init_from=dc_init(parts[0].split("+"), singles or {}) if dc else "",
+        fuser_warmup_epochs=args.fuser_warmup_epochs if dc else 0,
     )
+
+
+def dc_init(sources: list[str], singles: dict) -> str:
+    """``--init-from`` of a divide-and-conquer run: SOURCE=checkpoint of each single-source run,
+    the caption model first (the paper's: its word embeddings and image tower are kept)."""
+    missing = [s for s in sources if s not in singles]
+    if missing:
+        raise SystemExit(f"dc: needs the single-source runs of {', '.join(missing)} earlier in --runs")
+    order = sorted(sources, key=lambda s: s != "caption")
+    return ",".join(f"{s}={singles[s]}" for s in order)
+
+
+def save_single(folder, model) -> str:
+    """The best model of a single-source run as a checkpoint folder (what --init-from reads)."""
+    from pathlib import Path
+
+    from training.checkpoints import CHECKPOINT_FILE
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "epoch": 0, "val_loss": 0.0, "best_epoch": 0}
+    torch.save(state, folder / CHECKPOINT_FILE)
+    (folder / "meta.json").write_text(json.dumps({"model": model.cfg.to_dict()}))
+    return str(folder)
 
 
 def load(data: str, split: str):
@@ -150,11 +186,14 @@ def main(argv=None) -> dict:
         make_batch(test.slice(s, 64), vocab, args.max_tokens) for s in range(0, test.num_rows, 64)
     ]
     complete = complete_mask(test)
-    results = {}
+    results, checkpoints = {}, {}
+    tmp = tempfile.mkdtemp(prefix="news-fusion-")
     for entry in args.runs.split(","):
-        cfg = run_config(entry, args, args.data)
+        cfg = run_config(entry, args, args.data, checkpoints)
         t0 = time.perf_counter()
         model, epoch, history = train_one(cfg, manifest, train_paths, train, val, vocab, emb, stats)
+        if "," not in cfg.news_sources:
+            checkpoints[cfg.news_sources] = save_single(f"{tmp}/{cfg.news_sources}", model)
         full = evaluate_samples(model, test_batches, cfg)
         sub = evaluate_samples(model, test_batches, cfg, complete)
         keep = ("medr", "r1", "r5", "r10")

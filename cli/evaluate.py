@@ -68,8 +68,8 @@ def _add_evaluate(sub) -> None:
         help="seed of the Random baseline shown alongside, and of a retrieval model's pools (default: 0)",
     )
     ret = ev.add_argument_group(
-        "retrieval models (--objective cmca|cmcm|cmcm-c): MedR and R@K over pools, per relation, "
-        "relation AP; the per-query file holds each text's rank and top-5 images"
+        "retrieval models (--objective cmca|cmcm|cmcm-c|news): MedR and R@K both directions over pools, "
+        "per relation and relation AP (cmcm); the per-query file holds each text's rank (and top-5 images)"
     )
     ret.add_argument(
         "--compare-uri",
@@ -208,6 +208,30 @@ def _evaluate_retrieval(args, first) -> dict:
     return out
 
 
+def _evaluate_news(args, model, vocab, max_tokens: int) -> dict:
+    """`mmlinks evaluate` of a news image selection model: R@1/5/10 and MedR both directions
+    over the split's samples (complete inputs), pools of --pool-size; each sample's rank goes to
+    the per-sample file."""
+    from schemas.manifest import Manifest
+    from training.evaluate import write_per_doc
+    from training.news.serving import news_split_metrics
+
+    if args.compare_uri or args.report or args.spread:
+        raise MmlinksError("--compare-uri, --report and --spread are not available for news models")
+    paths = [str(p) for p in Manifest.read(args.data).shard_paths(args.data, args.split)]
+    if not paths:
+        raise MmlinksError(f"{args.data} has no {args.split!r} shards to evaluate on")
+    m = news_split_metrics(model, vocab, max_tokens, paths, args.pool_size, args.pools, args.seed)
+    rows = [{"doc_id": d, "t2i_rank": int(r)} for d, r in zip(m["doc_ids"], m["ranks"], strict=True)]
+    name = args.model_uri or str(Path(args.checkpoint).resolve())
+    return {
+        "family": "retrieval",
+        "split": args.split,
+        "models": {name: {"t2i": m["t2i"], "i2t": m["i2t"], "pairs": m["pairs"]}},
+        "per_doc": str(write_per_doc(rows, per_doc_path(args, "news")).resolve()),
+    }
+
+
 def cmd_evaluate(args) -> dict:
     from training.evaluate import evaluate, write_per_doc
 
@@ -215,6 +239,8 @@ def cmd_evaluate(args) -> dict:
     model, vocab, max_tokens, retrieval = _load_any(args, args.model_uri, args.checkpoint)
     if retrieval is not None:
         return _evaluate_retrieval(args, retrieval)
+    if getattr(getattr(model, "cfg", None), "backbone", None) == "news":
+        return _evaluate_news(args, model, vocab, max_tokens)
     if args.compare_uri or args.report:
         raise MmlinksError("--compare-uri and --report are for retrieval models (cmca, cmcm, cmcm-c)")
     scores = evaluate(

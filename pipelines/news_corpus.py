@@ -18,7 +18,9 @@ Two languages with an aligned lexicon: ``en`` and ``de``, a German-like language
 word is a one-to-one translation of an English one (``LEXICON``; the word order is the
 English one, so it is an invented language that shares German words, not German). An article
 is written in ``de`` with probability ``second_language_rate``; language transfer is then
-measurable by building with ``--source-option languages=de`` and so on.
+measurable by building with ``--source-option languages=de`` and so on. ``vectors/en.vec`` and
+``vectors/de.vec`` are aligned word vectors for the two (``aligned_vectors``), some ``de``
+words left out, for the multilingual recipes (``training/news/recipes.py``).
 
 Dates run from ``start_date`` over ``days`` in article order (plus jitter), so the news source's
 date split (train on the past, test on the future) has something to cut.
@@ -114,6 +116,19 @@ class NewsSynthConfig:
         730, help="days the articles span, in article order", check=lambda v: v >= 1, rule=">= 1"
     )
     image_size: int = option(96, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+    vector_dim: int = option(
+        32,
+        help="size of the aligned word vectors written to vectors/en.vec and vectors/de.vec (what MUSE "
+        "gives for real languages; for --multilingual); 0 = none",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+    )
+    vector_oov_rate: float = option(
+        0.1,
+        help="share of 'de' words left out of vectors/de.vec (out-of-vocabulary for the aligned vectors)",
+        check=lambda v: 0 <= v < 1,
+        rule="in [0, 1)",
+    )
 
     def __post_init__(self) -> None:
         validate(self, "synthetic news corpus options")
@@ -198,6 +213,41 @@ def generate_article(cfg: NewsSynthConfig, index: int) -> tuple[dict, list[Image
     return record, images
 
 
+def aligned_vectors(dim: int, seed: int = 0, noise: float = 0.1, oov_rate: float = 0.1) -> dict:
+    """{"en": {word: vector}, "de": {...}}: random unit vectors for the English words, and for
+    each ``de`` translation its English word's vector plus Gaussian noise of norm about
+    ``noise`` (aligned spaces are close, not equal), except a ``oov_rate`` share of ``de`` words
+    (chosen by a hash of the word) that get none."""
+    import hashlib
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    en, de = {}, {}
+    for word in sorted(LEXICON):
+        v = rng.standard_normal(dim)
+        en[word] = v / np.linalg.norm(v)
+        t = LEXICON[word]
+        if int(hashlib.sha256(f"{seed}:{t}".encode()).hexdigest()[:8], 16) / 2**32 >= oov_rate:
+            de[t] = en[word] + noise * rng.standard_normal(dim) / np.sqrt(dim)
+    return {"en": en, "de": de}
+
+
+def write_vectors(folder: str | Path, dim: int, seed: int = 0, oov_rate: float = 0.1) -> list[Path]:
+    """``folder/en.vec`` and ``folder/de.vec`` in the word2vec text layout (``n dim`` header)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for lang, table in aligned_vectors(dim, seed, oov_rate=oov_rate).items():
+        path = folder / f"{lang}.vec"
+        lines = [f"{len(table)} {dim}"] + [
+            f"{w} " + " ".join(f"{x:.5f}" for x in v) for w, v in table.items()
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
+
+
 def write_news_corpus(
     out: str | Path, cfg: NewsSynthConfig, progress: Callable[[int], None] | None = None
 ) -> Path:
@@ -215,6 +265,8 @@ def write_news_corpus(
             fh.write(json.dumps(record, sort_keys=True) + "\n")
             if progress:
                 progress(1)
+    if cfg.vector_dim:
+        write_vectors(out / "vectors", cfg.vector_dim, cfg.seed, cfg.vector_oov_rate)
     meta = {"format": FORMAT, "languages": ["en", "de"], "sources": list(SOURCES), **asdict(cfg)}
     (out / "corpus.json").write_text(json.dumps(meta, indent=2))
     return path

@@ -94,6 +94,8 @@ MODEL_FIELDS = (
     "news_loss",
     "subword_buckets",
     "news_heads",
+    "multilingual",
+    "init_from",
     "seed",
 )
 
@@ -165,7 +167,8 @@ class TrainConfig:
     word_vectors: str = option(
         "glove",
         help="'glove' (offline GloVe 6B 50-d), 'random', or a file: word2vec/GloVe/fastText text, word2vec "
-        "binary (.bin) or a fastText model (.bin); force a format with text:, word2vec-bin: or fasttext:",
+        "binary (.bin) or a fastText model (.bin); force a format with text:, word2vec-bin: or fasttext:; "
+        "several files comma-separated (aligned vectors, one per language; an earlier file wins a word)",
         group=MODEL,
     )
     d_multi: int = option(
@@ -347,6 +350,31 @@ class TrainConfig:
         "paper: 6)",
         check=lambda v: v >= 1,
         rule=">= 1",
+        group=NEWS,
+    )
+    multilingual: str = option(
+        "none",
+        help="news, Liu et al. Sect. 5.2: one-for-all = one model over every language of the dataset "
+        "(mixed in a batch) on FROZEN aligned word vectors (--word-vectors text:en.vec,text:de.vec); "
+        "all-for-one = start from a language-A model (--init-from DIR), swap in this dataset's "
+        "language-B vectors plus its out-of-vocabulary words, fine-tune everything",
+        choices=("none", "one-for-all", "all-for-one"),
+        group=NEWS,
+    )
+    init_from: str = option(
+        "",
+        help="news: start from trained weights: DIR (a checkpoint folder with state.pt and meta.json: "
+        "every weight but the word embeddings for all-for-one, all of them otherwise) or divide and "
+        "conquer's SOURCE=DIR,... (each source encoder from its single-source model; word embeddings "
+        "and image tower from the first listed, the fuser fresh)",
+        group=NEWS,
+    )
+    fuser_warmup_epochs: int = option(
+        0,
+        help="news, divide and conquer: epochs in which only the fuser trains (the loaded encoders "
+        "and image tower get zero gradients; paper: 1)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
         group=NEWS,
     )
     seed: int = option(0, help="random seed", group=MODEL)

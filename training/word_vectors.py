@@ -59,7 +59,11 @@ class VectorStats:
 
 
 def load_vectors(spec: str, wanted_words: Iterable[str]) -> tuple[dict[str, np.ndarray], int, VectorStats]:
-    """(word -> float32 vector for the wanted words that got one, dim, stats) from a vectors file."""
+    """(word -> float32 vector for the wanted words that got one, dim, stats) from a vectors file,
+    or from several: ``A,B`` reads aligned vectors of several languages (MUSE ships one file per
+    language), a word found in an earlier file keeps that vector."""
+    if "," in spec:
+        return _load_several(spec.split(","), set(wanted_words))
     fmt, path = resolve_spec(spec)
     wanted = set(wanted_words)
     stats = VectorStats(format=fmt, path=str(path))
@@ -72,6 +76,27 @@ def load_vectors(spec: str, wanted_words: Iterable[str]) -> tuple[dict[str, np.n
     if not found:
         raise MmlinksError(f"no vocabulary word found in {path} (read as {fmt})")
     return found, stats.dim, stats
+
+
+def _load_several(specs: list[str], wanted: set[str]) -> tuple[dict[str, np.ndarray], int, VectorStats]:
+    found: dict[str, np.ndarray] = {}
+    total = VectorStats(format="+".join(resolve_spec(s)[0] for s in specs), path=",".join(specs))
+    for spec in specs:
+        try:
+            part, dim, stats = load_vectors(spec, wanted - set(found))
+        except MmlinksError as exc:
+            if "no vocabulary word found" not in str(exc):
+                raise
+            continue  # every word already found, or none of this language in the vocabulary
+        if total.dim and dim != total.dim:
+            raise MmlinksError(f"word vectors {spec} are {dim}-d, the files before it {total.dim}-d")
+        total.dim = dim
+        total.words_in_file += stats.words_in_file
+        total.found += stats.found
+        found.update(part)
+    if not found:
+        raise MmlinksError(f"no vocabulary word found in {','.join(specs)}")
+    return found, total.dim, total
 
 
 def resolve_spec(spec: str) -> tuple[str, Path]:

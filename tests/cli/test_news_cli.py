@@ -31,3 +31,12 @@ def test_train_news_refuses_a_dataset_without_news_samples_before_training(datas
         "0.3",
     )
     _one_line_error(bad, "random_drop")
+
+
+def test_train_news_multilingual_recipes_are_flags_checked_before_training(tmp_path):
+    from tests.training.news.helpers import write_news_dataset
+
+    write_news_dataset(tmp_path)
+    proc = run("train", "--data", str(tmp_path), "--objective", "news", "--multilingual", "all-for-one")
+    _one_line_error(proc, "init_from")
+    assert "--init-from DIR" in proc.stderr  # the flags exist (argparse took them) and are checked

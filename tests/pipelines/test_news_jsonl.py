@@ -17,6 +17,7 @@ from pipelines.news_corpus import FILLER, GLUE, LEXICON, NEARBY, NewsSynthConfig
 from pipelines.records import DEAD_LETTER, RawDocument
 from pipelines.sources import get_spec
 from pipelines.sources.news_jsonl import ReadNewsJsonl, SplitRule, date_cut_points, parse_article
+from pipelines.splits import assign_split
 from pipelines.synthetic_corpus import COLOURS, PATTERNS, POSITIONS, SHAPES, SIZES
 from schemas.errors import MmlinksError
 from schemas.news import NEWS_SOURCES, sources_of
@@ -201,3 +202,49 @@ def test_synth_news_command(tmp_path, capfd):
     assert len(lines) == 3 and all(
         (tmp_path / im["uri"]).exists() for ln in lines for im in json.loads(ln)["images"]
     )
+
+
+def test_wit_rows_become_news_samples_grouped_by_page(tmp_path):
+    from pipelines.sources.wit import ReadWit, page_key, rows_of
+    from tests.fixtures.wit import DE_PAGE, ROWS, write_wit
+
+    path = write_wit(tmp_path / "wit")
+    rows = list(rows_of(str(path)))
+    assert rows[1] == ROWS[0] and "\t" in rows[1][-1] and "\n" in rows[1][-1]  # quoting survives
+    spec = get_spec("wit")
+    ctx = spec.context(str(tmp_path / "wit"), {"languages": "de,fr"}, str(tmp_path / "state"))
+    de = page_key({"language": "de", "page_url": DE_PAGE})
+    with TestPipeline() as p:
+        out = p | ReadWit(ctx)
+        docs = out["documents"] | beam.Map(
+            lambda d: (
+                d.doc_id,
+                d.metadata["news_sources"],
+                d.metadata["language"],
+                d.image_uris[0].rsplit("/", 1)[-1],
+                d.split,
+            )
+        )
+        texts = out["documents"] | beam.Map(lambda d: (d.doc_id, d.sentences[0], d.sentences[-1]))
+        reasons = out[DEAD_LETTER] | beam.Map(lambda d: d.reason)
+        split = assign_split(de, {"train": 0.8, "val": 0.1, "test": 0.1})
+        fr = page_key({"language": "fr", "page_url": ROWS[3][1]})
+        fr_split = assign_split(fr, {"train": 0.8, "val": 0.1, "test": 0.1})
+        want = [
+            (f"{de}#0", "headline,lead,body,caption", "de", "Lac_Leman.jpg", split),
+            (f"{de}#1", "headline,lead,body", "de", "Jet_d_eau.jpg", split),  # listed twice: kept once
+            (f"{fr}#0", "headline,lead,caption", "fr", "Chillon.jpg", fr_split),
+        ]
+        assert_that(docs, equal_to(want), label="docs")
+        assert_that(
+            texts | beam.Filter(lambda t: t[0] == f"{de}#0"),
+            equal_to([(f"{de}#0", "Genfersee", "Der Genfersee von Lausanne aus")]),
+            label="texts",
+        )
+        assert_that(
+            reasons, equal_to(["language_filtered", "malformed_record", "unsupported_mime"]), label="dead"
+        )
+    with pytest.raises(MmlinksError, match="no date"):
+        spec.check(spec.context(str(tmp_path / "wit"), {"split": "date"}, "s"))
+    with pytest.raises(MmlinksError, match=r"no \.tsv"):
+        spec.check(spec.context(str(tmp_path), {}, "s"))

@@ -194,6 +194,7 @@ class NewsRetrieval(nn.Module):
         slots: torch.Tensor,
         rows: torch.Tensor,
         keep: torch.Tensor,
+        fuser_only: bool = False,
     ) -> torch.Tensor:
         """tokens [N, T], lengths [N]; sentence n is source ``slots[n]`` (an index into
         ``cfg.sources``, -1: a source this model does not read) of sample ``rows[n]``; keep
@@ -211,22 +212,36 @@ class NewsRetrieval(nn.Module):
             sel = (slots == j) & use[rows, slots]
             if sel.any():
                 x[rows[sel], j] = self.encoders[name](self.embed(tokens[sel]), mask[sel])
+        if fuser_only:  # divide and conquer's warm-up: the loaded encoders get zero gradients
+            x = zero_grad(x)
         some = use.any(1)
         fused = self.fuser(x, use | ~some[:, None])  # rows without a source: masked out below
         return F.normalize(fused, dim=-1) * some[:, None]
 
-    def forward(self, batch, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, batch, keep: torch.Tensor | None = None, fuser_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch of news samples -> (text [B, d], image [B, d]); ``keep`` [B, S] bool says
-        which sources to use (None: every present one, the complete inputs of validation)."""
+        which sources to use (None: every present one, the complete inputs of validation);
+        ``fuser_only``: every part but the fuser gets zero gradients."""
         slots, rows = sentence_slots(batch.metadata, batch.n_sentences, self.cfg.sources)
         device = batch.tokens.device
         if keep is None:
             keep = torch.ones(len(batch), len(self.cfg.sources), dtype=torch.bool, device=device)
-        text = self.encode_text(batch.tokens, batch.lengths, slots.to(device), rows.to(device), keep)
-        return text, self.image(batch.features)
+        text = self.encode_text(
+            batch.tokens, batch.lengths, slots.to(device), rows.to(device), keep, fuser_only
+        )
+        image = self.image(batch.features)
+        return text, (zero_grad(image) if fuser_only else image)
 
     def encode(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return self(batch)
+
+
+def zero_grad(t: torch.Tensor) -> torch.Tensor:
+    """``t`` forward, a zero gradient backward, still in the graph (DDP sees every parameter
+    used; Adam's step on a zero gradient is 0)."""
+    return t.detach() + 0.0 * t
 
 
 def sentence_slots(

@@ -9,6 +9,9 @@ Ray Train loop and the experiment.
   (paper: 0.3): per sample one random present source is always kept and every other one is
   dropped with probability p; validation and test use the complete inputs. Samples with no
   source left (say a caption-only model on an article without caption) leave the loss.
+- Recipes (``training/news/recipes.py``): one-for-all freezes the aligned word vectors,
+  all-for-one and divide and conquer start from other checkpoints (``--init-from``); for the
+  first ``--fuser-warmup-epochs`` epochs only the fuser trains.
 - Validation: text-to-image MedR and R@10 over every validation sample (``val_medr``, the
   checkpoint choice, and ``val_r10``).
 - Test: the retrieval family's evaluation (R@1/5/10 and MedR both directions, pools of
@@ -52,7 +55,7 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
         words = Vocabulary.build(sentences, cfg.min_word_count).words
         if len(words) != vocab_size:  # pragma: no cover - the driver builds the same vocabulary
             raise RuntimeError("the news model's vocabulary differs from the driver's")
-    return NewsConfig(
+    out = NewsConfig(
         vocab_size=vocab_size,
         word_dim=word_dim,
         image_dim=manifest.feature_extractor.dim,
@@ -65,10 +68,36 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
         words=words,
         image_dropout=cfg.image_dropout,
     ).to_dict()
+    if cfg.multilingual != "none" or cfg.init_from:
+        out["recipe"] = {"multilingual": cfg.multilingual, "init_from": absolute_init(cfg.init_from)}
+    return out
+
+
+def absolute_init(init_from: str) -> str:
+    """``--init-from`` with absolute paths: Ray workers run in another directory."""
+    from pathlib import Path
+
+    from training.news.recipes import parse_init
+
+    plan = parse_init(init_from)
+    paths = {k: str(Path(v).resolve()) if "://" not in v else v for k, v in plan.items()}
+    return paths.get("", "") or ",".join(f"{k}={v}" for k, v in paths.items())
 
 
 def build(model_cfg: dict, embeddings=None, feature_stats=None) -> NewsRetrieval:
-    return NewsRetrieval(NewsConfig(**model_cfg), embeddings, feature_stats)
+    """The model of ``model_cfg``; its ``recipe`` (``training/news/recipes.py``) loads
+    ``init_from`` into a training run's fresh model (``embeddings`` given; a checkpoint read back
+    brings its own weights) and freezes the aligned word vectors of one-for-all."""
+    cfg = dict(model_cfg)
+    recipe = cfg.pop("recipe", None) or {}
+    net = NewsRetrieval(NewsConfig(**cfg), embeddings, feature_stats)
+    if embeddings is not None and recipe.get("init_from"):
+        from training.news.recipes import apply_init
+
+        apply_init(net, recipe["init_from"], same_vocabulary=recipe.get("multilingual") != "all-for-one")
+    if recipe.get("multilingual") == "one-for-all":
+        net.embed.words.weight.requires_grad_(False)
+    return net
 
 
 def _net(model) -> NewsRetrieval:
@@ -106,7 +135,8 @@ def model_loss(
     if net.training and cfg.random_drop > 0:
         keep = random_drop(presence(batch, net.cfg.sources), cfg.random_drop, generator)
         keep = keep.to(batch.tokens.device)
-    s, v = model(batch, keep=keep)
+    warmup = net.training and epoch is not None and epoch < cfg.fuser_warmup_epochs
+    s, v = model(batch, keep=keep, fuser_only=warmup)
     some = s.detach().norm(dim=1) > 0  # samples with a source left
     if int(some.sum()) < 2:
         zero = (s.sum() + v.sum()) * 0.0  # keeps every parameter in the graph (DDP)

@@ -234,14 +234,22 @@ def loaded_news_model(model_uri: str) -> NewsModel:
     return model
 
 
-def evaluate_news(model: NewsModel, paths: list) -> dict:
-    """MedR, R@1/5/10 text-to-image (and i2t_medr, i2t_r10) of a loaded news model on the
-    samples of ``paths`` (complete inputs), over the promotion gate's fixed pools, as
-    ``evaluate_retrieval`` scores pair models."""
+def news_split_metrics(
+    net: NewsRetrieval,
+    vocab: Vocabulary,
+    max_tokens: int,
+    paths: list,
+    pool_size: int,
+    n_pools: int,
+    seed: int = 0,
+) -> dict:
+    """R@1/5/10 and MedR, text-to-image ("t2i") and image-to-text ("i2t"), of a news model on
+    the samples of ``paths`` (complete inputs: every present source), averaged over ``n_pools``
+    random pools of ``pool_size`` samples (ties pessimistic); plus ``ranks``, each sample's
+    text-to-image rank among all the samples (1 = its own image first), and ``doc_ids``."""
     from schemas.shards import read_table
     from training.data import features_of
     from training.retrieval.metrics import retrieval_metrics
-    from training.retrieval.serving import GATE_POOL_SIZE, GATE_POOLS
 
     if not paths:
         raise MmlinksError("news evaluation needs at least 2 samples; no shard given")
@@ -255,19 +263,42 @@ def evaluate_news(model: NewsModel, paths: list) -> dict:
     feats, _ = features_of(table)
     if len(articles) < 2:
         raise MmlinksError("news evaluation needs at least 2 samples")
-    s = encode_articles(model.model, model.vocab, model.max_tokens, articles)
+    s = encode_articles(net, vocab, max_tokens, articles)
     with torch.no_grad():
-        v = model.model.image(torch.as_tensor(np.stack([f[0] for f in feats])))
+        v = net.image(torch.as_tensor(np.stack([f[0] for f in feats])))
 
     def score_pool(idx: np.ndarray) -> np.ndarray:
         t = torch.as_tensor(idx)
         return (s[t] @ v[t].T).numpy()
 
     m = retrieval_metrics(
-        n=len(articles), score_pool=score_pool, pool_size=GATE_POOL_SIZE, n_pools=GATE_POOLS
+        n=len(articles), score_pool=score_pool, pool_size=pool_size, n_pools=n_pools, seed=seed
     )
+    ranks = torch.cat([_chunk_ranks(s[i : i + 1024] @ v.T, i) for i in range(0, len(s), 1024)])
+    return {
+        **m,
+        "pairs": len(articles),
+        "ranks": ranks.tolist(),
+        "doc_ids": table.column("doc_id").to_pylist(),
+    }
+
+
+def _chunk_ranks(sim: torch.Tensor, start: int) -> torch.Tensor:
+    """Rows ``start..`` of the text x image scores -> each text's rank of its own image among all
+    images, pessimistic (a tied image counts as ranked above; the own image itself once)."""
+    own = sim[torch.arange(len(sim)), start + torch.arange(len(sim))][:, None]
+    return (sim >= own).sum(1)
+
+
+def evaluate_news(model: NewsModel, paths: list) -> dict:
+    """MedR, R@1/5/10 text-to-image (and i2t_medr, i2t_r10) of a loaded news model on the
+    samples of ``paths`` (complete inputs), over the promotion gate's fixed pools, as
+    ``evaluate_retrieval`` scores pair models: what the gate and ``metrics_above_floor`` read."""
+    from training.retrieval.serving import GATE_POOL_SIZE, GATE_POOLS
+
+    m = news_split_metrics(model.model, model.vocab, model.max_tokens, paths, GATE_POOL_SIZE, GATE_POOLS)
     out = {k: m["t2i"][k] for k in ("medr", "medr_std", "r1", "r5", "r10", "pool_size", "pools")}
-    out.update({"i2t_medr": m["i2t"]["medr"], "i2t_r10": m["i2t"]["r10"], "pairs": len(articles)})
+    out.update({"i2t_medr": m["i2t"]["medr"], "i2t_r10": m["i2t"]["r10"], "pairs": m["pairs"]})
     return out
 
 

@@ -341,7 +341,10 @@ def _news_label(cfg: TrainConfig) -> str:
     sources = cfg.news_sources.replace(",", "+").replace(" ", "")
     fusion = f"-{cfg.fusion}" if "+" in sources else ""
     drop = f"-drop{cfg.random_drop:g}" if cfg.random_drop else ""
-    return f"news-{sources}{fusion}{drop}-{cfg.news_loss}"
+    recipe = {"one-for-all": "-ofa", "all-for-one": "-afo"}.get(cfg.multilingual, "")
+    if cfg.init_from and "=" in cfg.init_from:
+        recipe += "-dc"
+    return f"news-{sources}{fusion}{drop}-{cfg.news_loss}{recipe}"
 
 
 def _news_check(cfg: TrainConfig) -> list[str]:
@@ -351,11 +354,14 @@ def _news_check(cfg: TrainConfig) -> list[str]:
         sources = parse_sources(cfg.news_sources)
     except ValueError as exc:
         return [f"news_sources ({exc})"]
-    return (
+    from training.news.recipes import check
+
+    bad = (
         ["random_drop (a single-source model has nothing to drop)"]
         if len(sources) == 1 and cfg.random_drop
         else []
     )
+    return bad + check(cfg)
 
 
 def _news_data(manifest, data: str) -> list[str]:
@@ -380,6 +386,9 @@ register_objective(
             "subword_buckets",
             "news_heads",
             "d_shared",
+            "multilingual",
+            "init_from",
+            "fuser_warmup_epochs",
         ),
         parts=lambda cfg: ("ret",),
         check=_news_check,

@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -141,3 +142,82 @@ def test_an_archive_of_another_run_is_refused_and_the_gate_metrics_are_computed(
     assert m["pairs"] == 20 and 1 <= m["medr"] <= 20 and {"r1", "r10", "i2t_medr"} <= set(m)
     with pytest.raises(MmlinksError, match="at least 2"):
         evaluate_news(model, [])
+
+
+def _direct_ranks(model, paths) -> np.ndarray:
+    """Each sample's text-to-image rank among the samples of ``paths``, one sample at a time."""
+    from schemas.news import sources_of
+    from schemas.shards import read_table
+
+    table = read_table(paths, columns=["doc_id", "sentences", "images", "metadata"]).sort_by("doc_id")
+    texts, images = [], []
+    for sents, meta, ims in zip(*(table.column(c).to_pylist() for c in ("sentences", "metadata", "images"))):
+        art = dict(zip(sources_of(dict(meta)), sents, strict=True))
+        texts.append(encode_articles(model.model, model.vocab, model.max_tokens, [art])[0].numpy())
+        with torch.no_grad():
+            images.append(model.model.image(torch.tensor([ims[0]["features"]])).numpy()[0])
+    sim = np.array([[float(t @ v) for v in images] for t in texts])
+    return np.array(
+        [1 + sum(sim[i, j] >= sim[i, i] for j in range(len(sim)) if j != i) for i in range(len(sim))]
+    )
+
+
+def test_mmlinks_evaluate_scores_a_news_model_both_directions(news_model, tmp_path, capfd):
+    from cli.main import main
+
+    loaded, model_uri, paths, _ = news_model
+    model = loaded.unwrap_python_model()
+    data = str(Path(paths[0]).parent)
+    out = tmp_path / "ranks.jsonl"
+    argv = [
+        "evaluate",
+        "--data",
+        data,
+        "--split",
+        "train",
+        "--pools",
+        "1",
+        "--per-doc-out",
+        str(out),
+        "--json",
+    ]
+    assert main([*argv, "--model-uri", model_uri]) == 0
+    got = json.loads(capfd.readouterr().out)
+    m = got["models"][model_uri]
+    ranks = _direct_ranks(model, [p for p in paths if "train" in p])  # 12 samples: one pool of all
+    assert m["pairs"] == 12 and m["t2i"]["medr"] == pytest.approx(np.median(ranks))
+    for k in (1, 5, 10):
+        assert m["t2i"][f"r{k}"] == pytest.approx(100 * np.mean(ranks <= k))
+    assert {"medr", "r1", "r5", "r10"} <= set(m["i2t"])
+    assert [json.loads(x)["t2i_rank"] for x in out.read_text().splitlines()] == ranks.tolist()
+    # the checkpoint inside the model folder gives the same figures (the table, no --json twice)
+    folder = Path(model_uri) / "artifacts"
+    again = tmp_path / "again.jsonl"
+    argv = ["evaluate", "--data", data, "--split", "train", "--pools", "1", "--per-doc-out", str(again)]
+    assert (
+        main([*argv, "--checkpoint", str(folder / "checkpoint"), "--vocab", str(folder / "vocab.json")]) == 0
+    )
+    assert f"{m['t2i']['medr']:.1f}" in capfd.readouterr().out and again.read_text() == out.read_text()
+
+
+def test_news_models_are_gated_on_validation_medr_and_r10_not_auc(news_model):
+    from orchestration.quality import Thresholds, check_evaluation_floor
+    from orchestration.settings import Settings
+    from training.gate import Gate
+    from training.registry import check_gate
+
+    loaded, _, paths, _ = news_model
+    m = evaluate_news(loaded.unwrap_python_model(), paths)
+    assert Settings(objectives={"news": {"objective": "news"}}).split_for("news") == "val"
+    assert check_evaluation_floor(m, Thresholds(min_r10=m["r10"])).passed
+    floor = check_evaluation_floor(m, Thresholds(min_r10=m["r10"] + 1, max_medr=m["medr"] - 0.5))
+    assert (
+        not floor.passed
+        and "r10" in floor.description
+        and "medr" in floor.description
+        and "auc" not in floor.description
+    )
+    assert check_gate(m, dict(m), Gate()) == []
+    worse = check_gate({**m, "medr": m["medr"] + 2, "r10": m["r10"] - 5}, m, Gate(max_medr_rise=1.0))
+    assert len(worse) == 2 and all("auc" not in w for w in worse)
+    assert check_gate({**m, "medr": float("nan")}, None, Gate()) != []

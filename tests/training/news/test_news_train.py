@@ -77,3 +77,52 @@ def test_news_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
         mlflow.set_tracking_uri(None)
     out = served.predict(pd.DataFrame([{"language": "de", "caption": "foto"}]), params={"top_k": 5})
     assert len(out["image_ids"][0]) == 5 and out["scores"][0] == sorted(out["scores"][0], reverse=True)
+
+
+@pytest.mark.slow
+def test_all_for_one_through_ray_starts_from_the_language_a_model(tmp_path, ray_local):
+    """`--multilingual all-for-one --init-from DIR` reaches the Ray workers: the trained model
+    keeps the language-A checkpoint's weights but the word embeddings, which start from this
+    dataset's vectors file (one Ray Train fit of 1 epoch, tiny lr: the weights barely move)."""
+    import numpy as np
+    import torch
+
+    from training.config import TrainConfig
+    from training.driver import fit
+
+    from .helpers import news_checkpoint, write_news_dataset
+
+    data, docs = write_news_dataset(tmp_path / "ds")
+    ckpt, vocab = news_checkpoint(tmp_path / "lang-a", docs)  # word_dim 16, d 16: an A model
+    start = torch.load(ckpt / "state.pt", weights_only=False)["model"]
+    rng = np.random.default_rng(0)
+    vectors = {w: rng.uniform(-1, 1, 16).round(4) for w in vocab.words[2:6]}
+    (tmp_path / "b.vec").write_text("".join(f"{w} {' '.join(map(str, v))}\n" for w, v in vectors.items()))
+    cfg = TrainConfig(
+        data=str(data),
+        objective="news",
+        multilingual="all-for-one",
+        init_from=str(ckpt),
+        word_vectors=f"text:{tmp_path / 'b.vec'}",
+        epochs=1,
+        d_shared=16,
+        batch_docs=6,
+        lr=1e-6,
+        min_word_count=1,
+        max_tokens=20,
+        num_workers=1,
+        storage_path=str(tmp_path / "ray"),
+        n_pools=1,
+    )
+    res = fit(cfg)
+    got = res.model.state_dict()
+    for name in ("encoders.caption.ffn.0.weight", "fuser.net.0.weight", "image.proj.weight"):
+        if name in got:
+            assert torch.allclose(got[name], start[name], atol=1e-4), name
+    words = res.model.embed.words.weight.detach()
+    kept = [w for w in vectors if w in res.vocab.index]  # the training split's vocabulary
+    assert kept
+    for w in kept:
+        v = vectors[w]
+        assert torch.allclose(words[res.vocab.index[w]], torch.tensor(v, dtype=torch.float32), atol=1e-4)
+    assert res.model_config["recipe"] == {"multilingual": "all-for-one", "init_from": str(ckpt.resolve())}

@@ -1,0 +1,234 @@
+"""WIT, the Wikipedia-based Image Text dataset (Srinivasan et al., SIGIR 2021), read into the news
+samples of ``schemas/news.py`` (issue #18): a public multilingual source for the multilingual
+recipes (108 languages; the paper's German and French included).
+
+Input: a released ``wit_v1.*.tsv.gz`` file (or ``.tsv``), or a folder of them. Each row is one
+(page, image) with the 17 tab-separated columns of the release, in this order: language, page_url,
+image_url, page_title, section_title, hierarchical_section_title, caption_reference_description,
+caption_attribution_description, caption_alt_text_description, mime_type, original_height,
+original_width, is_main_image, attribution_passes_lang_id, page_changed_recently,
+context_page_description, context_section_description. A first row naming the columns (the
+header the release carries) is skipped; fields are read with the csv module (quoted fields may
+hold tabs and newlines), streamed, never a whole file in memory.
+
+A Wikipedia page is the article: its rows are grouped by (language, page_url), so all images of
+a page share one split. Mapped to the paper's sources: page_title -> headline,
+context_page_description (the page's lead text) -> lead, context_section_description (the text
+of the image's section) -> body, caption_reference_description (the caption under the image on
+that page) -> caption; the Commons attribution and alt texts are not article text and are not
+used. The article id is ``wit-<language>-<sha1(page_url)[:12]>``; sample ``k`` is the page's
+k-th image by image_url (a repeated image_url is kept once). Images are fetched from their
+``image_url`` through the polite client, allowlisted to ``hosts`` (default upload.wikimedia.org).
+
+WIT has no dates: the split is by a hash of the article id (``ratios``). Dead letters: a row
+with the wrong number of fields (``malformed_record``), a language outside ``languages``
+(``language_filtered``), a MIME type outside ``mime_types`` (``unsupported_mime``: the release
+lists SVG and GIF drawings too), and the news parser's own (no words: ``no_text``).
+Checked against the published column layout on the fixture ``tests/fixtures/wit.py``; not run
+on the full release here.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gzip
+import hashlib
+import io
+from collections.abc import Iterator
+
+import apache_beam as beam
+
+from pipelines import fileio
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.sources.news_jsonl import SplitRule, parse_record
+from schemas.errors import MmlinksError
+
+SOURCE = "wit"
+COLUMNS = (
+    "language",
+    "page_url",
+    "image_url",
+    "page_title",
+    "section_title",
+    "hierarchical_section_title",
+    "caption_reference_description",
+    "caption_attribution_description",
+    "caption_alt_text_description",
+    "mime_type",
+    "original_height",
+    "original_width",
+    "is_main_image",
+    "attribution_passes_lang_id",
+    "page_changed_recently",
+    "context_page_description",
+    "context_section_description",
+)
+FIELD_LIMIT = 1 << 24  # a context description can exceed csv's 128 KiB default
+
+
+def wit_files(input_uri: str) -> list[str]:
+    if input_uri.endswith((".tsv", ".tsv.gz")):
+        return [input_uri]
+    return sorted(
+        f for pattern in ("*.tsv", "*.tsv.gz") for f in fileio.list_files(fileio.join(input_uri, pattern))
+    )
+
+
+def rows_of(path: str) -> Iterator[list[str]]:
+    """The rows of one WIT file (gzip by its name), header row included."""
+    csv.field_size_limit(FIELD_LIMIT)
+    with fileio.open_read(path) as raw:
+        fh = gzip.open(raw) if path.endswith(".gz") else raw
+        yield from csv.reader(io.TextIOWrapper(fh, encoding="utf-8", newline=""), delimiter="\t")
+
+
+def page_key(row: dict) -> str:
+    digest = hashlib.sha1(row["page_url"].encode()).hexdigest()[:12]
+    return f"wit-{row['language']}-{digest}"
+
+
+def article_samples(
+    article_id: str, rows: list[dict], rule: SplitRule
+) -> Iterator[RawDocument | tuple[str, str, str]]:
+    """The rows of one page -> one sample per distinct image (the news parser, per image: the
+    body is the image's own section text)."""
+    seen: set[str] = set()
+    for row in sorted(rows, key=lambda r: r["image_url"]):
+        if row["image_url"] in seen:
+            continue
+        k = len(seen)
+        seen.add(row["image_url"])
+        rec = {
+            "article_id": article_id,
+            "language": row["language"],
+            "headline": row["page_title"],
+            "lead": row["context_page_description"],
+            "body": row["context_section_description"],
+            "images": [{"uri": row["image_url"], "caption": row["caption_reference_description"]}],
+        }
+        for item in parse_record(rec, "", rule, None, article_id, SOURCE):
+            if isinstance(item, RawDocument):
+                yield dataclasses.replace(item, doc_id=f"{article_id}#{k}")
+            else:
+                yield (f"{article_id}#{k}", item[1], item[2])
+
+
+class ParseWitFile(beam.DoFn):
+    """A WIT file -> (article id, row dict) per kept row, dead letters for the others."""
+
+    def __init__(self, languages: frozenset[str] | None, mime_types: frozenset[str]):
+        self.languages, self.mime_types = languages, mime_types
+
+    def process(self, path: str):
+        for n, fields in enumerate(rows_of(path)):
+            if n == 0 and fields[:1] == ["language"]:
+                continue  # the release's header row
+            where = f"{path.rsplit('/', 1)[-1]}:{n}"
+            if len(fields) != len(COLUMNS):
+                yield dead_letter(
+                    "line", where, "malformed_record", f"{len(fields)} fields, not {len(COLUMNS)}"
+                )
+                continue
+            row = dict(zip(COLUMNS, fields, strict=True))
+            count("rows_in")
+            if self.languages is not None and row["language"] not in self.languages:
+                yield dead_letter("document", where, "language_filtered", row["language"])
+            elif row["mime_type"] not in self.mime_types:
+                yield dead_letter("document", where, "unsupported_mime", row["mime_type"])
+            else:
+                yield page_key(row), row
+
+
+class PageSamples(beam.DoFn):
+    def __init__(self, rule: SplitRule):
+        self.rule = rule
+
+    def process(self, keyed):
+        article_id, rows = keyed
+        count("articles_in")
+        for item in article_samples(article_id, list(rows), self.rule):
+            if isinstance(item, RawDocument):
+                count("documents_in")
+                yield item
+            else:
+                yield dead_letter("document", *item)
+
+
+class ReadWit(beam.PTransform):
+    """WIT TSV files -> RawDocument (one per page image), with a ``dead_letter`` output."""
+
+    def __init__(self, ctx: SourceContext):
+        super().__init__()
+        self.files = _check(ctx)
+        self.rule = _rule(ctx)
+        text = (ctx.str("languages") or "").strip()
+        self.languages = frozenset(x.strip() for x in text.split(",") if x.strip()) or None
+        self.mime_types = frozenset(x.strip() for x in (ctx.str("mime_types") or "").split(",") if x.strip())
+
+    def expand(self, pbegin):
+        rows = (
+            pbegin
+            | "Files" >> beam.Create(self.files)
+            | "Rows"
+            >> beam.ParDo(ParseWitFile(self.languages, self.mime_types)).with_outputs(
+                DEAD_LETTER, main="rows"
+            )
+        )
+        samples = (
+            rows.rows
+            | "ByPage" >> beam.GroupByKey()
+            | "Samples" >> beam.ParDo(PageSamples(self.rule)).with_outputs(DEAD_LETTER, main="documents")
+        )
+        dead = (rows[DEAD_LETTER], samples[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        return {"documents": samples.documents, DEAD_LETTER: dead}
+
+
+def _rule(ctx: SourceContext) -> SplitRule:
+    if (ctx.str("split") or "ratio") != "ratio":
+        raise MmlinksError("wit rows carry no date: --source-option split=ratio (by page) only")
+    try:
+        ratios = tuple(float(x) for x in (ctx.str("ratios") or "").split(","))
+        if len(ratios) != 3 or min(ratios) < 0 or sum(ratios) <= 0:
+            raise ValueError
+    except ValueError:
+        raise MmlinksError("--source-option ratios wants train,val,test, e.g. 0.8,0.1,0.1") from None
+    return SplitRule("ratio", ratios=ratios)  # type: ignore[arg-type]
+
+
+def _check(ctx: SourceContext) -> list[str]:
+    files = wit_files(ctx.input)
+    if not files:
+        raise MmlinksError(f"wit input {ctx.input} holds no .tsv or .tsv.gz file (the WIT release)")
+    _rule(ctx)
+    return files
+
+
+def _fetcher(ctx: SourceContext):
+    from pipelines.image_fetch import PoliteFetcher
+    from pipelines.web.client import PoliteClient
+
+    hosts = {h.strip().lower() for h in (ctx.str("hosts") or "").split(",") if h.strip()}
+    return PoliteFetcher(PoliteClient(policy_from_context(ctx, hosts)))
+
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="WIT (Wikipedia-based Image Text, 108 languages): wit_v1 TSV files -> news samples "
+    "(page title, page description, section text, reference caption)",
+    make=ReadWit,
+    options=(
+        SourceOption("split", "ratio", "ratio only (WIT has no dates): by page, with ratios"),
+        SourceOption("ratios", "0.8,0.1,0.1", "train,val,test shares"),
+        SourceOption("languages", None, "keep only these language codes, comma-separated (default: all)"),
+        SourceOption(
+            "mime_types", "image/jpeg,image/png", "image types kept (the release also lists SVG, GIF)"
+        ),
+        SourceOption("hosts", "upload.wikimedia.org", "hosts images may be fetched from, comma-separated"),
+        *http_source_options(),
+    ),
+    fetcher=_fetcher,
+    check=_check,
+)
