@@ -110,7 +110,7 @@ def test_all_for_one_through_ray_starts_from_the_language_a_model(tmp_path, ray_
         lr=1e-6,
         min_word_count=1,
         max_tokens=20,
-        num_workers=1,
+        num_workers=0,  # Ray Train local mode
         storage_path=str(tmp_path / "ray"),
         n_pools=1,
     )
