@@ -50,6 +50,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--state-scale", type=float, default=1.0)
     p.add_argument("--noise", type=float, default=0.3)
     p.add_argument("--cue-words", type=int, default=3)
+    p.add_argument(
+        "--confound",
+        type=float,
+        default=0.5,
+        help="share of an object's training pairs in its usual state (0.5: none; validation and test "
+        "stay 50/50): above 0.5 the object name predicts the state in training, so retrieval can "
+        "match training pairs by object alone, while the relation label still names the state",
+    )
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -74,8 +82,13 @@ def write_dataset(args, out: Path) -> Path:
     shards, n = [], 0
     for split, count in (("train", args.train), ("val", args.val), ("test", args.test)):
         docs = []
+        usual = args.confound if split == "train" else 0.5
         for _ in range(count):
-            o, action = int(rng.integers(len(objects))), bool(rng.integers(2))
+            o = int(rng.integers(len(objects)))
+            if usual == 0.5:  # the draw of the unconfounded corpus (its earlier figures reproduce)
+                action = bool(rng.integers(2))
+            else:
+                action = bool(o % 2) if rng.random() < usual else not bool(o % 2)
             rel = RELATIONS[int(action)]
             f = obj_vec[o] + args.state_scale * (1 if action else -1) * state_dir
             f = f + args.noise * rng.normal(size=args.dim)
