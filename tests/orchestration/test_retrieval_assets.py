@@ -170,7 +170,13 @@ def test_the_cmcm_model_asset_records_medr_and_recall_as_metadata(env, ray_local
     split's text-to-image MedR, R@1/5/10 and refined MedR, the MLflow run's own figures."""
     key = "cmcm1"  # its own registered model name, apart from the promotion test's
     tiny = {"epochs": 1, "d_shared": 16, "batch_docs": 4, "word_vectors": "random", "min_word_count": 1}
-    s = settings(objectives={key: {"objective": "cmcm", "pool_size": 10, "n_pools": 2, **tiny}})
+    small = {
+        "min_documents": 40,
+        "min_split_documents": {"train": 8, "val": 2, "test": 2},
+    }  # 8 / 14 / 18 pairs
+    s = settings(
+        objectives={key: {"objective": "cmcm", "pool_size": 10, "n_pools": 2, **tiny}}, thresholds=small
+    )
     manifest = Manifest.read(env["data"])
     ref = {"source": "synthetic", "path": str(env["data"]), "dataset_version": manifest.dataset_version}
 
