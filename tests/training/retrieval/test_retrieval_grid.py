@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -179,4 +180,5 @@ def test_retrieval_grid_end_to_end_through_the_cli(tmp_path, ray_local, capfd):
     assert {c.info.run_id for c in children} == {t["run_id"] for t in out["trials"]}
     for c in children:
         assert math.isfinite(c.data.metrics["test_medr"]) and c.data.params["seed"] == "0"
-    assert "CMCM" in client.download_artifacts(out["parent_run_id"], "grid/table.md")
+    table_md = Path(client.download_artifacts(out["parent_run_id"], "grid/table.md")).read_text()
+    assert "| CMCM + SSR |" in table_md and "Table 5" in table_md
