@@ -149,7 +149,8 @@ def build_retrieval_table(spec, trials: list[TrialResult]) -> dict:
                 cell = _summary(group, f"{prefix}_")
                 if cell is not None:
                     rows.append({"method": group[0].method + suffix, "key": key + suffix, "cell": cell})
-        title = f"{spec.title}" if len(columns) == 1 else f"{spec.title}: {d}"
+        # the paper's title on its own dataset; otherwise say which data fills the layout
+        title = spec.title if columns == [d] and d in spec.datasets else f"{spec.title} (layout) on {d}"
         blocks.append({"title": title, "dataset": d, "rows": rows})
     return {
         "grid": spec.name,
