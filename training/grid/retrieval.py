@@ -150,7 +150,8 @@ def build_retrieval_table(spec, trials: list[TrialResult]) -> dict:
                 if cell is not None:
                     rows.append({"method": group[0].method + suffix, "key": key + suffix, "cell": cell})
         # the paper's title on its own dataset; otherwise say which data fills the layout
-        title = spec.title if columns == [d] and d in spec.datasets else f"{spec.title.split(':')[0]} layout, on {d}"
+        own = columns == [d] and d in spec.datasets
+        title = spec.title if own else f"{spec.title.split(':')[0]} layout, on {d}"
         blocks.append({"title": title, "dataset": d, "rows": rows})
     return {
         "grid": spec.name,
