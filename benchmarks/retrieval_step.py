@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--cam-hidden",
         type=int,
         default=0,
-        help="a ReLU layer of this width in the CAM (RetrievalConfig.cam_hidden; 0 = the paper's linear CAM)",
+        help="a ReLU layer of this width in the CAM (TrainConfig.cam_hidden; 0 = the paper's linear CAM)",
     )
     return p.parse_args(argv)
 
@@ -84,10 +84,11 @@ def make_model(
     from training.retrieval.objective import build, model_config
 
     name, _, relation = objective.partition(":")
-    cfg = TrainConfig(objective=name, relation=relation, data="-", seed=seed, lambda_cls=lambda_cls)
+    cfg = TrainConfig(
+        objective=name, relation=relation, data="-", seed=seed, lambda_cls=lambda_cls, cam_hidden=cam_hidden
+    )
     torch.manual_seed(seed)
-    model_cfg = model_config(cfg, manifest, len(vocab), emb.shape[1], train_paths)
-    model = build({**model_cfg, "cam_hidden": cam_hidden}, emb, stats)
+    model = build(model_config(cfg, manifest, len(vocab), emb.shape[1], train_paths), emb, stats)
     return cfg, model
 
 

@@ -161,13 +161,14 @@ def train_model(
 
 def _test_metrics(test: dict, rand: dict) -> dict[str, float]:
     """The headline test metrics of a training run: AUC, p@1 and Random's AUC (linking), or
-    text-to-image MedR and R@10 (retrieval, whose test results carry a "t2i" block)."""
+    text-to-image MedR and R@1/5/10 (retrieval, whose test results carry a "t2i" block), with
+    the refined MedR when the model has a Coherence Aware Module to refine with."""
     nan = float("nan")
     if "t2i" in test:
-        return {
-            "test_medr": float(test["t2i"].get("medr", nan)),
-            "test_r10": float(test["t2i"].get("r10", nan)),
-        }
+        out = {f"test_{k}": float(test["t2i"].get(k, nan)) for k in ("medr", "r1", "r5", "r10")}
+        if "t2i_refined" in test:
+            out["test_refined_medr"] = float(test["t2i_refined"].get("medr", nan))
+        return out
     return {
         "test_auc": float(test.get("auc", nan)),
         "test_p_at_1": float(test.get("p_at_1", nan)),

@@ -89,6 +89,7 @@ MODEL_FIELDS = (
     "relation",
     "retrieval_pooling",
     "d_shared",
+    "cam_hidden",
     "news_sources",
     "fusion",
     "news_loss",
@@ -277,6 +278,15 @@ class TrainConfig:
         help="the shared text-image space of the retrieval models",
         check=lambda v: v >= 1,
         rule=">= 1",
+        group=RETRIEVAL,
+    )
+    cam_hidden: int = option(
+        0,
+        help="cmcm / cmcm-c: width of a ReLU hidden layer in the Coherence Aware Module (0 = one linear "
+        "layer on concat(text, image), the paper's; a hidden layer can model the agreement of the two "
+        "sides, which a linear layer, a sum of one term per side, cannot)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
         group=RETRIEVAL,
     )
     refine_lambda: float = option(

@@ -162,3 +162,47 @@ def test_cmcm_is_evaluated_on_validation_and_promoted_and_the_check_blocks(env):
     )
     assert f"promotion of {NAME} version {v2} refused: medr" in text
     assert str(client.get_model_version_by_alias(NAME, "production").version) == v1
+
+
+def test_the_cmcm_model_asset_records_medr_and_recall_as_metadata(env, ray_local):
+    """``model/cmcm`` materialized for real (in-process Ray Train on the session's Ray, one epoch
+    on the 40-pair dataset, registered in the SQLite store): its asset metadata carries the test
+    split's text-to-image MedR, R@1/5/10 and refined MedR, the MLflow run's own figures."""
+    key = "cmcm1"  # its own registered model name, apart from the promotion test's
+    tiny = {"epochs": 1, "d_shared": 16, "batch_docs": 4, "word_vectors": "random", "min_word_count": 1}
+    small = {
+        "min_documents": 40,
+        "min_split_documents": {"train": 8, "val": 2, "test": 2},
+    }  # 8 / 14 / 18 pairs
+    s = settings(
+        objectives={key: {"objective": "cmcm", "pool_size": 10, "n_pools": 2, **tiny}}, thresholds=small
+    )
+    manifest = Manifest.read(env["data"])
+    ref = {"source": "synthetic", "path": str(env["data"]), "dataset_version": manifest.dataset_version}
+
+    @dg.asset(key="dataset", partitions_def=source_partitions(s))
+    def dataset() -> dict:
+        return ref
+
+    io = {"io_manager": env["resources"]["io_manager"]}
+    upstream = dg.materialize([dataset], partition_key="synthetic", instance=env["instance"], resources=io)
+    assert upstream.success
+    defs = build_definitions(s, env["resources"])
+    model_key = dg.AssetKey(["model", key])
+    result = dg.materialize(
+        defs.assets,
+        selection=[model_key],
+        partition_key="synthetic",
+        instance=env["instance"],
+        resources=env["resources"],
+    )
+    assert result.success
+    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == model_key]
+    meta = {k: v.value for k, v in event.materialization.metadata.items()}
+    run = MlflowClient(env["uri"]).get_run(meta["mlflow_run_id"])
+    for name in ("test_medr", "test_r1", "test_r5", "test_r10", "test_refined_medr"):
+        assert meta[name] == pytest.approx(run.data.metrics[name]), name
+    assert 1 <= meta["test_medr"] <= 10 and 0 <= meta["test_r1"] <= meta["test_r5"] <= meta["test_r10"] <= 100
+    assert "test_auc" not in meta and meta["model_name"] == f"mmlinks-synthetic-{key}"
+    output = result.output_for_node(f"model__{key}")
+    assert output["test"]["t2i"]["medr"] == meta["test_medr"] and output["test"]["t2i"]["pool_size"] == 10

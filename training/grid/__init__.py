@@ -1,6 +1,7 @@
 """The paper's hyperparameter grids as parallel Ray Tune trials, one nested MLflow run each.
 
 Modules: ``rows`` (variants and row names from the objective registry, the grid specs),
+``retrieval`` (Alikhani et al.'s Tables 4 / 5: rows, seeds, the table with MedR's sd),
 ``tune_driver`` (``run_grid``: Tune trials, Ray session, collection), ``tracking`` (MLflow
 bookkeeping of the parent run), ``render`` (the table as data and text), ``results``.
 
@@ -25,10 +26,14 @@ names + word2vec, best K chosen on test) has no counterpart in this code base an
 
 Each (dataset, grid point) is one Tune trial whose function calls ``run_experiment``; the trial
 is only a driver (a small CPU fraction), the TorchTrainer inside it asks for the workers.
+
+The retrieval family's grids (``coherence-table4``, ``coherence-table5``) run the same way: one
+trial per (dataset, model, seed), see ``training/grid/retrieval.py``.
 """
 
 from training.grid.render import build_table, format_table
 from training.grid.results import METRICS, GridResult, TrialResult
+from training.grid.retrieval import RETRIEVAL_METRICS, RETRIEVAL_ROWS, expand_points, method_name
 from training.grid.rows import (
     ALL_ROWS,
     GRIDS,
@@ -54,6 +59,8 @@ __all__ = [
     "METRICS",
     "PAPER_B",
     "PAPER_VARIANTS",
+    "RETRIEVAL_METRICS",
+    "RETRIEVAL_ROWS",
     "TRIAL_DRIVER_CPUS",
     "GridResult",
     "GridSpec",
@@ -61,8 +68,10 @@ __all__ = [
     "all_rows",
     "build_table",
     "default_max_concurrent",
+    "expand_points",
     "format_table",
     "main_rows",
+    "method_name",
     "paper_points",
     "paper_variants",
     "point_b",

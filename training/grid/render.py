@@ -8,6 +8,7 @@ import re
 
 from training.config import TrainConfig
 from training.grid.results import METRICS, GridResult, TrialResult
+from training.grid.retrieval import build_retrieval_table, format_retrieval_table
 from training.grid.rows import GridSpec, all_rows, main_rows
 
 
@@ -32,6 +33,8 @@ def build_table(
 ) -> dict:
     """The paper's layout as data: the main-paper block (b = spec.main_b) when its rows were
     run, then one block per b with every variant (the supplement's Tables S1-S4 layout)."""
+    if spec.family == "retrieval":  # Alikhani et al.'s Tables 4 / 5
+        return build_retrieval_table(spec, trials)
     names = list(dict.fromkeys(t.dataset for t in trials))
     paper = [d for d in spec.datasets if d in names]
     columns = paper + [d for d in names if d not in paper]
@@ -110,6 +113,8 @@ def format_table(result: GridResult | dict, markdown: bool = False) -> str:
     """The table in the paper's layout: per dataset "AUC" and "p@1/p@5" columns, one row per
     method; plain text for the console, or markdown for the MLflow artifact."""
     table = result.table if isinstance(result, GridResult) else result.get("table", result)
+    if table.get("family") == "retrieval":
+        return format_retrieval_table(table, markdown)
     columns = table["datasets"]
     out: list[str] = []
     for block in table["blocks"]:

@@ -22,6 +22,8 @@ class TrialResult:
     best_val_loss: float | None = None
     seconds: float | None = None  # the trial's wall time (train, evaluate, log)
     error: str = ""
+    seed: int | None = None  # the point's seed (the retrieval grids repeat each model over seeds)
+    row: str = ""  # the table row the trial is a repeat of ("" = its own row, ``key``)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from training.config import TrainConfig
+from training.grid.retrieval import PAPER_REPEATS, RETRIEVAL_ROWS
 from training.objectives.registry import get_objective, objective_names
 
 Variant = tuple[str, str, str]  # (objective, k, negatives)
@@ -81,6 +82,11 @@ class GridSpec:
     points: tuple[dict, ...]  # TrainConfig overrides, one trial per point and dataset
     base_overrides: dict = field(default_factory=dict)  # the table's protocol (e.g. max_tokens)
     main_b: int = 10  # the b of the main-paper table
+    # "link" (Hessel et al.'s tables) or "retrieval" (Alikhani et al.'s: ``training/grid/retrieval.py``,
+    # whose points are templates expanded per dataset and repeated over ``repeats`` seeds)
+    family: str = "link"
+    repeats: int = 1
+    rows: tuple[str, ...] = ()  # only the points of these rows (``row_of``); () = every point
 
 
 GRIDS: dict[str, GridSpec] = {
@@ -96,6 +102,25 @@ GRIDS: dict[str, GridSpec] = {
         datasets=("RQA", "DIY"),
         points=paper_points(),
         base_overrides={"max_tokens": 50},  # Sec. 5: sentences up to 50 tokens for RQA and DIY
+    ),
+    # Alikhani et al.: one dataset per table; every row 3 times (seeds), MedR with its sd
+    "coherence-table4": GridSpec(
+        name="coherence-table4",
+        title="Alikhani et al., Table 4: text-to-image retrieval on CITE++",
+        datasets=("CITE++",),
+        points=tuple(p for p, _ in RETRIEVAL_ROWS),
+        base_overrides={"max_tokens": 200},  # appendix: length 200 is best for CITE++
+        family="retrieval",
+        repeats=PAPER_REPEATS,
+    ),
+    "coherence-table5": GridSpec(
+        name="coherence-table5",
+        title="Alikhani et al., Table 5: text-to-image retrieval on Clue",
+        datasets=("Clue",),
+        points=tuple(p for p, _ in RETRIEVAL_ROWS),
+        base_overrides={"max_tokens": 40},  # appendix: length 40 for Clue
+        family="retrieval",
+        repeats=PAPER_REPEATS,
     ),
 }
 
@@ -119,3 +144,8 @@ def point_key(point: dict, base: TrainConfig) -> str:
 
 def row_name(v: Variant) -> str:
     return row_label(v)
+
+
+def link_row(point: dict) -> str:
+    """The row a linking grid's point fills, without its b: e.g. ap-full-hard."""
+    return "-".join(variant(point))

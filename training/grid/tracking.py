@@ -91,6 +91,8 @@ def log_grid_params(
         "datasets": json.dumps(datasets, sort_keys=True),
         "dataset_names": ",".join(datasets),
         "points": len(spec.points),
+        "family": spec.family,
+        "repeats": spec.repeats,
         "trials": len(specs),
         "b_values": ",".join(str(b) for b in sorted({point_b(p, base_cfg) for p in spec.points})),
         **{f"base.{k}": v for k, v in base_cfg.public_dict().items()},

@@ -19,7 +19,8 @@ from schemas.errors import MmlinksError
 from training.config import TrainConfig
 from training.grid.render import build_table
 from training.grid.results import METRICS, GridResult, TrialResult
-from training.grid.rows import GRIDS, GridSpec, point_b, point_key, row_name, variant
+from training.grid.retrieval import expand_points, flat_test_metrics, method_name, row_key, trial_key
+from training.grid.rows import GRIDS, GridSpec, link_row, point_b, point_key, row_name, variant
 from training.grid.tracking import (
     _absolute_tracking_uri,
     _best_val_loss,
@@ -34,7 +35,14 @@ TRIAL_DRIVER_CPUS = 0.1
 
 
 def _grid_trial(
-    config: dict, *, base: dict, tracking_uri: str, parent_run_id: str, grid: str, report_dir: str | None
+    config: dict,
+    *,
+    base: dict,
+    tracking_uri: str,
+    parent_run_id: str,
+    grid: str,
+    report_dir: str | None,
+    family: str = "link",
 ) -> None:
     """One Tune trial: train, evaluate and log one grid point on one dataset, then report the
     test metrics to Tune. An expected failure (MmlinksError) is reported as a failed trial with
@@ -68,23 +76,58 @@ def _grid_trial(
             "error": "",
             "best_epoch": res.best_epoch,
             "best_val_loss": _best_val_loss(client, res.run_id),
-            **{f"test_{k}": res.test.get(k) for k in (*METRICS, "n_docs")},
-            **{f"random_{k}": res.random.get(k) for k in METRICS},
+            **_trial_metrics(res, family),
         }
     except MmlinksError as exc:
         out["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     tune.report({**out, "seconds": round(time.perf_counter() - t0, 1)})
 
 
+def _trial_metrics(res, family: str) -> dict:
+    """The flat scalars a trial reports: test (and random-baseline) metrics of its family."""
+    if family == "retrieval":
+        return flat_test_metrics(res.test)
+    test, random = res.test or {}, res.random or {}
+    return {
+        **{f"test_{k}": test.get(k) for k in (*METRICS, "n_docs")},
+        **{f"random_{k}": random.get(k) for k in METRICS},
+    }
+
+
+def dataset_points(spec: GridSpec, base: TrainConfig, data: str) -> tuple[dict, ...]:
+    """The points trained on one dataset: the spec's own (linking grids), or its templates with
+    one CMCM_c per relation of the dataset and every point repeated over seeds (retrieval)."""
+    points = spec.points
+    if spec.family == "retrieval":
+        from schemas.manifest import Manifest
+
+        points = expand_points(spec.points, base, Manifest.read(data).relations or [], spec.repeats)
+    if spec.rows:
+        points = tuple(p for p in points if _keys(spec, p, base)[1] in spec.rows)
+        if not points:
+            raise MmlinksError(f"no point of grid {spec.name} is one of the rows {', '.join(spec.rows)}")
+    return points
+
+
+def _keys(spec: GridSpec, point: dict, base: TrainConfig) -> tuple[str, str, str]:
+    """(trial key, row key, row name) of a point."""
+    if spec.family == "retrieval":
+        return trial_key(point, base), row_key(point, base), method_name(point)
+    return point_key(point, base), link_row(point), row_name(variant(point))
+
+
 def _trial_specs(spec: GridSpec, base: TrainConfig, datasets: dict[str, str]) -> list[dict]:
     specs = []
     for name, data in datasets.items():
-        for point in spec.points:
+        for point in dataset_points(spec, base, data):
+            key, row, method = _keys(spec, point, base)
             specs.append(
                 {
                     "dataset": name,
                     "data": data,
-                    "key": point_key(point, base),
+                    "key": key,
+                    "row": row,
+                    "method": method,
                     "overrides": {**spec.base_overrides, **point},
                 }
             )
@@ -111,13 +154,14 @@ def _check_inputs(spec: GridSpec, base: TrainConfig, datasets: dict[str, str]) -
             data = str(Path(data).resolve())  # trials run in their own working directories
         Manifest.read(data)
         out[name] = data
-    keys = [point_key(p, base) for p in spec.points]
-    if len(set(keys)) != len(keys):
-        raise MmlinksError(
-            f"grid {spec.name} repeats a point: {sorted(k for k in keys if keys.count(k) > 1)}"
-        )
-    for point in spec.points:
-        TrainConfig.from_dict({**base.to_dict(), **spec.base_overrides, **point}).validate()
+        points = dataset_points(spec, base, data)
+        for point in points:  # before the keys: a bad objective name is a config error
+            TrainConfig.from_dict({**base.to_dict(), **spec.base_overrides, **point}).validate()
+        keys = [_keys(spec, p, base)[0] for p in points]
+        if len(set(keys)) != len(keys):
+            raise MmlinksError(
+                f"grid {spec.name} repeats a point: {sorted(k for k in keys if keys.count(k) > 1)}"
+            )
     return out
 
 
@@ -171,7 +215,9 @@ def _progress_callback(total: int):
 
         def on_trial_complete(self, iteration, trials, trial, **info) -> None:
             r = trial.last_result or {}
-            if r.get("status") == "ok":
+            if r.get("status") == "ok" and "test_medr" in r:
+                self._line(trial, f"MedR {r.get('test_medr') or float('nan'):.2f}  run {r.get('run_id')}")
+            elif r.get("status") == "ok":
                 self._line(trial, f"AUC {r.get('test_auc', float('nan')):.1f}  run {r.get('run_id')}")
             else:
                 self._line(trial, f"failed: {r.get('error') or 'see the Tune log'}")
@@ -188,37 +234,35 @@ def _collect(result_grid, specs: list[dict], base: TrainConfig) -> list[TrialRes
     for r in result_grid:
         s = r.config["trial"]
         m = r.metrics or {}
-        v = variant(s["overrides"])
-        t = TrialResult(
-            dataset=s["dataset"],
-            key=s["key"],
-            method=row_name(v),
-            b=point_b(s["overrides"], base),
-            overrides=s["overrides"],
-            status=m.get("status", "error") if r.error is None else "error",
-            run_id=m.get("run_id"),
-            seconds=m.get("seconds"),
-        )
+        t = _unreported(s, base, "")
+        t.status = m.get("status", "error") if r.error is None else "error"
+        t.run_id, t.seconds = m.get("run_id"), m.get("seconds")
         if t.status == "ok":
-            t.test = {k: m.get(f"test_{k}") for k in (*METRICS, "n_docs")}
-            t.random = {k: m.get(f"random_{k}") for k in METRICS}
+            t.test = {k[5:]: v for k, v in m.items() if k.startswith("test_")}
+            t.random = {k[7:]: v for k, v in m.items() if k.startswith("random_")}
             t.best_epoch, t.best_val_loss = m.get("best_epoch"), m.get("best_val_loss")
         else:
             t.error = m.get("error") or (_error_line(r.error) if r.error is not None else "no result")
         found[(t.dataset, t.key)] = t
     for key, s in by_key.items():  # a trial Tune never reported (should not happen) still shows
         if key not in found:
-            v = variant(s["overrides"])
-            found[key] = TrialResult(
-                s["dataset"],
-                s["key"],
-                row_name(v),
-                point_b(s["overrides"], base),
-                s["overrides"],
-                "error",
-                error="no result from Tune",
-            )
+            found[key] = _unreported(s, base, "no result from Tune")
     return [found[(s["dataset"], s["key"])] for s in specs]
+
+
+def _unreported(s: dict, base: TrainConfig, error: str) -> TrialResult:
+    """A trial spec's result before (or without) its metrics: status error with ``error``."""
+    return TrialResult(
+        dataset=s["dataset"],
+        key=s["key"],
+        method=s.get("method") or row_name(variant(s["overrides"])),
+        b=point_b(s["overrides"], base),
+        overrides=s["overrides"],
+        status="error",
+        error=error,
+        seed=s["overrides"].get("seed"),
+        row=s.get("row", ""),
+    )
 
 
 def _error_line(exc: BaseException) -> str:
@@ -228,10 +272,26 @@ def _error_line(exc: BaseException) -> str:
     return lines[-1][:300] if lines else type(exc).__name__
 
 
-def _select(name: str | GridSpec, base_cfg: TrainConfig, b_values: Sequence[int] | None) -> GridSpec:
+def _select(
+    name: str | GridSpec,
+    base_cfg: TrainConfig,
+    b_values: Sequence[int] | None,
+    rows: Sequence[str] | None = None,
+    repeats: int | None = None,
+) -> GridSpec:
     spec = GRIDS.get(name) if isinstance(name, str) else name
     if spec is None:
         raise MmlinksError(f"unknown grid {name!r} (one of {', '.join(GRIDS)})")
+    if rows:
+        spec = replace(spec, rows=tuple(rows))
+    if repeats is not None:
+        if spec.family != "retrieval":
+            raise MmlinksError(f"grid {spec.name} trains each point once (repeats: the retrieval grids)")
+        if repeats < 1:
+            raise MmlinksError("repeats must be >= 1")
+        spec = replace(spec, repeats=repeats)
+    if b_values and spec.family == "retrieval":
+        raise MmlinksError(f"grid {spec.name} has no b (in-batch negatives: the linking grids)")
     if b_values:
         keep = {int(b) for b in b_values}
         spec = replace(spec, points=tuple(p for p in spec.points if point_b(p, base_cfg) in keep))
@@ -299,6 +359,8 @@ def run_grid(
     progress: bool = False,
     trial_cpus: float = TRIAL_DRIVER_CPUS,
     baselines: dict[str, dict[str, dict]] | None = None,
+    rows: Sequence[str] | None = None,
+    repeats: int | None = None,
 ) -> GridResult:
     """Run a paper grid: one Tune trial per (dataset, grid point), each an MLflow run nested
     under one parent run that ends up holding the table (markdown and JSON).
@@ -307,9 +369,12 @@ def run_grid(
     ``b_values`` keeps only the points with those b (e.g. [10] for the main-paper tables).
     ``baselines``: untrained rows computed elsewhere, method -> dataset -> {auc, p_at_1, p_at_5}
     (e.g. {"Obj Detect": ...} from training.baselines), printed after Random as in the paper.
+    ``rows`` keeps only the points of those rows (retrieval: cmca, cmcm, cmcm-noattn,
+    cmcm-c-RELATION; linking: OBJECTIVE-K-NEGATIVES); ``repeats`` sets how many seeds a
+    retrieval grid trains each model with (default: the spec's, 3 for Alikhani et al.'s tables).
     Trials are not registered in the model registry: a grid compares, it does not ship.
     """
-    spec = _select(name, base_cfg, b_values)
+    spec = _select(name, base_cfg, b_values, rows, repeats)
     if max_concurrent is not None and max_concurrent < 1:
         raise MmlinksError("max concurrent trials must be >= 1")
     datasets = _check_inputs(spec, base_cfg, datasets)
@@ -330,6 +395,7 @@ def run_grid(
             parent_run_id=parent_id,
             grid=spec.name,
             report_dir=report_dir,
+            family=spec.family,
         )
         result_grid = _tune(
             spec,

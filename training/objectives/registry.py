@@ -311,11 +311,13 @@ for _name, _summary in (
                 "lambda_cls",
                 "retrieval_pooling",
                 "d_shared",
+                "cam_hidden",
             ),
             parts=(lambda cfg: ("ret",) if cfg.objective == "cmca" else ("ret", "cls")),
             check=_retrieval_check,
             describe=lambda cfg: (
                 f"{_retrieval_label(cfg)} d_shared={cfg.d_shared} lambda_cls={cfg.lambda_cls}"
+                + (f" cam_hidden={cfg.cam_hidden}" if cfg.cam_hidden else "")
             ),
             family="retrieval",
             backbone="coherence",

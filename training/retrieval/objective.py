@@ -93,6 +93,7 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
         relations=tuple(relations),
         relation_weights=tuple(weights),
         image_dropout=cfg.image_dropout,
+        cam_hidden=cfg.cam_hidden if relations else 0,
     ).to_dict()
 
 

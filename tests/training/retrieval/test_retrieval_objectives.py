@@ -4,13 +4,16 @@ Ray Train is the slow test at the bottom)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from schemas.document import Document, ImageRecord
+from schemas.document import SCHEMA_VERSION, Document, ImageRecord
 from schemas.errors import MmlinksError
-from schemas.shards import documents_to_table
+from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
+from schemas.shards import documents_to_table, write_shard
 from tests.conftest import tracking_uri
 from training.config import TrainConfig
 from training.data import make_batch
@@ -51,6 +54,31 @@ def pair_docs(n: int, seed: int = 0) -> list[Document]:
             )
         )
     return docs
+
+
+EXTRACTOR = ("efficientnet-lite0", "imagenet-57934424", 6)  # 6-d features, as pair_docs
+
+
+def write_pair_dataset(root: Path) -> Path:
+    docs = pair_docs(40, seed=3)
+    shards = []
+    for split, part in (("train", docs[:8]), ("val", docs[8:22]), ("test", docs[22:])):
+        for d in part:
+            d.split = split
+        rel = f"shards/{split}-00000.parquet"
+        rows, size, sha = write_shard(root / rel, part)
+        shards.append(ShardInfo(rel, split, rows, size, sha))
+    counts = {"splits": {s.split: s.rows for s in shards}, "dropped": {}}
+    Manifest(
+        SCHEMA_VERSION,
+        "pairs-v1",
+        "synthetic",
+        counts,
+        FeatureExtractorInfo(*EXTRACTOR),
+        shards,
+        relations=list(VOCAB),
+    ).write(root)
+    return root
 
 
 def test_registry_and_config_rules():
@@ -142,6 +170,40 @@ def test_validation_and_test_metrics():
     assert out["pairs"] == 10 and out["t2i"]["medr"] == pytest.approx(val["val_medr"])
     assert set(out["relations"]) == set(VOCAB) and set(out["relation_ap"]) == {"Action"}
     assert "t2i_refined" in out
+
+
+def test_cam_hidden_flag_reaches_the_model(tmp_path):
+    """`mmlinks train --cam-hidden N` -> TrainConfig -> the coherence backbone's model config ->
+    a CAM with an N-wide ReLU layer; 0 (the default) is the paper's one linear layer."""
+    import argparse
+
+    from cli.train_options import add_train_args, train_config_from_args
+    from training.retrieval.objective import model_config
+
+    data = write_pair_dataset(tmp_path / "ds")
+    manifest = Manifest.read(data)
+    train = [str(p) for p in manifest.shard_paths(data, "train")]
+
+    parser = argparse.ArgumentParser()  # the `train` command's generated TrainConfig flags
+    add_train_args(parser)
+    parser.add_argument("--data")
+
+    def net_for(*flags):
+        args = parser.parse_args(["--data", str(data), *flags])
+        cfg = train_config_from_args(args)
+        cfg.validate()
+        return cfg, build(model_config(cfg, manifest, 12, 8, train))
+
+    cfg, net = net_for("--objective", "cmcm", "--cam-hidden", "8", "--d-shared", "10")
+    assert cfg.cam_hidden == 8 and net.cfg.cam_hidden == 8
+    assert net.cam.out is not None and net.cam.out.in_features == 8 and net.cam.out.out_features == 3
+    assert net.cam.text_part.out_features == 8
+    cfg, net = net_for("--objective", "cmcm-c", "--relation", "Action", "--d-shared", "10")
+    assert cfg.cam_hidden == 0 and net.cam.out is None and net.cam.text_part.out_features == 1
+    _, net = net_for("--objective", "cmca", "--cam-hidden", "8", "--d-shared", "10")
+    assert net.cam is None and net.cfg.cam_hidden == 0  # CMCA has no CAM to widen
+    with pytest.raises(MmlinksError, match="cam_hidden"):
+        TrainConfig(objective="cmcm", cam_hidden=-1).validate()
 
 
 @pytest.mark.slow

@@ -17,8 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from schemas.document import SCHEMA_VERSION
 from schemas.errors import MmlinksError
-from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
-from schemas.shards import write_shard
+from schemas.manifest import Manifest
 from tests.conftest import tracking_uri
 from training.gate import Gate
 from training.registry import CANDIDATE, PRODUCTION, check_gate, promote, rollback
@@ -28,31 +27,7 @@ from training.retrieval.objective import build
 from training.retrieval.serving import evaluate_retrieval, log_retrieval_model, split_pairs
 from training.text import Vocabulary
 
-from .test_retrieval_objectives import VOCAB, WORDS, pair_docs
-
-EXTRACTOR = ("efficientnet-lite0", "imagenet-57934424", 6)  # 6-d features, as pair_docs
-
-
-def write_pair_dataset(root: Path) -> Path:
-    docs = pair_docs(40, seed=3)
-    shards = []
-    for split, part in (("train", docs[:8]), ("val", docs[8:22]), ("test", docs[22:])):
-        for d in part:
-            d.split = split
-        rel = f"shards/{split}-00000.parquet"
-        rows, size, sha = write_shard(root / rel, part)
-        shards.append(ShardInfo(rel, split, rows, size, sha))
-    counts = {"splits": {s.split: s.rows for s in shards}, "dropped": {}}
-    Manifest(
-        SCHEMA_VERSION,
-        "pairs-v1",
-        "synthetic",
-        counts,
-        FeatureExtractorInfo(*EXTRACTOR),
-        shards,
-        relations=list(VOCAB),
-    ).write(root)
-    return root
+from .test_retrieval_objectives import EXTRACTOR, VOCAB, WORDS, write_pair_dataset
 
 
 def write_checkpoint(folder: Path, seed: int, relations=VOCAB, image_dim: int = 6) -> Vocabulary:

@@ -1,0 +1,207 @@
+"""Alikhani et al.'s Tables 4 (CITE++) and 5 (Clue) as a grid: the retrieval family's rows,
+their trials (one per model and seed) and the table in the paper's layout.
+
+The paper's rows: CMCA (coherence-agnostic), CMCM-NoAttn (mean pooling instead of word
+attention), CMCM (the Coherence Aware Module over every relation) and CMCM_c for each relation
+of the dataset (one model per relation, so the rows come from the manifest's vocabulary:
+``"relation": "*"`` in a template point). Columns: text-to-image MedR with its standard
+deviation, R@1, R@5, R@10 (Sec. 5: "we only report the results of retrieving image by using the
+caption as query"). Each model is trained ``repeats`` times (seeds base.seed, base.seed + 1,
+...); a cell is the mean over the repeats and the MedR's "±" is their sample standard deviation
+(ddof 1), which is how "3 repeats with the standard deviation of the main metric" reads here
+(the paper does not say what its ± is taken over).
+
+Selective similarity refinement is applied at inference, so it needs no trial of its own: every
+CAM model's trial is evaluated with and without it, and the table prints a "+ SSR" row after the
+model's row (lambda and T from the config, by default the paper's 0.12 and 0.1) and a "+ SSR
+(val-tuned)" row (lambda and T chosen on the validation split by ``tune_refinement``). CMCA has
+no CAM, hence no refinement. The paper's Base row (a retrieval model of Han et al. 2020) has no
+counterpart here.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from schemas.errors import MmlinksError
+from training.config import TrainConfig
+from training.grid.results import TrialResult
+from training.objectives.registry import get_objective
+
+RETRIEVAL_METRICS = ("medr", "r1", "r5", "r10")
+# (template point, the paper's row name; "{relation}" is filled per relation of the dataset)
+RETRIEVAL_ROWS: tuple[tuple[dict, str], ...] = (
+    ({"objective": "cmca"}, "CMCA"),
+    ({"objective": "cmcm", "retrieval_pooling": "mean"}, "CMCM-NoAttn"),
+    ({"objective": "cmcm"}, "CMCM"),
+    ({"objective": "cmcm-c", "relation": "*"}, "CMCM_{relation}"),
+)
+# the test results' refined variants: (key in ``evaluate_pairs``' output, flat prefix, row suffix)
+REFINED = (("t2i_refined", "ssr", " + SSR"), ("t2i_refined_tuned", "ssr_tuned", " + SSR (val-tuned)"))
+PAPER_REPEATS = 3
+
+
+def expand_points(points: Sequence[dict], base: TrainConfig, relations: Sequence[str], repeats: int) -> tuple:
+    """The trained points of one dataset: ``"relation": "*"`` becomes one point per relation of
+    ``relations`` (the dataset's vocabulary), and every point one per seed (base.seed + r)."""
+    if repeats < 1:
+        raise MmlinksError("repeats must be >= 1")
+    out = []
+    for point in points:
+        if point.get("relation") == "*":
+            if not relations:
+                raise MmlinksError(
+                    f"the {point['objective']} rows need a coherence-labelled pair dataset (a manifest "
+                    "with 'relations'); build one from `mmlinks data synth-coherence`"
+                )
+            concrete = [{**point, "relation": r} for r in relations]
+        else:
+            concrete = [dict(point)]
+        out += [{**p, "seed": base.seed + r} for p in concrete for r in range(repeats)]
+    return tuple(out)
+
+
+def _config(point: dict, base: TrainConfig) -> TrainConfig:
+    return TrainConfig.from_dict({**base.to_dict(), **point})
+
+
+def row_key(point: dict, base: TrainConfig) -> str:
+    """The model a point trains, without its seed (the registry's run label), e.g. cmcm-c-Action."""
+    cfg = _config(point, base)
+    return get_objective(cfg.objective).label(cfg)
+
+
+def trial_key(point: dict, base: TrainConfig) -> str:
+    return f"{row_key(point, base)}-s{point.get('seed', base.seed)}"
+
+
+def method_name(point: dict) -> str:
+    """The paper's row name of a point: CMCA, CMCM-NoAttn, CMCM, CMCM_Action, ..."""
+    o = point["objective"]
+    if o == "cmcm-c":
+        return f"CMCM_{point.get('relation', '')}"
+    name = {"cmca": "CMCA", "cmcm": "CMCM"}.get(o, o)
+    pooling = point.get("retrieval_pooling", "attention")
+    return name if pooling == "attention" else f"{name}-NoAttn"
+
+
+def flat_test_metrics(test: dict | None) -> dict:
+    """``evaluate_pairs``' nested test results as the flat scalars a Tune trial reports
+    (test_medr, test_r10, test_ssr_medr, test_ssr_tuned_lambda, ...)."""
+    test = test or {}
+    out = {f"test_{k}": test.get("t2i", {}).get(k) for k in (*RETRIEVAL_METRICS, "medr_std")}
+    out["test_i2t_medr"] = test.get("i2t", {}).get("medr")
+    out["test_pairs"] = test.get("pairs")
+    for key, prefix, _ in REFINED:
+        if key in test:
+            out.update({f"test_{prefix}_{k}": test[key].get(k) for k in RETRIEVAL_METRICS})
+            if "refine_lambda" in test[key]:
+                out[f"test_{prefix}_lambda"] = test[key]["refine_lambda"]
+                out[f"test_{prefix}_threshold"] = test[key]["refine_threshold"]
+    return out
+
+
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def _summary(trials: list[TrialResult], prefix: str = "") -> dict | None:
+    """Mean of each metric over the repeats, the MedR's sample standard deviation over them."""
+    ok = [t for t in trials if t.status == "ok" and t.test.get(f"{prefix}medr") is not None]
+    if not ok:
+        return None
+    cell: dict = {"repeats": len(ok), "seeds": [t.seed for t in ok], "run_ids": [t.run_id for t in ok]}
+    for k in RETRIEVAL_METRICS:
+        vals = _finite(t.test.get(f"{prefix}{k}") for t in ok)
+        cell[k] = statistics.fmean(vals) if vals else None
+    medrs = _finite(t.test.get(f"{prefix}medr") for t in ok)
+    cell["medr_sd"] = statistics.stdev(medrs) if len(medrs) > 1 else None
+    if prefix and ok[0].test.get(f"{prefix}lambda") is not None:
+        cell["refine"] = [(t.test.get(f"{prefix}lambda"), t.test.get(f"{prefix}threshold")) for t in ok]
+    return cell
+
+
+def build_retrieval_table(spec, trials: list[TrialResult]) -> dict:
+    """Tables 4 / 5 as data: one block per dataset, the rows in the paper's order (a "+ SSR" and
+    a "+ SSR (val-tuned)" row after each CAM model), failed repeats counted per row."""
+    names = list(dict.fromkeys(t.dataset for t in trials))
+    columns = [d for d in spec.datasets if d in names] + [d for d in names if d not in spec.datasets]
+    blocks = []
+    for d in columns:
+        mine = [t for t in trials if t.dataset == d]
+        groups: dict[str, list[TrialResult]] = {}
+        for t in mine:
+            groups.setdefault(t.row or t.key, []).append(t)
+        rows = []
+        for key, group in groups.items():
+            failed = [t for t in group if t.status != "ok"]
+            base_row = {
+                "method": group[0].method,
+                "key": key,
+                "cell": _summary(group),
+                "failed": len(failed),
+                "errors": sorted({t.error for t in failed}),
+            }
+            rows.append(base_row)
+            for _, prefix, suffix in REFINED:  # only CAM models report refined metrics
+                cell = _summary(group, f"{prefix}_")
+                if cell is not None:
+                    rows.append({"method": group[0].method + suffix, "key": key + suffix, "cell": cell})
+        # the paper's title on its own dataset; otherwise say which data fills the layout
+        own = columns == [d] and d in spec.datasets
+        title = spec.title if own else f"{spec.title.split(':')[0]} layout, on {d}"
+        blocks.append({"title": title, "dataset": d, "rows": rows})
+    return {
+        "grid": spec.name,
+        "family": "retrieval",
+        "title": spec.title,
+        "datasets": columns,
+        "metrics": list(RETRIEVAL_METRICS),
+        "blocks": blocks,
+        "notes": [
+            "text -> image on the test split; MedR in candidates (1 = first), R@K in %; pools of "
+            "pool_size candidates averaged over n_pools random pools (docs/evaluation.md, Retrieval)",
+            "each cell: mean over the repeats (seeds); MedR ± their sample standard deviation; "
+            "each run's checkpoint is its best-validation-MedR epoch",
+            "+ SSR: selective similarity refinement with the configured lambda and T; "
+            "(val-tuned): lambda and T chosen on validation; CMCA has no CAM to refine with",
+            "the paper's Base row has no counterpart here",
+        ],
+    }
+
+
+def _num(x, fmt: str = "{:.1f}") -> str:
+    return "-" if x is None or not math.isfinite(float(x)) else fmt.format(x)
+
+
+def _row_text(row: dict) -> list[str]:
+    c = row["cell"]
+    fail = f" ({row['failed']} failed)" if row.get("failed") else ""
+    if c is None:
+        return [row["method"] + fail, "failed", "", "", "", ""]
+    sd = f" ± {_num(c['medr_sd'], '{:.2f}')}" if c.get("medr_sd") is not None else ""
+    medr = _num(c["medr"], "{:.2f}") + sd
+    return [row["method"] + fail, medr, *(_num(c[k]) for k in ("r1", "r5", "r10")), str(c["repeats"])]
+
+
+def format_retrieval_table(table: dict, markdown: bool = False) -> str:
+    """Tables 4 / 5 as text (console) or markdown (the MLflow artifact)."""
+    head = ["", "MedR↓", "R@1↑", "R@5↑", "R@10↑", "repeats"]
+    out: list[str] = []
+    for block in table["blocks"]:
+        body = [_row_text(r) for r in block["rows"]]
+        if markdown:
+            out += [f"### {block['title']}\n", "| " + " | ".join(["method", *head[1:]]) + " |"]
+            out.append("|" + "---|" * len(head))
+            out += ["| " + " | ".join(r) + " |" for r in body]
+        else:
+            out.append(block["title"])
+            widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+            for r in [head, ["-" * w for w in widths], *body]:
+                cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, len(r))]
+                out.append("  ".join(cells).rstrip())
+        out.append("")
+    out += [f"{'- ' if markdown else ''}{n}" for n in table.get("notes", [])]
+    return "\n".join(out).rstrip() + "\n"
