@@ -132,7 +132,7 @@ class TrainingResource(dg.ConfigurableResource):
     runtime_env_json: str = ""  # more of Ray's runtime_env, JSON (pip, env_vars, py_modules, ...)
     python: str = "python"
     storage_path: str = ""  # Ray Train storage (local path or shared URI); empty: next to the data
-    # None: TrainConfig's default; 0: the loop in this process (Ray Train's local mode)
+    # None: TrainConfig's default; 0: the loop in this process (no Ray Train worker processes)
     num_workers: int | None = None
     timeout_s: float = 12 * 3600.0
 

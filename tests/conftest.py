@@ -325,7 +325,7 @@ def small_train_config(dataset, storage, **kw):
         batch_docs=4,
         lr=3e-3,
         min_word_count=1,
-        # Ray Train's local mode: the loop in the test process, no worker processes to start
+        # --workers 0: the loop in the test process, no Ray Train worker processes to start
         # (~20 s and ~40 CPU-s a run); tests/training/test_train.py proves it is the same run as
         # one worker's, and the tests of Ray itself (workers, kills, clusters, jobs) ask for 1+.
         num_workers=0,

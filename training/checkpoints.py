@@ -156,11 +156,10 @@ def history_of(latest, best_meta: dict) -> list[dict]:
     return history
 
 
-# Ray Train's local mode (``--workers 0``) runs the loop in the driver and keeps no checkpoint
-# (it has no storage; ``ray.train.get_checkpoint()`` is None on a restart). These functions keep
-# them under the run's folder the way a Ray run does: atomically, the KEEP_BEST best by score and
-# the latest, with the metrics that chose them, so resume, retention and best-epoch selection
-# work the same with and without worker processes.
+# An in-process run (``--workers 0``, ``training.loop.train_in_process``) has no Ray Train to keep
+# its checkpoints. These functions keep them under the run's folder the way a Ray run does:
+# atomically, the KEEP_BEST best by score and the latest, with the metrics that chose them, so
+# resume, retention and best-epoch selection work the same with and without worker processes.
 
 
 def save_local(

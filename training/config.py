@@ -390,8 +390,8 @@ class TrainConfig:
     seed: int = option(0, help="random seed", group=MODEL)
     num_workers: int = option(
         2,
-        help="Ray Train workers, each one process; 0 runs the loop in this process (Ray Train's "
-        "local mode: no worker processes to start, for debugging and small data)",
+        help="Ray Train workers, each one process; 0 runs the loop in this process (no worker "
+        "processes to start: for debugging, small data and grids of small runs)",
         flag="--workers",
         check=lambda v: v >= 0,
         rule=">= 0",
@@ -490,7 +490,7 @@ class TrainConfig:
         if self.select_by == "val_medr" and self._family() != "retrieval":
             bad.append("select_by (val_medr: only the retrieval objectives report it)")
         if self.num_workers == 0 and self.use_gpu:
-            bad.append("use_gpu (--gpu needs --workers >= 1: local mode runs on this process's CPU)")
+            bad.append("use_gpu (--gpu needs --workers >= 1: --workers 0 runs on this process's CPU)")
         if self.num_workers == 0 and "://" in (self.storage_path or ""):
             bad.append("storage_path (--workers 0 keeps its checkpoints on local disk, not at a URI)")
         if self.model_backbone in backbone_names():

@@ -237,11 +237,8 @@ def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
     )
 
 
-def best_checkpoint(trainer, select_by: str = "val_loss", local_run_dir: str | None = None):
-    """Run the trainer; (the latest checkpoint, the best one by ``select_by``) or MmlinksError.
-
-    ``local_run_dir``: where a local-mode run (no worker processes) kept its checkpoints.
-    """
+def best_checkpoint(trainer, select_by: str = "val_loss"):
+    """Run the trainer; (the latest checkpoint, the best one by ``select_by``) or MmlinksError."""
     import ray.train
 
     from schemas.errors import MmlinksError
@@ -250,21 +247,8 @@ def best_checkpoint(trainer, select_by: str = "val_loss", local_run_dir: str | N
         result = trainer.fit()
     except ray.train.TrainingFailedError as exc:  # V2 raises instead of returning result.error
         raise MmlinksError(f"training failed: {failure_message(exc)}") from exc
-    except MmlinksError:
-        raise
-    except Exception as exc:  # local mode: the loop's own exception, in this process
-        if local_run_dir is None:
-            raise
-        raise MmlinksError(f"training failed: {failure_message(exc)}") from exc
     if result.error:
         raise MmlinksError(f"training failed: {failure_message(result.error)}")
-    if local_run_dir is not None:
-        ranked = checkpoints.ranked_local(Path(local_run_dir), select_by, SELECTION_ORDER[select_by])
-        if not ranked:
-            raise MmlinksError("training produced no checkpoint")
-        latest = checkpoints.latest_local(Path(local_run_dir))
-        as_checkpoint = ray.train.Checkpoint.from_directory
-        return as_checkpoint(str(latest)), as_checkpoint(str(ranked[0]))
     try:
         best = result.get_best_checkpoint(metric=select_by, mode=SELECTION_ORDER[select_by])
     except RuntimeError as exc:  # Ray raises when the run directory holds no checkpoint
@@ -272,6 +256,32 @@ def best_checkpoint(trainer, select_by: str = "val_loss", local_run_dir: str | N
     if best is None:
         raise MmlinksError("training produced no checkpoint")
     return result.checkpoint, best
+
+
+def run_in_process(inp: RunInputs, loop_config: dict, run_dir: Path):
+    """``--workers 0``: the loop in this process (``training.loop.train_in_process``);
+    (the latest checkpoint, the best one by ``select_by``) from the run folder, or MmlinksError."""
+    import ray.train
+
+    from schemas.errors import MmlinksError
+    from training.loop import train_in_process
+
+    cfg = inp.cfg
+    dataset = training_dataset(inp.train_paths, cfg.cache_data, get_objective(cfg.objective).columns)
+    threads = torch.get_num_threads()  # the loop sets this process's own
+    try:
+        train_in_process({**loop_config, "local_run_dir": str(run_dir)}, dataset)
+    except MmlinksError:
+        raise
+    except Exception as exc:  # what a Ray worker's failure would report, as one line
+        raise MmlinksError(f"training failed: {failure_message(exc)}") from exc
+    finally:
+        torch.set_num_threads(threads)
+    ranked = checkpoints.ranked_local(run_dir, cfg.select_by, SELECTION_ORDER[cfg.select_by])
+    if not ranked:
+        raise MmlinksError("training produced no checkpoint")
+    as_checkpoint = ray.train.Checkpoint.from_directory
+    return as_checkpoint(str(checkpoints.latest_local(run_dir))), as_checkpoint(str(ranked[0]))
 
 
 def fit(
@@ -314,13 +324,10 @@ def fit(
         "objective_spec": get_objective(cfg.objective),
         "test_kill": fault_hooks.kill_config(),
     }
-    local_run_dir = str(Path(inp.storage) / run_name) if cfg.num_workers == 0 else None
-    loop_config["local_run_dir"] = local_run_dir
-    threads = torch.get_num_threads()  # local mode: the loop sets this process's own
-    try:
-        latest, best = best_checkpoint(make_trainer(inp, loop_config, run_name), cfg.select_by, local_run_dir)
-    finally:
-        torch.set_num_threads(threads)
+    if cfg.num_workers == 0:
+        latest, best = run_in_process(inp, loop_config, Path(inp.storage) / run_name)
+    else:
+        latest, best = best_checkpoint(make_trainer(inp, loop_config, run_name), cfg.select_by)
     with best.as_directory() as d:
         model, meta = load_checkpoint_model(d)
     return TrainResult(

@@ -331,9 +331,8 @@ def log_metrics(client, run_id: str, metrics: dict, epoch: int) -> None:
             client.log_metric(run_id, k, v, step=epoch)
 
 
-def report_epoch(w: Worker, config: dict, epoch: int, metrics: dict) -> None:
-    """Hand the epoch's metrics (and rank 0's checkpoint) to Ray Train."""
-    import ray.train
+def checkpoint_writer(w: Worker, config: dict, epoch: int, metrics: dict):
+    """A function writing epoch ``epoch``'s checkpoint files into a folder."""
 
     def write_files(folder: Path) -> None:
         checkpoints.write(
@@ -349,28 +348,30 @@ def report_epoch(w: Worker, config: dict, epoch: int, metrics: dict) -> None:
             vocab=w.vocab,
         )
 
-    if config.get("local_run_dir"):  # Ray Train's local mode keeps no checkpoints: we do
-        run_dir, by = Path(config["local_run_dir"]), w.cfg.select_by
-        checkpoints.save_local(run_dir, epoch, metrics, write_files, by, SELECTION_ORDER[by])
-        ray.train.report(metrics)
-        return
+    return write_files
+
+
+def report_epoch(w: Worker, config: dict, epoch: int, metrics: dict) -> None:
+    """Hand the epoch's metrics (and rank 0's checkpoint) to Ray Train."""
+    import ray.train
+
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None
         if w.rank == 0:
-            write_files(Path(tmp))
+            checkpoint_writer(w, config, epoch, metrics)(Path(tmp))
             checkpoint = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def local_checkpoint(run_dir: str | None):
-    """The latest checkpoint a local-mode run (``--workers 0``) left in ``run_dir``, to resume."""
-    import ray.train
-
-    latest = checkpoints.latest_local(Path(run_dir)) if run_dir else None
-    return ray.train.Checkpoint.from_directory(str(latest)) if latest else None
+def keep_epoch(w: Worker, config: dict, epoch: int, metrics: dict) -> None:
+    """The in-process run's report: keep the checkpoint under the run folder as Ray would."""
+    run_dir, by = Path(config["local_run_dir"]), w.cfg.select_by
+    writer = checkpoint_writer(w, config, epoch, metrics)
+    checkpoints.save_local(run_dir, epoch, metrics, writer, by, SELECTION_ORDER[by])
 
 
 def train_loop_per_worker(config: dict) -> None:
+    """A Ray Train worker's entry point."""
     import ray.train
     import ray.train.torch
 
@@ -383,8 +384,31 @@ def train_loop_per_worker(config: dict) -> None:
         world,
         prepare_model=ray.train.torch.prepare_model if world > 1 or cfg.use_gpu else None,
         device=ray.train.torch.get_device() if cfg.use_gpu else None,
-        checkpoint=ray.train.get_checkpoint() or local_checkpoint(config.get("local_run_dir")),
+        checkpoint=ray.train.get_checkpoint(),
     )
+    run_epochs(w, config, ray.train.get_dataset_shard("train"), report_epoch)
+
+
+def train_in_process(config: dict, dataset) -> None:
+    """``--workers 0``: the same loop in this process on the training ``dataset`` (a Ray
+    Dataset), with no Ray Train controller or worker processes to start (~20 s and ~40 CPU-s a
+    run on 2 cores). Ray Train's own local mode (``ScalingConfig(num_workers=0)``) would do the
+    same but keeps no checkpoints and refuses to run inside a Ray Tune trial (a grid's); here
+    checkpoints are kept under ``config["local_run_dir"]`` (``training.checkpoints.save_local``)
+    and a rerun of the same run resumes from the latest."""
+    import ray.train
+
+    latest = checkpoints.latest_local(Path(config["local_run_dir"]))
+    w = make_worker(
+        config, 0, 1, checkpoint=ray.train.Checkpoint.from_directory(str(latest)) if latest else None
+    )
+    run_epochs(w, config, dataset, keep_epoch)
+
+
+def run_epochs(w: Worker, config: dict, train_shard, report) -> None:
+    """Train, validate, log and report every remaining epoch; ``report(w, config, epoch,
+    metrics)`` hands each epoch's metrics and checkpoint to whoever keeps them."""
+    cfg, rank, world = w.cfg, w.rank, w.world
     mlflow_client = None
     if rank == 0 and config.get("mlflow_run_id"):
         from mlflow.tracking import MlflowClient
@@ -393,7 +417,6 @@ def train_loop_per_worker(config: dict) -> None:
 
         wait_for_sqlite_locks()
         mlflow_client = MlflowClient(tracking_uri=config["mlflow_tracking_uri"])
-    train_shard = ray.train.get_dataset_shard("train")
     columns = w.objective.columns
     val_batches = validation_batches(config["val_paths"], cfg.batch_docs, rank, world, columns)
     # every validation pair on every worker (the retrieval objectives' MedR), else none
@@ -412,5 +435,5 @@ def train_loop_per_worker(config: dict) -> None:
         w.state.history.append(metrics)
         if mlflow_client is not None:
             log_metrics(mlflow_client, config["mlflow_run_id"], metrics, epoch)
-        report_epoch(w, config, epoch, metrics)
+        report(w, config, epoch, metrics)
         fault_hooks.after_epoch(rank, epoch, config.get("test_kill"))

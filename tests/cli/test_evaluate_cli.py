@@ -254,7 +254,7 @@ def test_nostruct_baseline_trains_with_ray(data, tmp_path, ray_local):
         "--min-word-count",
         "1",
         "--workers",
-        "0",  # Ray Train's local mode: the loop in the CLI's process, on the session's Ray
+        "0",  # the loop in the CLI's process (Ray Data on the session's Ray)
         "--workdir",
         str(tmp_path),
         "--per-doc-out",

@@ -72,7 +72,7 @@ def env(tmp_path_factory, ray_local):
         resources = {
             "storage": StorageResource(root=str(tmp / "data")),
             "mlflow": MlflowResource(tracking_uri=tracking_uri(tmp)),
-            # Ray Train's local mode: the loop in the Dagster process, no worker processes
+            # --workers 0: the loop in the Dagster process, no Ray Train worker processes
             "training": TrainingResource(storage_path=str(tmp / "ray"), num_workers=0),
             "reddit": RedditResource(dumps=str(tmp / "dumps"), api_base="http://127.0.0.1:9"),
             "io_manager": dg.FilesystemIOManager(base_dir=str(tmp / "io")),

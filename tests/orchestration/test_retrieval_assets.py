@@ -48,7 +48,8 @@ def env(tmp_path_factory):
             "storage": StorageResource(root=str(tmp / "data")),
             "mlflow": MlflowResource(tracking_uri=uri),
             "io_manager": dg.FilesystemIOManager(base_dir=str(tmp / "io")),
-            "training": TrainingResource(storage_path=str(tmp / "ray"), num_workers=1),  # not started
+            # --workers 0: the loop in this process, no Ray Train worker processes
+            "training": TrainingResource(storage_path=str(tmp / "ray"), num_workers=0),
             "reddit": RedditResource(dumps=str(tmp / "dumps"), api_base="http://127.0.0.1:9"),
         }
         yield {"tmp": tmp, "data": data, "uri": uri, "instance": instance, "resources": resources}

@@ -43,7 +43,7 @@ def test_the_default_training_links_inside_confounded_documents(confounded, tmp_
         lr=1e-3,
         epochs=16,
         min_word_count=1,
-        num_workers=0,  # Ray Train local mode (tests/training/test_train.py: the same run as 1 worker)
+        num_workers=0,  # in this process (tests/training/test_train.py: the same run as 1 worker)
         storage_path=str(tmp_path / "ray"),
         run_name="confounded",
     )

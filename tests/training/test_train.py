@@ -38,7 +38,7 @@ def test_invalid_config_is_refused(dataset, tmp_path):
         fit(small_cfg(dataset, tmp_path, objective="cosine"))
     with pytest.raises(MmlinksError, match="objectives"):
         fit(small_cfg(dataset, tmp_path, objective="li2021", objectives="I+D"))
-    with pytest.raises(MmlinksError, match="use_gpu"):  # local mode runs on this process's CPU
+    with pytest.raises(MmlinksError, match="use_gpu"):  # --workers 0 runs on this process's CPU
         fit(small_cfg(dataset, tmp_path, num_workers=0, use_gpu=True))
     with pytest.raises(MmlinksError, match="storage_path"):  # its checkpoints stay on local disk
         fit(small_cfg(dataset, tmp_path, num_workers=0, storage_path="s3://bucket/runs"))
@@ -47,10 +47,10 @@ def test_invalid_config_is_refused(dataset, tmp_path):
 
 
 @pytest.mark.slow
-def test_local_mode_is_the_same_run_as_one_ray_worker_and_resumes(dataset, tmp_path, ray_local, trained):
-    """``--workers 0`` runs the loop in this process (Ray Train's local mode, which keeps no
-    checkpoints): seeded, it trains the same model as one worker process, keeps checkpoints as
-    Ray would (the best two by score and the latest, none half-written) and resumes from them."""
+def test_in_process_run_is_the_same_run_as_one_ray_worker_and_resumes(dataset, tmp_path, ray_local, trained):
+    """``--workers 0`` runs the loop in this process (no Ray Train controller or workers):
+    seeded, it trains the same model as one worker process, keeps checkpoints as Ray would (the
+    best two by score and the latest, none half-written) and resumes from them."""
     from tests.training.test_objectives_train import _same_run
 
     storage = tmp_path / "ray"

@@ -142,8 +142,6 @@ def _check_inputs(spec: GridSpec, base: TrainConfig, datasets: dict[str, str]) -
         raise MmlinksError("a grid needs at least one dataset (NAME=DIR)")
     if not spec.points:
         raise MmlinksError(f"grid {spec.name} has no points")
-    if base.num_workers == 0:  # Ray Train's local mode refuses to run inside a Tune trial
-        raise MmlinksError("a grid runs each trial's training on Ray Train workers: --workers must be >= 1")
     out = {}
     for name, data in datasets.items():
         if not name or not re.fullmatch(r"[\w.+-]+", name):

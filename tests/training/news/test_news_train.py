@@ -47,7 +47,7 @@ def test_news_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
         min_word_count=1,
         word_vectors="random",
         max_tokens=30,
-        num_workers=0,  # Ray Train local mode (tests/training/test_train.py: the same run as 1 worker)
+        num_workers=0,  # in this process (tests/training/test_train.py: the same run as 1 worker)
         storage_path=str(tmp_path / "ray"),
         n_pools=1,
     )
@@ -110,7 +110,7 @@ def test_all_for_one_through_ray_starts_from_the_language_a_model(tmp_path, ray_
         lr=1e-6,
         min_word_count=1,
         max_tokens=20,
-        num_workers=0,  # Ray Train local mode
+        num_workers=0,  # in this process
         storage_path=str(tmp_path / "ray"),
         n_pools=1,
     )

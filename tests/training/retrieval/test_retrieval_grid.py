@@ -156,7 +156,7 @@ def test_retrieval_grid_end_to_end_through_the_cli(tmp_path, ray_local, capfd):
 
     data = write_pair_dataset(tmp_path / "ds")
     flags = ["--epochs", "1", "--d-shared", "16", "--batch-docs", "4", "--word-vectors", "random"]
-    flags += ["--min-word-count", "1", "--workers", "1", "--pool-size", "10", "--n-pools", "2"]
+    flags += ["--min-word-count", "1", "--workers", "0", "--pool-size", "10", "--n-pools", "2"]
     argv = ["train", "--grid", "coherence-table5", "--data", str(data), "--workdir", str(tmp_path)]
     argv += ["--grid-rows", "cmca,cmcm", "--grid-repeats", "1", "--json", *flags]
     argv += ["--storage-path", str(tmp_path / "ray")]

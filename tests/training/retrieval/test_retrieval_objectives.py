@@ -241,7 +241,7 @@ def test_cmcm_trains_registers_and_is_promoted(tmp_path, ray_local, capfd):
         lr=3e-3,
         min_word_count=1,
         word_vectors="random",
-        num_workers=0,  # Ray Train local mode (tests/training/test_train.py: the same run as 1 worker)
+        num_workers=0,  # in this process (tests/training/test_train.py: the same run as 1 worker)
         storage_path=str(tmp_path / "ray"),
         n_pools=1,
     )
