@@ -1,5 +1,6 @@
 """The Ray driver of a training run: checks the data, builds vocabulary and model config,
-connects to Ray, and runs ``training.loop.train_loop_per_worker`` under a TorchTrainer.
+connects to Ray, and runs ``training.loop.train_loop_per_worker`` under a TorchTrainer (or,
+with ``--workers 0``, ``training.loop.train_in_process`` in this process).
 
 ``fit`` returns the lowest-validation-loss model (``TrainResult``); the loop itself, the
 checkpoint rules and the test-only fault hooks live in ``training/loop.py``,

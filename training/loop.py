@@ -1,4 +1,5 @@
-"""The training loop: one function run by every Ray Train worker, and its epoch steps.
+"""The training loop: one function run by every Ray Train worker (or, with ``--workers 0``, by
+the calling process: ``train_in_process``), and its epoch steps.
 
 Each worker reads its split of the training shards through Ray Data, forms batches of B
 documents, and minimises its objective's loss (``training/objectives/registry.py``); gradients
