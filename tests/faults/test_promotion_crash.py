@@ -8,6 +8,7 @@ alias moves, must leave production where it was."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -72,6 +73,16 @@ class DiesAfter(MlflowClient):
         return then_die
 
 
+@contextlib.contextmanager
+def fail_fast(monkeypatch):
+    """MLflow's client gives up at once while the server is down (only then: with nothing
+    injected, a request on 2 busy cores can take longer than 10 s, before and after a restart)."""
+    with monkeypatch.context() as m:
+        m.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        m.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        yield
+
+
 def _age_lock(client: MlflowClient) -> None:
     """What the lock's TTL does with time: the dead promotion's lock is now stale."""
     client.set_registered_model_tag(NAME + LOCK_SUFFIX, "acquired_at", str(time.time() - 3600))
@@ -99,14 +110,9 @@ def test_tracking_server_killed_mid_promotion_leaves_a_consistent_registry(
         client.set_registered_model_alias(NAME, CANDIDATE, v1)
         assert promote(client, NAME, dataset, LENIENT).promoted  # v1: production, nothing before it
 
-        # Fail fast while the server is down (set only now: logging the models above can take
-        # longer than 10 s on 2 busy cores, with nothing injected yet).
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-
         # Crash 1: the alias moved to v2, then the server died before the rollback tags.
         client.set_registered_model_alias(NAME, CANDIDATE, v2)
-        with pytest.raises((MlflowException, MmlinksError, OSError)):
+        with pytest.raises((MlflowException, MmlinksError, OSError)), fail_fast(monkeypatch):
             promote(DiesAfter(server.url, server, "set_registered_model_alias"), NAME, dataset, LENIENT)
         server.start()
         assert str(client.get_model_version_by_alias(NAME, PRODUCTION).version) == v2
@@ -123,7 +129,7 @@ def test_tracking_server_killed_mid_promotion_leaves_a_consistent_registry(
 
         # Crash 2: the server dies after the candidate's bookkeeping, before the alias moves.
         client.set_registered_model_alias(NAME, CANDIDATE, v3)
-        with pytest.raises((MlflowException, MmlinksError, OSError)):
+        with pytest.raises((MlflowException, MmlinksError, OSError)), fail_fast(monkeypatch):
             # the 1st such call records the gate's verdict; the 2nd, under the lock, what v3 replaces
             promote(DiesAfter(server.url, server, "set_model_version_tag", nth=2), NAME, dataset, LENIENT)
         server.start()
