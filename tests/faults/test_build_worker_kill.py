@@ -61,9 +61,9 @@ def test_a_killed_beam_worker_fails_the_build_and_the_rerun_gives_the_same_bytes
         [sys.executable, "-c", CHILD, str(corpus), str(out)],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, start_new_session=True,
     )  # fmt: skip
-    worker = int(marker.read_text())  # the one process that died
+    assert marker.read_text().isdigit()  # one worker process died (it wrote its pid)
     fault_stats.add(faults_injected=1)
-    assert worker != proc.pid and proc.returncode not in (0, -9), proc.stderr[-3000:]
+    assert proc.returncode not in (0, -9), proc.stderr[-3000:]  # the driver lived and failed the build
     assert not (out / MANIFEST_NAME).exists()  # the driver failed the build: nothing committed
     assert not leftovers(tag, wait_s=30), "the other worker outlived its build"
 
