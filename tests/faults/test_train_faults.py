@@ -111,12 +111,20 @@ def kill_driver_after_epoch(cmd: list[str], env: dict, work: Path, run_dir: Path
     """Start the command; once epoch ``epoch``'s checkpoint is recorded, SIGKILL its process group."""
     marker = work / "hung"
     env = {**env, HANG_AFTER_EPOCH_ENV: str(epoch), KILL_MARKER_ENV: str(marker)}
-    with open(work / "killed.stderr", "w") as err:
-        proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)  # fmt: skip
+
+    def start() -> subprocess.Popen:
+        with open(work / "killed.stderr", "w") as err:
+            return subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)  # fmt: skip
+
+    proc, retried = start(), False
     try:
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:  # once more if Ray's own start timed out (see run_train)
+                if retried or "timed out during startup" not in (work / "killed.stderr").read_text():
+                    break
+                proc, retried = start(), True
             recorded = snapshot(run_dir).get("latest_checkpoint_result") or {}
             if marker.exists() and recorded.get("metrics", {}).get("epoch") == epoch:
                 break
