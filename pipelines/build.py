@@ -67,6 +67,7 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
             else:
                 build_pipeline(p, cfg, staging)
         shards = commit.read_shard_index(staging)
+        commit.sort_dead_letters(staging)
         manifest, run_counts = _manifest(cfg, shards, p.result, *extractors)
         if not cfg.allow_empty and not any(s.rows for s in shards):
             raise MmlinksError(empty_build_message(cfg, manifest))

@@ -58,6 +58,22 @@ def read_shard_index(staging: str) -> list[ShardInfo]:
     )
 
 
+def sort_dead_letters(staging: str) -> None:
+    """Rewrite the staged dead letters in sorted line order.
+
+    Beam writes them in the order its bundles finish, which depends on the runner (the
+    multi-process DirectRunner's two workers interleave differently from the in-process one, and
+    a rerun after a killed worker again differently); sorted, a rerun's file is the fault-free
+    build's byte for byte. Read whole on the driver, like the shard index: dead letters are
+    records of what was dropped, a small part of a build's output.
+    """
+    path = fileio.join(staging, DEAD_LETTER_FILE)
+    if not fileio.exists(path):
+        return
+    lines = fileio.read_bytes(path).splitlines()
+    fileio.write_bytes_atomic(path, b"".join(line + b"\n" for line in sorted(lines) if line.strip()))
+
+
 def version_dir(version: str) -> str:
     """A version's folder, relative to the output folder (as the manifest names its files)."""
     return f"{VERSIONS_DIR}/{version}"

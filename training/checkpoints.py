@@ -9,8 +9,10 @@ resumed run replays the next epoch exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ from training.backbone import build_model
 from training.config import MODEL_FIELDS, TrainConfig
 
 CHECKPOINT_FILE = "state.pt"
-METRICS_FILE = "metrics.json"  # the epoch's reported metrics, next to a local-mode checkpoint
+METRICS_FILE = "metrics.json"  # the epoch's reported metrics, next to an in-process run's checkpoint
 KEEP_BEST = 2  # checkpoints kept by score (Ray's CheckpointConfig(num_to_keep=2) in make_trainer)
 
 
@@ -137,12 +139,63 @@ def load_checkpoint_model(path: str | Path) -> tuple[torch.nn.Module, dict]:
 
 
 def saved_train_config(storage: str, run_name: str) -> dict | None:
-    """The train config of the newest checkpoint of a local run directory, if any."""
+    """The train config of the newest readable checkpoint of a local run directory, if any (a
+    checkpoint cut short by a full disk may hold a truncated ``meta.json``: the next one is used)."""
     root = Path(storage) / run_name
     if "://" in storage or not root.is_dir():
         return None
     metas = sorted(root.glob("checkpoint_*/meta.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(metas[-1].read_text())["train"] if metas else None
+    for meta in reversed(metas):
+        try:
+            return json.loads(meta.read_text())["train"]
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
+def run_storage(cfg: TrainConfig) -> str:
+    """Where a run's checkpoints go: ``--storage-path``, else ``ray_results`` next to the dataset
+    (as ``training.driver.check_inputs`` decides)."""
+    if cfg.storage_path:
+        return cfg.storage_path
+    return str(Path(cfg.data).resolve().parent / "ray_results") if "://" not in cfg.data else ""
+
+
+_FULL = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large",
+}
+_FULL_TEXT = re.compile(
+    r"\[errno \d+\] (no space left on device|disk quota exceeded|file too large)", re.IGNORECASE
+)
+
+
+def out_of_space_message(exc: BaseException, storage: str) -> str | None:
+    """One line naming the storage path when a run failed for a full disk, else None.
+
+    Ray Train persists each checkpoint from the worker (``pyarrow`` copies it to the storage
+    path); a full disk there ends the run with the worker's ``OSError`` text only
+    (``Error writing bytes to file ... No space left on device``), which names no path. Ray's
+    checkpoint manager records a checkpoint only once it is whole, so the ones it kept are
+    whole and the run resumes from the last of them.
+    """
+    seen: set[int] = set()
+    what = None
+    while exc is not None and id(exc) not in seen and what is None:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            what = _FULL[exc.errno]
+        elif found := _FULL_TEXT.search(str(exc)):
+            what = found.group(1).lower()
+        exc = exc.__cause__ or exc.__context__
+    if what is None:
+        return None
+    return (
+        f"training ran out of space writing checkpoints to {storage or 'the storage path'} ({what}); "
+        "the whole checkpoints already there stay: free space (or check the workers' temporary "
+        "folder) and run the same command with the same --run-name to resume from the last one"
+    )
 
 
 def history_of(latest, best_meta: dict) -> list[dict]:

@@ -136,6 +136,20 @@ def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool):
     )
 
 
+def _fit(cfg: TrainConfig, run_id: str, tracking_uri: str):
+    """``fit``; a run that died of a full disk fails with one line naming its storage path."""
+    from schemas.errors import MmlinksError
+    from training.checkpoints import out_of_space_message, run_storage
+
+    try:
+        return fit(cfg, mlflow_run_id=run_id, mlflow_tracking_uri=tracking_uri)
+    except MmlinksError as exc:
+        full = out_of_space_message(exc, run_storage(cfg))
+        if full is None:
+            raise
+        raise MmlinksError(full) from exc
+
+
 @contextlib.contextmanager
 def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None):
     """The experiment's MLflow run, with the config and dataset logged on it."""
@@ -353,7 +367,7 @@ def run_experiment(
     check_objective_data(cfg, manifest)
     with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
-            result = fit(cfg, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
+            result = _fit(cfg, run.info.run_id, tracking_uri)
         if get_objective(cfg.objective).family == "retrieval":
             return _retrieval_result(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir)
         warnings = [w for w in [flat_within_warning(result.history)] if w]

@@ -1,30 +1,55 @@
-"""Test-only fault injection: how the resume tests kill a training worker for real.
+"""Test-only fault injection: how the resume tests kill a training worker or driver for real.
 
-The driver reads two environment variables once (``kill_config``) and passes the result to
-the workers; after each epoch the loop calls ``after_epoch``, which does nothing unless a kill
-was asked for this rank-0 epoch and has not happened yet (the marker file makes it once).
+The driver reads the environment once (``kill_config``) and passes the result to the workers;
+after each epoch the loop calls ``after_epoch``, which does nothing unless a test asked for
+something. Three requests, each read from the environment the driver was started with:
+
+- ``MMLINKS_TEST_KILL_AT_EPOCH=E`` with ``MMLINKS_TEST_KILL_MARKER=FILE``: rank 0 SIGKILLs
+  itself once after epoch E (the marker file makes it once), so Ray Train restarts the worker.
+- ``MMLINKS_TEST_HANG_AFTER_EPOCH=E`` with the same marker: rank 0 writes the marker after epoch
+  E's checkpoint was reported, then sleeps until killed, so a test can SIGKILL the whole driver
+  (``tests/faults/test_train_faults.py``) at a known point instead of racing a timer.
+- ``MMLINKS_TEST_EPOCH_LOG=FILE``: rank 0 appends each epoch it trained to FILE, so a test can
+  tell a resumed run (only the epochs after its checkpoint) from a restarted one.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 KILL_AT_EPOCH_ENV = "MMLINKS_TEST_KILL_AT_EPOCH"
+HANG_AFTER_EPOCH_ENV = "MMLINKS_TEST_HANG_AFTER_EPOCH"
 KILL_MARKER_ENV = "MMLINKS_TEST_KILL_MARKER"
+EPOCH_LOG_ENV = "MMLINKS_TEST_EPOCH_LOG"
 
 
 def kill_config(environ=os.environ) -> dict | None:
-    """{"epoch", "marker"} when both variables are set, else None (the normal case)."""
-    if KILL_AT_EPOCH_ENV in environ and KILL_MARKER_ENV in environ:
-        return {"epoch": environ[KILL_AT_EPOCH_ENV], "marker": environ[KILL_MARKER_ENV]}
-    return None
+    """What the test asked for ({"epoch", "marker", "action", "epoch_log"}), else None (the
+    normal case)."""
+    found: dict = {}
+    if KILL_MARKER_ENV in environ:
+        for env, action in ((KILL_AT_EPOCH_ENV, "kill"), (HANG_AFTER_EPOCH_ENV, "hang")):
+            if env in environ:
+                found.update(epoch=environ[env], marker=environ[KILL_MARKER_ENV], action=action)
+    if EPOCH_LOG_ENV in environ:
+        found["epoch_log"] = environ[EPOCH_LOG_ENV]
+    return found or None
 
 
 def after_epoch(rank: int, epoch: int, kill: dict | None) -> None:
-    """SIGKILL rank 0 once after epoch ``kill["epoch"]``."""
-    if not kill or rank != 0 or int(kill["epoch"]) != epoch or Path(kill["marker"]).exists():
+    """Log the epoch, then SIGKILL rank 0 (or hang it) once after epoch ``kill["epoch"]``."""
+    if not kill or rank != 0:
+        return
+    if kill.get("epoch_log"):
+        with open(kill["epoch_log"], "a") as fh:
+            fh.write(f"{epoch}\n")
+    if "epoch" not in kill or int(kill["epoch"]) != epoch or Path(kill["marker"]).exists():
         return
     Path(kill["marker"]).write_text(str(epoch))
+    if kill.get("action") == "hang":
+        while True:  # the test kills the driver's process group, and with it this worker
+            time.sleep(1)
     os.kill(os.getpid(), signal.SIGKILL)

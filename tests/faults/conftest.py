@@ -43,13 +43,17 @@ def fault_stats(request):
 
 
 def tiny_cfg(corpus, out, **kw):
-    """The fault scenarios' cheap build: in-process DirectRunner, one CPU thread."""
+    """The fault scenarios' cheap build: one CPU thread, in-process DirectRunner unless
+    ``direct_workers`` says otherwise."""
     from pipelines.build_config import BuildConfig
 
-    kw = {"split_ratios": {"train": 0.5, "val": 0.25, "test": 0.25}, **kw}
-    return BuildConfig(
-        source="synthetic", input=str(corpus), out=str(out), direct_workers=1, cpu_threads=1, **kw
-    )
+    kw = {
+        "split_ratios": {"train": 0.5, "val": 0.25, "test": 0.25},
+        "direct_workers": 1,
+        "cpu_threads": 1,
+        **kw,
+    }
+    return BuildConfig(source="synthetic", input=str(corpus), out=str(out), **kw)
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +66,18 @@ def tiny(tmp_path_factory):
     write_corpus(root / "corpus", SynthConfig(docs=8, seed=11, image_size=32))
     build_dataset(tiny_cfg(root / "corpus", root / "reference"))
     return root / "corpus", root / "reference"
+
+
+@pytest.fixture(scope="session")
+def tiny_train(tiny, tmp_path_factory):
+    """The tiny corpus rebuilt with splits a training run accepts (3 train, 2 val, 3 test
+    documents: ``tiny``'s have one validation document); features from ``tiny``'s cache."""
+    import shutil
+
+    from pipelines.build import build_dataset
+
+    corpus, reference = tiny
+    out = tmp_path_factory.mktemp("tiny-train") / "data"
+    shutil.copytree(reference, out)
+    build_dataset(tiny_cfg(corpus, out, split_ratios={"train": 0.4, "val": 0.3, "test": 0.3}))
+    return out
