@@ -136,7 +136,25 @@ def kill_driver_after_epoch(cmd: list[str], env: dict, work: Path, run_dir: Path
         proc.wait()
 
 
-def test_driver_killed_mid_run_resumes_to_the_uninterrupted_result(tiny_train, tmp_path, fault_stats):
+def uninterrupted(data: Path, ref: Path) -> tuple[dict, list[dict]]:
+    """The same run never killed, trained in this process (``--workers 0``: the same weights as
+    one Ray worker, tests/training/test_train.py) on the session's Ray: (its result as
+    ``mmlinks train --json`` prints it, its per-epoch history)."""
+    from tests.conftest import tracking_uri
+    from training.checkpoints import latest_local
+    from training.config import TrainConfig
+    from training.experiment import run_experiment
+
+    cfg = TrainConfig(data=str(data), storage_path=str(ref / "ray"), epochs=3, d_multi=16, num_workers=0,
+                      min_word_count=1, batch_docs=2, select_by="val_loss", run_name="r")  # fmt: skip
+    res = run_experiment(cfg, tracking_uri(ref), model_name=None, alias=None, report_dir=ref)
+    history = json.loads((latest_local(ref / "ray" / "r") / "meta.json").read_text())["history"]
+    return res.to_dict(), history
+
+
+def test_driver_killed_mid_run_resumes_to_the_uninterrupted_result(
+    tiny_train, tmp_path, fault_stats, ray_local
+):
     """Kill the driver after epoch 1 of 3, rerun the same command: it trains epoch 2 only and
     ends where a run never killed ends (history, best epoch, test metrics); no Ray process of
     the killed command survives it; the registry gets one version, from the rerun."""
@@ -155,18 +173,13 @@ def test_driver_killed_mid_run_resumes_to_the_uninterrupted_result(tiny_train, t
     resumed = run_train(cmd, train_env(resumed_tag, **{EPOCH_LOG_ENV: str(work / "resumed.log")}), work)
     assert not leftovers(resumed_tag, wait_s=30)
     assert epochs_logged(work / "resumed.log") == [2]  # resumed from epoch 1's checkpoint
-    reference = run_train(
-        train_cmd(tiny_train, ref / "ray", ref),
-        train_env(uuid.uuid4().hex, **{EPOCH_LOG_ENV: str(ref / "log")}),
-        ref,
-    )
-    assert epochs_logged(ref / "log") == [0, 1, 2]
+    reference, want = uninterrupted(tiny_train, ref)
 
     assert resumed["best_epoch"] == reference["best_epoch"]
     assert resumed["model_version"] == "1"  # the killed run registered nothing
     for key in ("auc", "p_at_1", "p_at_5"):
         np.testing.assert_allclose(resumed["test"][key], reference["test"][key], rtol=1e-5, err_msg=key)
-    got, want = latest_history(work / "ray" / "r"), latest_history(ref / "ray" / "r")
+    got = latest_history(work / "ray" / "r")
     assert [h["epoch"] for h in got] == [0, 1, 2]
     for key in COMPARED:
         np.testing.assert_allclose([h[key] for h in got], [h[key] for h in want], rtol=1e-5, err_msg=key)

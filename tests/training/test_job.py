@@ -62,9 +62,8 @@ def test_the_job_trains_and_prints_a_typed_result(dataset, tmp_path, ray_local):
 
     # As a Ray job's driver does, the job joins a running cluster (here the session's) by address.
     address = ray.get_runtime_context().gcs_address
-    cfg = small_train_config(
-        dataset, tmp_path / "ray", epochs=1, run_name="", ray_address=address, num_workers=1
-    )
+    # The job entry point is what this tests: its training runs in the job's process (--workers 0).
+    cfg = small_train_config(dataset, tmp_path / "ray", epochs=1, run_name="", ray_address=address)
     path = tmp_path / "train.json"
     path.write_text(json.dumps(cfg.to_dict()))
     uri = tracking_uri(tmp_path)
