@@ -194,18 +194,23 @@ def date_cut_points(files: list[str]) -> tuple[str, str]:
     return val.isoformat(), test.isoformat()
 
 
+def ratio_rule(ctx: SourceContext) -> SplitRule:
+    """The ratio split of ``--source-option ratios=train,val,test`` (by article or page id)."""
+    try:
+        ratios = tuple(float(x) for x in (ctx.str("ratios") or "").split(","))
+        if len(ratios) != 3 or min(ratios) < 0 or sum(ratios) <= 0:
+            raise ValueError
+    except ValueError:
+        raise MmlinksError("--source-option ratios wants train,val,test, e.g. 0.8,0.1,0.1") from None
+    return SplitRule("ratio", ratios=ratios)  # type: ignore[arg-type]
+
+
 def split_rule(ctx: SourceContext, files: list[str]) -> SplitRule:
     mode = ctx.str("split") or "date"
     if mode not in SPLIT_MODES:
         raise MmlinksError(f"--source-option split wants one of {', '.join(SPLIT_MODES)}, not {mode!r}")
     if mode == "ratio":
-        try:
-            ratios = tuple(float(x) for x in (ctx.str("ratios") or "").split(","))
-            if len(ratios) != 3 or min(ratios) < 0 or sum(ratios) <= 0:
-                raise ValueError
-        except ValueError:
-            raise MmlinksError("--source-option ratios wants train,val,test, e.g. 0.8,0.1,0.1") from None
-        return SplitRule("ratio", ratios=ratios)  # type: ignore[arg-type]
+        return ratio_rule(ctx)
     val_from, test_from = ctx.str("val_from") or "", ctx.str("test_from") or ""
     try:
         val_from, test_from = (day_of(d) if d else "" for d in (val_from, test_from))

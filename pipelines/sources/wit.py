@@ -43,7 +43,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, policy_from_context
-from pipelines.sources.news_jsonl import SplitRule, parse_record
+from pipelines.sources.news_jsonl import SplitRule, parse_record, ratio_rule
 from schemas.errors import MmlinksError
 
 SOURCE = "wit"
@@ -189,13 +189,7 @@ class ReadWit(beam.PTransform):
 def _rule(ctx: SourceContext) -> SplitRule:
     if (ctx.str("split") or "ratio") != "ratio":
         raise MmlinksError("wit rows carry no date: --source-option split=ratio (by page) only")
-    try:
-        ratios = tuple(float(x) for x in (ctx.str("ratios") or "").split(","))
-        if len(ratios) != 3 or min(ratios) < 0 or sum(ratios) <= 0:
-            raise ValueError
-    except ValueError:
-        raise MmlinksError("--source-option ratios wants train,val,test, e.g. 0.8,0.1,0.1") from None
-    return SplitRule("ratio", ratios=ratios)  # type: ignore[arg-type]
+    return ratio_rule(ctx)
 
 
 def _check(ctx: SourceContext) -> list[str]:
