@@ -131,7 +131,10 @@ def connect_ray(cfg: TrainConfig) -> bool:
     if ray.is_initialized():
         return False
     if cfg.ray_address:
-        ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)
+        try:
+            ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)
+        except (ConnectionError, RuntimeError) as exc:
+            raise _join_error(cfg.ray_address, exc) from exc
     else:
         # Logical CPUs above the core count leave room for Ray Data's read tasks next to the
         # training workers (otherwise two workers on two cores starve the data pipeline).
@@ -147,6 +150,23 @@ def connect_ray(cfg: TrainConfig) -> bool:
             configure_logging=cfg.ray_logs,
         )
     return True
+
+
+def _join_error(address: str, exc: BaseException):
+    """One line for a cluster that cannot be joined (Ray raises a chain of tracebacks, and
+    says only at their bottom when the cause is a missing or wrong token)."""
+    from schemas.errors import MmlinksError
+
+    chain, cause = [], exc
+    while cause is not None:
+        chain.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    if any("InvalidAuthToken" in text or "AuthenticationError" in text for text in chain):
+        why = "it refused this process's token (set RAY_AUTH_TOKEN or ~/.ray/auth_token to the cluster's)"
+    else:
+        lines = [ln.strip() for ln in chain[0].splitlines() if ln.strip()]
+        why = lines[0] if lines else type(exc).__name__
+    return MmlinksError(f"cannot join the Ray cluster at {address}: {why}")
 
 
 def failure_message(exc: BaseException) -> str:

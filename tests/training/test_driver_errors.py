@@ -1,0 +1,34 @@
+"""The one-line errors of joining a Ray cluster (``training.driver.connect_ray``)."""
+
+from training.driver import _join_error
+
+
+def _chained(outer: BaseException, inner: BaseException) -> BaseException:
+    try:
+        try:
+            raise inner
+        except BaseException as exc:
+            raise outer from exc
+    except BaseException as exc:
+        return exc
+
+
+def test_a_refused_token_is_named_without_ray_s_traceback():
+    # what ray.init raised for a token-protected cluster joined without its token (Ray 2.5x)
+    exc = _chained(
+        ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6390"),
+        RuntimeError(
+            "Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n"
+            "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token "
+            "is missing or incorrect."
+        ),
+    )
+    msg = str(_join_error("192.0.2.2:6390", exc))
+    assert "\n" not in msg
+    assert msg.startswith("cannot join the Ray cluster at 192.0.2.2:6390: it refused this process's token")
+    assert "RAY_AUTH_TOKEN" in msg
+
+
+def test_another_join_failure_keeps_ray_s_first_line():
+    msg = str(_join_error("10.0.0.9:6379", ConnectionError("Failed to connect to Ray cluster\nat 10.0.0.9")))
+    assert msg == "cannot join the Ray cluster at 10.0.0.9:6379: Failed to connect to Ray cluster"
