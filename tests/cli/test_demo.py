@@ -16,7 +16,9 @@ def _env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(tmp_path_factory, ray_local):
+    import ray
+
     work = tmp_path_factory.mktemp("demo")
     proc = subprocess.run(
         [
@@ -36,6 +38,12 @@ def demo(tmp_path_factory):
             "3e-3",
             "--d-multi",
             "64",
+            # one Ray Train worker on the session's Ray: the demo's own cluster start and its
+            # second worker cost ~50 CPU-s here (DDP and a fresh cluster are tested elsewhere)
+            "--workers",
+            "1",
+            "--ray-address",
+            ray.get_runtime_context().gcs_address,
             "--json",
         ],
         capture_output=True,
