@@ -28,6 +28,10 @@ def quiet_libraries() -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # MLflow sets its own loggers' level (and its artifact download bars) from these when it is
+    # imported, after this runs: "Creating initial MLflow database tables", pyfunc warnings
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     for name in ("apache_beam", "root", "alembic", "mlflow", "ray"):

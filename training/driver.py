@@ -10,6 +10,7 @@ checkpoint rules and the test-only fault hooks live in ``training/loop.py``,
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import time
@@ -130,6 +131,8 @@ def connect_ray(cfg: TrainConfig) -> bool:
 
     if ray.is_initialized():
         return False
+    if not cfg.ray_logs:  # importing Ray set its logger to INFO: keep its banners off the terminal
+        logging.getLogger("ray").setLevel(logging.ERROR)
     if cfg.ray_address:
         try:
             ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)

@@ -68,6 +68,9 @@ def test_demo_json_runs_every_layer(demo):
     assert out["auc"] >= out["random_auc"] + 10, (out["auc"], out["random_auc"])
     assert os.path.exists(out["dataset_manifest"])
     assert "[6/7] promoted" in proc.stderr
+    # MLflow's and Ray's chatter (table creation, pyfunc warnings, artifact bars) stays off it
+    noise = ("INFO mlflow", "WARNING mlflow", "Downloading artifacts", "Token authentication")
+    assert not [line for line in proc.stderr.splitlines() if any(n in line for n in noise)]
     assert "[7/7] queried models:/mmlinks-ap@production" in proc.stderr
     query = out["production_query"]
     assert query["doc_id"] and all(len(link) == 2 for link in query["links"])
