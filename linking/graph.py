@@ -56,8 +56,9 @@ def link_pipeline(p: beam.Pipeline, cfg: LinkConfig, job: dict, staging: str) ->
 
 
 def dataset_chunks(p: beam.Pipeline, cfg: LinkConfig, shards: list[tuple[str, str]], limits):
-    """Shards -> row groups (from their footers), spread over the workers, each read and cut into
-    chunks where it is scored: only row-group names cross the shuffle, never features."""
+    """Shards -> units of row groups (from their footers), spread over the workers, each read
+    and cut into chunks where it is scored: only row-group names cross the shuffle, never
+    features."""
     read = (
         p
         | "Shards" >> beam.Create(shards)

@@ -13,11 +13,13 @@ from linking.config import LinkConfig
 from linking.steps import (
     EVAL,
     LinkChunk,
+    ReadChunks,
     WriteLinkShards,
     check_document,
     chunks_of,
     documents_of_table,
     raw_chunks,
+    row_groups,
 )
 from schemas.errors import MmlinksError
 from schemas.links import read_links
@@ -95,6 +97,51 @@ def test_documents_of_a_table_with_mixed_widths_are_kept_for_the_dead_letter():
         "wrong_feature_width",
         "features of width ragged, the model takes 2",
     )
+
+
+def test_read_chunks_decodes_a_units_row_groups_in_parallel_and_keeps_file_order(tmp_path):
+    """Units of two row groups, decoded on two threads, give the chunks of a plain read: each
+    row group cut into ``batch_docs`` chunks, in file order, with their features."""
+    import pyarrow.parquet as pq
+
+    from schemas.document import Document, ImageRecord
+    from schemas.shards import documents_to_table
+
+    rng = np.random.default_rng(0)
+    docs = [
+        Document(
+            f"d{i}",
+            "src",
+            "test",
+            ["a b", "c"],
+            [ImageRecord(f"c{i}-{j}", None, 1, 1, 0, rng.random(4).tolist()) for j in range(1 + i % 3)],
+            [],
+        )
+        for i in range(5)
+    ]
+    pq.write_table(documents_to_table(docs), tmp_path / "s.parquet", row_group_size=2, compression="zstd")
+    units = row_groups(("s.parquet", "out.parquet"), str(tmp_path))
+    assert units == [("s.parquet", "out.parquet", (0, 1)), ("s.parquet", "out.parquet", (2,))]
+    fn = ReadChunks(str(tmp_path), batch_docs=1, limits=(4, 9, 9), evaluate=False)
+    fn.setup()
+    try:
+        chunks = [c for unit in units for c in fn.process(unit)]
+    finally:
+        fn.teardown()
+    assert [c["key"] for c in chunks] == [
+        "out.parquet#0.0",
+        "out.parquet#0.1",
+        "out.parquet#1.0",
+        "out.parquet#1.1",
+        "out.parquet#2.0",
+    ]
+    got = [d for c in chunks for d in c["docs"]]
+    assert [d["doc_id"] for d in got] == [d.doc_id for d in docs]
+    for d, want in zip(got, docs, strict=True):
+        assert d["shard"] == "out.parquet" and d["links"] is None
+        np.testing.assert_array_equal(
+            d["features"], np.array([im.features for im in want.images], np.float32)
+        )
 
 
 def test_link_chunk_rows_and_evaluation_records():
