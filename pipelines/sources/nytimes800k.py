@@ -24,8 +24,9 @@ Each document becomes an article of the news JSONL layout (language ``en``) and 
 the same parser (``pipelines/sources/news_jsonl.py``): the same dead letters, plus
 ``no_release_split`` (``split=release`` and no usable ``split`` field). A position outside
 ``parsed_section`` or an entry without a hash is an image without a uri (``no_image_uri``).
-Splits: ``split=release`` (default: the dataset's own split, itself by date: its val and test
-articles are the newest), ``split=date`` (``val_from`` / ``test_from``) or ``split=ratio``.
+Splits: ``split=release`` (default: the dataset's own ``split`` field, ``valid`` -> val, so
+results compare with published ones), ``split=date`` (``val_from`` / ``test_from``: train on the
+past, test on the future, as the other news sources) or ``split=ratio``.
 Checked against the layout the Transform-and-Tell readers read, on the fixture
 ``tests/fixtures/nytimes800k/``; not run on the full release here.
 """
