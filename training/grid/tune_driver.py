@@ -226,6 +226,10 @@ def _progress_callback(total: int):
             r = trial.last_result or {}
             if r.get("status") == "ok" and "test_medr" in r:
                 self._line(trial, f"MedR {r.get('test_medr') or float('nan'):.2f}  run {r.get('run_id')}")
+            elif r.get("status") == "ok" and "test_t2i_r10" in r:  # the news tables
+                r10 = r.get("test_t2i_r10")
+                r10 = float("nan") if r10 is None else r10
+                self._line(trial, f"t2i R@10 {r10:.1f}  run {r.get('run_id')}")
             elif r.get("status") == "ok":
                 self._line(trial, f"AUC {r.get('test_auc', float('nan')):.1f}  run {r.get('run_id')}")
             else:
