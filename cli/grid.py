@@ -27,7 +27,9 @@ def add_grid_args(group) -> None:
         help="run a paper's grid as parallel Ray Tune trials, one MLflow run per trial under a parent "
         "run, and print the paper's table: paper-table2/3 = Hessel et al. 2019 (similarity x k x "
         "negatives x b); coherence-table4/5 = Alikhani et al. (CMCA, CMCM-NoAttn, CMCM, CMCM_c per "
-        "relation of the dataset, each with and without selective refinement, 3 seeds, MedR's sd)",
+        "relation of the dataset, each with and without selective refinement, 3 seeds, MedR's sd); "
+        "news-table1/2/34 = Liu et al. (single source x loss/subword; fusion x random_drop, divide "
+        "and conquer via --init-from vs from scratch; multilingual recipes), R@K and MedR both ways",
     )
     group.add_argument(
         "--grid-data",
@@ -48,14 +50,16 @@ def add_grid_args(group) -> None:
         metavar="ROW[,ROW...]",
         help="only these rows of the table (default: all): coherence-table4/5 rows are cmca, "
         "cmcm-noattn, cmcm, cmcm-c-RELATION (e.g. cmcm-c-Action); paper-table2/3 rows are "
-        "OBJECTIVE-K-NEGATIVES (e.g. ap-full-hard, nostruct-full-mean)",
+        "OBJECTIVE-K-NEGATIVES (e.g. ap-full-hard, nostruct-full-mean); news-table1 rows are vsepp, "
+        "vse, hal, full (or ROW@SOURCE); news-table2 FUSION-drop, FUSION-complete, attention-scratch; "
+        "news-table34 target-only, one-for-all, all-for-one",
     )
     group.add_argument(
         "--grid-repeats",
         type=int,
         metavar="N",
-        help="retrieval grids: train every model with N seeds (--seed, --seed + 1, ...; default 3, "
-        "the table's MedR sd is over them)",
+        help="retrieval and news grids: train every model with N seeds (--seed, --seed + 1, ...; default 3, "
+        "the table's MedR sd is over them; news grids default 1)",
     )
     group.add_argument(
         "--max-concurrent-trials",

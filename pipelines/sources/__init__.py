@@ -25,6 +25,7 @@ SOURCE_MODULES = {
     "clue": "pipelines.sources.clue",
     "news-jsonl": "pipelines.sources.news_jsonl",
     "goodnews": "pipelines.sources.goodnews",
+    "nytimes800k": "pipelines.sources.nytimes800k",
     "wit": "pipelines.sources.wit",
     "cite": "pipelines.sources.cite",
 }

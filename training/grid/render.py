@@ -7,6 +7,7 @@ import math
 import re
 
 from training.config import TrainConfig
+from training.grid.news import build_news_table, format_news_table
 from training.grid.results import METRICS, GridResult, TrialResult
 from training.grid.retrieval import build_retrieval_table, format_retrieval_table
 from training.grid.rows import GridSpec, all_rows, main_rows
@@ -35,6 +36,8 @@ def build_table(
     run, then one block per b with every variant (the supplement's Tables S1-S4 layout)."""
     if spec.family == "retrieval":  # Alikhani et al.'s Tables 4 / 5
         return build_retrieval_table(spec, trials)
+    if spec.family == "news":  # Liu et al.'s Tables 1-4
+        return build_news_table(spec, trials, base)
     names = list(dict.fromkeys(t.dataset for t in trials))
     paper = [d for d in spec.datasets if d in names]
     columns = paper + [d for d in names if d not in paper]
@@ -115,6 +118,8 @@ def format_table(result: GridResult | dict, markdown: bool = False) -> str:
     table = result.table if isinstance(result, GridResult) else result.get("table", result)
     if table.get("family") == "retrieval":
         return format_retrieval_table(table, markdown)
+    if table.get("family") == "news":
+        return format_news_table(table, markdown)
     columns = table["datasets"]
     out: list[str] = []
     for block in table["blocks"]:

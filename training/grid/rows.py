@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from training.config import TrainConfig
+from training.grid.news import LAYOUTS, TITLES, layout_points
 from training.grid.retrieval import PAPER_REPEATS, RETRIEVAL_ROWS
 from training.objectives.registry import get_objective, objective_names
 
@@ -82,8 +83,9 @@ class GridSpec:
     points: tuple[dict, ...]  # TrainConfig overrides, one trial per point and dataset
     base_overrides: dict = field(default_factory=dict)  # the table's protocol (e.g. max_tokens)
     main_b: int = 10  # the b of the main-paper table
-    # "link" (Hessel et al.'s tables) or "retrieval" (Alikhani et al.'s: ``training/grid/retrieval.py``,
-    # whose points are templates expanded per dataset and repeated over ``repeats`` seeds)
+    # "link" (Hessel et al.'s tables), "retrieval" (Alikhani et al.'s: ``training/grid/retrieval.py``,
+    # whose points are templates expanded per dataset and repeated over ``repeats`` seeds) or "news"
+    # (Liu et al.'s: ``training/grid/news.py``, each point a (row, column) cell, repeated over seeds)
     family: str = "link"
     repeats: int = 1
     rows: tuple[str, ...] = ()  # only the points of these rows (``row_of``); () = every point
@@ -123,6 +125,21 @@ GRIDS: dict[str, GridSpec] = {
         repeats=PAPER_REPEATS,
     ),
 }
+# Liu et al.: the news tables; datasets are the user's (NAME=DIR), one block each
+GRIDS.update(
+    {
+        name: GridSpec(
+            name=name,
+            title=TITLES[name],
+            datasets=(),
+            points=layout_points(layout),
+            base_overrides={"objective": "news"},
+            family="news",
+            repeats=1,
+        )
+        for name, layout in LAYOUTS.items()
+    }
+)
 
 
 def variant(point: dict) -> Variant:

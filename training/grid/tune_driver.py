@@ -17,6 +17,7 @@ from pathlib import Path
 
 from schemas.errors import MmlinksError
 from training.config import TrainConfig
+from training.grid.news import LAYOUTS, check_base, flat_news_metrics, news_keys
 from training.grid.render import build_table
 from training.grid.results import METRICS, GridResult, TrialResult
 from training.grid.retrieval import expand_points, flat_test_metrics, method_name, row_key, trial_key
@@ -87,6 +88,8 @@ def _trial_metrics(res, family: str) -> dict:
     """The flat scalars a trial reports: test (and random-baseline) metrics of its family."""
     if family == "retrieval":
         return flat_test_metrics(res.test)
+    if family == "news":
+        return flat_news_metrics(res.test)
     test, random = res.test or {}, res.random or {}
     return {
         **{f"test_{k}": test.get(k) for k in (*METRICS, "n_docs")},
@@ -102,8 +105,12 @@ def dataset_points(spec: GridSpec, base: TrainConfig, data: str) -> tuple[dict, 
         from schemas.manifest import Manifest
 
         points = expand_points(spec.points, base, Manifest.read(data).relations or [], spec.repeats)
-    if spec.rows:
-        points = tuple(p for p in points if _keys(spec, p, base)[1] in spec.rows)
+    if spec.family == "news":
+        points = expand_points(spec.points, base, [], spec.repeats)
+    if spec.rows:  # news: a row id keeps every column of it (vse = vse@caption, vse@body, ...)
+        points = tuple(
+            p for p in points if {(k := _keys(spec, p, base)[1]), k.split("@")[0]} & set(spec.rows)
+        )
         if not points:
             raise MmlinksError(f"no point of grid {spec.name} is one of the rows {', '.join(spec.rows)}")
     return points
@@ -113,6 +120,8 @@ def _keys(spec: GridSpec, point: dict, base: TrainConfig) -> tuple[str, str, str
     """(trial key, row key, row name) of a point."""
     if spec.family == "retrieval":
         return trial_key(point, base), row_key(point, base), method_name(point)
+    if spec.family == "news":
+        return news_keys(LAYOUTS[spec.name], point, base)
     return point_key(point, base), link_row(point), row_name(variant(point))
 
 
@@ -153,6 +162,8 @@ def _check_inputs(spec: GridSpec, base: TrainConfig, datasets: dict[str, str]) -
         Manifest.read(data)
         out[name] = data
         points = dataset_points(spec, base, data)
+        if spec.family == "news":
+            check_base(spec.name, LAYOUTS[spec.name], base, points)
         for point in points:  # before the keys: a bad objective name is a config error
             TrainConfig.from_dict({**base.to_dict(), **spec.base_overrides, **point}).validate()
         keys = [_keys(spec, p, base)[0] for p in points]
@@ -215,6 +226,10 @@ def _progress_callback(total: int):
             r = trial.last_result or {}
             if r.get("status") == "ok" and "test_medr" in r:
                 self._line(trial, f"MedR {r.get('test_medr') or float('nan'):.2f}  run {r.get('run_id')}")
+            elif r.get("status") == "ok" and "test_t2i_r10" in r:  # the news tables
+                r10 = r.get("test_t2i_r10")
+                r10 = float("nan") if r10 is None else r10
+                self._line(trial, f"t2i R@10 {r10:.1f}  run {r.get('run_id')}")
             elif r.get("status") == "ok":
                 self._line(trial, f"AUC {r.get('test_auc', float('nan')):.1f}  run {r.get('run_id')}")
             else:
@@ -283,12 +298,12 @@ def _select(
     if rows:
         spec = replace(spec, rows=tuple(rows))
     if repeats is not None:
-        if spec.family != "retrieval":
+        if spec.family not in ("retrieval", "news"):
             raise MmlinksError(f"grid {spec.name} trains each point once (repeats: the retrieval grids)")
         if repeats < 1:
             raise MmlinksError("repeats must be >= 1")
         spec = replace(spec, repeats=repeats)
-    if b_values and spec.family == "retrieval":
+    if b_values and spec.family in ("retrieval", "news"):
         raise MmlinksError(f"grid {spec.name} has no b (in-batch negatives: the linking grids)")
     if b_values:
         keep = {int(b) for b in b_values}

@@ -1,0 +1,233 @@
+"""NYTimes800k (Tran et al., "Transform and Tell", CVPR 2020): New York Times articles with
+their images in place, a public news image dataset, read into the news samples of
+``schemas/news.py`` (issue #18).
+
+The release is a MongoDB database ``nytimes`` (restored from the authors' ``mongodump``
+archive) plus the resized images ``images_processed/<hash>.jpg``. This reader takes the
+``articles`` collection as JSON Lines, one document per line, the extended JSON that
+``mongoexport --db nytimes --collection articles --out articles.json`` (or ``bsondump`` on a
+plain dump's ``articles.bson``) writes; ``--jsonArray`` output is not read. A JSON Lines export
+rather than a live database or the BSON archive because Beam splits a text file across workers
+and the project carries no MongoDB client dependency.
+
+Fields read (those the Transform-and-Tell readers use): ``_id`` (a string or ``{"$oid"}``),
+``headline`` (``{"main": ...}`` or a string), ``abstract`` / ``lead_paragraph`` / ``snippet``
+(the lead, first present), ``parsed_section`` (the article in order: entries with ``type``
+``paragraph`` or ``caption``, ``text``, and for captions the image's ``hash``),
+``image_positions`` (indices into ``parsed_section`` of the article's image captions),
+``pub_date`` (ISO text, ``{"$date": ISO}`` or ``{"$date": {"$numberLong": ms}}``) and
+``split`` (``train`` / ``valid`` / ``test``). Body = the paragraphs joined by newlines; each
+image position gives one sample with caption = that entry's text and image
+``<images>/<hash>.jpg``.
+
+Each document becomes an article of the news JSONL layout (language ``en``) and goes through
+the same parser (``pipelines/sources/news_jsonl.py``): the same dead letters, plus
+``no_release_split`` (``split=release`` and no usable ``split`` field). A position outside
+``parsed_section`` or an entry without a hash is an image without a uri (``no_image_uri``).
+Splits: ``split=release`` (default: the dataset's own ``split`` field, ``valid`` -> val, so
+results compare with published ones), ``split=date`` (``val_from`` / ``test_from``: train on the
+past, test on the future, as the other news sources) or ``split=ratio``.
+Checked against the layout the Transform-and-Tell readers read, on the fixture
+``tests/fixtures/nytimes800k/``; not run on the full release here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam import coders
+
+from pipelines import fileio
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.sources.news_jsonl import SplitRule, day_of, parse_record, ratio_rule
+from schemas.errors import MmlinksError
+
+SOURCE = "nytimes800k"
+FILE = "articles.json"
+RELEASE_SPLITS = {"train": "train", "valid": "val", "val": "val", "test": "test"}
+SPLIT_MODES = ("release", "date", "ratio")
+
+
+@dataclass(frozen=True)
+class FixedSplit:
+    """The release's own split of one article, in the shape of ``SplitRule`` for the parser."""
+
+    value: str
+    mode: str = "release"
+
+    def split(self, article_id: str, date: str) -> str:
+        return self.value
+
+
+def ext_id(value) -> str:
+    """``"5a..."`` or extended JSON ``{"$oid": "5a..."}`` -> the id text."""
+    if isinstance(value, dict):
+        value = value.get("$oid", "")
+    return "" if value is None or isinstance(value, dict | list) else str(value).strip()
+
+
+def ext_date(value) -> str:
+    """A pub_date as mongoexport writes it (relaxed or canonical extended JSON, or plain ISO
+    text) -> ``YYYY-MM-DD``, or ``""`` when absent or unreadable (the split decides if it matters)."""
+    if isinstance(value, dict):
+        value = value.get("$date")
+        if isinstance(value, dict):
+            value = value.get("$numberLong")
+        if isinstance(value, int | str) and str(value).lstrip("-").isdigit():
+            try:
+                ms = int(value)
+                return (dt.datetime(1970, 1, 1) + dt.timedelta(milliseconds=ms)).date().isoformat()
+            except (OverflowError, ValueError):
+                return ""
+    try:
+        return day_of(value) if isinstance(value, str) else ""
+    except ValueError:
+        return ""
+
+
+def _text(value) -> str:
+    if isinstance(value, dict):
+        value = value.get("main") or value.get("print_headline") or ""
+    return value.strip() if isinstance(value, str) else ""
+
+
+def news_record(doc: dict, images_dir: str) -> dict:
+    """One ``articles`` document -> an article in the news JSONL layout (uris relative to the input)."""
+    sections = doc.get("parsed_section")
+    sections = [s if isinstance(s, dict) else {} for s in sections] if isinstance(sections, list) else []
+    positions = doc.get("image_positions")
+    images = []
+    for pos in positions if isinstance(positions, list) else []:
+        entry = sections[pos] if isinstance(pos, int) and 0 <= pos < len(sections) else {}
+        digest = _text(entry.get("hash"))
+        images.append(
+            {"uri": f"{images_dir}/{digest}.jpg" if digest else "", "caption": _text(entry.get("text"))}
+        )
+    paragraphs = [_text(s.get("text")) for s in sections if s.get("type") == "paragraph"]
+    lead = next(
+        (_text(doc.get(k)) for k in ("abstract", "lead_paragraph", "snippet") if _text(doc.get(k))), ""
+    )
+    return {
+        "article_id": ext_id(doc.get("_id")),
+        "date": ext_date(doc.get("pub_date")),
+        "language": "en",
+        "headline": _text(doc.get("headline")),
+        "lead": lead,
+        "body": "\n".join(p for p in paragraphs if p),
+        "images": images,
+    }
+
+
+def parse_line(
+    line: str, root: str, images_dir: str, rule: SplitRule
+) -> Iterator[RawDocument | tuple[str, str, str]]:
+    """One exported line -> a RawDocument per image, or (source id, reason, detail) dead letters."""
+    try:
+        doc = json.loads(line)
+    except ValueError as exc:
+        yield (line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
+        return
+    if not isinstance(doc, dict):
+        yield (line[:80], "malformed_record", "line is not a JSON object")
+        return
+    rec = news_record(doc, images_dir)
+    if rule.mode == "release":
+        split = RELEASE_SPLITS.get(doc.get("split")) if isinstance(doc.get("split"), str) else None
+        if split is None:
+            yield (rec["article_id"] or line[:80], "no_release_split", repr(doc.get("split"))[:80])
+            return
+        rule = FixedSplit(split)  # type: ignore[assignment]
+    yield from parse_record(rec, root, rule, None, line[:80], SOURCE)
+
+
+class ParseNYTimesLine(beam.DoFn):
+    def __init__(self, root: str, images_dir: str, rule: SplitRule):
+        self.root, self.images_dir, self.rule = root, images_dir, rule
+
+    def process(self, raw: bytes):
+        if not raw.strip():
+            return
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
+            return
+        count("articles_in")
+        for item in parse_line(line, self.root, self.images_dir, self.rule):
+            if isinstance(item, RawDocument):
+                count("documents_in")
+                yield item
+            else:
+                yield dead_letter("line" if item[1] == "malformed_record" else "document", *item)
+
+
+class ReadNYTimes800k(beam.PTransform):
+    """The exported ``articles`` collection -> RawDocument (one per image), with a ``dead_letter`` output."""
+
+    def __init__(self, ctx: SourceContext):
+        super().__init__()
+        self.path = _check(ctx)
+        self.images_dir = ctx.str("images") or "images_processed"
+        self.rule = _rule(ctx)
+        self.root = ctx.input
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "Read" >> beam.io.ReadFromText(self.path, coder=coders.BytesCoder())
+            | "Parse"
+            >> beam.ParDo(ParseNYTimesLine(self.root, self.images_dir, self.rule)).with_outputs(
+                DEAD_LETTER, main="documents"
+            )
+        )
+
+
+def _rule(ctx: SourceContext) -> SplitRule:
+    mode = ctx.str("split") or "release"
+    if mode not in SPLIT_MODES:
+        raise MmlinksError(f"--source-option split wants one of {', '.join(SPLIT_MODES)}, not {mode!r}")
+    if mode == "release":
+        return SplitRule("release")
+    if mode == "ratio":
+        return ratio_rule(ctx)
+    try:
+        val_from, test_from = day_of(ctx.str("val_from")), day_of(ctx.str("test_from"))
+    except ValueError:
+        raise MmlinksError("nytimes800k split=date needs val_from and test_from (YYYY-MM-DD)") from None
+    if test_from < val_from:
+        raise MmlinksError("--source-option test_from must not be before val_from")
+    return SplitRule("date", val_from, test_from)
+
+
+def _check(ctx: SourceContext) -> str:
+    path = fileio.join(ctx.input, ctx.str("articles") or FILE)
+    if not fileio.exists(path):
+        raise MmlinksError(
+            f"nytimes800k input {ctx.input} has no {ctx.str('articles') or FILE} "
+            "(mongoexport --db nytimes --collection articles --out articles.json)"
+        )
+    _rule(ctx)
+    return path
+
+
+SPEC = SourceSpec(
+    name=SOURCE,
+    summary="NYTimes800k (Transform and Tell): exported articles.json + images_processed/ -> news samples",
+    make=ReadNYTimes800k,
+    options=(
+        SourceOption(
+            "articles", FILE, "the articles collection as JSON Lines (mongoexport), under the input"
+        ),
+        SourceOption("images", "images_processed", "image folder under the input (<hash>.jpg)"),
+        SourceOption("split", "release", "release (the dataset's split field), date or ratio"),
+        SourceOption("val_from", None, "date split: first validation day"),
+        SourceOption("test_from", None, "date split: first test day"),
+        SourceOption("ratios", "0.8,0.1,0.1", "ratio split: train,val,test shares"),
+    ),
+    check=_check,  # its return value (the file's path) is ignored
+)
