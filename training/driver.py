@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import re
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -134,6 +135,7 @@ def connect_ray(cfg: TrainConfig) -> bool:
     if not cfg.ray_logs:  # importing Ray set its logger to INFO: keep its banners off the terminal
         logging.getLogger("ray").setLevel(logging.ERROR)
     if cfg.ray_address:
+        probe_ray_address(cfg.ray_address)
         try:
             ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)
         except (ConnectionError, RuntimeError) as exc:
@@ -153,6 +155,26 @@ def connect_ray(cfg: TrainConfig) -> bool:
             configure_logging=cfg.ray_logs,
         )
     return True
+
+
+def probe_ray_address(address: str, timeout_s: float = 10.0) -> None:
+    """Refuse, in one line, a ``host:port`` (or ``ray://host:port``) where nothing listens.
+
+    Ray itself waits minutes on such an address, then may exit the process from C++ without an
+    exception to catch (its GCS client's reconnect timeout); a TCP connect answers in seconds.
+    ``auto`` and other forms are left to Ray."""
+    from schemas.errors import MmlinksError
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        raise MmlinksError(
+            f"cannot join the Ray cluster at {address}: nothing answers there ({why})"
+        ) from None
 
 
 def _join_error(address: str, exc: BaseException):

@@ -1,6 +1,11 @@
 """The one-line errors of joining a Ray cluster (``training.driver.connect_ray``)."""
 
-from training.driver import _join_error
+import socket
+
+import pytest
+
+from schemas.errors import MmlinksError
+from training.driver import _join_error, probe_ray_address
 
 
 def _chained(outer: BaseException, inner: BaseException) -> BaseException:
@@ -32,3 +37,22 @@ def test_a_refused_token_is_named_without_ray_s_traceback():
 def test_another_join_failure_keeps_ray_s_first_line():
     msg = str(_join_error("10.0.0.9:6379", ConnectionError("Failed to connect to Ray cluster\nat 10.0.0.9")))
     assert msg == "cannot join the Ray cluster at 10.0.0.9:6379: Failed to connect to Ray cluster"
+
+
+def test_an_address_where_nothing_listens_is_refused_in_seconds():
+    with socket.socket() as s:  # a port that was just free: nothing listens on it now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(
+            MmlinksError, match=rf"^cannot join the Ray cluster at {address}: nothing answers there"
+        ):
+            probe_ray_address(address)
+    probe_ray_address("auto")  # resolved by Ray, not probed
+
+
+def test_a_listening_address_passes_the_probe():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        probe_ray_address(f"127.0.0.1:{s.getsockname()[1]}")
