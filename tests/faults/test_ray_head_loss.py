@@ -17,7 +17,7 @@ from C++, so no ``mmlinks: error:`` line can be printed: a watchdog thread in th
 tried and found frozen with the rest of the process); the second node exits on its own after
 the same timeout (it cannot join a new head); no process is left; the storage keeps epoch 0's
 checkpoint; and the same command on a new head resumes from it to an uninterrupted run's
-history and test metrics, marking the killed command's MLflow run ``KILLED``.
+history and test metrics; the killed command's MLflow run is not left ``RUNNING``.
 """
 
 from __future__ import annotations
@@ -186,8 +186,10 @@ def test_losing_the_ray_head_fails_in_one_line_and_a_new_head_resumes_to_the_sam
     assert [h["epoch"] for h in got] == [h["epoch"] for h in want]
     for key in COMPARED:
         np.testing.assert_allclose([h[key] for h in got], [h[key] for h in want], rtol=1e-5, err_msg=key)
-    # the killed command's MLflow run was ended by the rerun
+    # The killed command's MLflow run is not left RUNNING: Ray ends the process through Python's
+    # exit, so MLflow's exit hook marks it FAILED (else the rerun marks it KILLED).
     client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("mmlinks").experiment_id])
-    assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]
+    status = {r.info.run_id: r.info.status for r in runs}
+    assert status.pop(resumed["run_id"]) == "FINISHED" and list(status.values()) in (["FAILED"], ["KILLED"])
     fault_stats.add(invariant_checks=13)
