@@ -10,6 +10,12 @@ they inject and fuzz into ``$MMLINKS_FAULTS_STATS`` (see ``tests/faults/conftest
 script sets it to a temporary file, runs pytest once in a subprocess (``-p no:xdist``), and
 totals the counts per test file. Scenarios that need PostgreSQL skip where it is missing and
 are reported as skipped, not as passed. Wall-clock seconds move with machine load.
+
+A failed scenario is listed under ``failures`` with the reason pytest gave (JUnit XML's message)
+and a kind: ``invariant`` (an assertion of the scenario failed: a violation) or ``harness`` (the
+scenario could not run: an error in a fixture's setup or teardown, JUnit's ``error``, or a
+failure naming one of ``HARNESS_MARKERS``, such as Ray's start timing out under load). Harness
+failures are not counted as invariant violations, but they fail the run too: nothing was proven.
 """
 
 from __future__ import annotations
@@ -27,7 +33,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTS = ("faults_injected", "inputs_fuzzed", "invariant_checks", "requests_served", "request_errors")
-FIGURES = ("p50_ms", "p99_ms", "requests_per_s")  # the serving load test's, not summed
+FIGURES = ("p50_ms", "p99_ms", "requests_per_s", "command_failed_after_s")  # measured, not summed
+# A failure whose message names one of these is the harness's, not an invariant's: the scenario
+# never reached what it asserts (Ray gives its raylet a fixed 30 s to register, which a loaded
+# machine misses).
+HARNESS_MARKERS = ("timed out during startup", "did not start", "Ray start timed out")
+KINDS = {"passed": "passed", "invariant": "violations", "harness": "harness_failures", "skipped": "skipped"}
+ROW_KEYS = ("scenarios", *KINDS.values())
 
 
 def run(only: str | None, extra: list[str]) -> dict:
@@ -42,20 +54,17 @@ def run(only: str | None, extra: list[str]) -> dict:
         seconds = time.perf_counter() - t0
         outcomes = _outcomes(junit)
         counted = [json.loads(line) for line in stats.read_text().splitlines()] if stats.exists() else []
-    rows: dict[str, dict] = defaultdict(lambda: {"scenarios": 0, "passed": 0, "violations": 0, "skipped": 0})
-    for nodeid, outcome in outcomes.items():
+    rows: dict[str, dict] = defaultdict(lambda: dict.fromkeys(ROW_KEYS, 0))
+    for nodeid, (outcome, _) in outcomes.items():
         row = rows[nodeid.split("::")[0]]
         row["scenarios"] += 1
-        row[{"passed": "passed", "failed": "violations", "skipped": "skipped"}[outcome]] += 1
+        row[KINDS[outcome]] += 1
     for entry in counted:
         row = rows[entry["scenario"].split("::")[0]]
         for key in COUNTS:
             row[key] = row.get(key, 0) + entry.get(key, 0)
         row.update({k: v for k, v in entry.get("figures", {}).items() if k in FIGURES})
-    total = {
-        k: sum(r.get(k, 0) for r in rows.values())
-        for k in ("scenarios", "passed", "violations", "skipped", *COUNTS)
-    }
+    total = {k: sum(r.get(k, 0) for r in rows.values()) for k in (*ROW_KEYS, *COUNTS)}
     return {
         "command": " ".join(cmd[1:]),
         "pytest_exit_code": proc.returncode,
@@ -63,28 +72,48 @@ def run(only: str | None, extra: list[str]) -> dict:
         "total": {"invariant_violations": total.pop("violations"), **total},
         "by_file": {
             k: {
-                **{key: v.get(key, 0) for key in ("scenarios", "passed", "violations", "skipped", *COUNTS)},
+                **{key: v.get(key, 0) for key in (*ROW_KEYS, *COUNTS)},
                 **{key: v[key] for key in FIGURES if key in v},
             }
             for k, v in sorted(rows.items())
         },
+        "failures": [
+            {"scenario": nodeid, "kind": outcome, "reason": reason}
+            for nodeid, (outcome, reason) in sorted(outcomes.items())
+            if outcome in ("invariant", "harness")
+        ],
         "pytest_tail": proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else [],
     }
 
 
-def _outcomes(junit: Path) -> dict[str, str]:
-    """test id -> passed | failed | skipped, from pytest's JUnit XML."""
+def _outcomes(junit: Path) -> dict[str, tuple[str, str]]:
+    """test id -> (passed | invariant | harness | skipped, the failure's reason or ""), from
+    pytest's JUnit XML: ``failure`` is a failed test body, ``error`` a failed fixture."""
     if not junit.exists():
         return {}
     out = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         path = case.get("classname", "").replace(".", "/") + ".py"
         nodeid = f"{path}::{case.get('name')}"
-        tags = {child.tag for child in case}
-        out[nodeid] = (
-            "failed" if tags & {"failure", "error"} else "skipped" if "skipped" in tags else "passed"
-        )
+        out[nodeid] = _outcome(case)
     return out
+
+
+def _outcome(case: ET.Element) -> tuple[str, str]:
+    """One JUnit ``testcase``'s outcome and reason (its message, else its text's last line)."""
+    for child in case:
+        if child.tag not in ("failure", "error"):
+            continue
+        lines = [ln for ln in (child.get("message") or child.text or "").splitlines() if ln.strip()]
+        reason = (lines[0] if lines else child.tag)[:1000]
+        detail = f"{child.get('message') or ''}\n{child.text or ''}".splitlines()
+        named = [ln.removeprefix("E").strip() for ln in detail if any(m in ln for m in HARNESS_MARKERS)]
+        if named:  # the line that says why, not the first line of a quoted log
+            reason = named[-1][:1000]
+        return ("harness" if child.tag == "error" or named else "invariant"), reason
+    if any(child.tag == "skipped" for child in case):
+        return "skipped", ""
+    return "passed", ""
 
 
 def main() -> None:
@@ -97,9 +126,12 @@ def main() -> None:
         for name, row in result["by_file"].items():
             print(f"{name:45s} " + " ".join(f"{k}={v}" for k, v in row.items()))
         print("total: " + " ".join(f"{k}={v}" for k, v in result["total"].items()))
+        for failed in result["failures"]:
+            print(f"{failed['kind']}: {failed['scenario']}: {failed['reason']}")
     else:
         print(json.dumps(result, indent=1, sort_keys=False))
-    sys.exit(0 if result["pytest_exit_code"] in (0, 5) and not result["total"]["invariant_violations"] else 1)
+    ok = not result["total"]["invariant_violations"] and not result["total"]["harness_failures"]
+    sys.exit(0 if result["pytest_exit_code"] in (0, 5) and ok else 1)
 
 
 if __name__ == "__main__":

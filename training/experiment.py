@@ -161,7 +161,29 @@ def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str 
         mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
         mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
         mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
+        if cfg.run_name:
+            _claim_training_run(cfg, run, tracking_uri)
         yield run
+
+
+def _claim_training_run(cfg: TrainConfig, run, tracking_uri: str) -> None:
+    """Tag ``run`` as the current command of Ray Train run ``cfg.run_name`` (with its driver's
+    host and pid), and mark ``KILLED`` the earlier commands' MLflow runs of it left ``RUNNING``
+    by a kill (``tracking.close_abandoned_runs``): this command resumes their checkpoints."""
+    import os
+    import platform
+
+    from mlflow.tracking import MlflowClient
+
+    from training.checkpoints import run_storage
+
+    storage = run_storage(cfg)
+    if "://" not in storage:
+        storage = str(Path(storage).resolve())
+    key = tracking.resume_key(cfg.run_name, storage)
+    host, pid = tracking.DRIVER_TAGS
+    mlflow.set_tags({tracking.RESUME_KEY_TAG: key, host: platform.node(), pid: str(os.getpid())})
+    tracking.close_abandoned_runs(MlflowClient(tracking_uri), run, key)
 
 
 def _log_model(result, manifest, example, model_name, alias, tracking_uri) -> tuple[str, str | None]:

@@ -137,3 +137,52 @@ def register(model_uri: str, name: str, alias: str | None, uri: str) -> str:
     if alias:
         MlflowClient(uri).set_registered_model_alias(name, alias, version.version)
     return str(version.version)
+
+
+RESUME_KEY_TAG = "mmlinks.train_run"  # one training run (run name + storage), across its commands
+DRIVER_TAGS = ("mmlinks.driver_host", "mmlinks.driver_pid")
+
+
+def resume_key(run_name: str, storage: str) -> str:
+    """What identifies one Ray Train run across the commands that train it: its run name and a
+    hash of its storage path (the path itself may name a bucket or host: it is never logged)."""
+    return f"{run_name}@{hashlib.sha256(storage.rstrip('/').encode()).hexdigest()[:12]}"
+
+
+def _driver_alive(tags: dict) -> bool:
+    """Whether the run's driver process still lives on this machine (a command resuming a run
+    that is in fact still training must not end it); a driver on another host counts as gone."""
+    host, pid = (tags.get(t) for t in DRIVER_TAGS)
+    if host != platform.node() or not (pid or "").isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return int(pid) != os.getpid()
+
+
+def close_abandoned_runs(client: MlflowClient, run, key: str) -> list[str]:
+    """Mark ``KILLED`` the earlier MLflow runs of the same training run (tag ``key``) that are
+    still ``RUNNING``: their command was killed (SIGKILL, a lost node) before it could end them,
+    and ``run`` now resumes their checkpoints. Each gets ``mmlinks.resumed_by`` = ``run``'s id;
+    ``run`` gets ``mmlinks.resumes`` = their ids. MLflow itself never ends a run whose process
+    died (a ``with mlflow.start_run()`` that never exits leaves it ``RUNNING``). Returns the ids."""
+    run_id = run.info.run_id
+    found = client.search_runs(
+        [run.info.experiment_id],
+        filter_string=f"tags.`{RESUME_KEY_TAG}` = '{key}' and attributes.status = 'RUNNING'",
+        max_results=1000,
+    )
+    ended = []
+    for old in found:
+        if old.info.run_id == run_id or _driver_alive(old.data.tags):
+            continue
+        client.set_tag(old.info.run_id, "mmlinks.resumed_by", run_id)
+        client.set_terminated(old.info.run_id, "KILLED")
+        ended.append(old.info.run_id)
+    if ended:
+        client.set_tag(run_id, "mmlinks.resumes", ",".join(ended))
+    return ended

@@ -183,7 +183,16 @@ def test_driver_killed_mid_run_resumes_to_the_uninterrupted_result(
     assert [h["epoch"] for h in got] == [0, 1, 2]
     for key in COMPARED:
         np.testing.assert_allclose([h[key] for h in got], [h[key] for h in want], rtol=1e-5, err_msg=key)
-    fault_stats.add(invariant_checks=8)
+    # The killed command's MLflow run was left RUNNING; the rerun marked it KILLED, both ways linked.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("mmlinks").experiment_id])
+    killed = [r for r in runs if r.info.run_id != resumed["run_id"]]
+    assert [r.info.status for r in killed] == ["KILLED"], [(r.info.run_id, r.info.status) for r in runs]
+    assert killed[0].data.tags["mmlinks.resumed_by"] == resumed["run_id"]
+    assert client.get_run(resumed["run_id"]).data.tags["mmlinks.resumes"] == killed[0].info.run_id
+    fault_stats.add(invariant_checks=11)
 
 
 # Run under `unshare -rm`: mount a 1 MiB tmpfs, fill it to HEADROOM free bytes (one checkpoint,
