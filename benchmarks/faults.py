@@ -2,6 +2,7 @@
 object: scenarios run, faults injected, inputs fuzzed, invariant violations.
 
 Usage: .venv/bin/python benchmarks/faults.py [--only KEYWORD] [--no-json] [-- PYTEST_ARGS]
+       .venv/bin/python benchmarks/faults.py --from-run JUNIT_XML STATS_JSONL  (a finished run's table)
 
 Each scenario asserts an invariant (a damaged response is never returned as good, every bad
 record is a dead letter with a reason, a crashed promotion leaves production on a version that
@@ -52,8 +53,22 @@ def run(only: str | None, extra: list[str]) -> dict:
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
-        outcomes = _outcomes(junit)
-        counted = [json.loads(line) for line in stats.read_text().splitlines()] if stats.exists() else []
+        result = summarise(junit, stats)
+    return {
+        "command": " ".join(cmd[1:]),
+        "pytest_exit_code": proc.returncode,
+        "seconds": round(seconds, 1),
+        **result,
+        "pytest_tail": proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else [],
+    }
+
+
+def summarise(junit: Path, stats: Path) -> dict:
+    """The table of one finished pytest run: its JUnit XML and its ``$MMLINKS_FAULTS_STATS``
+    file. Only ``tests/faults/`` counts, so a whole-suite run (``make test`` with both set, see
+    ``--from-run``) gives the same table as a run of the scenarios alone."""
+    outcomes = {k: v for k, v in _outcomes(junit).items() if k.startswith("tests/faults/")}
+    counted = [json.loads(line) for line in stats.read_text().splitlines()] if stats.exists() else []
     rows: dict[str, dict] = defaultdict(lambda: dict.fromkeys(ROW_KEYS, 0))
     for nodeid, (outcome, _) in outcomes.items():
         row = rows[nodeid.split("::")[0]]
@@ -66,9 +81,6 @@ def run(only: str | None, extra: list[str]) -> dict:
         row.update({k: v for k, v in entry.get("figures", {}).items() if k in FIGURES})
     total = {k: sum(r.get(k, 0) for r in rows.values()) for k in (*ROW_KEYS, *COUNTS)}
     return {
-        "command": " ".join(cmd[1:]),
-        "pytest_exit_code": proc.returncode,
-        "seconds": round(seconds, 1),
         "total": {"invariant_violations": total.pop("violations"), **total},
         "by_file": {
             k: {
@@ -82,7 +94,6 @@ def run(only: str | None, extra: list[str]) -> dict:
             for nodeid, (outcome, reason) in sorted(outcomes.items())
             if outcome in ("invariant", "harness")
         ],
-        "pytest_tail": proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else [],
     }
 
 
@@ -120,8 +131,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="pytest -k expression to run some scenarios")
     parser.add_argument("--no-json", action="store_true", help="a table instead of JSON")
+    parser.add_argument(
+        "--from-run",
+        nargs=2,
+        metavar=("JUNIT_XML", "STATS_JSONL"),
+        help="run nothing: the table of a finished run, e.g. MMLINKS_FAULTS_STATS=STATS_JSONL "
+        "PYTEST_ADDOPTS=--junitxml=JUNIT_XML make test (the whole suite, scenarios included)",
+    )
     args, extra = parser.parse_known_args()
-    result = run(args.only, [a for a in extra if a != "--"])
+    if args.from_run:
+        junit, stats = map(Path, args.from_run)
+        if not junit.exists():
+            sys.exit(f"faults.py: {junit} does not exist")
+        result = {
+            "command": f"summary of {junit} and {stats}",
+            "pytest_exit_code": 0,
+            **summarise(junit, stats),
+        }
+    else:
+        result = run(args.only, [a for a in extra if a != "--"])
     if args.no_json:
         for name, row in result["by_file"].items():
             print(f"{name:45s} " + " ".join(f"{k}={v}" for k, v in row.items()))
