@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import urlsplit
 
 import apache_beam as beam
@@ -153,9 +154,14 @@ def parse_record(
         )
 
 
-class ParseNewsLine(beam.DoFn):
-    def __init__(self, root: str, rule: SplitRule, languages: frozenset[str] | None):
-        self.root, self.rule, self.languages = root, rule, languages
+class ParseArticleLines(beam.DoFn):
+    """Lines of an article export -> RawDocuments, bad records as dead letters with their reason.
+
+    ``parse`` turns one decoded line into RawDocuments and (source id, reason, detail) tuples:
+    ``parse_article`` here, a format's own reader elsewhere (``nytimes800k.parse_line``)."""
+
+    def __init__(self, parse: Callable[[str], Iterable[RawDocument | tuple[str, str, str]]]):
+        self.parse = parse
 
     def process(self, raw: bytes):
         if not raw.strip():
@@ -166,7 +172,7 @@ class ParseNewsLine(beam.DoFn):
             yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
             return
         count("articles_in")
-        for item in parse_article(line, self.root, self.rule, self.languages):
+        for item in self.parse(line):
             if isinstance(item, RawDocument):
                 count("documents_in")
                 yield item
@@ -247,9 +253,11 @@ class ReadNewsJsonl(beam.PTransform):
                 pbegin
                 | f"Read{n}" >> beam.io.ReadFromText(path, coder=coders.BytesCoder())
                 | f"Parse{n}"
-                >> beam.ParDo(ParseNewsLine(root, self.rule, self.languages)).with_outputs(
-                    DEAD_LETTER, main="documents"
-                )
+                >> beam.ParDo(
+                    ParseArticleLines(
+                        partial(parse_article, root=root, rule=self.rule, languages=self.languages)
+                    )
+                ).with_outputs(DEAD_LETTER, main="documents")
             )
         return {
             "documents": [o.documents for o in outs] | "Documents" >> beam.Flatten(),

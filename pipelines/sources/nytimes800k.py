@@ -37,14 +37,15 @@ import datetime as dt
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import apache_beam as beam
 from apache_beam import coders
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, RawDocument
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
-from pipelines.sources.news_jsonl import SplitRule, day_of, parse_record, ratio_rule
+from pipelines.sources.news_jsonl import ParseArticleLines, SplitRule, day_of, parse_record, ratio_rule
 from schemas.errors import MmlinksError
 
 SOURCE = "nytimes800k"
@@ -145,27 +146,6 @@ def parse_line(
     yield from parse_record(rec, root, rule, None, line[:80], SOURCE)
 
 
-class ParseNYTimesLine(beam.DoFn):
-    def __init__(self, root: str, images_dir: str, rule: SplitRule):
-        self.root, self.images_dir, self.rule = root, images_dir, rule
-
-    def process(self, raw: bytes):
-        if not raw.strip():
-            return
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
-            return
-        count("articles_in")
-        for item in parse_line(line, self.root, self.images_dir, self.rule):
-            if isinstance(item, RawDocument):
-                count("documents_in")
-                yield item
-            else:
-                yield dead_letter("line" if item[1] == "malformed_record" else "document", *item)
-
-
 class ReadNYTimes800k(beam.PTransform):
     """The exported ``articles`` collection -> RawDocument (one per image), with a ``dead_letter`` output."""
 
@@ -181,9 +161,11 @@ class ReadNYTimes800k(beam.PTransform):
             pbegin
             | "Read" >> beam.io.ReadFromText(self.path, coder=coders.BytesCoder())
             | "Parse"
-            >> beam.ParDo(ParseNYTimesLine(self.root, self.images_dir, self.rule)).with_outputs(
-                DEAD_LETTER, main="documents"
-            )
+            >> beam.ParDo(
+                ParseArticleLines(
+                    partial(parse_line, root=self.root, images_dir=self.images_dir, rule=self.rule)
+                )
+            ).with_outputs(DEAD_LETTER, main="documents")
         )
 
 
