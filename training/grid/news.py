@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from schemas.errors import MmlinksError
 from training.config import TrainConfig
+from training.grid.layout import block_lines
 from training.grid.results import TrialResult
 
 NEWS_METRICS = ("r1", "r5", "r10", "medr")
@@ -246,15 +247,7 @@ def format_news_table(table: dict, markdown: bool = False) -> str:
     for block in table["blocks"]:
         base_row = next((r for r in block["rows"] if base_id and r["id"] == base_id[0]), None)
         body = [_row_cells(table, r, base_row) for r in block["rows"]]
-        if markdown:
-            out += [f"### {block['title']}\n", "| " + " | ".join(["method", *head[1:]]) + " |"]
-            out += ["|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in body)]
-        else:
-            out.append(block["title"])
-            widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-            for r in [head, ["-" * w for w in widths], *body]:
-                cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, len(r))]
-                out.append("  ".join(cells).rstrip())
+        out += block_lines(block["title"], head, body, markdown)
         out.append("")
     out += [f"{'- ' if markdown else ''}{n}" for n in table.get("notes", [])]
     return "\n".join(out).rstrip() + "\n"

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from schemas.errors import MmlinksError
 from training.config import TrainConfig
+from training.grid.layout import block_lines
 from training.grid.results import TrialResult
 from training.objectives.registry import get_objective
 
@@ -192,16 +193,7 @@ def format_retrieval_table(table: dict, markdown: bool = False) -> str:
     out: list[str] = []
     for block in table["blocks"]:
         body = [_row_text(r) for r in block["rows"]]
-        if markdown:
-            out += [f"### {block['title']}\n", "| " + " | ".join(["method", *head[1:]]) + " |"]
-            out.append("|" + "---|" * len(head))
-            out += ["| " + " | ".join(r) + " |" for r in body]
-        else:
-            out.append(block["title"])
-            widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-            for r in [head, ["-" * w for w in widths], *body]:
-                cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, len(r))]
-                out.append("  ".join(cells).rstrip())
+        out += block_lines(block["title"], head, body, markdown)
         out.append("")
     out += [f"{'- ' if markdown else ''}{n}" for n in table.get("notes", [])]
     return "\n".join(out).rstrip() + "\n"
