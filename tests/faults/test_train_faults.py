@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import missing_tool, tracking_uri, venv_env
+from tests.conftest import missing_tool, venv_env
 from tests.faults.test_build_storage import namespaces_work
 from training.fault_hooks import EPOCH_LOG_ENV, HANG_AFTER_EPOCH_ENV, KILL_MARKER_ENV
 
@@ -140,6 +140,7 @@ def uninterrupted(data: Path, ref: Path) -> tuple[dict, list[dict]]:
     """The same run never killed, trained in this process (``--workers 0``: the same weights as
     one Ray worker, tests/training/test_train.py) on the session's Ray: (its result as
     ``mmlinks train --json`` prints it, its per-epoch history)."""
+    from tests.conftest import tracking_uri
     from training.checkpoints import latest_local
     from training.config import TrainConfig
     from training.experiment import run_experiment
@@ -159,7 +160,6 @@ def test_driver_killed_mid_run_resumes_to_the_uninterrupted_result(
     the killed command survives it; the registry gets one version, from the rerun."""
     work, ref = tmp_path / "run", tmp_path / "reference"
     work.mkdir(), ref.mkdir()
-    tracking_uri(work)  # the command's MLflow database, already migrated (~5 CPU-s less)
     cmd = train_cmd(tiny_train, work / "ray", work)
     killed_tag = uuid.uuid4().hex
     kill_driver_after_epoch(cmd, train_env(killed_tag, **{EPOCH_LOG_ENV: str(work / "killed.log")}), work,
@@ -213,7 +213,6 @@ def test_full_checkpoint_storage_fails_in_one_line_and_reports_no_partial_checkp
         missing_tool("unshare -rm (user and mount namespaces) is refused: no tmpfs for the storage path")
     work, mnt, result = tmp_path / "run", tmp_path / "mnt", tmp_path / "result"
     work.mkdir(), mnt.mkdir()
-    tracking_uri(work)  # the command's MLflow database, already migrated (~5 CPU-s less)
     tag = uuid.uuid4().hex
     storage = mnt / "ray"
     cmd = ["unshare", "-rm", sys.executable, "-c", CHILD, str(mnt), str(result), str(HEADROOM)]
