@@ -395,12 +395,14 @@ def free_port() -> int:
 
 def venv_env(**extra: str) -> dict:
     """The environment for MLflow's server commands: they exec `uvicorn`, so the venv's bin
-    directory must be on PATH."""
+    directory must be on PATH. ``mlflow server`` on a database store also starts its job
+    execution (a job runner and four huey consumer processes, each importing MLflow: ~3/4 of a
+    server start's CPU on 2 cores); mmlinks submits no MLflow server jobs, so it is off."""
     import sys
 
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return {**env, "PATH": path, **extra}
+    return {**env, "PATH": path, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **extra}
 
 
 def start_http_server(cmd: list[str], probe_url: str, log_path: Path, env: dict, timeout_s: float = 180):
