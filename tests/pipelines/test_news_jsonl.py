@@ -248,3 +248,17 @@ def test_wit_rows_become_news_samples_grouped_by_page(tmp_path):
         spec.check(spec.context(str(tmp_path / "wit"), {"split": "date"}, "s"))
     with pytest.raises(MmlinksError, match=r"no \.tsv"):
         spec.check(spec.context(str(tmp_path), {}, "s"))
+
+
+@pytest.mark.slow  # a whole build (image store, features, shards, commit)
+def test_the_goodnews_fixture_builds_into_a_dataset(tmp_path):
+    from pathlib import Path
+
+    from pipelines.build import build_dataset
+    from pipelines.build_config import BuildConfig
+
+    root = Path(__file__).parents[1] / "fixtures" / "goodnews"
+    manifest = build_dataset(BuildConfig(source="goodnews", input=str(root), out=str(tmp_path / "ds")))
+    assert manifest.source == "goodnews"
+    assert sum(manifest.counts["splits"].values()) == 3  # one sample per image, none dropped as blank
+    assert manifest.counts["dropped"] == {"document:malformed_record": 1}, manifest.counts["dropped"]
