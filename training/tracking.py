@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -144,9 +145,12 @@ DRIVER_TAGS = ("mmlinks.driver_host", "mmlinks.driver_pid")
 
 
 def resume_key(run_name: str, storage: str) -> str:
-    """What identifies one Ray Train run across the commands that train it: its run name and a
-    hash of its storage path (the path itself may name a bucket or host: it is never logged)."""
-    return f"{run_name}@{hashlib.sha256(storage.rstrip('/').encode()).hexdigest()[:12]}"
+    """What identifies one Ray Train run across the commands that train it: its run name (only
+    its word characters, readable in the UI) and a hash of the name and the storage path (the
+    path may name a bucket or host: it is never logged). Nothing in it can break the quoted
+    search filter of ``close_abandoned_runs``, whatever the user named the run."""
+    digest = hashlib.sha256(f"{run_name}\0{storage.rstrip('/')}".encode()).hexdigest()[:16]
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_name)[:60]}@{digest}"
 
 
 def _driver_alive(tags: dict) -> bool:

@@ -49,3 +49,14 @@ def test_resuming_marks_only_dead_commands_of_the_same_run_killed(tmp_path):
     ]  # fmt: skip
     assert sorted(status[new].data.tags["mmlinks.resumes"].split(",")) == sorted(ended)
     assert close_abandoned_runs(client, new, key) == []  # nothing left to end
+
+
+def test_a_run_name_with_quotes_and_spaces_still_finds_its_predecessors(tmp_path):
+    uri = tracking_uri(tmp_path)
+    client = MlflowClient(uri)
+    exp = configure(uri, "mmlinks")
+    key = resume_key("bob's run \\ 2", str(tmp_path / "ray"))
+    assert key != resume_key("bob_s run _ 2", str(tmp_path / "ray"))  # the hash tells them apart
+    tags = {RESUME_KEY_TAG: key, DRIVER_TAGS[0]: platform.node(), DRIVER_TAGS[1]: str(_dead_pid())}
+    dead, new = client.create_run(exp, tags=tags), client.create_run(exp, tags=tags)
+    assert close_abandoned_runs(client, new, key) == [dead.info.run_id]
