@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -63,6 +64,9 @@ class FixedSplit:
 
     def split(self, article_id: str, date: str) -> str:
         return self.value
+
+
+HASH = re.compile(r"[0-9a-fA-F]{8,128}")
 
 
 def ext_id(value) -> str:
@@ -106,6 +110,8 @@ def news_record(doc: dict, images_dir: str) -> dict:
     for pos in positions if isinstance(positions, list) else []:
         entry = sections[pos] if isinstance(pos, int) and 0 <= pos < len(sections) else {}
         digest = _text(entry.get("hash"))
+        if not HASH.fullmatch(digest):  # the release names images by hex digest: nothing else
+            digest = ""  # becomes a path (a "../x" would leave the images folder): no_image_uri
         images.append(
             {"uri": f"{images_dir}/{digest}.jpg" if digest else "", "caption": _text(entry.get("text"))}
         )

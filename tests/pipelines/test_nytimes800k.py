@@ -51,6 +51,11 @@ def test_a_document_gives_one_sample_per_image_position():
     )
     by_date = list(parse_line(line, "/d", "i", SplitRule("date", "2019-03-01", "2019-06-01")))
     assert {d.split for d in by_date} == {"val"}
+    # an image hash that is not a hex digest names no image (it would become a path)
+    doc = json.loads(line)
+    doc["parsed_section"][doc["image_positions"][0]]["hash"] = "../../etc/passwd"
+    out = list(parse_line(json.dumps(doc), "/data", "images_processed", SplitRule("release")))
+    assert out[0] == (f"{A}#0", "no_image_uri", "") and out[1].doc_id == f"{A}#1"
 
 
 json_values = st.recursive(
