@@ -102,6 +102,9 @@ class MlflowResource(dg.ConfigurableResource):
     def client(self):
         from mlflow.tracking import MlflowClient
 
+        from training.tracking import seed_sqlite_store
+
+        seed_sqlite_store(self.uri())
         return MlflowClient(self.uri())
 
     def _server(self) -> str | None:

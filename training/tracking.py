@@ -8,9 +8,11 @@ environment (MLFLOW_TRACKING_TOKEN etc.), which MLflow reads itself; nothing her
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import re
+import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -55,8 +57,62 @@ def tracking_uri(workdir: str | Path) -> str:
     return f"sqlite:///{(Path(workdir) / 'mlflow.db').resolve()}"
 
 
+def template_cache_dir() -> Path:
+    """Where the empty-store template lives: ``$XDG_CACHE_HOME/mmlinks`` (``~/.cache/mmlinks``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mmlinks"
+
+
+def _empty_store_template() -> Path:
+    """An SQLite file holding MLflow's tables and nothing else, made once per MLflow version."""
+    path = template_cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    if path.exists():
+        return path
+    from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on an empty store
+    from sqlalchemy import create_engine
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    engine = create_engine(f"sqlite:///{tmp}")
+    try:
+        _initialize_tables(engine)
+    finally:
+        engine.dispose()
+    os.replace(tmp, path)  # whole or absent, whoever else makes it at the same time
+    return path
+
+
+def seed_sqlite_store(uri: str) -> None:
+    """Give a new local SQLite store its tables by copying an empty, migrated one.
+
+    MLflow makes a new SQLite store's tables by running every schema migration since its first
+    release, about 3 CPU-seconds paid by the first command in each new workdir (and by every
+    test that trains); copying a store migrated once per MLflow version takes milliseconds. The
+    copy holds no experiment: MLflow adds its Default experiment, with this store's artifact
+    root, when it opens it. Any failure leaves the store to MLflow, which then migrates as usual.
+    """
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri[len("sqlite:///") :])
+    if db.exists():
+        return
+    try:
+        template = _empty_store_template()
+        db.parent.mkdir(parents=True, exist_ok=True)
+        tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
+        shutil.copyfile(template, tmp)
+        try:
+            os.link(tmp, db)  # never replaces a store another process made in the meantime
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    except Exception as exc:  # an optimisation: MLflow's own path still works
+        logging.getLogger(__name__).debug("no empty-store template for %s: %s", db, exc)
+
+
 def configure(uri: str, experiment: str) -> str:
     """Point MLflow at ``uri`` and make sure the experiment exists; returns its id."""
+    seed_sqlite_store(uri)
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)

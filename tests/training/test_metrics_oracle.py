@@ -16,7 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from training.metrics import document_metrics, label_matrix, precision_at_k, roc_auc, summarize
+from training.metrics import average_ranks, document_metrics, label_matrix, precision_at_k, roc_auc, summarize
 
 TIE_PRONE = st.sampled_from([-1.0, -0.25, 0.0, 0.25, 0.5, 1.0])
 
@@ -111,3 +111,16 @@ def test_nan_scores_give_nan():
     labels = np.array([[True, False]])
     scores = np.array([[np.nan, 0.0]])
     assert np.isnan(roc_auc(scores, labels)) and np.isnan(precision_at_k(scores, labels, 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(TIE_PRONE, st.floats(allow_nan=False, width=32), st.sampled_from([-0.0, float("inf")])),
+        max_size=40,
+    )
+)
+def test_average_ranks_equal_scipys_rankdata(values):
+    from scipy.stats import rankdata  # the oracle; the module avoids importing scipy.stats
+
+    np.testing.assert_array_equal(average_ranks(np.array(values)), rankdata(values) if values else [])
