@@ -194,10 +194,12 @@ def ray_local(tmp_path_factory):
 
     flag = tmp_path_factory.mktemp("param-probe") / "flag"
     probe = str(Path(__file__).parent / "fixtures" / "param_probe")
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "MMLINKS_TEST_PARAM_FLAG")}
+    keys = ("PYTHONPATH", "MMLINKS_TEST_PARAM_FLAG", "RAY_prestart_worker_first_driver")
+    saved = {k: os.environ.get(k) for k in keys}
     # Ray's processes inherit the driver's environment at start-up; set it for them only.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (probe, saved["PYTHONPATH"]) if p)
     os.environ["MMLINKS_TEST_PARAM_FLAG"] = str(flag)
+    os.environ["RAY_prestart_worker_first_driver"] = "0"  # as training.driver.connect_ray starts Ray
     try:
         for attempt in range(2):
             try:

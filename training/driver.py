@@ -147,6 +147,9 @@ def connect_ray(cfg: TrainConfig) -> bool:
         # One machine has no preemptible nodes: Ray Train's preemption watcher (an actor process
         # per run, ~2 CPU-s to start) has nothing to watch. Its processes inherit this at start.
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        # Ray starts idle workers for this driver ahead of any task (~1 CPU-s each, 2-3 here);
+        # Ray Train's actors run in workers of their own, so those would only wait and exit.
+        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
         ray.init(
             address="local",
             num_cpus=max(4, (os.cpu_count() or 1) * 2),
