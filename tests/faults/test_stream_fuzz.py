@@ -122,6 +122,7 @@ def check_file(kept, dead, expected, file_reasons, item_reasons, is_file_letter)
     assert {d.reason for d in items} <= item_reasons, dead
     if expected is None:  # a broken file: one dead letter for it, after the items before the fault
         assert [d.reason for d in file_letters] in ([r] for r in file_reasons), dead
+        assert is_file_letter(dead[-1]), dead  # the reader stopped at the fault
     else:
         assert not file_letters, dead
     return len(kept) + len(items)
