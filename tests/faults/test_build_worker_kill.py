@@ -124,3 +124,17 @@ def test_a_beam_worker_killed_at_each_stage_fails_the_build_and_the_rerun_gives_
     )
     assert dict(Counter(f"{r['kind']}:{r['reason']}" for r in dead_letters(out))) == dropped
     fault_stats.add(invariant_checks=8)
+
+
+def test_a_lost_worker_is_recognised_through_beams_wrapping():
+    from pipelines.build import worker_lost
+
+    try:
+        try:
+            raise RuntimeError("Channel closed prematurely.")
+        except RuntimeError as inner:
+            raise ValueError("Pipeline failed in stage ref_AppliedPTransform_Features") from inner
+    except ValueError as outer:
+        assert worker_lost(outer) == "RuntimeError: Channel closed prematurely"
+    assert worker_lost(RuntimeError("bad input")) is None
+    assert worker_lost(OSError(28, "No space left on device")) is None
