@@ -74,12 +74,18 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
         commit.commit_version(cfg.out, staging, manifest, shards)
     except Exception as exc:
         reason = storage_full(exc)
-        if reason is None:
+        if reason is not None:
+            raise MmlinksError(
+                f"the build ran out of space writing {cfg.out} ({reason}); {_what_stays(cfg.out)}; "
+                "free space (or build into another --out) and run it again: images and features "
+                "already done are kept in the image store"
+            ) from exc
+        lost = worker_lost(exc)
+        if lost is None:
             raise
         raise MmlinksError(
-            f"the build ran out of space writing {cfg.out} ({reason}); {_what_stays(cfg.out)}; "
-            "free space (or build into another --out) and run it again: images and features "
-            "already done are kept in the image store"
+            f"a Beam worker process died during the build ({lost}); {_what_stays(cfg.out)}; "
+            "run the same build again: images and features already done are kept"
         ) from exc
     finally:
         fileio.delete_tree(staging)
@@ -110,6 +116,24 @@ def storage_full(exc: BaseException) -> str | None:
         found = _FULL_TEXT.search(str(exc))
         if found:
             return found.group(1).lower()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+# How the runner reports a worker process that vanished (SIGKILL, OOM killer): the multi-process
+# DirectRunner's data channel closes under the driver (``RuntimeError: Channel closed
+# prematurely.``), or its gRPC control channel reports the peer gone.
+_WORKER_LOST = re.compile(r"Channel closed prematurely|Socket closed|Connection reset by peer")
+
+
+def worker_lost(exc: BaseException) -> str | None:
+    """The runner's words when ``exc`` or its cause says a worker process died, else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        found = _WORKER_LOST.search(str(exc))
+        if found:
+            return f"{type(exc).__name__}: {found.group(0)}"
         exc = exc.__cause__ or exc.__context__
     return None
 

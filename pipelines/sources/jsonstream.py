@@ -10,6 +10,14 @@ raw_decode`` decodes one item at a time from a sliding text buffer.
 Bytes are decoded with ``surrogateescape``, so a file with some invalid UTF-8 still parses: the
 bad bytes become lone surrogates in the strings that hold them, and ``has_invalid_utf8`` lets the
 caller dead-letter exactly the items that carry them instead of losing the whole file.
+
+Nesting is capped (``MAX_DEPTH`` levels below the top-level object): the datasets read here nest
+a few levels, and a deeper value (a fuzzed or hostile file) would otherwise reach Python's
+recursion limit in the decoder, in ``skip`` or in any later walk over the item (``has_invalid_
+utf8``, ``repaired``, ``str``, Beam's pickling) and crash the step with ``RecursionError``
+instead of a dead letter. Too deep is ``MalformedJson`` like any other corrupt file (and so is
+an integer longer than Python's 4300-digit conversion limit, a plain ``ValueError`` in ``json``);
+``loads`` applies the same cap to one JSON line (the news JSONL readers).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ _EDGE = 32
 _WS = frozenset(" \t\n\r")
 _NUMBER_CHARS = frozenset("0123456789.eE+-")
 _INVALID_UTF8 = re.compile("[\udc80-\udcff]")
+MAX_DEPTH = 100
 
 
 class MalformedJson(ValueError):
@@ -36,6 +45,38 @@ class MalformedJson(ValueError):
     def __init__(self, message: str, pos: int):
         super().__init__(f"{message} (at character {pos})")
         self.pos = pos
+
+
+def depth(value: Any) -> int:
+    """How many arrays/objects nest in ``value`` (0 for a scalar); iterative, any depth."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _too_deep(obj: Any, text: str, start: int, end: int, above: int) -> bool:
+    """Whether ``obj`` (decoded from ``text[start:end]``) nests deeper than ``MAX_DEPTH`` with
+    ``above`` levels around it; a cheap count of brackets unless the text has that many."""
+    budget = MAX_DEPTH - above
+    return text.count("[", start, end) + text.count("{", start, end) > budget and depth(obj) > budget
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` with the nesting cap: ``MalformedJson`` (a ``ValueError``) when the text is
+    not JSON or nests deeper than ``MAX_DEPTH``, never ``RecursionError``."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise MalformedJson(f"a value nested deeper than {MAX_DEPTH} levels", 0) from None
+    if _too_deep(obj, text, 0, len(text), 0):
+        raise MalformedJson(f"a value nested deeper than {MAX_DEPTH} levels", 0)
+    return obj
 
 
 def text_chunks(fh: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
@@ -111,31 +152,39 @@ class _Reader:
             raise self.fail(f"expected {char!r}, found {got or 'the end of the file'!r}")
         self.pos += 1
 
-    def value(self) -> Any:
-        """Decode one JSON value at the read position."""
+    def value(self, above: int = 0) -> Any:
+        """Decode one JSON value at the read position (``above``: the levels enclosing it)."""
         if not self.peek():
             raise self.fail("expected a value, found the end of the file")
         while True:
             try:
                 obj, end = self._decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise self.fail(f"a value nested deeper than {MAX_DEPTH} levels") from None
             except json.JSONDecodeError as exc:
                 cut = exc.msg.startswith("Unterminated string") or exc.pos >= len(self.buf) - _EDGE
                 if cut and len(self.buf) - self.pos <= MAX_VALUE_CHARS and self.more():
                     continue
                 raise MalformedJson(exc.msg, self.offset + exc.pos) from None
+            except ValueError as exc:  # an integer past Python's 4300 digits
+                raise self.fail(str(exc)[:200]) from None
             # A number cut by the chunk edge decodes as its prefix ("1" of "1.5"): when it ends at
             # the buffer's end or before a character that could continue it, read on and retry.
             if isinstance(obj, int | float) and not isinstance(obj, bool):
                 if (end == len(self.buf) or self.buf[end] in _NUMBER_CHARS) and self.more():
                     continue
+            if _too_deep(obj, self.buf, self.pos, end, above):
+                raise self.fail(f"a value nested deeper than {MAX_DEPTH} levels")
             self.pos = end
             return obj
 
-    def skip(self) -> None:
+    def skip(self, above: int = 0) -> None:
         """Consume one value; arrays and objects item by item, so a big one is never buffered whole."""
         opener = self.peek()
+        if opener in "[{" and above >= MAX_DEPTH:
+            raise self.fail(f"a value nested deeper than {MAX_DEPTH} levels")
         if opener == "[":
-            for _ in self.items():
+            for _ in self.items(above):
                 pass
         elif opener == "{":
             self.pos += 1
@@ -146,20 +195,20 @@ class _Reader:
                 if not isinstance(self.value(), str):
                     raise self.fail("object keys must be strings")
                 self.expect(":")
-                self.skip()
+                self.skip(above + 1)
                 if self._close("}"):
                     return
         else:
-            self.value()
+            self.value(above)
 
-    def items(self) -> Iterator[Any]:
+    def items(self, above: int = 0) -> Iterator[Any]:
         """The items of the array at the read position, decoded one at a time."""
         self.expect("[")
         if self.peek() == "]":
             self.pos += 1
             return
         while True:
-            yield self.value()
+            yield self.value(above + 1)
             if self._close("]"):
                 return
 
@@ -191,10 +240,10 @@ def stream_arrays(
             if reader.peek() != "[":
                 raise reader.fail(f"{key!r} is not a list")
             seen.add(key)
-            for item in reader.items():
+            for item in reader.items(1):
                 yield key, item
         else:
-            reader.skip()
+            reader.skip(1)
     missing = sorted(set(required) - seen)
     if missing:
         raise reader.fail(f"no {', '.join(repr(k) for k in missing)} list in the object")
@@ -222,7 +271,7 @@ def stream_members(chunks: Iterable[str]) -> Iterator[tuple[str, Any]]:
     ``MalformedJson`` (after the members before the fault were yielded) like ``stream_arrays``."""
     reader = _Reader(chunks)
     for key in _members(reader):
-        yield key, reader.value()
+        yield key, reader.value(1)
 
 
 def _members(reader: _Reader) -> Iterator[str]:

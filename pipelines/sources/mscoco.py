@@ -187,9 +187,13 @@ class ReadCaptionFile(beam.DoFn):
                             file_name = entry.get("file_name")
                             if not isinstance(file_name, str) or not file_name or "/" in file_name:
                                 raise ValueError("no plain file_name")
-                            images[_int_id(entry.get("id"))] = fileio.join(
-                                self.root, f"{part}{year}", file_name
-                            )
+                            image_id = _int_id(entry.get("id"))
+                            if image_id in images:  # the first entry keeps the id; this one is counted
+                                yield dead_letter(
+                                    "line", source_id, "duplicate_image", f"image id {image_id}"
+                                )
+                                continue
+                            images[image_id] = fileio.join(self.root, f"{part}{year}", file_name)
                         else:
                             text = entry.get("caption")
                             if not isinstance(text, str):

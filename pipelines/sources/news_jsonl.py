@@ -34,7 +34,6 @@ sources are all empty (``no_text``).
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -48,6 +47,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.sources.jsonstream import loads
 from pipelines.splits import assign_split
 from schemas.errors import MmlinksError
 from schemas.news import NEWS_SOURCES, SOURCES_KEY
@@ -96,7 +96,7 @@ def parse_article(
 ) -> Iterator[RawDocument | tuple[str, str, str]]:
     """One JSONL line -> a RawDocument per image, or (source id, reason, detail) dead letters."""
     try:
-        rec = json.loads(line)
+        rec = loads(line)
     except ValueError as exc:
         yield (line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
         return
@@ -190,7 +190,7 @@ def date_cut_points(files: list[str]) -> tuple[str, str]:
     for path in files:
         for line in _lines(path):
             try:
-                days.append(day_of(json.loads(line)["date"]))
+                days.append(day_of(loads(line)["date"]))
             except (ValueError, KeyError, TypeError):
                 continue  # the parse dead-letters it
     if not days:
@@ -270,7 +270,7 @@ def hosts_of(input_uri: str) -> set[str]:
     for path in jsonl_files(input_uri):
         for line in _lines(path):
             try:
-                images = json.loads(line).get("images") or []
+                images = loads(line).get("images") or []
             except (ValueError, AttributeError):
                 continue
             for im in images:

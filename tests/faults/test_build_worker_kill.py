@@ -1,10 +1,14 @@
-"""A Beam worker process SIGKILLed under the multi-process DirectRunner, then the build run
-again: the fault-free build's bytes, every input kept or dead-lettered (issue #19).
+"""A Beam worker process SIGKILLed under the multi-process DirectRunner at each point a worker
+reaches, then the build run again: the fault-free build's bytes, every input kept or
+dead-lettered (issue #19).
 
 The build runs in a child process with two worker processes (``direct_workers=2``, i.e.
 ``--direct_running_mode=multi_processing``); ``pipelines/fault_hooks.py`` SIGKILLs the first
-worker that computes a feature vector (``$MMLINKS_TEST_KILL_ONCE`` lets only one die), so the
-driver survives the kill and must notice it. ``test_build_kills.py`` kills the driver instead.
+worker that reaches the stage (``$MMLINKS_TEST_KILL_ONCE`` lets only one die), so the driver
+survives the kill and must notice it. The stages are the workers': an image fetched into the
+store, a feature vector cached (inference), a shard staged. The manifest commit runs in the
+driver after the pipeline, so no worker can die there: ``test_build_kills.py`` kills the driver
+at every stage, the commit included.
 """
 
 from __future__ import annotations
@@ -49,23 +53,55 @@ def bad_tiny(tiny, tmp_path_factory):
     return root / "corpus", root / "reference"
 
 
-def test_a_killed_beam_worker_fails_the_build_and_the_rerun_gives_the_same_bytes(
-    bad_tiny, tmp_path, fault_stats
-):
-    corpus, reference = bad_tiny
-    out, marker, tag = tmp_path / "out", tmp_path / "killed-worker", uuid.uuid4().hex
+WORKER_STAGES = ("fetch", "features", "write")
+
+
+def kill_a_worker_at(stage: str, corpus: Path, out: Path, tmp_path: Path) -> str:
+    """Run the build in a child process whose first worker to reach ``stage`` is SIGKILLed;
+    check that the driver failed the build in one line and no worker outlived it; its stderr."""
+    marker, tag = tmp_path / f"killed-worker-{stage}", uuid.uuid4().hex
     env = venv_env(
-        **{KILL_BUILD_AT_ENV: "features", KILL_ONCE_ENV: str(marker), TAG: tag, "PYTHONPATH": str(ROOT)}
+        **{KILL_BUILD_AT_ENV: stage, KILL_ONCE_ENV: str(marker), TAG: tag, "PYTHONPATH": str(ROOT)}
     )
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(corpus), str(out)],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, start_new_session=True,
     )  # fmt: skip
-    assert marker.read_text().isdigit()  # one worker process died (it wrote its pid)
-    fault_stats.add(faults_injected=1)
+    assert marker.read_text().isdigit(), stage  # one worker process died (it wrote its pid)
     assert proc.returncode not in (0, -9), proc.stderr[-3000:]  # the driver lived and failed the build
-    assert not (out / MANIFEST_NAME).exists()  # the driver failed the build: nothing committed
-    assert not leftovers(tag, wait_s=30), "the other worker outlived its build"
+    # the build raised an MmlinksError: the CLI prints it as this one line (`mmlinks: error: ...`)
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("schemas.errors.MmlinksError: ")]
+    assert said and said[-1].startswith("schemas.errors.MmlinksError: a Beam worker process died"), (
+        proc.stderr[-3000:]
+    )
+    last = said[-1]
+    assert "run the same build again" in last, last
+    assert not leftovers(tag, wait_s=30), f"a worker outlived its build killed at {stage}"
+    return last
+
+
+def test_a_beam_worker_killed_at_each_stage_fails_the_build_and_the_rerun_gives_the_same_bytes(
+    bad_tiny, tiny, tmp_path, fault_stats
+):
+    """One output folder, holding a current version (the clean tiny corpus's), takes a worker
+    kill at fetch, then (rerun) at features, then at write, then the build runs to the end.
+
+    Each killed build still has work left at its stage because the one before it died at the
+    first item of an earlier stage; the current version stays readable throughout.
+    """
+    corpus, reference = bad_tiny
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(tiny[1] / MANIFEST_NAME, out / MANIFEST_NAME)  # a current version, not its store
+    shutil.copytree(tiny[1] / "versions", out / "versions")
+    current, current_shards = (out / MANIFEST_NAME).read_bytes(), shard_bytes(out)
+    for stage in WORKER_STAGES:
+        last = kill_a_worker_at(stage, corpus, out, tmp_path)
+        fault_stats.add(faults_injected=1)
+        assert Manifest.read(out).dataset_version in last  # the line names the version that stays
+        assert (out / MANIFEST_NAME).read_bytes() == current, stage  # nothing committed
+        assert shard_bytes(out) == current_shards, stage  # the current version is untouched
+        fault_stats.add(invariant_checks=6)
 
     m = build_dataset(tiny_cfg(corpus, out, direct_workers=2))  # the same build, run again
     log, total = last_build(str(out)), last_build(str(reference))["features_computed"]
@@ -74,6 +110,9 @@ def test_a_killed_beam_worker_fails_the_build_and_the_rerun_gives_the_same_bytes
     assert shard_bytes(out) == shard_bytes(reference)
     assert (out / m.dead_letter).read_bytes() == (reference / m.dead_letter).read_bytes()
     assert not list(out.glob(".staging-*"))
+    assert sorted(p.name for p in (out / "versions").iterdir()) == sorted(
+        {m.dataset_version, Manifest.read(tiny[1]).dataset_version}
+    )  # the new version and the one it replaced, no stray folder of a killed build
     # Every input line is kept in a split or dead-lettered with a reason, none lost to the dead worker.
     lines = len((corpus / "documents.jsonl").read_bytes().splitlines())
     dropped = m.counts["dropped"]
@@ -84,4 +123,18 @@ def test_a_killed_beam_worker_fails_the_build_and_the_rerun_gives_the_same_bytes
         == lines
     )
     assert dict(Counter(f"{r['kind']}:{r['reason']}" for r in dead_letters(out))) == dropped
-    fault_stats.add(invariant_checks=9)
+    fault_stats.add(invariant_checks=8)
+
+
+def test_a_lost_worker_is_recognised_through_beams_wrapping():
+    from pipelines.build import worker_lost
+
+    try:
+        try:
+            raise RuntimeError("Channel closed prematurely.")
+        except RuntimeError as inner:
+            raise ValueError("Pipeline failed in stage ref_AppliedPTransform_Features") from inner
+    except ValueError as outer:
+        assert worker_lost(outer) == "RuntimeError: Channel closed prematurely"
+    assert worker_lost(RuntimeError("bad input")) is None
+    assert worker_lost(OSError(28, "No space left on device")) is None

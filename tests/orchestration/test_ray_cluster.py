@@ -170,10 +170,34 @@ def cluster():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _files_holding(root: Path, secrets: list[str]) -> tuple[int, dict[str, list[str]]]:
+    """(files read, {file: the secrets it holds}) over every regular file under ``root``."""
+    read, found = 0, {}
+    for path in root.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:  # a file Ray removed while the scan ran
+            continue
+        read += 1
+        held = [s for s in secrets if s.encode() in data]
+        if held:
+            found[str(path.relative_to(root))] = held
+    return read, found
+
+
 def test_a_training_job_runs_on_the_two_node_cluster(cluster, dataset, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", cluster["token"])
+    # Credentials in the submitting shell, as users export them (issue #19): none may reach the
+    # files the cluster writes (checked after the job). Random values: the uploaded working_dir
+    # holds this repository, whose sources name fixed test secrets.
+    names = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "praw_client_secret", "IMGUR_CLIENT_ID")
+    secrets = {name: f"f19-{name}-{uuid.uuid4().hex}" for name in names}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
     uri = tracking_uri(tmp_path)
     cfg = small_train_config(
         dataset, tmp_path / "ray", epochs=1, num_workers=1, run_name="", word_vectors="random"
@@ -206,6 +230,12 @@ def test_a_training_job_runs_on_the_two_node_cluster(cluster, dataset, tmp_path,
     assert any(line.startswith("{") and result.run_id in line for line in lines)
     job = connect(cluster["address"]).get_job_info(job_id)
     assert str(job.status).endswith("SUCCEEDED") and job.metadata["test"] == "two-node"
+    assert not any(v in json.dumps([job.entrypoint, job.runtime_env, job.metadata]) for v in secrets.values())
+    # Everything both nodes wrote (session logs of raylet, GCS, dashboard and workers, the job
+    # driver's log, the unpacked working_dir) holds neither the cluster token nor a credential.
+    read, leaks = _files_holding(Path(cluster["tmp"]), [cluster["token"], *secrets.values()])
+    assert leaks == {}, leaks
+    assert read > 20 and list(Path(cluster["tmp"]).rglob(f"logs/job-driver-{job_id}.log"))
 
 
 def test_a_failing_job_raises_with_its_cause(cluster, tmp_path, monkeypatch):

@@ -80,6 +80,10 @@ def test_a_cut_file_raises_after_a_prefix_of_the_items(data, style, chunk):
         b'{"data": []} []',
         b"",
         b"not json",
+        b'{"data": [' + b"[" * 5000 + b"]" * 5000 + b"]}",  # past Python's recursion limit
+        b'{"data": [' + b"[" * 100 + b"]" * 100 + b"]}",  # past the cap of 100 levels
+        b'{"x": ' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b', "data": []}',  # a deep skipped member
+        b'{"data": [' + b"9" * 5000 + b"]}",  # past Python's 4300-digit integer conversion limit
     ],
 )
 def test_not_an_object_with_a_data_list_is_malformed(raw):
