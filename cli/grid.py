@@ -51,7 +51,8 @@ def add_grid_args(group) -> None:
         help="only these rows of the table (default: all): coherence-table4/5 rows are cmca, "
         "cmcm-noattn, cmcm, cmcm-c-RELATION (e.g. cmcm-c-Action); paper-table2/3 rows are "
         "OBJECTIVE-K-NEGATIVES (e.g. ap-full-hard, nostruct-full-mean); news-table1 rows are vsepp, "
-        "vse, hal, full (or ROW@SOURCE); news-table2 FUSION-drop, FUSION-complete, attention-scratch; "
+        "vse, order, chain, hal, full (or ROW@SOURCE); news-table2 FUSION-drop, FUSION-complete, "
+        "attention-scratch; "
         "news-table34 target-only, one-for-all, all-for-one",
     )
     group.add_argument(

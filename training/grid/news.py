@@ -3,12 +3,14 @@ as TrainConfig overrides, their trials (one per row, column and seed) and the ta
 the paper's layout.
 
 What the paper's tables compare, and what fills them here (every row is the project's news model,
-``training/news/``; the paper's external baselines ORDER and CHAIN have no counterpart):
+``training/news/``, the paper's external baselines included):
 
 - **Table 1** (single textual source, R@10 both directions, columns caption / body / headline /
-  lead): rows VSE++ (``news_loss=vsepp``), VSE (``vse``), HAL (``hal``), each with words only,
-  and "Ours (full model)" = VSE + subword n-grams (``subword_buckets``). The paper's embedding
-  rows (wiki, cc-wiki, wiki-subword) are pre-trained fastText files: pass them with
+  lead): rows VSE++ (``news_loss=vsepp``), VSE (``vse``), ORDER (``order``: Vendrov et al.'s
+  order embeddings, margin 0.05), CHAIN (``news_encoder=chain``: Wehrmann & Barros'
+  character-level convolutions, VSE's loss), HAL (``hal``), each with words only (CHAIN:
+  characters only), and "Ours (full model)" = VSE + subword n-grams (``subword_buckets``). The
+  paper's embedding rows (wiki, cc-wiki, wiki-subword) are pre-trained fastText files: pass them with
   ``--word-vectors``; offline the rows use the base's vectors, so "w/o subword" vs "full" is the
   embedding contrast measured here.
 - **Table 2** (fusion of the four sources, R@1/5/10 and MedR both directions): Global Max
@@ -77,6 +79,10 @@ LAYOUTS: dict[str, NewsLayout] = {
         rows=(
             ("vsepp", "VSE++", {"news_loss": "vsepp", "subword_buckets": 0}),
             ("vse", "VSE", {"news_loss": "vse", "subword_buckets": 0}),
+            # Vendrov et al.'s order embeddings with their margin 0.05 (line 1.3)
+            ("order", "ORDER", {"news_loss": "order", "margin": 0.05, "subword_buckets": 0}),
+            # Wehrmann & Barros' character-level convolutions, no word embedding (line 1.4)
+            ("chain", "CHAIN", {"news_encoder": "chain", "news_loss": "vse", "subword_buckets": 0}),
             ("hal", "HAL", {"news_loss": "hal", "subword_buckets": 0}),
             ("full", "Ours (full model: VSE + subword)", {"news_loss": "vse", "subword_buckets": 2000}),
         ),
