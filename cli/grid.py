@@ -63,6 +63,13 @@ def add_grid_args(group) -> None:
         "the table's MedR sd is over them; news grids default 1)",
     )
     group.add_argument(
+        "--init-from-grid",
+        metavar="RUN_ID",
+        help="news-table2: divide and conquer from a finished news-table1 grid (its MLflow parent run "
+        "ID): each fuser row loads, per source, the Table 1 'full' trial with the best validation "
+        "metric (same dataset column names and encoder flags); without it the fusers train from scratch",
+    )
+    group.add_argument(
         "--max-concurrent-trials",
         type=int,
         metavar="N",
@@ -139,6 +146,7 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
         max_concurrent=getattr(args, "max_concurrent_trials", None),
         b_values=parse_b_values(getattr(args, "grid_b", None)),
         progress=True,
+        init_from_grid=getattr(args, "init_from_grid", None) or None,
         **grid_selection(args),
     )
     if len(result.failed) == len(result.trials):

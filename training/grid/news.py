@@ -16,8 +16,9 @@ What the paper's tables compare, and what fills them here (every row is the proj
 - **Table 2** (fusion of the four sources, R@1/5/10 and MedR both directions): Global Max
   Pooling, Element-wise Adding, Neural Net Fuser and Attention Fuser, each with and without
   random_drop 0.3, by divide and conquer (the fusers load single-source encoders: the base's
-  ``--init-from caption=DIR,body=DIR,...``, e.g. Table 1's runs, with
-  ``--fuser-warmup-epochs``), plus "Attention Fuser (from scratch)" (joint training, nothing
+  ``--init-from caption=DIR,body=DIR,...`` with ``--fuser-warmup-epochs``, or
+  ``--init-from-grid RUN_ID``: the best "full" trial per source of a finished Table 1 grid,
+  ``training/grid/init_grid.py``), plus "Attention Fuser (from scratch)" (joint training, nothing
   loaded). Without ``--init-from`` every row trains jointly from scratch, which the table's
   notes say.
 - **Tables 3 / 4** (multilingual, R@10 both directions): one block per dataset (a target
@@ -194,8 +195,12 @@ def build_news_table(spec, trials: list[TrialResult], base: TrainConfig | None =
         "candidates averaged over n_pools random pools (docs/evaluation.md, Retrieval)",
         "each cell: mean over the repeats (seeds); MedR ± their sample standard deviation",
     ]
-    if spec.name == "news-table2" and base is not None and not base.init_from:
-        notes.append("no --init-from: every fuser row trained jointly from scratch (no divide and conquer)")
+    loaded = (base is not None and base.init_from) or any(t.overrides.get("init_from") for t in trials)
+    if spec.name == "news-table2" and base is not None and not loaded:
+        notes.append(
+            "no --init-from / --init-from-grid: every fuser row trained jointly from scratch (no divide "
+            "and conquer)"
+        )
     if layout.base_line:
         notes.append(f"(+x): difference to the '{layout.base_line}' row of the block")
     return {
