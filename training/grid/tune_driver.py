@@ -401,12 +401,12 @@ def run_grid(
     if max_concurrent is not None and max_concurrent < 1:
         raise MmlinksError("max concurrent trials must be >= 1")
     tracking_uri = _absolute_tracking_uri(tracking_uri)
-    storage = _storage(storage_path, base_cfg, datasets)
-    inits = _grid_inits(spec, base_cfg, datasets, tracking_uri, storage, init_from_grid)
+    inits = _grid_inits(spec, base_cfg, datasets, tracking_uri, storage_path, init_from_grid)
     datasets = _check_inputs(spec, base_cfg, datasets, inits)
     from ray import tune
 
     specs = _trial_specs(spec, base_cfg, datasets, inits)
+    storage = _storage(storage_path, base_cfg, datasets)
     report_dir = str(Path(report_dir).resolve()) if report_dir is not None else None
     client, parent_id = open_parent_run(tracking_uri, spec.name)
     t0, status = time.perf_counter(), "FAILED"
@@ -461,15 +461,16 @@ def run_grid(
         client.set_terminated(parent_id, status)
 
 
-def _grid_inits(spec: GridSpec, base: TrainConfig, datasets, tracking_uri, storage, run_id) -> dict:
+def _grid_inits(spec: GridSpec, base: TrainConfig, datasets, tracking_uri, storage_path, run_id) -> dict:
     """Per dataset, the divide-and-conquer overrides resolved from Table 1's grid ``run_id``
     (none without it); checkpoints are downloaded next to the Ray results."""
-    if not run_id:
+    if not run_id or not datasets:  # no dataset: _check_inputs says so
         return {}
     if spec.name != "news-table2":
         raise MmlinksError(f"--init-from-grid: only news-table2 loads Table 1's encoders, not {spec.name}")
     if base.init_from:
         raise MmlinksError("give --init-from or --init-from-grid, not both")
+    storage = _storage(storage_path, base, datasets)
     if "://" in storage:
         raise MmlinksError(
             "--init-from-grid downloads checkpoints next to the Ray results: use a local --storage-path"

@@ -126,7 +126,13 @@ def test_wrong_runs_datasets_and_architectures_are_refused(table1):
         table1_encoders(uri, pid, {"de": str(other)}, base, dl)
     with pytest.raises(MmlinksError, match="only news-table2"):
         _grid_inits(GRIDS["news-table1"], base, {"de": data}, uri, str(dl), pid)
+    assert _grid_inits(GRIDS["news-table2"], base, {"de": data}, uri, str(dl), None) == {}
     with pytest.raises(MmlinksError, match="not both"):
         _grid_inits(
-            GRIDS["news-table2"], TrainConfig(objective="news", init_from="/x"), {}, uri, str(dl), pid
+            GRIDS["news-table2"],
+            TrainConfig(objective="news", init_from="/x"),
+            {"de": data},
+            uri,
+            str(dl),
+            pid,
         )
