@@ -112,14 +112,17 @@ def parse_b_values(text: str | None) -> list[int] | None:
 
 
 def grid_selection(args: argparse.Namespace) -> dict:
-    """run_grid's ``rows`` and ``repeats`` from --grid-rows / --grid-repeats (only those given,
-    so a grid's defaults stay its own; a row no point has is refused by ``run_grid``)."""
+    """run_grid's ``rows``, ``repeats`` and ``init_from_grid`` from --grid-rows / --grid-repeats /
+    --init-from-grid (only those given, so a grid's defaults stay its own; a row no point has is
+    refused by ``run_grid``)."""
     out: dict = {}
     names = [x.strip() for x in (getattr(args, "grid_rows", None) or "").split(",") if x.strip()]
     if names:
         out["rows"] = names
     if getattr(args, "grid_repeats", None) is not None:
         out["repeats"] = args.grid_repeats
+    if getattr(args, "init_from_grid", None):
+        out["init_from_grid"] = args.init_from_grid.strip()
     return out
 
 
@@ -146,7 +149,6 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
         max_concurrent=getattr(args, "max_concurrent_trials", None),
         b_values=parse_b_values(getattr(args, "grid_b", None)),
         progress=True,
-        init_from_grid=getattr(args, "init_from_grid", None) or None,
         **grid_selection(args),
     )
     if len(result.failed) == len(result.trials):

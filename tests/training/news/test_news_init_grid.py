@@ -6,6 +6,7 @@ Table 2 trials' overrides; the refusals of a wrong run, dataset or architecture.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from cli.grid import grid_selection
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from tests.conftest import tracking_uri
@@ -98,6 +100,11 @@ def test_table2_trials_load_the_best_full_trial_per_source(table1):
         and specs["attention-scratch-s0"]["fuser_warmup_epochs"] == 0
     )
     assert _check_inputs(GRIDS["news-table2"], base, {"de": table1["data"]}, inits) == {"de": table1["data"]}
+    # the CLI hands --init-from-grid to run_grid only when given
+    assert grid_selection(argparse.Namespace(init_from_grid=f" {table1['parent']} ")) == {
+        "init_from_grid": table1["parent"]
+    }
+    assert grid_selection(argparse.Namespace(init_from_grid=None)) == {}
     again = table1_encoders(
         table1["uri"], table1["parent"], {"de": table1["data"]}, base, table1["tmp"] / "dl"
     )
