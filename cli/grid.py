@@ -51,7 +51,8 @@ def add_grid_args(group) -> None:
         help="only these rows of the table (default: all): coherence-table4/5 rows are cmca, "
         "cmcm-noattn, cmcm, cmcm-c-RELATION (e.g. cmcm-c-Action); paper-table2/3 rows are "
         "OBJECTIVE-K-NEGATIVES (e.g. ap-full-hard, nostruct-full-mean); news-table1 rows are vsepp, "
-        "vse, hal, full (or ROW@SOURCE); news-table2 FUSION-drop, FUSION-complete, attention-scratch; "
+        "vse, order, chain, hal, full (or ROW@SOURCE); news-table2 FUSION-drop, FUSION-complete, "
+        "attention-scratch; "
         "news-table34 target-only, one-for-all, all-for-one",
     )
     group.add_argument(
@@ -60,6 +61,13 @@ def add_grid_args(group) -> None:
         metavar="N",
         help="retrieval and news grids: train every model with N seeds (--seed, --seed + 1, ...; default 3, "
         "the table's MedR sd is over them; news grids default 1)",
+    )
+    group.add_argument(
+        "--init-from-grid",
+        metavar="RUN_ID",
+        help="news-table2: divide and conquer from a finished news-table1 grid (its MLflow parent run "
+        "ID): each fuser row loads, per source, the Table 1 'full' trial with the best validation "
+        "metric (same dataset column names and encoder flags); without it the fusers train from scratch",
     )
     group.add_argument(
         "--max-concurrent-trials",
@@ -104,14 +112,17 @@ def parse_b_values(text: str | None) -> list[int] | None:
 
 
 def grid_selection(args: argparse.Namespace) -> dict:
-    """run_grid's ``rows`` and ``repeats`` from --grid-rows / --grid-repeats (only those given,
-    so a grid's defaults stay its own; a row no point has is refused by ``run_grid``)."""
+    """run_grid's ``rows``, ``repeats`` and ``init_from_grid`` from --grid-rows / --grid-repeats /
+    --init-from-grid (only those given, so a grid's defaults stay its own; a row no point has is
+    refused by ``run_grid``)."""
     out: dict = {}
     names = [x.strip() for x in (getattr(args, "grid_rows", None) or "").split(",") if x.strip()]
     if names:
         out["rows"] = names
     if getattr(args, "grid_repeats", None) is not None:
         out["repeats"] = args.grid_repeats
+    if getattr(args, "init_from_grid", None):
+        out["init_from_grid"] = args.init_from_grid.strip()
     return out
 
 

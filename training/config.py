@@ -93,6 +93,7 @@ MODEL_FIELDS = (
     "news_sources",
     "fusion",
     "news_loss",
+    "news_encoder",
     "subword_buckets",
     "news_heads",
     "multilingual",
@@ -342,8 +343,18 @@ class TrainConfig:
     news_loss: str = option(
         "vse",
         help="news: vse = sum of hinges over all in-batch negatives (the paper's choice for weak labels), "
-        "vsepp = hardest negative, hal = Liu et al. 2020 (Eq. 5)",
+        "vsepp = hardest negative, hal = Liu et al. 2020 (Eq. 5), order = ORDER (Vendrov et al. 2016: "
+        "non-negative order embeddings scored by the negative order violation, vse's hinges; "
+        "paper margin 0.05)",
         choices=lambda: news_names("LOSSES"),
+        group=NEWS,
+    )
+    news_encoder: str = option(
+        "attention",
+        help="news: the per-source text encoder: attention = the paper's self-attention + point-wise CNN "
+        "over word vectors; chain = CHAIN (Wehrmann & Barros 2018): characters -> 1-D convolutions -> "
+        "max pool, no word embedding (Table 1's baseline)",
+        choices=lambda: news_names("ENCODERS"),
         group=NEWS,
     )
     subword_buckets: int = option(

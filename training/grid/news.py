@@ -3,19 +3,22 @@ as TrainConfig overrides, their trials (one per row, column and seed) and the ta
 the paper's layout.
 
 What the paper's tables compare, and what fills them here (every row is the project's news model,
-``training/news/``; the paper's external baselines ORDER and CHAIN have no counterpart):
+``training/news/``, the paper's external baselines included):
 
 - **Table 1** (single textual source, R@10 both directions, columns caption / body / headline /
-  lead): rows VSE++ (``news_loss=vsepp``), VSE (``vse``), HAL (``hal``), each with words only,
-  and "Ours (full model)" = VSE + subword n-grams (``subword_buckets``). The paper's embedding
-  rows (wiki, cc-wiki, wiki-subword) are pre-trained fastText files: pass them with
+  lead): rows VSE++ (``news_loss=vsepp``), VSE (``vse``), ORDER (``order``: Vendrov et al.'s
+  order embeddings, margin 0.05), CHAIN (``news_encoder=chain``: Wehrmann & Barros'
+  character-level convolutions, VSE's loss), HAL (``hal``), each with words only (CHAIN:
+  characters only), and "Ours (full model)" = VSE + subword n-grams (``subword_buckets``). The
+  paper's embedding rows (wiki, cc-wiki, wiki-subword) are pre-trained fastText files: pass them with
   ``--word-vectors``; offline the rows use the base's vectors, so "w/o subword" vs "full" is the
   embedding contrast measured here.
 - **Table 2** (fusion of the four sources, R@1/5/10 and MedR both directions): Global Max
   Pooling, Element-wise Adding, Neural Net Fuser and Attention Fuser, each with and without
   random_drop 0.3, by divide and conquer (the fusers load single-source encoders: the base's
-  ``--init-from caption=DIR,body=DIR,...``, e.g. Table 1's runs, with
-  ``--fuser-warmup-epochs``), plus "Attention Fuser (from scratch)" (joint training, nothing
+  ``--init-from caption=DIR,body=DIR,...`` with ``--fuser-warmup-epochs``, or
+  ``--init-from-grid RUN_ID``: the best "full" trial per source of a finished Table 1 grid,
+  ``training/grid/init_grid.py``), plus "Attention Fuser (from scratch)" (joint training, nothing
   loaded). Without ``--init-from`` every row trains jointly from scratch, which the table's
   notes say.
 - **Tables 3 / 4** (multilingual, R@10 both directions): one block per dataset (a target
@@ -77,6 +80,10 @@ LAYOUTS: dict[str, NewsLayout] = {
         rows=(
             ("vsepp", "VSE++", {"news_loss": "vsepp", "subword_buckets": 0}),
             ("vse", "VSE", {"news_loss": "vse", "subword_buckets": 0}),
+            # Vendrov et al.'s order embeddings with their margin 0.05 (line 1.3)
+            ("order", "ORDER", {"news_loss": "order", "margin": 0.05, "subword_buckets": 0}),
+            # Wehrmann & Barros' character-level convolutions, no word embedding (line 1.4)
+            ("chain", "CHAIN", {"news_encoder": "chain", "news_loss": "vse", "subword_buckets": 0}),
             ("hal", "HAL", {"news_loss": "hal", "subword_buckets": 0}),
             ("full", "Ours (full model: VSE + subword)", {"news_loss": "vse", "subword_buckets": 2000}),
         ),
@@ -188,8 +195,12 @@ def build_news_table(spec, trials: list[TrialResult], base: TrainConfig | None =
         "candidates averaged over n_pools random pools (docs/evaluation.md, Retrieval)",
         "each cell: mean over the repeats (seeds); MedR ± their sample standard deviation",
     ]
-    if spec.name == "news-table2" and base is not None and not base.init_from:
-        notes.append("no --init-from: every fuser row trained jointly from scratch (no divide and conquer)")
+    loaded = (base is not None and base.init_from) or any(t.overrides.get("init_from") for t in trials)
+    if spec.name == "news-table2" and base is not None and not loaded:
+        notes.append(
+            "no --init-from / --init-from-grid: every fuser row trained jointly from scratch (no divide "
+            "and conquer)"
+        )
     if layout.base_line:
         notes.append(f"(+x): difference to the '{layout.base_line}' row of the block")
     return {

@@ -125,7 +125,11 @@ def _keys(spec: GridSpec, point: dict, base: TrainConfig) -> tuple[str, str, str
     return point_key(point, base), link_row(point), row_name(variant(point))
 
 
-def _trial_specs(spec: GridSpec, base: TrainConfig, datasets: dict[str, str]) -> list[dict]:
+def _trial_specs(
+    spec: GridSpec, base: TrainConfig, datasets: dict[str, str], inits: dict[str, dict] | None = None
+) -> list[dict]:
+    """One spec per (dataset, point); ``inits``: per dataset, overrides under the point's own
+    (Table 2's divide and conquer from a Table 1 grid, ``training/grid/init_grid.py``)."""
     specs = []
     for name, data in datasets.items():
         for point in dataset_points(spec, base, data):
@@ -137,13 +141,15 @@ def _trial_specs(spec: GridSpec, base: TrainConfig, datasets: dict[str, str]) ->
                     "key": key,
                     "row": row,
                     "method": method,
-                    "overrides": {**spec.base_overrides, **point},
+                    "overrides": {**spec.base_overrides, **(inits or {}).get(name, {}), **point},
                 }
             )
     return specs
 
 
-def _check_inputs(spec: GridSpec, base: TrainConfig, datasets: dict[str, str]) -> dict[str, str]:
+def _check_inputs(
+    spec: GridSpec, base: TrainConfig, datasets: dict[str, str], inits: dict[str, dict] | None = None
+) -> dict[str, str]:
     """Refuse a bad grid or dataset before any Ray or MLflow state is created."""
     from schemas.manifest import Manifest
 
@@ -165,7 +171,8 @@ def _check_inputs(spec: GridSpec, base: TrainConfig, datasets: dict[str, str]) -
         if spec.family == "news":
             check_base(spec.name, LAYOUTS[spec.name], base, points)
         for point in points:  # before the keys: a bad objective name is a config error
-            TrainConfig.from_dict({**base.to_dict(), **spec.base_overrides, **point}).validate()
+            init = (inits or {}).get(name, {})
+            TrainConfig.from_dict({**base.to_dict(), **spec.base_overrides, **init, **point}).validate()
         keys = [_keys(spec, p, base)[0] for p in points]
         if len(set(keys)) != len(keys):
             raise MmlinksError(
@@ -374,6 +381,7 @@ def run_grid(
     baselines: dict[str, dict[str, dict]] | None = None,
     rows: Sequence[str] | None = None,
     repeats: int | None = None,
+    init_from_grid: str | None = None,
 ) -> GridResult:
     """Run a paper grid: one Tune trial per (dataset, grid point), each an MLflow run nested
     under one parent run that ends up holding the table (markdown and JSON).
@@ -385,22 +393,28 @@ def run_grid(
     ``rows`` keeps only the points of those rows (retrieval: cmca, cmcm, cmcm-noattn,
     cmcm-c-RELATION; linking: OBJECTIVE-K-NEGATIVES); ``repeats`` sets how many seeds a
     retrieval grid trains each model with (default: the spec's, 3 for Alikhani et al.'s tables).
+    ``init_from_grid``: news-table2 only, the MLflow parent run of a finished news-table1 grid
+    whose best "full" trial per source the fuser rows load (``training/grid/init_grid.py``).
     Trials are not registered in the model registry: a grid compares, it does not ship.
     """
     spec = _select(name, base_cfg, b_values, rows, repeats)
     if max_concurrent is not None and max_concurrent < 1:
         raise MmlinksError("max concurrent trials must be >= 1")
-    datasets = _check_inputs(spec, base_cfg, datasets)
+    tracking_uri = _absolute_tracking_uri(tracking_uri)
+    inits = _grid_inits(spec, base_cfg, datasets, tracking_uri, storage_path, init_from_grid)
+    datasets = _check_inputs(spec, base_cfg, datasets, inits)
     from ray import tune
 
-    tracking_uri = _absolute_tracking_uri(tracking_uri)
-    specs = _trial_specs(spec, base_cfg, datasets)
+    specs = _trial_specs(spec, base_cfg, datasets, inits)
     storage = _storage(storage_path, base_cfg, datasets)
     report_dir = str(Path(report_dir).resolve()) if report_dir is not None else None
     client, parent_id = open_parent_run(tracking_uri, spec.name)
     t0, status = time.perf_counter(), "FAILED"
     try:
         log_grid_params(client, parent_id, spec, base_cfg, datasets, specs)
+        if init_from_grid:  # the lineage: which Table 1 grid, which checkpoint per source
+            client.log_param(parent_id, "init_from_grid", init_from_grid)
+            client.log_dict(parent_id, inits, "grid/init_from_grid.json")
         trainable = tune.with_parameters(
             _grid_trial,
             base={**base_cfg.to_dict(), "run_name": ""},
@@ -445,6 +459,25 @@ def run_grid(
         raise
     finally:
         client.set_terminated(parent_id, status)
+
+
+def _grid_inits(spec: GridSpec, base: TrainConfig, datasets, tracking_uri, storage_path, run_id) -> dict:
+    """Per dataset, the divide-and-conquer overrides resolved from Table 1's grid ``run_id``
+    (none without it); checkpoints are downloaded next to the Ray results."""
+    if not run_id or not datasets:  # no dataset: _check_inputs says so
+        return {}
+    if spec.name != "news-table2":
+        raise MmlinksError(f"--init-from-grid: only news-table2 loads Table 1's encoders, not {spec.name}")
+    if base.init_from:
+        raise MmlinksError("give --init-from or --init-from-grid, not both")
+    storage = _storage(storage_path, base, datasets)
+    if "://" in storage:
+        raise MmlinksError(
+            "--init-from-grid downloads checkpoints next to the Ray results: use a local --storage-path"
+        )
+    from training.grid.init_grid import table1_encoders
+
+    return table1_encoders(tracking_uri, run_id, datasets, base, Path(storage) / "init-from-grid")
 
 
 def _trial_name(trial) -> str:

@@ -1,6 +1,13 @@
 """News image selection (Liu et al., "Upgrading the Newsroom", issue #18): the multi-source text
-encoder and fusers (``model.py``), the VSE / VSE++ / HAL losses (``losses.py``) and the ``news``
-objective (``objective.py``). The names below are read by ``training.config`` without torch."""
+encoder and fusers (``model.py``, the character-level CHAIN encoder ``chain.py``), the VSE /
+VSE++ / HAL / ORDER losses (``losses.py``) and the ``news`` objective (``objective.py``). The
+names below are the registry of the news model's choices, read by ``training.config`` (the
+flags' allowed values) without torch and dispatched by ``model.py`` / ``losses.py``."""
 
 FUSERS = ("max", "add", "mlp", "attention")
-LOSSES = ("vse", "vsepp", "hal")
+LOSSES = ("vse", "vsepp", "hal", "order")
+# per-source text encoders: the paper's self-attention + point-wise CNN over word vectors, or
+# CHAIN (Wehrmann & Barros 2018: characters -> 1-D convolutions, no word embedding)
+ENCODERS = ("attention", "chain")
+# how a text and an image score: the cosine, or ORDER's negative order violation (Vendrov et al.)
+SCORES = ("cosine", "order")

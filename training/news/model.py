@@ -17,7 +17,13 @@ Pure torch.
   ``attention`` (the paper's Feature Fuser: single-head self-attention over the S source
   vectors -> concatenation -> Linear(Sd, Sd) -> ReLU -> Linear(Sd, d)). A missing or dropped
   source is a zero vector and is masked out of max, add and the attention's keys.
-- Both sides end L2-normalised, so text x image scores are cosines.
+- ``encoder = "chain"`` replaces the word embedding and the attention encoders by CHAIN's
+  character-level convolutions (``chain.py``; Table 1's baseline line 1.4).
+- Both sides end L2-normalised, so text x image scores are cosines; ``score = "order"`` (ORDER,
+  Vendrov et al., Table 1's line 1.3) takes their absolute values (the order embeddings live in
+  the non-negative orthant) and scores by the negative order violation (``losses.order_scores``).
+  ``NewsRetrieval.score`` is the one place a text x image score is computed (loss, validation,
+  test, serving).
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from schemas.news import sources_of
-from training.news import FUSERS
+from training.news import ENCODERS, FUSERS, SCORES
+from training.news.chain import CharConvEncoder
+from training.news.losses import order_scores
 from training.retrieval.model import BottleneckImageEncoder, RetrievalConfig
 
 NGRAM_MIN, NGRAM_MAX = 3, 6
@@ -74,15 +82,21 @@ class NewsConfig:
     words: list[str] = field(default_factory=list)  # the vocabulary (for the n-gram table)
     image_dropout: float = 0.0
     backbone: str = "news"  # the backbone registry name (training/backbone.py)
+    encoder: str = "attention"  # ENCODERS: attention (the paper's) or chain (characters)
+    score: str = "cosine"  # SCORES: cosine, or order (ORDER's non-negative order embeddings)
 
     def __post_init__(self) -> None:
         self.sources = tuple(self.sources)
         if self.fusion not in FUSERS:
             raise ValueError(f"unknown fusion {self.fusion!r}; known: {', '.join(FUSERS)}")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"unknown text encoder {self.encoder!r}; known: {', '.join(ENCODERS)}")
+        if self.score not in SCORES:
+            raise ValueError(f"unknown score {self.score!r}; known: {', '.join(SCORES)}")
         if self.word_dim % self.heads:
             raise ValueError(f"word_dim {self.word_dim} is not divisible by heads {self.heads}")
-        if self.subword_buckets and len(self.words) != self.vocab_size:
-            raise ValueError("subword n-grams need the vocabulary's words in the model config")
+        if (self.subword_buckets or self.encoder == "chain") and len(self.words) != self.vocab_size:
+            raise ValueError("subword n-grams and CHAIN need the vocabulary's words in the model config")
 
     @property
     def relations(self) -> tuple[str, ...]:
@@ -163,9 +177,18 @@ class Fuser(nn.Module):
         return self.net(x.flatten(1))
 
 
+class OrderImageEncoder(BottleneckImageEncoder):
+    """The bottleneck image tower with non-negative outputs (ORDER): features [N, D] -> [N, d]
+    unit vectors, absolute values. The same parameters (and state-dict names) as the cosine one,
+    so every caller of ``net.image`` (archive index, evaluation) gets the order embedding."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).abs()
+
+
 class NewsRetrieval(nn.Module):
     """Articles (a ``DocBatch`` of news samples: each row's sentences are its present sources,
-    named by ``slots``) x images -> unit vectors in one space."""
+    named by ``slots``) x images -> unit vectors in one space (non-negative for ORDER)."""
 
     cam = None  # no Coherence Aware Module: the retrieval family's test evaluation checks this
 
@@ -177,13 +200,19 @@ class NewsRetrieval(nn.Module):
     ):
         super().__init__()
         self.cfg = cfg
-        self.embed = WordEmbedding(cfg, embeddings)
-        self.encoders = nn.ModuleDict({s: SourceEncoder(cfg) for s in cfg.sources})
+        chain = cfg.encoder == "chain"  # no word embedding at all (DDP: no unused parameters)
+        self.embed = None if chain else WordEmbedding(cfg, embeddings)
+        self.encoders = nn.ModuleDict(
+            {
+                s: CharConvEncoder(cfg.d, cfg.d_hidden, cfg.words) if chain else SourceEncoder(cfg)
+                for s in cfg.sources
+            }
+        )
         self.fuser = Fuser(cfg.fusion, len(cfg.sources), cfg.d)
         image_cfg = RetrievalConfig(
             vocab_size=0, image_dim=cfg.image_dim, d_shared=cfg.d, image_dropout=cfg.image_dropout
         )
-        self.image = BottleneckImageEncoder(image_cfg)
+        self.image = (OrderImageEncoder if cfg.score == "order" else BottleneckImageEncoder)(image_cfg)
         if feature_stats is not None:
             self.image.set_feature_stats(*feature_stats)
 
@@ -211,12 +240,21 @@ class NewsRetrieval(nn.Module):
         for j, name in enumerate(self.cfg.sources):
             sel = (slots == j) & use[rows, slots]
             if sel.any():
-                x[rows[sel], j] = self.encoders[name](self.embed(tokens[sel]), mask[sel])
+                enc = self.encoders[name]
+                x[rows[sel], j] = (
+                    enc(tokens[sel]) if self.embed is None else enc(self.embed(tokens[sel]), mask[sel])
+                )
         if fuser_only:  # divide and conquer's warm-up: the loaded encoders get zero gradients
             x = zero_grad(x)
         some = use.any(1)
         fused = self.fuser(x, use | ~some[:, None])  # rows without a source: masked out below
-        return F.normalize(fused, dim=-1) * some[:, None]
+        fused = F.normalize(fused, dim=-1)
+        return (fused.abs() if self.cfg.score == "order" else fused) * some[:, None]
+
+    def score(self, text: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """text [Q, d] x image [N, d] -> [Q, N]: the cosine, or for ORDER the negative order
+        violation (``losses.order_scores``); higher is a better match either way."""
+        return order_scores(text, image) if self.cfg.score == "order" else text @ image.T
 
     def forward(
         self, batch, keep: torch.Tensor | None = None, fuser_only: bool = False

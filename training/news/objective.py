@@ -5,7 +5,9 @@ Ray Train loop and the experiment.
 - Data: news samples (``schemas/news.py``: one image, its present sources as sentences), built
   by ``--source news-jsonl``. ``--news-sources`` picks the sources the model reads (one: a
   single-source model; several: fused by ``--fusion``).
-- Training: ``--news-loss`` (vse, vsepp, hal) on the in-batch cosine matrix; ``--random-drop p``
+- Training: ``--news-loss`` (vse, vsepp, hal; order = ORDER on order embeddings) on the in-batch
+  score matrix (``NewsRetrieval.score``: cosines, or ORDER's negative order violations);
+  ``--news-encoder chain`` reads characters instead of word vectors (CHAIN); ``--random-drop p``
   (paper: 0.3): per sample one random present source is always kept and every other one is
   dropped with probability p; validation and test use the complete inputs. Samples with no
   source left (say a caption-only model on an article without caption) leave the loss.
@@ -42,7 +44,7 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
     """The backbone registry's config builder for the ``news`` backbone. The vocabulary's words
     (for the subword n-gram table) are rebuilt exactly as the driver builds them."""
     words: list[str] = []
-    if cfg.subword_buckets:
+    if cfg.subword_buckets or cfg.news_encoder == "chain":
         from schemas.shards import read_table
         from training.text import Vocabulary
 
@@ -67,6 +69,8 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
         subword_buckets=cfg.subword_buckets,
         words=words,
         image_dropout=cfg.image_dropout,
+        encoder=cfg.news_encoder,
+        score="order" if cfg.news_loss == "order" else "cosine",
     ).to_dict()
     if cfg.multilingual != "none" or cfg.init_from:
         out["recipe"] = {"multilingual": cfg.multilingual, "init_from": absolute_init(cfg.init_from)}
@@ -141,7 +145,7 @@ def model_loss(
     if int(some.sum()) < 2:
         zero = (s.sum() + v.sum()) * 0.0  # keeps every parameter in the graph (DDP)
         return zero, {"ret": 0.0}
-    sim = s[some] @ v[some].T
+    sim = net.score(s[some], v[some])
     loss = news_loss(cfg.news_loss, sim, cfg.margin)
     return loss, {"ret": float(loss.detach())}
 
@@ -164,7 +168,9 @@ def val_metrics(model, batches, cfg: TrainConfig) -> dict[str, float]:
     s, v = encode_samples(net, batches)
     if len(s) < 2:
         return {"val_medr": float("nan"), "val_r10": float("nan")}
-    out = retrieval_metrics((s @ v.T).numpy(), pool_size=cfg.pool_size, n_pools=cfg.n_pools, seed=cfg.seed)
+    out = retrieval_metrics(
+        net.score(s, v).numpy(), pool_size=cfg.pool_size, n_pools=cfg.n_pools, seed=cfg.seed
+    )
     return {"val_medr": out["t2i"]["medr"], "val_r10": out["t2i"]["r10"]}
 
 
@@ -174,7 +180,9 @@ def evaluate_samples(net: NewsRetrieval, batches, cfg: TrainConfig, subset: np.n
     s, v = encode_samples(net, batches)
     if subset is not None:
         s, v = s[torch.as_tensor(subset)], v[torch.as_tensor(subset)]
-    out = retrieval_metrics((s @ v.T).numpy(), pool_size=cfg.pool_size, n_pools=cfg.n_pools, seed=cfg.seed)
+    out = retrieval_metrics(
+        net.score(s, v).numpy(), pool_size=cfg.pool_size, n_pools=cfg.n_pools, seed=cfg.seed
+    )
     out["pairs"] = len(s)
     return out
 

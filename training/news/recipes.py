@@ -37,7 +37,8 @@ WORD_KEYS = ("embed.words.weight",)  # rows follow the vocabulary: never copied 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-ARCH_KEYS = ("word_dim", "d", "d_hidden", "heads", "image_dim", "subword_buckets")
+ARCH_KEYS = ("word_dim", "d", "d_hidden", "heads", "image_dim", "subword_buckets", "encoder", "score")
+ARCH_DEFAULTS = {"encoder": "attention", "score": "cosine"}  # checkpoints from before these keys
 
 
 def parse_init(text: str) -> dict[str, str]:
@@ -77,7 +78,7 @@ def read_checkpoint(folder: str | Path) -> tuple[dict, dict]:
 
 
 def _check_arch(mine: dict, theirs: dict, where: str) -> None:
-    bad = [k for k in ARCH_KEYS if mine.get(k) != theirs.get(k)]
+    bad = [k for k in ARCH_KEYS if mine.get(k, ARCH_DEFAULTS.get(k)) != theirs.get(k, ARCH_DEFAULTS.get(k))]
     if bad:
         diff = ", ".join(f"{k} {theirs.get(k)} there, {mine.get(k)} here" for k in bad)
         raise MmlinksError(f"--init-from {where}: a different architecture ({diff})")
@@ -138,6 +139,10 @@ def check(cfg) -> list[str]:
     sources = parse_sources(cfg.news_sources)
     if cfg.multilingual == "all-for-one" and "" not in plan:
         bad.append("init_from (all-for-one starts from a language-A checkpoint: --init-from DIR)")
+    if cfg.news_encoder == "chain" and cfg.multilingual != "none":
+        bad.append("news_encoder (chain has no word vectors for a multilingual recipe to align or swap)")
+    if cfg.news_encoder == "chain" and cfg.subword_buckets:
+        bad.append("subword_buckets (chain reads characters: no word vectors to add n-grams to)")
     if cfg.multilingual == "one-for-all":
         if cfg.word_vectors in ("random", "glove"):
             bad.append("word_vectors (one-for-all freezes aligned vectors: text:A.vec,text:B.vec)")

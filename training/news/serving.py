@@ -4,7 +4,8 @@ archive's images for an article.
 - Input: one row per article with ``language`` (required) and any of ``headline``, ``lead``,
   ``body``, ``caption`` (strings; a missing or empty one is fine, random_drop trained the model
   for that). At least one source the model reads must have words.
-- Output per article: ``image_ids`` (archive content ids, best first), ``scores`` (cosines) and
+- Output per article: ``image_ids`` (archive content ids, best first), ``scores`` (cosines; an
+  ORDER model's negative order violations, ``archive_search``) and
   ``uris`` (where the build read each image).
 - Params: ``top_k`` (default 10, at most ``MAX_TOP_K``).
 - Errors are MLflow ``INVALID_PARAMETER_VALUE`` exceptions, which ``mlflow models serve``
@@ -127,7 +128,7 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             raise _bad_request(f"top_k must be between 1 and {MAX_TOP_K}")
         articles = self._articles(model_input)
         q = encode_articles(self.model, self.vocab, self.max_tokens, articles).numpy()
-        scores, ids = self.archive.search(q, top_k)
+        scores, ids = archive_search(self.model, self.archive, q, top_k)
         uri_of = dict(zip(self.archive.ids, self.archive.uris, strict=True))
         rows = [
             {
@@ -138,6 +139,22 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             for s, row_ids in zip(scores, ids, strict=True)
         ]
         return pd.DataFrame(rows, columns=["image_ids", "scores", "uris"])
+
+
+@torch.no_grad()
+def archive_search(net: NewsRetrieval, archive: ArchiveIndex, q: np.ndarray, top_k: int):
+    """queries [Q, d] -> (scores [Q, k], ids per query), best first: the FAISS inner-product
+    search for cosine models; for an ORDER model (its score is no inner product) an exact scan
+    of the archive's vectors by ``net.score``, ties to the lower row (ORDER is a Table 1
+    baseline: a brute-force scan is its honest serving path, not a fast one)."""
+    if net.cfg.score != "order":
+        return archive.search(q, top_k)
+    index = archive.index
+    k = min(int(top_k), int(index.ntotal))
+    v = torch.from_numpy(index.reconstruct_n(0, index.ntotal)) if k else torch.zeros(0, net.cfg.d)
+    sim = net.score(torch.as_tensor(q, dtype=torch.float32), v)
+    order = torch.sort(-sim, dim=1, stable=True).indices[:, :k]
+    return sim.gather(1, order).numpy(), [[archive.ids[r] for r in row] for row in order.tolist()]
 
 
 def load_archive(packaged: str, d: int, run_id: str | None) -> ArchiveIndex:
@@ -269,12 +286,13 @@ def news_split_metrics(
 
     def score_pool(idx: np.ndarray) -> np.ndarray:
         t = torch.as_tensor(idx)
-        return (s[t] @ v[t].T).numpy()
+        return net.score(s[t], v[t]).numpy()
 
     m = retrieval_metrics(
         n=len(articles), score_pool=score_pool, pool_size=pool_size, n_pools=n_pools, seed=seed
     )
-    ranks = torch.cat([_chunk_ranks(s[i : i + 1024] @ v.T, i) for i in range(0, len(s), 1024)])
+    with torch.no_grad():
+        ranks = torch.cat([_chunk_ranks(net.score(s[i : i + 1024], v), i) for i in range(0, len(s), 1024)])
     return {
         **m,
         "pairs": len(articles),

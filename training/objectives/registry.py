@@ -346,7 +346,8 @@ def _news_label(cfg: TrainConfig) -> str:
     recipe = {"one-for-all": "-ofa", "all-for-one": "-afo"}.get(cfg.multilingual, "")
     if cfg.init_from and "=" in cfg.init_from:
         recipe += "-dc"
-    return f"news-{sources}{fusion}{drop}-{cfg.news_loss}{recipe}"
+    encoder = "" if cfg.news_encoder == "attention" else f"-{cfg.news_encoder}"
+    return f"news-{sources}{fusion}{drop}-{cfg.news_loss}{encoder}{recipe}"
 
 
 def _news_check(cfg: TrainConfig) -> list[str]:
@@ -385,6 +386,7 @@ register_objective(
             "fusion",
             "random_drop",
             "news_loss",
+            "news_encoder",
             "subword_buckets",
             "news_heads",
             "d_shared",

@@ -165,6 +165,11 @@ class CoherenceRetrieval(nn.Module):
         s, v, _ = self(batch)
         return s, v
 
+    def score(self, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """texts [Q, d] x images [N, d] -> [Q, N] cosines (the unrefined ranking score; the news
+        model's ``score`` is ORDER's order violation where it trains one)."""
+        return s @ v.T
+
     @torch.no_grad()
     def relation_probs(self, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
         """The CAM's probabilities for every pair: s [Q, d], v [N, d] -> [Q, N, C] (None: CMCA)."""

@@ -153,7 +153,9 @@ def val_metrics(model, batches, cfg: TrainConfig) -> dict[str, float]:
     s, v, _ = encode_pairs(net, batches)
     if len(s) < 2:
         return {"val_medr": float("nan"), "val_r10": float("nan")}
-    out = retrieval_metrics((s @ v.T).numpy(), pool_size=cfg.pool_size, n_pools=cfg.n_pools, seed=cfg.seed)
+    out = retrieval_metrics(
+        net.score(s, v).numpy(), pool_size=cfg.pool_size, n_pools=cfg.n_pools, seed=cfg.seed
+    )
     return {"val_medr": out["t2i"]["medr"], "val_r10": out["t2i"]["r10"]}
 
 
@@ -179,7 +181,7 @@ def tune_refinement(net: CoherenceRetrieval, batches, cfg: TrainConfig) -> dict 
         return None
     net.eval()
     s, v, _ = encode_pairs(net, batches)
-    theta = s @ v.T
+    theta = net.score(s, v)
     common = {"pool_size": cfg.pool_size, "n_pools": cfg.n_pools, "seed": cfg.seed}
     grid = []
     for lam in REFINE_LAMBDAS:
@@ -206,7 +208,7 @@ def evaluate_pairs(
     dataset's whole vocabulary), relation AP of the CAM on the true pairs."""
     net.eval()
     s, v, y = encode_pairs(net, batches)
-    theta = s @ v.T
+    theta = net.score(s, v)  # the cosine; ORDER's negative order violation for a news ORDER model
     full = np.asarray(
         [pair_relations((b or {}).get("relations"), vocabulary) for bt in batches for b in bt.metadata]
     ).reshape(len(s), len(vocabulary))

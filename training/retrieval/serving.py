@@ -73,8 +73,9 @@ GATE_POOL_SIZE, GATE_POOLS = 500, 10
 @torch.no_grad()
 def ranking_scores(net, s: torch.Tensor, v: torch.Tensor, lam: float, threshold: float) -> torch.Tensor:
     """texts [Q, d] x images [N, d] -> [Q, N]: the cosine, with the selective refinement of
-    lambda ``lam`` and gap ``threshold`` for a model with a CAM (``lam`` 0: the plain cosine)."""
-    theta = s @ v.T
+    lambda ``lam`` and gap ``threshold`` for a model with a CAM (``lam`` 0: the plain cosine; a
+    news ORDER model: its negative order violation, ``net.score``)."""
+    theta = net.score(s, v)
     if lam == 0 or net.cam is None or theta.shape[1] < 2:
         return theta
     return selective_refinement(theta, net.relation_probs(s, v), lam, threshold)[0]

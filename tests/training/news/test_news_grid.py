@@ -27,7 +27,7 @@ def test_every_table_expands_to_valid_news_configs(news_data):
     # all-for-one starts from one model (not per-source encoders), one-for-all needs aligned vectors
     aligned = {"init_from": "/ckpt", "word_vectors": "text:de.vec,text:fr.vec"}
     multi = TrainConfig.from_dict({**base.to_dict(), **aligned})
-    sizes = {"news-table1": 4 * 4, "news-table2": 9, "news-table34": 3}
+    sizes = {"news-table1": 6 * 4, "news-table2": 9, "news-table34": 3}
     for name, n in sizes.items():
         spec, b = GRIDS[name], multi if name == "news-table34" else base
         assert spec.family == "news" and spec.repeats == 1
@@ -41,6 +41,11 @@ def test_every_table_expands_to_valid_news_configs(news_data):
     assert [s["key"] for s in t1[:4]] == [f"vsepp@{src}-s3" for src in SOURCES]
     hal = next(s for s in t1 if s["key"] == "hal@lead-s3")["overrides"]
     assert (hal["news_loss"], hal["news_sources"], hal["subword_buckets"]) == ("hal", "lead", 0)
+    rows = list(dict.fromkeys(s["key"].split("@")[0] for s in t1))
+    assert rows == ["vsepp", "vse", "order", "chain", "hal", "full"]  # the paper's lines 1.1-1.5, 1.11
+    order = next(s for s in t1 if s["key"] == "order@body-s3")["overrides"]
+    chain = next(s for s in t1 if s["key"] == "chain@caption-s3")["overrides"]
+    assert (order["news_loss"], order["margin"], chain["news_encoder"]) == ("order", 0.05, "chain")
     t2 = {s["key"]: s for s in _trial_specs(GRIDS["news-table2"], base, {"de": news_data})}
     assert [s["method"] for s in t2.values()][6] == "Attention Fuser (from scratch)"
     # divide and conquer inherits the base's --init-from; from scratch loads nothing

@@ -1,0 +1,160 @@
+"""Table 2's divide and conquer from a finished Table 1 grid: ``--init-from-grid RUN_ID``.
+
+Liu et al. train the fusers of Table 2 from the single-source models of Table 1 ("Ours (full
+model)", one per source). ``RUN_ID`` is the MLflow parent run of a ``news-table1`` grid; for
+every dataset of the Table 2 grid (matched by its column name) and every source it picks that
+grid's finished ``full@SOURCE`` trial with the best validation value of the metric the trial
+chose its checkpoint by (``select_by``, e.g. the lowest val_medr; never a test metric, which
+Table 2 would then be tuned on), downloads the checkpoint of the news model the trial logged
+(``artifacts/checkpoint`` of its logged model) and turns the four into the trials'
+``init_from = caption=DIR,body=DIR,headline=DIR,lead=DIR`` (caption first: the word embeddings
+and the image tower come from the caption model, as in the paper), plus the architecture the
+encoders were trained with (``subword_buckets``) and the paper's one fuser warm-up epoch.
+
+Why a reference to a finished grid, not a first Tune stage that pre-trains the four encoders:
+Tune has no dependencies between trials (a two-stage search would be a second ``Tuner.fit``
+hidden inside this one, with its own failures and resources), and the encoders Table 2 fuses
+should be the very models Table 1 reports, not a re-training of them with another seed. An
+MLflow run ID is the lineage a Tune/MLflow user already works with: the Table 2 parent run
+records it (``init_from_grid``) and the resolved checkpoint of every source, each trial's
+``init_from`` parameter names the folder it loaded, and the checkpoints are downloaded through
+MLflow, so a Table 1 run logged to a remote tracking server works too. Without the flag the
+fuser rows train jointly from scratch, which the table's notes say.
+
+Mismatches are refused before any trial starts: a Table 1 trained on another dataset version
+(divide and conquer copies the word embedding rows, so the vocabulary must be the same) or with
+another encoder architecture (``ARCH_FIELDS``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from schemas.errors import MmlinksError
+from training.config import SELECTION_ORDER, TrainConfig
+
+TABLE1, FULL_ROW = "news-table1", "full"
+# caption first: divide and conquer takes the shared parts from the first listed source
+INIT_ORDER = ("caption", "body", "headline", "lead")
+ARCH_FIELDS = ("d_shared", "news_heads", "news_encoder", "word_vectors", "min_word_count", "max_tokens")
+CHECKPOINT_PATH = "artifacts/checkpoint"  # inside a logged news model (training/news/serving.py)
+
+
+def _parent(client, run_id: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        raise MmlinksError(f"--init-from-grid {run_id}: no such MLflow run ({exc.message})") from exc
+    tags = run.data.tags
+    if tags.get("mmlinks.grid") != TABLE1 or tags.get("mmlinks.grid.role") != "parent":
+        raise MmlinksError(
+            f"--init-from-grid {run_id}: not the parent run of a {TABLE1} grid "
+            f"(grid {tags.get('mmlinks.grid') or 'none'}, role {tags.get('mmlinks.grid.role') or 'none'})"
+        )
+    return run
+
+
+def _validation_value(client, run) -> float | None:
+    """The best value of the metric the trial chose its checkpoint by (None: never logged)."""
+    metric = run.data.params.get("select_by", "val_medr")
+    values = [m.value for m in client.get_metric_history(run.info.run_id, metric)]
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
+        return None
+    best = min(values) if SELECTION_ORDER.get(metric, "min") == "min" else -max(values)
+    return best  # lower is better either way
+
+
+def best_trials(client, parent_run_id: str) -> dict[tuple[str, str], object]:
+    """{(dataset column, source): the finished full@SOURCE trial run of the Table 1 grid with the
+    best validation value} (ties: the lower seed)."""
+    parent = _parent(client, parent_run_id)
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.status = 'FINISHED'",
+        max_results=10_000,
+    )
+    ranked: dict[tuple[str, str], list] = {}
+    for run in runs:
+        point = run.data.tags.get("mmlinks.grid.point", "")  # e.g. full@caption-s0
+        row, _, rest = point.partition("@")
+        source, _, seed = rest.rpartition("-s")
+        value = _validation_value(client, run) if row == FULL_ROW else None
+        if value is not None:
+            key = (run.data.tags.get("mmlinks.grid.dataset", ""), source)
+            ranked.setdefault(key, []).append((value, int(seed) if seed.isdigit() else 0, run))
+    return {k: min(v, key=lambda x: x[:2])[2] for k, v in ranked.items()}
+
+
+def _check_trial(run, base: TrainConfig, dataset_version: str, where: str) -> None:
+    params = run.data.params
+    if params.get("dataset_version") != dataset_version:
+        raise MmlinksError(
+            f"--init-from-grid: {where} was trained on dataset version {params.get('dataset_version')}, "
+            f"this grid's dataset is {dataset_version} (divide and conquer needs the same vocabulary)"
+        )
+    bad = [f for f in ARCH_FIELDS if f in params and params[f] != str(getattr(base, f))]
+    if bad:
+        diff = ", ".join(f"{f} {params[f]} there, {getattr(base, f)} here" for f in bad)
+        raise MmlinksError(
+            f"--init-from-grid: {where} has another architecture ({diff}); pass the same flags"
+        )
+
+
+def _checkpoint(client, run, dest: Path) -> Path:
+    """The checkpoint folder of the news model ``run`` logged, downloaded to ``dest`` (reused
+    when a previous grid already downloaded it)."""
+    import mlflow
+
+    folder = dest / "checkpoint"
+    if (folder / "meta.json").is_file():
+        return folder
+    models = client.search_logged_models(
+        [run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
+    )
+    model = next((m for m in models if m.name == "model"), None)
+    if model is None:
+        raise MmlinksError(f"--init-from-grid: trial run {run.info.run_id} logged no news model")
+    dest.mkdir(parents=True, exist_ok=True)
+    uri = f"{model.artifact_location.rstrip('/')}/{CHECKPOINT_PATH}"
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest)))
+
+
+def table1_encoders(
+    tracking_uri: str, parent_run_id: str, datasets: dict[str, str], base: TrainConfig, dest: Path
+) -> dict[str, dict]:
+    """{dataset column: the TrainConfig overrides of its divide-and-conquer trials} from the
+    Table 1 grid ``parent_run_id``: ``init_from`` (the four checkpoints, caption first),
+    ``subword_buckets`` (the encoders' n-gram table) and ``fuser_warmup_epochs`` (at least the
+    paper's 1). Checkpoints are downloaded under ``dest``."""
+    from mlflow.tracking import MlflowClient
+
+    from schemas.manifest import Manifest
+
+    client = MlflowClient(tracking_uri)
+    best = best_trials(client, parent_run_id)
+    out = {}
+    for name, data in datasets.items():
+        version = Manifest.read(data).dataset_version
+        parts, buckets = [], set()
+        for source in INIT_ORDER:
+            run = best.get((name, source))
+            if run is None:
+                raise MmlinksError(
+                    f"--init-from-grid {parent_run_id}: no finished '{FULL_ROW}@{source}' trial on dataset "
+                    f"{name!r} (run --grid {TABLE1} --grid-rows {FULL_ROW} with --grid-data {name}=DIR)"
+                )
+            where = f"trial {run.data.tags.get('mmlinks.grid.point')} ({run.info.run_id})"
+            _check_trial(run, base, version, where)
+            buckets.add(int(run.data.params.get("subword_buckets", "0")))
+            folder = _checkpoint(client, run, dest / parent_run_id / name / source)
+            parts.append(f"{source}={folder.resolve()}")
+        out[name] = {
+            "init_from": ",".join(parts),
+            "subword_buckets": buckets.pop() if len(buckets) == 1 else base.subword_buckets,
+            "fuser_warmup_epochs": max(1, base.fuser_warmup_epochs),
+        }
+    return out
