@@ -28,12 +28,15 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from pipelines.splits import parse_split_sizes, sized_assignment, split_rank_key, unit_hash
 from pipelines.synthetic_corpus import COLOURS, PATTERNS, POSITIONS, SHAPES, SIZES, ObjectSpec, render
 from schemas.config_fields import option, validate
+from schemas.errors import MmlinksError
 
 RELATIONS = ("Visible", "Action", "Story")
 FORMAT = "mmlinks-synthetic-coherence/1"
@@ -91,8 +94,60 @@ class CoherenceSynthConfig:
         rule=">= 1",
     )
 
+    objects: int = option(
+        0,
+        help=f"use only this many colour x shape objects, drawn by the seed (0: all "
+        f"{len(COLOURS) * len(SHAPES)}); fewer objects put more images of the query's object in a pool",
+        check=lambda v: 0 <= v <= len(COLOURS) * len(SHAPES),
+        rule=f"0 to {len(COLOURS) * len(SHAPES)}",
+    )
+    split_sizes: dict[str, int] | None = option(
+        None,
+        help="the generator assigns the splits, written in each pair (`data build` keeps them): "
+        "val=N,test=N (rest: train), the same pairs `data build --split-sizes` would pick",
+        parse=parse_split_sizes,
+        check=lambda v: v is None or (set(v) <= {"train", "val", "test"} and min(v.values(), default=0) >= 0),
+        rule="counts of train, val or test",
+        metavar="SPLIT=N,...",
+    )
+    train_states: str = option(
+        "both",
+        help="one: in training every object appears in one state only (Visible or Action, fixed per "
+        "object), while val/test show both: the confound only the relation label resolves (needs "
+        "--split-sizes)",
+        choices=("both", "one"),
+    )
+
     def __post_init__(self) -> None:
         validate(self, "synthetic coherence corpus options")
+        if self.train_states == "one" and self.split_sizes is None:
+            raise MmlinksError(
+                "--train-states one needs --split-sizes (the generator must know the training pairs)"
+            )
+
+    def assigned_splits(self) -> dict[str, str] | None:
+        """doc_id -> split when the generator assigns splits (``split_sizes``), else None."""
+        if self.split_sizes is None:
+            return None
+        ids = sorted((doc_id(self, i) for i in range(self.pairs)), key=split_rank_key)
+        return sized_assignment(ids, self.split_sizes)
+
+
+def doc_id(cfg: CoherenceSynthConfig, index: int) -> str:
+    return f"coh-{cfg.seed}-{index:06d}"
+
+
+@lru_cache(maxsize=16)
+def object_pool(seed: int, objects: int, action_rate: float) -> tuple[tuple[tuple[str, str], ...], frozenset]:
+    """(the ``objects`` (colour, shape) pairs in use, those shown in progress in training).
+
+    Both drawn by hashes of the seed: the pool is the first ``objects`` by one hash (all when 0),
+    the Action objects the first ``round(action_rate * n)`` of the pool by another, so the
+    training states split the objects exactly as ``action_rate`` says."""
+    every = [(c, s) for c in COLOURS for s in SHAPES]
+    pool = sorted(every, key=lambda o: unit_hash(f"{seed}:{o}", "object:"))[: objects or len(every)]
+    ranked = sorted(pool, key=lambda o: unit_hash(f"{seed}:{o}", "train-state:"))
+    return tuple(pool), frozenset(ranked[: round(action_rate * len(pool))])
 
 
 def _in_progress(
@@ -123,19 +178,29 @@ def cue_list(action: bool, n: int) -> tuple[str, ...]:
     return (real + made_up)[:n]
 
 
-def generate_pair(cfg: CoherenceSynthConfig, index: int) -> tuple[dict, Image.Image]:
-    """One pair; depends only on (seed, index)."""
+def generate_pair(
+    cfg: CoherenceSynthConfig, index: int, split: str | None = None
+) -> tuple[dict, Image.Image]:
+    """One pair; depends only on (the options, index, split). ``split`` (from
+    ``cfg.assigned_splits()``) is written in the record; with ``train_states="one"`` a training
+    pair shows its object in the object's training state, every other draw stays the same."""
     rng = random.Random(f"coherence:{cfg.seed}:{index}")
     bg = tuple(rng.randint(90, 200) for _ in range(3))
+    if cfg.objects:
+        colour, shape = rng.choice(object_pool(cfg.seed, cfg.objects, cfg.action_rate)[0])
+    else:  # the draws of the default corpus, kept so that it stays byte-identical
+        shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
     spec = ObjectSpec(
-        shape=rng.choice(SHAPES),
-        colour=rng.choice(list(COLOURS)),
+        shape=shape,
+        colour=colour,
         size=rng.choice(list(SIZES)),
         pos=rng.choice(list(POSITIONS)),
         pattern=rng.choice(PATTERNS),
         background=bg,  # type: ignore[arg-type]
     )
     action = rng.random() < cfg.action_rate
+    if split == "train" and cfg.train_states == "one":
+        action = (spec.colour, spec.shape) in object_pool(cfg.seed, cfg.objects, cfg.action_rate)[1]
     story = rng.random() < cfg.story_rate
     fields = {
         "colour": spec.colour,
@@ -155,14 +220,16 @@ def generate_pair(cfg: CoherenceSynthConfig, index: int) -> tuple[dict, Image.Im
     if action:
         img = _in_progress(img, spec, bg, rng)  # type: ignore[arg-type]
     relations = [name for name, on in zip(RELATIONS, (not action, action, story), strict=True) if on]
-    doc_id = f"coh-{cfg.seed}-{index:06d}"
+    name = doc_id(cfg, index)
     record = {
-        "doc_id": doc_id,
+        "doc_id": name,
         "sentences": [text],
-        "images": [f"images/{doc_id}.png"],
+        "images": [f"images/{name}.png"],
         "links": [[0, 0]],
         "metadata": {"relations": ",".join(relations), "object": f"{spec.colour} {spec.shape}"},
     }
+    if split is not None:
+        record["split"] = split
     return record, img
 
 
@@ -174,9 +241,12 @@ def write_coherence_corpus(
     (out / "images").mkdir(parents=True, exist_ok=True)
     (out / "corpus.json").unlink(missing_ok=True)  # written last: marks a complete corpus
     docs_path = out / "documents.jsonl"
+    splits = cfg.assigned_splits()
     with docs_path.open("w") as fh:
         for i in range(cfg.pairs):
-            record, img = generate_pair(cfg, i)
+            record, img = generate_pair(
+                cfg, i, None if splits is None else splits.get(doc_id(cfg, i), "train")
+            )
             img.save(out / record["images"][0], format="PNG", optimize=False)
             fh.write(json.dumps(record, sort_keys=True) + "\n")
             if progress:
