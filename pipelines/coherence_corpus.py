@@ -15,6 +15,15 @@ every pair. ``Story`` (an anecdote around the step, ``story_rate``) is decided b
 alone and says nothing about the image, as Clue's Subjective/Story relations. Multi-label:
 Visible xor Action, Story independent.
 
+The confound (``train_states="one"``, with ``split_sizes``): the generator assigns the splits
+(the pairs ``data build --split-sizes`` would pick, written in each record) and renders every
+training pair of an object in that object's one training state, while val/test pairs keep
+their own draw (both states). Training pairs are then told apart by the object alone, so the
+retrieval loss has no reason to learn the state, which only the relation label names; with
+``objects`` (fewer colour x shape objects) a test pool holds many images of the query's object,
+and only the state separates half of them. ``benchmarks/coherence_margin.py --confound 1.0`` is
+the same idea on made-up features.
+
 On-disk format: the synthetic corpus's own (``pipelines/synthetic_corpus.py``), so ``mmlinks
 data build --source synthetic`` builds it: one document per pair (one sentence, one image,
 link (0, 0)), the pair's relations in ``metadata["relations"]`` (comma-separated, in the
