@@ -127,6 +127,14 @@ class CoherenceSynthConfig:
         choices=("both", "one"),
     )
 
+    state_look: str = option(
+        "half",
+        help="how an in-progress step looks: half = half the object still background and a brush "
+        "across it; brush = the whole object with a brush across it (a subtler state that leaves "
+        "the object recognisable)",
+        choices=("half", "brush"),
+    )
+
     def __post_init__(self) -> None:
         validate(self, "synthetic coherence corpus options")
         if self.train_states == "one" and self.split_sizes is None:
@@ -160,17 +168,18 @@ def object_pool(seed: int, objects: int, action_rate: float) -> tuple[tuple[tupl
 
 
 def _in_progress(
-    img: Image.Image, spec: ObjectSpec, bg: tuple[int, int, int], rng: random.Random
+    img: Image.Image, spec: ObjectSpec, bg: tuple[int, int, int], rng: random.Random, cover: bool = True
 ) -> Image.Image:
-    """Cover one half of the object (the part not yet painted) and draw a brush at the edge."""
+    """Cover one half of the object (the part not yet painted; ``cover``) and draw a brush at the edge."""
     size = img.size[0]
     px, py = POSITIONS[spec.pos]
     cx, cy = px * size, py * size
     r = SIZES[spec.size][1] * size / 2 + 0.06 * size
     draw = ImageDraw.Draw(img)
-    if rng.random() < 0.5:  # the right half still to do
+    right = rng.random() < 0.5  # drawn either way, so the other draws do not depend on ``cover``
+    if cover and right:  # the right half still to do
         draw.rectangle([cx, cy - r, cx + r, cy + r], fill=bg)
-    else:  # the bottom half
+    elif cover:  # the bottom half
         draw.rectangle([cx - r, cy, cx + r, cy + r], fill=bg)
     handle = (110, 70, 30)
     draw.line([(cx, cy), (cx + 0.35 * size, cy - 0.35 * size)], fill=handle, width=max(3, size // 20))
@@ -227,7 +236,7 @@ def generate_pair(
         text = f"{rng.choice(STORY_PHRASES)} {text}"
     img = render(spec, cfg.image_size, rng)
     if action:
-        img = _in_progress(img, spec, bg, rng)  # type: ignore[arg-type]
+        img = _in_progress(img, spec, bg, rng, cfg.state_look == "half")  # type: ignore[arg-type]
     relations = [name for name, on in zip(RELATIONS, (not action, action, story), strict=True) if on]
     name = doc_id(cfg, index)
     record = {

@@ -198,3 +198,16 @@ def test_the_synthetic_build_keeps_the_generators_splits(tmp_path):
         assert_that(
             read[DEAD_LETTER] | beam.Map(lambda d: d.reason), equal_to(["malformed_record"]), label="dead"
         )
+
+
+def test_the_brush_look_changes_only_in_progress_images():
+    half = CoherenceSynthConfig(pairs=16, seed=4, image_size=48)
+    brush = CoherenceSynthConfig(pairs=16, seed=4, image_size=48, state_look="brush")
+    looks = set()
+    for i in range(16):
+        (rec, img), (rec2, img2) = generate_pair(half, i), generate_pair(brush, i)
+        assert rec == rec2
+        action = "Action" in rec["metadata"]["relations"]
+        assert (img.tobytes() != img2.tobytes()) == action  # the object is not half covered
+        looks.add(action)
+    assert looks == {True, False}
