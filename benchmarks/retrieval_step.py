@@ -49,6 +49,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0,
         help="a ReLU layer of this width in the CAM (TrainConfig.cam_hidden; 0 = the paper's linear CAM)",
     )
+    p.add_argument(
+        "--state-subsets",
+        action="store_true",
+        help="also score test queries whose object shows the state it had in training apart from "
+        "those in the other state (for `synth-coherence --train-states one` corpora)",
+    )
     return p.parse_args(argv)
 
 
@@ -182,6 +188,8 @@ def train_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
         model.cpu()
         tuned = tune_refinement(model, [_cpu(b) for b in val], cfg)
         scores = evaluate_pairs(model, [_cpu(b) for b in test], cfg, list(manifest.relations or []), tuned)
+        if args.state_subsets:
+            scores["state_subsets"] = state_subsets(model, test, tables["train"], cfg)
         results[obj] = {
             "best_epoch": best[0],
             "best_val_medr": best_medr,
@@ -191,6 +199,27 @@ def train_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
             "history": history,
         }
     return results
+
+
+def _object_state(meta) -> tuple[str, bool]:
+    meta = dict(meta or {})
+    return meta.get("object", ""), "Action" in meta.get("relations", "").split(",")
+
+
+def state_subsets(model, test, train_table, cfg) -> dict:
+    """Text-to-image metrics of the test queries in a state their object had in training ("seen
+    state") and of the others ("unseen state"), each ranked against the whole pool."""
+    from training.retrieval.metrics import retrieval_metrics
+    from training.retrieval.objective import encode_pairs
+
+    seen = {_object_state(m) for m in train_table.column("metadata").to_pylist()}
+    with torch.no_grad():
+        s, v, _ = encode_pairs(model, [_cpu(b) for b in test])
+    known = np.asarray([_object_state(m) in seen for b in test for m in b.metadata])
+    labels = np.stack([known, ~known], axis=1).astype(int)
+    common = {"pool_size": cfg.pool_size, "n_pools": cfg.n_pools, "seed": cfg.seed}
+    out = retrieval_metrics((s @ v.T).numpy(), labels=labels, relation_names=["seen", "unseen"], **common)
+    return {**out["relations"], "counts": {"seen": int(known.sum()), "unseen": int((~known).sum())}}
 
 
 def _cpu(b):

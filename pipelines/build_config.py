@@ -23,7 +23,7 @@ from pipelines.filters import PRESETS, DocumentFilter, filter_for
 from pipelines.image_store import Placeholders
 from pipelines.runners import KNOWN_RUNNERS, canonical_runner, default_direct_workers, pipeline_options
 from pipelines.sources import SourceContext, SourceSpec, get_spec, source_names
-from pipelines.splits import DEFAULT_RATIOS
+from pipelines.splits import DEFAULT_RATIOS, parse_split_sizes
 from schemas.config_fields import OFF, from_dict, int_or_off, is_int_or_off, option, validate
 from schemas.document import FEATURE_DTYPES
 from schemas.errors import MmlinksError
@@ -42,19 +42,6 @@ def _ratios(text: str) -> dict[str, float]:
     if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
         raise MmlinksError(f"--split wants three non-negative numbers with a positive sum, not {text!r}")
     return dict(zip(("train", "val", "test"), values, strict=True))
-
-
-def _sizes(text: str) -> dict[str, int]:
-    sizes = {}
-    for item in str(text).split(","):
-        key, sep, value = item.partition("=")
-        try:
-            sizes[key.strip()] = int(value)
-        except ValueError:
-            sep = ""
-        if not sep or not key.strip() or sizes[key.strip()] < 0:
-            raise MmlinksError(f"--split-sizes wants counts like val=500,test=1000, not {text!r}")
-    return sizes
 
 
 def _ratios_ok(r: dict) -> bool:
@@ -109,7 +96,7 @@ class BuildConfig:
     split_sizes: dict[str, int] | None = option(
         None,
         help="fixed split sizes instead of ratios, e.g. val=500,test=1000 (rest: train)",
-        parse=_sizes,
+        parse=parse_split_sizes,
         check=lambda v: v is None or min(v.values(), default=0) >= 0,
         rule="non-negative counts",
         metavar="SPLIT=N,...",

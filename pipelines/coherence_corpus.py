@@ -15,6 +15,16 @@ every pair. ``Story`` (an anecdote around the step, ``story_rate``) is decided b
 alone and says nothing about the image, as Clue's Subjective/Story relations. Multi-label:
 Visible xor Action, Story independent.
 
+The confound (``train_states="one"``, with ``split_sizes``): the generator assigns the splits
+(the pairs ``data build --split-sizes`` would pick, written in each record) and renders every
+training pair of an object in that object's one training state, while val/test pairs keep
+their own draw (both states). Training pairs are then told apart by the object alone, so the
+retrieval loss has no reason to learn the state, which only the relation label names; with
+``objects`` (fewer colour x shape objects) a test pool holds many images of the query's object,
+and only the state separates half of them. ``benchmarks/coherence_margin.py --confound 1.0`` is
+the same idea on made-up features. ``state_look="brush"`` keeps the whole object in the
+in-progress image (only the brush shows the state), a subtler state than half an object.
+
 On-disk format: the synthetic corpus's own (``pipelines/synthetic_corpus.py``), so ``mmlinks
 data build --source synthetic`` builds it: one document per pair (one sentence, one image,
 link (0, 0)), the pair's relations in ``metadata["relations"]`` (comma-separated, in the
@@ -28,12 +38,15 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from pipelines.splits import parse_split_sizes, sized_assignment, split_rank_key, unit_hash
 from pipelines.synthetic_corpus import COLOURS, PATTERNS, POSITIONS, SHAPES, SIZES, ObjectSpec, render
 from schemas.config_fields import option, validate
+from schemas.errors import MmlinksError
 
 RELATIONS = ("Visible", "Action", "Story")
 FORMAT = "mmlinks-synthetic-coherence/1"
@@ -91,22 +104,83 @@ class CoherenceSynthConfig:
         rule=">= 1",
     )
 
+    objects: int = option(
+        0,
+        help=f"use only this many colour x shape objects, drawn by the seed (0: all "
+        f"{len(COLOURS) * len(SHAPES)}); fewer objects put more images of the query's object in a pool",
+        check=lambda v: 0 <= v <= len(COLOURS) * len(SHAPES),
+        rule=f"0 to {len(COLOURS) * len(SHAPES)}",
+    )
+    split_sizes: dict[str, int] | None = option(
+        None,
+        help="the generator assigns the splits, written in each pair (`data build` keeps them): "
+        "val=N,test=N (rest: train), the same pairs `data build --split-sizes` would pick",
+        parse=parse_split_sizes,
+        check=lambda v: v is None or (set(v) <= {"train", "val", "test"} and min(v.values(), default=0) >= 0),
+        rule="counts of train, val or test",
+        metavar="SPLIT=N,...",
+    )
+    train_states: str = option(
+        "both",
+        help="one: in training every object appears in one state only (Visible or Action, fixed per "
+        "object), while val/test show both: the confound only the relation label resolves (needs "
+        "--split-sizes)",
+        choices=("both", "one"),
+    )
+
+    state_look: str = option(
+        "half",
+        help="how an in-progress step looks: half = half the object still background and a brush "
+        "across it; brush = the whole object with a brush across it (a subtler state that leaves "
+        "the object recognisable)",
+        choices=("half", "brush"),
+    )
+
     def __post_init__(self) -> None:
         validate(self, "synthetic coherence corpus options")
+        if self.train_states == "one" and self.split_sizes is None:
+            raise MmlinksError(
+                "--train-states one needs --split-sizes (the generator must know the training pairs)"
+            )
+
+    def assigned_splits(self) -> dict[str, str] | None:
+        """doc_id -> split when the generator assigns splits (``split_sizes``), else None."""
+        if self.split_sizes is None:
+            return None
+        ids = sorted((doc_id(self, i) for i in range(self.pairs)), key=split_rank_key)
+        return sized_assignment(ids, self.split_sizes)
+
+
+def doc_id(cfg: CoherenceSynthConfig, index: int) -> str:
+    return f"coh-{cfg.seed}-{index:06d}"
+
+
+@lru_cache(maxsize=16)
+def object_pool(seed: int, objects: int, action_rate: float) -> tuple[tuple[tuple[str, str], ...], frozenset]:
+    """(the ``objects`` (colour, shape) pairs in use, those shown in progress in training).
+
+    Both drawn by hashes of the seed: the pool is the first ``objects`` by one hash (all when 0),
+    the Action objects the first ``round(action_rate * n)`` of the pool by another, so the
+    training states split the objects exactly as ``action_rate`` says."""
+    every = [(c, s) for c in COLOURS for s in SHAPES]
+    pool = sorted(every, key=lambda o: unit_hash(f"{seed}:{o}", "object:"))[: objects or len(every)]
+    ranked = sorted(pool, key=lambda o: unit_hash(f"{seed}:{o}", "train-state:"))
+    return tuple(pool), frozenset(ranked[: round(action_rate * len(pool))])
 
 
 def _in_progress(
-    img: Image.Image, spec: ObjectSpec, bg: tuple[int, int, int], rng: random.Random
+    img: Image.Image, spec: ObjectSpec, bg: tuple[int, int, int], rng: random.Random, cover: bool = True
 ) -> Image.Image:
-    """Cover one half of the object (the part not yet painted) and draw a brush at the edge."""
+    """Cover one half of the object (the part not yet painted; ``cover``) and draw a brush at the edge."""
     size = img.size[0]
     px, py = POSITIONS[spec.pos]
     cx, cy = px * size, py * size
     r = SIZES[spec.size][1] * size / 2 + 0.06 * size
     draw = ImageDraw.Draw(img)
-    if rng.random() < 0.5:  # the right half still to do
+    right = rng.random() < 0.5  # drawn either way, so the other draws do not depend on ``cover``
+    if cover and right:  # the right half still to do
         draw.rectangle([cx, cy - r, cx + r, cy + r], fill=bg)
-    else:  # the bottom half
+    elif cover:  # the bottom half
         draw.rectangle([cx - r, cy, cx + r, cy + r], fill=bg)
     handle = (110, 70, 30)
     draw.line([(cx, cy), (cx + 0.35 * size, cy - 0.35 * size)], fill=handle, width=max(3, size // 20))
@@ -123,19 +197,29 @@ def cue_list(action: bool, n: int) -> tuple[str, ...]:
     return (real + made_up)[:n]
 
 
-def generate_pair(cfg: CoherenceSynthConfig, index: int) -> tuple[dict, Image.Image]:
-    """One pair; depends only on (seed, index)."""
+def generate_pair(
+    cfg: CoherenceSynthConfig, index: int, split: str | None = None
+) -> tuple[dict, Image.Image]:
+    """One pair; depends only on (the options, index, split). ``split`` (from
+    ``cfg.assigned_splits()``) is written in the record; with ``train_states="one"`` a training
+    pair shows its object in the object's training state, every other draw stays the same."""
     rng = random.Random(f"coherence:{cfg.seed}:{index}")
     bg = tuple(rng.randint(90, 200) for _ in range(3))
+    if cfg.objects:
+        colour, shape = rng.choice(object_pool(cfg.seed, cfg.objects, cfg.action_rate)[0])
+    else:  # the draws of the default corpus, kept so that it stays byte-identical
+        shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
     spec = ObjectSpec(
-        shape=rng.choice(SHAPES),
-        colour=rng.choice(list(COLOURS)),
+        shape=shape,
+        colour=colour,
         size=rng.choice(list(SIZES)),
         pos=rng.choice(list(POSITIONS)),
         pattern=rng.choice(PATTERNS),
         background=bg,  # type: ignore[arg-type]
     )
     action = rng.random() < cfg.action_rate
+    if split == "train" and cfg.train_states == "one":
+        action = (spec.colour, spec.shape) in object_pool(cfg.seed, cfg.objects, cfg.action_rate)[1]
     story = rng.random() < cfg.story_rate
     fields = {
         "colour": spec.colour,
@@ -153,16 +237,18 @@ def generate_pair(cfg: CoherenceSynthConfig, index: int) -> tuple[dict, Image.Im
         text = f"{rng.choice(STORY_PHRASES)} {text}"
     img = render(spec, cfg.image_size, rng)
     if action:
-        img = _in_progress(img, spec, bg, rng)  # type: ignore[arg-type]
+        img = _in_progress(img, spec, bg, rng, cfg.state_look == "half")  # type: ignore[arg-type]
     relations = [name for name, on in zip(RELATIONS, (not action, action, story), strict=True) if on]
-    doc_id = f"coh-{cfg.seed}-{index:06d}"
+    name = doc_id(cfg, index)
     record = {
-        "doc_id": doc_id,
+        "doc_id": name,
         "sentences": [text],
-        "images": [f"images/{doc_id}.png"],
+        "images": [f"images/{name}.png"],
         "links": [[0, 0]],
         "metadata": {"relations": ",".join(relations), "object": f"{spec.colour} {spec.shape}"},
     }
+    if split is not None:
+        record["split"] = split
     return record, img
 
 
@@ -174,9 +260,12 @@ def write_coherence_corpus(
     (out / "images").mkdir(parents=True, exist_ok=True)
     (out / "corpus.json").unlink(missing_ok=True)  # written last: marks a complete corpus
     docs_path = out / "documents.jsonl"
+    splits = cfg.assigned_splits()
     with docs_path.open("w") as fh:
         for i in range(cfg.pairs):
-            record, img = generate_pair(cfg, i)
+            record, img = generate_pair(
+                cfg, i, None if splits is None else splits.get(doc_id(cfg, i), "train")
+            )
             img.save(out / record["images"][0], format="PNG", optimize=False)
             fh.write(json.dumps(record, sort_keys=True) + "\n")
             if progress:

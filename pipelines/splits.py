@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 
+from schemas.errors import MmlinksError
+
 DEFAULT_RATIOS = {"train": 0.8, "val": 0.1, "test": 0.1}
 
 
@@ -58,3 +60,17 @@ def sized_assignment(ranked_ids: list[str], sizes: dict[str, int]) -> dict[str, 
             out[doc_id] = name
         pos += sizes[name]
     return out
+
+
+def parse_split_sizes(text: str) -> dict[str, int]:
+    """``val=500,test=1000`` -> ``{"val": 500, "test": 1000}`` (the ``--split-sizes`` flags)."""
+    sizes = {}
+    for item in str(text).split(","):
+        key, sep, value = item.partition("=")
+        try:
+            sizes[key.strip()] = int(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip() or sizes[key.strip()] < 0:
+            raise MmlinksError(f"--split-sizes wants counts like val=500,test=1000, not {text!r}")
+    return sizes

@@ -1,6 +1,9 @@
 """Reads the synthetic corpus (see ``pipelines.synthetic_corpus``) as RawDocuments.
 
-Malformed lines go to the dead-letter output instead of failing the build.
+Malformed lines go to the dead-letter output instead of failing the build. A record may name its
+split (``"split": "train" | "val" | "test"``, written by ``mmlinks data synth-coherence
+--split-sizes``); the build keeps it (``pipelines.graph.with_split``), and records without one are
+split by the build's ratios or sizes as before.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pipelines.sources.jsonstream import loads
 from schemas.errors import MmlinksError
 
 SOURCE = "synthetic"
+SPLITS = ("train", "val", "test")
 
 
 class ParseSyntheticLine(beam.DoFn):
@@ -47,6 +51,9 @@ class ParseSyntheticLine(beam.DoFn):
             metadata = rec.get("metadata") or {}
             if not isinstance(metadata, dict):
                 raise ValueError("metadata must be an object")
+            split = rec.get("split")
+            if split is not None and split not in SPLITS:
+                raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
         except (ValueError, KeyError, TypeError) as exc:
             yield dead_letter("line", line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
             return
@@ -58,6 +65,7 @@ class ParseSyntheticLine(beam.DoFn):
             image_uris=[FileSystems.join(self.root, str(p)) for p in images],
             links=links,
             metadata={str(k): str(v) for k, v in metadata.items()},
+            split=split,
         )
 
 

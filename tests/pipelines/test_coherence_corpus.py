@@ -95,3 +95,119 @@ def test_pair_relations_refuses_unknown_names():
     assert pair_relations("", ["Visible"]) == [0]
     with pytest.raises(MmlinksError, match="Meta"):
         pair_relations("Meta", ["Visible"])
+
+
+def test_the_default_corpus_is_unchanged_by_the_split_options():
+    """Records and pixels of the default corpus, pinned before --objects / --split-sizes /
+    --train-states existed: datasets built from it keep their bytes."""
+    import hashlib
+
+    cfg = CoherenceSynthConfig(pairs=12, seed=1, image_size=32)
+    digest = hashlib.sha256()
+    for i in range(12):
+        rec, img = generate_pair(cfg, i)
+        digest.update(json.dumps(rec, sort_keys=True).encode())
+        digest.update(img.tobytes())
+        assert "split" not in rec
+    assert digest.hexdigest() == "8ac2e244ac294def36f6428ae882c2953b62dfd1d9375351031eeff51d2d0fa3"
+
+
+def _states(records, split_names):
+    """{object: set of states} over the records of the given splits."""
+    out: dict[str, set[str]] = {}
+    for rec in records:
+        if rec["split"] in split_names:
+            state = "Action" if "Action" in rec["metadata"]["relations"] else "Visible"
+            out.setdefault(rec["metadata"]["object"], set()).add(state)
+    return out
+
+
+def test_train_states_one_shows_each_object_in_one_state_in_training_only(tmp_path):
+    from pipelines.coherence_corpus import object_pool
+    from pipelines.splits import sized_assignment, split_rank_key
+
+    kw = dict(pairs=160, seed=2, image_size=32, objects=6, split_sizes={"val": 30, "test": 50})
+    cfg = CoherenceSynthConfig(train_states="one", **kw)
+    write_coherence_corpus(tmp_path, cfg)
+    records = [json.loads(x) for x in (tmp_path / "documents.jsonl").read_text().splitlines()]
+    assert [sum(r["split"] == s for r in records) for s in ("train", "val", "test")] == [80, 30, 50]
+    ids = sorted((r["doc_id"] for r in records), key=split_rank_key)  # as `data build --split-sizes`
+    assert {r["doc_id"]: r["split"] for r in records if r["split"] != "train"} == sized_assignment(
+        ids, {"val": 30, "test": 50}
+    )
+    pool, action_objects = object_pool(2, 6, 0.5)
+    assert (
+        len(pool) == 6
+        and len(action_objects) == 3
+        and {r["metadata"]["object"] for r in records} == {f"{c} {s}" for c, s in pool}
+    )
+    train = _states(records, {"train"})
+    assert len(train) == 6 and all(len(states) == 1 for states in train.values())
+    assert {o for o, states in train.items() if states == {"Action"}} == {
+        f"{c} {s}" for c, s in action_objects
+    }
+    held_out = _states(records, {"val", "test"})
+    assert sum(len(states) == 2 for states in held_out.values()) >= 5  # both states outside training
+    # Outside training, and for training pairs already in their object's state, nothing changes.
+    both = CoherenceSynthConfig(**kw)
+    for i, rec in enumerate(records):
+        again, _ = generate_pair(both, i, rec["split"])
+        if rec["split"] != "train" or again["metadata"]["relations"] == rec["metadata"]["relations"]:
+            assert again == rec
+        else:
+            assert again["metadata"]["object"] == rec["metadata"]["object"]
+
+
+def test_train_states_one_needs_the_splits():
+    with pytest.raises(MmlinksError, match="--split-sizes"):
+        CoherenceSynthConfig(train_states="one")
+    with pytest.raises(MmlinksError, match="train_states"):
+        CoherenceSynthConfig(train_states="two", split_sizes={"test": 1})
+    with pytest.raises(MmlinksError, match="split_sizes"):
+        CoherenceSynthConfig(split_sizes={"dev": 1})
+
+
+def test_the_synthetic_build_keeps_the_generators_splits(tmp_path):
+    """Read -> splits stages of the build graph: a written split wins over the build's
+    --split-sizes; a record without one is split by the build as before; a bad one is a dead letter."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from pipelines.build_config import BuildConfig
+    from pipelines.graph import assign_splits
+    from pipelines.records import DEAD_LETTER
+    from pipelines.sources.synthetic import ReadSyntheticCorpus
+
+    cfg = CoherenceSynthConfig(pairs=12, image_size=32, split_sizes={"val": 2, "test": 3})
+    write_coherence_corpus(tmp_path, cfg)
+    written = [json.loads(x) for x in (tmp_path / "documents.jsonl").read_text().splitlines()]
+    expected = [(r["doc_id"], r["split"]) for r in written]
+    unsplit = {**written[0], "doc_id": "no-split"}
+    del unsplit["split"]
+    bad = {**written[0], "doc_id": "bad", "split": "dev"}
+    with (tmp_path / "documents.jsonl").open("a") as fh:
+        fh.write(json.dumps(unsplit) + "\n" + json.dumps(bad) + "\n")
+    build = BuildConfig(
+        source="synthetic", input=str(tmp_path), out=str(tmp_path / "ds"), split_sizes={"test": 1}
+    )
+    with beam.Pipeline() as p:
+        read = p | ReadSyntheticCorpus(str(tmp_path))
+        docs = read.documents | beam.Map(lambda d: {"doc_id": d.doc_id, "split": d.split})
+        split = assign_splits(docs, build) | beam.Map(lambda d: (d["doc_id"], d["split"]))
+        assert_that(split, equal_to([*expected, ("no-split", "test")]), label="splits")
+        assert_that(
+            read[DEAD_LETTER] | beam.Map(lambda d: d.reason), equal_to(["malformed_record"]), label="dead"
+        )
+
+
+def test_the_brush_look_changes_only_in_progress_images():
+    half = CoherenceSynthConfig(pairs=16, seed=4, image_size=48)
+    brush = CoherenceSynthConfig(pairs=16, seed=4, image_size=48, state_look="brush")
+    looks = set()
+    for i in range(16):
+        (rec, img), (rec2, img2) = generate_pair(half, i), generate_pair(brush, i)
+        assert rec == rec2
+        action = "Action" in rec["metadata"]["relations"]
+        assert (img.tobytes() != img2.tobytes()) == action  # the object is not half covered
+        looks.add(action)
+    assert looks == {True, False}
