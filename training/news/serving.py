@@ -127,15 +127,15 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             raise _bad_request(f"top_k must be between 1 and {MAX_TOP_K}")
         articles = self._articles(model_input)
         q = encode_articles(self.model, self.vocab, self.max_tokens, articles).numpy()
-        scores, ids = self.archive.search(q, top_k)
-        uri_of = dict(zip(self.archive.ids, self.archive.uris, strict=True))
+        scores, hits = self.archive.search_rows(q, top_k)
+        ids, uris = self.archive.ids, self.archive.uris
         rows = [
             {
-                "image_ids": row_ids,
-                "scores": s[: len(row_ids)].astype(float).tolist(),
-                "uris": [uri_of[i] for i in row_ids],
+                "image_ids": [ids[r] for r in row],
+                "scores": s[: len(row)].astype(float).tolist(),
+                "uris": [uris[r] for r in row],
             }
-            for s, row_ids in zip(scores, ids, strict=True)
+            for s, row in zip(scores, hits, strict=True)
         ]
         return pd.DataFrame(rows, columns=["image_ids", "scores", "uris"])
 
