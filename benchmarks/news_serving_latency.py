@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--keep", action="store_true", help="keep the model folder (reuse it with --model)")
     ap.add_argument("--model", default=None, help="a model folder this script packaged before")
     ap.add_argument("--no-serve", action="store_true")
+    ap.add_argument("--package-only", action="store_true", help="package into --workdir and stop")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
@@ -165,6 +166,10 @@ def main(argv: list[str] | None = None) -> dict:
     out: dict = {"queries": args.queries, "max_tokens": args.max_tokens}
     try:
         model_path = Path(args.model) if args.model else package(args, work, out)
+        if args.package_only:
+            args.keep = True
+            print(json.dumps(out))
+            return out
         arts = articles(args.queries, args.vocab, args.seed)
         out["in_process"] = in_process(model_path, arts)
         if not args.no_serve:
