@@ -69,7 +69,11 @@ def cached_index(kind: str, x: np.ndarray, seed: int, cache: str | None, chunk: 
     if cache and (Path(cache) / "index.faiss").is_file():
         index = ArchiveIndex.load(cache)
         got = {k: index.info.get("bench", {}).get(k) for k in key}
-        if got != key or index.kind != kind:
+        # the first n rows of a bigger database (same seed, dim) are this database: a partial
+        # HNSW build of n rows of it is this database's index
+        same = got["dim"] == key["dim"] and got["seed"] == key["seed"] and kind == index.kind == "hnsw"
+        prefix = same and len(index) == len(x) and (got["n"] or 0) > len(x)
+        if not prefix and (got != key or index.kind != kind):
             raise SystemExit(f"--index-cache {cache} holds a {index.kind} index of {got}, not {kind} {key}")
         if len(index) == len(x):
             return index, None
@@ -100,7 +104,7 @@ def cached_index(kind: str, x: np.ndarray, seed: int, cache: str | None, chunk: 
 def oracle(exact, q: np.ndarray, args, mode: str) -> list[list[str]]:
     """The exact top k of every query, in one batch; kept beside a cached index (it costs a
     minute at 1M on 2 cores), keyed by everything that draws the queries."""
-    name = f"oracle-{mode}-q{len(q)}-k{args.k}-noise{args.noise}.json"
+    name = f"oracle-n{args.n}-{mode}-q{len(q)}-k{args.k}-noise{args.noise}.json"
     path = Path(args.index_cache) / name if args.index_cache else None
     if path and path.is_file():
         return json.loads(path.read_text())
