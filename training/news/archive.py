@@ -28,7 +28,8 @@ from schemas.errors import MmlinksError
 
 KINDS = ("flat", "hnsw", "ivf")
 HNSW_M = 32  # graph neighbours per node (FAISS's usual 32)
-# search breadth: 128 gave recall@10 0.88 on 20k random 256-d vectors, 512 gave 0.99 (docs/benchmarks.md)
+# search breadth: 128 gave recall@10 0.88 on 20k random 256-d vectors, 512 gave 0.99; on 100k, 512
+# gives 0.80 and 2048 0.98 (slower than exact search there; docs/benchmarks.md)
 HNSW_EF_SEARCH = 512
 HNSW_EF_CONSTRUCTION = 80
 # the share of IVF cells a query scans (nprobe = ceil(share * cells)); see docs/benchmarks.md
