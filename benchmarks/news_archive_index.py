@@ -16,8 +16,10 @@ the index alone on one core), for the approximate index on every query and for e
 the first ``--exact-latency-queries``. ``--index-cache FOLDER`` saves the built approximate
 index (an ``ArchiveIndex`` folder, loadable by the served model) and reuses it when it was built
 for the same N, D, seed and kind (building HNSW over 1M vectors takes tens of minutes on 2
-shared cores; a killed HNSW build resumes from its last saved chunk); ``--build-only`` stops
-after that. One JSON object on stdout. Example::
+shared cores; a killed HNSW build resumes from its last saved chunk, and a partial build of
+n rows of a bigger database serves as the index of ``--n n``: the database of n rows is the
+bigger one's first n rows); ``--build-only`` stops after that. The oracle's answers are kept
+beside a cached index. One JSON object on stdout. Example::
 
     PYTHONPATH=. python benchmarks/news_archive_index.py --n 1000000 --dim 256 --kind hnsw \\
         --queries 300 --index-cache /tmp/hnsw-1m-256
