@@ -4,9 +4,11 @@ image tower, searchable by an article's fused text vector.
 FAISS does the search (a library, not hand-written code): ``flat`` is ``IndexFlatIP``, the
 exact inner-product search (the vectors are unit length, so it ranks by cosine) used for tests
 and archives up to a few hundred thousand images; ``hnsw`` is ``IndexHNSWFlat`` with the inner
-product metric, the approximate graph index for millions of images (recall against exact search
-is measured by ``benchmarks/news_archive_index.py``). Ties are broken by FAISS (lower position
-first for the flat index).
+product metric, the approximate graph index for millions of images; ``ivf`` is ``IndexIVFFlat``
+(k-means cells, ``sqrt(N)`` of them, of which a query scans the ``nprobe`` nearest), which builds
+in a minute where HNSW takes tens over 1M vectors on two cores (recall against exact search and
+latency of both are measured by ``benchmarks/news_archive_index.py``). Ties are broken by FAISS
+(lower position first for the flat index).
 
 Archive images are named by their ``content_id`` (the SHA-256 of the image bytes the build
 stores), so an agency photo that recurs across articles is one archive entry. The index folder
@@ -24,11 +26,24 @@ import numpy as np
 
 from schemas.errors import MmlinksError
 
-KINDS = ("flat", "hnsw")
+KINDS = ("flat", "hnsw", "ivf")
 HNSW_M = 32  # graph neighbours per node (FAISS's usual 32)
-# search breadth: 128 gave recall@10 0.88 on 20k random 256-d vectors, 512 gave 0.99 (docs/benchmarks.md)
+# search breadth: 128 gave recall@10 0.88 on 20k random 256-d vectors, 512 gave 0.99; on 100k, 512
+# gives 0.80 and 2048 0.98 (slower than exact search there; docs/benchmarks.md)
 HNSW_EF_SEARCH = 512
 HNSW_EF_CONSTRUCTION = 80
+# the share of IVF cells a query scans (nprobe = ceil(share * cells)); see docs/benchmarks.md
+IVF_PROBE_SHARE = 0.1
+
+
+def ivf_cells(n: int) -> int:
+    """k-means cells for n vectors: sqrt(n) (FAISS's guideline is 4..16 sqrt(n); fewer cells
+    keep the k-means training cheap), at least 1."""
+    return max(1, int(np.sqrt(n)))
+
+
+def ivf_nprobe(cells: int) -> int:
+    return max(1, min(cells, int(np.ceil(IVF_PROBE_SHARE * cells))))
 
 
 def _faiss():
@@ -68,10 +83,19 @@ class ArchiveIndex:
         d = x.shape[1]
         if kind == "flat":
             index = faiss.IndexFlatIP(d)
-        else:
+        elif kind == "hnsw":
             index = faiss.IndexHNSWFlat(d, HNSW_M, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
             index.hnsw.efSearch = HNSW_EF_SEARCH
+        else:
+            if not len(x):
+                raise MmlinksError("archive index: an ivf index needs at least one vector to train on")
+            cells = ivf_cells(len(x))
+            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, cells, faiss.METRIC_INNER_PRODUCT)
+            index.cp.min_points_per_centroid = 1  # tiny archives: no warning, the cells are few
+            index.cp.spherical = True  # unit centroids for unit vectors (cosine cells)
+            index.train(x)
+            index.nprobe = ivf_nprobe(cells)
         if len(x):
             index.add(x)
         uris = list(uris) if uris is not None else [""] * len(ids)
@@ -86,6 +110,12 @@ class ArchiveIndex:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         """queries [Q, d] -> (scores [Q, k'], ids per query), best first, k' = min(k, size)."""
+        scores, rows = self.search_rows(queries, k)
+        return scores, [[self.ids[r] for r in row] for row in rows]
+
+    def search_rows(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[int]]]:
+        """queries [Q, d] -> (scores [Q, k'], row numbers per query): ``ids[r]`` / ``uris[r]``
+        name a hit (no per-call id -> uri map: building one took 0.55 s of CPU at 1M images)."""
         q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if q.shape[1] != self.dim:
             raise MmlinksError(f"archive index: {q.shape[1]}-d queries for a {self.dim}-d index")
@@ -93,9 +123,9 @@ class ArchiveIndex:
         if k <= 0:
             return np.zeros((len(q), 0), np.float32), [[] for _ in q]
         scores, rows = self.index.search(q, k)
-        # HNSW may return fewer than k hits (-1 rows) on tiny graphs: drop them
-        ids = [[self.ids[r] for r in row if r >= 0] for row in rows]
-        return scores, ids
+        # HNSW and IVF may return fewer than k hits (-1 rows: a tiny graph, too few probed
+        # cells): drop them
+        return scores, [[int(r) for r in row if r >= 0] for row in rows]
 
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
@@ -119,6 +149,8 @@ class ArchiveIndex:
             meta.pop(key, None)
         if kind == "hnsw":
             index.hnsw.efSearch = HNSW_EF_SEARCH
+        elif kind == "ivf":
+            index.nprobe = ivf_nprobe(int(index.nlist))
         return cls(index, names["ids"], names["uris"], kind, meta)
 
 

@@ -128,33 +128,33 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             raise _bad_request(f"top_k must be between 1 and {MAX_TOP_K}")
         articles = self._articles(model_input)
         q = encode_articles(self.model, self.vocab, self.max_tokens, articles).numpy()
-        scores, ids = archive_search(self.model, self.archive, q, top_k)
-        uri_of = dict(zip(self.archive.ids, self.archive.uris, strict=True))
+        scores, hits = archive_search(self.model, self.archive, q, top_k)
+        ids, uris = self.archive.ids, self.archive.uris
         rows = [
             {
-                "image_ids": row_ids,
-                "scores": s[: len(row_ids)].astype(float).tolist(),
-                "uris": [uri_of[i] for i in row_ids],
+                "image_ids": [ids[r] for r in row],
+                "scores": s[: len(row)].astype(float).tolist(),
+                "uris": [uris[r] for r in row],
             }
-            for s, row_ids in zip(scores, ids, strict=True)
+            for s, row in zip(scores, hits, strict=True)
         ]
         return pd.DataFrame(rows, columns=["image_ids", "scores", "uris"])
 
 
 @torch.no_grad()
 def archive_search(net: NewsRetrieval, archive: ArchiveIndex, q: np.ndarray, top_k: int):
-    """queries [Q, d] -> (scores [Q, k], ids per query), best first: the FAISS inner-product
-    search for cosine models; for an ORDER model (its score is no inner product) an exact scan
+    """queries [Q, d] -> (scores [Q, k], archive rows per query), best first: the FAISS
+    inner-product search for cosine models; for an ORDER model (its score is no inner product) an exact scan
     of the archive's vectors by ``net.score``, ties to the lower row (ORDER is a Table 1
     baseline: a brute-force scan is its honest serving path, not a fast one)."""
     if net.cfg.score != "order":
-        return archive.search(q, top_k)
+        return archive.search_rows(q, top_k)
     index = archive.index
     k = min(int(top_k), int(index.ntotal))
     v = torch.from_numpy(index.reconstruct_n(0, index.ntotal)) if k else torch.zeros(0, net.cfg.d)
     sim = net.score(torch.as_tensor(q, dtype=torch.float32), v)
     order = torch.sort(-sim, dim=1, stable=True).indices[:, :k]
-    return sim.gather(1, order).numpy(), [[archive.ids[r] for r in row] for row in order.tolist()]
+    return sim.gather(1, order).numpy(), order.tolist()
 
 
 def load_archive(packaged: str, d: int, run_id: str | None) -> ArchiveIndex:

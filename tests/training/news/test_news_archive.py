@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import MmlinksError
-from training.news.archive import ArchiveIndex
+from training.news.archive import KINDS, ArchiveIndex, ivf_cells, ivf_nprobe
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -49,14 +49,35 @@ def test_an_index_survives_its_folder_and_keeps_its_provenance(tmp_path):
     rng = np.random.default_rng(0)
     x = _unit(rng, 30, 8)
     ids = [f"c{i}" for i in range(30)]
-    for kind in ("flat", "hnsw"):
+    for kind in KINDS:
         index = ArchiveIndex.build(ids, x, [f"u{i}" for i in range(30)], kind, {"run_id": "r1"})
         back = ArchiveIndex.load(index.save(tmp_path / kind))
         q = _unit(rng, 3, 8)
         assert back.search(q, 5)[1] == index.search(q, 5)[1]
         assert back.kind == kind and back.info == {"run_id": "r1"} and back.uris[3] == "u3"
-        # on 30 vectors HNSW's graph is exhaustive enough to find the exact best match
+        # on 30 vectors HNSW's graph is exhaustive enough to find the exact best match; IVF
+        # probes the cell a vector was filed in, so it finds the vector itself
         assert back.search(x[:5], 1)[1] == [[i] for i in ids[:5]]
+
+
+def test_the_ivf_index_is_exact_when_it_probes_every_cell_and_close_with_its_default_probes():
+    rng = np.random.default_rng(1)
+    x, q = _unit(rng, 2000, 16), _unit(rng, 50, 16)
+    ids = [str(i) for i in range(2000)]
+    exact = ArchiveIndex.build(ids, x, kind="flat")
+    ivf = ArchiveIndex.build(ids, x, kind="ivf")
+    cells = ivf_cells(2000)
+    assert ivf.index.nlist == cells == 44 and ivf.index.nprobe == ivf_nprobe(cells) == 5
+    want_scores, want = exact.search(q, 10)
+    default = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ivf.search(q, 10)[1], want, strict=True)])
+    ivf.index.nprobe = cells
+    scores, got = ivf.search(q, 10)
+    np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+    assert [set(g) for g in got] == [set(w) for w in want]
+    # 16-d clusters are coarse for random data; the default probes still find most neighbours
+    assert 0.6 <= default < 1.0
+    with pytest.raises(MmlinksError, match="at least one vector"):
+        ArchiveIndex.build([], np.zeros((0, 16), np.float32), kind="ivf")
 
 
 def test_bad_index_inputs_are_one_line_errors(tmp_path):
@@ -64,7 +85,7 @@ def test_bad_index_inputs_are_one_line_errors(tmp_path):
     with pytest.raises(MmlinksError, match="unique"):
         ArchiveIndex.build(["a", "a", "b"], x)
     with pytest.raises(MmlinksError, match="unknown archive index kind"):
-        ArchiveIndex.build(["a", "b", "c"], x, kind="ivf")
+        ArchiveIndex.build(["a", "b", "c"], x, kind="lsh")
     with pytest.raises(MmlinksError, match="3-d index"):
         ArchiveIndex.build(["a", "b", "c"], x).search(np.ones((1, 4)), 1)
     with pytest.raises(MmlinksError, match="no archive index"):

@@ -1,0 +1,203 @@
+"""News image selection through the served model (issue #18): the latency of one article query
+(encode the article's text + search the archive index + HTTP) against an archive of N images.
+
+A randomly initialised news model (seeded; speed does not depend on the weights) of shared
+dimension ``--dim`` (attention fusion over headline, lead, body, caption; word_dim 300,
+d_hidden 600, a vocabulary of ``--vocab`` words) is packaged with ``save_news_model`` together
+with an archive index: ``--index-cache FOLDER`` (an ``ArchiveIndex`` folder, e.g. the one
+``benchmarks/news_archive_index.py --index-cache`` built over N random vectors), or else an exact
+``flat`` index of ``--images`` random unit vectors. Articles: random vocabulary words, 12 in the
+headline, 40 in the lead, 400 in the body (cut to ``--max-tokens``), 15 in the caption.
+
+Timed one article at a time, top 10: ``in_process`` (``mlflow.pyfunc.load_model(...).predict``;
+also the text encoding alone), and ``served`` (``mlflow models serve --env-manager local`` on
+loopback, one POST per article) unless ``--no-serve``. One JSON object on stdout. Example::
+
+    PYTHONPATH=. python benchmarks/news_serving_latency.py --index-cache /tmp/hnsw-1m-256 --queries 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+LENGTHS = {"headline": 12, "lead": 40, "body": 400, "caption": 15}
+
+
+def pct(lat: list[float]) -> dict:
+    a = np.asarray(lat)
+    return {f"p{p}_ms": round(float(np.percentile(a, p)), 2) for p in (50, 99)} | {"queries": len(a)}
+
+
+def news_checkpoint(folder: Path, words: int, dim: int, max_tokens: int, seed: int):
+    """A random news model's checkpoint folder and its vocabulary (``w0`` .. ``w{words-1}``)."""
+    import torch
+
+    from training.checkpoints import CHECKPOINT_FILE
+    from training.news.model import NewsConfig, NewsRetrieval
+    from training.text import Vocabulary
+
+    vocab = Vocabulary(["<pad>", "<unk>", *(f"w{i}" for i in range(words))])
+    torch.manual_seed(seed)
+    cfg = NewsConfig(vocab_size=len(vocab.words), word_dim=300, image_dim=2048, d=dim, d_hidden=600)
+    folder.mkdir(parents=True)
+    net = NewsRetrieval(cfg).eval()
+    torch.save(
+        {"model": net.state_dict(), "epoch": 1, "val_loss": 0.0, "best_epoch": 1}, folder / CHECKPOINT_FILE
+    )
+    (folder / "meta.json").write_text(
+        json.dumps({"model": cfg.to_dict(), "train": {"max_tokens": max_tokens}})
+    )
+    return folder, vocab
+
+
+def archive(args):
+    """The ArchiveIndex to package: the cached one, or a flat index of random vectors."""
+    from training.news.archive import ArchiveIndex
+
+    if args.index_cache:
+        return ArchiveIndex.load(args.index_cache)
+    x = np.random.default_rng(args.seed).standard_normal((args.images, args.dim), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return ArchiveIndex.build([str(i) for i in range(len(x))], x, kind="flat")
+
+
+def articles(count: int, words: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng([seed, 3])
+    return [
+        {
+            "language": "en",
+            **{s: " ".join(f"w{i}" for i in rng.integers(0, words, n)) for s, n in LENGTHS.items()},
+        }
+        for _ in range(count)
+    ]
+
+
+def in_process(model_path: Path, arts: list[dict]) -> dict:
+    import mlflow
+    import pandas as pd
+
+    from training.news.serving import encode_articles
+
+    t0 = time.perf_counter()
+    loaded = mlflow.pyfunc.load_model(str(model_path))
+    load_s = time.perf_counter() - t0
+    model = loaded.unwrap_python_model()
+    predict, encode = [], []
+    for a in arts:
+        t = time.perf_counter()
+        out = loaded.predict(pd.DataFrame([a]), params={"top_k": 10})
+        predict.append((time.perf_counter() - t) * 1000)
+        assert len(out["image_ids"][0]) == 10
+        t = time.perf_counter()
+        encode_articles(model.model, model.vocab, model.max_tokens, [a])
+        encode.append((time.perf_counter() - t) * 1000)
+    return {"load_s": round(load_s, 1), "predict": pct(predict), "encode_only": pct(encode)}
+
+
+def served(model_path: Path, arts: list[dict], log: Path) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = [MLFLOW, "models", "serve", "-m", str(model_path), "--env-manager", "local"]
+    cmd += ["-h", "127.0.0.1", "-p", str(port), "-w", "1"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.perf_counter()
+        while True:
+            if proc.poll() is not None or time.perf_counter() - t0 > 600:
+                raise SystemExit(f"mlflow models serve did not start:\n{log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/ping", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        start_s = time.perf_counter() - t0
+        lat = []
+        for a in arts:
+            body = json.dumps({"dataframe_records": [a], "params": {"top_k": 10}}).encode()
+            req = urllib.request.Request(f"{base}/invocations", body, {"Content-Type": "application/json"})
+            t = time.perf_counter()
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                got = json.loads(resp.read())
+            lat.append((time.perf_counter() - t) * 1000)
+            assert len(got["predictions"][0]["image_ids"]) == 10
+        return {"start_s": round(start_s, 1), "request": pct(lat)}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=1_000_000, help="archive size without --index-cache")
+    ap.add_argument("--dim", type=int, default=256, help="the model's shared dimension")
+    ap.add_argument("--index-cache", default=None, help="an ArchiveIndex folder to package")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--vocab", type=int, default=50_000)
+    ap.add_argument("--max-tokens", type=int, default=100)
+    ap.add_argument("--workdir", default=None, help="where the model folder goes (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the model folder (reuse it with --model)")
+    ap.add_argument("--model", default=None, help="a model folder this script packaged before")
+    ap.add_argument("--no-serve", action="store_true")
+    ap.add_argument("--package-only", action="store_true", help="package into --workdir and stop")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="news-serve-"))
+    out: dict = {"queries": args.queries, "max_tokens": args.max_tokens}
+    try:
+        model_path = Path(args.model) if args.model else package(args, work, out)
+        if args.package_only:
+            args.keep = True
+            print(json.dumps(out))
+            return out
+        arts = articles(args.queries, args.vocab, args.seed)
+        out["in_process"] = in_process(model_path, arts)
+        if not args.no_serve:
+            out["served"] = served(model_path, arts, work / "server.log")
+    finally:
+        if not args.keep and not args.model:
+            shutil.rmtree(work, ignore_errors=True)
+    out["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    out["load_avg_end"] = os.getloadavg()[0]
+    print(json.dumps(out))
+    return out
+
+
+def package(args, work: Path, out: dict) -> Path:
+    from training.news.serving import save_news_model
+
+    t0 = time.perf_counter()
+    index = archive(args)
+    out["archive"] = {"images": len(index), "kind": index.kind, "dim": index.dim}
+    out["archive"]["load_or_build_s"] = round(time.perf_counter() - t0, 1)
+    ckpt, vocab = news_checkpoint(work / "ckpt", args.vocab, index.dim, args.max_tokens, args.seed)
+    t0 = time.perf_counter()
+    path = save_news_model(work / "model", str(ckpt), vocab, index, ["en"], "bench")
+    out["package_s"] = round(time.perf_counter() - t0, 1)
+    out["model_mb"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20)
+    out["model"] = str(path)
+    return path
+
+
+if __name__ == "__main__":
+    main()
