@@ -79,7 +79,7 @@ def cached_index(kind: str, x: np.ndarray, seed: int, cache: str | None, chunk: 
             raise SystemExit(f"--index-cache {cache} holds a {index.kind} index of {got}, not {kind} {key}")
         if len(index) == len(x):
             return index, None
-    elif kind == "ivf" or not cache:
+    elif kind in ("ivf", "pq") or not cache:
         t0 = time.perf_counter()
         index = ArchiveIndex.build([str(i) for i in range(len(x))], x, kind=kind, info={"bench": key})
         build_s = time.perf_counter() - t0
@@ -133,6 +133,10 @@ def set_breadth(index, breadth: int) -> str:
         if breadth:
             index.index.hnsw.efSearch = breadth
         return f"hnsw efSearch={index.index.hnsw.efSearch}"
+    if index.kind == "pq":
+        if breadth:
+            index.index.k_factor = breadth
+        return f"pq refine k_factor={index.index.k_factor:g}"
     if breadth:
         index.index.nprobe = breadth
     return f"ivf nprobe={index.index.nprobe}"
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--kind", choices=("hnsw", "ivf"), default="hnsw", help="the approximate index")
+    ap.add_argument("--kind", choices=("hnsw", "ivf", "pq"), default="hnsw", help="the approximate index")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--query-mode", choices=("noisy", "random", "both"), default="both")
     ap.add_argument("--k", type=int, default=10)
@@ -157,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--breadth",
         default="",
-        help="search breadth: HNSW efSearch or IVF nprobe, comma-separated to sweep (default: the library's)",
+        help="search breadth: HNSW efSearch, IVF nprobe or PQ's re-rank factor, comma-separated "
+        "to sweep (default: the library's)",
     )
     ap.add_argument("--exact-latency-queries", type=int, default=50)
     ap.add_argument("--index-cache", default=None, help="folder: save the built index there, or reuse it")
@@ -184,6 +189,11 @@ def main(argv: list[str] | None = None) -> dict:
         out["index"][f"cached_{key}"] = index.info.get("bench", {}).get(key)
     if args.kind == "hnsw":
         out["index"].update(M=index.index.hnsw.nb_neighbors(1), ef_search=index.index.hnsw.efSearch)
+    elif args.kind == "pq":
+        import faiss
+
+        base = faiss.downcast_index(index.index.base_index)
+        out["index"].update(subquantizers=int(base.M), bits=int(base.nbits), k_factor=index.index.k_factor)
     else:
         out["index"].update(cells=int(index.index.nlist), nprobe=int(index.index.nprobe))
     if args.index_cache:

@@ -7,8 +7,13 @@ and archives up to a few hundred thousand images; ``hnsw`` is ``IndexHNSWFlat`` 
 product metric, the approximate graph index for millions of images; ``ivf`` is ``IndexIVFFlat``
 (k-means cells, ``sqrt(N)`` of them, of which a query scans the ``nprobe`` nearest), which builds
 in a minute where HNSW takes tens over 1M vectors on two cores (recall against exact search and
-latency of both are measured by ``benchmarks/news_archive_index.py``). Ties are broken by FAISS
-(lower position first for the flat index).
+latency of both are measured by ``benchmarks/news_archive_index.py``); ``pq`` is
+``IndexRefineFlat`` over ``IndexPQFastScan``: every vector's 4-bit product-quantisation code is
+scanned (SIMD lookup tables, 32 bytes a 256-d vector, no graph or cells to miss a neighbour
+in), and the best ``k x PQ_REFINE_FACTOR`` candidates are re-ranked by their exact inner
+product, so its scores are exact cosines. On random vectors, whose neighbours do not cluster,
+HNSW and IVF need to visit most of the archive for recall 0.95; a scan of compact codes does
+that cheaply. Ties are broken by FAISS (lower position first for the flat index).
 
 Archive images are named by their ``content_id`` (the SHA-256 of the image bytes the build
 stores), so an agency photo that recurs across articles is one archive entry. The index folder
@@ -26,7 +31,7 @@ import numpy as np
 
 from schemas.errors import MmlinksError
 
-KINDS = ("flat", "hnsw", "ivf")
+KINDS = ("flat", "hnsw", "ivf", "pq")
 HNSW_M = 32  # graph neighbours per node (FAISS's usual 32)
 # search breadth: 128 gave recall@10 0.88 on 20k random 256-d vectors, 512 gave 0.99; on 100k, 512
 # gives 0.80 and 2048 0.98 (slower than exact search there; docs/benchmarks.md)
@@ -34,6 +39,15 @@ HNSW_EF_SEARCH = 512
 HNSW_EF_CONSTRUCTION = 80
 # the share of IVF cells a query scans (nprobe = ceil(share * cells)); see docs/benchmarks.md
 IVF_PROBE_SHARE = 0.1
+PQ_BITS = 4  # FastScan's code size per sub-vector (16 centroids each)
+PQ_DIMS_PER_CODE = 4  # 256-d vectors: 64 sub-quantizers, 32 bytes a vector
+PQ_REFINE_FACTOR = 64  # candidates re-ranked exactly per hit asked for (k_factor); docs/benchmarks.md
+PQ_MIN_TRAIN = 1 << PQ_BITS  # k-means needs at least one vector per centroid
+
+
+def pq_subquantizers(d: int) -> int:
+    """The number of PQ sub-vectors for d dims: the largest divisor of d up to d / 4."""
+    return max(m for m in range(1, max(1, d // PQ_DIMS_PER_CODE) + 1) if d % m == 0)
 
 
 def ivf_cells(n: int) -> int:
@@ -87,6 +101,16 @@ class ArchiveIndex:
             index = faiss.IndexHNSWFlat(d, HNSW_M, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
             index.hnsw.efSearch = HNSW_EF_SEARCH
+        elif kind == "pq":
+            if len(x) < PQ_MIN_TRAIN:
+                raise MmlinksError(
+                    f"archive index: a pq index needs at least {PQ_MIN_TRAIN} vectors to train on "
+                    f"(got {len(x)}); use flat for small archives"
+                )
+            base = faiss.IndexPQFastScan(d, pq_subquantizers(d), PQ_BITS, faiss.METRIC_INNER_PRODUCT)
+            index = faiss.IndexRefineFlat(base)
+            index.k_factor = PQ_REFINE_FACTOR
+            index.train(x)
         else:
             if not len(x):
                 raise MmlinksError("archive index: an ivf index needs at least one vector to train on")
@@ -151,6 +175,8 @@ class ArchiveIndex:
             index.hnsw.efSearch = HNSW_EF_SEARCH
         elif kind == "ivf":
             index.nprobe = ivf_nprobe(int(index.nlist))
+        elif kind == "pq":
+            index.k_factor = PQ_REFINE_FACTOR
         return cls(index, names["ids"], names["uris"], kind, meta)
 
 

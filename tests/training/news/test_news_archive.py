@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import MmlinksError
-from training.news.archive import KINDS, ArchiveIndex, ivf_cells, ivf_nprobe
+from training.news.archive import (
+    KINDS,
+    PQ_REFINE_FACTOR,
+    ArchiveIndex,
+    ivf_cells,
+    ivf_nprobe,
+    pq_subquantizers,
+)
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -78,6 +85,33 @@ def test_the_ivf_index_is_exact_when_it_probes_every_cell_and_close_with_its_def
     assert 0.6 <= default < 1.0
     with pytest.raises(MmlinksError, match="at least one vector"):
         ArchiveIndex.build([], np.zeros((0, 16), np.float32), kind="ivf")
+
+
+def test_the_pq_index_reranks_exactly_and_is_exact_when_it_reranks_everything(tmp_path):
+    rng = np.random.default_rng(2)
+    x, q = _unit(rng, 2000, 16), _unit(rng, 50, 16)
+    ids = [str(i) for i in range(2000)]
+    exact = ArchiveIndex.build(ids, x, kind="flat")
+    pq = ArchiveIndex.build(ids, x, kind="pq")
+    assert pq_subquantizers(16) == 4 and pq.index.k_factor == PQ_REFINE_FACTOR
+    want_scores, want = exact.search(q, 10)
+    scores, got = pq.search(q, 10)
+    # the scores are the re-ranked candidates' exact inner products, best first
+    for s, row, qq in zip(scores, got, q, strict=True):
+        np.testing.assert_allclose(s, [float(x[int(i)] @ qq) for i in row], atol=1e-5)
+        assert list(s) == sorted(s, reverse=True)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, want, strict=True)])
+    assert recall >= 0.9
+    pq.index.k_factor = 200  # 10 x 200 = every vector re-ranked: exact
+    scores, got = pq.search(q, 10)
+    np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+    assert [set(g) for g in got] == [set(w) for w in want]
+    loaded = ArchiveIndex.load(pq.save(tmp_path / "pq"))
+    assert loaded.kind == "pq" and loaded.index.k_factor == PQ_REFINE_FACTOR
+    pq.index.k_factor = PQ_REFINE_FACTOR
+    assert loaded.search(q, 10)[1] == pq.search(q, 10)[1]
+    with pytest.raises(MmlinksError, match="at least 16 vectors"):
+        ArchiveIndex.build(ids[:3], x[:3], kind="pq")
 
 
 def test_bad_index_inputs_are_one_line_errors(tmp_path):
