@@ -8,7 +8,6 @@ split by the build's ratios or sizes as before.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import apache_beam as beam
@@ -103,8 +102,8 @@ def corpus_relations(ctx: SourceContext) -> list[str] | None:
         return None
     with FileSystems.open(path) as fh:
         try:
-            meta = json.loads(fh.read().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            meta = loads(fh.read().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:  # ValueError: MalformedJson, too deep or long
             raise MmlinksError(f"{path} is not JSON: {exc}") from exc
     relations = meta.get("relations") if isinstance(meta, dict) else None
     return None if relations is None else [str(r) for r in relations]

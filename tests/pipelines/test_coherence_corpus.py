@@ -211,3 +211,15 @@ def test_the_brush_look_changes_only_in_progress_images():
         assert (img.tobytes() != img2.tobytes()) == action  # the object is not half covered
         looks.add(action)
     assert looks == {True, False}
+
+
+@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, '{"relations": ' + "9" * 5000 + "}", "{not json"])
+def test_a_corpus_json_that_is_too_deep_too_long_or_not_json_is_one_error_line(tmp_path, text):
+    from pipelines.sources.base import SourceContext
+    from pipelines.sources.synthetic import corpus_relations
+
+    (tmp_path / "corpus.json").write_text(text)
+    ctx = SourceContext("synthetic", str(tmp_path), {}, str(tmp_path / "state"))
+    with pytest.raises(MmlinksError, match=r"corpus\.json is not JSON") as err:
+        corpus_relations(ctx)
+    assert "\n" not in str(err.value)
