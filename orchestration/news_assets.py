@@ -77,13 +77,16 @@ def build_current_archive(
         ref = {"source": source, "path": data, "dataset_version": manifest.dataset_version}
         current_dataset(ref, settings.thresholds_config())
         out = storage.archive_path(source, objective)
-        summary = build_model_archive(f"models:/{name}@{PRODUCTION}", data, out, mlflow.uri())
+        summary = build_model_archive(
+            f"models:/{name}@{PRODUCTION}", data, out, mlflow.uri(), kind=settings.archive_index_kind
+        )
     context.log.info(f"archive index of {summary['images']} images -> {summary['path']}")
     metadata = {
         "model_version": summary["model_version"],
         "mlflow_run_id": summary["run_id"] or "",
         "dataset_version": summary["dataset_version"],
         "images": int(summary["images"]),
+        "index_kind": summary["kind"],
         "index": dg.MetadataValue.path(summary["path"]),
     }
     return versioned(summary, f"{summary['model_version']}@{summary['dataset_version']}", metadata)

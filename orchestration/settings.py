@@ -43,6 +43,8 @@ class Settings:
     promotion_split: str = "test"  # linking models
     retrieval_promotion_split: str = "val"  # retrieval models gate on validation MedR / R@10 (the paper)
     link: dict = field(default_factory=dict)  # linking.config.LinkConfig overrides for linked/<obj>
+    # archive_index/<news objective>: training.news.archive.KINDS ("pq" for millions of images)
+    archive_index_kind: str = "flat"
     model_name: str = "mmlinks-{source}-{objective}"
     diy_first_month: str = "2013-01"  # first partition of the monthly r/DIY snapshots (the paper's)
     weekly_cron: str = "0 3 * * 1"  # Mondays 03:00 UTC: incremental DIY crawl, then the rebuild
@@ -128,6 +130,13 @@ class Settings:
         from_dict(SynthConfig, self.synthetic, what="synthetic setting")
         from_dict(Gate, self.gate, what="gate")
         self.link_config("-", "-", "-")  # unknown or bad link options fail here
+        from training.news.archive import KINDS
+
+        if self.archive_index_kind not in KINDS:
+            raise MmlinksError(
+                f"archive_index_kind {self.archive_index_kind!r} in the Dagster settings; "
+                f"known: {', '.join(KINDS)}"
+            )
         if len(self.diy_first_month) != 7 or self.diy_first_month[4] != "-":
             raise MmlinksError(f"diy_first_month wants YYYY-MM, not {self.diy_first_month!r}")
         if self.max_retries < 0 or self.retry_delay_s < 0:

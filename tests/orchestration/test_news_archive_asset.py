@@ -58,9 +58,11 @@ def env(tmp_path_factory):
     shutil.rmtree(tmp / "io", ignore_errors=True)
 
 
-def news_settings():
+def news_settings(**extra):
     limits = {"min_documents": 10, "min_split_documents": {"train": 5, "val": 2, "test": 2}}
-    return settings(sources=["news-jsonl"], objectives={"news": {"objective": "news"}}, thresholds=limits)
+    return settings(
+        sources=["news-jsonl"], objectives={"news": {"objective": "news"}}, thresholds=limits, **extra
+    )
 
 
 def test_the_packaged_run_serves_its_whole_dataset_as_the_archive(env):
@@ -99,6 +101,12 @@ def test_the_archive_index_of_the_production_news_model_is_built_and_versioned(e
         )["kind"]
         == "flat"
     )
+    # an archive of millions of images takes an approximate kind from the settings
+    defs = build_definitions(news_settings(archive_index_kind="ivf"), env["resources"])
+    result = materialize(env, defs, [ARCHIVE], "news-jsonl")
+    assert result.success, failures(result)
+    assert result.output_for_node("archive_index__news")["kind"] == "ivf"
+    assert ArchiveIndex.load(value["path"]).kind == "ivf" and len(ArchiveIndex.load(value["path"])) == 10
 
 
 def test_without_a_production_model_the_asset_fails_with_the_cause(env):
