@@ -24,7 +24,7 @@ import apache_beam as beam
 from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
-from pipelines.sources.jsonstream import MalformedJson, stream_members, text_chunks
+from pipelines.sources.jsonstream import MalformedJson, repaired, stream_members, text_chunks
 from pipelines.sources.news_jsonl import SplitRule, day_of, parse_record
 from schemas.errors import MmlinksError
 
@@ -66,6 +66,7 @@ class ParseGoodNews(beam.DoFn):
             with fileio.open_read(path) as fh:
                 for key, value in stream_members(text_chunks(fh)):
                     count("articles_in")
+                    key, value = repaired([key, value])  # an escaped lone surrogate, in the id too
                     rec = news_record(key, value, self.images_dir)
                     for item in parse_record(rec, self.root, self.rule, None, key, SOURCE):
                         if isinstance(item, RawDocument):
