@@ -4,8 +4,13 @@ Both run the real command, ``mmlinks train`` (Ray Train, one worker, MLflow in a
 as a child process on the tiny corpus: 3 epochs, d=16. The driver kill is real and not timed:
 ``training/fault_hooks.py`` makes rank 0 write a marker and wait after epoch 1's checkpoint was
 reported; the test waits until Ray Train's checkpoint manager has recorded it, then SIGKILLs
-the command's whole process group. Every process the command started carries a tag in its
-environment, so the test finds any Ray process left behind. The disk is really full: the
+the command's whole process group. The killed command joins the session's Ray with
+``--ray-address``, as a driver joins a long-lived cluster (KubeRay): there its Ray Train actors
+live in the cluster's worker processes, not in its process group, so the test checks that Ray
+ends them once their driver is gone (``new_actors``). Every process the command starts carries a
+tag in its environment, so the test also finds any process of its own left behind (a command
+that starts its own Ray is killed with its process group: ``test_full_checkpoint_storage...``
+and ``test_ray_head_loss.py`` run their own Ray). The disk is really full: the
 checkpoint storage path is a 1 MiB tmpfs (``unshare -rm``, as ``test_build_storage.py``) with
 room for one checkpoint and not two.
 """
@@ -76,6 +81,63 @@ def leftovers(tag: str, wait_s: float = 60) -> dict[int, str]:
         except OSError:
             pass
     return left
+
+
+def ray_actor_processes() -> dict[int, str]:
+    """{pid: title} of this test process's Ray session's actor processes (``ray::Name``, not idle
+    pooled workers): the descendants of this process, which started that Ray (``ray_local``)."""
+    children: dict[int, list[int]] = {}
+    titles: dict[int, str] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            titles[int(proc.name)] = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = {}, list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        title = titles.get(pid, "")
+        if title.startswith("ray::") and not title.startswith("ray::IDLE"):
+            found[pid] = title
+    return found
+
+
+# Detached actors a run may leave on a cluster by design: Ray Data's and Ray Train's per-cluster
+# singletons (every later run reuses them), and Ray Train's PlacementGroupCleaner, a watchdog that
+# removes the run's placement group once its controller is gone. The cleaner asks the State API
+# (the dashboard) whether the controller lives; on a cluster without the dashboard (this session's
+# Ray, started as `mmlinks train` starts a local one) no answer comes, so it polls on (Ray 2.60).
+# The run's own actors (controller, workers, dataset and sync helpers) must all end with its driver.
+DETACHED = ("ray::_StatsActor", "ray::_AutoscalingCoordinatorActor", "ray::PlacementGroupCleaner")
+
+
+def new_actors(before: dict[int, str], wait_s: float = 60) -> dict[int, str]:
+    """The session's actor processes not in ``before`` nor ``DETACHED``, still alive after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while (
+        left := {
+            p: t for p, t in ray_actor_processes().items() if p not in before and not t.startswith(DETACHED)
+        }
+    ) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def stop_cleaners(before: dict[int, str]) -> None:
+    """SIGKILL the PlacementGroupCleaners started since ``before`` (see ``DETACHED``): each would
+    poll the missing State API for the rest of the session."""
+    for pid, title in ray_actor_processes().items():
+        if pid not in before and title.startswith("ray::PlacementGroupCleaner"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def run_train(cmd: list[str], env: dict, cwd: Path) -> dict:
@@ -156,22 +218,32 @@ def test_driver_killed_mid_run_resumes_to_the_uninterrupted_result(
     tiny_train, tmp_path, fault_stats, ray_local
 ):
     """Kill the driver after epoch 1 of 3, rerun the same command: it trains epoch 2 only and
-    ends where a run never killed ends (history, best epoch, test metrics); no Ray process of
-    the killed command survives it; the registry gets one version, from the rerun."""
+    ends where a run never killed ends (history, best epoch, test metrics); no process of the
+    killed command survives it, and the cluster it joined ends its Ray Train actors; the
+    registry gets one version, from the rerun."""
+    import ray
+
     work, ref = tmp_path / "run", tmp_path / "reference"
     work.mkdir(), ref.mkdir()
-    cmd = train_cmd(tiny_train, work / "ray", work)
+    cmd = [*train_cmd(tiny_train, work / "ray", work), "--ray-address", ray.get_runtime_context().gcs_address]
+    before = ray_actor_processes()
     killed_tag = uuid.uuid4().hex
-    kill_driver_after_epoch(cmd, train_env(killed_tag, **{EPOCH_LOG_ENV: str(work / "killed.log")}), work,
-                            work / "ray" / "r", epoch=1)  # fmt: skip
-    fault_stats.add(faults_injected=1)
-    left = leftovers(killed_tag)
-    assert not left, f"processes outlived the killed driver: {left}"
+    try:
+        kill_driver_after_epoch(cmd, train_env(killed_tag, **{EPOCH_LOG_ENV: str(work / "killed.log")}), work,
+                                work / "ray" / "r", epoch=1)  # fmt: skip
+        fault_stats.add(faults_injected=1)
+        left = leftovers(killed_tag)
+        assert not left, f"processes outlived the killed driver: {left}"
+        left = new_actors(before)
+        assert not left, f"the killed driver's Ray actors outlived it: {left}"
+    finally:
+        stop_cleaners(before)
     assert epochs_logged(work / "killed.log") == [0, 1]
 
     resumed_tag = uuid.uuid4().hex
     resumed = run_train(cmd, train_env(resumed_tag, **{EPOCH_LOG_ENV: str(work / "resumed.log")}), work)
     assert not leftovers(resumed_tag, wait_s=30)
+    assert not new_actors(before, wait_s=30)
     assert epochs_logged(work / "resumed.log") == [2]  # resumed from epoch 1's checkpoint
     reference, want = uninterrupted(tiny_train, ref)
 
@@ -192,7 +264,7 @@ def test_driver_killed_mid_run_resumes_to_the_uninterrupted_result(
     assert [r.info.status for r in killed] == ["KILLED"], [(r.info.run_id, r.info.status) for r in runs]
     assert killed[0].data.tags["mmlinks.resumed_by"] == resumed["run_id"]
     assert client.get_run(resumed["run_id"]).data.tags["mmlinks.resumes"] == killed[0].info.run_id
-    fault_stats.add(invariant_checks=11)
+    fault_stats.add(invariant_checks=13)
 
 
 # Run under `unshare -rm`: mount a 1 MiB tmpfs, fill it to HEADROOM free bytes (one checkpoint,
