@@ -204,6 +204,38 @@ def test_synth_news_command(tmp_path, capfd):
     )
 
 
+def test_wit_bad_bytes_and_a_broken_gzip_stream_are_dead_letters(tmp_path, monkeypatch):
+    """Found by tests/faults/test_table_fuzz.py: a byte that is not UTF-8 (UnicodeDecodeError),
+    a cut gzip stream (EOFError) and a file that is not gzip (BadGzipFile) crashed the step."""
+    import csv
+    import gzip
+    import io
+
+    from pipelines.sources import wit
+    from tests.fixtures.wit import ROWS
+
+    def reasons(name: str, data: bytes) -> list[tuple[str, str]]:
+        (tmp_path / name).write_bytes(data)
+        step = wit.ParseWitFile(None, frozenset({"image/jpeg"}))
+        out = step.process(str(tmp_path / name))
+        return [(o.value.source_id, o.value.reason) for o in out if hasattr(o, "tag")]
+
+    buf = io.StringIO()
+    csv.writer(buf, delimiter="\t", lineterminator="\n").writerow(ROWS[3])
+    good = buf.getvalue().encode()
+    bad = good.replace(b"Chillon", b"Chil\xfflon", 1)
+    assert reasons("a.tsv", b"\xef\xbb\xbf" + good + bad + good) == [("a.tsv:1", "not_utf8")]  # BOM dropped
+    packed = gzip.compress(good * 3)
+    assert reasons("b.tsv.gz", packed[:-6])[-1] == ("b.tsv.gz:3", "malformed_file")
+    assert reasons("c.tsv.gz", b"not gzip") == [("c.tsv.gz:0", "malformed_file")]
+    monkeypatch.setattr(wit, "FIELD_LIMIT", 100)  # a field over the limit ends the file
+    limit = csv.field_size_limit()  # process-wide: rows_of sets it, restored for later tests
+    try:
+        assert reasons("d.tsv", good + b"x" * 200 + b"\n") == [("d.tsv:1", "malformed_file")]
+    finally:
+        csv.field_size_limit(limit)
+
+
 def test_wit_rows_become_news_samples_grouped_by_page(tmp_path):
     from pipelines.sources.wit import ReadWit, page_key, rows_of
     from tests.fixtures.wit import DE_PAGE, ROWS, write_wit
