@@ -7,6 +7,8 @@ letters. A text read through a plain ``StringIO`` splits lines on ``\\n`` only, 
 refuses a lone carriage return with ``csv.Error``; ``newline=""`` (what the csv docs ask of every
 file it reads) lets csv treat it as the line break it is. A field over csv's size limit, or any
 other ``csv.Error``, ends the file with one ``malformed_csv`` record after the rows before it.
+The limit is csv's one process-wide setting: every table reader (WIT's too) sets ``FIELD_LIMIT``
+before it reads, so a field is refused or read the same whichever reader ran first.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator, Sequence
+
+FIELD_LIMIT = 1 << 24  # characters; a WIT context description can exceed csv's 128 KiB default
 
 
 def csv_rows(
@@ -23,6 +27,7 @@ def csv_rows(
     (instead of any row) when the header lacks one of ``columns`` (the unnamed first column of
     the writer's row numbers is not required), one ``malformed_csv`` last when csv cannot read
     on. Extra fields land under the key None, missing ones are None (DictReader's defaults)."""
+    csv.field_size_limit(FIELD_LIMIT)
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         missing = [c for c in columns if c and c not in (reader.fieldnames or [])]

@@ -53,7 +53,7 @@ class ParseSyntheticLine(beam.DoFn):
             split = rec.get("split")
             if split is not None and split not in SPLITS:
                 raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: int(inf), a link 1e400
             yield dead_letter("line", line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
             return
         count("documents_in")

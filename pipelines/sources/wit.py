@@ -23,9 +23,10 @@ k-th image by image_url (a repeated image_url is kept once). Images are fetched 
 WIT has no dates: the split is by a hash of the article id (``ratios``). Dead letters: a row
 with the wrong number of fields (``malformed_record``), a row holding bytes that are not UTF-8
 (``not_utf8``), a file the reader cannot go on in (a cut or corrupt gzip stream, a field over
-``FIELD_LIMIT``: ``malformed_file``, after the rows before the fault), a language outside ``languages``
-(``language_filtered``), a MIME type outside ``mime_types`` (``unsupported_mime``: the release
-lists SVG and GIF drawings too), and the news parser's own (no words: ``no_text``).
+``csvtable.FIELD_LIMIT``: ``malformed_file``, after the rows before the fault), a language
+outside ``languages`` (``language_filtered``), a MIME type outside ``mime_types``
+(``unsupported_mime``: the release lists SVG and GIF drawings too), and the news parser's own
+(no words: ``no_text``).
 Checked against the published column layout on the fixture ``tests/fixtures/wit.py``; not run
 on the full release here.
 """
@@ -44,6 +45,7 @@ import apache_beam as beam
 
 from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources import csvtable
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, policy_from_context
 from pipelines.sources.jsonstream import has_invalid_utf8
@@ -70,7 +72,6 @@ COLUMNS = (
     "context_page_description",
     "context_section_description",
 )
-FIELD_LIMIT = 1 << 24  # a context description can exceed csv's 128 KiB default
 
 
 def wit_files(input_uri: str) -> list[str]:
@@ -85,7 +86,7 @@ def rows_of(path: str) -> Iterator[list[str]]:
     """The rows of one WIT file (gzip by its name), header row included. Bytes that are not
     UTF-8 become lone surrogates (``surrogateescape``) so one bad byte costs its row, not the
     file (``ParseWitFile`` dead-letters the row); a leading BOM is dropped."""
-    csv.field_size_limit(FIELD_LIMIT)
+    csv.field_size_limit(csvtable.FIELD_LIMIT)
     with fileio.open_read(path) as raw:
         fh = gzip.open(raw) if path.endswith(".gz") else raw
         text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
@@ -136,7 +137,7 @@ class ParseWitFile(beam.DoFn):
             for n, fields in enumerate(rows_of(path)):
                 yield from self._row(n, fields, f"{name}:{n}")
         except (csv.Error, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            # a corrupt or cut gzip stream, a field over FIELD_LIMIT: the file ends here
+            # a corrupt or cut gzip stream, a field over csvtable.FIELD_LIMIT: the file ends here
             yield dead_letter("line", f"{name}:{n + 1}", "malformed_file", f"{type(exc).__name__}: {exc}")
 
     def _row(self, n: int, fields: list[str], where: str):

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pipelines.records import DEAD_LETTER, DeadLetter, RawDocument
@@ -392,3 +392,47 @@ def test_news_and_nytimes800k_lines_become_documents_or_dead_letters(line, fault
         assert all(isinstance(d, RawDocument) for d in kept)
         assert kept or dead or not line.strip()  # a line is kept or dead-lettered, never dropped
         fault_stats.add(invariant_checks=2)
+
+
+# ------------------------------------------------------------------- synthetic documents.jsonl
+
+
+@st.composite
+def synthetic_lines(draw) -> bytes:
+    numbers = st.integers(-2, 5) | st.floats(allow_nan=True, allow_infinity=True) | json_values
+    record = {
+        "doc_id": draw(st.text(max_size=5) | json_values),
+        "sentences": draw(st.lists(st.text(max_size=8), max_size=3) | json_values),
+        "images": draw(
+            st.lists(st.sampled_from(["img/a.png", "../b.png", "/abs/c.png"]), max_size=2) | json_values
+        ),
+        "links": draw(
+            st.lists(st.lists(numbers, min_size=2, max_size=2) | json_values, max_size=3) | json_values
+        ),
+        "metadata": draw(st.dictionaries(st.text(max_size=4), json_values, max_size=3) | json_values),
+        "split": draw(st.sampled_from(["train", "val", "test", "dev"]) | json_values),
+        "DEEP": DEEP,
+    }
+    for key in draw(st.lists(st.sampled_from(sorted(record)), max_size=2, unique=True)):
+        del record[key]
+    return draw(damaged(record)).replace(b"\n", b" ")
+
+
+@EXAMPLES
+@example(line=b'{"doc_id": "d", "sentences": ["a"], "images": ["a.png"], "links": [[0, 1e400]]}')
+@example(line=b'{"doc_id": "d", "sentences": ["a"], "images": ["a.png"], "links": [[Infinity, 0]]}')
+@given(line=synthetic_lines())
+def test_synthetic_lines_become_documents_or_dead_letters(line, fault_stats):
+    # Found by this test (its examples): a link index of 1e400 or Infinity (json reads both as
+    # float inf) made int() raise OverflowError, which the step did not catch.
+    from pipelines.sources.synthetic import SPLITS, ParseSyntheticLine
+
+    fault_stats.add(inputs_fuzzed=1)
+    kept, dead = run_step(ParseSyntheticLine("/corpus"), line)
+    assert {d.reason for d in dead} <= {"not_utf8", "malformed_record"}, dead
+    assert len(kept) + len(dead) == (1 if line.strip() else 0)  # a line is kept or dead-lettered
+    for doc in kept:
+        assert isinstance(doc, RawDocument) and isinstance(doc.doc_id, str)
+        assert all(isinstance(s, str) for s in doc.sentences) and doc.split in (None, *SPLITS)
+        assert all(isinstance(s, int) and isinstance(i, int) for s, i in doc.links or [])
+    fault_stats.add(invariant_checks=2)

@@ -242,7 +242,7 @@ def wit_files(draw) -> tuple[str, bytes]:
 
 def wit_oracle(name: str, raw: bytes) -> int | None:
     """The data rows csv reads from a file that decompresses and decodes cleanly; None otherwise."""
-    from pipelines.sources.wit import FIELD_LIMIT
+    from pipelines.sources.csvtable import FIELD_LIMIT
 
     try:
         text = (gzip.decompress(raw) if name.endswith(".gz") else raw).decode("utf-8-sig")

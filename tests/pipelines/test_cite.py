@@ -94,12 +94,16 @@ def test_a_lone_carriage_return_is_a_line_break_not_a_crash(tmp_path):
     assert [o["text"] for o in out if isinstance(o, dict)] == ["Bake", "Bake it."]
 
 
-def test_a_field_over_the_csv_limit_ends_the_file_with_one_reason():
+def test_a_field_over_the_csv_limit_ends_the_file_with_one_reason(monkeypatch):
     import csv
 
+    from pipelines.sources import csvtable
     from pipelines.sources.cite import COLUMNS
 
-    limit = csv.field_size_limit()
-    huge = "x" * (limit + 1)
-    out = list(parse_cite_csv("|".join(COLUMNS) + "\n" + huge + "\n", "data.csv"))
+    limit = csv.field_size_limit()  # process-wide: csv_rows sets it, restored for later tests
+    monkeypatch.setattr(csvtable, "FIELD_LIMIT", 100)
+    try:
+        out = list(parse_cite_csv("|".join(COLUMNS) + "\n" + "x" * 101 + "\n", "data.csv"))
+    finally:
+        csv.field_size_limit(limit)
     assert [(o[0], o[1]) for o in out] == [("data.csv", "malformed_csv")]

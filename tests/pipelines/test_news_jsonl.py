@@ -211,7 +211,7 @@ def test_wit_bad_bytes_and_a_broken_gzip_stream_are_dead_letters(tmp_path, monke
     import gzip
     import io
 
-    from pipelines.sources import wit
+    from pipelines.sources import csvtable, wit
     from tests.fixtures.wit import ROWS
 
     def reasons(name: str, data: bytes) -> list[tuple[str, str]]:
@@ -228,7 +228,7 @@ def test_wit_bad_bytes_and_a_broken_gzip_stream_are_dead_letters(tmp_path, monke
     packed = gzip.compress(good * 3)
     assert reasons("b.tsv.gz", packed[:-6])[-1] == ("b.tsv.gz:3", "malformed_file")
     assert reasons("c.tsv.gz", b"not gzip") == [("c.tsv.gz:0", "malformed_file")]
-    monkeypatch.setattr(wit, "FIELD_LIMIT", 100)  # a field over the limit ends the file
+    monkeypatch.setattr(csvtable, "FIELD_LIMIT", 100)  # a field over the limit ends the file
     limit = csv.field_size_limit()  # process-wide: rows_of sets it, restored for later tests
     try:
         assert reasons("d.tsv", good + b"x" * 200 + b"\n") == [("d.tsv:1", "malformed_file")]
