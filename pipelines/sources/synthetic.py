@@ -16,7 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceSpec
-from pipelines.sources.jsonstream import loads
+from pipelines.sources.jsonstream import loads, repaired
 from schemas.errors import MmlinksError
 
 SOURCE = "synthetic"
@@ -37,7 +37,7 @@ class ParseSyntheticLine(beam.DoFn):
             yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
             return
         try:
-            rec = loads(line)
+            rec = repaired(loads(line))  # escaped lone surrogates: Beam's coder cannot encode them
             if not isinstance(rec, dict):
                 raise ValueError("line is not a JSON object")
             doc_id = str(rec["doc_id"])

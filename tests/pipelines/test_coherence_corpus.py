@@ -234,3 +234,13 @@ def test_a_synthetic_line_with_an_infinite_link_index_is_a_dead_letter(link):
     line = f'{{"doc_id": "d", "sentences": ["a"], "images": ["a.png"], "links": [{link}]}}'.encode()
     (out,) = ParseSyntheticLine("/corpus").process(line)
     assert out.tag == DEAD_LETTER and out.value.reason == "malformed_record", out
+
+
+def test_a_synthetic_line_with_an_escaped_lone_surrogate_is_repaired():
+    """Found by tests/faults/test_stream_fuzz.py: ``"\\ud800"`` in a doc id or metadata reached
+    Beam's coder, whose UnicodeEncodeError failed the whole build."""
+    from pipelines.sources.synthetic import ParseSyntheticLine
+
+    line = b'{"doc_id": "d\\ud800", "sentences": ["a"], "images": [], "metadata": {"k\\udc80": "v"}}'
+    (doc,) = ParseSyntheticLine("/corpus").process(line)
+    assert doc.doc_id == "d\ufffd" and doc.metadata == {"k\ufffd": "v"}

@@ -187,6 +187,31 @@ def test_goodnews_members_become_news_samples():
         spec.check(spec.context(str(root), {"split": "date"}, "s"))
 
 
+def test_escaped_lone_surrogates_are_repaired_and_bad_bytes_dead_lettered(tmp_path):
+    """Found by tests/faults/test_stream_fuzz.py: a lone surrogate escaped in the JSON
+    (``"\\ud83d"``) reached Beam's coder (a UnicodeEncodeError that failed the whole build) from
+    the news and NYTimes800k lines and GoodNews's file, and GoodNews kept bytes that are not UTF-8
+    as surrogates too; now the text is repaired (counted) and such bytes are a ``not_utf8`` letter."""
+    from pipelines.sources.goodnews import ParseGoodNews
+
+    line = (
+        '{"article_id": "a\\udc80", "language": "en", "date": "2015-01-02", "headline": "x \\ud83d",'
+        ' "images": [{"uri": "a.jpg", "caption": "c"}], "split": "train", "_id": "a", "image_positions": []}'
+    )
+    (doc,) = parse_article(line, "/data", SplitRule("ratio"))  # (NYTimes800k: the same repair)
+    assert isinstance(doc, RawDocument) and doc.doc_id == "a\ufffd#0"
+    for text in (*doc.sentences, *doc.metadata.values()):
+        text.encode("utf-8")  # no lone surrogate left
+    article = b'{"k": {"article": "TEXT", "headline": {"main": "h"}, "images": {"0": "cap"}}}'
+    path = tmp_path / "captioning_dataset.json"
+    path.write_bytes(article.replace(b"TEXT", b"x \\ud83d"))
+    (doc,) = ParseGoodNews(str(tmp_path), "resized", SplitRule("ratio")).process(str(path))
+    assert any("\ufffd" in s for s in doc.sentences) and all(s.encode() for s in doc.sentences)
+    path.write_bytes(article.replace(b"TEXT", b"x \xff"))
+    (out,) = ParseGoodNews(str(tmp_path), "resized", SplitRule("ratio")).process(str(path))
+    assert out.tag == DEAD_LETTER and (out.value.source_id, out.value.reason) == ("k", "not_utf8")
+
+
 def test_synth_news_command(tmp_path, capfd):
     from cli.main import main
 
