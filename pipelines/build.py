@@ -122,8 +122,15 @@ def storage_full(exc: BaseException) -> str | None:
 
 # How the runner reports a worker process that vanished (SIGKILL, OOM killer): the multi-process
 # DirectRunner's data channel closes under the driver (``RuntimeError: Channel closed
-# prematurely.``), or its gRPC control channel reports the peer gone.
-_WORKER_LOST = re.compile(r"Channel closed prematurely|Socket closed|Connection reset by peer")
+# prematurely.``, what tests/faults/test_build_worker_kill.py sees), or a gRPC call to the worker
+# fails with UNAVAILABLE because its peer is gone. The gRPC words are matched only inside gRPC's
+# own rendering of an error (``status = StatusCode.UNAVAILABLE`` then ``details = "..."``): a bare
+# "Connection reset by peer" is as likely a source's HTTP fetch (requests' ConnectionResetError,
+# the polite client's ``retries_exhausted``), which must surface as itself, not as a lost worker.
+_WORKER_LOST = re.compile(
+    r"Channel closed prematurely"
+    r'|StatusCode\.UNAVAILABLE\s+details = "[^"]*?(?:Socket closed|Connection reset by peer)'
+)
 
 
 def worker_lost(exc: BaseException) -> str | None:
@@ -133,7 +140,10 @@ def worker_lost(exc: BaseException) -> str | None:
         seen.add(id(exc))
         found = _WORKER_LOST.search(str(exc))
         if found:
-            return f"{type(exc).__name__}: {found.group(0)}"
+            words = found.group(0)
+            if words.startswith("StatusCode"):  # the gRPC details, one line
+                words = "gRPC UNAVAILABLE: " + words.split('details = "', 1)[1]
+            return f"{type(exc).__name__}: {words}"
         exc = exc.__cause__ or exc.__context__
     return None
 

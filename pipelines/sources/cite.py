@@ -24,9 +24,7 @@ ratios 0.72 / 0.08 / 0.2 by document id (the build's splitter).
 
 from __future__ import annotations
 
-import csv
 import html
-import io
 import re
 from collections.abc import Iterator
 from pathlib import PurePosixPath
@@ -36,6 +34,7 @@ import apache_beam as beam
 from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
+from pipelines.sources.csvtable import csv_rows
 from schemas.errors import MmlinksError
 
 SOURCE = "cite"
@@ -85,13 +84,11 @@ def recipe_of(image: str) -> tuple[str, int] | None:
 def parse_cite_csv(text: str, name: str) -> Iterator[dict | tuple[str, str, str]]:
     """One dict per usable row (doc_id, text, image file, relations, metadata), or (source id,
     reason, detail) for a row that cannot be a pair."""
-    reader = csv.DictReader(io.StringIO(text), delimiter="|")
-    missing = [c for c in COLUMNS[1:] if c not in (reader.fieldnames or [])]
-    if missing:
-        yield (name, "bad_header", f"missing columns {missing}")
-        return
     stem = PurePosixPath(name).stem
-    for n, row in enumerate(reader):
+    for n, row in enumerate(csv_rows(text, name, COLUMNS, delimiter="|")):
+        if isinstance(row, tuple):  # bad_header or malformed_csv: the file ends here
+            yield row
+            return
         index = (row.get("Index") or "").strip() or str(n)
         sid = f"{stem}:{index}"
         body, image = clean_text(row.get("stim_txt") or ""), (row.get("qimg") or "").strip()

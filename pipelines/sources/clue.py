@@ -18,8 +18,6 @@ The HTTP allowlist is the set of hosts the CSV files name (redirects cannot leav
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
@@ -29,6 +27,7 @@ import apache_beam as beam
 from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceSpec
+from pipelines.sources.csvtable import csv_rows
 from pipelines.sources.http_options import http_source_options, policy_from_context
 from schemas.errors import MmlinksError
 
@@ -50,21 +49,29 @@ def split_of(name: str) -> str | None:
     return "test" if "test" in stem else "val" if "val" in stem else None
 
 
+def http_host(url: str) -> str | None:
+    """The lower-cased host of an http(s) URL; None for anything else, including what ``urlsplit``
+    refuses (an unclosed ``[`` IPv6 bracket, a host with characters NFKC turns into ``#``/``/``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return parts.netloc.lower() if parts.scheme in ("http", "https") and parts.netloc else None
+
+
 def parse_clue_csv(text: str, name: str) -> Iterator[RawDocument | tuple[str, str, str]]:
     """RawDocuments, or (source id, reason, detail) for each row that cannot be one."""
-    reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in COLUMNS[1:] if c not in (reader.fieldnames or [])]
-    if missing:
-        yield (name, "bad_header", f"missing columns {missing}")
-        return
     stem, split = PurePosixPath(name).stem, split_of(name)
-    for n, row in enumerate(reader):
+    for n, row in enumerate(csv_rows(text, name, COLUMNS)):
+        if isinstance(row, tuple):
+            yield row
+            return
         sid = f"{stem}:{row.get('index') or n}"
         caption, url = (row.get("caption") or "").strip(), (row.get("url") or "").strip()
         if not caption:
             yield (sid, "no_caption", "")
             continue
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+        if http_host(url) is None:
             yield (sid, "bad_url", url[:200])
             continue
         values = {r: (row.get(r) or "").strip() for r in RELATIONS}
@@ -86,12 +93,19 @@ def parse_clue_csv(text: str, name: str) -> Iterator[RawDocument | tuple[str, st
 
 
 def hosts_of(input_uri: str) -> set[str]:
+    """The hosts of the URLs the CSV files name (the fetcher's allowlist). Built on the driver
+    before the pipeline runs, so a file or row it cannot read is skipped here, not raised: the
+    parse step dead-letters it with its reason."""
     hosts = set()
     for path in csv_files(input_uri):
-        for row in csv.DictReader(io.StringIO(fileio.read_text(path))):
-            url = urlsplit((row.get("url") or "").strip())
-            if url.scheme in ("http", "https") and url.netloc:
-                hosts.add(url.netloc.lower())
+        try:
+            text = fileio.read_text(path)
+        except UnicodeDecodeError:
+            continue
+        for row in csv_rows(text, path, COLUMNS):
+            host = http_host((row.get("url") or "").strip()) if isinstance(row, dict) else None
+            if host:
+                hosts.add(host)
     return hosts
 
 

@@ -24,7 +24,13 @@ import apache_beam as beam
 from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
-from pipelines.sources.jsonstream import MalformedJson, repaired, stream_members, text_chunks
+from pipelines.sources.jsonstream import (
+    MalformedJson,
+    has_invalid_utf8,
+    repaired,
+    stream_members,
+    text_chunks,
+)
 from pipelines.sources.news_jsonl import SplitRule, day_of, parse_record
 from schemas.errors import MmlinksError
 
@@ -66,7 +72,12 @@ class ParseGoodNews(beam.DoFn):
             with fileio.open_read(path) as fh:
                 for key, value in stream_members(text_chunks(fh)):
                     count("articles_in")
-                    key, value = repaired([key, value])  # an escaped lone surrogate, in the id too
+                    if has_invalid_utf8(key) or has_invalid_utf8(value):  # bytes that are not UTF-8
+                        shown = key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")[:80]
+                        yield dead_letter("document", shown, "not_utf8", "the article holds non-UTF-8 bytes")
+                        continue
+                    # escaped lone surrogates ("\ud83d" in the JSON): Beam's coder cannot encode them
+                    key, value = repaired(key), repaired(value)
                     rec = news_record(key, value, self.images_dir)
                     for item in parse_record(rec, self.root, self.rule, None, key, SOURCE):
                         if isinstance(item, RawDocument):

@@ -47,7 +47,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, policy_from_context
-from pipelines.sources.jsonstream import loads
+from pipelines.sources.jsonstream import loads, repaired
 from pipelines.splits import assign_split
 from schemas.errors import MmlinksError
 from schemas.news import NEWS_SOURCES, SOURCES_KEY
@@ -96,7 +96,7 @@ def parse_article(
 ) -> Iterator[RawDocument | tuple[str, str, str]]:
     """One JSONL line -> a RawDocument per image, or (source id, reason, detail) dead letters."""
     try:
-        rec = loads(line)
+        rec = repaired(loads(line))  # escaped lone surrogates: Beam's coder cannot encode them
     except ValueError as exc:
         yield (line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
         return

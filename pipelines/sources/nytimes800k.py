@@ -45,7 +45,7 @@ from apache_beam import coders
 from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
-from pipelines.sources.jsonstream import loads
+from pipelines.sources.jsonstream import loads, repaired
 from pipelines.sources.news_jsonl import ParseArticleLines, SplitRule, day_of, parse_record, ratio_rule
 from schemas.errors import MmlinksError
 
@@ -135,7 +135,7 @@ def parse_line(
 ) -> Iterator[RawDocument | tuple[str, str, str]]:
     """One exported line -> a RawDocument per image, or (source id, reason, detail) dead letters."""
     try:
-        doc = loads(line)
+        doc = repaired(loads(line))  # escaped lone surrogates: Beam's coder cannot encode them
     except ValueError as exc:
         yield (line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
         return

@@ -16,7 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceSpec
-from pipelines.sources.jsonstream import loads
+from pipelines.sources.jsonstream import loads, repaired
 from schemas.errors import MmlinksError
 
 SOURCE = "synthetic"
@@ -37,7 +37,7 @@ class ParseSyntheticLine(beam.DoFn):
             yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
             return
         try:
-            rec = loads(line)
+            rec = repaired(loads(line))  # escaped lone surrogates: Beam's coder cannot encode them
             if not isinstance(rec, dict):
                 raise ValueError("line is not a JSON object")
             doc_id = str(rec["doc_id"])
@@ -53,7 +53,7 @@ class ParseSyntheticLine(beam.DoFn):
             split = rec.get("split")
             if split is not None and split not in SPLITS:
                 raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: int(inf), a link 1e400
             yield dead_letter("line", line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
             return
         count("documents_in")

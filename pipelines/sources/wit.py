@@ -21,9 +21,12 @@ k-th image by image_url (a repeated image_url is kept once). Images are fetched 
 ``image_url`` through the polite client, allowlisted to ``hosts`` (default upload.wikimedia.org).
 
 WIT has no dates: the split is by a hash of the article id (``ratios``). Dead letters: a row
-with the wrong number of fields (``malformed_record``), a language outside ``languages``
-(``language_filtered``), a MIME type outside ``mime_types`` (``unsupported_mime``: the release
-lists SVG and GIF drawings too), and the news parser's own (no words: ``no_text``).
+with the wrong number of fields (``malformed_record``), a row holding bytes that are not UTF-8
+(``not_utf8``), a file the reader cannot go on in (a cut or corrupt gzip stream, a field over
+``csvtable.FIELD_LIMIT``: ``malformed_file``, after the rows before the fault), a language
+outside ``languages`` (``language_filtered``), a MIME type outside ``mime_types``
+(``unsupported_mime``: the release lists SVG and GIF drawings too), and the news parser's own
+(no words: ``no_text``).
 Checked against the published column layout on the fixture ``tests/fixtures/wit.py``; not run
 on the full release here.
 """
@@ -35,14 +38,17 @@ import dataclasses
 import gzip
 import hashlib
 import io
+import zlib
 from collections.abc import Iterator
 
 import apache_beam as beam
 
 from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.sources import csvtable
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.sources.jsonstream import has_invalid_utf8
 from pipelines.sources.news_jsonl import SplitRule, parse_record, ratio_rule
 from schemas.errors import MmlinksError
 
@@ -66,7 +72,6 @@ COLUMNS = (
     "context_page_description",
     "context_section_description",
 )
-FIELD_LIMIT = 1 << 24  # a context description can exceed csv's 128 KiB default
 
 
 def wit_files(input_uri: str) -> list[str]:
@@ -78,11 +83,14 @@ def wit_files(input_uri: str) -> list[str]:
 
 
 def rows_of(path: str) -> Iterator[list[str]]:
-    """The rows of one WIT file (gzip by its name), header row included."""
-    csv.field_size_limit(FIELD_LIMIT)
+    """The rows of one WIT file (gzip by its name), header row included. Bytes that are not
+    UTF-8 become lone surrogates (``surrogateescape``) so one bad byte costs its row, not the
+    file (``ParseWitFile`` dead-letters the row); a leading BOM is dropped."""
+    csv.field_size_limit(csvtable.FIELD_LIMIT)
     with fileio.open_read(path) as raw:
         fh = gzip.open(raw) if path.endswith(".gz") else raw
-        yield from csv.reader(io.TextIOWrapper(fh, encoding="utf-8", newline=""), delimiter="\t")
+        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        yield from csv.reader(text, delimiter="\t")
 
 
 def page_key(row: dict) -> str:
@@ -123,23 +131,32 @@ class ParseWitFile(beam.DoFn):
         self.languages, self.mime_types = languages, mime_types
 
     def process(self, path: str):
-        for n, fields in enumerate(rows_of(path)):
-            if n == 0 and fields[:1] == ["language"]:
-                continue  # the release's header row
-            where = f"{path.rsplit('/', 1)[-1]}:{n}"
-            if len(fields) != len(COLUMNS):
-                yield dead_letter(
-                    "line", where, "malformed_record", f"{len(fields)} fields, not {len(COLUMNS)}"
-                )
-                continue
-            row = dict(zip(COLUMNS, fields, strict=True))
-            count("rows_in")
-            if self.languages is not None and row["language"] not in self.languages:
-                yield dead_letter("document", where, "language_filtered", row["language"])
-            elif row["mime_type"] not in self.mime_types:
-                yield dead_letter("document", where, "unsupported_mime", row["mime_type"])
-            else:
-                yield page_key(row), row
+        name = path.rsplit("/", 1)[-1]
+        n = -1
+        try:
+            for n, fields in enumerate(rows_of(path)):
+                yield from self._row(n, fields, f"{name}:{n}")
+        except (csv.Error, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            # a corrupt or cut gzip stream, a field over csvtable.FIELD_LIMIT: the file ends here
+            yield dead_letter("line", f"{name}:{n + 1}", "malformed_file", f"{type(exc).__name__}: {exc}")
+
+    def _row(self, n: int, fields: list[str], where: str):
+        if n == 0 and fields[:1] == ["language"]:
+            return  # the release's header row
+        if len(fields) != len(COLUMNS):
+            yield dead_letter("line", where, "malformed_record", f"{len(fields)} fields, not {len(COLUMNS)}")
+            return
+        if has_invalid_utf8(fields):
+            yield dead_letter("line", where, "not_utf8", "the row holds non-UTF-8 bytes")
+            return
+        row = dict(zip(COLUMNS, fields, strict=True))
+        count("rows_in")
+        if self.languages is not None and row["language"] not in self.languages:
+            yield dead_letter("document", where, "language_filtered", row["language"])
+        elif row["mime_type"] not in self.mime_types:
+            yield dead_letter("document", where, "unsupported_mime", row["mime_type"])
+        else:
+            yield page_key(row), row
 
 
 class PageSamples(beam.DoFn):

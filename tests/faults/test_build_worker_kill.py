@@ -30,6 +30,8 @@ from tests.conftest import add_bad_records, venv_env
 from tests.faults.conftest import tiny_cfg
 from tests.faults.test_build_kills import shard_bytes
 from tests.faults.test_train_faults import TAG, leftovers
+from tests.faults.test_web_faults import _reset_mid_body
+from tests.pipelines.test_http_client import fresh_gates, serve  # noqa: F401
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -138,3 +140,72 @@ def test_a_lost_worker_is_recognised_through_beams_wrapping():
         assert worker_lost(outer) == "RuntimeError: Channel closed prematurely"
     assert worker_lost(RuntimeError("bad input")) is None
     assert worker_lost(OSError(28, "No space left on device")) is None
+
+
+def _fetch(url: str) -> bytes:
+    """A source's fetch that lets its error go (no retry): the polite client, as the sources use it."""
+    from urllib.parse import urlsplit
+
+    from pipelines.web import PoliteClient
+    from pipelines.web.policy import HttpPolicy
+
+    host = urlsplit(url).netloc
+    policy = HttpPolicy(frozenset({host}), rate_per_host=None, max_retries=0, allow_private=True, timeout=5.0)
+    return PoliteClient(policy).get(url).body
+
+
+def test_an_http_connection_reset_in_a_fetch_is_not_a_lost_worker(serve, fault_stats):  # noqa: F811
+    """A loopback server resets the connection mid-body; the fetch runs in a Beam step whose error
+    fails the pipeline. Its text says "Connection reset by peer" (the words the old pattern took
+    for a lost worker), but no worker died: the build must raise the fetch error itself."""
+    import apache_beam as beam
+
+    from pipelines.build import worker_lost
+
+    server = serve(_reset_mid_body)
+    with pytest.raises(Exception) as err:
+        with beam.Pipeline() as p:
+            _ = p | beam.Create([server.url("/a.jpg")]) | beam.Map(_fetch)
+    chain, exc = [], err.value
+    while exc is not None:
+        chain.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    assert "Connection reset by peer" in " ".join(chain), chain  # the fault was the HTTP reset
+    assert worker_lost(err.value) is None, chain
+    fault_stats.add(faults_injected=1, invariant_checks=1)
+
+
+def test_a_grpc_peer_reset_is_a_lost_worker():
+    """What the runner's gRPC channel says when the worker at its other end is gone: a real call
+    to a loopback peer that resets the connection (SO_LINGER 0) fails UNAVAILABLE."""
+    import socket
+    import threading
+
+    import grpc
+
+    from pipelines.build import worker_lost
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def reset_every_connection():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            conn.recv(100)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            conn.close()
+
+    threading.Thread(target=reset_every_connection, daemon=True).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary("/beam.Fn/Control")(b"", timeout=10)
+    finally:
+        channel.close()
+        listener.close()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    found = worker_lost(err.value)
+    assert found is not None and found.startswith(f"{type(err.value).__name__}: gRPC UNAVAILABLE: "), found
+    assert "\n" not in found

@@ -39,6 +39,7 @@ ODD_VALUES = (  # what replaces DEEP: ordinary, just within the nesting cap, pas
     "[" * 5000 + "]" * 5000,
     '{"a":' * 3000 + "1" + "}" * 3000,
     "9" * 5000,
+    '"an escaped lone surrogate \\ud83d"',  # valid JSON; no encoder (Beam's coders) takes it
 )
 KINDS = {"line", "document", "sentence", "image", "link"}
 
@@ -113,6 +114,17 @@ def run_step(fn, element) -> tuple[list, list[DeadLetter]]:
     kept = [o for o in outputs if getattr(o, "tag", None) != DEAD_LETTER]
     assert all(isinstance(d, DeadLetter) and d.kind in KINDS and d.reason for d in dead)
     return kept, dead
+
+
+def encodable(doc: RawDocument) -> bool:
+    """Whether Beam's coders can encode the document's strings (no lone surrogate anywhere)."""
+    texts = [doc.doc_id, *doc.sentences, *doc.image_uris, *doc.metadata, *doc.metadata.values()]
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_file(kept, dead, expected, file_reasons, item_reasons, is_file_letter) -> int:
@@ -296,7 +308,7 @@ def test_hessel_docs_json_keeps_or_dead_letters_every_document(raw, fault_stats)
 
 news_articles = st.fixed_dictionaries(
     {
-        "article": st.text(max_size=10),
+        "article": st.text(max_size=10) | st.just(DEEP),
         "headline": st.fixed_dictionaries({"main": st.text(max_size=6)}) | json_values,
         "images": st.dictionaries(st.sampled_from("0123"), st.text(max_size=6) | json_values, max_size=3)
         | json_values,
@@ -305,14 +317,19 @@ news_articles = st.fixed_dictionaries(
 )
 
 
+GOODNEWS_ARTICLE = b'{"k": {"article": "TEXT", "headline": {"main": "h"}, "images": {"0": "cap"}}}'
+
+
 @EXAMPLES
+@example(raw=GOODNEWS_ARTICLE.replace(b"TEXT", b"x \\ud83d"))
+@example(raw=GOODNEWS_ARTICLE.replace(b"TEXT", b"x \xff"))
+# found by the fuzzer: an article id holding an escaped lone surrogate crashed the split's hash
+@example(raw=b'{"\\ud800 udc00": {"article": "", "headline": {"main": ""}, "images": {"0": ""}}}')
 @given(
     raw=st.dictionaries(st.text(max_size=6), news_articles | json_values | st.just(DEEP), max_size=4).flatmap(
         damaged
     )
 )
-# found by the fuzzer: an article id holding an escaped lone surrogate crashed the split's hash
-@example(raw=b'{"\\ud800 udc00": {"article": "", "headline": {"main": ""}, "images": {"0": ""}}}')
 def test_goodnews_file_keeps_or_dead_letters_every_article(raw, fault_stats):
     from pipelines.sources.goodnews import ParseGoodNews
     from pipelines.sources.news_jsonl import SplitRule
@@ -333,13 +350,19 @@ def test_goodnews_file_keeps_or_dead_letters_every_article(raw, fault_stats):
         dead,
         expected,
         {"malformed_json"},
-        {"malformed_record", "no_images", "no_image_uri", "no_text"},
+        {"malformed_record", "no_images", "no_image_uri", "no_text", "not_utf8"},
         lambda d: d.source_id == path,
     )
-    assert all(isinstance(d, RawDocument) and d.image_uris for d in kept)
+    assert all(isinstance(d, RawDocument) and d.image_uris and encodable(d) for d in kept)
     if expected is not None:  # an article yields a document per image, or at least one dead letter
         assert len(kept) + len(dead) >= expected
     fault_stats.add(invariant_checks=3)
+
+
+NEWS_SURROGATE = (  # an escaped lone surrogate in the headline: kept documents must be encodable
+    b'{"article_id": "a", "language": "en", "date": "2015-01-02", "split": "train", "headline": "x \\ud83d",'
+    b' "images": [{"uri": "a.jpg", "caption": "c"}], "image_positions": [], "_id": "a"}'
+)
 
 
 @st.composite
@@ -348,7 +371,7 @@ def news_lines(draw) -> bytes:
         "article_id": draw(st.text(max_size=5) | json_values),
         "language": "en",
         "date": draw(st.sampled_from(["2015-01-02", "x"]) | json_values),
-        "headline": draw(st.text(max_size=6) | json_values),
+        "headline": draw(st.text(max_size=6) | json_values | st.just(DEEP)),
         "images": draw(
             st.lists(
                 st.fixed_dictionaries(
@@ -372,6 +395,7 @@ def news_lines(draw) -> bytes:
 
 
 @EXAMPLES
+@example(line=NEWS_SURROGATE)
 @given(line=news_lines())
 def test_news_and_nytimes800k_lines_become_documents_or_dead_letters(line, fault_stats):
     from functools import partial
@@ -391,6 +415,52 @@ def test_news_and_nytimes800k_lines_become_documents_or_dead_letters(line, fault
     ):
         kept, dead = run_step(ParseArticleLines(parse), line)
         assert {d.reason for d in dead} <= reasons | extra, dead
-        assert all(isinstance(d, RawDocument) for d in kept)
+        assert all(isinstance(d, RawDocument) and encodable(d) for d in kept)
         assert kept or dead or not line.strip()  # a line is kept or dead-lettered, never dropped
         fault_stats.add(invariant_checks=2)
+
+
+# ------------------------------------------------------------------- synthetic documents.jsonl
+
+
+@st.composite
+def synthetic_lines(draw) -> bytes:
+    numbers = st.integers(-2, 5) | st.floats(allow_nan=True, allow_infinity=True) | json_values
+    record = {
+        "doc_id": draw(st.text(max_size=5) | json_values | st.just(DEEP)),
+        "sentences": draw(st.lists(st.text(max_size=8), max_size=3) | json_values),
+        "images": draw(
+            st.lists(st.sampled_from(["img/a.png", "../b.png", "/abs/c.png"]), max_size=2) | json_values
+        ),
+        "links": draw(
+            st.lists(st.lists(numbers, min_size=2, max_size=2) | json_values, max_size=3) | json_values
+        ),
+        "metadata": draw(st.dictionaries(st.text(max_size=4), json_values, max_size=3) | json_values),
+        "split": draw(st.sampled_from(["train", "val", "test", "dev"]) | json_values),
+        "DEEP": DEEP,
+    }
+    for key in draw(st.lists(st.sampled_from(sorted(record)), max_size=2, unique=True)):
+        del record[key]
+    return draw(damaged(record)).replace(b"\n", b" ")
+
+
+@EXAMPLES
+@example(line=b'{"doc_id": "d", "sentences": ["a"], "images": ["a.png"], "links": [[0, 1e400]]}')
+@example(line=b'{"doc_id": "d", "sentences": ["a"], "images": ["a.png"], "links": [[Infinity, 0]]}')
+@example(line=b'{"doc_id": "d\\ud800", "sentences": ["a"], "images": [], "metadata": {"k": "\\udc80"}}')
+@given(line=synthetic_lines())
+def test_synthetic_lines_become_documents_or_dead_letters(line, fault_stats):
+    # Found by this test (its examples): a link index of 1e400 or Infinity (json reads both as
+    # float inf) made int() raise OverflowError, which the step did not catch; an escaped lone
+    # surrogate in the doc id or metadata reached Beam's coder and failed the whole build.
+    from pipelines.sources.synthetic import SPLITS, ParseSyntheticLine
+
+    fault_stats.add(inputs_fuzzed=1)
+    kept, dead = run_step(ParseSyntheticLine("/corpus"), line)
+    assert {d.reason for d in dead} <= {"not_utf8", "malformed_record"}, dead
+    assert len(kept) + len(dead) == (1 if line.strip() else 0)  # a line is kept or dead-lettered
+    for doc in kept:
+        assert isinstance(doc, RawDocument) and isinstance(doc.doc_id, str) and encodable(doc)
+        assert all(isinstance(s, str) for s in doc.sentences) and doc.split in (None, *SPLITS)
+        assert all(isinstance(s, int) and isinstance(i, int) for s, i in doc.links or [])
+    fault_stats.add(invariant_checks=2)

@@ -79,3 +79,31 @@ def test_beam_transform_joins_recipeqa_images(tmp_path):
             ),
             label="dead",
         )
+
+
+def test_a_lone_carriage_return_is_a_line_break_not_a_crash(tmp_path):
+    """Found by tests/faults/test_table_fuzz.py: a lone \\r in an unquoted field stopped the
+    step with csv.Error (the text was read through a StringIO that splits on \\n only)."""
+    from pipelines.sources.cite import COLUMNS
+
+    row = "|".join(["0", "5", "", *["True"] * 7, "", "", "pie_1_0.jpg", "s1", "Bake it."])
+    text = "|".join(COLUMNS) + "\n" + row.replace("Bake it.", "Bake\rit.") + "\n" + row + "\n"
+    out = list(parse_cite_csv(text, "data.csv"))
+    # csv reads the \r as a line break: "Bake" ends the row, "it." is a row without text
+    assert [o[1] for o in out if isinstance(o, tuple)] == ["no_text"]
+    assert [o["text"] for o in out if isinstance(o, dict)] == ["Bake", "Bake it."]
+
+
+def test_a_field_over_the_csv_limit_ends_the_file_with_one_reason(monkeypatch):
+    import csv
+
+    from pipelines.sources import csvtable
+    from pipelines.sources.cite import COLUMNS
+
+    limit = csv.field_size_limit()  # process-wide: csv_rows sets it, restored for later tests
+    monkeypatch.setattr(csvtable, "FIELD_LIMIT", 100)
+    try:
+        out = list(parse_cite_csv("|".join(COLUMNS) + "\n" + "x" * 101 + "\n", "data.csv"))
+    finally:
+        csv.field_size_limit(limit)
+    assert [(o[0], o[1]) for o in out] == [("data.csv", "malformed_csv")]

@@ -158,3 +158,28 @@ def test_clue_builds_a_pair_dataset(tmp_path):
     }
     assert rels["clue-train-12"] == "Visible,Action" and rels["clue-test-7"] == "Visible,Meta"
     assert manifest.counts["dropped"]["image:not_found"] == 1  # the dead link
+
+
+def test_odd_urls_and_a_lone_carriage_return_are_dead_letters_not_crashes(tmp_path):
+    """Found by tests/faults/test_table_fuzz.py: an unclosed IPv6 bracket (urlsplit's ValueError)
+    and a lone \\r in an unquoted field (csv.Error) crashed the parse step and, on the driver,
+    the allowlist (hosts_of) before the build started."""
+    from pipelines.sources.clue import COLUMNS, ParseClueFile
+
+    path = tmp_path / "train.csv"
+    path.write_text(
+        ",".join(COLUMNS) + "\n"
+        "0,1,cap,http://[x/a.jpg,1,0,0,0,0,0,,,,,\n"
+        "1,2,cap,http://a\uff03b/a.jpg,1,0,0,0,0,0,,,,,\n"
+        "2,3,a\rb,https://ok.example.org/a.jpg,1,0,0,0,0,0,,,,,\n"
+        "3,4,fine,https://ok.example.org/b.jpg,0,1,0,0,0,0,,,,,\n",
+        newline="",
+    )
+    out = list(ParseClueFile().process(str(path)))
+    dead = [o.value for o in out if getattr(o, "tag", None) == DEAD_LETTER]
+    assert [(d.source_id, d.reason) for d in dead][:2] == [("train:1", "bad_url"), ("train:2", "bad_url")]
+    # the \r is a line break to csv: the two halves of that row are bad rows, the next is kept
+    assert len(dead) == 4 and [d.doc_id for d in out if isinstance(d, RawDocument)] == ["clue-train-4"]
+    assert hosts_of(str(path)) == {"ok.example.org"}
+    (tmp_path / "bad.csv").write_bytes(b"\xff\xfe")  # not UTF-8: skipped here, dead-lettered by the step
+    assert hosts_of(str(tmp_path)) == {"ok.example.org"}

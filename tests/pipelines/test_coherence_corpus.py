@@ -223,3 +223,24 @@ def test_a_corpus_json_that_is_too_deep_too_long_or_not_json_is_one_error_line(t
     with pytest.raises(MmlinksError, match=r"corpus\.json is not JSON") as err:
         corpus_relations(ctx)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("link", ["[0, 1e400]", "[Infinity, 0]", "[NaN, 0]"])
+def test_a_synthetic_line_with_an_infinite_link_index_is_a_dead_letter(link):
+    """Found by tests/faults/test_stream_fuzz.py: int(float inf) raised OverflowError (uncaught)."""
+    from pipelines.records import DEAD_LETTER
+    from pipelines.sources.synthetic import ParseSyntheticLine
+
+    line = f'{{"doc_id": "d", "sentences": ["a"], "images": ["a.png"], "links": [{link}]}}'.encode()
+    (out,) = ParseSyntheticLine("/corpus").process(line)
+    assert out.tag == DEAD_LETTER and out.value.reason == "malformed_record", out
+
+
+def test_a_synthetic_line_with_an_escaped_lone_surrogate_is_repaired():
+    """Found by tests/faults/test_stream_fuzz.py: ``"\\ud800"`` in a doc id or metadata reached
+    Beam's coder, whose UnicodeEncodeError failed the whole build."""
+    from pipelines.sources.synthetic import ParseSyntheticLine
+
+    line = b'{"doc_id": "d\\ud800", "sentences": ["a"], "images": [], "metadata": {"k\\udc80": "v"}}'
+    (doc,) = ParseSyntheticLine("/corpus").process(line)
+    assert doc.doc_id == "d\ufffd" and doc.metadata == {"k\ufffd": "v"}

@@ -187,6 +187,31 @@ def test_goodnews_members_become_news_samples():
         spec.check(spec.context(str(root), {"split": "date"}, "s"))
 
 
+def test_escaped_lone_surrogates_are_repaired_and_bad_bytes_dead_lettered(tmp_path):
+    """Found by tests/faults/test_stream_fuzz.py: a lone surrogate escaped in the JSON
+    (``"\\ud83d"``) reached Beam's coder (a UnicodeEncodeError that failed the whole build) from
+    the news and NYTimes800k lines and GoodNews's file, and GoodNews kept bytes that are not UTF-8
+    as surrogates too; now the text is repaired (counted) and such bytes are a ``not_utf8`` letter."""
+    from pipelines.sources.goodnews import ParseGoodNews
+
+    line = (
+        '{"article_id": "a\\udc80", "language": "en", "date": "2015-01-02", "headline": "x \\ud83d",'
+        ' "images": [{"uri": "a.jpg", "caption": "c"}], "split": "train", "_id": "a", "image_positions": []}'
+    )
+    (doc,) = parse_article(line, "/data", SplitRule("ratio"))  # (NYTimes800k: the same repair)
+    assert isinstance(doc, RawDocument) and doc.doc_id == "a\ufffd#0"
+    for text in (*doc.sentences, *doc.metadata.values()):
+        text.encode("utf-8")  # no lone surrogate left
+    article = b'{"k": {"article": "TEXT", "headline": {"main": "h"}, "images": {"0": "cap"}}}'
+    path = tmp_path / "captioning_dataset.json"
+    path.write_bytes(article.replace(b"TEXT", b"x \\ud83d"))
+    (doc,) = ParseGoodNews(str(tmp_path), "resized", SplitRule("ratio")).process(str(path))
+    assert any("\ufffd" in s for s in doc.sentences) and all(s.encode() for s in doc.sentences)
+    path.write_bytes(article.replace(b"TEXT", b"x \xff"))
+    (out,) = ParseGoodNews(str(tmp_path), "resized", SplitRule("ratio")).process(str(path))
+    assert out.tag == DEAD_LETTER and (out.value.source_id, out.value.reason) == ("k", "not_utf8")
+
+
 def test_synth_news_command(tmp_path, capfd):
     from cli.main import main
 
@@ -202,6 +227,38 @@ def test_synth_news_command(tmp_path, capfd):
     assert len(lines) == 3 and all(
         (tmp_path / im["uri"]).exists() for ln in lines for im in json.loads(ln)["images"]
     )
+
+
+def test_wit_bad_bytes_and_a_broken_gzip_stream_are_dead_letters(tmp_path, monkeypatch):
+    """Found by tests/faults/test_table_fuzz.py: a byte that is not UTF-8 (UnicodeDecodeError),
+    a cut gzip stream (EOFError) and a file that is not gzip (BadGzipFile) crashed the step."""
+    import csv
+    import gzip
+    import io
+
+    from pipelines.sources import csvtable, wit
+    from tests.fixtures.wit import ROWS
+
+    def reasons(name: str, data: bytes) -> list[tuple[str, str]]:
+        (tmp_path / name).write_bytes(data)
+        step = wit.ParseWitFile(None, frozenset({"image/jpeg"}))
+        out = step.process(str(tmp_path / name))
+        return [(o.value.source_id, o.value.reason) for o in out if hasattr(o, "tag")]
+
+    buf = io.StringIO()
+    csv.writer(buf, delimiter="\t", lineterminator="\n").writerow(ROWS[3])
+    good = buf.getvalue().encode()
+    bad = good.replace(b"Chillon", b"Chil\xfflon", 1)
+    assert reasons("a.tsv", b"\xef\xbb\xbf" + good + bad + good) == [("a.tsv:1", "not_utf8")]  # BOM dropped
+    packed = gzip.compress(good * 3)
+    assert reasons("b.tsv.gz", packed[:-6])[-1] == ("b.tsv.gz:3", "malformed_file")
+    assert reasons("c.tsv.gz", b"not gzip") == [("c.tsv.gz:0", "malformed_file")]
+    monkeypatch.setattr(csvtable, "FIELD_LIMIT", 100)  # a field over the limit ends the file
+    limit = csv.field_size_limit()  # process-wide: rows_of sets it, restored for later tests
+    try:
+        assert reasons("d.tsv", good + b"x" * 200 + b"\n") == [("d.tsv:1", "malformed_file")]
+    finally:
+        csv.field_size_limit(limit)
 
 
 def test_wit_rows_become_news_samples_grouped_by_page(tmp_path):
