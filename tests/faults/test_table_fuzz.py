@@ -105,23 +105,35 @@ CITE_HEADER = ("|".join(CITE_COLUMNS) + "\n").encode()
 LABELS = ["0", "1", "1.0", "true", "False", "", "2", " 1 "]
 
 
+def table_rows(draw, columns, renamed: list[str], index: str, row_values) -> list[list[str]]:
+    """A header (now and then one column missing or renamed to one of ``renamed``) and up to 5
+    rows: every cell fuzzed, ``row_values(n)`` the strategies of the columns the reader reads,
+    now and then a row cut short."""
+    header = list(columns)
+    if draw(st.integers(0, 5)) == 0:
+        header[draw(st.integers(1, len(header) - 1))] = draw(st.sampled_from(renamed))
+    rows = [header]
+    for n in range(draw(st.integers(0, 5))):
+        row = {c: draw(cells) for c in columns}
+        row.update({"": str(n), index: draw(st.sampled_from([str(n), "7", ""]) | cells)})
+        row.update({c: draw(strategy) for c, strategy in row_values().items()})
+        fields = [row[c] for c in columns]
+        rows.append(fields[: draw(st.integers(0, len(fields)))] if draw(st.integers(0, 6)) == 0 else fields)
+    return rows
+
+
 @st.composite
 def clue_files(draw) -> bytes:
     from pipelines.sources.clue import COLUMNS, RELATIONS
 
-    header = list(COLUMNS)
-    if draw(st.integers(0, 5)) == 0:  # a column missing or renamed
-        header[draw(st.integers(1, len(header) - 1))] = draw(st.sampled_from(["", "caption ", "x"]))
-    rows = [header]
-    for n in range(draw(st.integers(0, 5))):
-        row = {c: draw(cells) for c in COLUMNS}
-        row.update({"": str(n), "index": draw(st.sampled_from([str(n), "7", ""]) | cells)})
-        row["caption"] = draw(st.sampled_from(["a horse", " ", ""]) | cells)
-        row["url"] = draw(st.sampled_from(URLS) | cells)
-        row.update({r: draw(st.sampled_from(LABELS) | cells) for r in RELATIONS})
-        fields = [row[c] for c in COLUMNS]
-        rows.append(fields[: draw(st.integers(0, len(fields)))] if draw(st.integers(0, 6)) == 0 else fields)
-    return draw(damaged_table(rows, ","))
+    def values() -> dict:
+        return {
+            "caption": st.sampled_from(["a horse", " ", ""]) | cells,
+            "url": st.sampled_from(URLS) | cells,
+            **{r: st.sampled_from(LABELS) | cells for r in RELATIONS},
+        }
+
+    return draw(damaged_table(table_rows(draw, COLUMNS, ["", "caption ", "x"], "index", values), ","))
 
 
 @EXAMPLES
@@ -159,19 +171,14 @@ ANSWERS = ["True", "False", "true", "0", "", "yes", " True "]
 def cite_files(draw) -> bytes:
     from pipelines.sources.cite import COLUMNS, QUESTIONS
 
-    header = list(COLUMNS)
-    if draw(st.integers(0, 5)) == 0:
-        header[draw(st.integers(1, len(header) - 1))] = draw(st.sampled_from(["", "qimg ", "x"]))
-    rows = [header]
-    for n in range(draw(st.integers(0, 5))):
-        row = {c: draw(cells) for c in COLUMNS}
-        row.update({"": str(n), "Index": draw(st.sampled_from([str(n), "3", ""]) | cells)})
-        row["stim_txt"] = draw(st.sampled_from(["Mix the flour&#160;well.", "&#160;", ""]) | cells)
-        row["qimg"] = draw(st.sampled_from(IMAGES) | cells)
-        row.update({q: draw(st.sampled_from(ANSWERS) | cells) for q in QUESTIONS})
-        fields = [row[c] for c in COLUMNS]
-        rows.append(fields[: draw(st.integers(0, len(fields)))] if draw(st.integers(0, 6)) == 0 else fields)
-    return draw(damaged_table(rows, "|"))
+    def values() -> dict:
+        return {
+            "stim_txt": st.sampled_from(["Mix the flour&#160;well.", "&#160;", ""]) | cells,
+            "qimg": st.sampled_from(IMAGES) | cells,
+            **{q: st.sampled_from(ANSWERS) | cells for q in QUESTIONS},
+        }
+
+    return draw(damaged_table(table_rows(draw, COLUMNS, ["", "qimg ", "x"], "Index", values), "|"))
 
 
 @EXAMPLES
