@@ -11,7 +11,10 @@ headline, 40 in the lead, 400 in the body (cut to ``--max-tokens``), 15 in the c
 
 Timed one article at a time, top 10: ``in_process`` (``mlflow.pyfunc.load_model(...).predict``;
 also the text encoding alone), and ``served`` (``mlflow models serve --env-manager local`` on
-loopback, one POST per article) unless ``--no-serve``. One JSON object on stdout. Example::
+loopback, one POST per article) unless ``--no-serve``. ``--floor`` times a no-op pyfunc with the
+same input schema instead (MLflow's own cost per request); ``--encoder-check`` and
+``--thread-sweep`` add the encoder variants and thread settings. One JSON object on stdout.
+Example::
 
     PYTHONPATH=. python benchmarks/news_serving_latency.py --index-cache /tmp/hnsw-1m-256 --queries 200
 """
@@ -91,7 +94,7 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
     import mlflow
     import pandas as pd
 
-    from training.news.serving import encode_articles
+    from training.news.serving import encode_articles, serving_threads
 
     t0 = time.perf_counter()
     loaded = mlflow.pyfunc.load_model(str(model_path))
@@ -103,9 +106,10 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
         out = loaded.predict(pd.DataFrame([a]), params={"top_k": 10})
         predict.append((time.perf_counter() - t) * 1000)
         assert len(out["image_ids"][0]) == 10
-        t = time.perf_counter()
-        encode_articles(model.model, model.vocab, model.max_tokens, [a])
-        encode.append((time.perf_counter() - t) * 1000)
+        with serving_threads(model.threads):  # as predict encodes
+            t = time.perf_counter()
+            encode_articles(model.model, model.vocab, model.max_tokens, [a])
+            encode.append((time.perf_counter() - t) * 1000)
     return {"load_s": round(load_s, 1), "predict": pct(predict), "encode_only": pct(encode)}
 
 
@@ -159,9 +163,10 @@ def _timed(fn, arts: list[dict]) -> tuple[dict, list]:
 
 
 def encoder_check(model_path: Path, arts: list[dict]) -> dict:
-    """``--encoder-check``: encode p50/p99 under ``no_grad``, ``inference_mode`` and with the
-    Linear layers dynamically quantised to int8 (``torch.ao.quantization.quantize_dynamic``;
-    the attention's input projections are no ``nn.Linear`` and stay float), and how far the
+    """``--encoder-check``: encode p50/p99 (on the packaged serving threads) under ``no_grad``,
+    ``inference_mode`` and with the Linear layers dynamically quantised to int8
+    (``torch.ao.quantization.quantize_dynamic``; the attention's input projections are no
+    ``nn.Linear`` and stay float; not adopted for serving: it moves the top 10), and how far the
     int8 embeddings are from the float ones: cosine, and the top-10 images through the packaged
     index and through exact search (a ``pq`` index keeps the full vectors for its re-rank)."""
     import copy
@@ -170,7 +175,7 @@ def encoder_check(model_path: Path, arts: list[dict]) -> dict:
     import mlflow
     import torch
 
-    from training.news.serving import encode_articles
+    from training.news.serving import encode_articles, serving_threads
 
     model = mlflow.pyfunc.load_model(str(model_path)).unwrap_python_model()
     net, vocab, T = model.model.eval(), model.vocab, model.max_tokens
@@ -184,7 +189,7 @@ def encoder_check(model_path: Path, arts: list[dict]) -> dict:
     ):
 
         def enc(a, n=n, ctx=ctx):
-            with ctx():
+            with serving_threads(model.threads), ctx():  # the threads predict encodes on
                 return plain(n, vocab, T, [a])[0].numpy()
 
         out[name], res = _timed(enc, arts)
