@@ -11,7 +11,10 @@ headline, 40 in the lead, 400 in the body (cut to ``--max-tokens``), 15 in the c
 
 Timed one article at a time, top 10: ``in_process`` (``mlflow.pyfunc.load_model(...).predict``;
 also the text encoding alone), and ``served`` (``mlflow models serve --env-manager local`` on
-loopback, one POST per article) unless ``--no-serve``. One JSON object on stdout. Example::
+loopback, one POST per article) unless ``--no-serve``. ``--floor`` times a no-op pyfunc with the
+same input schema instead (MLflow's own cost per request); ``--encoder-check`` and
+``--thread-sweep`` add the encoder variants and thread settings. One JSON object on stdout.
+Example::
 
     PYTHONPATH=. python benchmarks/news_serving_latency.py --index-cache /tmp/hnsw-1m-256 --queries 200
 """
@@ -91,7 +94,7 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
     import mlflow
     import pandas as pd
 
-    from training.news.serving import encode_articles
+    from training.news.serving import encode_articles, serving_threads
 
     t0 = time.perf_counter()
     loaded = mlflow.pyfunc.load_model(str(model_path))
@@ -103,13 +106,15 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
         out = loaded.predict(pd.DataFrame([a]), params={"top_k": 10})
         predict.append((time.perf_counter() - t) * 1000)
         assert len(out["image_ids"][0]) == 10
-        t = time.perf_counter()
-        encode_articles(model.model, model.vocab, model.max_tokens, [a])
-        encode.append((time.perf_counter() - t) * 1000)
+        with serving_threads(model.threads):  # as predict encodes
+            t = time.perf_counter()
+            encode_articles(model.model, model.vocab, model.max_tokens, [a])
+            encode.append((time.perf_counter() - t) * 1000)
     return {"load_s": round(load_s, 1), "predict": pct(predict), "encode_only": pct(encode)}
 
 
-def served(model_path: Path, arts: list[dict], log: Path) -> dict:
+def served(model_path: Path, arts: list[dict], log: Path, floor: bool = False) -> dict:
+    """p50/p99 of one POST per article to ``mlflow models serve`` (one worker) on loopback."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -139,11 +144,136 @@ def served(model_path: Path, arts: list[dict], log: Path) -> dict:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 got = json.loads(resp.read())
             lat.append((time.perf_counter() - t) * 1000)
-            assert len(got["predictions"][0]["image_ids"]) == 10
+            pred = got["predictions"][0]
+            assert pred == 1 if floor else len(pred["image_ids"]) == 10, pred
         return {"start_s": round(start_s, 1), "request": pct(lat)}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def _timed(fn, arts: list[dict]) -> tuple[dict, list]:
+    """Wall-clock p50/p99 of ``fn(article)`` over the articles, and its results."""
+    lat, res = [], []
+    for a in arts:
+        t = time.perf_counter()
+        res.append(fn(a))
+        lat.append((time.perf_counter() - t) * 1000)
+    return pct(lat), res
+
+
+def encoder_check(model_path: Path, arts: list[dict]) -> dict:
+    """``--encoder-check``: encode p50/p99 (on the packaged serving threads) under ``no_grad``,
+    ``inference_mode`` and with the Linear layers dynamically quantised to int8
+    (``torch.ao.quantization.quantize_dynamic``; the attention's input projections are no
+    ``nn.Linear`` and stay float; not adopted for serving: it moves the top 10), and how far the
+    int8 embeddings are from the float ones: cosine, and the top-10 images through the packaged
+    index and through exact search (a ``pq`` index keeps the full vectors for its re-rank)."""
+    import copy
+
+    import faiss
+    import mlflow
+    import torch
+
+    from training.news.serving import encode_articles, serving_threads
+
+    model = mlflow.pyfunc.load_model(str(model_path)).unwrap_python_model()
+    net, vocab, T = model.model.eval(), model.vocab, model.max_tokens
+    qnet = torch.ao.quantization.quantize_dynamic(copy.deepcopy(net), {torch.nn.Linear}, dtype=torch.qint8)
+    plain = encode_articles.__wrapped__  # without its inference_mode decorator
+    out, vecs = {}, {}
+    for name, n, ctx in (
+        ("no_grad", net, torch.no_grad),
+        ("inference_mode", net, torch.inference_mode),
+        ("int8_inference_mode", qnet, torch.inference_mode),
+    ):
+
+        def enc(a, n=n, ctx=ctx):
+            with serving_threads(model.threads), ctx():  # the threads predict encodes on
+                return plain(n, vocab, T, [a])[0].numpy()
+
+        out[name], res = _timed(enc, arts)
+        vecs[name] = np.stack(res)
+    f, q = vecs["inference_mode"], vecs["int8_inference_mode"]
+    out["no_grad_equals_inference_mode"] = bool(np.array_equal(vecs["no_grad"], f))
+    cos = (f * q).sum(1) / np.linalg.norm(f, axis=1) / np.linalg.norm(q, axis=1)
+    out["int8_cosine_min_mean"] = [round(float(cos.min()), 5), round(float(cos.mean()), 5)]
+    index = model.archive.index
+    exact = faiss.downcast_index(index.refine_index) if hasattr(index, "refine_index") else index
+    for label, search in (("index", model.archive.search_rows), ("exact", lambda x, k: exact.search(x, k))):
+        a, b = search(f, 10)[1], search(q, 10)[1]
+        a, b = [list(r) for r in a], [list(r) for r in b]
+        out[f"int8_top10_{label}"] = {
+            "identical_lists": round(float(np.mean([x == y for x, y in zip(a, b, strict=True)])), 3),
+            "same_set": round(float(np.mean([set(x) == set(y) for x, y in zip(a, b, strict=True)])), 3),
+            "mean_overlap": round(
+                float(np.mean([len(set(x) & set(y)) / 10 for x, y in zip(a, b, strict=True)])), 3
+            ),
+        }
+    return out
+
+
+def thread_sweep(model_path: Path, arts: list[dict]) -> dict:
+    """``--thread-sweep``: in-process predict p50/p99 with torch (encode) and FAISS (search)
+    each on 1 or 2 threads, set for the whole process. torch and faiss-cpu ship separate
+    OpenMP runtimes, each with its own pool of spinning workers, so on 2 cores they may fight."""
+    import faiss
+    import mlflow
+    import pandas as pd
+    import torch
+
+    loaded = mlflow.pyfunc.load_model(str(model_path))
+    model = loaded.unwrap_python_model()
+    saved = getattr(model, "threads", None)
+    model.threads = None  # the process-wide settings below, not the model's own
+    out = {}
+    try:
+        for enc, srch in ((1, 1), (1, 2), (2, 1), (2, 2)):
+            torch.set_num_threads(enc)
+            faiss.omp_set_num_threads(srch)
+            out[f"encode{enc}_search{srch}"], _ = _timed(
+                lambda a: loaded.predict(pd.DataFrame([a]), params={"top_k": 10}), arts
+            )
+    finally:
+        model.threads = saved
+    return out
+
+
+def floor_model(folder: Path) -> Path:
+    """The floor (``--floor``): a pyfunc whose predict returns its input's length, with the news
+    model's input and params schema, so MLflow's scoring server does the same parsing, schema
+    checks and serialisation as for the news model and nothing else."""
+    import cloudpickle
+    import mlflow
+    from mlflow.models import ModelSignature
+
+    from training.news.serving import SIGNATURE
+
+    class NoOp(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input, params=None):
+            return [len(model_input)]
+
+    # pickled by value, so the server process needs no import of this script
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    sig = ModelSignature(inputs=SIGNATURE.inputs, params=SIGNATURE.params)
+    mlflow.pyfunc.save_model(path=str(folder), python_model=NoOp(), signature=sig)
+    return folder
+
+
+def floor(args, work: Path, out: dict) -> None:
+    """``--floor``: the no-op model in process and through ``mlflow models serve``."""
+    import mlflow
+    import pandas as pd
+
+    path = floor_model(work / "noop")
+    arts = articles(args.queries, args.vocab, args.seed)
+    loaded = mlflow.pyfunc.load_model(str(path))
+    lat = []
+    for a in arts:
+        t = time.perf_counter()
+        assert loaded.predict(pd.DataFrame([a]), params={"top_k": 10}) == [1]
+        lat.append((time.perf_counter() - t) * 1000)
+    out["floor"] = {"in_process_predict": pct(lat), "served": served(path, arts, work / "noop.log", True)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -157,7 +287,29 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--workdir", default=None, help="where the model folder goes (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the model folder (reuse it with --model)")
     ap.add_argument("--model", default=None, help="a model folder this script packaged before")
+    ap.add_argument(
+        "--threads",
+        default=None,
+        help="packaging: ENCODE,SEARCH torch and FAISS threads per request, or 'default' for the "
+        "libraries' defaults (default: training.news.serving.SERVE_THREADS)",
+    )
     ap.add_argument("--no-serve", action="store_true")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="time a no-op pyfunc (same input schema) instead: what MLflow itself costs a request",
+    )
+    ap.add_argument(
+        "--encoder-check",
+        action="store_true",
+        help="also time the text encoder under no_grad / inference_mode / int8 dynamic quantisation "
+        "and compare the int8 embeddings and top-10 images with the float ones",
+    )
+    ap.add_argument(
+        "--thread-sweep",
+        action="store_true",
+        help="also time in-process predict with 1 or 2 torch (encode) x 1 or 2 FAISS (search) threads",
+    )
     ap.add_argument("--package-only", action="store_true", help="package into --workdir and stop")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -165,6 +317,9 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="news-serve-"))
     out: dict = {"queries": args.queries, "max_tokens": args.max_tokens}
     try:
+        if args.floor:
+            floor(args, work, out)
+            return finish(out)
         model_path = Path(args.model) if args.model else package(args, work, out)
         if args.package_only:
             args.keep = True
@@ -172,11 +327,20 @@ def main(argv: list[str] | None = None) -> dict:
             return out
         arts = articles(args.queries, args.vocab, args.seed)
         out["in_process"] = in_process(model_path, arts)
+        if args.encoder_check or args.thread_sweep:
+            if args.encoder_check:
+                out["encoder_check"] = encoder_check(model_path, arts)
+            if args.thread_sweep:
+                out["thread_sweep"] = thread_sweep(model_path, arts)
         if not args.no_serve:
             out["served"] = served(model_path, arts, work / "server.log")
     finally:
         if not args.keep and not args.model:
             shutil.rmtree(work, ignore_errors=True)
+    return finish(out)
+
+
+def finish(out: dict) -> dict:
     out["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out["load_avg_end"] = os.getloadavg()[0]
     print(json.dumps(out))
@@ -184,7 +348,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def package(args, work: Path, out: dict) -> Path:
-    from training.news.serving import save_news_model
+    from training.news.serving import SERVE_THREADS, save_news_model
 
     t0 = time.perf_counter()
     index = archive(args)
@@ -192,7 +356,12 @@ def package(args, work: Path, out: dict) -> Path:
     out["archive"]["load_or_build_s"] = round(time.perf_counter() - t0, 1)
     ckpt, vocab = news_checkpoint(work / "ckpt", args.vocab, index.dim, args.max_tokens, args.seed)
     t0 = time.perf_counter()
-    path = save_news_model(work / "model", str(ckpt), vocab, index, ["en"], "bench")
+    threads = SERVE_THREADS
+    if args.threads:
+        enc, _, srch = args.threads.partition(",")
+        threads = None if args.threads == "default" else {"encode": int(enc), "search": int(srch)}
+    out["threads"] = threads
+    path = save_news_model(work / "model", str(ckpt), vocab, index, ["en"], "bench", threads)
     out["package_s"] = round(time.perf_counter() - t0, 1)
     out["model_mb"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20)
     out["model"] = str(path)

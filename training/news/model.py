@@ -241,9 +241,16 @@ class NewsRetrieval(nn.Module):
             sel = (slots == j) & use[rows, slots]
             if sel.any():
                 enc = self.encoders[name]
-                x[rows[sel], j] = (
-                    enc(tokens[sel]) if self.embed is None else enc(self.embed(tokens[sel]), mask[sel])
-                )
+                if self.embed is None:  # CHAIN reads characters
+                    x[rows[sel], j] = enc(tokens[sel])
+                    continue
+                # cut this source's rows to its own longest sentence: a batch pads every
+                # sentence to the longest of any source (a 100-token body), and a 12-word
+                # headline's 88 padding positions, masked out of attention and max pooling,
+                # would still cost attention + point-wise CNN work (2.4x the encoder's
+                # arithmetic for one served article; docs/benchmarks.md, issue #18)
+                t = int(lengths[sel].max().clamp(min=1))
+                x[rows[sel], j] = enc(self.embed(tokens[sel][:, :t]), mask[sel][:, :t])
         if fuser_only:  # divide and conquer's warm-up: the loaded encoders get zero gradients
             x = zero_grad(x)
         some = use.any(1)

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -47,6 +48,11 @@ from training.text import Vocabulary
 
 ARCHIVE_ENV = "MMLINKS_NEWS_ARCHIVE"
 MAX_TOP_K = 1000
+# threads a served article is encoded (torch) and searched (FAISS) on; packaged in news.json
+# (``save_news_model(threads=...)``), None: the libraries' defaults. torch and faiss-cpu each
+# ship their own OpenMP runtime with its own spinning worker pool; measured on 2 cores in
+# docs/benchmarks.md (issue #18, ``benchmarks/news_serving_latency.py --thread-sweep``)
+SERVE_THREADS = {"encode": 1, "search": 1}
 
 SIGNATURE = ModelSignature(
     inputs=Schema(
@@ -71,12 +77,16 @@ def _text(value) -> str:
     return value if isinstance(value, str) else ""
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def encode_articles(
     net: NewsRetrieval, vocab: Vocabulary, max_tokens: int, articles: list[dict]
 ) -> torch.Tensor:
     """Articles ({source: text}) -> [Q, d] fused unit vectors, complete inputs (every present
-    source). An article without any source the model reads gets a zero vector."""
+    source). An article without any source the model reads gets a zero vector.
+
+    ``inference_mode`` rather than ``no_grad``: the same numbers without autograd's version
+    counting, a few ms less a served article (docs/benchmarks.md, issue #18); the result is an
+    inference tensor (read it, do not train through it)."""
     sentences, metadata = [], []
     for a in articles:
         names = [s for s in NEWS_SOURCES if has_tokens(_text(a.get(s)))]
@@ -86,7 +96,8 @@ def encode_articles(
     n = [len(s) for s in sentences]
     slots, rows = sentence_slots(metadata, n, net.cfg.sources)
     keep = torch.ones(len(articles), len(net.cfg.sources), dtype=torch.bool)
-    net.eval()
+    if net.training:  # eval() walks every module: ~1 ms a served article when done each time
+        net.eval()
     return net.encode_text(tokens, lengths, slots, rows, keep)
 
 
@@ -102,6 +113,7 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         info = json.loads(Path(context.artifacts["news"]).read_text())
         self.languages = tuple(info["languages"])
         self.run_id = info.get("run_id")
+        self.threads = info.get("threads")  # models packaged before had none: library defaults
         self.archive = load_archive(context.artifacts["archive"], self.model.cfg.d, self.run_id)
 
     def _articles(self, model_input: pd.DataFrame) -> list[dict]:
@@ -127,8 +139,9 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         if not 1 <= top_k <= MAX_TOP_K:
             raise _bad_request(f"top_k must be between 1 and {MAX_TOP_K}")
         articles = self._articles(model_input)
-        q = encode_articles(self.model, self.vocab, self.max_tokens, articles).numpy()
-        scores, hits = archive_search(self.model, self.archive, q, top_k)
+        with serving_threads(self.threads):
+            q = encode_articles(self.model, self.vocab, self.max_tokens, articles).numpy()
+            scores, hits = archive_search(self.model, self.archive, q, top_k)
         ids, uris = self.archive.ids, self.archive.uris
         rows = [
             {
@@ -139,6 +152,27 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             for s, row in zip(scores, hits, strict=True)
         ]
         return pd.DataFrame(rows, columns=["image_ids", "scores", "uris"])
+
+
+@contextmanager
+def serving_threads(threads: dict | None):
+    """Run a predict call with ``threads["encode"]`` torch and ``threads["search"]`` FAISS
+    threads, restored afterwards (a process that loaded the model to embed an archive keeps its
+    own settings). OpenMP thread counts are per calling thread, so setting them per call also
+    covers a server that predicts on pool threads."""
+    if not threads:
+        yield
+        return
+    import faiss
+
+    before = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(int(threads["encode"]))
+    faiss.omp_set_num_threads(int(threads["search"]))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        faiss.omp_set_num_threads(before[1])
 
 
 @torch.no_grad()
@@ -181,7 +215,13 @@ def train_languages(paths: list) -> list[str]:
 
 
 def _model_kwargs(
-    root: Path, checkpoint_dir: str, vocab: Vocabulary, index: ArchiveIndex, languages, run_id
+    root: Path,
+    checkpoint_dir: str,
+    vocab: Vocabulary,
+    index: ArchiveIndex,
+    languages,
+    run_id,
+    threads: dict | None = SERVE_THREADS,
 ) -> dict:
     """The pyfunc's files under ``root`` and the arguments ``log_model`` / ``save_model`` take."""
     if not languages:
@@ -189,7 +229,8 @@ def _model_kwargs(
     shutil.copytree(checkpoint_dir, root / "checkpoint")
     vocab.save(root / "vocab.json")
     index.save(root / "archive")
-    (root / "news.json").write_text(json.dumps({"languages": list(languages), "run_id": run_id}))
+    info = {"languages": list(languages), "run_id": run_id, "threads": threads}
+    (root / "news.json").write_text(json.dumps(info))
     artifacts = {
         "checkpoint": str(root / "checkpoint"),
         "vocab": str(root / "vocab.json"),
@@ -222,11 +263,13 @@ def save_news_model(
     index: ArchiveIndex,
     languages: list[str],
     run_id: str,
+    threads: dict | None = SERVE_THREADS,
 ) -> Path:
     """The same pyfunc written to a local folder (no tracking store): ``mlflow models serve -m
-    PATH`` serves it, ``mlflow.pyfunc.load_model(PATH)`` loads it."""
+    PATH`` serves it, ``mlflow.pyfunc.load_model(PATH)`` loads it. ``threads``: the serving
+    threads (``SERVE_THREADS``; None: the libraries' defaults)."""
     with tempfile.TemporaryDirectory() as tmp:
-        kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id)
+        kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id, threads)
         mlflow.pyfunc.save_model(path=str(path), **kwargs)
     return Path(path)
 

@@ -137,6 +137,31 @@ def test_source_encoder_ignores_padding():
     assert torch.allclose(short, padded, atol=1e-6)
 
 
+def test_text_vectors_do_not_depend_on_the_batchs_padding():
+    """encode_text cuts each source's rows to that source's longest sentence: a sample's vector
+    is the same alone, in a batch, and with extra padding columns (the brute-force oracle)."""
+    g = torch.Generator().manual_seed(0)
+    words = ["<pad>", "<unk>", *(f"w{i}" for i in range(18))]
+    torch.manual_seed(0)
+    cfg = NewsConfig(vocab_size=20, word_dim=8, d=8, d_hidden=8, subword_buckets=16, words=words)
+    model = NewsRetrieval(cfg).eval()
+    # 3 samples, 8 sentences of 1..9 words: sample b's sources are slots[rows == b]
+    slots = torch.tensor([0, 1, 2, 3, 0, 2, 1, 3])
+    rows = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
+    lengths = torch.tensor([2, 5, 9, 1, 3, 7, 4, 2])
+    tokens = torch.randint(2, 20, (8, 9), generator=g) * (torch.arange(9)[None, :] < lengths[:, None])
+    keep = torch.ones(3, 4, dtype=torch.bool)
+    with torch.no_grad():
+        text = model.encode_text(tokens, lengths, slots, rows, keep)
+        wide = torch.cat([tokens, torch.zeros(8, 7, dtype=torch.long)], 1)
+        assert torch.allclose(model.encode_text(wide, lengths, slots, rows, keep), text, atol=1e-6)
+        for b in range(3):
+            own = rows == b
+            t = int(lengths[own].max())
+            alone = model.encode_text(tokens[own][:, :t], lengths[own], slots[own], rows[own] * 0, keep[:1])
+            assert torch.allclose(alone[0], text[b], atol=1e-6)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.floats(0.0, 0.9))
 def test_random_drop_keeps_one_present_source_and_never_invents_one(seed, p):

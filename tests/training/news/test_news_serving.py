@@ -26,6 +26,7 @@ from training.checkpoints import load_checkpoint_model
 from training.news.archive import build_archive_index
 from training.news.serving import (
     ARCHIVE_ENV,
+    SERVE_THREADS,
     encode_articles,
     evaluate_news,
     save_news_model,
@@ -68,6 +69,32 @@ def _archive_features(paths):
     from training.news.archive import archive_images
 
     return archive_images(paths)[2]
+
+
+def test_predict_runs_on_the_packaged_threads_and_gives_the_process_its_own_back(news_model):
+    import faiss
+
+    loaded, *_ = news_model
+    model = loaded.unwrap_python_model()
+    assert model.threads == SERVE_THREADS  # recorded in news.json by save_news_model
+    seen = []
+    search = model.archive.search_rows
+
+    def spy(q, k):
+        seen.append((torch.get_num_threads(), faiss.omp_get_max_threads()))
+        return search(q, k)
+
+    torch.set_num_threads(2)
+    faiss.omp_set_num_threads(2)
+    model.threads = {"encode": 1, "search": 1}
+    model.archive.search_rows = spy
+    try:
+        loaded.predict(pd.DataFrame([{"language": "en", "headline": "red cross"}]), params={"top_k": 2})
+        assert seen == [(1, 1)]
+        assert torch.get_num_threads() == 2 and faiss.omp_get_max_threads() == 2
+    finally:
+        model.threads = SERVE_THREADS
+        del model.archive.search_rows
 
 
 def test_missing_sources_are_fine_but_an_unknown_language_or_no_words_is_a_bad_request(news_model):
