@@ -73,5 +73,9 @@ class CharConvEncoder(nn.Module):
         chars, mask = char_sequences(self.char_ids, tokens)
         x = self.chars(chars).transpose(1, 2)  # [N, CHAR_DIM, C]
         x = torch.cat([torch.relu(b(x)) for b in self.branches], 1)  # [N, 3d, C]
+        # padding positions hold ReLU(bias) after the branches; zeroed, the width-3 mix reads
+        # past a row's end what its own zero padding would give, so a row's vector does not
+        # depend on the longer rows of its batch
+        x = x.masked_fill(~mask[:, None, :], 0.0)
         h = torch.relu(self.mix(x)).transpose(1, 2)  # [N, C, d_hidden]
         return self.out(h.masked_fill(~mask[..., None], float("-inf")).amax(1))

@@ -162,6 +162,21 @@ def test_text_vectors_do_not_depend_on_the_batchs_padding():
             assert torch.allclose(alone[0], text[b], atol=1e-6)
 
 
+def test_a_chain_vector_does_not_depend_on_the_longer_rows_of_its_batch():
+    """CHAIN (characters): each row encoded alone equals the row in a batch with longer rows
+    (the padding after a row's characters must read as the row's own zero padding)."""
+    from training.news.chain import CharConvEncoder
+
+    torch.manual_seed(0)
+    words = ["<pad>", "<unk>", "a", "bb", "ccc", "dddd", "eeeee"]
+    enc = CharConvEncoder(d=8, d_hidden=8, words=words).eval()
+    tokens = torch.tensor([[2, 0, 0, 0], [3, 4, 5, 6], [6, 6, 0, 0], [0, 0, 0, 0]])
+    with torch.no_grad():
+        batch = enc(tokens)
+        for i in range(len(tokens)):
+            assert torch.allclose(enc(tokens[i : i + 1]), batch[i : i + 1], atol=1e-6), i
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.floats(0.0, 0.9))
 def test_random_drop_keeps_one_present_source_and_never_invents_one(seed, p):
