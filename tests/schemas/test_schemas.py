@@ -50,6 +50,23 @@ def test_writing_twice_is_byte_identical(tmp_path):
     assert a == b
 
 
+def test_every_column_is_compressed_and_the_features_decode_without_a_dictionary(tmp_path):
+    """The per-column writer options name every leaf column (the oracle: the written file's own
+    paths; a column left out of a codec dict would be written uncompressed)."""
+    from schemas.shards import FEATURES_CODEC, FEATURES_COLUMN, OTHER_CODEC, parquet_leaf_paths
+
+    for dtype in ("float32", "float16"):
+        write_shard(tmp_path / f"{dtype}.parquet", [make_doc()], feature_dtype=dtype)
+        meta = pq.ParquetFile(tmp_path / f"{dtype}.parquet").metadata
+        cols = {c.path_in_schema: c for c in (meta.row_group(0).column(i) for i in range(meta.num_columns))}
+        assert list(cols) == parquet_leaf_paths(pq.read_schema(tmp_path / f"{dtype}.parquet"))
+        for path, col in cols.items():
+            want = FEATURES_CODEC if path == FEATURES_COLUMN else OTHER_CODEC
+            assert col.compression.lower().startswith(want), (path, col.compression)
+        assert "RLE_DICTIONARY" not in cols[FEATURES_COLUMN].encodings
+        assert "RLE_DICTIONARY" in cols["doc_id"].encodings
+
+
 def test_reader_refuses_unknown_schema_version(tmp_path):
     schema = document_schema()
     future = schema.with_metadata({**schema.metadata, META_VERSION_KEY: b"99"})
