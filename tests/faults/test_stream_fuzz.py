@@ -18,6 +18,7 @@ import contextlib
 import json
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,15 @@ def run_step(fn, element) -> tuple[list, list[DeadLetter]]:
     kept = [o for o in outputs if getattr(o, "tag", None) != DEAD_LETTER]
     assert all(isinstance(d, DeadLetter) and d.kind in KINDS and d.reason for d in dead)
     return kept, dead
+
+
+@contextlib.contextmanager
+def written(raw: bytes, name: str) -> Iterator[tuple[str, str]]:
+    """A fresh folder holding ``raw`` as the file ``name``: (the folder, the file's path)."""
+    with tempfile.TemporaryDirectory() as root:
+        path = str(Path(root) / name)
+        Path(path).write_bytes(raw)
+        yield root, path
 
 
 def encodable(doc: RawDocument) -> bool:
@@ -291,9 +301,7 @@ def test_hessel_docs_json_keeps_or_dead_letters_every_document(raw, fault_stats)
     from pipelines.sources.hessel import SPLITS, ReadHesselDocs
 
     fault_stats.add(inputs_fuzzed=1)
-    with tempfile.TemporaryDirectory() as root:
-        path = str(Path(root) / "docs.json")
-        Path(path).write_bytes(raw)
+    with written(raw, "docs.json") as (_, path):
         kept, dead = run_step(ReadHesselDocs(), path)
     expected = oracle(raw, SPLITS)
     read = check_file(
@@ -335,9 +343,7 @@ def test_goodnews_file_keeps_or_dead_letters_every_article(raw, fault_stats):
     from pipelines.sources.news_jsonl import SplitRule
 
     fault_stats.add(inputs_fuzzed=1)
-    with tempfile.TemporaryDirectory() as root:
-        path = str(Path(root) / "captioning_dataset.json")
-        Path(path).write_bytes(raw)
+    with written(raw, "captioning_dataset.json") as (root, path):
         kept, dead = run_step(ParseGoodNews(root, "resized", SplitRule("ratio")), path)
     text = codecs.decode(raw, "utf-8", "surrogateescape").removeprefix("\ufeff")
     try:  # every member of the object is an article

@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-import tempfile
 import zlib
 from collections import defaultdict
 from pathlib import Path
@@ -31,7 +30,7 @@ from pipelines.records import RawDocument
 from pipelines.sources.cite import COLUMNS as CITE_COLUMNS
 from pipelines.sources.clue import COLUMNS as CLUE_COLUMNS
 from tests.faults.conftest import FUZZ
-from tests.faults.test_stream_fuzz import run_step
+from tests.faults.test_stream_fuzz import run_step, written
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 EXAMPLES = FUZZ  # 60 files per reader in the suite, 300 under benchmarks/faults.py
@@ -147,9 +146,7 @@ def test_clue_csv_files_keep_or_dead_letter_every_row(raw, fault_stats):
     from pipelines.sources.clue import COLUMNS, ParseClueFile, hosts_of, http_host
 
     fault_stats.add(inputs_fuzzed=1)
-    with tempfile.TemporaryDirectory() as root:
-        path = str(Path(root) / "train.csv")
-        Path(path).write_bytes(raw)
+    with written(raw, "train.csv") as (_, path):
         kept, dead = run_step(ParseClueFile(), path)
         hosts = hosts_of(path)
     check_table(kept, dead, table_oracle(raw, COLUMNS, ","), path, {"no_caption", "bad_url", "bad_label"})
@@ -189,12 +186,10 @@ def test_cite_csv_files_keep_or_dead_letter_every_row(raw, fault_stats):
     from pipelines.sources.cite import COLUMNS, ParseCiteFile
 
     fault_stats.add(inputs_fuzzed=1)
-    with tempfile.TemporaryDirectory() as root:
+    with written(raw, "data.csv") as (root, path):
         images = Path(root) / "images"
         (images / "train" / "images-qa").mkdir(parents=True)
         (images / "train" / "images-qa" / "churros_1_0.jpg").write_bytes(b"jpeg")
-        path = str(Path(root) / "data.csv")
-        Path(path).write_bytes(raw)
         kept, dead = run_step(ParseCiteFile(str(images)), path)
     reasons = {"no_text", "bad_label", "bad_image_name", "image_not_in_recipeqa"}
     check_table(kept, dead, table_oracle(raw, COLUMNS, "|"), path, reasons)
@@ -273,9 +268,7 @@ def test_wit_files_keep_or_dead_letter_every_row_and_image(file, fault_stats):
 
     name, raw = file
     fault_stats.add(inputs_fuzzed=1)
-    with tempfile.TemporaryDirectory() as root:
-        path = str(Path(root) / name)
-        Path(path).write_bytes(raw)
+    with written(raw, name) as (_, path):
         kept, dead = run_step(ParseWitFile(None, frozenset({"image/jpeg", "image/png"})), path)
     file_letters = [d for d in dead if d.reason == "malformed_file"]
     assert {d.reason for d in dead} <= {"malformed_record", "not_utf8", "unsupported_mime", "malformed_file"}
