@@ -113,7 +113,7 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         info = json.loads(Path(context.artifacts["news"]).read_text())
         self.languages = tuple(info["languages"])
         self.run_id = info.get("run_id")
-        self.threads = info.get("threads")  # models packaged before had none: library defaults
+        self.threads = checked_threads(info.get("threads"))  # None in models packaged before
         self.archive = load_archive(context.artifacts["archive"], self.model.cfg.d, self.run_id)
 
     def _articles(self, model_input: pd.DataFrame) -> list[dict]:
@@ -154,6 +154,20 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=["image_ids", "scores", "uris"])
 
 
+def checked_threads(threads) -> dict | None:
+    """``threads`` as packaged: None (the libraries' defaults) or ``{"encode": n, "search": m}``
+    with positive integers; anything else is refused in one line when a model is packaged or
+    loaded, not on every request (torch refuses 0 threads mid-predict)."""
+    if threads is None:
+        return None
+    ok = isinstance(threads, dict) and set(threads) == {"encode", "search"}
+    if not ok or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in threads.values()):
+        raise MmlinksError(
+            f'serving threads must be {{"encode": n, "search": m}} with n, m >= 1, got {threads!r}'
+        )
+    return dict(threads)
+
+
 @contextmanager
 def serving_threads(threads: dict | None):
     """Run a predict call with ``threads["encode"]`` torch and ``threads["search"]`` FAISS
@@ -166,8 +180,8 @@ def serving_threads(threads: dict | None):
     import faiss
 
     before = torch.get_num_threads(), faiss.omp_get_max_threads()
-    torch.set_num_threads(int(threads["encode"]))
-    faiss.omp_set_num_threads(int(threads["search"]))
+    torch.set_num_threads(threads["encode"])
+    faiss.omp_set_num_threads(threads["search"])
     try:
         yield
     finally:
@@ -229,7 +243,7 @@ def _model_kwargs(
     shutil.copytree(checkpoint_dir, root / "checkpoint")
     vocab.save(root / "vocab.json")
     index.save(root / "archive")
-    info = {"languages": list(languages), "run_id": run_id, "threads": threads}
+    info = {"languages": list(languages), "run_id": run_id, "threads": checked_threads(threads)}
     (root / "news.json").write_text(json.dumps(info))
     artifacts = {
         "checkpoint": str(root / "checkpoint"),

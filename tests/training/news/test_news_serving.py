@@ -248,3 +248,15 @@ def test_news_models_are_gated_on_validation_medr_and_r10_not_auc(news_model):
     worse = check_gate({**m, "medr": m["medr"] + 2, "r10": m["r10"] - 5}, m, Gate(max_medr_rise=1.0))
     assert len(worse) == 2 and all("auc" not in w for w in worse)
     assert check_gate({**m, "medr": float("nan")}, None, Gate()) != []
+
+
+@pytest.mark.parametrize(
+    "threads", [{"encode": 0, "search": 1}, {"encode": 1}, {"encode": "2", "search": 1}, [1, 1]]
+)
+def test_bad_serving_threads_are_refused_in_one_line_when_packaged(threads):
+    from training.news.serving import checked_threads
+
+    with pytest.raises(MmlinksError, match="serving threads must be"):
+        checked_threads(threads)
+    assert checked_threads(None) is None
+    assert checked_threads({"encode": 2, "search": 1}) == {"encode": 2, "search": 1}
