@@ -19,6 +19,12 @@ settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("MMLINKS_CI") == "1":
     settings.load_profile("ci")
 
+# OpenMP's idle threads sleep instead of spinning. The suite keeps both cores busy (two xdist
+# workers, Ray, subprocesses), and torch's two-thread passes otherwise spin-wait for a core another
+# process holds: an in-process build plus training took 202 CPU-s with libgomp's default spinning
+# and 113 with this, on this 2-core machine under load (docs/benchmarks.md, "Test suite"). It must
+# be set before torch loads its OpenMP runtime; every process the tests start inherits it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # Ray Train's controller polls its workers every 2 s, so each run ends up to 2 s after its last
