@@ -136,7 +136,11 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         if "language" not in model_input.columns:
             raise _bad_request("input needs a language column (and any of headline, lead, body, caption)")
         articles = []
-        for row, rec in enumerate(model_input.to_dict("records")):
+        columns = list(model_input.columns)
+        # rows as dicts via one object array: half the cost of to_dict("records") (~0.3 ms a
+        # served article); cells are the same objects (str, None or NaN, which _text reads as "")
+        records = (dict(zip(columns, r)) for r in model_input.to_numpy(dtype=object).tolist())
+        for row, rec in enumerate(records):
             lang = _text(rec.get("language")).strip()
             if lang not in self.languages:
                 raise _bad_request(
@@ -160,15 +164,13 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             q = q.numpy()
             scores, hits = archive_search(self.model, self.archive, q, top_k)
         ids, uris = self.archive.ids, self.archive.uris
-        rows = [
+        return pd.DataFrame(
             {
-                "image_ids": [ids[r] for r in row],
-                "scores": s[: len(row)].astype(float).tolist(),
-                "uris": [uris[r] for r in row],
+                "image_ids": [[ids[r] for r in row] for row in hits],
+                "scores": [s[: len(row)].astype(float).tolist() for s, row in zip(scores, hits, strict=True)],
+                "uris": [[uris[r] for r in row] for row in hits],
             }
-            for s, row in zip(scores, hits, strict=True)
-        ]
-        return pd.DataFrame(rows, columns=["image_ids", "scores", "uris"])
+        )
 
 
 def checked_threads(threads) -> dict | None:
