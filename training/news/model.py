@@ -281,24 +281,27 @@ class NewsRetrieval(nn.Module):
         puts, padding masks: ~1.5 ms of a served article's ~10 ms on one core). Serving encodes
         each article of a request this way, so an article's vector never depends on the other
         rows of its request. CHAIN models go through ``encode_text``."""
-        S = len(self.cfg.sources)
         if self.embed is None:
             names = list(sources)
             t = max(int(v.shape[1]) for v in sources.values())
             tokens = torch.cat([F.pad(v, (0, t - v.shape[1])) for v in sources.values()])
             lengths = torch.tensor([int(v.shape[1]) for v in sources.values()])
             slots = torch.tensor([self.cfg.sources.index(s) for s in names])
-            keep = torch.ones(1, S, dtype=torch.bool)
+            keep = torch.ones(1, len(self.cfg.sources), dtype=torch.bool)
             return self.encode_text(tokens, lengths, slots, torch.zeros(len(names), dtype=torch.long), keep)
-        x = torch.zeros(1, S, self.cfg.d)
-        use = torch.zeros(1, S, dtype=torch.bool)
-        for j, name in enumerate(self.cfg.sources):
-            if name in sources:
-                x[:, j] = self.encoders[name].encode_one(self.embed(sources[name]))
-                use[0, j] = True
-        some = use.any(1)
-        fused = F.normalize(self.fuser(x, use | ~some[:, None]), dim=-1)
-        return (fused.abs() if self.cfg.score == "order" else fused) * some[:, None]
+        present = [name in sources for name in self.cfg.sources]
+        zero = torch.zeros(1, self.cfg.d)
+        if not any(present):  # what encode_text gives a sample without a source
+            return zero
+        x = torch.stack(
+            [
+                self.encoders[name].encode_one(self.embed(sources[name])) if here else zero
+                for name, here in zip(self.cfg.sources, present, strict=True)
+            ],
+            1,
+        )  # [1, S, d]
+        fused = F.normalize(self.fuser(x, torch.tensor([present])), dim=-1)
+        return fused.abs() if self.cfg.score == "order" else fused
 
     def score(self, text: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
         """text [Q, d] x image [N, d] -> [Q, N]: the cosine, or for ORDER the negative order
