@@ -99,7 +99,7 @@ def _unit(n: int, d: int, seed: int) -> np.ndarray:
 
 
 def test_a_pq_archive_keeps_its_refine_factor_and_huge_pages_change_no_result(tmp_path):
-    x, q = _unit(3000, 16, 0), _unit(20, 16, 1)
+    x, q = _unit(1000, 16, 0), _unit(20, 16, 1)
     pq = ArchiveIndex.build([str(i) for i in range(len(x))], x, kind="pq")
     assert pq.refine_factor == PQ_REFINE_FACTOR
     pq.set_refine_factor(20)
