@@ -214,8 +214,9 @@ def back_with_huge_pages(index) -> int:
     """Ask Linux to back the flat vectors and codes of ``index`` (and of its base, refine or
     storage index) with 2 MB transparent huge pages, now (``MADV_COLLAPSE``); how many MB it
     covered. A ``pq`` query reads ~5-10k random 1 KB vectors of a 1 GB array for its exact
-    re-rank, each a TLB miss on 4 KB pages: huge pages cut the search's CPU time by ~10-20 %
-    at 1M images (docs/benchmarks.md, issue #18); the results are the same bytes. Best effort:
+    re-rank, each a TLB miss on 4 KB pages. Measured at 1M images (docs/benchmarks.md, issue
+    #18): predict's CPU time -9 % at the default factor 1000, no gain at factor 512 or for the
+    index alone; the results are the same bytes. Best effort:
     where the kernel or the libc refuses (not Linux, THP off, no contiguous memory), nothing
     changes. FAISS owns these buffers, so this calls ``madvise`` through ctypes (Python's
     ``mmap.madvise`` only covers mmap objects)."""

@@ -152,9 +152,9 @@ class SourceEncoder(nn.Module):
 
     def encode_one(self, e: torch.Tensor) -> torch.Tensor:
         """One unpadded sentence's embeddings [1, T, w] -> [1, d], in eval mode without autograd:
-        ``forward`` with every position real, minus its Python. ``nn.MultiheadAttention``'s
-        checks and mask conversion and the masking around the point-wise CNN cost ~0.4 ms a
-        source on one core (a served article, docs/benchmarks.md issue #18); this calls the
+        ``forward`` with every position real, minus its Python (``nn.MultiheadAttention``'s
+        checks and mask conversion, the masking around the point-wise CNN: part of what
+        ``encode_article`` saves a served article, docs/benchmarks.md issue #18); this calls the
         attention kernel its fast path calls, with the float key-padding mask an all-True mask
         becomes, so the result is bit-identical to ``forward`` (tested). Odd head counts (no fast
         path), training or autograd: ``forward`` itself."""

@@ -160,8 +160,8 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             raise _bad_request(f"top_k must be between 1 and {MAX_TOP_K}")
         articles = self._articles(model_input)
         with serving_threads(self.threads):
-            q = torch.cat([encode_article(self.model, self.vocab, self.max_tokens, a) for a in articles])
-            q = q.numpy()
+            q = [encode_article(self.model, self.vocab, self.max_tokens, a) for a in articles]
+            q = torch.cat(q).numpy() if q else np.zeros((0, self.model.cfg.d), np.float32)
             scores, hits = archive_search(self.model, self.archive, q, top_k)
         ids, uris = self.archive.ids, self.archive.uris
         return pd.DataFrame(

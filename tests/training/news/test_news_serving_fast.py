@@ -124,3 +124,22 @@ def test_a_pq_archive_keeps_its_refine_factor_and_huge_pages_change_no_result(tm
     assert flat.refine_factor is None
     with pytest.raises(MmlinksError, match="pq only"):
         flat.set_refine_factor(10)
+
+
+def test_predict_answers_an_empty_request_with_an_empty_frame(tmp_path):
+    """Articles are encoded one by one now: zero rows must still give zero rows, not a 500."""
+    import pandas as pd
+
+    from training.news.serving import NewsModel
+
+    net = _model("attention", 2, False, "cosine")
+    model = NewsModel()
+    model.model, model.vocab, model.max_tokens, model.threads = net, VOCAB, 20, None
+    model.languages = ("en",)
+    x = _unit(40, 8, 2)
+    model.archive = ArchiveIndex.build([str(i) for i in range(40)], x)
+    out = model.predict(None, pd.DataFrame(columns=["language", "headline"]), {"top_k": 3})
+    assert list(out.columns) == ["image_ids", "scores", "uris"] and len(out) == 0
+    one = model.predict(None, pd.DataFrame([{"language": "en", "headline": "w1 w2"}]), {"top_k": 3})
+    q = encode_articles(net, VOCAB, 20, [{"headline": "w1 w2"}]).numpy()[0]
+    assert one["image_ids"][0] == [str(i) for i in np.argsort(-(x @ q), kind="stable")[:3]]
