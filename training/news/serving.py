@@ -22,6 +22,7 @@ from this model's run, or the model refuses to load it.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -53,6 +54,10 @@ MAX_TOP_K = 1000
 # ship their own OpenMP runtime with its own spinning worker pool; measured on 2 cores in
 # docs/benchmarks.md (issue #18, ``benchmarks/news_serving_latency.py --thread-sweep``)
 SERVE_THREADS = {"encode": 1, "search": 1}
+
+# set by `mlflow models serve` in the process that loads the model to serve it
+# (mlflow.pyfunc.scoring_server._SERVER_MODEL_PATH; not imported: that module imports FastAPI)
+SCORING_SERVER_ENV = "__pyfunc_model_path__"
 
 SIGNATURE = ModelSignature(
     inputs=Schema(
@@ -131,6 +136,8 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         self.run_id = info.get("run_id")
         self.threads = checked_threads(info.get("threads"))  # None in models packaged before
         self.archive = load_archive(context.artifacts["archive"], self.model.cfg.d, self.run_id)
+        if os.environ.get(SCORING_SERVER_ENV):
+            freeze_gc()
 
     def _articles(self, model_input: pd.DataFrame) -> list[dict]:
         if "language" not in model_input.columns:
@@ -171,6 +178,19 @@ class NewsModel(mlflow.pyfunc.PythonModel):
                 "uris": [[uris[r] for r in row] for row in hits],
             }
         )
+
+
+def freeze_gc() -> int:
+    """Collect, then move every object alive (the loaded libraries, model and archive: ~350k
+    tracked objects) to the garbage collector's permanent generation (``gc.freeze``); how many.
+    Without it, a full collection traverses them all in the middle of some request: 180 ms of
+    CPU once in 200 served articles, a gen-1 pass up to 19 ms (docs/benchmarks.md, issue #18).
+    Reference counting still frees them; only cycles among them are never collected, so this
+    is for a process that loads the model to serve it (``NewsModel.load_context`` calls it
+    under ``mlflow models serve``), not for a test or training process."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def checked_threads(threads) -> dict | None:

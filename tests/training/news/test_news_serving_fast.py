@@ -143,3 +143,30 @@ def test_predict_answers_an_empty_request_with_an_empty_frame(tmp_path):
     one = model.predict(None, pd.DataFrame([{"language": "en", "headline": "w1 w2"}]), {"top_k": 3})
     q = encode_articles(net, VOCAB, 20, [{"headline": "w1 w2"}]).numpy()[0]
     assert one["image_ids"][0] == [str(i) for i in np.argsort(-(x @ q), kind="stable")[:3]]
+
+
+def test_the_model_freezes_the_gc_only_when_mlflow_serves_it(tmp_path, monkeypatch):
+    """Under ``mlflow models serve`` (its model-path variable set) loading the model moves what
+    is alive to the permanent generation, so no full collection stalls a request; elsewhere
+    (tests, training, Dagster) nothing changes."""
+    import gc
+
+    import mlflow
+
+    from tests.training.news.helpers import news_checkpoint, write_news_dataset
+    from training.news.serving import SCORING_SERVER_ENV, save_news_model
+
+    _, docs = write_news_dataset(tmp_path / "data")
+    ckpt, vocab = news_checkpoint(tmp_path / "ckpt", docs)
+    index = ArchiveIndex.build([str(i) for i in range(40)], _unit(40, 16, 3))
+    path = str(save_news_model(tmp_path / "model", str(ckpt), vocab, index, ["en"], "run-1"))
+    gc.unfreeze()
+    monkeypatch.delenv(SCORING_SERVER_ENV, raising=False)
+    mlflow.pyfunc.load_model(path)
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setenv(SCORING_SERVER_ENV, path)
+    try:
+        mlflow.pyfunc.load_model(path)
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()  # this test process goes on collecting as before
