@@ -10,10 +10,11 @@ with an archive index: ``--index-cache FOLDER`` (an ``ArchiveIndex`` folder, e.g
 headline, 40 in the lead, 400 in the body (cut to ``--max-tokens``), 15 in the caption.
 
 Timed one article at a time, top 10: ``in_process`` (``mlflow.pyfunc.load_model(...).predict``;
-also the text encoding alone), and ``served`` (``mlflow models serve --env-manager local`` on
-loopback, one POST per article) unless ``--no-serve``. ``--floor`` times a no-op pyfunc with the
-same input schema instead (MLflow's own cost per request); ``--encoder-check`` and
-``--thread-sweep`` add the encoder variants and thread settings. One JSON object on stdout.
+also the text encoding alone, and the served top 10's recall against exact search), and
+``served`` (``mlflow models serve --env-manager local`` on loopback, one POST per article)
+unless ``--no-serve``. ``--floor`` times a no-op pyfunc with the same input schema instead
+(MLflow's own cost per request); ``--encoder-check`` and ``--thread-sweep`` add the encoder
+variants and thread settings. One JSON object on stdout.
 Example::
 
     PYTHONPATH=. python benchmarks/news_serving_latency.py --index-cache /tmp/hnsw-1m-256 --queries 200
@@ -94,7 +95,7 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
     import mlflow
     import pandas as pd
 
-    from training.news.serving import encode_articles, serving_threads
+    from training.news.serving import encode_article, serving_threads
 
     t0 = time.perf_counter()
     loaded = mlflow.pyfunc.load_model(str(model_path))
@@ -108,9 +109,28 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
         assert len(out["image_ids"][0]) == 10
         with serving_threads(model.threads):  # as predict encodes
             t = time.perf_counter()
-            encode_articles(model.model, model.vocab, model.max_tokens, [a])
+            encode_article(model.model, model.vocab, model.max_tokens, a)
             encode.append((time.perf_counter() - t) * 1000)
-    return {"load_s": round(load_s, 1), "predict": pct(predict), "encode_only": pct(encode)}
+    out = {"load_s": round(load_s, 1), "predict": pct(predict), "encode_only": pct(encode)}
+    return out | {"recall_at_10": served_recall(model, arts)}
+
+
+def served_recall(model, arts: list[dict]) -> dict:
+    """Recall@10 of the packaged index, as the model searches it, against exact search over
+    the same archive vectors, for this run's articles (the served queries): what a smaller
+    ``--refine-factor`` gives up. The exact oracle is the ``pq`` index's own full vectors (its
+    re-rank store) or the index itself when it is exact."""
+    import faiss
+
+    from training.news.serving import encode_article
+
+    index = model.archive.index
+    exact = faiss.downcast_index(index.refine_index) if hasattr(index, "refine_index") else index
+    q = np.concatenate([encode_article(model.model, model.vocab, model.max_tokens, a).numpy() for a in arts])
+    got = model.archive.search_rows(q, 10)[1]
+    want = exact.search(q, 10)[1]
+    hits = [len(set(g) & set(w.tolist())) / 10 for g, w in zip(got, want, strict=True)]
+    return {"recall": round(float(np.mean(hits)), 4), "refine_factor": model.archive.refine_factor}
 
 
 def served(model_path: Path, arts: list[dict], log: Path, floor: bool = False) -> dict:
@@ -293,6 +313,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="packaging: ENCODE,SEARCH torch and FAISS threads per request, or 'default' for the "
         "libraries' defaults (default: training.news.serving.SERVE_THREADS)",
     )
+    ap.add_argument(
+        "--refine-factor",
+        type=int,
+        default=None,
+        help="packaging: a pq archive's re-rank factor (default: the index's own); the run "
+        "reports the served recall@10 against exact search either way",
+    )
     ap.add_argument("--no-serve", action="store_true")
     ap.add_argument(
         "--floor",
@@ -352,7 +379,10 @@ def package(args, work: Path, out: dict) -> Path:
 
     t0 = time.perf_counter()
     index = archive(args)
+    if args.refine_factor:
+        index.set_refine_factor(args.refine_factor)
     out["archive"] = {"images": len(index), "kind": index.kind, "dim": index.dim}
+    out["archive"]["refine_factor"] = index.refine_factor
     out["archive"]["load_or_build_s"] = round(time.perf_counter() - t0, 1)
     ckpt, vocab = news_checkpoint(work / "ckpt", args.vocab, index.dim, args.max_tokens, args.seed)
     t0 = time.perf_counter()

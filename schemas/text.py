@@ -9,6 +9,7 @@ punctuation split off).
 from __future__ import annotations
 
 import re
+from itertools import islice
 
 _TOKEN_RE = re.compile(
     r"""
@@ -28,9 +29,18 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text.lower())
 
 
+def first_tokens(text: str, n: int) -> list[str]:
+    """``tokenize(text)[:n]`` without tokenising the rest (a served article's 400-word body cut
+    to 100 tokens: docs/benchmarks.md, issue #18)."""
+    if n < 0:
+        return tokenize(text)[:n]
+    return [m.group() for m in islice(_TOKEN_RE.finditer(text.lower()), n)]
+
+
 def has_tokens(text: str) -> bool:
-    """A sentence counts only if it has a word or number; bare punctuation does not."""
-    return any(any(c.isalnum() for c in tok) for tok in tokenize(text))
+    """A sentence counts only if it has a word or number; bare punctuation does not. Stops at
+    the first such token."""
+    return any(any(c.isalnum() for c in m.group()) for m in _TOKEN_RE.finditer(text.lower()))
 
 
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")

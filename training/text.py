@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from schemas.errors import MmlinksError
-from schemas.text import tokenize
+from schemas.text import first_tokens, tokenize
 from training.word_vectors import load_vectors
 
 PAD, UNK = 0, 1
@@ -42,7 +42,7 @@ class Vocabulary:
         return len(self.words)
 
     def encode(self, sentence: str, max_tokens: int) -> list[int]:
-        ids = [self.index.get(t, UNK) for t in tokenize(sentence)[:max_tokens]]
+        ids = [self.index.get(t, UNK) for t in first_tokens(sentence, max_tokens)]
         return ids or [UNK]  # the build drops token-less sentences; keep the GRU input non-empty
 
     def save(self, path: str | Path) -> None:

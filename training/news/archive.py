@@ -44,6 +44,7 @@ PQ_DIMS_PER_CODE = 4  # 256-d vectors: 64 sub-quantizers, 32 bytes a vector
 # candidates re-ranked exactly per hit asked for (FAISS reads at most 1000): recall 0.98 at 1M
 PQ_REFINE_FACTOR = 1000
 PQ_MIN_TRAIN = 1 << PQ_BITS  # k-means needs at least one vector per centroid
+PQ_MAX_REFINE_FACTOR = 1000  # FAISS refuses to read back an IndexRefine saved with more
 
 
 def pq_subquantizers(d: int) -> int:
@@ -127,6 +128,24 @@ class ArchiveIndex:
         return cls(index, [str(i) for i in ids], uris, kind, dict(info or {}))
 
     @property
+    def refine_factor(self) -> int | None:
+        """A ``pq`` index's re-rank factor (candidates re-ranked exactly per hit asked for);
+        None for the other kinds."""
+        return int(self.index.k_factor) if self.kind == "pq" else None
+
+    def set_refine_factor(self, factor: int) -> None:
+        """Re-rank ``factor x k`` candidates (1..1000) a query; saved with the index, so a
+        served model keeps the factor its archive's recall was measured at (``PQ_REFINE_FACTOR``
+        unless set: docs/benchmarks.md, issue #18, measures recall and latency by factor)."""
+        if self.kind != "pq":
+            raise MmlinksError(f"a {self.kind} archive index has no re-rank factor (pq only)")
+        if isinstance(factor, bool) or not isinstance(factor, int) or not 1 <= factor <= PQ_MAX_REFINE_FACTOR:
+            raise MmlinksError(
+                f"re-rank factor must be an integer in 1..{PQ_MAX_REFINE_FACTOR}, got {factor!r}"
+            )
+        self.index.k_factor = factor
+
+    @property
     def dim(self) -> int:
         return int(self.index.d)
 
@@ -158,11 +177,15 @@ class ArchiveIndex:
         _faiss().write_index(self.index, str(folder / "index.faiss"))
         (folder / "ids.json").write_text(json.dumps({"ids": self.ids, "uris": self.uris}))
         meta = {"kind": self.kind, "dim": self.dim, "size": len(self), **self.info}
+        if self.kind == "pq":
+            meta["refine_factor"] = self.refine_factor
         (folder / "index.json").write_text(json.dumps(meta, indent=1))
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path) -> ArchiveIndex:
+    def load(cls, folder: str | Path, huge_pages: bool = False) -> ArchiveIndex:
+        """``huge_pages``: back the index's vectors and codes with 2 MB pages
+        (``back_with_huge_pages``), for a server that searches it."""
         folder = Path(folder)
         if not (folder / "index.faiss").is_file():
             raise MmlinksError(f"no archive index in {folder} (index.faiss missing)")
@@ -176,9 +199,52 @@ class ArchiveIndex:
             index.hnsw.efSearch = HNSW_EF_SEARCH
         elif kind == "ivf":
             index.nprobe = ivf_nprobe(int(index.nlist))
-        elif kind == "pq":
-            index.k_factor = PQ_REFINE_FACTOR
+        elif kind == "pq":  # indexes saved before the factor was saved: the old default
+            index.k_factor = int(meta.pop("refine_factor", PQ_REFINE_FACTOR))
+        if huge_pages:
+            back_with_huge_pages(index)
         return cls(index, names["ids"], names["uris"], kind, meta)
+
+
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <sys/mman.h>; MADV_COLLAPSE: Linux 6.1+
+HUGE_PAGE = 2 << 20
+
+
+def back_with_huge_pages(index) -> int:
+    """Ask Linux to back the flat vectors and codes of ``index`` (and of its base, refine or
+    storage index) with 2 MB transparent huge pages, now (``MADV_COLLAPSE``); how many MB it
+    covered. A ``pq`` query reads ~5-10k random 1 KB vectors of a 1 GB array for its exact
+    re-rank, each a TLB miss on 4 KB pages. Measured at 1M images (docs/benchmarks.md, issue
+    #18): predict's CPU time -9 % at the default factor 1000, no gain at factor 512 or for the
+    index alone; the results are the same bytes. Best effort:
+    where the kernel or the libc refuses (not Linux, THP off, no contiguous memory), nothing
+    changes. FAISS owns these buffers, so this calls ``madvise`` through ctypes (Python's
+    ``mmap.madvise`` only covers mmap objects)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return 0
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    faiss = _faiss()
+    covered = 0
+    stack = [index]
+    while stack:
+        ix = faiss.downcast_index(stack.pop())
+        parts = (getattr(ix, name, None) for name in ("base_index", "refine_index", "storage"))
+        stack += [p for p in parts if p is not None]
+        codes = getattr(ix, "codes", None)
+        if codes is None or not hasattr(codes, "data") or not codes.size():
+            continue
+        addr, size = int(codes.data()), int(codes.size())
+        start = -(-addr // HUGE_PAGE) * HUGE_PAGE  # whole huge pages inside the buffer only
+        end = (addr + size) // HUGE_PAGE * HUGE_PAGE
+        if end > start and libc.madvise(start, end - start, MADV_HUGEPAGE) == 0:
+            if libc.madvise(start, end - start, MADV_COLLAPSE) == 0:
+                covered += end - start
+    return covered >> 20
 
 
 def archive_images(paths: list) -> tuple[list[str], list[str], np.ndarray]:

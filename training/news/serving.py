@@ -22,6 +22,7 @@ from this model's run, or the model refuses to load it.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -53,6 +54,10 @@ MAX_TOP_K = 1000
 # ship their own OpenMP runtime with its own spinning worker pool; measured on 2 cores in
 # docs/benchmarks.md (issue #18, ``benchmarks/news_serving_latency.py --thread-sweep``)
 SERVE_THREADS = {"encode": 1, "search": 1}
+
+# set by `mlflow models serve` in the process that loads the model to serve it
+# (mlflow.pyfunc.scoring_server._SERVER_MODEL_PATH; not imported: that module imports FastAPI)
+SCORING_SERVER_ENV = "__pyfunc_model_path__"
 
 SIGNATURE = ModelSignature(
     inputs=Schema(
@@ -101,6 +106,22 @@ def encode_articles(
     return net.encode_text(tokens, lengths, slots, rows, keep)
 
 
+@torch.inference_mode()
+def encode_article(net: NewsRetrieval, vocab: Vocabulary, max_tokens: int, article: dict) -> torch.Tensor:
+    """One article ({source: text}, at least one source the model reads with words) -> [1, d]:
+    what ``encode_articles`` gives for it alone, bit-identical (tested), through
+    ``NewsRetrieval.encode_article``: each source tokenised once and encoded unpadded, without
+    the batch machinery. The served model's path (a request's articles one by one)."""
+    sources = {}
+    for s in net.cfg.sources:
+        text = _text(article.get(s))
+        if has_tokens(text):
+            sources[s] = torch.tensor([vocab.encode(text, max_tokens)], dtype=torch.long)
+    if net.training:
+        net.eval()
+    return net.encode_article(sources)
+
+
 class NewsModel(mlflow.pyfunc.PythonModel):
     family = "news"
 
@@ -115,12 +136,18 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         self.run_id = info.get("run_id")
         self.threads = checked_threads(info.get("threads"))  # None in models packaged before
         self.archive = load_archive(context.artifacts["archive"], self.model.cfg.d, self.run_id)
+        if os.environ.get(SCORING_SERVER_ENV):
+            freeze_gc()
 
     def _articles(self, model_input: pd.DataFrame) -> list[dict]:
         if "language" not in model_input.columns:
             raise _bad_request("input needs a language column (and any of headline, lead, body, caption)")
         articles = []
-        for row, rec in enumerate(model_input.to_dict("records")):
+        columns = list(model_input.columns)
+        # rows as dicts via one object array: half the cost of to_dict("records") (~0.3 ms a
+        # served article); cells are the same objects (str, None or NaN, which _text reads as "")
+        records = (dict(zip(columns, r)) for r in model_input.to_numpy(dtype=object).tolist())
+        for row, rec in enumerate(records):
             lang = _text(rec.get("language")).strip()
             if lang not in self.languages:
                 raise _bad_request(
@@ -140,18 +167,30 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             raise _bad_request(f"top_k must be between 1 and {MAX_TOP_K}")
         articles = self._articles(model_input)
         with serving_threads(self.threads):
-            q = encode_articles(self.model, self.vocab, self.max_tokens, articles).numpy()
+            q = [encode_article(self.model, self.vocab, self.max_tokens, a) for a in articles]
+            q = torch.cat(q).numpy() if q else np.zeros((0, self.model.cfg.d), np.float32)
             scores, hits = archive_search(self.model, self.archive, q, top_k)
         ids, uris = self.archive.ids, self.archive.uris
-        rows = [
+        return pd.DataFrame(
             {
-                "image_ids": [ids[r] for r in row],
-                "scores": s[: len(row)].astype(float).tolist(),
-                "uris": [uris[r] for r in row],
+                "image_ids": [[ids[r] for r in row] for row in hits],
+                "scores": [s[: len(row)].astype(float).tolist() for s, row in zip(scores, hits, strict=True)],
+                "uris": [[uris[r] for r in row] for row in hits],
             }
-            for s, row in zip(scores, hits, strict=True)
-        ]
-        return pd.DataFrame(rows, columns=["image_ids", "scores", "uris"])
+        )
+
+
+def freeze_gc() -> int:
+    """Collect, then move every object alive (the loaded libraries, model and archive: ~350k
+    tracked objects) to the garbage collector's permanent generation (``gc.freeze``); how many.
+    Without it, a full collection traverses them all in the middle of some request: 180 ms of
+    CPU once in 200 served articles, a gen-1 pass up to 19 ms (docs/benchmarks.md, issue #18).
+    Reference counting still frees them; only cycles among them are never collected, so this
+    is for a process that loads the model to serve it (``NewsModel.load_context`` calls it
+    under ``mlflow models serve``), not for a test or training process."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def checked_threads(threads) -> dict | None:
@@ -209,7 +248,7 @@ def load_archive(packaged: str, d: int, run_id: str | None) -> ArchiveIndex:
     """The packaged index, or the one ``MMLINKS_NEWS_ARCHIVE`` names when it was built from the
     same run (another model's image vectors live in another space)."""
     folder = os.environ.get(ARCHIVE_ENV) or packaged
-    index = ArchiveIndex.load(folder)
+    index = ArchiveIndex.load(folder, huge_pages=True)  # searched on every request
     built_from = index.info.get("run_id")
     if folder != packaged and run_id and built_from != run_id:
         raise MmlinksError(

@@ -106,9 +106,9 @@ def test_the_pq_index_reranks_exactly_and_is_exact_when_it_reranks_everything(tm
     scores, got = pq.search(q, 10)
     np.testing.assert_allclose(scores, want_scores, atol=1e-5)
     assert [set(g) for g in got] == [set(w) for w in want]
-    loaded = ArchiveIndex.load(pq.save(tmp_path / "pq"))
-    assert loaded.kind == "pq" and loaded.index.k_factor == PQ_REFINE_FACTOR
     pq.index.k_factor = PQ_REFINE_FACTOR
+    loaded = ArchiveIndex.load(pq.save(tmp_path / "pq"))
+    assert loaded.kind == "pq" and loaded.index.k_factor == PQ_REFINE_FACTOR  # saved with it
     assert loaded.search(q, 10)[1] == pq.search(q, 10)[1]
     with pytest.raises(MmlinksError, match="at least 16 vectors"):
         ArchiveIndex.build(ids[:3], x[:3], kind="pq")
