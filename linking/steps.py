@@ -213,7 +213,9 @@ class LinkChunk(beam.DoFn):
         self.assign, self.min_score = assign, min_score
         self.keep_scores, self.evaluate = keep_scores, evaluate
 
-    def process(self, result) -> Iterator:  # untyped outputs: rows to the writers, tagged records
+    # -> Iterator (untyped): from the yields Beam would infer Union[TaggedOutput, Tuple[str, bytes]]
+    # and refuse it at the writers' GroupByKey
+    def process(self, result) -> Iterator:
         from linking.assign import assign_links, pad_scores
 
         chunk, matrices = result.example, result.inference
