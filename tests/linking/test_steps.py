@@ -2,6 +2,7 @@
 the per-document scores of training.loop.link_scores."""
 
 import json
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +21,7 @@ from linking.steps import (
     documents_of_table,
     raw_chunks,
     row_groups,
+    rows_of_block,
 )
 from schemas.errors import MmlinksError
 from schemas.links import read_links
@@ -149,7 +151,8 @@ def test_link_chunk_rows_and_evaluation_records():
     scores = [np.array([[0.9, 0.1, 0.2], [0.1, 0.8, 0.7]], np.float32), np.array([[0.3]], np.float32)]
     result = PredictionResult({"key": "k", "docs": docs}, scores, "m")
     main, tagged = outputs(LinkChunk("matching", 0.35, True, True).process(result))
-    [(shard, (a, b))] = main  # one block of rows per output shard of the chunk
+    [(shard, block)] = main  # one block of rows per output shard of the chunk
+    a, b = rows_of_block(block)
     assert shard == "s.parquet"
     # the best 2-edge matching is (0, 0) + (1, 1) = 1.7; image 2 stays out of it
     assert a["sentence"] == [0, 1, None] and a["score"] == pytest.approx([0.9, 0.8, None])
@@ -176,8 +179,9 @@ def test_write_link_shards_sorts_rows_and_is_byte_stable(tmp_path):
         }
         for d in ("b", "a")
     ]
-    [info1] = WriteLinkShards(str(tmp_path / "1")).process(("x.parquet", [rows]))
-    [info2] = WriteLinkShards(str(tmp_path / "2")).process(("x.parquet", [rows[1:], rows[:1]]))
+    blocks = [pickle.dumps(r) for r in (rows, rows[1:], rows[:1])]  # as LinkChunk yields them
+    [info1] = WriteLinkShards(str(tmp_path / "1")).process(("x.parquet", blocks[:1]))
+    [info2] = WriteLinkShards(str(tmp_path / "2")).process(("x.parquet", blocks[1:]))
     assert info1 == info2 and json.loads(info1)["rows"] == 2
     assert read_links([tmp_path / "1" / "x.parquet"]).column("doc_id").to_pylist() == ["a", "b"]
 
