@@ -121,8 +121,9 @@ class EfficientNetLite0(nn.Module):
 
     def fold_batchnorm(self) -> EfficientNetLite0:
         """For inference: each BatchNorm folded into the convolution before it, so a forward pass
-        runs half the layers (~1.35x fewer CPU-seconds an image, measured on this machine; the
-        features equal the unfolded network's up to float rounding, ~1e-5). The network must be
+        runs half the layers (with the padding and ReLU6 changes: 1.40x images/s on one thread,
+        1.55x on two, docs/benchmarks.md "Features: RunInference vs the bare forward pass"). The
+        features equal the unfolded network's up to float rounding (~1e-5). The network must be
         in eval mode with its weights loaded: the running statistics become constants."""
         if self.training:
             raise ValueError("fold_batchnorm needs an eval-mode network (its running statistics)")

@@ -63,9 +63,9 @@ class _Lite0Base(Extractor):
 
     def _load(self, model: torch.nn.Module, device: str) -> torch.nn.Module:
         load_weights_into(model, load_state_dict(self.weights_path, self.name), self.name, self.weights_path)
-        # BatchNorm folded into the convolutions (~1.35x fewer CPU-s an image) and channels-last
-        # weights (the depthwise convolutions ~1.3x faster on CPU: 61 -> 78 images/s on 2
-        # cores); outputs stay independent of batch composition.
+        # BatchNorm folded into the convolutions (1.4-1.55x images/s, docs/benchmarks.md) and
+        # channels-last weights (the depthwise convolutions ~1.3x faster on CPU: 61 -> 78
+        # images/s on 2 cores); outputs stay independent of batch composition.
         model = model.eval().fold_batchnorm()
         return model.to(resolve_device(device), memory_format=torch.channels_last)
 
