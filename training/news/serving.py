@@ -111,7 +111,7 @@ def encode_article(net: NewsRetrieval, vocab: Vocabulary, max_tokens: int, artic
     """One article ({source: text}, at least one source the model reads with words) -> [1, d]:
     what ``encode_articles`` gives for it alone, bit-identical (tested), through
     ``NewsRetrieval.encode_article``: each source tokenised once and encoded unpadded, without
-    the batch machinery. The served model's path (a request's articles one by one)."""
+    the batch machinery. The served model's path for a request of one article."""
     sources = {}
     for s in net.cfg.sources:
         text = _text(article.get(s))
@@ -167,9 +167,7 @@ class NewsModel(mlflow.pyfunc.PythonModel):
             raise _bad_request(f"top_k must be between 1 and {MAX_TOP_K}")
         articles = self._articles(model_input)
         with serving_threads(self.threads):
-            q = [encode_article(self.model, self.vocab, self.max_tokens, a) for a in articles]
-            q = torch.cat(q).numpy() if q else np.zeros((0, self.model.cfg.d), np.float32)
-            scores, hits = archive_search(self.model, self.archive, q, top_k)
+            scores, hits = archive_search(self.model, self.archive, self._vectors(articles), top_k)
         ids, uris = self.archive.ids, self.archive.uris
         return pd.DataFrame(
             {
@@ -178,6 +176,18 @@ class NewsModel(mlflow.pyfunc.PythonModel):
                 "uris": [[uris[r] for r in row] for row in hits],
             }
         )
+
+    def _vectors(self, articles: list[dict]) -> np.ndarray:
+        """[Q, d]: one article (a photo editor's query) through the lean single-article path;
+        several (a downstream job's batch) through the batch encoder, which costs 1.3-1.7x less
+        CPU an article at 8-64 articles (``benchmarks/news_batch_encode.py``, docs/benchmarks.md
+        issue #18). Both give the article's top 10; the batch's vectors may differ from the
+        single path's in the last bits, as any batched matrix product's do."""
+        if not articles:
+            return np.zeros((0, self.model.cfg.d), np.float32)
+        if len(articles) == 1:
+            return encode_article(self.model, self.vocab, self.max_tokens, articles[0]).numpy()
+        return encode_articles(self.model, self.vocab, self.max_tokens, articles).numpy()
 
 
 def freeze_gc() -> int:

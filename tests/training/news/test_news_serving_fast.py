@@ -127,7 +127,7 @@ def test_a_pq_archive_keeps_its_refine_factor_and_huge_pages_change_no_result(tm
 
 
 def test_predict_answers_an_empty_request_with_an_empty_frame(tmp_path):
-    """Articles are encoded one by one now: zero rows must still give zero rows, not a 500."""
+    """Zero rows must give zero rows, not a 500 (no encoder runs)."""
     import pandas as pd
 
     from training.news.serving import NewsModel
@@ -143,6 +143,35 @@ def test_predict_answers_an_empty_request_with_an_empty_frame(tmp_path):
     one = model.predict(None, pd.DataFrame([{"language": "en", "headline": "w1 w2"}]), {"top_k": 3})
     q = encode_articles(net, VOCAB, 20, [{"headline": "w1 w2"}]).numpy()[0]
     assert one["image_ids"][0] == [str(i) for i in np.argsort(-(x @ q), kind="stable")[:3]]
+
+
+def test_a_request_of_several_articles_gives_each_the_top_k_it_gets_alone():
+    """Several articles go through the batch encoder (cheaper an article), one through the
+    single-article path: each article's top k and scores are the same either way."""
+    import pandas as pd
+
+    from training.news.serving import NewsModel
+
+    model = NewsModel()
+    model.model, model.vocab, model.max_tokens, model.threads = (
+        _model("attention", 2, True, "cosine"),
+        VOCAB,
+        20,
+        None,
+    )
+    model.languages = ("en",)
+    model.archive = ArchiveIndex.build([str(i) for i in range(60)], _unit(60, 8, 4))
+    rows = [
+        {"language": "en", "headline": "w1 w2 w3", "body": "w4 w5 " * 9},
+        {"language": "en", "caption": "w7 unknown"},
+        {"language": "en", "lead": "w9 w10 w11 w12", "body": "w13"},
+    ]
+    batch = model.predict(None, pd.DataFrame(rows), {"top_k": 5})
+    assert len(batch) == len(rows)
+    for i, row in enumerate(rows):
+        alone = model.predict(None, pd.DataFrame([row]), {"top_k": 5})
+        assert batch["image_ids"][i] == alone["image_ids"][0]
+        np.testing.assert_allclose(batch["scores"][i], alone["scores"][0], rtol=1e-5, atol=1e-6)
 
 
 def test_the_model_freezes_the_gc_only_when_mlflow_serves_it(tmp_path, monkeypatch):
