@@ -280,15 +280,10 @@ class NewsRetrieval(nn.Module):
         bit-identical to it (tested), without the batch machinery (boolean row selection, index
         puts, padding masks: ~1.5 ms of a served article's ~10 ms on one core). Serving encodes
         each article of a request this way, so an article's vector never depends on the other
-        rows of its request. CHAIN models go through ``encode_text``."""
+        rows of its request. A CHAIN model (one encoder over the concatenated sources) has no
+        per-source path: ``serving.encode_article`` sends it through the batch encoder."""
         if self.embed is None:
-            names = list(sources)
-            t = max(int(v.shape[1]) for v in sources.values())
-            tokens = torch.cat([F.pad(v, (0, t - v.shape[1])) for v in sources.values()])
-            lengths = torch.tensor([int(v.shape[1]) for v in sources.values()])
-            slots = torch.tensor([self.cfg.sources.index(s) for s in names])
-            keep = torch.ones(1, len(self.cfg.sources), dtype=torch.bool)
-            return self.encode_text(tokens, lengths, slots, torch.zeros(len(names), dtype=torch.long), keep)
+            raise ValueError("a CHAIN model encodes articles through encode_text")
         present = [name in sources for name in self.cfg.sources]
         zero = torch.zeros(1, self.cfg.d)
         if not any(present):  # what encode_text gives a sample without a source

@@ -111,7 +111,11 @@ def encode_article(net: NewsRetrieval, vocab: Vocabulary, max_tokens: int, artic
     """One article ({source: text}, at least one source the model reads with words) -> [1, d]:
     what ``encode_articles`` gives for it alone, bit-identical (tested), through
     ``NewsRetrieval.encode_article``: each source tokenised once and encoded unpadded, without
-    the batch machinery. The served model's path for a request of one article."""
+    the batch machinery. The served model's path for a request of one article. A CHAIN model
+    (one encoder over the concatenated sources, a Table 1 baseline) has no per-source path and
+    goes through ``encode_articles``."""
+    if net.embed is None:
+        return encode_articles(net, vocab, max_tokens, [article])
     sources = {}
     for s in net.cfg.sources:
         text = _text(article.get(s))
@@ -135,8 +139,9 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         self.languages = tuple(info["languages"])
         self.run_id = info.get("run_id")
         self.threads = checked_threads(info.get("threads"))  # None in models packaged before
-        self.archive = load_archive(context.artifacts["archive"], self.model.cfg.d, self.run_id)
-        if os.environ.get(SCORING_SERVER_ENV):
+        serving = bool(os.environ.get(SCORING_SERVER_ENV))  # under `mlflow models serve`
+        self.archive = load_archive(context.artifacts["archive"], self.model.cfg.d, self.run_id, serving)
+        if serving:
             freeze_gc()
 
     def _articles(self, model_input: pd.DataFrame) -> list[dict]:
@@ -254,11 +259,13 @@ def archive_search(net: NewsRetrieval, archive: ArchiveIndex, q: np.ndarray, top
     return sim.gather(1, order).numpy(), order.tolist()
 
 
-def load_archive(packaged: str, d: int, run_id: str | None) -> ArchiveIndex:
+def load_archive(packaged: str, d: int, run_id: str | None, serving: bool = False) -> ArchiveIndex:
     """The packaged index, or the one ``MMLINKS_NEWS_ARCHIVE`` names when it was built from the
-    same run (another model's image vectors live in another space)."""
+    same run (another model's image vectors live in another space). ``serving``: a server that
+    searches it on every request backs it with huge pages (~5 s a GB at load, so not for an
+    evaluation or a test that loads the model once)."""
     folder = os.environ.get(ARCHIVE_ENV) or packaged
-    index = ArchiveIndex.load(folder, huge_pages=True)  # searched on every request
+    index = ArchiveIndex.load(folder, huge_pages=serving)
     built_from = index.info.get("run_id")
     if folder != packaged and run_id and built_from != run_id:
         raise MmlinksError(
