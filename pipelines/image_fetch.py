@@ -17,7 +17,7 @@ import requests
 
 from features.images import InvalidImage
 from pipelines import fileio
-from pipelines.web.client import PoliteClient
+from pipelines.web.client import PoliteClient, iter_body
 from pipelines.web.guard import redact_url
 from pipelines.web.policy import HttpError
 
@@ -142,7 +142,7 @@ class HttpFetcher:
             buf = bytearray()
             deadline = time.monotonic() + self.max_seconds
             try:
-                for chunk in resp.iter_content(self.chunk_size):
+                for chunk in iter_body(resp, self.chunk_size):
                     buf += chunk
                     if len(buf) > max_bytes:
                         raise FetchFailed(TOO_LARGE, f"more than {max_bytes} bytes", status=code)

@@ -9,7 +9,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from urllib.parse import urljoin
 
 import requests
@@ -40,6 +40,32 @@ log = logging.getLogger(__name__)
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
+
+
+def iter_body(resp: requests.Response, chunk_size: int) -> Iterator[bytes]:
+    """A streamed response's decoded body as it arrives: each chunk is what one read of the
+    socket gave (at most ``chunk_size`` bytes).
+
+    ``resp.iter_content(n)`` blocks until ``n`` bytes have arrived, so a server that sends its
+    headers and then one byte every 0.2 s keeps one 64 KiB chunk coming for 3.6 hours and a
+    deadline checked between chunks never fires (``tests/faults/test_web_faults.py``, the
+    slowloris scenario). ``read1`` returns after one read of the socket. urllib3's errors
+    become the requests exceptions ``iter_content`` raises, which the callers handle.
+    """
+    from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError, SSLError
+
+    raw = resp.raw
+    try:
+        while chunk := raw.read1(chunk_size, decode_content=True):
+            yield chunk
+    except ProtocolError as exc:
+        raise requests.exceptions.ChunkedEncodingError(exc) from exc
+    except DecodeError as exc:
+        raise requests.exceptions.ContentDecodingError(exc) from exc
+    except ReadTimeoutError as exc:
+        raise requests.exceptions.ConnectionError(exc) from exc
+    except SSLError as exc:
+        raise requests.exceptions.SSLError(exc) from exc
 
 
 class PoliteClient:
@@ -306,7 +332,7 @@ class PoliteClient:
                 )
             buf = bytearray()
             deadline = time.monotonic() + self.policy.max_seconds if self.policy.max_seconds else None
-            for chunk in resp.iter_content(_CHUNK):
+            for chunk in iter_body(resp, _CHUNK):
                 buf += chunk
                 if len(buf) > limit:
                     raise HttpError("too_large", f"more than {limit} bytes: {redact_url(url)}", status=status)

@@ -148,6 +148,130 @@ def test_mediawiki_titles_and_html(raw, html, fault_stats):
     assert all(isinstance(n, str) and n for n in file_names_in_html(page))
 
 
+_WIKI_FILES = ["Alpha view.jpg", "Beta view.jpg", "Gamma map.svg"]
+_WIKI_PARAGRAPHS = ["The river was wide. The bridge was old.", "The town was small. The market was loud."]
+_WIKI_IMAGES = "http://upload.example/"  # the reader never fetches them: any host will do
+
+
+def _real_api_bodies() -> dict[str, bytes]:
+    """What the API answers for one article, in the real ``formatversion=2`` shape."""
+    from tests.fixtures.wiki import imageinfo_response, parse_html, parse_response
+
+    html = parse_html("Fuzz page", _WIKI_PARAGRAPHS, _WIKI_FILES)
+    infos = {
+        n: {
+            "url": _WIKI_IMAGES + n.replace(" ", "_"),
+            "mime": "image/svg+xml" if n.endswith(".svg") else "image/jpeg",
+            "width": 800,
+            "height": 600,
+        }
+        for n in _WIKI_FILES
+    }
+    return {
+        "parse": parse_response("Fuzz page", 4242, html, sorted(_WIKI_FILES)),
+        "query": imageinfo_response(infos),
+    }
+
+
+def _json_paths(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _json_paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for k, v in enumerate(value):
+            yield from _json_paths(v, (*prefix, k))
+
+
+@st.composite
+def mediawiki_exchanges(draw) -> tuple[str, dict[str, bytes]]:
+    """(mode, bodies by action): the real answers, one of them with values swapped for random
+    JSON at random places, cut short, or replaced by random bytes."""
+    bodies = _real_api_bodies()
+    mode = draw(st.sampled_from(["intact", "replace", "replace", "cut", "bytes"]))
+    if mode == "intact":
+        return mode, bodies
+    action = draw(st.sampled_from(sorted(bodies)))
+    if mode == "bytes":
+        bodies[action] = draw(st.binary(max_size=200))
+    elif mode == "cut":
+        bodies[action] = bodies[action][: draw(st.integers(0, len(bodies[action]) - 1))]
+    else:
+        doc = json.loads(bodies[action])
+        paths = list(_json_paths(doc))
+        for path in draw(st.lists(st.sampled_from(paths), min_size=1, max_size=3)):
+            if not path:
+                doc = draw(json_values)
+                continue
+            parent = doc
+            try:
+                for key in path[:-1]:
+                    parent = parent[key]
+                parent[path[-1]] = draw(json_values)
+            except (KeyError, IndexError, TypeError):  # an earlier swap removed the path
+                pass
+        bodies[action] = json.dumps(doc).encode()
+    return mode, bodies
+
+
+@pytest.fixture(scope="module")
+def mediawiki_api():
+    """A loopback ``/w/api.php`` answering each action with ``bodies[action]`` (set per example)."""
+    from tests.pipelines.test_http_client import FixtureServer, send
+
+    bodies: dict[str, bytes] = {}
+
+    def app(h):
+        action = "parse" if "action=parse" in h.path else "query"
+        send(h, 200, bodies[action], {"Content-Type": "application/json; charset=utf-8"})
+
+    server = FixtureServer(app)
+    yield server, bodies
+    server.close()
+
+
+@EXAMPLES
+@given(exchange=mediawiki_exchanges())
+def test_mediawiki_api_responses_become_documents_or_reasoned_dead_letters(
+    exchange, mediawiki_api, tmp_path_factory, fault_stats
+):
+    """The real reader (``MediaWikiArticles.process`` over the polite client) against fuzzed
+    API answers served over loopback HTTP. Found by this test's first version: a non-list
+    ``parse.images``, a non-string ``parse.text``, a list ``query`` or a ``"wide"`` image width
+    raised out of the Beam step instead of dead-lettering the article."""
+    from pipelines.records import RawDocument
+    from pipelines.sources.wiki.mediawiki import MediaWikiArticles
+    from pipelines.text_segmentation import split_sentences
+    from tests.pipelines.test_http_client import make_client
+
+    mode, bodies = exchange
+    server, served = mediawiki_api
+    served.clear()
+    served.update(bodies)
+    fn = MediaWikiArticles(
+        make_client(server, max_retries=0),
+        server.url(""),
+        "upload.example",
+        str(tmp_path_factory.mktemp("mw-state")),
+    )
+    fn.setup()
+    outputs = list(fn.process("Fuzz page"))
+    fault_stats.add(inputs_fuzzed=1, invariant_checks=1, faults_injected=int(mode != "intact"))
+    dead = _dead_letters(outputs)
+    docs = [o for o in outputs if isinstance(o, RawDocument)]
+    assert len(outputs) == 1 and len(docs) + len(dead) == 1, outputs
+    assert {d.reason for d in dead} <= {"bad_response", "api_error", "missing_title", "invalid_title"}
+    assert all(d.detail and d.source_id == "Fuzz page" for d in dead)
+    for doc in docs:
+        assert all(isinstance(s, str) for s in doc.sentences)
+        assert all(isinstance(u, str) and u for u in doc.image_uris)
+    if mode == "intact":
+        (doc,) = docs
+        assert doc.doc_id == "wiki-4242"
+        assert doc.sentences == [s for p in _WIKI_PARAGRAPHS for s in split_sentences(p)]
+        assert doc.image_uris == [_WIKI_IMAGES + "Alpha_view.jpg", _WIKI_IMAGES + "Beta_view.jpg"]
+
+
 @st.composite
 def image_xml(draw) -> bytes:
     caption = f'<caption article="{draw(st.text(max_size=12))}">{draw(st.text(max_size=20))}</caption>'

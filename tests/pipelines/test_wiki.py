@@ -545,3 +545,49 @@ def test_mediawiki_api_error_shapes():
     fn.client = Client(Resp(500, b""))
     with pytest.raises(wiki.ArticleFailed, match="fetch_failed"):
         fn.fetch("X")
+
+
+@pytest.mark.parametrize(
+    "bodies, where",
+    [
+        (['{"parse": {"images": 5, "text": ""}}'], "parse.images"),
+        (['{"parse": {"text": 7}}'], "parse.text"),
+        (['{"parse": {"text": "", "images": [["A.jpg"]]}}'], "parse.images"),
+        (['{"parse": {"text": "", "images": ["A.jpg"]}}', '{"query": [1]}'], "query"),
+        (['{"parse": {"text": "", "images": ["A.jpg"]}}', '{"query": {"pages": [7]}}'], "query.pages"),
+        (
+            [
+                '{"parse": {"text": "", "images": ["A.jpg"]}}',
+                '{"query": {"pages": [{"title": "File:A.jpg", "imageinfo": [{"url": "http://u/a",'
+                ' "mime": "image/jpeg", "width": "wide", "height": 500}]}]}}',
+            ],
+            "imageinfo.width",
+        ),
+    ],
+)
+def test_mediawiki_malformed_api_shapes_are_dead_letters(tmp_path, bodies, where):
+    """JSON that is not in the API's shape is the article's ``bad_response`` dead letter naming
+    the field, never an exception out of the Beam step (each of these once raised one)."""
+    fn = wiki.MediaWikiArticles(client=None, api_base="http://w", image_host="u", state_root=str(tmp_path))
+    fn.setup()
+
+    class Resp:
+        status, url = 200, "http://w/w/api.php"
+
+        def __init__(self, body):
+            self.body = body
+
+        def json(self):
+            return json.loads(self.body)
+
+    class Client:
+        def __init__(self):
+            self.answers = list(bodies)
+
+        def get(self, url, params=None, use_cache=True):
+            return Resp(self.answers.pop(0))
+
+    fn.client = Client()
+    (out,) = list(fn.process("X"))
+    assert isinstance(out.value, DeadLetter) and out.value.reason == "bad_response"
+    assert out.value.detail.startswith(where), out.value.detail

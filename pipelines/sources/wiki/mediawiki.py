@@ -61,6 +61,42 @@ class ArticleFailed(Exception):
         self.permanent = permanent
 
 
+def _bad_shape(detail: str) -> ArticleFailed:
+    """A response that is JSON but not in the API's shape (a proxy's page, a changed API, a
+    broken mirror): the article's dead letter, not a crash of the Beam step. Transient: the
+    next build asks again."""
+    return ArticleFailed("bad_response", detail, permanent=False)
+
+
+def _field(obj: dict, key: str, kind: type, where: str):
+    """``obj[key]`` when it is a ``kind``, else ``bad_response``. Missing, null or another empty
+    value is an empty ``kind``: PHP writes an empty object as ``[]``."""
+    value = obj.get(key)
+    if not value and not isinstance(value, kind):
+        return kind()
+    if not isinstance(value, kind):
+        raise _bad_shape(f"{where} is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _image_info(info: dict) -> dict:
+    """One ``imageinfo`` entry with its fields checked: ``url``/``mime`` strings, sides integers
+    (the skip rules compare and the record stores them; ``"wide"`` must not reach ``int()``)."""
+    out: dict = {}
+    for key in ("url", "mime"):
+        out[key] = _field(info, key, str, f"imageinfo.{key}")
+    for key in ("width", "height"):
+        side = info.get(key)
+        if side is None:
+            side = 0
+        if isinstance(side, float) and side.is_integer():
+            side = int(side)
+        if isinstance(side, bool) or not isinstance(side, int):
+            raise _bad_shape(f"imageinfo.{key} is {side!r:.40}, not an integer")
+        out[key] = side
+    return out
+
+
 class MediaWikiArticles(beam.DoFn):
     """Title -> RawDocument via the MediaWiki action API, with a crawl-state record per article."""
 
@@ -116,12 +152,15 @@ class MediaWikiArticles(beam.DoFn):
                     "iiprop": "url|mime|size",
                 }
             )
-            for page in (data.get("query") or {}).get("pages") or []:
-                title = str(page.get("title", ""))
+            query = _field(data, "query", dict, "query")
+            for page in _field(query, "pages", list, "query.pages"):
+                if not isinstance(page, dict):
+                    raise _bad_shape("query.pages[] is not an object")
+                title = _field(page, "title", str, "query.pages[].title")
                 name = normalize_title(title.split(":", 1)[1] if ":" in title else title)
-                info = (page.get("imageinfo") or [None])[0]
+                info = (_field(page, "imageinfo", list, "query.pages[].imageinfo") or [None])[0]
                 if isinstance(info, dict):
-                    infos[name] = info
+                    infos[name] = _image_info(info)
         return infos
 
     def fetch(self, title: str) -> dict:
@@ -133,7 +172,12 @@ class MediaWikiArticles(beam.DoFn):
         html = parse.get("text", "")
         if isinstance(html, dict):  # formatversion=1 shape
             html = html.get("*", "")
-        api_images = [normalize_title(str(n)) for n in parse.get("images") or []]
+        if not isinstance(html, str):
+            raise _bad_shape(f"parse.text is {type(html).__name__}, not a string")
+        api_images = _field(parse, "images", list, "parse.images")
+        if not all(isinstance(n, str) for n in api_images):
+            raise _bad_shape("parse.images holds a non-string")
+        api_images = [normalize_title(n) for n in api_images]
         # Order of appearance in the article; files only the API lists (rare) go last.
         in_html = file_names_in_html(html)
         listed, shown = set(api_images), set(in_html)
@@ -153,13 +197,17 @@ class MediaWikiArticles(beam.DoFn):
                     "name": name,
                     "url": info["url"],
                     "mime": info.get("mime", ""),
-                    "width": int(info.get("width") or 0),
-                    "height": int(info.get("height") or 0),
+                    "width": info.get("width", 0),
+                    "height": info.get("height", 0),
                 }
             )
+        page_title = _field(parse, "title", str, "parse.title")
+        pageid = parse.get("pageid")
+        if pageid is not None and (isinstance(pageid, bool) or not isinstance(pageid, (int, str))):
+            raise _bad_shape(f"parse.pageid is {type(pageid).__name__}")
         return {
-            "title": str(parse.get("title") or title),
-            "pageid": str(parse.get("pageid") or ""),
+            "title": page_title or title,
+            "pageid": str(pageid or ""),
             "text": html_to_text(html),
             "images": images,
             "skipped": skipped,
@@ -168,12 +216,16 @@ class MediaWikiArticles(beam.DoFn):
     def _skip_reason(self, info: dict | None) -> str | None:
         if not info or not info.get("url"):
             return "no_imageinfo"
-        mime = str(info.get("mime", "")).lower()
+        mime = info.get("mime", "").lower()
         if mime in _SKIP_MIMES or not mime.startswith("image/"):
             return "mime"
-        if int(info.get("width") or 0) < MIN_IMAGE_SIDE or int(info.get("height") or 0) < MIN_IMAGE_SIDE:
+        if info.get("width", 0) < MIN_IMAGE_SIDE or info.get("height", 0) < MIN_IMAGE_SIDE:
             return "small"
-        if urlsplit(str(info["url"])).netloc.lower() != self.image_host.lower():
+        try:
+            netloc = urlsplit(info["url"]).netloc
+        except ValueError:  # "http://[::1" and friends
+            return "bad_url"
+        if netloc.lower() != self.image_host.lower():
             return "foreign_host"
         return None
 
