@@ -29,15 +29,15 @@ from schemas.errors import MmlinksError
 from training.config import TrainConfig
 from training.grid.layout import block_lines
 from training.grid.results import TrialResult
-from training.objectives.registry import get_objective
+from training.objectives.registry import get_objective, objective_names
 
 RETRIEVAL_METRICS = ("medr", "r1", "r5", "r10")
-# (template point, the paper's row name; "{relation}" is filled per relation of the dataset)
-RETRIEVAL_ROWS: tuple[tuple[dict, str], ...] = (
-    ({"objective": "cmca"}, "CMCA"),
-    ({"objective": "cmcm", "retrieval_pooling": "mean"}, "CMCM-NoAttn"),
-    ({"objective": "cmcm"}, "CMCM"),
-    ({"objective": "cmcm-c", "relation": "*"}, "CMCM_{relation}"),
+# The paper's rows as template points ("relation": "*" is one point per relation of the dataset)
+RETRIEVAL_POINTS: tuple[dict, ...] = (
+    {"objective": "cmca"},
+    {"objective": "cmcm", "retrieval_pooling": "mean"},
+    {"objective": "cmcm"},
+    {"objective": "cmcm-c", "relation": "*"},
 )
 # the test results' refined variants: (key in ``evaluate_pairs``' output, flat prefix, row suffix)
 REFINED = (("t2i_refined", "ssr", " + SSR"), ("t2i_refined_tuned", "ssr_tuned", " + SSR (val-tuned)"))
@@ -79,13 +79,25 @@ def trial_key(point: dict, base: TrainConfig) -> str:
 
 
 def method_name(point: dict) -> str:
-    """The paper's row name of a point: CMCA, CMCM-NoAttn, CMCM, CMCM_Action, ..."""
+    """The paper's row name of a point: CMCA, CMCM-NoAttn, CMCM, CMCM_Action, ... (the objective's
+    ``ObjectiveSpec.table_name``, its relation for a per-relation objective; the objective's own
+    name when it is not one of Alikhani et al.'s)."""
     o = point["objective"]
-    if o == "cmcm-c":
-        return f"CMCM_{point.get('relation', '')}"
-    name = {"cmca": "CMCA", "cmcm": "CMCM"}.get(o, o)
+    spec = get_objective(o) if o in objective_names() else None
+    if spec is None or spec.family != "retrieval":
+        spec = None
+    name = (spec.table_name if spec else "") or o
+    if spec is not None and spec.per_relation:
+        return f"{name}_{point.get('relation', '')}"
     pooling = point.get("retrieval_pooling", "attention")
     return name if pooling == "attention" else f"{name}-NoAttn"
+
+
+# (template point, the paper's row name; "{relation}" is filled per relation of the dataset)
+RETRIEVAL_ROWS: tuple[tuple[dict, str], ...] = tuple(
+    (p, method_name({**p, "relation": "{relation}"} if p.get("relation") == "*" else p))
+    for p in RETRIEVAL_POINTS
+)
 
 
 def flat_test_metrics(test: dict | None) -> dict:
