@@ -32,13 +32,23 @@ from training.grid.results import TrialResult
 from training.objectives.registry import get_objective, objective_names
 
 RETRIEVAL_METRICS = ("medr", "r1", "r5", "r10")
-# The paper's rows as template points ("relation": "*" is one point per relation of the dataset)
-RETRIEVAL_POINTS: tuple[dict, ...] = (
-    {"objective": "cmca"},
-    {"objective": "cmcm", "retrieval_pooling": "mean"},
-    {"objective": "cmcm"},
-    {"objective": "cmcm-c", "relation": "*"},
-)
+
+
+def paper_points() -> tuple[dict, ...]:
+    """The paper's rows as template points, from the objective registry: every retrieval
+    objective with a table name, in registration order, after its ablation rows
+    (``ObjectiveSpec.ablations``); a per-relation objective's point has ``"relation": "*"``, one
+    point per relation of the dataset (``expand_points``)."""
+    out = []
+    for spec in (get_objective(o) for o in objective_names()):
+        if spec.family != "retrieval" or not spec.table_name:
+            continue
+        point = {"objective": spec.name, **({"relation": "*"} if spec.per_relation else {})}
+        out += [{**point, **ablation} for ablation in spec.ablations] + [point]
+    return tuple(out)
+
+
+RETRIEVAL_POINTS = paper_points()
 # the test results' refined variants: (key in ``evaluate_pairs``' output, flat prefix, row suffix)
 REFINED = (("t2i_refined", "ssr", " + SSR"), ("t2i_refined_tuned", "ssr_tuned", " + SSR (val-tuned)"))
 PAPER_REPEATS = 3
