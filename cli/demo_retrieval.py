@@ -17,7 +17,9 @@ from cli.train_options import train_config_from_args
 from schemas import config_fields
 
 STEPS = 7
-NAMES = {"cmca": "mmlinks-cmca", "cmcm": "mmlinks-cmcm"}
+# the two objectives the demo trains and compares (Figure 6: CMCM's top 5 beside CMCA's); the
+# second is the one promoted. Their models get the registry's default names (mmlinks-cmca, ...).
+COMPARED = ("cmca", "cmcm")
 
 
 def _corpus_and_build(work: Path, pairs: int, seed: int, debug: bool):
@@ -62,6 +64,7 @@ def run_retrieval_demo(args) -> dict:
 
     from training.experiment import run_experiment
     from training.gate import Gate
+    from training.objectives.registry import default_model_name
     from training.registry import promote
     from training.report import write_report
     from training.retrieval.report import evaluate_retrieval_split, load_registered, retrieval_report
@@ -70,17 +73,22 @@ def run_retrieval_demo(args) -> dict:
     t0 = time.perf_counter()
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    seed = train_config_from_args(args, data=str(work / "coherence-dataset"), objective="cmca").seed
+    seed = train_config_from_args(args, data=str(work / "coherence-dataset"), objective=COMPARED[0]).seed
     dataset, manifest = _corpus_and_build(work, args.pairs, seed, args.debug)
     uri = tracking_uri(work)
     runs = {}
-    for k, objective in enumerate(("cmca", "cmcm")):
+    for k, objective in enumerate(COMPARED):
         cfg = train_config_from_args(args, data=str(dataset), objective=objective)
         if not cfg.storage_path:
             cfg.storage_path = str(work / "ray_results")
         step(3 + k, STEPS, f"training {objective.upper()} with Ray Train, up to {cfg.epochs} epochs")
         runs[objective] = run_experiment(
-            cfg, uri, NAMES[objective], "candidate", progress=not args.json, report_dir=work / "reports"
+            cfg,
+            uri,
+            default_model_name(objective),
+            "candidate",
+            progress=not args.json,
+            report_dir=work / "reports",
         )
     step(5, STEPS, "test metrics of both models and the report (CMCM's top 5 beside CMCA's)")
     results = {}
@@ -90,11 +98,14 @@ def run_retrieval_demo(args) -> dict:
     meta = {"dataset": f"{manifest.source} {manifest.dataset_version}", "split": "test"}
     html = retrieval_report("mmlinks retrieval demo: CMCM vs CMCA", dataset, "test", results, meta)
     report = write_report(work / "reports" / "retrieval-demo.html", html)
-    promotion = promote(MlflowClient(uri), NAMES["cmcm"], dataset, config_fields.from_args(Gate, args))
-    production = f"models:/{NAMES['cmcm']}@production"
+    promoted_name = default_model_name(COMPARED[1])
+    promotion = promote(MlflowClient(uri), promoted_name, dataset, config_fields.from_args(Gate, args))
+    production = f"models:/{promoted_name}@production"
     if promotion.promoted:
         step(
-            6, STEPS, f"promoted {production} -> version {runs['cmcm'].model_version} (validation MedR gate)"
+            6,
+            STEPS,
+            f"promoted {production} -> version {runs[COMPARED[1]].model_version} (validation MedR gate)",
         )
     else:
         step(6, STEPS, f"promotion refused: {'; '.join(promotion.failures)}")

@@ -20,6 +20,8 @@ def add_parsers(sub) -> None:
 
 
 def _add_evaluate(sub) -> None:
+    from training.config import TrainConfig  # the defaults of the settings it shares with training
+
     ev = sub.add_parser(
         "evaluate",
         help="score a trained model on a dataset split: AUC, p@1, p@5 per document and averaged",
@@ -58,7 +60,7 @@ def _add_evaluate(sub) -> None:
     )
     ev.add_argument(
         "--word-vectors",
-        default="glove",
+        default=config_fields.default_value(TrainConfig, "word_vectors"),
         help="sentence vectors for --spread: 'glove' (offline GloVe 6B 50-d) or a word2vec/GloVe text file",
     )
     ev.add_argument(
@@ -80,10 +82,16 @@ def _add_evaluate(sub) -> None:
         metavar="FILE",
         help="write the HTML report: metrics and, for a few texts, the true image and each model's top 5",
     )
+    pool_size, pools = (config_fields.default_value(TrainConfig, n) for n in ("pool_size", "n_pools"))
     ret.add_argument(
-        "--pool-size", type=int, default=500, help="candidates per pool (default: 500, the paper's)"
+        "--pool-size",
+        type=int,
+        default=pool_size,
+        help=f"candidates per pool (default: {pool_size}, the paper's)",
     )
-    ret.add_argument("--pools", type=int, default=10, help="random pools averaged over (default: 10)")
+    ret.add_argument(
+        "--pools", type=int, default=pools, help=f"random pools averaged over (default: {pools})"
+    )
     ev.add_argument("--workdir", default=".", help="where the default mlflow.db lives (default: .)")
     add_common(ev)
     ev.set_defaults(func=cmd_evaluate, show=show_evaluation)
@@ -145,17 +153,27 @@ def _add_baseline(sub) -> None:
     base.set_defaults(func=cmd_baseline, show=show_evaluation)
 
 
+def _evaluation(model) -> str:
+    """How `mmlinks evaluate` scores ``model``: its backbone's ``BackboneSpec.evaluation`` ("links",
+    "pairs", "news"); a model that records no known backbone is scored as a link model."""
+    from training.backbone import backbone_names, get_backbone
+
+    name = getattr(getattr(model, "cfg", None), "backbone", None)
+    return get_backbone(name).evaluation if name in backbone_names() else "links"
+
+
 def _retrieval_model(name: str, model, vocab, max_tokens: int, linker=None):
     """A ``LoadedRetrieval`` when ``model`` is a retrieval network (the coherence backbone),
     else None; a registered model brings its packaged refinement, a checkpoint the defaults."""
     from training.config import TrainConfig
     from training.retrieval.report import LoadedRetrieval
 
-    if getattr(getattr(model, "cfg", None), "backbone", None) != "coherence":
+    if _evaluation(model) != "pairs":
         return None
-    defaults = TrainConfig(objective="cmca")
-    lam = getattr(linker, "refine_lambda", defaults.refine_lambda)
-    threshold = getattr(linker, "refine_threshold", defaults.refine_threshold)
+    lam = getattr(linker, "refine_lambda", config_fields.default_value(TrainConfig, "refine_lambda"))
+    threshold = getattr(
+        linker, "refine_threshold", config_fields.default_value(TrainConfig, "refine_threshold")
+    )
     return LoadedRetrieval(name, model, vocab, max_tokens, lam, threshold)
 
 
@@ -239,7 +257,7 @@ def cmd_evaluate(args) -> dict:
     model, vocab, max_tokens, retrieval = _load_any(args, args.model_uri, args.checkpoint)
     if retrieval is not None:
         return _evaluate_retrieval(args, retrieval)
-    if getattr(getattr(model, "cfg", None), "backbone", None) == "news":
+    if _evaluation(model) == "news":
         return _evaluate_news(args, model, vocab, max_tokens)
     if args.compare_uri or args.report:
         raise MmlinksError("--compare-uri and --report are for retrieval models (cmca, cmcm, cmcm-c)")

@@ -100,20 +100,19 @@ def _model_name(args, client, data) -> str:
     """--model-name, else the default name of --objective/--relation (the objective registry's
     rule), else the one default-named model of the dataset's family holding the alias."""
     from schemas.manifest import Manifest
-    from training.objectives.registry import default_model_name, get_objective
+    from training.objectives.registry import default_model_name, relation_objectives, relation_problems
     from training.registry import CANDIDATE, PRODUCTION, infer_model_name
 
     if args.model_name:
         return args.model_name
     if args.objective:
-        get_objective(args.objective)  # a one-line error naming the known objectives
-        if (args.objective == "cmcm-c") != bool(args.relation):
-            raise MmlinksError(
-                "--relation goes with --objective cmcm-c (one model per relation) and only with it"
-            )
+        # TrainConfig's own rule (and a one-line error naming the known objectives)
+        bad = relation_problems(args.objective, args.relation)
+        if bad:
+            raise MmlinksError(f"--objective {args.objective}: {'; '.join(bad)}")
         return default_model_name(args.objective, args.relation)
     if args.relation:
-        raise MmlinksError("--relation needs --objective cmcm-c")
+        raise MmlinksError(f"--relation needs --objective {' or '.join(relation_objectives())}")
     manifest = Manifest.read(data) if data else None
     return infer_model_name(client, manifest, PRODUCTION if data is None else CANDIDATE)
 

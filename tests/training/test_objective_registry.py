@@ -131,3 +131,39 @@ def test_a_registered_objective_trains_through_the_real_loop(dataset, tmp_path, 
     assert np.isfinite(epoch["train_loss"]) and np.isfinite(epoch["val_loss"])
     assert {"train_loss_C", "train_loss_S"} <= set(epoch)
     assert 0 <= epoch["val_auc"] <= 100
+
+
+def test_relation_and_table_rules_follow_spec_fields_not_names():
+    """--relation, the default model names of a dataset, the Tables 4/5 row name and a backbone's
+    "trains only" check read ObjectiveSpec fields: an objective registered with per_relation and
+    a table name gets them with no other change."""
+    from types import SimpleNamespace
+
+    from training.backbone import only_its_objectives
+    from training.grid.retrieval import RETRIEVAL_ROWS, method_name, paper_points
+    from training.objectives.registry import relation_objectives, relation_problems
+    from training.registry import default_names
+
+    base = get_objective("cmcm-c")
+    spec = ObjectiveSpec(**{**base.__dict__, "name": "cmcm-toy", "table_name": "TOY"})
+    register_objective(spec)
+    try:
+        assert relation_objectives() == ("cmcm-c", "cmcm-toy")
+        assert relation_problems("cmcm-toy", "") == [
+            "relation (cmcm-toy trains one model per relation: --relation NAME)"
+        ]
+        assert relation_problems("ap", "Story") == ["relation (only cmcm-c or cmcm-toy takes one)"]
+        assert relation_problems("cmcm-toy", "Story") == []
+        assert TrainConfig(objective="cmcm-toy", relation="Story").parts == ("ret", "cls")
+        assert method_name({"objective": "cmcm-toy", "relation": "Story"}) == "TOY_Story"
+        assert paper_points()[-1] == {"objective": "cmcm-toy", "relation": "*"}
+        names = default_names(SimpleNamespace(relations=["Story", "Action"]))
+        assert {"mmlinks-cmcm-toy-Story", "mmlinks-cmcm-toy-Action"} <= set(names)
+        assert "mmlinks-cmcm-toy" not in default_names(SimpleNamespace(relations=[]))
+        assert only_its_objectives("coherence")(SimpleNamespace(objective="ap")) == [
+            "backbone (coherence trains only --objective cmca, cmcm, cmcm-c or cmcm-toy)"
+        ]
+    finally:
+        unregister_objective(spec.name)
+    assert [label for _, label in RETRIEVAL_ROWS] == ["CMCA", "CMCM-NoAttn", "CMCM", "CMCM_{relation}"]
+    assert relation_problems("ap", "Story") == ["relation (only cmcm-c takes one)"]

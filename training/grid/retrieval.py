@@ -29,16 +29,26 @@ from schemas.errors import MmlinksError
 from training.config import TrainConfig
 from training.grid.layout import block_lines
 from training.grid.results import TrialResult
-from training.objectives.registry import get_objective
+from training.objectives.registry import get_objective, objective_names
 
 RETRIEVAL_METRICS = ("medr", "r1", "r5", "r10")
-# (template point, the paper's row name; "{relation}" is filled per relation of the dataset)
-RETRIEVAL_ROWS: tuple[tuple[dict, str], ...] = (
-    ({"objective": "cmca"}, "CMCA"),
-    ({"objective": "cmcm", "retrieval_pooling": "mean"}, "CMCM-NoAttn"),
-    ({"objective": "cmcm"}, "CMCM"),
-    ({"objective": "cmcm-c", "relation": "*"}, "CMCM_{relation}"),
-)
+
+
+def paper_points() -> tuple[dict, ...]:
+    """The paper's rows as template points, from the objective registry: every retrieval
+    objective with a table name, in registration order, after its ablation rows
+    (``ObjectiveSpec.ablations``); a per-relation objective's point has ``"relation": "*"``, one
+    point per relation of the dataset (``expand_points``)."""
+    out = []
+    for spec in (get_objective(o) for o in objective_names()):
+        if spec.family != "retrieval" or not spec.table_name:
+            continue
+        point = {"objective": spec.name, **({"relation": "*"} if spec.per_relation else {})}
+        out += [{**point, **ablation} for ablation in spec.ablations] + [point]
+    return tuple(out)
+
+
+RETRIEVAL_POINTS = paper_points()
 # the test results' refined variants: (key in ``evaluate_pairs``' output, flat prefix, row suffix)
 REFINED = (("t2i_refined", "ssr", " + SSR"), ("t2i_refined_tuned", "ssr_tuned", " + SSR (val-tuned)"))
 PAPER_REPEATS = 3
@@ -79,13 +89,25 @@ def trial_key(point: dict, base: TrainConfig) -> str:
 
 
 def method_name(point: dict) -> str:
-    """The paper's row name of a point: CMCA, CMCM-NoAttn, CMCM, CMCM_Action, ..."""
+    """The paper's row name of a point: CMCA, CMCM-NoAttn, CMCM, CMCM_Action, ... (the objective's
+    ``ObjectiveSpec.table_name``, its relation for a per-relation objective; the objective's own
+    name when it is not one of Alikhani et al.'s)."""
     o = point["objective"]
-    if o == "cmcm-c":
-        return f"CMCM_{point.get('relation', '')}"
-    name = {"cmca": "CMCA", "cmcm": "CMCM"}.get(o, o)
+    spec = get_objective(o) if o in objective_names() else None
+    if spec is None or spec.family != "retrieval":
+        spec = None
+    name = (spec.table_name if spec else "") or o
+    if spec is not None and spec.per_relation:
+        return f"{name}_{point.get('relation', '')}"
     pooling = point.get("retrieval_pooling", "attention")
     return name if pooling == "attention" else f"{name}-NoAttn"
+
+
+# (template point, the paper's row name; "{relation}" is filled per relation of the dataset)
+RETRIEVAL_ROWS: tuple[tuple[dict, str], ...] = tuple(
+    (p, method_name({**p, "relation": "{relation}"} if p.get("relation") == "*" else p))
+    for p in RETRIEVAL_POINTS
+)
 
 
 def flat_test_metrics(test: dict | None) -> dict:

@@ -22,13 +22,15 @@ PAPER_B = (10, 20, 30)
 
 
 def _paper_objectives() -> list:
-    return [get_objective(o) for o in objective_names() if get_objective(o).table_name]
+    """Hessel et al. 2019's objectives (the retrieval family's table names are Alikhani et al.'s)."""
+    specs = [get_objective(o) for o in objective_names()]
+    return [s for s in specs if s.table_name and s.family == "link"]
 
 
 def row_label(v: Variant) -> str:
     """The supplement's row name, e.g. "AP + hard neg + 1/2 k"."""
     o, k, n = v
-    name = get_objective(o).table_name if o in objective_names() else ""
+    name = get_objective(o).table_name if o in objective_names() and get_objective(o).family == "link" else ""
     if not name:
         return "-".join(v)
     return name + (" + hard neg" if n == "hard" else "") + (" + 1/2 k" if k == "half" else "")

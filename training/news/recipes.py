@@ -65,13 +65,15 @@ def read_checkpoint(folder: str | Path) -> tuple[dict, dict]:
     """(model config dict, state dict) of a training checkpoint folder."""
     import torch
 
+    from training.news.model import NewsConfig
+
     folder = Path(folder)
     if not (folder / CHECKPOINT_FILE).is_file() or not (folder / "meta.json").is_file():
         raise MmlinksError(
             f"--init-from {folder}: not a checkpoint folder (needs {CHECKPOINT_FILE} and meta.json)"
         )
     meta = json.loads((folder / "meta.json").read_text())
-    if meta.get("model", {}).get("backbone") != "news":
+    if meta.get("model", {}).get("backbone") != NewsConfig.backbone:  # the news backbone's name
         raise MmlinksError(f"--init-from {folder}: not a news model checkpoint")
     state = torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=False)["model"]
     return meta["model"], state

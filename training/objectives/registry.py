@@ -59,10 +59,16 @@ class ObjectiveSpec:
     check: Callable[[TrainConfig], list[str]] | None = None
     # one line for the report: what was trained
     describe: Callable[[TrainConfig], str] | None = None
-    # Hessel et al. 2019 grid tables: the row name ("" = not one of the paper's rows) and which
-    # negatives the main-paper Tables 2 and 3 print for it (the supplement prints both)
+    # the paper's row name in the grid tables ("" = not one of the paper's rows): Hessel et al.
+    # 2019's Tables 2, 3 and S1-S4 (family "link", ``training/grid/rows.py``) or Alikhani et al.'s
+    # Tables 4 and 5 (family "retrieval", ``training/grid/retrieval.py``: "CMCM" + "_Action" for a
+    # per-relation model); and which negatives the main-paper Tables 2 and 3 print for a link
+    # objective (the supplement prints both)
     table_name: str = ""
     main_negatives: str = "hard"
+    # Alikhani et al.'s ablation rows of this objective in Tables 4 and 5: TrainConfig overrides,
+    # each a row of its own printed before the objective's (CMCM-NoAttn: retrieval_pooling mean)
+    ablations: tuple[dict, ...] = ()
     # "link" (documents, Hessel/Li) or "retrieval" (text-image pairs, Alikhani et al.)
     family: str = "link"
     # the backbone this objective trains whatever --backbone says (None: --backbone)
@@ -72,6 +78,16 @@ class ObjectiveSpec:
     model_loss: Callable[..., tuple[Any, dict[str, float]]] | None = None
     # (model, validation DocBatches, cfg) -> extra per-epoch validation metrics (val_medr)
     val_metrics: Callable[..., dict[str, float]] | None = None
+    # one model per coherence relation (CMCM_c): the objective takes --relation, which names its
+    # model (``default_model_name``) and its grid row; every other objective refuses --relation
+    per_relation: bool = False
+    # trains on coherence-labelled pair datasets (a manifest with "relations"; Alikhani et al.):
+    # its default model names are the ones a promote/rollback considers for such a dataset, and
+    # only for it
+    needs_relations: bool = False
+    # the model has Alikhani et al.'s Coherence Aware Module (a relation classifier trained beside
+    # retrieval, loss part "cls"): it predicts --relation (per_relation) or every relation
+    cam: bool = False
     # shard columns the objective reads beyond the training ones
     columns: tuple[str, ...] = ()
     # False: the model encodes ONE text per document from its several sentences (news samples:
@@ -129,6 +145,20 @@ def check_objective_data(cfg: TrainConfig, manifest) -> None:
 
 def objective_names() -> tuple[str, ...]:
     return tuple(_OBJECTIVES)
+
+
+def relation_objectives() -> tuple[str, ...]:
+    """The objectives that take ``--relation`` (``ObjectiveSpec.per_relation``)."""
+    return tuple(name for name, spec in _OBJECTIVES.items() if spec.per_relation)
+
+
+def relation_problems(objective: str, relation: str) -> list[str]:
+    """What is wrong with ``relation`` for ``objective``, as TrainConfig validation words it: a
+    per-relation objective needs one, every other objective takes none. The one rule behind
+    TrainConfig's check and ``mmlinks promote --objective/--relation``."""
+    if get_objective(objective).per_relation:
+        return [] if relation else [f"relation ({objective} trains one model per relation: --relation NAME)"]
+    return [f"relation (only {' or '.join(relation_objectives())} takes one)"] if relation else []
 
 
 def default_model_name(objective: str, relation: str = "") -> str:
@@ -273,11 +303,7 @@ def _retrieval(name):
 
 
 def _retrieval_check(cfg: TrainConfig) -> list[str]:
-    bad = []
-    if cfg.objective == "cmcm-c" and not cfg.relation:
-        bad.append("relation (cmcm-c trains one model per relation: --relation NAME)")
-    if cfg.objective != "cmcm-c" and cfg.relation:
-        bad.append("relation (only cmcm-c takes one)")
+    bad = relation_problems(cfg.objective, cfg.relation)
     if cfg.select_by == "val_within":
         bad.append("select_by (val_within measures inside documents; pairs have none: val_medr or val_loss)")
     return bad
@@ -288,14 +314,33 @@ def _retrieval_label(cfg: TrainConfig) -> str:
     return f"{cfg.objective}{'-' + cfg.relation if cfg.relation else ''}{pooling}"
 
 
-for _name, _summary in (
+# (name, summary, Tables 4/5 row name, its ablation rows, has the CAM, one model per relation)
+for _name, _summary, _table, _ablations, _cam, _per_relation in (
     (
         "cmca",
         "CMCA: coherence-agnostic text-to-image retrieval (Alikhani et al.): BiLSTM + attention, "
         "VSE++ triplet",
+        "CMCA",
+        (),
+        False,
+        False,
     ),
-    ("cmcm", "CMCM: CMCA + the Coherence Aware Module predicting every relation of the dataset (lambda_cls)"),
-    ("cmcm-c", "CMCM_c: CMCA + the Coherence Aware Module predicting one relation (--relation)"),
+    (
+        "cmcm",
+        "CMCM: CMCA + the Coherence Aware Module predicting every relation of the dataset (lambda_cls)",
+        "CMCM",
+        ({"retrieval_pooling": "mean"},),  # CMCM-NoAttn: mean pooling instead of word attention
+        True,
+        False,
+    ),
+    (
+        "cmcm-c",
+        "CMCM_c: CMCA + the Coherence Aware Module predicting one relation (--relation)",
+        "CMCM",
+        (),
+        True,
+        True,
+    ),
 ):
     register_objective(
         ObjectiveSpec(
@@ -313,14 +358,19 @@ for _name, _summary in (
                 "d_shared",
                 "cam_hidden",
             ),
-            parts=(lambda cfg: ("ret",) if cfg.objective == "cmca" else ("ret", "cls")),
+            parts=(lambda cfg: ("ret", "cls") if get_objective(cfg.objective).cam else ("ret",)),
             check=_retrieval_check,
             describe=lambda cfg: (
                 f"{_retrieval_label(cfg)} d_shared={cfg.d_shared} lambda_cls={cfg.lambda_cls}"
                 + (f" cam_hidden={cfg.cam_hidden}" if cfg.cam_hidden else "")
             ),
+            table_name=_table,
+            ablations=_ablations,
             family="retrieval",
             backbone="coherence",
+            per_relation=_per_relation,
+            needs_relations=True,
+            cam=_cam,
             model_loss=_retrieval("model_loss"),
             val_metrics=_retrieval("val_metrics"),
             columns=("metadata",),

@@ -36,15 +36,16 @@ PAIR_COLUMNS = ("metadata",)
 
 def cam_relations(cfg: TrainConfig, vocabulary: list[str] | None) -> list[str]:
     """What the CAM predicts: nothing (cmca), the dataset's relations (cmcm), ``--relation``
-    (cmcm-c, which must be one of them)."""
-    if cfg.objective == "cmca":
+    (cmcm-c, which must be one of them): ``ObjectiveSpec.cam`` and ``per_relation``."""
+    spec = cfg.objective_spec
+    if not spec.cam:
         return []
     if not vocabulary:
         raise MmlinksError(
             f"--objective {cfg.objective} needs a coherence-labelled pair dataset (a manifest with "
             f"'relations'); {cfg.data} has none (build one from `mmlinks data synth-coherence`)"
         )
-    if cfg.objective == "cmcm-c":
+    if spec.per_relation:
         if cfg.relation not in vocabulary:
             raise MmlinksError(
                 f"--relation {cfg.relation!r} is not a relation of {cfg.data}: one of {', '.join(vocabulary)}"

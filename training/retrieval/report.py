@@ -71,24 +71,22 @@ def evaluate_retrieval_split(
     model: LoadedRetrieval,
     data: str | Path,
     split: str = "test",
-    pool_size: int = 500,
-    n_pools: int = 10,
+    pool_size: int | None = None,
+    n_pools: int | None = None,
     seed: int = 0,
 ) -> dict:
-    """{"metrics": evaluate_pairs' dict, "per_query": [{doc_id, relations, rank, top5}]}."""
+    """{"metrics": evaluate_pairs' dict, "per_query": [{doc_id, relations, rank, top5}]}; pools
+    of ``pool_size`` candidates averaged over ``n_pools`` (None: TrainConfig's defaults)."""
     from training.config import TrainConfig
     from training.retrieval.objective import evaluate_pairs
 
     manifest = Manifest.read(data)
     paths = manifest.shard_paths(data, split)
     batches = _batches(paths, model.vocab, model.max_tokens)
+    pools = {k: v for k, v in (("pool_size", pool_size), ("n_pools", n_pools)) if v is not None}
+    # evaluate_pairs reads only the pool, seed and refinement settings of the config
     cfg = TrainConfig(
-        objective="cmca",
-        pool_size=pool_size,
-        n_pools=n_pools,
-        seed=seed,
-        refine_lambda=model.refine_lambda,
-        refine_threshold=model.refine_threshold,
+        **pools, seed=seed, refine_lambda=model.refine_lambda, refine_threshold=model.refine_threshold
     )
     metrics = evaluate_pairs(model.net, batches, cfg, list(manifest.relations or []))
     return {"metrics": metrics, "per_query": per_query(model, batches)}
