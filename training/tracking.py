@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 import mlflow
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from schemas.manifest import Manifest
@@ -188,11 +189,24 @@ def log_training_params(cfg: TrainConfig, manifest: Manifest, data_dir: str | Pa
     mlflow.log_input(dataset, context="training")
 
 
-def register(model_uri: str, name: str, alias: str | None, uri: str) -> str:
-    """Register ``model_uri`` under ``name`` and point ``alias`` at the new version."""
+def register(model_uri: str, name: str, alias: str | None, uri: str, attempts: int = 5) -> str:
+    """Register ``model_uri`` under ``name`` and point ``alias`` at the new version.
+
+    MLflow's SQL stores set an alias by reading, then inserting its row: two trainings that
+    register the same name at once can both insert, and the loser's request fails with a
+    unique-key violation after its version was registered (``tests/faults/
+    test_promotion_crash.py``). The row then exists, so setting the alias again updates it."""
     version = mlflow.register_model(model_uri, name)
     if alias:
-        MlflowClient(uri).set_registered_model_alias(name, alias, version.version)
+        client = MlflowClient(uri)
+        for attempt in range(attempts):
+            try:
+                client.set_registered_model_alias(name, alias, version.version)
+                break
+            except MlflowException as exc:
+                raced = "UniqueViolation" in str(exc) or "duplicate key" in str(exc).lower()
+                if not raced or attempt == attempts - 1:
+                    raise
     return str(version.version)
 
 
