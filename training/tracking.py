@@ -204,7 +204,8 @@ def register(model_uri: str, name: str, alias: str | None, uri: str, attempts: i
                 client.set_registered_model_alias(name, alias, version.version)
                 break
             except MlflowException as exc:
-                raced = "UniqueViolation" in str(exc) or "duplicate key" in str(exc).lower()
+                text = str(exc).lower()  # PostgreSQL's words, and SQLite's
+                raced = any(w in text for w in ("duplicate key", "unique constraint failed"))
                 if not raced or attempt == attempts - 1:
                     raise
     return str(version.version)
