@@ -370,15 +370,19 @@ def promote(
         "dataset_version": manifest.dataset_version,
         "split": split,
     }
-    client.set_model_version_tag(name, cand_v, "mmlinks.promotion_check", json.dumps(record)[:5000])
-    if failures:
-        return result
+    # The verdict is written under the lock, once production is known not to have moved: a
+    # refused promotion racing one that passed (another gate, other data) must not overwrite
+    # the verdict of the version the other just made production. The evaluation above stays
+    # outside the lock (it takes minutes).
     with PromotionLock(client, name):
         now = _version_by_alias(client, name, PRODUCTION)
         if now != prod_v:
             raise MmlinksError(
                 f"production of {name!r} moved from {prod_v} to {now} during this promotion; run it again"
             )
+        client.set_model_version_tag(name, cand_v, "mmlinks.promotion_check", json.dumps(record)[:5000])
+        if failures:
+            return result
         # What the candidate replaces goes on the candidate first (harmless if the alias move
         # fails), then the alias moves, then the model-level tags (see ROLLBACK_TAG).
         client.set_model_version_tag(name, cand_v, REPLACED_TAG, prod_v or "")

@@ -226,7 +226,7 @@ def test_tracking_server_killed_mid_promotion_leaves_a_consistent_registry(
     # Crash 2: the server dies after the candidate's bookkeeping, before the alias moves.
     client.set_registered_model_alias(NAME, CANDIDATE, v3)
     with pytest.raises(FAILURES), fail_fast(monkeypatch):
-        # the 1st such call records the gate's verdict; the 2nd, under the lock, what v3 replaces
+        # the 1st such call records the gate's verdict, the 2nd what v3 replaces (both under the lock)
         promote(DiesAfter(server.url, server, "set_model_version_tag", nth=2), NAME, dataset, LENIENT)
     server.start()
     assert str(client.get_model_version_by_alias(NAME, PRODUCTION).version) == v2  # unmoved
@@ -256,7 +256,7 @@ def _steps(numbered: list[tuple[str, int]]) -> list[tuple[str, int]]:
 
 
 def test_tracking_server_killed_after_each_step_of_a_promotion(store, dataset, monkeypatch, fault_stats):
-    """One promotion per step of a recorded promotion (gate verdict, lock, what the candidate
+    """One promotion per step of a recorded promotion (lock, gate verdict, what the candidate
     replaces, the alias move, the rollback pair, the previous-version tag, the candidate alias,
     the promotion time, the lock's release; and before the evaluation), each of its own model
     with production v1 and candidate v2, stops right after its step; the server is then
@@ -326,7 +326,7 @@ def test_tracking_server_killed_after_each_step_of_a_promotion(store, dataset, m
     for name, call, nth, kind in cases:
         step = f"{name}: killed after {call} #{nth}"
         v1, v2 = before[name]
-        at = numbered.index((call, nth)) if kind == "good" else -1
+        at = numbered.index((call, nth))  # the bad one's verdict: the same step as the good one's
         moved = at >= alias_move
         prod, other = (v2, v1) if moved else (v1, v2)
         result = results.get(name)

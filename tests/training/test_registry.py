@@ -1,5 +1,6 @@
 """Gated promotion, rollback and the promotion lock against a real MLflow SQLite registry."""
 
+import json
 import shutil
 import threading
 import time
@@ -144,6 +145,35 @@ def test_concurrent_promotions_do_not_interleave(registry, dataset):
     loser = next(o for o in outcomes if o is not True)
     assert "another promotion" in loser or "moved from" in loser or "already production" in loser, loser
     assert str(client.get_model_version_by_alias(name, PRODUCTION).version) == v
+
+
+def test_a_refused_promotion_racing_a_passing_one_leaves_the_passing_verdict(registry, dataset, monkeypatch):
+    """While a refusing promotion evaluates a candidate, a lenient one promotes it. The refusing
+    one then finds production moved and stops: it does not overwrite the verdict on the version
+    production now is (the verdict is written under the lock, after that check; it used to be
+    written before the lock)."""
+    import training.registry as reg
+
+    client, uris = registry
+    name = "verdict-race"
+    for uri, alias in ((uris["trained"], PRODUCTION), (uris["flipped"], CANDIDATE)):
+        client.set_registered_model_alias(name, alias, str(mlflow.register_model(uri, name).version))
+    evaluate, raced = reg.evaluate_model_uri, []
+
+    def evaluate_then_race(*args, **kwargs):
+        metrics = evaluate(*args, **kwargs)
+        if not raced:  # the strict promotion's first evaluation: the lenient one runs meanwhile
+            raced.append(None)
+            raced[0] = promote(client, name, dataset, Gate(max_auc_drop=100, max_p_at_1_drop=100, min_auc=0))
+        return metrics
+
+    monkeypatch.setattr(reg, "evaluate_model_uri", evaluate_then_race)
+    with pytest.raises(MmlinksError, match="moved from 1 to 2"):
+        promote(client, name, dataset, Gate(min_auc=101))  # refuses any candidate
+    assert raced[0].promoted
+    assert str(client.get_model_version_by_alias(name, PRODUCTION).version) == "2"
+    verdict = client.get_model_version(name, "2").tags["mmlinks.promotion_check"]
+    assert json.loads(verdict)["failures"] == []  # the passing verdict, not the strict one's
 
 
 def _contend(tracking_uri: str, lock_name: str, threads: int = 4) -> tuple[list[str], int]:
