@@ -71,7 +71,10 @@ def namespaces_work() -> bool:
         return False
 
 
-def test_disk_full_during_a_build_keeps_the_current_version(tiny, tmp_path, fault_stats):
+def test_disk_full_during_a_build_keeps_the_current_version(tiny, tiny_train, tmp_path, fault_stats):
+    """The full disk fails the build in one line and keeps the current version whole; the same
+    build rerun with room writes the fault-free build's bytes (``tiny_train``: the same corpus
+    and options built without a fault)."""
     corpus, reference = tiny
     mode = "tmpfs" if namespaces_work() else "fsize"
     mnt, result = tmp_path / "mnt", tmp_path / "result"
@@ -95,7 +98,16 @@ def test_disk_full_during_a_build_keeps_the_current_version(tiny, tmp_path, faul
     assert [p.name for p in (result / "versions").iterdir()] == [before.dataset_version]
     assert not list(result.glob(".staging-*"))  # no half-written staging left
     assert not [p for p in result.rglob("*") if ".tmp-" in p.name]  # nor temporary files
-    fault_stats.add(invariant_checks=5)
+
+    from pipelines.build import build_dataset
+    from tests.faults.conftest import tiny_cfg
+    from tests.faults.test_build_kills import shard_bytes
+
+    rerun = build_dataset(tiny_cfg(corpus, result, split_ratios={"train": 0.4, "val": 0.3, "test": 0.3}))
+    want = Manifest.read(tiny_train)
+    assert rerun.to_json() == want.to_json() and shard_bytes(result) == shard_bytes(tiny_train)
+    assert (result / rerun.dead_letter).read_bytes() == (tiny_train / want.dead_letter).read_bytes()
+    fault_stats.add(invariant_checks=8)
 
 
 def staged_commit(out: Path, reference: Path, version: str, tag: str) -> None:
