@@ -32,7 +32,7 @@ import training.registry as registry
 from schemas.errors import MmlinksError
 from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
 from tests.training.test_mlflow_server import MLFLOW, postgres  # noqa: F401 - the PostgreSQL fixture
-from tests.training.test_registry import _flipped_checkpoint, log_compatible
+from tests.training.test_registry import log_trained_and_flipped
 from training.gate import Gate
 from training.registry import (
     CANDIDATE,
@@ -157,13 +157,7 @@ def store(postgres, trained, dataset, tmp_path_factory):  # noqa: F811
     try:
         mlflow.set_tracking_uri(server.url)
         mlflow.set_experiment("crash")
-        uris = {}
-        for label, ckpt in (
-            ("trained", trained.checkpoint_path),
-            ("flipped", _flipped_checkpoint(trained.checkpoint_path, root / "flipped")),
-        ):
-            with mlflow.start_run(run_name=label):
-                uris[label] = log_compatible(ckpt, trained.vocab, dataset)
+        uris = log_trained_and_flipped(trained, dataset, root)
         metrics = {u: evaluate_model_uri(u, dataset, "test", server.url) for u in uris.values()}
         auc = {k: metrics[u]["auc"] for k, u in uris.items()}
         good, bad = sorted(auc, key=auc.get, reverse=True)

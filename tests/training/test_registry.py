@@ -43,12 +43,9 @@ def log_compatible(checkpoint: str, vocab, dataset) -> str:
     return log_link_model(checkpoint, vocab)
 
 
-@pytest.fixture(scope="module")
-def registry(trained, dataset, tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow")
-    uri = tracking_uri(root)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment_id=configure(uri, "registry-tests"))  # artifacts beside the db
+def log_trained_and_flipped(trained, dataset, root: Path) -> dict[str, str]:
+    """Into the active experiment, one run each: the session's trained model and the same model
+    with its scores flipped; {"trained": URI, "flipped": URI}."""
     uris = {}
     for label, ckpt in (
         ("trained", trained.checkpoint_path),
@@ -56,6 +53,16 @@ def registry(trained, dataset, tmp_path_factory):
     ):
         with mlflow.start_run(run_name=label):
             uris[label] = log_compatible(ckpt, trained.vocab, dataset)
+    return uris
+
+
+@pytest.fixture(scope="module")
+def registry(trained, dataset, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = tracking_uri(root)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment_id=configure(uri, "registry-tests"))  # artifacts beside the db
+    uris = log_trained_and_flipped(trained, dataset, root)
     yield MlflowClient(uri), uris
     mlflow.set_tracking_uri(None)
 
