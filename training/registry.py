@@ -337,7 +337,9 @@ def promote(
 ) -> PromotionResult:
     """Evaluate candidate vs production on ``data``/``split`` and move production if gates hold.
     ``split`` None: "test" for linking models, "val" (validation MedR / R@10, as the paper
-    selects) for retrieval models."""
+    selects) for retrieval models. A refused promotion also takes the promotion lock briefly
+    (to record its verdict), so while another promotion of the model runs it ends with that
+    one-line "in progress" refusal instead of its gate failures."""
     cand_v = _version_by_alias(client, name, CANDIDATE)
     if cand_v is None:
         raise MmlinksError(f"model {name!r} has no {CANDIDATE!r} version to promote")

@@ -140,7 +140,7 @@ def test_relation_and_table_rules_follow_spec_fields_not_names():
     from types import SimpleNamespace
 
     from training.backbone import only_its_objectives
-    from training.grid.retrieval import RETRIEVAL_ROWS, method_name, paper_points
+    from training.grid.retrieval import RETRIEVAL_ROWS, method_name, retrieval_paper_points
     from training.objectives.registry import relation_objectives, relation_problems
     from training.registry import default_names
 
@@ -156,7 +156,7 @@ def test_relation_and_table_rules_follow_spec_fields_not_names():
         assert relation_problems("cmcm-toy", "Story") == []
         assert TrainConfig(objective="cmcm-toy", relation="Story").parts == ("ret", "cls")
         assert method_name({"objective": "cmcm-toy", "relation": "Story"}) == "TOY_Story"
-        assert paper_points()[-1] == {"objective": "cmcm-toy", "relation": "*"}
+        assert retrieval_paper_points()[-1] == {"objective": "cmcm-toy", "relation": "*"}
         names = default_names(SimpleNamespace(relations=["Story", "Action"]))
         assert {"mmlinks-cmcm-toy-Story", "mmlinks-cmcm-toy-Action"} <= set(names)
         assert "mmlinks-cmcm-toy" not in default_names(SimpleNamespace(relations=[]))

@@ -34,8 +34,9 @@ from training.objectives.registry import get_objective, objective_names
 RETRIEVAL_METRICS = ("medr", "r1", "r5", "r10")
 
 
-def paper_points() -> tuple[dict, ...]:
-    """The paper's rows as template points, from the objective registry: every retrieval
+def retrieval_paper_points() -> tuple[dict, ...]:
+    """Alikhani et al.'s rows (Tables 4 and 5) as template points (the Hessel grid's are
+    ``training.grid.rows.paper_points``), from the objective registry: every retrieval
     objective with a table name, in registration order, after its ablation rows
     (``ObjectiveSpec.ablations``); a per-relation objective's point has ``"relation": "*"``, one
     point per relation of the dataset (``expand_points``)."""
@@ -48,7 +49,7 @@ def paper_points() -> tuple[dict, ...]:
     return tuple(out)
 
 
-RETRIEVAL_POINTS = paper_points()
+RETRIEVAL_POINTS = retrieval_paper_points()  # what GRIDS holds (built at import, like every grid)
 # the test results' refined variants: (key in ``evaluate_pairs``' output, flat prefix, row suffix)
 REFINED = (("t2i_refined", "ssr", " + SSR"), ("t2i_refined_tuned", "ssr_tuned", " + SSR (val-tuned)"))
 PAPER_REPEATS = 3
