@@ -17,7 +17,16 @@ from apache_beam.ml.inference.base import RunInference
 
 from linking.config import LinkConfig
 from linking.model import LinkModelHandler
-from linking.steps import EVAL, LinkChunk, ReadChunks, WriteLinkShards, from_document, raw_chunks, row_groups
+from linking.steps import (
+    EVAL,
+    Chunk,
+    LinkChunk,
+    ReadChunks,
+    WriteLinkShards,
+    from_document,
+    raw_chunks,
+    row_groups,
+)
 from linking.steps import write_sorted_lines as _write_sorted
 from pipelines import fileio
 from pipelines.commit import DEAD_LETTER_FILE, SHARD_INDEX_FILE
@@ -63,9 +72,9 @@ def dataset_chunks(p: beam.Pipeline, cfg: LinkConfig, shards: list[tuple[str, st
         | "RowGroups" >> beam.FlatMap(row_groups, cfg.data)
         | "Spread" >> beam.Reshuffle()
         | "ReadChunks"
-        >> beam.ParDo(ReadChunks(cfg.data, cfg.batch_docs, limits, cfg.eval)).with_outputs(
-            DEAD_LETTER, main="chunks"
-        )
+        >> beam.ParDo(ReadChunks(cfg.data, cfg.batch_docs, limits, cfg.eval))
+        .with_output_types(Chunk)  # sized by ChunkCoder, not by pickling
+        .with_outputs(DEAD_LETTER, main="chunks")
     )
     return read.chunks, [read[DEAD_LETTER]]
 
@@ -94,7 +103,9 @@ def raw_document_chunks(p: beam.Pipeline, cfg: LinkConfig, build, limits):
         )
         | "GroupBuckets" >> beam.GroupByKey()
         | "RawChunks"
-        >> beam.FlatMap(raw_chunks, cfg.batch_docs, limits).with_outputs(DEAD_LETTER, main="chunks")
+        >> beam.FlatMap(raw_chunks, cfg.batch_docs, limits)
+        .with_output_types(Chunk)
+        .with_outputs(DEAD_LETTER, main="chunks")
     )
     return chunks.chunks | "Spread" >> beam.Reshuffle(), [*dead, *feature_dead, chunks[DEAD_LETTER]]
 

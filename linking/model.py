@@ -141,7 +141,7 @@ def load_linker_at(load_uri: str, tracking_uri: str):
 class LinkModelHandler(ModelHandler[dict, PredictionResult, LinkScorer]):
     """Loads the link model once per worker and scores chunks of documents.
 
-    An element is a chunk: ``{"key": ..., "docs": [...]}`` of at most ``batch_docs`` documents,
+    An element is a ``linking.steps.Chunk`` of at most ``batch_docs`` documents,
     cut deterministically from the input (``linking.steps``), so a document's scores never
     depend on which other documents a runner happened to batch with it; Beam batches are one
     chunk (min = max = 1).
@@ -166,10 +166,14 @@ class LinkModelHandler(ModelHandler[dict, PredictionResult, LinkScorer]):
     def run_inference(
         self, batch: Sequence[dict], model: LinkScorer, inference_args: dict[str, Any] | None = None
     ) -> list[PredictionResult]:
-        return [PredictionResult(chunk, model.score(chunk["docs"]), self._load_uri) for chunk in batch]
+        # the scored chunk goes on without its features: Beam would size them again downstream
+        return [
+            PredictionResult(chunk.without_features(), model.score(chunk.docs), self._load_uri)
+            for chunk in batch
+        ]
 
     def get_num_bytes(self, batch: Sequence[dict]) -> int:
-        return sum(int(d["features"].nbytes) for chunk in batch for d in chunk["docs"])
+        return sum(int(d["features"].nbytes) for chunk in batch for d in chunk.docs)
 
     def get_metrics_namespace(self) -> str:
         return "mmlinks.link"

@@ -64,6 +64,31 @@ def dataflow_job_name(name: str) -> str:
     return s[:63].rstrip("-")
 
 
+STATE_SAMPLING_MS = 10  # Beam's default is 200 (see short_state_sampling)
+
+
+def short_state_sampling(period_ms: int = STATE_SAMPLING_MS) -> bool:
+    """Make Beam's per-bundle state sampler wake every ``period_ms`` instead of every 200 ms.
+
+    Every bundle starts a sampler thread (the per-step msecs counters) that sleeps in periods
+    growing to 200 ms, and stopping it at the bundle's end *joins* that thread: Beam's own
+    comment says a bundle "may have to wait up to sampling_period_ms". For a pipeline run in this
+    process that wait lands on the job's end: up to 200 ms after the last element of a long
+    bundle (measured on the link job: 5,000 documents ended 0.05 s after their last chunk with
+    10 ms, 0.05-0.24 s with 200, its total snapping to 0.2-s steps). Beam has no option for the
+    period, so its constructor's default is changed, once per process; samplers already built
+    keep theirs, worker processes (multi-processing, cluster runners) keep Beam's. A sampler
+    waking every 10 ms costs nothing measurable. Returns whether it was applied (False when a
+    Beam version no longer has that default)."""
+    from apache_beam.runners.worker import statesampler
+
+    init = statesampler.StateSampler.__init__
+    if init.__defaults__ != (statesampler.DEFAULT_SAMPLING_PERIOD_MS,):
+        return init.__defaults__ == (period_ms,)
+    init.__defaults__ = (period_ms,)
+    return True
+
+
 DIRECT_WORKERS_ENV = "MMLINKS_DIRECT_WORKERS"
 
 
@@ -128,6 +153,8 @@ def pipeline_options(
         raise MmlinksError(f"invalid Beam options for {name}: {why}") from exc
     options.view_as(SetupOptions).save_main_session = False
     _check(name, options, beam_args)
+    if name == DIRECT:
+        short_state_sampling()  # the in-process DirectRunner runs its bundles here
     for advice in advisories(name, beam_args):
         log.warning("%s: %s", name, advice)
     return options

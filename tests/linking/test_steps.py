@@ -13,6 +13,8 @@ from apache_beam.ml.inference.base import PredictionResult
 from linking.config import LinkConfig
 from linking.steps import (
     EVAL,
+    Chunk,
+    ChunkCoder,
     LinkChunk,
     ReadChunks,
     WriteLinkShards,
@@ -67,7 +69,7 @@ def test_check_document_names_each_reason():
 def test_chunks_keep_order_and_dead_letter_the_rest():
     docs = [doc("a"), doc("b", n=0), doc("c"), doc("d", dim=3)]
     main, tagged = outputs(chunks_of(docs, "s#0", (4, 10, 10)))
-    assert [[d["doc_id"] for d in c["docs"]] for c in main] == [["a", "c"]]
+    assert [[d["doc_id"] for d in c.docs] for c in main] == [["a", "c"]]
     assert [(r.source_id, r.reason) for r in tagged["dead_letter"]] == [
         ("b", "empty_document"),
         ("d", "wrong_feature_width"),
@@ -77,8 +79,8 @@ def test_chunks_keep_order_and_dead_letter_the_rest():
 def test_raw_chunks_sort_by_id_and_cut_fixed_chunks():
     docs = [doc(x) for x in "edcba"]
     main, _ = outputs(raw_chunks((3, docs), 2, (4, 10, 10)))
-    assert [[d["doc_id"] for d in c["docs"]] for c in main] == [["a", "b"], ["c", "d"], ["e"]]
-    assert {d["shard"] for c in main for d in c["docs"]} == {"links-00003.parquet"}
+    assert [[d["doc_id"] for d in c.docs] for c in main] == [["a", "b"], ["c", "d"], ["e"]]
+    assert {d["shard"] for c in main for d in c.docs} == {"links-00003.parquet"}
 
 
 def test_documents_of_a_table_with_mixed_widths_are_kept_for_the_dead_letter():
@@ -130,14 +132,14 @@ def test_read_chunks_decodes_a_units_row_groups_in_parallel_and_keeps_file_order
         chunks = [c for unit in units for c in fn.process(unit)]
     finally:
         fn.teardown()
-    assert [c["key"] for c in chunks] == [
+    assert [c.key for c in chunks] == [
         "out.parquet#0.0",
         "out.parquet#0.1",
         "out.parquet#1.0",
         "out.parquet#1.1",
         "out.parquet#2.0",
     ]
-    got = [d for c in chunks for d in c["docs"]]
+    got = [d for c in chunks for d in c.docs]
     assert [d["doc_id"] for d in got] == [d.doc_id for d in docs]
     for d, want in zip(got, docs, strict=True):
         assert d["shard"] == "out.parquet" and d["links"] is None
@@ -149,7 +151,7 @@ def test_read_chunks_decodes_a_units_row_groups_in_parallel_and_keeps_file_order
 def test_link_chunk_rows_and_evaluation_records():
     docs = [doc("a", n=2, m=3, links=[(0, 1)]), doc("b", n=1, m=1)]
     scores = [np.array([[0.9, 0.1, 0.2], [0.1, 0.8, 0.7]], np.float32), np.array([[0.3]], np.float32)]
-    result = PredictionResult({"key": "k", "docs": docs}, scores, "m")
+    result = PredictionResult(Chunk("k", docs).without_features(), scores, "m")
     main, tagged = outputs(LinkChunk("matching", 0.35, True, True).process(result))
     [(shard, block)] = main  # one block of rows per output shard of the chunk
     a, b = rows_of_block(block)
@@ -164,6 +166,27 @@ def test_link_chunk_rows_and_evaluation_records():
     assert (record["tp"], record["predicted"], record["gold"]) == (0, 2, 1)
     # the true cell (0, 1) scores 0.1: it ties one of the five negatives and loses to the rest
     assert record["metrics"]["auc"] == pytest.approx(0.1)
+
+
+def test_chunk_coder_round_trips_and_sizes_without_encoding(monkeypatch):
+    chunk = Chunk("s#0", [doc("a", m=3, dim=4), doc("b", m=2, dim=4)])
+    coder = ChunkCoder()
+    back = coder.decode(coder.encode(chunk))
+    assert back.key == "s#0" and [d["doc_id"] for d in back.docs] == ["a", "b"]
+    np.testing.assert_array_equal(back.docs[1]["features"], chunk.docs[1]["features"])
+    assert beam_coder_for(Chunk).__class__ is ChunkCoder  # what Beam picks for a Chunk PCollection
+    monkeypatch.setattr(ChunkCoder, "encode", lambda *_: pytest.fail("sizing a chunk encoded it"))
+    size = coder.get_impl().estimate_size(chunk)
+    assert size >= (3 + 2) * 4 * 4  # at least the features' bytes
+    scored = chunk.without_features()
+    assert all("features" not in d for d in scored.docs) and "features" in chunk.docs[0]
+    assert coder.get_impl().estimate_size(scored) < size
+
+
+def beam_coder_for(t):
+    import apache_beam as beam
+
+    return beam.coders.registry.get_coder(t)
 
 
 def test_write_link_shards_sorts_rows_and_is_byte_stable(tmp_path):

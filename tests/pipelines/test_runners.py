@@ -32,6 +32,7 @@ from pipelines.runners import (
     example_beam_args,
     example_command,
     pipeline_options,
+    short_state_sampling,
 )
 from schemas.errors import MmlinksError
 
@@ -60,6 +61,23 @@ def test_direct_runner_defaults_and_workers():
         match="invalid Beam options for DirectRunner: argument --direct_running_mode: invalid choice",
     ):
         pipeline_options("DirectRunner", ["--direct_running_mode=bogus"])
+
+
+def test_direct_options_shorten_the_state_sampler_that_ends_every_bundle(monkeypatch):
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    # Beam's default, put back after the test whatever it was
+    monkeypatch.setattr(statesampler.StateSampler.__init__, "__defaults__", (200,))
+    assert statesampler.StateSampler("s", CounterFactory()).sampling_period_ms == 200
+    pipeline_options("DirectRunner", [])
+    sampler = statesampler.StateSampler("s", CounterFactory())
+    assert sampler.sampling_period_ms == 10  # a bundle's end waits for the sampler's sleep
+    assert short_state_sampling() is True  # applied already: nothing to do
+    monkeypatch.setattr(statesampler.StateSampler.__init__, "__defaults__", (50,))
+    assert short_state_sampling() is False  # not Beam's default as we know it: left alone
+    sampler.start()  # a sampler with the short period still samples and stops
+    sampler.stop()
 
 
 def test_dataflow_options_parse_into_their_views(caplog):
