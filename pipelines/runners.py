@@ -4,7 +4,8 @@
 arguments into PipelineOptions: the runner's required options are checked (a missing one is a
 one-line MmlinksError naming it), the pass-through arguments are kept verbatim, and
 ``save_main_session`` is always False. ``advisories`` lists non-fatal advice (custom container,
-GPU flags). See docs/runners.md for one example command per runner.
+GPU flags). See docs/runners.md for one example command per runner. DirectRunner options also
+shorten Beam's per-bundle state-sampler period for this process (``short_state_sampling``).
 """
 
 from __future__ import annotations
