@@ -8,6 +8,7 @@ up, a reader would lose the one place that lists every training option."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from difflib import get_close_matches
 
 from schemas.config_fields import option
 from training.backbone import DEFAULT_BACKBONE, backbone_names
@@ -493,8 +494,20 @@ class TrainConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> TrainConfig:
+    def from_dict(cls, data: dict, *, strict: bool = False) -> TrainConfig:
+        """A config from its dict. Saved configs (checkpoints, an older version's run) are read
+        leniently: keys this version no longer has are dropped. ``strict`` is for a config that
+        someone wrote or submitted (``python -m training.job --config``, a Ray job's payload): an
+        unknown key there is a typo, refused by name, not a setting silently left at its default."""
+        from schemas.errors import MmlinksError
+
         names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names - {"similarity"})  # similarity: public_dict's alias
+        if strict and unknown:
+            hints = [
+                f"{k} (did you mean {m[0]}?)" if (m := get_close_matches(k, names, 1)) else k for k in unknown
+            ]
+            raise MmlinksError(f"unknown training config field(s): {', '.join(hints)}")
         values = {k: v for k, v in data.items() if k in names}
         if "objective" not in values and data.get("similarity"):  # configs written before objectives
             values["objective"] = data["similarity"]

@@ -61,7 +61,11 @@ def load_config(source: str):
         raise MmlinksError(f"--config {source}: not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise MmlinksError(f"--config {source}: expected a JSON object of TrainConfig fields")
-    cfg = TrainConfig.from_dict(data)
+    try:
+        cfg = TrainConfig.from_dict(data, strict=True)
+    except MmlinksError as exc:
+        where = "(the JSON given)" if source.lstrip().startswith("{") else source
+        raise MmlinksError(f"--config {where}: {exc}") from None
     cfg.validate()
     return cfg
 

@@ -47,6 +47,25 @@ def test_experiment_result_round_trips_through_its_dict_and_json():
         ExperimentResult.from_json("nothing here")
 
 
+def test_a_submitted_config_with_an_unknown_key_is_refused_by_name(tmp_path):
+    from training.config import TrainConfig
+    from training.job import load_config
+
+    with pytest.raises(MmlinksError, match=r"--config \(the JSON given\): .*epoch \(did you mean epochs\?\)"):
+        load_config(json.dumps({"data": str(tmp_path), "epoch": 3}))  # a typo would train 20 epochs
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"data": str(tmp_path), "max_tokenz": 9, "zzz": 1}))
+    with pytest.raises(
+        MmlinksError, match=r"train.json: unknown training config field\(s\): max_tokenz .*, zzz"
+    ):
+        load_config(str(path))
+    cfg = TrainConfig(data=str(tmp_path), epochs=3)
+    for written in (cfg.to_dict(), cfg.public_dict()):  # what a submitter and a run record write
+        assert load_config(json.dumps(written)).epochs == 3
+    # a saved config of an older version is still read: a field since removed is dropped
+    assert TrainConfig.from_dict({**cfg.to_dict(), "retired_option": 1}).epochs == 3
+
+
 @pytest.mark.slow
 def test_a_bad_config_fails_with_one_error_line(tmp_path):
     cfg = tmp_path / "train.json"
