@@ -61,11 +61,7 @@ def load_config(source: str):
         raise MmlinksError(f"--config {source}: not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise MmlinksError(f"--config {source}: expected a JSON object of TrainConfig fields")
-    try:
-        cfg = TrainConfig.from_dict(data, strict=True)
-    except MmlinksError as exc:
-        where = "(the JSON given)" if source.lstrip().startswith("{") else source
-        raise MmlinksError(f"--config {where}: {exc}") from None
+    cfg = TrainConfig.from_dict(data, strict=True)  # "unknown training config field(s): ..."
     cfg.validate()
     return cfg
 
