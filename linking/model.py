@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
+from linking.steps import Chunk
 from schemas.errors import MmlinksError
 from schemas.links import ModelInfo
 from schemas.manifest import Manifest
@@ -138,7 +139,7 @@ def load_linker_at(load_uri: str, tracking_uri: str):
         mlflow.set_tracking_uri(before)
 
 
-class LinkModelHandler(ModelHandler[dict, PredictionResult, LinkScorer]):
+class LinkModelHandler(ModelHandler[Chunk, PredictionResult, LinkScorer]):
     """Loads the link model once per worker and scores chunks of documents.
 
     An element is a ``linking.steps.Chunk`` of at most ``batch_docs`` documents,
@@ -164,7 +165,7 @@ class LinkModelHandler(ModelHandler[dict, PredictionResult, LinkScorer]):
         return load_scorer(self._load_uri, self._tracking_uri, self._device)
 
     def run_inference(
-        self, batch: Sequence[dict], model: LinkScorer, inference_args: dict[str, Any] | None = None
+        self, batch: Sequence[Chunk], model: LinkScorer, inference_args: dict[str, Any] | None = None
     ) -> list[PredictionResult]:
         # the scored chunk goes on without its features: Beam would size them again downstream
         return [
@@ -172,7 +173,7 @@ class LinkModelHandler(ModelHandler[dict, PredictionResult, LinkScorer]):
             for chunk in batch
         ]
 
-    def get_num_bytes(self, batch: Sequence[dict]) -> int:
+    def get_num_bytes(self, batch: Sequence[Chunk]) -> int:
         return sum(int(d["features"].nbytes) for chunk in batch for d in chunk.docs)
 
     def get_metrics_namespace(self) -> str:

@@ -76,7 +76,7 @@ def short_state_sampling(period_ms: int = STATE_SAMPLING_MS) -> bool:
     comment says a bundle "may have to wait up to sampling_period_ms". For a pipeline run in this
     process that wait lands on the job's end: up to 200 ms after the last element of a long
     bundle (measured on the link job: 5,000 documents ended 0.05 s after their last chunk with
-    10 ms, 0.05-0.24 s with 200, its total snapping to 0.2-s steps). Beam has no option for the
+    10 ms, 0.06-0.23 s with 200, its total snapping to 0.2-s steps). Beam has no option for the
     period, so its constructor's default is changed, once per process; samplers already built
     keep theirs, worker processes (multi-processing, cluster runners) keep Beam's. A sampler
     waking every 10 ms costs nothing measurable. Returns whether it was applied (False when a
