@@ -33,11 +33,14 @@ from training.metrics import document_metrics, summarize
 
 CANDIDATE, PRODUCTION = "candidate", "production"
 PREVIOUS_TAG = "mmlinks.previous_production"
-# Crash-safe rollback bookkeeping. A version tag written on the candidate *before* the alias
-# moves names the version it replaces; a model tag written in one call names the (production,
-# previous) pair the last promotion or rollback left. Rollback trusts the pair when it is about
-# the current production version, else the current version's own tag: whichever step a crash
-# (or a dead tracking server) interrupts, rollback goes to the version production really replaced.
+# Crash-safe rollback bookkeeping, written by promotions and rollbacks alike *before* the alias
+# moves: a version tag on the version about to become production names the version it replaces,
+# and a model tag written in one call names the (production, previous) pair the move will leave.
+# Rollback trusts the pair when it is about the current production version, else the current
+# version's own tag: whichever step a crash (or a dead tracking server) interrupts, rollback goes
+# to the version production really replaced. (Written after the move, two promotions dying there
+# left a stale pair, and a rollback dying between the pair and the move lost what the restored
+# version had replaced: tests/training/test_registry.py has both.)
 REPLACED_TAG = "mmlinks.replaced_version"
 ROLLBACK_TAG = "mmlinks.rollback"
 LOCK_SUFFIX = ".promotion-lock"
@@ -385,13 +388,13 @@ def promote(
         client.set_model_version_tag(name, cand_v, "mmlinks.promotion_check", json.dumps(record)[:5000])
         if failures:
             return result
-        # What the candidate replaces goes on the candidate first (harmless if the alias move
-        # fails), then the alias moves, then the model-level tags (see ROLLBACK_TAG).
+        # What the candidate replaces, on the candidate and as the pair, then the alias moves
+        # (see ROLLBACK_TAG; both are harmless if the move never happens).
         client.set_model_version_tag(name, cand_v, REPLACED_TAG, prod_v or "")
-        client.set_registered_model_alias(name, PRODUCTION, cand_v)
         client.set_registered_model_tag(
             name, ROLLBACK_TAG, json.dumps({"production": cand_v, "previous": prod_v})
         )
+        client.set_registered_model_alias(name, PRODUCTION, cand_v)
         if prod_v is not None:
             client.set_registered_model_tag(name, PREVIOUS_TAG, prod_v)
         if _version_by_alias(client, name, CANDIDATE) == cand_v:  # not a newer candidate
@@ -426,8 +429,10 @@ def rollback(client: MlflowClient, name: str) -> tuple[str, str]:
         previous = previous_production(client, name, current) if current is not None else None
         if not previous or current is None or previous == current:
             raise MmlinksError(f"model {name!r} has no previous production version to roll back to")
-        # The pair first: if the alias move then fails, the pair is not about the production
-        # version, and the current version's own tag still says what it replaced.
+        # As a promotion does (see ROLLBACK_TAG): the restored version now replaces the current
+        # one, then the pair, then the move. If the move never happens, the pair is not about the
+        # production version, and the current version's own tag still says what it replaced.
+        client.set_model_version_tag(name, previous, REPLACED_TAG, current)
         client.set_registered_model_tag(
             name, ROLLBACK_TAG, json.dumps({"production": previous, "previous": current})
         )

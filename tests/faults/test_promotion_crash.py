@@ -200,7 +200,7 @@ def test_tracking_server_killed_mid_promotion_leaves_a_consistent_registry(
     client.set_registered_model_alias(NAME, CANDIDATE, v1)
     assert promote(client, NAME, dataset, LENIENT).promoted  # v1: production, nothing before it
 
-    # Crash 1: the alias moved to v2, then the server died before the rollback tags.
+    # Crash 1: the alias moved to v2, then the server died before the previous-version tag.
     client.set_registered_model_alias(NAME, CANDIDATE, v2)
     with pytest.raises(FAILURES), fail_fast(monkeypatch):
         promote(DiesAfter(server.url, server, "set_registered_model_alias"), NAME, dataset, LENIENT)
@@ -251,7 +251,7 @@ def _steps(numbered: list[tuple[str, int]]) -> list[tuple[str, int]]:
 
 def test_tracking_server_killed_after_each_step_of_a_promotion(store, dataset, monkeypatch, fault_stats):
     """One promotion per step of a recorded promotion (lock, gate verdict, what the candidate
-    replaces, the alias move, the rollback pair, the previous-version tag, the candidate alias,
+    replaces, the rollback pair, the alias move, the previous-version tag, the candidate alias,
     the promotion time, the lock's release; and before the evaluation), each of its own model
     with production v1 and candidate v2, stops right after its step; the server is then
     SIGKILLed and each goes on against the dead server. So does a gate-failing candidate's

@@ -183,6 +183,72 @@ def test_a_refused_promotion_racing_a_passing_one_leaves_the_passing_verdict(reg
     assert json.loads(verdict)["failures"] == []  # the passing verdict, not the strict one's
 
 
+class Died(Exception):
+    """The process stopped here (the promotion's lock is released on the way out, as a dead
+    holder's would be after its TTL)."""
+
+
+class DiesAfter:
+    """An MlflowClient whose ``nth`` call of ``method`` is the last thing the process does."""
+
+    def __init__(self, client: MlflowClient, method: str, nth: int = 1):
+        self._client, self._method, self._left = client, method, nth
+
+    def __getattr__(self, attr):
+        real = getattr(self._client, attr)
+        if attr != self._method:
+            return real
+
+        def call(*args, **kwargs):
+            out = real(*args, **kwargs)
+            self._left -= 1
+            if self._left == 0:
+                raise Died(f"after {attr}")
+            return out
+
+        return call
+
+
+def test_rollback_stays_right_after_promotions_and_rollbacks_that_died_mid_way(registry, dataset):
+    """Two holes the bookkeeping had while it was written after the alias moved. (1) Two
+    promotions die right after the alias move, the second putting the first production back:
+    the pair still named the registry's first promotion, so rollback found "no previous
+    production" (or an older one). (2) A rollback dies between its pair and the alias move: the
+    pair no longer named production, and the version production was restored to had no tag
+    saying what it replaced. Both fail on the old order and pass now."""
+    client, uris = registry
+    lenient = Gate(max_auc_drop=100, max_p_at_1_drop=100, min_auc=0)
+
+    def version(name: str) -> str:
+        return str(mlflow.register_model(uris["trained"], name).version)
+
+    def production(name: str) -> str:
+        return str(client.get_model_version_by_alias(name, PRODUCTION).version)
+
+    name = "died-twice-after-the-move"
+    v1, v2 = version(name), version(name)
+    client.set_registered_model_alias(name, CANDIDATE, v1)
+    assert promote(client, name, dataset, lenient).promoted
+    for cand in (v2, v1):  # v2 over v1, then v1 back over v2: each dies after the move
+        client.set_registered_model_alias(name, CANDIDATE, cand)
+        with pytest.raises(Died):
+            promote(DiesAfter(client, "set_registered_model_alias"), name, dataset, lenient)
+        assert production(name) == cand
+    assert rollback(client, name) == (v1, v2)  # what v1 replaced the second time
+
+    name = "rollback-died-before-the-move"
+    v1, v2 = version(name), version(name)
+    for cand in (v1, v2):
+        client.set_registered_model_alias(name, CANDIDATE, cand)
+        assert promote(client, name, dataset, lenient).promoted
+    assert rollback(client, name) == (v2, v1)  # v1 is production again, replacing v2
+    with pytest.raises(Died):  # rolling forward to v2 dies after its pair, before the move
+        rollback(DiesAfter(client, "set_registered_model_tag"), name)
+    assert production(name) == v1
+    assert rollback(client, name) == (v1, v2)  # v1's own tag: it replaced v2
+    assert rollback(client, name) == (v2, v1)  # and back
+
+
 def _contend(tracking_uri: str, lock_name: str, threads: int = 4) -> tuple[list[str], int]:
     """Start ``threads`` lock attempts at once; returns (unexpected errors, peak holders)."""
     state = {"holders": 0, "peak": 0}
