@@ -22,8 +22,8 @@ through the same rules:
   No pause or block a server asks for (``Retry-After``, a rate-limit reset) reaches further
   than ``MAX_BLOCK_S`` (one hour) from now: blocks persist in the gate files across builds,
   and a server (or a clock) naming next year must not shut a host out of every later build.
-- **Limits.** Bodies are streamed and capped at ``max_bytes`` (``too_large``); a whole download
-  is bounded by ``max_seconds``.
+- **Limits.** Bodies are streamed and capped at ``max_bytes`` (``too_large``); a whole request
+  (connect, headers, body; each retry and redirect hop its own) is bounded by ``max_seconds``.
 - **Cache.** 200 and 404/410 responses are kept on disk (any Beam FileSystems URI) keyed by the
   request, never including credentials, so a rerun of a crawl does not ask again.
 
@@ -32,9 +32,10 @@ Request headers are never logged (they may carry credentials) and logged URLs lo
 
 Modules, one job each: ``policy`` (HttpPolicy/HttpResponse/HttpError), ``guard`` (allowlist,
 address check, URL redaction), ``rate_gate`` (cross-process per-host spacing), ``retries``
-(backoff, Retry-After, rate-limit headers), ``cache`` (response cache format), ``client``
-(PoliteClient). Source options live in ``pipelines.sources.http_options`` and the image-store
-adapter in ``pipelines.image_fetch.PoliteFetcher``: this package never imports a source.
+(backoff, Retry-After, rate-limit headers), ``cache`` (response cache format), ``deadline``
+(cutting off a request at ``max_seconds``), ``client`` (PoliteClient). Source options live in
+``pipelines.sources.http_options`` and the image-store adapter in
+``pipelines.image_fetch.PoliteFetcher``: this package never imports a source.
 """
 
 from pipelines.web.client import PoliteClient

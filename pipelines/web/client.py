@@ -16,6 +16,7 @@ import requests
 
 from pipelines import fileio
 from pipelines.web.cache import CACHEABLE_STATUSES, cache_key, decode_entry, encode_entry
+from pipelines.web.deadline import Deadline, DeadlineAdapter
 from pipelines.web.guard import (
     CREDENTIAL_HEADERS,
     check_public_host,
@@ -116,6 +117,9 @@ class PoliteClient:
         if s is None:
             s = requests.Session()
             s.headers["User-Agent"] = self.policy.user_agent
+            # Lets a request's deadline reach its socket before the headers have arrived.
+            s.mount("http://", DeadlineAdapter())
+            s.mount("https://", DeadlineAdapter())
             self._local.session = s
         return s
 
@@ -317,10 +321,26 @@ class PoliteClient:
                 raise HttpError("bad_url", f"{redact_url(url)}: {type(exc).__name__}") from None
 
     def _send(self, url: str, headers: dict[str, str], limit: int) -> HttpResponse:
+        """One HTTP request, bounded as a whole (connect, headers, body) by ``max_seconds``.
+
+        The deadline is per request: each retry and each redirect hop gets its own, so one
+        ``get`` may take up to (max_redirects + 1) * (max_retries + 1) * max_seconds plus the
+        backoff. A request cut off by it fails with the same transient failure wherever it was
+        cut, and whatever it returned or raised is ignored (see ``pipelines.web.deadline``).
+        """
+        with Deadline(self.policy.max_seconds) as deadline:
+            try:
+                return self._exchange(url, headers, limit, deadline)
+            except requests.exceptions.RequestException:
+                _check(deadline)  # the deadline cut the request: its error is a symptom
+                raise
+
+    def _exchange(self, url: str, headers: dict[str, str], limit: int, deadline: Deadline) -> HttpResponse:
         resp = self.session.get(
             url, headers=headers, timeout=self.policy.timeout, stream=True, allow_redirects=False
         )
         with resp:
+            _check(deadline)  # headers cut short parse as complete ones
             status = resp.status_code
             out_headers = {k.lower(): v for k, v in resp.headers.items()}
             if status in REDIRECT_STATUSES and out_headers.get("location"):
@@ -331,11 +351,16 @@ class PoliteClient:
                     "too_large", f"Content-Length {length} > {limit} bytes: {redact_url(url)}", status=status
                 )
             buf = bytearray()
-            deadline = time.monotonic() + self.policy.max_seconds if self.policy.max_seconds else None
             for chunk in iter_body(resp, _CHUNK):
                 buf += chunk
                 if len(buf) > limit:
                     raise HttpError("too_large", f"more than {limit} bytes: {redact_url(url)}", status=status)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TransientFailure(f"download took over {self.policy.max_seconds:g} s")
+                _check(deadline)
+            _check(deadline)  # a body without a Content-Length cut short ends like a whole one
         return HttpResponse(url, status, out_headers, bytes(buf))
+
+
+def _check(deadline: Deadline) -> None:
+    """Fail the request if its deadline has cut it off, whatever it returned."""
+    if deadline.expired:
+        raise TransientFailure(f"download took over {deadline.max_seconds:g} s")

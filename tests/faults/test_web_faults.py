@@ -6,7 +6,10 @@ failure has a dead-letter reason (``HttpError.reason``), transient when a rerun 
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 import zlib
@@ -155,3 +158,154 @@ def test_a_dripping_body_fails_at_the_download_deadline(serve, path, fault_stats
         stop.set()
     assert len(server.hits) == 1
     fault_stats.add(faults_injected=1, invariant_checks=1)
+
+
+def _header_drip(stop: threading.Event, dripped: list[int]):
+    """A status line and header lines one byte every 0.2 s, never reaching the blank line that
+    ends them: every socket read returns within the read timeout, and ``Session.get`` is still
+    parsing headers when the drip ends. ``dripped`` as in ``_slowloris``."""
+    head = b"HTTP/1.0 200 OK\r\nContent-Type: image/jpeg\r\nX-Padding: " + b"p" * DRIP_BYTES
+
+    def app(h):
+        h.close_connection = True
+        n = 0
+        try:
+            while n < DRIP_BYTES and not stop.wait(DRIP_EVERY_S):
+                h.wfile.write(head[n : n + 1])
+                h.wfile.flush()
+                n += 1
+        finally:
+            dripped.append(n)
+
+    return app
+
+
+def _wait_for(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_dripping_headers_fail_at_the_download_deadline(serve, fault_stats):  # noqa: F811
+    """The deadline bounds the whole request, not only its body: a server dripping its status
+    line and headers, each byte inside the read timeout, is cut off at ``max_seconds`` with the
+    body deadline's failure. Found by this test: the deadline was checked between body reads
+    only, and ``Session.get`` waited for the headers until the drip ended (then returned the
+    headers cut short as a 200 with an empty body)."""
+    stop, dripped = threading.Event(), []
+    server = serve(_header_drip(stop, dripped))
+    client = make_client(server, max_retries=0, max_seconds=1.5, timeout=0.5)
+    try:
+        with pytest.raises(HttpError) as err:
+            client.get(server.url("/slow.jpg"), use_cache=False)
+        assert err.value.reason == "retries_exhausted" and err.value.transient, err.value
+        assert "download took over 1.5 s" in err.value.detail, err.value
+        # The server saw the client hang up before its drip ended (not a timing assertion:
+        # with no deadline the drip runs to its end).
+        _wait_for(lambda: dripped)
+        assert dripped and dripped[0] < DRIP_BYTES, dripped
+    finally:
+        stop.set()
+    assert len(server.hits) == 1
+    fault_stats.add(faults_injected=1, invariant_checks=1)
+
+
+def _deadline_timers() -> list[threading.Thread]:
+    from pipelines.web.deadline import TIMER_NAME
+
+    return [t for t in threading.enumerate() if t.name == TIMER_NAME]
+
+
+@pytest.fixture
+def tls(tmp_path, monkeypatch) -> tuple[ssl.SSLContext, str]:
+    """A server context for 127.0.0.1 and the CA file that verifies it, made with ``openssl``.
+    The environment's CA bundle variables would override a session's ``verify``."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a test certificate")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "2", "-subj", "/CN=mmlinks test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "leaf.csr",
+            "-subj", "/CN=127.0.0.1")  # fmt: skip
+    (tmp_path / "leaf.ext").write_text(
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nauthorityKeyIdentifier=keyid\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    openssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "cert.pem", "-days", "2", "-extfile", "leaf.ext")  # fmt: skip
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    return context, str(tmp_path / "ca.pem")
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_pooled_connection_is_cut_at_the_deadline_and_the_client_recovers(
+    serve,  # noqa: F811
+    scheme,
+    request,
+    fault_stats,
+):
+    """Keep-alive (HTTP/1.1): a fast request, then dripping headers on the same pooled, already
+    connected connection (the deadline must still reach its socket, also once TLS wraps it),
+    then a fast request again on the same client, which must get its whole response (no dead
+    connection handed back)."""
+    stop, dripped, peers = threading.Event(), [], []
+
+    def fast(h):
+        peers.append(h.client_address)
+        send(h, 200, BODY)
+
+    drip = _header_drip(stop, dripped)
+
+    def slow(h):
+        peers.append(h.client_address)
+        drip(h)
+
+    from tests.pipelines.test_http_client import sequence
+
+    context, ca_file = request.getfixturevalue("tls") if scheme == "https" else (None, None)
+    server = serve(sequence(fast, slow, fast), protocol="HTTP/1.1", tls=context)
+    client = make_client(server, max_retries=0, max_seconds=1.5, timeout=0.5)
+    if ca_file:
+        client.session.verify = ca_file  # the session of this thread, the one get() uses
+    try:
+        assert client.get(server.url("/1.jpg"), use_cache=False).body == BODY
+        with pytest.raises(HttpError) as err:
+            client.get(server.url("/2.jpg"), use_cache=False)
+        assert "download took over 1.5 s" in err.value.detail, err.value
+        resp = client.get(server.url("/3.jpg"), use_cache=False)
+        assert resp.status == 200 and resp.body == BODY
+        _wait_for(lambda: dripped)
+        assert dripped and dripped[0] < DRIP_BYTES, dripped
+    finally:
+        stop.set()
+    assert server.paths() == ["/1.jpg", "/2.jpg", "/3.jpg"]
+    assert peers[0] == peers[1], peers  # the dripping request came over the pooled connection
+    _wait_for(lambda: not _deadline_timers())
+    assert not _deadline_timers()  # every request's timer ended with it
+    fault_stats.add(faults_injected=1, invariant_checks=2)
+
+
+def test_a_fast_request_outlives_its_deadline_timer_unharmed(serve):  # noqa: F811
+    """A request that ends in time cancels its timer: the pooled connection it leaves behind is
+    not shut down when its deadline would have passed, and the next request reuses it."""
+    peers = []
+
+    def fast(h):
+        peers.append(h.client_address)
+        send(h, 200, BODY)
+
+    server = serve(fast, protocol="HTTP/1.1")
+    client = make_client(server, max_retries=0, max_seconds=0.3, timeout=5.0)
+    assert client.get(server.url("/1.jpg"), use_cache=False).body == BODY
+    time.sleep(0.6)  # past the first request's deadline
+    assert client.get(server.url("/2.jpg"), use_cache=False).body == BODY
+    assert peers[0] == peers[1], peers  # the same connection, still open
+    _wait_for(lambda: not _deadline_timers())
+    assert not _deadline_timers()

@@ -12,6 +12,7 @@ import itertools
 import json
 import multiprocessing
 import pickle
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -55,7 +56,13 @@ class Hit(NamedTuple):
 class FixtureServer:
     """A ThreadingHTTPServer on 127.0.0.1 whose GET handler is ``app(handler)``; records hits."""
 
-    def __init__(self, app: Callable[[BaseHTTPRequestHandler], None], protocol: str = "HTTP/1.0"):
+    def __init__(
+        self,
+        app: Callable[[BaseHTTPRequestHandler], None],
+        protocol: str = "HTTP/1.0",
+        tls: ssl.SSLContext | None = None,
+    ):
+        self.scheme = "https" if tls else "http"
         self.hits: list[Hit] = []
         self.lock = threading.Lock()
         outer = self
@@ -78,6 +85,8 @@ class FixtureServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
+        if tls:  # the handshake runs in accept(), on the serving thread
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
@@ -86,7 +95,7 @@ class FixtureServer:
         return f"127.0.0.1:{self.port}"
 
     def url(self, path: str = "/") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
 
     def paths(self) -> list[str]:
         return [h.path for h in self.hits]
@@ -120,8 +129,8 @@ def sequence(*steps: Callable[[BaseHTTPRequestHandler], None]):
 def serve():
     servers: list[FixtureServer] = []
 
-    def start(app, protocol: str = "HTTP/1.0") -> FixtureServer:
-        server = FixtureServer(app, protocol)
+    def start(app, protocol: str = "HTTP/1.0", tls: ssl.SSLContext | None = None) -> FixtureServer:
+        server = FixtureServer(app, protocol, tls)
         servers.append(server)
         return server
 

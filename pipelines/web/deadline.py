@@ -1,0 +1,177 @@
+"""A deadline on one whole HTTP request (connect, headers and body), not only on its body.
+
+``requests`` bounds each socket operation (``timeout``), never a whole request: a server that
+sends its status line and headers one byte at a time, each byte just inside the read timeout,
+keeps ``Session.get`` parsing headers for hours, and a deadline checked between body reads
+never gets a turn. Here a timer thread, once the deadline passes, shuts down the sockets the
+request uses, so the blocked read returns at once (end of stream) and the request fails.
+
+The timer reaches the socket through the connection classes of :class:`DeadlineAdapter`: each
+connection registers its socket with the calling thread's active :class:`Deadline` when it
+opens one (before a TLS handshake, which a server can drip too) and again before it reads a
+response (so a pooled, already connected connection is covered). Signals are not an option:
+Beam runs DoFns in threads and only the main thread receives them.
+
+What a cut-off read raises depends on where it was cut (a connection error, a bad status line,
+or no error at all: headers cut short read as a complete response, a body without a
+Content-Length as a short one), so callers must check :attr:`Deadline.expired` after the
+request, whatever it returned or raised.
+
+DNS resolution and the TCP connect are not interrupted (the timer has no socket yet); they are
+bounded by ``timeout`` per address as before, and a request whose deadline passed meanwhile is
+cut the moment its socket is registered.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from types import TracebackType
+from typing import Any
+
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.poolmanager import PoolManager, ProxyManager
+from urllib3.response import BaseHTTPResponse
+
+TIMER_NAME = "http-deadline"
+_active = threading.local()  # .deadline: the Deadline of the request this thread is sending
+
+
+class Deadline:
+    """``max_seconds`` for one request, from now; ``None`` for no deadline (nothing is started).
+
+    Use as a context manager around the request: on exit the timer is cancelled and the
+    deadline forgets its sockets, so a connection the pool hands to a later request is never
+    shut down by this one's timer. The deadline holds duplicates (``os.dup``) of the sockets:
+    shutting a duplicate down ends the connection for every descriptor of it (also once TLS
+    has taken the original socket object over), and closing it leaves the connection open.
+    """
+
+    def __init__(self, max_seconds: float | None):
+        self.max_seconds = max_seconds
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._fired = False
+        self._done = False
+        self._outer: Deadline | None = None
+        self._timer: threading.Timer | None = None
+        if max_seconds is not None:
+            self._timer = threading.Timer(max_seconds, self._fire)
+            self._timer.name = TIMER_NAME
+            self._timer.daemon = True
+
+    @property
+    def expired(self) -> bool:
+        """Whether the timer has cut this request off (its outcome must not be trusted)."""
+        return self._fired
+
+    def watch(self, sock: socket.socket | None) -> None:
+        """Shut ``sock`` down when the deadline passes (at once if it has passed already)."""
+        if self._timer is None or sock is None:
+            return
+        # Not sock.dup(): an SSLSocket refuses to be duplicated, and urllib3's TLS-in-TLS
+        # wrapper is no socket at all; both have the descriptor of the TCP socket.
+        try:
+            fd = os.dup(sock.fileno())
+        except OSError:  # closed already: nothing to cut
+            return
+        dup = socket.socket(fileno=fd)
+        with self._lock:
+            if not self._done:
+                self._socks.append(dup)
+                if self._fired:
+                    _shutdown(dup)
+                return
+        dup.close()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._fired = True
+            for sock in self._socks:
+                _shutdown(sock)
+
+    def __enter__(self) -> Deadline:
+        self._outer = getattr(_active, "deadline", None)
+        _active.deadline = self
+        if self._timer is not None:
+            self._timer.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        _active.deadline = self._outer
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._done = True
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            sock.close()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # not connected (any more): the read has ended or fails on its own
+        pass
+
+
+def _watch(sock: socket.socket | None) -> None:
+    deadline = getattr(_active, "deadline", None)
+    if deadline is not None:
+        deadline.watch(sock)
+
+
+class _DeadlineHTTPConnection(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _watch(sock)
+        return sock
+
+    def getresponse(self) -> BaseHTTPResponse:  # type: ignore[override]
+        _watch(self.sock)
+        return super().getresponse()
+
+
+class _DeadlineHTTPSConnection(HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _watch(sock)
+        return sock
+
+    def getresponse(self) -> BaseHTTPResponse:  # type: ignore[override]
+        _watch(self.sock)
+        return super().getresponse()
+
+
+class _DeadlineHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = _DeadlineHTTPConnection
+
+
+class _DeadlineHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _DeadlineHTTPSConnection
+
+
+_POOLS = {"http": _DeadlineHTTPConnectionPool, "https": _DeadlineHTTPSConnectionPool}
+
+
+class DeadlineAdapter(HTTPAdapter):
+    """An ``HTTPAdapter`` whose connections (direct or through an HTTP(S) proxy) register their
+    sockets with the thread's active :class:`Deadline`. Through a SOCKS proxy they do not:
+    there only the body is bounded (callers check the deadline between reads)."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _POOLS
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> PoolManager:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if type(manager) is ProxyManager:
+            manager.pool_classes_by_scheme = _POOLS
+        return manager
