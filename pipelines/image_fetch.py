@@ -8,7 +8,6 @@ streamed, byte-limited GET; ``PoliteFetcher`` goes through a source's ``PoliteCl
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -18,6 +17,7 @@ import requests
 from features.images import InvalidImage
 from pipelines import fileio
 from pipelines.web.client import PoliteClient, iter_body
+from pipelines.web.deadline import Deadline, DeadlineAdapter
 from pipelines.web.guard import redact_url
 from pipelines.web.policy import HttpError
 
@@ -84,7 +84,9 @@ class HttpFetcher:
     """GET with ``requests``: streamed, byte-limited, redirects followed and the final URL kept.
 
     ``timeout`` is (connect, read) seconds per socket operation; ``max_seconds`` bounds a whole
-    download (a server that drips bytes). The session is created lazily and not pickled.
+    fetch, redirects included: connect, headers and body (a server that drips bytes, in its
+    headers too: ``pipelines.web.deadline``). The session is created lazily and not pickled; a
+    session passed in is used as it is, so only its body reads are bounded.
     """
 
     def __init__(
@@ -115,10 +117,24 @@ class HttpFetcher:
             s = requests.Session()
             s.headers["User-Agent"] = self.user_agent
             s.max_redirects = self.max_redirects
+            s.mount("http://", DeadlineAdapter())  # a deadline reaches the socket before the headers
+            s.mount("https://", DeadlineAdapter())
             self._session = s
         return self._session
 
     def fetch(self, uri: str, max_bytes: int) -> FetchResult:
+        with Deadline(self.max_seconds) as deadline:
+            try:
+                return self._fetch(uri, max_bytes, deadline)
+            except (FetchFailed, requests.RequestException):
+                if deadline.expired:  # cut off: what the cut read raised is only a symptom
+                    raise self._too_slow() from None
+                raise
+
+    def _too_slow(self) -> FetchFailed:
+        return FetchFailed(FETCH_FAILED, f"download took over {self.max_seconds:g} s", transient=True)
+
+    def _fetch(self, uri: str, max_bytes: int, deadline: Deadline) -> FetchResult:
         try:
             resp = self.session.get(uri, stream=True, timeout=self.timeout, allow_redirects=True)
         except requests.Timeout as exc:
@@ -130,6 +146,8 @@ class HttpFetcher:
         except requests.RequestException as exc:  # invalid URL, unsupported scheme, ...
             raise FetchFailed(FETCH_FAILED, f"{type(exc).__name__}: {exc}"[:300]) from exc
         with resp:
+            if deadline.expired:  # headers cut short parse as complete ones
+                raise self._too_slow()
             final, code = resp.url, resp.status_code
             if code in (404, 410):
                 raise FetchFailed(NOT_FOUND, f"HTTP {code} {final}", status=code)
@@ -140,18 +158,17 @@ class HttpFetcher:
             if length.isdigit() and int(length) > max_bytes:
                 raise FetchFailed(TOO_LARGE, f"Content-Length {length} > {max_bytes} bytes", status=code)
             buf = bytearray()
-            deadline = time.monotonic() + self.max_seconds
             try:
                 for chunk in iter_body(resp, self.chunk_size):
                     buf += chunk
                     if len(buf) > max_bytes:
                         raise FetchFailed(TOO_LARGE, f"more than {max_bytes} bytes", status=code)
-                    if time.monotonic() > deadline:
-                        raise FetchFailed(
-                            FETCH_FAILED, f"download took over {self.max_seconds:g} s", transient=True
-                        )
+                    if deadline.expired:
+                        raise self._too_slow()
             except requests.RequestException as exc:  # read timeout, broken chunked encoding
                 raise FetchFailed(FETCH_FAILED, f"while reading: {exc}"[:300], transient=True) from exc
+            if deadline.expired:  # a body without a Content-Length cut short ends like a whole one
+                raise self._too_slow()
         return FetchResult(bytes(buf), final)
 
 

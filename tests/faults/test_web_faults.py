@@ -186,19 +186,29 @@ def _wait_for(condition, seconds: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def test_dripping_headers_fail_at_the_download_deadline(serve, fault_stats):  # noqa: F811
+@pytest.mark.parametrize("path", ["client", "image_fetch"])
+def test_dripping_headers_fail_at_the_download_deadline(serve, path, fault_stats):  # noqa: F811
     """The deadline bounds the whole request, not only its body: a server dripping its status
     line and headers, each byte inside the read timeout, is cut off at ``max_seconds`` with the
-    body deadline's failure. Found by this test: the deadline was checked between body reads
-    only, and ``Session.get`` waited for the headers until the drip ended (then returned the
-    headers cut short as a 200 with an empty body)."""
+    body deadline's failure, through the polite client and the image store's plain fetcher.
+    Found by this test: the deadline was checked between body reads only, and ``Session.get``
+    waited for the headers until the drip ended (then returned the headers cut short as a 200
+    with an empty body)."""
+    from pipelines.image_fetch import FETCH_FAILED, FetchFailed, HttpFetcher
+
     stop, dripped = threading.Event(), []
     server = serve(_header_drip(stop, dripped))
-    client = make_client(server, max_retries=0, max_seconds=1.5, timeout=0.5)
     try:
-        with pytest.raises(HttpError) as err:
-            client.get(server.url("/slow.jpg"), use_cache=False)
-        assert err.value.reason == "retries_exhausted" and err.value.transient, err.value
+        if path == "client":
+            client = make_client(server, max_retries=0, max_seconds=1.5, timeout=0.5)
+            with pytest.raises(HttpError) as err:
+                client.get(server.url("/slow.jpg"), use_cache=False)
+            assert err.value.reason == "retries_exhausted" and err.value.transient, err.value
+        else:
+            fetcher = HttpFetcher(timeout=(0.5, 0.5), max_seconds=1.5)
+            with pytest.raises(FetchFailed) as err:
+                fetcher.fetch(server.url("/slow.jpg"), 10_000_000)
+            assert err.value.reason == FETCH_FAILED and err.value.transient, err.value
         assert "download took over 1.5 s" in err.value.detail, err.value
         # The server saw the client hang up before its drip ended (not a timing assertion:
         # with no deadline the drip runs to its end).
