@@ -17,6 +17,7 @@ import zlib
 import pytest
 
 from pipelines.web import HttpError
+from tests.conftest import missing_tool
 from tests.pipelines.test_http_client import FakeTime, fresh_gates, make_client, send, serve  # noqa: F401
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -231,7 +232,7 @@ def tls(tmp_path, monkeypatch) -> tuple[ssl.SSLContext, str]:
     """A server context for 127.0.0.1 and the CA file that verifies it, made with ``openssl``.
     The environment's CA bundle variables would override a session's ``verify``."""
     if shutil.which("openssl") is None:
-        pytest.skip("no openssl to make a test certificate")
+        missing_tool("openssl is not installed (it makes the test certificate); .ci/run installs it")
 
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
