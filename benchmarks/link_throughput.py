@@ -100,7 +100,7 @@ def register(workdir: Path, data: Path, d_multi: int, word_dim: int, seed: int) 
     vocab = Vocabulary.build(WORDS, min_count=1)
     torch.manual_seed(seed)
     train = TrainConfig(data=str(data), d_multi=d_multi)
-    cfg = get_backbone(train.backbone).model_config(train, manifest, len(vocab), word_dim, [])
+    cfg = get_backbone(train.model_backbone).model_config(train, manifest, len(vocab), word_dim, [])
     model = build_model(cfg).eval()
     ckpt = workdir / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def register(workdir: Path, data: Path, d_multi: int, word_dim: int, seed: int) 
         model_uri = log_link_model(str(ckpt), vocab)
     version = mlflow.register_model(model_uri, "bench").version
     MlflowClient(uri).set_registered_model_alias("bench", "production", version)
-    return "models:/bench@production", cfg
+    return "models:/bench@production", {**cfg, "backbone": train.model_backbone}
 
 
 def small_copy(data: Path, out: Path, docs: int) -> Path:
@@ -257,7 +257,9 @@ def main() -> None:
         default=default_value(TrainConfig, "d_multi"),
         help="the model's joint width (default: `mmlinks train`'s; the demo trains 256)",
     )
-    ap.add_argument("--word-dim", type=int, default=50)
+    ap.add_argument(
+        "--word-dim", type=int, default=50, help="word vector width (TrainConfig's glove: GloVe 6B 50-d)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="repetitions; medians are reported")
     ap.add_argument("--workdir", default="")
@@ -282,7 +284,7 @@ def main() -> None:
         full = beam_run(data, work / "links", model, work, args)
         reps.append({"score": score, "score_assign": score_assign, "small": small_run, "full": full})
     out = report(args, reps, small_n, gen_s, load_s, threads)
-    out["model"] = {k: model_cfg[k] for k in ("d_multi", "word_dim", "text_pooling")} | {"backbone": "gru"}
+    out["model"] = {k: model_cfg[k] for k in ("backbone", "d_multi", "word_dim", "text_pooling")}
     print(json.dumps(out, indent=1))
 
 

@@ -42,15 +42,18 @@ class Chunk:
         return Chunk(self.key, [{k: v for k, v in d.items() if k != "features"} for d in self.docs])
 
 
+PICKLED_FIELD_BYTES = 64  # a rough pickled size of a sentence or a small field (ids, split, shard)
+
+
 class ChunkCoder(beam.coders.Coder):
     """How a runner moves a ``Chunk`` (pickle: numpy arrays inside dicts) and, the reason this
     coder exists, how it *sizes* one without encoding it.
 
     Beam samples the size of elements on every PCollection for its byte counters, and the
     default coder of a dict holding numpy arrays sizes one by pickling it whole: for this job
-    (large elements, few of them, so most are sampled) that was ~210 MB of pickling per 5,000
-    documents, about a tenth of the job's CPU, for a metric. Sizing from the arrays' ``nbytes``
-    gives the same counter without the copy."""
+    (large elements, few of them, so most are sampled) that was 209 MB of pickling per 5,000
+    documents, for a metric (docs/benchmarks.md, issue #16; its wall-time gain was within the
+    machine's noise). Sizing from the arrays' ``nbytes`` gives the counter without the copy."""
 
     def encode(self, value: Chunk) -> bytes:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
@@ -60,13 +63,14 @@ class ChunkCoder(beam.coders.Coder):
 
     def estimate_size(self, value: Chunk) -> int:
         return sum(
-            64 * (len(d["sentences"]) + 4) + getattr(d.get("features"), "nbytes", 0) for d in value.docs
+            PICKLED_FIELD_BYTES * (len(d["sentences"]) + 4) + getattr(d.get("features"), "nbytes", 0)
+            for d in value.docs
         )
 
     def is_deterministic(self) -> bool:
         return False  # never a key: chunks are only moved, never grouped by value
 
-    def to_type_hint(self):
+    def to_type_hint(self) -> type:
         return Chunk
 
 

@@ -123,7 +123,7 @@ class HttpFetcher:
         return self._session
 
     def fetch(self, uri: str, max_bytes: int) -> FetchResult:
-        with Deadline(self.max_seconds) as deadline:
+        with Deadline(self.max_seconds or None) as deadline:  # 0: no deadline
             try:
                 return self._fetch(uri, max_bytes, deadline)
             except (FetchFailed, requests.RequestException):

@@ -79,8 +79,9 @@ def short_state_sampling(period_ms: int = STATE_SAMPLING_MS) -> bool:
     10 ms, 0.06-0.23 s with 200, its total snapping to 0.2-s steps). Beam has no option for the
     period, so its constructor's default is changed, once per process; samplers already built
     keep theirs, worker processes (multi-processing, cluster runners) keep Beam's. A sampler
-    waking every 10 ms costs nothing measurable. Returns whether it was applied (False when a
-    Beam version no longer has that default)."""
+    waking every 10 ms costs nothing measurable. Returns whether the default is now
+    ``period_ms``: False when it is neither Beam's 200 ms nor ``period_ms`` (another Beam
+    version, or an earlier call with another period), which is then left alone."""
     from apache_beam.runners.worker import statesampler
 
     init = statesampler.StateSampler.__init__

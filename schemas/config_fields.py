@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
+from difflib import get_close_matches
 from typing import Any
 
 from schemas.errors import MmlinksError
@@ -149,14 +150,32 @@ def public_dict(obj) -> dict:
     return {k: v for k, v in dataclasses.asdict(obj).items() if k not in secret}
 
 
-def from_dict(cls, data: dict, *, what: str | None = None, ignore: Iterable[str] = ()):
-    """``cls(**data)`` refusing unknown keys by name (a typo is an error, not a silent default)."""
+def refuse_unknown(
+    cls,
+    data: dict,
+    *,
+    what: str | None = None,
+    ignore: Iterable[str] = (),
+    show_known: bool = True,
+    note: str = "",
+) -> None:
+    """Refuse keys of ``data`` that are not fields of ``cls``, by name, with the closest field
+    as a hint (a typo is an error, not a silent default); ``note`` ends the message."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names - set(ignore))
     if unknown:
-        raise MmlinksError(
-            f"unknown {what or cls.__name__} field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
-        )
+        hinted = [
+            f"{k} (did you mean {m[0]}?)" if (m := get_close_matches(k, names, 1)) else k for k in unknown
+        ]
+        known = f"; known: {', '.join(sorted(names))}" if show_known else ""
+        why = f" ({note})" if note else ""
+        raise MmlinksError(f"unknown {what or cls.__name__} field(s) {', '.join(hinted)}{known}{why}")
+
+
+def from_dict(cls, data: dict, *, what: str | None = None, ignore: Iterable[str] = ()):
+    """``cls(**data)`` refusing unknown keys by name (``refuse_unknown``)."""
+    refuse_unknown(cls, data, what=what, ignore=ignore)
+    names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})
 
 

@@ -8,7 +8,6 @@ up, a reader would lose the one place that lists every training option."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from difflib import get_close_matches
 
 from schemas.config_fields import option
 from training.backbone import DEFAULT_BACKBONE, backbone_names
@@ -496,18 +495,21 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict, *, strict: bool = False) -> TrainConfig:
         """A config from its dict. Saved configs (checkpoints, an older version's run) are read
-        leniently: keys this version no longer has are dropped. ``strict`` is for a config that
-        someone wrote or submitted (``python -m training.job --config``, a Ray job's payload): an
-        unknown key there is a typo, refused by name, not a setting silently left at its default."""
-        from schemas.errors import MmlinksError
+        leniently: keys this version no longer has are dropped. ``strict`` is for a config given
+        to ``python -m training.job --config`` (a hand-written file, a job submitted by hand): an
+        unknown key there is a typo, refused by name, not a setting silently left at its
+        default. A Ray job that ``orchestration.ray_jobs`` submits sends every field of the
+        submitter's TrainConfig, so a cluster running an older mmlinks than the submitter's
+        refuses the fields it does not know (the message says why) instead of training without
+        them."""
+        from schemas.config_fields import refuse_unknown
 
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names - {"similarity"})  # similarity: public_dict's alias
-        if strict and unknown:
-            hints = [
-                f"{k} (did you mean {m[0]}?)" if (m := get_close_matches(k, names, 1)) else k for k in unknown
-            ]
-            raise MmlinksError(f"unknown training config field(s): {', '.join(hints)}")
+        if strict:  # similarity: public_dict's alias of objective
+            note = "or is this mmlinks older than the one that wrote the config?"
+            refuse_unknown(
+                cls, data, what="training config", ignore={"similarity"}, show_known=False, note=note
+            )
         values = {k: v for k, v in data.items() if k in names}
         if "objective" not in values and data.get("similarity"):  # configs written before objectives
             values["objective"] = data["similarity"]

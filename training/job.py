@@ -61,7 +61,7 @@ def load_config(source: str):
         raise MmlinksError(f"--config {source}: not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise MmlinksError(f"--config {source}: expected a JSON object of TrainConfig fields")
-    cfg = TrainConfig.from_dict(data, strict=True)  # "unknown training config field(s): ..."
+    cfg = TrainConfig.from_dict(data, strict=True)
     cfg.validate()
     return cfg
 

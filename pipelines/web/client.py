@@ -328,7 +328,7 @@ class PoliteClient:
         backoff. A request cut off by it fails with the same transient failure wherever it was
         cut, and whatever it returned or raised is ignored (see ``pipelines.web.deadline``).
         """
-        with Deadline(self.policy.max_seconds) as deadline:
+        with Deadline(self.policy.max_seconds or None) as deadline:  # 0 or None: no deadline, as before
             try:
                 return self._exchange(url, headers, limit, deadline)
             except requests.exceptions.RequestException:

@@ -45,7 +45,9 @@ class Deadline:
 
     Use as a context manager around the request: on exit the timer is cancelled and the
     deadline forgets its sockets, so a connection the pool hands to a later request is never
-    shut down by this one's timer. The deadline holds duplicates (``os.dup``) of the sockets:
+    shut down by this one's timer, as long as one thread uses the session at a time (each
+    ``PoliteClient`` thread has its own session; an ``HttpFetcher`` shared by threads would not
+    keep that promise after a redirect hop). The deadline holds duplicates (``os.dup``) of the sockets:
     shutting a duplicate down ends the connection for every descriptor of it (also once TLS
     has taken the original socket object over), and closing it leaves the connection open.
     """
@@ -78,7 +80,11 @@ class Deadline:
             fd = os.dup(sock.fileno())
         except OSError:  # closed already: nothing to cut
             return
-        dup = socket.socket(fileno=fd)
+        try:
+            dup = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)
+            return
         with self._lock:
             if not self._done:
                 self._socks.append(dup)

@@ -5,6 +5,7 @@ import json
 import pickle
 from types import SimpleNamespace
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -174,19 +175,13 @@ def test_chunk_coder_round_trips_and_sizes_without_encoding(monkeypatch):
     back = coder.decode(coder.encode(chunk))
     assert back.key == "s#0" and [d["doc_id"] for d in back.docs] == ["a", "b"]
     np.testing.assert_array_equal(back.docs[1]["features"], chunk.docs[1]["features"])
-    assert beam_coder_for(Chunk).__class__ is ChunkCoder  # what Beam picks for a Chunk PCollection
+    assert isinstance(beam.coders.registry.get_coder(Chunk), ChunkCoder)  # a Chunk PCollection's
     monkeypatch.setattr(ChunkCoder, "encode", lambda *_: pytest.fail("sizing a chunk encoded it"))
     size = coder.get_impl().estimate_size(chunk)
     assert size >= (3 + 2) * 4 * 4  # at least the features' bytes
     scored = chunk.without_features()
     assert all("features" not in d for d in scored.docs) and "features" in chunk.docs[0]
     assert coder.get_impl().estimate_size(scored) < size
-
-
-def beam_coder_for(t):
-    import apache_beam as beam
-
-    return beam.coders.registry.get_coder(t)
 
 
 def test_write_link_shards_sorts_rows_and_is_byte_stable(tmp_path):

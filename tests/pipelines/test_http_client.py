@@ -994,3 +994,25 @@ def test_failure_details_do_not_carry_url_queries():
     with pytest.raises(HttpError) as err:
         client.get("http://127.0.0.1:9/x", params={"client_id": "K3Y"})
     assert "K3Y" not in str(err.value)
+
+
+@pytest.mark.parametrize("max_seconds", [0, None])
+def test_no_download_deadline_starts_no_timer(serve, max_seconds):
+    """``max_seconds`` 0 or None means no deadline, as before the whole-request deadline: the
+    request goes through and no timer thread is started for it."""
+    from pipelines.image_fetch import HttpFetcher
+    from pipelines.web.deadline import TIMER_NAME
+
+    body, timers = b"jpeg bytes", []
+
+    def fast(h):
+        timers.extend(t for t in threading.enumerate() if t.name == TIMER_NAME)  # while in flight
+        send(h, 200, body)
+
+    server = serve(fast)
+    client = make_client(server, max_retries=0, max_seconds=max_seconds, timeout=5.0)
+    assert client.get(server.url("/1.jpg"), use_cache=False).body == body
+    if max_seconds is not None:  # HttpFetcher's max_seconds is a number
+        fetcher = HttpFetcher(timeout=(5.0, 5.0), max_seconds=max_seconds)
+        assert fetcher.fetch(server.url("/2.jpg"), 1 << 20).data == body
+    assert timers == []
