@@ -17,7 +17,9 @@ Reported (medians of ``--repeats`` repetitions; each repetition runs the bare lo
 on a small copy and on the whole dataset, so both sides see the same neighbours):
 
 - ``beam``: ``linking.job.link_documents`` (``mmlinks link``'s function) on all documents. The
-  steady state is measured inside the run (``in_run_*``, in-process runs only): the documents
+  steady state is measured inside the run (``in_run_*``; in worker processes through a
+  ``sitecustomize`` hook they inherit, ``hook_workers``, from the moment every worker has linked
+  its first chunk, and without per-CPU figures): the documents
   after the first chunk over the time from the moment that chunk leaves ``LinkChunk`` to the
   job's return, so the rest of the reading, scoring, linking, shard writing and the commit are
   inside the window and the imports, model loads and pipeline start-up are not; start-up = the
@@ -144,6 +146,65 @@ def cpu_s() -> float:
 
 
 CHUNKS_DONE: list[tuple[float, float, int]] = []  # (wall, CPU, documents) as each chunk is linked
+WORKER_LOG_ENV = "MMLINKS_BENCH_CHUNK_LOG"
+
+# Loaded by every Python process started with the hook's folder first on PYTHONPATH (the job's
+# worker processes): it times LinkChunk there, as time_chunks does in this process, appending
+# "pid unix-time documents" per chunk to the file $MMLINKS_BENCH_CHUNK_LOG names (lines this
+# short are written whole by O_APPEND). Nothing in mmlinks itself knows about it.
+WORKER_HOOK = f"""
+import os, time
+if os.environ.get({WORKER_LOG_ENV!r}):
+    from linking import steps as _steps
+    _process = _steps.LinkChunk.process
+    def _timed(self, result):
+        yield from _process(self, result)
+        with open(os.environ[{WORKER_LOG_ENV!r}], "a") as f:
+            f.write(f"{{os.getpid()}} {{time.time()!r}} {{len(result.inference)}}\\n")
+    _steps.LinkChunk.process = _timed
+"""
+
+
+def hook_workers(work: Path) -> Path:
+    """Time the chunks in the job's worker processes (multi-process runs): a ``sitecustomize``
+    module on the PYTHONPATH the workers inherit. Returns the log file each run clears."""
+    hook = work / "worker-hook"
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "sitecustomize.py").write_text(WORKER_HOOK)
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(hook), root, os.environ.get("PYTHONPATH", "")])
+    log = work / "worker-chunks.log"
+    os.environ[WORKER_LOG_ENV] = str(log)
+    return log
+
+
+def worker_steady(log: Path, t0: float, t1: float) -> dict | None:
+    """The steady state of a multi-process run from its workers' chunk times (unix seconds;
+    ``t0``/``t1``: the run's start and return): from the moment *every* worker has linked its
+    first chunk to the job's return, the documents linked after it over that time. Per
+    CPU-second is not known per window here (the workers' CPU is only reaped at the end)."""
+    if not log.exists():
+        return None
+    rows = [line.split() for line in log.read_text().splitlines() if line.strip()]
+    chunks = sorted((float(t), pid, int(n)) for pid, t, n in rows)
+    firsts: dict[str, float] = {}
+    for t, pid, _ in chunks:
+        firsts.setdefault(pid, t)
+    start = max(firsts.values())
+    rest = sum(n for t, _, n in chunks if t > start)
+    if len(chunks) < 2 or rest == 0:
+        return None
+    rate = rest / (t1 - start)
+    before = sum(n for t, _, n in chunks if t <= start)
+    return {
+        "chunks": len(chunks),
+        "workers_seen": len(firsts),
+        "steady_docs_per_s": rate,
+        "steady_docs_per_cpu_s": None,
+        "start_up_s": (start - t0) - before / rate,  # to every worker's first chunk, less their share
+        "start_up_cpu_s": None,
+        "after_last_chunk_s": t1 - chunks[-1][0],
+    }
 
 
 def time_chunks() -> None:
@@ -162,7 +223,7 @@ def time_chunks() -> None:
     LinkChunk.process = timed
 
 
-def beam_run(data: Path, out: Path, model: str, workdir: Path, args) -> dict:
+def beam_run(data: Path, out: Path, model: str, workdir: Path, args, worker_log: Path | None = None) -> dict:
     """One ``link_documents`` run: its wall and CPU, and the in-run steady state: the documents
     after the first chunk over the time from that chunk's end to the job's return (so the rest
     of the reading, scoring, linking, the shard writing and the commit are all inside it, the
@@ -180,11 +241,15 @@ def beam_run(data: Path, out: Path, model: str, workdir: Path, args) -> dict:
         workdir=str(workdir),
     )
     CHUNKS_DONE.clear()
-    t0, c0 = time.perf_counter(), cpu_s()
+    if worker_log is not None:
+        worker_log.unlink(missing_ok=True)
+    u0, t0, c0 = time.time(), time.perf_counter(), cpu_s()
     result = link_documents(cfg)
-    t1, c1 = time.perf_counter(), cpu_s()
+    u1, t1, c1 = time.time(), time.perf_counter(), cpu_s()
     run = {"wall_s": t1 - t0, "cpu_s": c1 - c0, "summary": result.summary(), "in_run": None}
-    if len(CHUNKS_DONE) > 1:
+    if worker_log is not None:
+        run["in_run"] = worker_steady(worker_log, u0, u1)
+    elif len(CHUNKS_DONE) > 1:
         (w_first, c_first, n_first), (w_last, _, _) = CHUNKS_DONE[0], CHUNKS_DONE[-1]
         rest = sum(n for *_, n in CHUNKS_DONE[1:])
         rate, rate_cpu = rest / (t1 - w_first), rest / max(c1 - c_first, 1e-9)
@@ -276,12 +341,14 @@ def main() -> None:
     threads = os.cpu_count() or 1
     scorer, chunks, load_s = bare_setup(data, model, work, args.batch_docs, threads)
     time_chunks()
+    in_process = (args.direct_workers or os.cpu_count() or 1) == 1
+    worker_log = None if in_process else hook_workers(work)
     reps = []
     for _ in range(args.repeats):  # interleaved, so both sides see the same neighbours
         score = bare_round(scorer, chunks, assign=False)
         score_assign = bare_round(scorer, chunks, assign=True)
-        small_run = beam_run(small, work / "links-small", model, work, args)
-        full = beam_run(data, work / "links", model, work, args)
+        small_run = beam_run(small, work / "links-small", model, work, args, worker_log)
+        full = beam_run(data, work / "links", model, work, args, worker_log)
         reps.append({"score": score, "score_assign": score_assign, "small": small_run, "full": full})
     out = report(args, reps, small_n, gen_s, load_s, threads)
     out["model"] = {k: model_cfg[k] for k in ("backbone", "d_multi", "word_dim", "text_pooling")}
@@ -330,24 +397,21 @@ def report(args, reps: list[dict], small_n: int, gen_s: float, load_s: float, th
             "start_up_cpu_s",
             "after_last_chunk_s",
         ):
-            beam[f"in_run_{k}"] = round(
-                median([x[k] for x in in_run]), 2 if k.endswith("_s") and "docs" not in k else 1
-            )
+            values = [x[k] for x in in_run]
+            digits = 2 if k.endswith("_s") and "docs" not in k else 1
+            beam[f"in_run_{k}"] = None if None in values else round(median(values), digits)
         out["ratio_steady_vs_bare"] = round(
             beam["in_run_steady_docs_per_s"] / bare["score_assign_docs_per_s"], 3
         )
-        out["ratio_steady_vs_bare_cpu"] = round(
-            beam["in_run_steady_docs_per_cpu_s"] / bare["score_assign_docs_per_cpu_s"], 3
-        )
+        cpu = beam["in_run_steady_docs_per_cpu_s"]
+        out["ratio_steady_vs_bare_cpu"] = cpu and round(cpu / bare["score_assign_docs_per_cpu_s"], 3)
         out["ratio_per_repeat"] = [
             round(x["steady_docs_per_s"] / r["score_assign"][0], 3) for x, r in zip(in_run, reps, strict=True)
         ]
         out["ratio_steady_vs_bare_score"] = round(
             beam["in_run_steady_docs_per_s"] / bare["score_docs_per_s"], 3
         )
-        out["ratio_steady_vs_bare_score_cpu"] = round(
-            beam["in_run_steady_docs_per_cpu_s"] / bare["score_docs_per_cpu_s"], 3
-        )
+        out["ratio_steady_vs_bare_score_cpu"] = cpu and round(cpu / bare["score_docs_per_cpu_s"], 3)
         out["ratio_score_per_repeat"] = [
             round(x["steady_docs_per_s"] / r["score"][0], 3) for x, r in zip(in_run, reps, strict=True)
         ]
