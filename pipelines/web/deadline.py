@@ -134,26 +134,27 @@ def _watch(sock: socket.socket | None) -> None:
         deadline.watch(sock)
 
 
-class _DeadlineHTTPConnection(HTTPConnection):
+class _Watched:
+    """A urllib3 connection that registers its socket with the thread's active deadline when it
+    opens one (before any TLS handshake) and before it reads each response (a pooled connection
+    is connected already). Mixed in before HTTPConnection or HTTPSConnection."""
+
     def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
+        sock = super()._new_conn()  # type: ignore[misc]
         _watch(sock)
         return sock
 
-    def getresponse(self) -> BaseHTTPResponse:  # type: ignore[override]
-        _watch(self.sock)
-        return super().getresponse()
+    def getresponse(self) -> BaseHTTPResponse:
+        _watch(self.sock)  # type: ignore[attr-defined]
+        return super().getresponse()  # type: ignore[misc]
 
 
-class _DeadlineHTTPSConnection(HTTPSConnection):
-    def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
-        _watch(sock)
-        return sock
+class _DeadlineHTTPConnection(_Watched, HTTPConnection):
+    pass
 
-    def getresponse(self) -> BaseHTTPResponse:  # type: ignore[override]
-        _watch(self.sock)
-        return super().getresponse()
+
+class _DeadlineHTTPSConnection(_Watched, HTTPSConnection):
+    pass
 
 
 class _DeadlineHTTPConnectionPool(HTTPConnectionPool):
