@@ -172,7 +172,8 @@ def hook_workers(work: Path) -> Path:
     hook.mkdir(parents=True, exist_ok=True)
     (hook / "sitecustomize.py").write_text(WORKER_HOOK)
     root = str(Path(__file__).resolve().parents[1])
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(hook), root, os.environ.get("PYTHONPATH", "")])
+    given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(hook), root, *given])
     log = work / "worker-chunks.log"
     os.environ[WORKER_LOG_ENV] = str(log)
     return log

@@ -191,11 +191,13 @@ class ReadChunks(beam.DoFn):
     each row group in file order (the dataset sorts shards by doc id), plus dead letters.
 
     A unit's row groups are decoded in parallel, one thread each, before its first chunk goes
-    on to be scored: decoding the nested feature column (ZSTD pages, list levels: ~0.8 CPU-s
-    per 5,000 documents of 1280-d features) is most of what the job does besides the model, it
-    runs in Arrow without the GIL, and between the model's passes the other cores are idle.
-    Decoding ahead *while* the model runs was tried (a read-ahead thread): it slowed the model's
-    threads more than it saved. Chunks, their order and so the output bytes are a plain loop's."""
+    on to be scored: decoding the nested feature column (LZ4 pages, list levels: ~0.3 CPU-s per
+    5,000 documents of 1280-d features on the 2-core machine of docs/benchmarks.md, issue #16)
+    is most of what the job does besides the model, it runs in Arrow without the GIL, and
+    between the model's passes the other cores are idle. Decoding ahead *while* the model runs
+    was tried (a read-ahead thread at normal priority, nice 19 and SCHED_IDLE): each slowed the
+    model's threads more than it saved. Chunks, their order and so the output bytes are a plain
+    loop's."""
 
     def __init__(self, data_dir: str, batch_docs: int, limits: tuple[int, int, int], evaluate: bool = True):
         self.data_dir, self.batch_docs, self.limits = data_dir, batch_docs, limits
