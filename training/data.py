@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from schemas.feature_bytes import decode_features
 from training.text import Vocabulary
 
 TRAINING_COLUMNS = ["doc_id", "sentences", "images", "links"]
@@ -45,8 +46,9 @@ class DocBatch:
 
 def features_of(table: pa.Table) -> tuple[list[np.ndarray], list[int]]:
     """Per-document feature matrices from the nested ``images`` column, without Python loops
-    over individual floats."""
-    images = table.column("images").combine_chunks()
+    over individual floats (a table read straight from a shard is decoded first:
+    ``schemas.feature_bytes``)."""
+    images = decode_features(table).column("images").combine_chunks()
     counts = pc.list_value_length(images).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = pc.list_flatten(images)
     feats = pc.struct_field(flat, "features")

@@ -120,7 +120,14 @@ def training_dataset(paths: list[str], cache: str, extra_columns: tuple[str, ...
         from schemas.shards import read_table
 
         return ray.data.from_arrow([read_table([p], columns=columns) for p in paths])
-    ds = ray.data.read_parquet(paths, columns=columns)
+    import pyarrow.parquet as pq
+
+    from schemas.feature_bytes import decode_features, shard_feature_dtype
+
+    dtype = shard_feature_dtype(pq.read_schema(paths[0]))  # one dataset: one dtype (manifest)
+    ds = ray.data.read_parquet(paths, columns=columns).map_batches(
+        decode_features, batch_format="pyarrow", fn_kwargs={"dtype": dtype}, zero_copy_batch=True
+    )
     if cache == "yes" or (cache == "auto" and size <= CACHE_LIMIT_BYTES):
         ds = ds.materialize()
     return ds

@@ -24,6 +24,7 @@ import numpy as np
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from schemas.document import same_features
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
@@ -257,8 +258,9 @@ def model_family(params: dict) -> str:
 
 
 def check_run_params(params: dict, manifest: Manifest, what: str, dataset: str = "dataset") -> None:
-    """Refuse a training run's model for a dataset of another schema version or feature
-    extractor (``what`` names the model in the one-line error)."""
+    """Refuse a training run's model for a dataset of another feature extractor, or of a schema
+    version whose features differ (``schemas.document.same_features``; ``what`` names the model
+    in the one-line error)."""
     want = {
         "schema_version": str(manifest.schema_version),
         "feature_extractor": f"{manifest.feature_extractor.name}@{manifest.feature_extractor.version}",
@@ -272,7 +274,9 @@ def check_run_params(params: dict, manifest: Manifest, what: str, dataset: str =
         )
     for key, expected in want.items():
         got = params.get(key)
-        if got != expected:
+        # a model trained on v2 features reads v3 ones: the same values, stored otherwise
+        fits = same_features(got, expected) if key == "schema_version" else got == expected
+        if not fits:
             raise MmlinksError(f"{what} was trained with {key}={got}, but the {dataset} has {expected}")
 
 

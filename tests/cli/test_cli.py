@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from schemas.document import SCHEMA_VERSION
+
 MMLINKS = shutil.which("mmlinks", path=str(Path(sys.executable).parent)) or "mmlinks"
 
 
@@ -73,7 +75,7 @@ def test_inspect_prints_the_manifest(dataset):
     assert json.loads(proc.stdout) == json.loads((dataset / "manifest.json").read_text())
     m = json.loads(proc.stdout)
     human = run("data", "inspect", str(dataset)).stdout
-    assert f"dataset {m['dataset_version']} (schema v2)" in human
+    assert f"dataset {m['dataset_version']} (schema v{SCHEMA_VERSION})" in human
     for split, n in m["counts"]["splits"].items():  # the split table: name, documents, shards
         assert any(line.split()[:2] == [split, str(n)] for line in human.splitlines())
     for reason, n in m["counts"]["dropped"].items():
@@ -110,9 +112,11 @@ def test_unknown_schema_version_shards_are_refused(dataset, tmp_path):
     shutil.copytree(dataset, copy)
     shard = next((copy / "versions").glob("*/train-*.parquet"))
     table = pq.read_table(shard)
-    meta = {**table.schema.metadata, b"mmlinks.schema_version": b"3"}
+    meta = {**table.schema.metadata, b"mmlinks.schema_version": str(SCHEMA_VERSION + 1).encode()}
     pq.write_table(pa.Table.from_batches(table.to_batches(), table.schema.with_metadata(meta)), shard)
-    _one_line_error(run("train", "--data", str(copy), "--epochs", "1"), "schema version 3")
+    _one_line_error(
+        run("train", "--data", str(copy), "--epochs", "1"), f"schema version {SCHEMA_VERSION + 1}"
+    )
 
 
 @pytest.mark.slow

@@ -73,3 +73,14 @@ def test_another_extractor_or_schema_is_refused_naming_both():
         MmlinksError, match=f"trained with schema_version=1, but the dataset has {SCHEMA_VERSION}"
     ):
         check_model_fits(_model({**FITS, "schema_version": "1"}), _manifest())
+
+
+def test_a_model_trained_on_v2_features_fits_a_v3_dataset():
+    """Schema v3 stores v2's feature values as bytes: a production model trained before the
+    change links migrated datasets; v1 (another region layout) stays refused."""
+    assert SCHEMA_VERSION == 3
+    check_model_fits(_model({**FITS, "schema_version": "2"}), _manifest())
+    with pytest.raises(MmlinksError, match="trained with schema_version=1"):
+        check_model_fits(_model({**FITS, "schema_version": "1"}), _manifest())
+    with pytest.raises(MmlinksError, match="trained with schema_version=4"):
+        check_model_fits(_model({**FITS, "schema_version": "4"}), _manifest())

@@ -5,6 +5,7 @@ from collections import Counter
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -14,7 +15,7 @@ from pipelines.build_config import BuildConfig
 from pipelines.commit import dead_letters
 from pipelines.splits import assign_split
 from schemas.manifest import Manifest
-from schemas.shards import read_documents
+from schemas.shards import read_documents, read_table
 
 
 def test_manifest_accounts_for_every_input_document(dataset, corpus):
@@ -192,6 +193,8 @@ def test_bounded_float16_fixed_size_build_and_version_retention(corpus, dataset,
     assert m.counts["dropped"]["document:near_duplicate"] == 1
     assert "dup-a" in {d.doc_id for d in docs} and "dup-b" not in {d.doc_id for d in docs}
     field = pq.read_schema(tmp_path / m.shards[0].path).field("images").type.value_type.field("features")
+    assert field.type == pa.binary()  # float16 values as bytes (schema v3); read as float16 lists
+    field = read_table([tmp_path / m.shards[0].path]).schema.field("images").type.value_type.field("features")
     assert str(field.type) == "list<element: halffloat>"
 
     # Versions: a rebuild with other parameters keeps the version it replaced; one more prunes.

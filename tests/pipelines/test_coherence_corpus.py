@@ -15,6 +15,7 @@ from pipelines.coherence_corpus import (
     generate_pair,
     write_coherence_corpus,
 )
+from schemas.document import SCHEMA_VERSION
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest, pair_relations
 
@@ -68,7 +69,7 @@ def test_synthetic_source_reads_the_vocabulary(tmp_path):
 
 def _manifest(**extra) -> dict:
     return {
-        "schema_version": 2,
+        "schema_version": SCHEMA_VERSION,
         "dataset_version": "v",
         "source": "synthetic",
         "counts": {},

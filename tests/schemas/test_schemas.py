@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.document import META_VERSION_KEY, Document, ImageRecord, RegionFeatures, document_schema
+from schemas.document import (
+    META_VERSION_KEY,
+    SCHEMA_VERSION,
+    Document,
+    ImageRecord,
+    RegionFeatures,
+    document_schema,
+)
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.migrate import migrate_dataset
@@ -87,7 +94,7 @@ def test_manifest_errors_are_one_line_messages(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(MmlinksError, match="cannot read manifest"):
         Manifest.read(tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 2}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION}))
     with pytest.raises(MmlinksError, match="malformed"):
         Manifest.read(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 7}))
@@ -160,9 +167,12 @@ def test_float16_storage_is_read_back_as_float32_by_training(tmp_path):
     doc = make_doc()
     doc.images[0].features = [0.1, 1 / 3]
     write_shard(tmp_path / "h.parquet", [doc], feature_dtype="float16")
-    assert pq.read_schema(tmp_path / "h.parquet").field("images").type.value_type.field("features").type == (
-        pa.list_(pa.float16())
+    stored = pq.read_table(tmp_path / "h.parquet").column("images")[0][0]["features"]
+    assert stored.type == pa.binary() and len(stored.as_py()) == 2 * 2  # two float16 values
+    features_type = (
+        read_table([tmp_path / "h.parquet"]).schema.field("images").type.value_type.field("features")
     )
+    assert features_type.type.value_type == pa.float16()
     feats, counts = features_of(read_table([tmp_path / "h.parquet"]))
     assert counts == [2] and feats[0].dtype == np.float32
     np.testing.assert_array_equal(feats[0][0], np.asarray([0.1, 1 / 3], np.float16).astype(np.float32))
@@ -227,8 +237,71 @@ def test_v1_datasets_are_refused_then_migrated(tmp_path):
     with pytest.raises(MmlinksError, match="mmlinks data migrate"):
         Manifest.read(tmp_path)
     m, changed = migrate_dataset(tmp_path)
-    assert changed and m.schema_version == 2
+    assert changed and m.schema_version == SCHEMA_VERSION
     assert Manifest.read(tmp_path) == m
     assert read_documents(m.shard_paths(tmp_path)) == docs  # scores were absent in v1: null now
     assert (tmp_path / m.dead_letter).read_text().startswith('{"kind": "image"')
     assert migrate_dataset(tmp_path) == (m, False)  # idempotent
+
+
+def _write_v2_dataset(directory, docs, dtype):
+    """A dataset exactly as mmlinks wrote schema v2: features as ``list<float>`` (float16 ones
+    too), one shard under versions/."""
+    import hashlib
+
+    table = documents_to_table(docs, dtype)  # the logical layout is v2's stored one
+    table = table.replace_schema_metadata({**table.schema.metadata, META_VERSION_KEY: b"2"})
+    shard = directory / "versions" / "old" / "train-00000.parquet"
+    shard.parent.mkdir(parents=True)
+    pq.write_table(table, shard)
+    data = shard.read_bytes()
+    manifest = {
+        "schema_version": 2,
+        "dataset_version": "old",
+        "source": "synthetic",
+        "counts": {"splits": {"train": len(docs)}},
+        "feature_extractor": {"name": "efficientnet-lite0", "version": "imagenet-57934424", "dim": 2},
+        "feature_dtype": dtype,
+        "shards": [
+            {
+                "path": "versions/old/train-00000.parquet",
+                "split": "train",
+                "rows": len(docs),
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        ],
+        "build_params": {"source": "synthetic"},
+    }
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return shard
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_v2_datasets_are_refused_then_migrated_to_feature_bytes(tmp_path, dtype):
+    docs = [make_doc("d1"), make_doc("d2", links=None)]
+    docs[1].images[0].features = None  # an image without features stays without
+    old_shard = _write_v2_dataset(tmp_path, docs, dtype)
+    with pytest.raises(MmlinksError, match=r"schema version 2.*mmlinks data migrate"):
+        read_table([old_shard])
+    m, changed = migrate_dataset(tmp_path)
+    assert changed and m.schema_version == SCHEMA_VERSION and m.feature_dtype == dtype
+    assert m.build_params["migrated_from"] == {"schema_version": 2, "dataset_version": "old"}
+    (path,) = m.shard_paths(tmp_path)
+    assert pq.read_schema(path).field("images").type.value_type.field("features").type == pa.binary()
+    assert pq.read_schema(path).metadata[b"mmlinks.feature_dtype"] == dtype.encode()
+    # the same values (float16 ones as stored), whichever layout they came from
+    assert read_documents([path]) == read_documents_as_v2(old_shard)
+    assert read_table([path]).equals(read_table_as_v2(old_shard))
+    assert old_shard.exists()  # the old version stays for old code until a build prunes it
+    assert migrate_dataset(tmp_path) == (m, False)
+
+
+def read_table_as_v2(path):
+    """A v2 shard read with no version check: what v2 code read."""
+    t = pq.read_table(path)
+    return t.replace_schema_metadata({**t.schema.metadata, META_VERSION_KEY: str(SCHEMA_VERSION).encode()})
+
+
+def read_documents_as_v2(path):
+    return [Document.from_row(r) for r in read_table_as_v2(path).to_pylist()]

@@ -11,7 +11,7 @@ import pytest
 
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
-from schemas.shards import read_table
+from schemas.shards import read_table, table_shard_bytes
 from tests.conftest import resign_manifest, small_train_config, tracking_uri
 from training.checkpoints import IncompatibleResumeError, check_resumable
 from training.config import TrainConfig
@@ -157,11 +157,11 @@ def test_killed_worker_resumes_and_a_restarted_job_continues_to_the_uninterrupte
 
 def _poison_train_features(data: Path) -> None:
     for path in Manifest.read(data).shard_paths(data, "train"):
-        table = pq.read_table(path)
+        table = read_table([path])
         rows = table.to_pylist()
         for im in rows[0]["images"]:
             im["features"] = [float("nan")] * len(im["features"])
-        pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+        path.write_bytes(table_shard_bytes(pa.Table.from_pylist(rows, schema=table.schema)))
     resign_manifest(data)  # poisoned on purpose: a rewrite the manifest knows of
 
 

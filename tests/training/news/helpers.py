@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from schemas.document import Document, ImageRecord
+from schemas.document import SCHEMA_VERSION, Document, ImageRecord
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
 from schemas.shards import write_shard
 from training.checkpoints import CHECKPOINT_FILE
@@ -47,7 +47,7 @@ def write_news_dataset(folder: Path) -> tuple[Path, list[Document]]:
         )
         shards.append(ShardInfo(f"{split}-00000.parquet", split, rows, size, sha))
     Manifest(
-        schema_version=2,
+        schema_version=SCHEMA_VERSION,
         dataset_version=Manifest.version_id(shards, {}),
         source="news-jsonl",
         counts={

@@ -1,0 +1,144 @@
+"""How a shard stores each image's global feature vector: one little-endian byte string.
+
+Schema v3 stores ``images.features`` as ``binary`` (D float32 or float16 values, per the shard's
+``mmlinks.feature_dtype`` metadata) instead of v2's ``list<float>``. The values are the same; a
+Parquet reader no longer decodes a repetition and a definition level per float, which was most
+of what reading a shard cost (5,000 documents of ~6.5 x 1,280 floats: ~54 -> ~20 CPU-us per
+document, docs/benchmarks.md, issue #16; every reader of features gains, the link job and
+training alike). ``fixed_size_list<float>`` was measured too: Parquet stores it as a list, with
+the same levels (~51 us).
+
+Readers see the logical layout (``list<float>``, as ``document_schema`` describes it) through
+``decode_features``, which is nearly free: the values are viewed in place, only the offsets are
+divided by the item size. ``encode_features`` is its inverse, used by the shard writer. Outside
+mmlinks, ``numpy.frombuffer(value, "<f4")`` (``"<f2"`` for float16 shards) reads one vector.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.document import FEATURE_DTYPES, META_DTYPE_KEY
+from schemas.errors import MmlinksError
+
+FEATURES_FIELD = "features"
+STORED_TYPE = pa.binary()
+LIST_ITEM = "element"  # the item name Parquet readers give list values (so decoded = v2 as read)
+
+
+def shard_feature_dtype(schema: pa.Schema) -> str:
+    """The feature dtype a shard's schema metadata names (float32 when absent: v1 shards)."""
+    raw = (schema.metadata or {}).get(META_DTYPE_KEY, b"float32").decode()
+    if raw not in FEATURE_DTYPES:
+        raise MmlinksError(f"unknown feature dtype {raw!r} in the shard metadata")
+    return raw
+
+
+def _itemsize(dtype: str) -> int:
+    return 2 if dtype == "float16" else 4
+
+
+def _mask(arr: pa.Array) -> pa.Array | None:
+    return pc.is_null(arr) if arr.null_count else None
+
+
+def vectors_to_bytes(vectors: pa.Array, dtype: str) -> pa.Array:
+    """``list<float>`` vectors (one per image; null = no features) -> ``binary`` byte strings of
+    the same values, little-endian. Raises MmlinksError on a null value inside a vector."""
+    np_dtype = np.dtype(np.float16 if dtype == "float16" else np.float32).newbyteorder("<")
+    offsets = np.asarray(vectors.offsets, np.int64)  # respects the array's own offset
+    flat = vectors.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    if flat.null_count:
+        raise MmlinksError("a feature vector holds a null value; features must be numbers")
+    values = flat.to_numpy(zero_copy_only=False).astype(np_dtype, copy=False)
+    size = np_dtype.itemsize
+    byte_offsets = pa.array(((offsets - offsets[0]) * size).astype(np.int32), pa.int32())
+    data = pa.py_buffer(np.ascontiguousarray(values).tobytes())
+    out = pa.BinaryArray.from_buffers(STORED_TYPE, len(vectors), [None, byte_offsets.buffers()[1], data])
+    mask = _mask(vectors)
+    return out if mask is None else pc.if_else(mask, pa.scalar(None, STORED_TYPE), out)
+
+
+def bytes_to_vectors(stored: pa.Array, dtype: str) -> pa.Array:
+    """``binary`` byte strings -> ``list<float>`` vectors, the values viewed in place (no copy).
+    Raises MmlinksError when a byte string is not a whole number of values."""
+    if sys.byteorder != "little":  # Arrow's floats are native-endian; the bytes are little-endian
+        raise MmlinksError("reading stored feature vectors needs a little-endian machine")
+    size = _itemsize(dtype)
+    offsets = np.frombuffer(stored.buffers()[1], np.int32)[stored.offset : stored.offset + len(stored) + 1]
+    if len(offsets) == 0:
+        offsets = np.zeros(1, np.int32)
+    if (offsets % size).any():  # absolute: the values viewed in place stay aligned
+        raise MmlinksError(f"a stored feature vector is not a whole number of {dtype} values")
+    start, stop = int(offsets[0]), int(offsets[-1])
+    data = stored.buffers()[2]
+    values = pa.Array.from_buffers(
+        FEATURE_DTYPES[dtype],
+        (stop - start) // size,
+        [None, None if data is None else data.slice(start, stop - start)],
+    )
+    list_offsets = pa.array((offsets - offsets[0]) // size, pa.int32())
+    return pa.ListArray.from_arrays(
+        list_offsets, values, type=pa.list_(pa.field(LIST_ITEM, FEATURE_DTYPES[dtype])), mask=_mask(stored)
+    )
+
+
+def _map_images(column: pa.ChunkedArray, convert, to_type: pa.DataType) -> pa.ChunkedArray:
+    """Apply ``convert`` (-> ``to_type``) to the ``features`` field of every image of an
+    ``images`` column."""
+    struct = column.type.value_type
+    fields = [f.with_type(to_type) if f.name == FEATURES_FIELD else f for f in struct]
+    list_type = pa.list_(column.type.value_field.with_type(pa.struct(fields)))
+    return pa.chunked_array([_map_chunk(chunk, convert, list_type) for chunk in column.chunks], list_type)
+
+
+def _map_chunk(images: pa.ListArray, convert, list_type: pa.DataType) -> pa.ListArray:
+    struct = images.values  # every image of the chunk (the list's offsets index into it)
+    children = [struct.field(i) for i in range(struct.type.num_fields)]  # adjusted for its offset
+    children = [
+        convert(c) if f.name == FEATURES_FIELD else c for f, c in zip(struct.type, children, strict=True)
+    ]
+    rebuilt = pa.StructArray.from_arrays(children, fields=list(list_type.value_type), mask=_mask(struct))
+    return pa.ListArray.from_arrays(images.offsets, rebuilt, type=list_type, mask=_mask(images))
+
+
+def _has_features(table: pa.Table) -> bool:
+    if "images" not in table.column_names:
+        return False
+    struct = table.schema.field("images").type.value_type
+    return pa.types.is_struct(struct) and struct.get_field_index(FEATURES_FIELD) >= 0
+
+
+def _replace_images(table: pa.Table, column: pa.ChunkedArray) -> pa.Table:
+    i = table.schema.get_field_index("images")
+    field = table.schema.field(i).with_type(column.type)
+    return table.set_column(i, field, column).replace_schema_metadata(table.schema.metadata)
+
+
+def decode_features(table: pa.Table, dtype: str | None = None) -> pa.Table:
+    """A table as read from a v3 shard -> the logical layout (``images.features`` as
+    ``list<float>``). ``dtype`` defaults to the table's metadata; a table already in the
+    logical layout, or without the features field, is returned as is."""
+    if not _has_features(table):
+        return table
+    stored = table.schema.field("images").type.value_type.field(FEATURES_FIELD).type
+    if not pa.types.is_binary(stored):
+        return table
+    dtype = dtype or shard_feature_dtype(table.schema)
+    to_type = pa.list_(pa.field(LIST_ITEM, FEATURE_DTYPES[dtype]))
+    return _replace_images(
+        table, _map_images(table.column("images"), lambda a: bytes_to_vectors(a, dtype), to_type)
+    )
+
+
+def encode_features(table: pa.Table, dtype: str) -> pa.Table:
+    """A table in the logical layout -> the stored one (``images.features`` as ``binary``)."""
+    if not _has_features(table):
+        return table
+    return _replace_images(
+        table, _map_images(table.column("images"), lambda a: vectors_to_bytes(a, dtype), STORED_TYPE)
+    )

@@ -1,0 +1,86 @@
+"""Feature vectors stored as bytes (schema v3): the conversions against a per-vector oracle."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.errors import MmlinksError
+from schemas.feature_bytes import bytes_to_vectors, decode_features, encode_features, vectors_to_bytes
+
+NP = {"float32": np.float32, "float16": np.float16}
+ARROW = {"float32": pa.float32(), "float16": pa.float16()}
+
+floats = st.floats(-1e4, 1e4, allow_nan=False, width=16)  # exact in float16 and float32
+vectors = st.lists(st.none() | st.lists(floats, max_size=5), max_size=8)
+
+
+def sliced(arr: pa.Array, data) -> pa.Array:
+    """``arr`` or a slice of it: readers meet arrays with offsets (table slices, batches)."""
+    start = data.draw(st.integers(0, len(arr)))
+    return arr.slice(start, data.draw(st.integers(0, len(arr) - start)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(vectors, st.sampled_from(["float32", "float16"]), st.data())
+def test_vectors_to_bytes_stores_each_vector_as_its_little_endian_values(rows, dtype, data):
+    arr = sliced(pa.array(rows, pa.list_(ARROW[dtype])), data)
+    stored = vectors_to_bytes(arr, dtype)
+    oracle = [
+        None if v is None else np.asarray(v, np.dtype(NP[dtype]).newbyteorder("<")).tobytes()
+        for v in arr.to_pylist()
+    ]
+    assert stored.type == pa.binary() and stored.to_pylist() == oracle
+
+
+@settings(max_examples=150, deadline=None)
+@given(vectors, st.sampled_from(["float32", "float16"]), st.data())
+def test_bytes_to_vectors_inverts_it_on_sliced_arrays(rows, dtype, data):
+    oracle = [None if v is None else np.asarray(v, NP[dtype]).tobytes() for v in rows]
+    stored = sliced(pa.array(oracle, pa.binary()), data)
+    back = bytes_to_vectors(stored, dtype)
+    expected = [None if b is None else np.frombuffer(b, NP[dtype]).tolist() for b in stored.to_pylist()]
+    assert back.to_pylist() == expected
+    assert back.type.value_type == ARROW[dtype]
+
+
+def _images_table(docs: list[list[list[float] | None]], dtype: str) -> pa.Table:
+    image = pa.struct(
+        [pa.field("content_id", pa.string(), nullable=False), pa.field("features", pa.list_(ARROW[dtype]))]
+    )
+    rows = [[{"content_id": f"c{i}", "features": f} for i, f in enumerate(doc)] for doc in docs]
+    return pa.table({"doc_id": [str(i) for i in range(len(docs))], "images": pa.array(rows, pa.list_(image))})
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(st.none() | st.lists(floats, max_size=4), max_size=3), max_size=6),
+    st.sampled_from(["float32", "float16"]),
+    st.data(),
+)
+def test_a_table_round_trips_through_the_stored_layout(docs, dtype, data):
+    table = _images_table(docs, dtype)
+    start = data.draw(st.integers(0, table.num_rows))
+    table = table.slice(start, data.draw(st.integers(0, table.num_rows - start)))
+    stored = encode_features(table, dtype)
+    assert stored.schema.field("images").type.value_type.field("features").type == pa.binary()
+    back = decode_features(stored, dtype)
+    assert back.column("images").to_pylist() == table.column("images").to_pylist()
+    assert back.column("doc_id").equals(table.column("doc_id"))
+    assert decode_features(back, dtype) is back  # already logical: unchanged
+
+
+def test_tables_without_image_features_pass_through():
+    t = pa.table({"doc_id": ["a"], "sentences": [["x"]]})
+    assert decode_features(t) is t and encode_features(t, "float32") is t
+
+
+def test_a_byte_string_that_is_not_whole_values_is_refused():
+    with pytest.raises(MmlinksError, match="not a whole number of float32 values"):
+        bytes_to_vectors(pa.array([b"\x00" * 6], pa.binary()), "float32")
+
+
+def test_a_null_inside_a_vector_is_refused():
+    with pytest.raises(MmlinksError, match="null value"):
+        vectors_to_bytes(pa.array([[1.0, None]], pa.list_(pa.float32())), "float32")
