@@ -18,11 +18,10 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipelines import fileio
 from pipelines.records import count, dead_letter
-from schemas.feature_bytes import decode_features
+from schemas.feature_bytes import decode_features, feature_values
 from schemas.links import link_shard_bytes
 from schemas.manifest import ShardInfo
 
@@ -91,7 +90,7 @@ def check_document(doc: dict, dim: int, max_sentences: int, max_images: int) -> 
     if feats.ndim != 2 or feats.shape[1] != dim:
         width = feats.shape[1] if feats.ndim == 2 else "ragged"
         return "wrong_feature_width", f"features of width {width}, the model takes {dim}"
-    if not np.isfinite(feats).all():
+    if not doc.get("finite") and not np.isfinite(feats).all():
         return "non_finite_features", "NaN or infinity in the image features"
     return None
 
@@ -107,31 +106,27 @@ def _features(images: list[dict]) -> np.ndarray:
     return np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)
 
 
-def feature_matrices(table: pa.Table) -> list[np.ndarray]:
-    """Per-document [m, D] float32 feature matrices of a table's ``images`` column, decoded in
-    bulk: one flatten of the nested column, the float values viewed in place (no copy when the
-    column has no nulls, as the shards' float32 features have not) and split per document.
+def feature_matrices(table: pa.Table) -> tuple[list[np.ndarray], bool]:
+    """(per-document [m, D] float32 feature matrices of a table's ``images``, whether every
+    value is finite), read in bulk (``schemas.feature_bytes.feature_values``: the stored bytes
+    viewed in place, no copy for float32 shards) and cut per document with plain slices.
     ``training.data.features_of`` does the same for training but copies (``astype``) so that
-    its arrays are writable; linking only reads them, and that copy was a tenth of the job's
-    read time. Raises ValueError when the widths differ inside the table."""
-    images = decode_features(table).column("images").combine_chunks()
-    counts = pc.list_value_length(images).to_numpy(zero_copy_only=False).astype(np.int64)
-    feats = pc.struct_field(pc.list_flatten(images), "features")
-    dim = pc.list_value_length(feats)
-    if len(dim) == 0:  # no document of the table has an image
-        return [np.zeros((0, 0), np.float32) for _ in counts]
-    d = int(pc.max(dim).as_py() or 0)
-    if pc.min(dim).as_py() != d:
-        raise ValueError("images in one table have feature vectors of different lengths")
-    values = pc.list_flatten(feats).to_numpy(zero_copy_only=False)
-    values = values.astype(np.float32, copy=False).reshape(-1, d)
-    return np.split(values, np.cumsum(counts)[:-1])
+    its arrays are writable; linking only reads them. Finiteness is checked once per table
+    (one numpy pass) rather than per document. Raises ValueError when the widths differ
+    inside the table or an image has no features."""
+    values, counts = feature_values(table)
+    values = values.astype(np.float32, copy=False)
+    ends = np.cumsum(counts).tolist()
+    starts = [0, *ends[:-1]]
+    return [values[a:b] for a, b in zip(starts, ends, strict=True)], bool(np.isfinite(values).all())
 
 
 def documents_of_table(table: pa.Table, shard: str) -> list[dict]:
-    """Shard rows -> document dicts; features decoded per table (``feature_matrices``), row by
-    row only when widths differ inside the table (such documents are dead-lettered later). A
-    table without a ``links`` column (read without it: no evaluation) gives ``links`` None."""
+    """Shard rows (features stored or logical) -> document dicts; features read per table
+    (``feature_matrices``), row by row only when widths differ inside the table (such documents
+    are dead-lettered later). A table without a ``links`` column (read without it: no
+    evaluation) gives ``links`` None. ``finite`` True: every feature value of the document is
+    known finite (``check_document`` skips its own pass)."""
     ids = table.column("doc_id").to_pylist()
     sentences = table.column("sentences").to_pylist()
     splits = table.column("split").to_pylist()
@@ -143,11 +138,20 @@ def documents_of_table(table: pa.Table, shard: str) -> list[dict]:
     else:
         links = [None] * len(ids)
     try:
-        feats = feature_matrices(table)
+        feats, finite = feature_matrices(table)
     except ValueError:  # mixed feature widths in this table
-        feats = [_features(images) for images in table.column("images").to_pylist()]
+        images = decode_features(table).column("images").to_pylist()
+        feats, finite = [_features(ims) for ims in images], False
     return [
-        {"doc_id": d, "split": sp, "sentences": s, "features": f, "links": lk, "shard": shard}
+        {
+            "doc_id": d,
+            "split": sp,
+            "sentences": s,
+            "features": f,
+            "links": lk,
+            "shard": shard,
+            "finite": finite,
+        }
         for d, sp, s, f, lk in zip(ids, splits, sentences, feats, links, strict=True)
     ]
 
@@ -223,7 +227,7 @@ class ReadChunks(beam.DoFn):
 
     def decode(self, path: str, name: str, group: int) -> list[list[dict]]:
         """One row group -> its documents, ``batch_docs`` at a time."""
-        with fileio.open_read(fileio.join(self.data_dir, path)) as fh:
+        with fileio.open_read_arrow(fileio.join(self.data_dir, path)) as fh:
             tables = shard_tables(fh, self.batch_docs, self.columns, [group])
             return [documents_of_table(t, name) for t in tables]
 
@@ -232,16 +236,16 @@ def shard_tables(
     fh, batch_docs: int, columns: list[str], groups: list[int] | None = None
 ) -> Iterator[pa.Table]:
     """An open shard's rows (of row groups ``groups``; all by default), ``batch_docs`` at a
-    time, in the logical layout (features as ``list<float>``, viewed in place:
-    ``schemas.feature_bytes``). ``columns`` may name nested paths (``LINK_COLUMNS``)."""
+    time, as stored (features as bytes: ``documents_of_table`` reads them in place) with the
+    shard's schema metadata. ``columns`` may name nested paths (``LINK_COLUMNS``)."""
     import pyarrow.parquet as pq
 
-    from schemas.feature_bytes import decode_features, shard_feature_dtype
-
     pf = pq.ParquetFile(fh)
-    dtype = shard_feature_dtype(pf.schema_arrow)
-    for rb in pf.iter_batches(batch_size=batch_docs, row_groups=groups, columns=columns):
-        yield decode_features(pa.Table.from_batches([rb]), dtype)
+    meta = pf.schema_arrow.metadata  # a record batch does not carry it: the feature dtype
+    # one decoding thread per call: the job decodes row groups on its own threads (ReadChunks),
+    # and Arrow's pool on top of them only added hand-offs
+    for rb in pf.iter_batches(batch_size=batch_docs, row_groups=groups, columns=columns, use_threads=False):
+        yield pa.Table.from_batches([rb]).replace_schema_metadata(meta)
 
 
 def from_document(doc) -> dict:

@@ -131,6 +131,18 @@ def open_read(uri: str) -> BinaryIO:
     return FileSystems.open(normalize(uri), compression_type=_RAW)
 
 
+def open_read_arrow(uri: str):
+    """A file for pyarrow readers (Parquet) to stream from: for a local path a memory map, which
+    Arrow reads natively (no Python ``read`` call holding the GIL per range, no copy into a
+    bytes object; ~2 CPU-us a document less for the link job's shards); else ``open_read``'s."""
+    uri = normalize(uri)
+    if is_local(uri):
+        import pyarrow as pa
+
+        return pa.memory_map(uri)
+    return open_read(uri)
+
+
 def read_text(uri: str, encoding: str = "utf-8") -> str:
     return read_bytes(uri).decode(encoding)
 

@@ -27,6 +27,7 @@ from schemas.errors import MmlinksError
 
 FEATURES_FIELD = "features"
 STORED_TYPE = pa.binary()
+NUMPY_DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
 LIST_ITEM = "element"  # the item name Parquet readers give list values (so decoded = v2 as read)
 
 
@@ -142,3 +143,41 @@ def encode_features(table: pa.Table, dtype: str) -> pa.Table:
     return _replace_images(
         table, _map_images(table.column("images"), lambda a: vectors_to_bytes(a, dtype), STORED_TYPE)
     )
+
+
+def feature_values(table: pa.Table, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(every image's feature vector as rows of one [images, D] array, viewed in place and
+    read-only, in the stored dtype; the number of images of each document) of a table's
+    ``images.features``, stored (bytes) or logical (``list<float>``) layout alike: the bulk
+    read the link job and training do per table, with no Arrow compute call per column (each
+    costs more than the numpy arithmetic on one table's offsets). ``dtype`` defaults to the
+    table's metadata (bytes only). Raises ValueError when the vectors of the table differ in
+    width or one is null: callers then go row by row."""
+    images = table.column("images").combine_chunks()
+    doc_offsets = np.asarray(images.offsets, np.int64)
+    counts = np.diff(doc_offsets)
+    first, total = int(doc_offsets[0]), int(doc_offsets[-1] - doc_offsets[0])
+    feats = images.values.field(FEATURES_FIELD).slice(first, total)  # this table's images
+    if total == 0:
+        return np.zeros((0, 0), np.float32), counts
+    if feats.null_count:
+        raise ValueError("an image of the table has no feature vector")
+    if pa.types.is_binary(feats.type):
+        dtype = dtype or shard_feature_dtype(table.schema)
+        size = _itemsize(dtype)
+        offsets = np.frombuffer(feats.buffers()[1], np.int32)[feats.offset : feats.offset + total + 1]
+        if (offsets % size).any():
+            raise MmlinksError(f"a stored feature vector is not a whole number of {dtype} values")
+        flat = np.frombuffer(feats.buffers()[2], NUMPY_DTYPES[dtype])[
+            offsets[0] // size : offsets[-1] // size
+        ]
+        offsets = offsets // size
+    else:
+        offsets = np.asarray(feats.offsets, np.int64)
+        values = feats.values
+        flat = values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    widths = np.diff(offsets)
+    d = int(widths[0])
+    if (widths != d).any():
+        raise ValueError("images in one table have feature vectors of different lengths")
+    return flat.reshape(total, d), counts

@@ -84,3 +84,34 @@ def test_a_byte_string_that_is_not_whole_values_is_refused():
 def test_a_null_inside_a_vector_is_refused():
     with pytest.raises(MmlinksError, match="null value"):
         vectors_to_bytes(pa.array([[1.0, None]], pa.list_(pa.float32())), "float32")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.none() | st.lists(floats, min_size=2, max_size=3), max_size=3), max_size=6),
+    st.sampled_from(["float32", "float16"]),
+    st.booleans(),
+    st.data(),
+)
+def test_feature_values_reads_both_layouts_as_the_per_image_oracle(docs, dtype, stored, data):
+    from schemas.feature_bytes import feature_values
+
+    table = _images_table(docs, dtype)
+    start = data.draw(st.integers(0, table.num_rows))
+    table = table.slice(start, data.draw(st.integers(0, table.num_rows - start)))
+    if stored:
+        table = encode_features(table, dtype)
+    images = [
+        im
+        for doc in _images_table(docs, dtype).slice(start, table.num_rows).column("images").to_pylist()
+        for im in doc
+    ]
+    vectors = [im["features"] for im in images]
+    if vectors and (None in vectors or len({len(v) for v in vectors}) > 1):
+        with pytest.raises(ValueError):
+            feature_values(table, dtype)
+        return
+    values, counts = feature_values(table, dtype)
+    assert counts.tolist() == [len(d) for d in table.column("images").to_pylist()]
+    oracle = np.asarray(vectors, NP[dtype]).reshape(len(vectors), -1) if vectors else np.zeros((0, 0))
+    assert values.shape == oracle.shape and (values == oracle).all()
