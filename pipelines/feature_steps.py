@@ -62,6 +62,9 @@ class LoadPixels(beam.DoFn):
         self.store_root, self.extractor = store_root, extractor
 
     def setup(self):
+        from pipelines.runners import tune_worker_process
+
+        tune_worker_process()
         self.store = ImageStore(self.store_root)
 
     def process(self, content_id: str):

@@ -3,6 +3,7 @@ errors. One real multi-process DirectRunner run checks that counters come back."
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -231,3 +232,54 @@ def test_the_direct_worker_default_comes_from_the_environment_else_the_cores(mon
             MmlinksError, match=f"MMLINKS_DIRECT_WORKERS must be a whole number >= 1, not '{bad}'"
         ):
             default_direct_workers()
+
+
+class _ReportWorkerTuning(beam.DoFn):
+    """Calls ``tune_worker_process`` in its setup, as the jobs' DoFns do, and writes what it
+    found to ``out`` (one JSON line per worker process)."""
+
+    def __init__(self, out: str):
+        self.out = out
+
+    def setup(self):
+        import atexit
+
+        from apache_beam.runners.worker import statesampler
+
+        from pipelines.runners import in_sdk_worker, tune_worker_process
+
+        before = atexit._ncallbacks()
+        applied = tune_worker_process()
+        self.report = {
+            "worker": in_sdk_worker(),
+            "applied": applied,
+            "again": tune_worker_process(),
+            "exit_hooks_added": atexit._ncallbacks() - before,
+            "sampling_ms": statesampler.StateSampler.__init__.__defaults__[0],
+        }
+
+    def process(self, x):
+        with open(self.out, "a") as fh:
+            fh.write(json.dumps(self.report) + "\n")
+        yield x
+
+
+@pytest.mark.slow
+def test_worker_processes_are_tuned_and_the_pipelines_own_process_is_not(tmp_path):
+    """In a real multi-processing DirectRunner worker: the short state sampler and one exit
+    hook (``gc.freeze``), once; in this process (in-process runner, tests, Dagster) nothing."""
+    import atexit
+
+    from pipelines.runners import tune_worker_process
+
+    before = atexit._ncallbacks()
+    assert tune_worker_process() is False and atexit._ncallbacks() == before
+    out = tmp_path / "report.jsonl"
+    options = pipeline_options("DirectRunner", ["--direct_running_mode=multi_processing"], direct_workers=1)
+    with beam.Pipeline(options=options) as p:
+        _ = p | beam.Create([1, 2, 3]) | beam.ParDo(_ReportWorkerTuning(str(out)))
+    reports = [json.loads(line) for line in out.read_text().splitlines()]
+    assert reports and all(
+        r == {"worker": True, "applied": True, "again": False, "exit_hooks_added": 1, "sampling_ms": 10}
+        for r in reports
+    ), reports
