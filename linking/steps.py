@@ -117,7 +117,7 @@ def feature_matrices(table: pa.Table) -> tuple[list[np.ndarray], bool]:
     values, counts = feature_values(table)
     values = values.astype(np.float32, copy=False)
     ends = np.cumsum(counts).tolist()
-    starts = [0, *ends[:-1]]
+    starts = [0, *ends][:-1]
     return [values[a:b] for a, b in zip(starts, ends, strict=True)], bool(np.isfinite(values).all())
 
 

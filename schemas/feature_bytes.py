@@ -153,7 +153,9 @@ def feature_values(table: pa.Table, dtype: str | None = None) -> tuple[np.ndarra
     costs more than the numpy arithmetic on one table's offsets). ``dtype`` defaults to the
     table's metadata (bytes only). Raises ValueError when the vectors of the table differ in
     width or one is null: callers then go row by row."""
-    images = table.column("images").combine_chunks()
+    column = table.column("images")
+    # one chunk (a batch) is read in place; combine_chunks would copy every vector
+    images = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     doc_offsets = np.asarray(images.offsets, np.int64)
     counts = np.diff(doc_offsets)
     first, total = int(doc_offsets[0]), int(doc_offsets[-1] - doc_offsets[0])

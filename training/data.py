@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from schemas.feature_bytes import decode_features
+from schemas.feature_bytes import feature_values
 from training.text import Vocabulary
 
 TRAINING_COLUMNS = ["doc_id", "sentences", "images", "links"]
@@ -46,21 +46,13 @@ class DocBatch:
 
 def features_of(table: pa.Table) -> tuple[list[np.ndarray], list[int]]:
     """Per-document feature matrices from the nested ``images`` column, without Python loops
-    over individual floats (a table read straight from a shard is decoded first:
-    ``schemas.feature_bytes``)."""
-    images = decode_features(table).column("images").combine_chunks()
-    counts = pc.list_value_length(images).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = pc.list_flatten(images)
-    feats = pc.struct_field(flat, "features")
-    dim = pc.list_value_length(feats)
-    if len(dim) == 0:  # no document of the table has an image
-        return [np.zeros((0, 0), np.float32) for _ in counts], counts.tolist()
-    d = int(pc.max(dim).as_py() or 0)
-    if pc.min(dim).as_py() != d:
-        raise ValueError("images in one batch have feature vectors of different lengths")
-    values = pc.list_flatten(feats).to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, d)
-    splits = np.cumsum(counts)[:-1]
-    return np.split(values, splits), counts.tolist()
+    over individual floats; the column as stored (bytes) or as ``read_table`` gives it
+    (``schemas.feature_bytes.feature_values``)."""
+    if table.num_rows == 0:
+        return [], []
+    values, counts = feature_values(table)  # raises ValueError on mixed widths
+    values = values.astype(np.float32)  # a copy: the batch's arrays are writable
+    return np.split(values, np.cumsum(counts)[:-1]), counts.tolist()
 
 
 def iter_documents(table: pa.Table) -> Iterator[tuple[str, list[str], np.ndarray, list | None]]:

@@ -178,6 +178,29 @@ def test_float16_storage_is_read_back_as_float32_by_training(tmp_path):
     np.testing.assert_array_equal(feats[0][0], np.asarray([0.1, 1 / 3], np.float16).astype(np.float32))
 
 
+def _old_manifest(version: int, directory, shard: str, rows: int) -> dict:
+    """The manifest an older mmlinks wrote for one train shard ``shard`` of ``directory``."""
+    import hashlib
+
+    data = (directory / shard).read_bytes()
+    return {
+        "schema_version": version,
+        "source": "synthetic",
+        "counts": {"splits": {"train": rows}},
+        "feature_extractor": {"name": "efficientnet-lite0", "version": "imagenet-57934424", "dim": 2},
+        "shards": [
+            {
+                "path": shard,
+                "split": "train",
+                "rows": rows,
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        ],
+        "build_params": {"source": "synthetic"},
+    }
+
+
 def _write_v1_dataset(directory, docs):
     """A dataset exactly as mmlinks 0.1 (schema v1) wrote it: OUT/shards + manifest.json."""
     v1_region = pa.struct(
@@ -204,27 +227,8 @@ def _write_v1_dataset(directory, docs):
                 im["regions"].pop("scores")
     (directory / "shards").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), directory / "shards" / "train-00000.parquet")
-    data = (directory / "shards" / "train-00000.parquet").read_bytes()
-    import hashlib
-
-    manifest = {
-        "schema_version": 1,
-        "dataset_version": "0123456789abcdef",
-        "source": "synthetic",
-        "counts": {"splits": {"train": len(docs)}},
-        "feature_extractor": {"name": "efficientnet-lite0", "version": "imagenet-57934424", "dim": 2},
-        "shards": [
-            {
-                "path": "shards/train-00000.parquet",
-                "split": "train",
-                "rows": len(docs),
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
-        ],
-        "build_params": {"source": "synthetic"},
-        "dead_letter": "dead_letter.jsonl",
-    }
+    manifest = _old_manifest(1, directory, "shards/train-00000.parquet", len(docs))
+    manifest.update(dataset_version="0123456789abcdef", dead_letter="dead_letter.jsonl")
     (directory / "manifest.json").write_text(json.dumps(manifest))
     (directory / "dead_letter.jsonl").write_text('{"kind": "image", "reason": "corrupt"}\n')
 
@@ -247,32 +251,13 @@ def test_v1_datasets_are_refused_then_migrated(tmp_path):
 def _write_v2_dataset(directory, docs, dtype):
     """A dataset exactly as mmlinks wrote schema v2: features as ``list<float>`` (float16 ones
     too), one shard under versions/."""
-    import hashlib
-
     table = documents_to_table(docs, dtype)  # the logical layout is v2's stored one
     table = table.replace_schema_metadata({**table.schema.metadata, META_VERSION_KEY: b"2"})
     shard = directory / "versions" / "old" / "train-00000.parquet"
     shard.parent.mkdir(parents=True)
     pq.write_table(table, shard)
-    data = shard.read_bytes()
-    manifest = {
-        "schema_version": 2,
-        "dataset_version": "old",
-        "source": "synthetic",
-        "counts": {"splits": {"train": len(docs)}},
-        "feature_extractor": {"name": "efficientnet-lite0", "version": "imagenet-57934424", "dim": 2},
-        "feature_dtype": dtype,
-        "shards": [
-            {
-                "path": "versions/old/train-00000.parquet",
-                "split": "train",
-                "rows": len(docs),
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
-        ],
-        "build_params": {"source": "synthetic"},
-    }
+    manifest = _old_manifest(2, directory, "versions/old/train-00000.parquet", len(docs))
+    manifest.update(dataset_version="old", feature_dtype=dtype)
     (directory / "manifest.json").write_text(json.dumps(manifest))
     return shard
 
