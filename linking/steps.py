@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from pipelines import fileio
 from pipelines.records import count, dead_letter
-from schemas.feature_bytes import decode_features, feature_values
+from schemas.feature_bytes import NUMPY_DTYPES, feature_values, stored_dtype
 from schemas.links import link_shard_bytes
 from schemas.manifest import ShardInfo
 
@@ -83,6 +83,8 @@ def check_document(doc: dict, dim: int, max_sentences: int, max_images: int) -> 
     """(reason, detail) when a document cannot be linked, else None."""
     n, feats = len(doc["sentences"]), doc["features"]
     m = len(feats)
+    if doc.get("corrupt"):
+        return "corrupt_features", doc["corrupt"]
     if n == 0 or m == 0:
         return "empty_document", f"{n} sentences, {m} images"
     if n > max_sentences or m > max_images:
@@ -95,8 +97,8 @@ def check_document(doc: dict, dim: int, max_sentences: int, max_images: int) -> 
     return None
 
 
-def _features(images: list[dict]) -> np.ndarray:
-    rows = [[] if im.get("features") is None else im["features"] for im in images]
+def _features(images: list[dict | None]) -> np.ndarray:
+    rows = [[] if im is None or im.get("features") is None else im["features"] for im in images]
     if not rows:
         return np.zeros((0, 0), np.float32)
     if len({len(r) for r in rows}) > 1:  # ragged: dead-lettered by check_document
@@ -137,12 +139,12 @@ def documents_of_table(table: pa.Table, shard: str) -> list[dict]:
         ]
     else:
         links = [None] * len(ids)
+    corrupt: list[str | None] = [None] * len(ids)
     try:
         feats, finite = feature_matrices(table)
-    except ValueError:  # mixed feature widths in this table
-        images = decode_features(table).column("images").to_pylist()
-        feats, finite = [_features(ims) for ims in images], False
-    return [
+    except ValueError:  # mixed widths, a missing or a damaged vector in this table: row by row
+        (feats, corrupt), finite = _rows_features(table), False
+    docs = [
         {
             "doc_id": d,
             "split": sp,
@@ -154,6 +156,30 @@ def documents_of_table(table: pa.Table, shard: str) -> list[dict]:
         }
         for d, sp, s, f, lk in zip(ids, splits, sentences, feats, links, strict=True)
     ]
+    for doc, why in zip(docs, corrupt, strict=True):
+        if why:
+            doc["corrupt"] = why
+    return docs
+
+
+def _rows_features(table: pa.Table) -> tuple[list[np.ndarray], list[str | None]]:
+    """Each document's features on its own (``_features``), and why a document's stored bytes
+    cannot be read (not a whole number of values: dead-lettered as ``corrupt_features``)."""
+    stored = pa.types.is_binary(table.schema.field("images").type.value_type.field("features").type)
+    dtype = stored_dtype(table, None) if stored else None
+    feats, corrupt = [], []
+    for images in table.column("images").to_pylist():
+        vectors = [None if im is None else im.get("features") for im in images]
+        if dtype is not None:
+            size = NUMPY_DTYPES[dtype].itemsize
+            if any(v is not None and len(v) % size for v in vectors):
+                feats.append(np.zeros((0, 0), np.float32))
+                corrupt.append(f"a stored feature vector is not a whole number of {dtype} values")
+                continue
+            vectors = [None if v is None else np.frombuffer(v, NUMPY_DTYPES[dtype]) for v in vectors]
+        feats.append(_features([{"features": v} for v in vectors]))
+        corrupt.append(None)
+    return feats, corrupt
 
 
 def chunks_of(docs: list[dict], key: str, limits: tuple[int, int, int]) -> Iterator:

@@ -39,6 +39,21 @@ def shard_feature_dtype(schema: pa.Schema) -> str:
     return raw
 
 
+def stored_dtype(table: pa.Table, dtype: str | None) -> str:
+    """The dtype of a table's stored feature bytes: ``dtype`` when given, else its schema
+    metadata's. Refuses a table without either: float16 bytes read as float32 would give
+    vectors half as wide, of garbage, with no other error (a record batch or a Ray batch
+    carries no metadata)."""
+    if dtype is not None:
+        return dtype
+    if META_DTYPE_KEY not in (table.schema.metadata or {}):
+        raise MmlinksError("stored feature bytes without their dtype (no mmlinks.feature_dtype metadata)")
+    return shard_feature_dtype(table.schema)
+
+
+MAX_CHUNK_BYTES = 2**31 - 1  # a binary array's int32 offsets
+
+
 def _itemsize(dtype: str) -> int:
     return 2 if dtype == "float16" else 4
 
@@ -57,6 +72,10 @@ def vectors_to_bytes(vectors: pa.Array, dtype: str) -> pa.Array:
         raise MmlinksError("a feature vector holds a null value; features must be numbers")
     values = flat.to_numpy(zero_copy_only=False).astype(np_dtype, copy=False)
     size = np_dtype.itemsize
+    if (offsets[-1] - offsets[0]) * size > MAX_CHUNK_BYTES:
+        raise MmlinksError(
+            "more than 2 GiB of feature vectors in one shard chunk: write smaller shards (--max-shard-mb)"
+        )
     byte_offsets = pa.array(((offsets - offsets[0]) * size).astype(np.int32), pa.int32())
     data = pa.py_buffer(np.ascontiguousarray(values).tobytes())
     out = pa.BinaryArray.from_buffers(STORED_TYPE, len(vectors), [None, byte_offsets.buffers()[1], data])
@@ -129,7 +148,7 @@ def decode_features(table: pa.Table, dtype: str | None = None) -> pa.Table:
     stored = table.schema.field("images").type.value_type.field(FEATURES_FIELD).type
     if not pa.types.is_binary(stored):
         return table
-    dtype = dtype or shard_feature_dtype(table.schema)
+    dtype = stored_dtype(table, dtype)
     to_type = pa.list_(pa.field(LIST_ITEM, FEATURE_DTYPES[dtype]))
     return _replace_images(
         table, _map_images(table.column("images"), lambda a: bytes_to_vectors(a, dtype), to_type)
@@ -151,25 +170,27 @@ def feature_values(table: pa.Table, dtype: str | None = None) -> tuple[np.ndarra
     ``images.features``, stored (bytes) or logical (``list<float>``) layout alike: the bulk
     read the link job and training do per table, with no Arrow compute call per column (each
     costs more than the numpy arithmetic on one table's offsets). ``dtype`` defaults to the
-    table's metadata (bytes only). Raises ValueError when the vectors of the table differ in
-    width or one is null: callers then go row by row."""
+    table's metadata (bytes only; MmlinksError without either). Raises ValueError when the
+    vectors of the table differ in width, one is null or one is not a whole number of values:
+    callers then go row by row."""
     column = table.column("images")
     # one chunk (a batch) is read in place; combine_chunks would copy every vector
     images = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     doc_offsets = np.asarray(images.offsets, np.int64)
     counts = np.diff(doc_offsets)
     first, total = int(doc_offsets[0]), int(doc_offsets[-1] - doc_offsets[0])
-    feats = images.values.field(FEATURES_FIELD).slice(first, total)  # this table's images
+    structs = images.values.slice(first, total)  # this table's images
+    feats = images.values.field(FEATURES_FIELD).slice(first, total)
     if total == 0:
         return np.zeros((0, 0), np.float32), counts
-    if feats.null_count:
+    if feats.null_count or structs.null_count:
         raise ValueError("an image of the table has no feature vector")
     if pa.types.is_binary(feats.type):
-        dtype = dtype or shard_feature_dtype(table.schema)
+        dtype = stored_dtype(table, dtype)
         size = _itemsize(dtype)
         offsets = np.frombuffer(feats.buffers()[1], np.int32)[feats.offset : feats.offset + total + 1]
-        if (offsets % size).any():
-            raise MmlinksError(f"a stored feature vector is not a whole number of {dtype} values")
+        if (offsets % size).any():  # a damaged vector: the caller goes row by row
+            raise ValueError(f"a stored feature vector is not a whole number of {dtype} values")
         flat = np.frombuffer(feats.buffers()[2], NUMPY_DTYPES[dtype])[
             offsets[0] // size : offsets[-1] // size
         ]

@@ -104,6 +104,33 @@ def test_documents_of_a_table_with_mixed_widths_are_kept_for_the_dead_letter():
     )
 
 
+def test_a_damaged_stored_vector_dead_letters_its_document_only():
+    """Schema v3 stores each vector as bytes: one whose length is not a whole number of
+    float32 values (a foreign or damaged writer) is a ``corrupt_features`` dead letter; the
+    other documents of the table are read as usual (row by row)."""
+    data = np.asarray([1, 2], "<f4").tobytes() + b"\x00" * 6 + np.asarray([3, 4], "<f4").tobytes()
+    offsets = pa.array([0, 8, 14, 22], pa.int32()).buffers()[1]
+    vectors = pa.BinaryArray.from_buffers(pa.binary(), 3, [None, offsets, pa.py_buffer(data)])
+    images = pa.ListArray.from_arrays(
+        pa.array([0, 1, 2, 3], pa.int32()), pa.StructArray.from_arrays([vectors], ["features"])
+    )
+    table = pa.table(
+        {
+            "doc_id": ["a", "b", "c"],
+            "split": ["test"] * 3,
+            "sentences": [["x"], ["y"], ["z"]],
+            "images": images,
+        }
+    ).replace_schema_metadata({b"mmlinks.feature_dtype": b"float32"})
+    a, b, c = documents_of_table(table, "s")
+    assert a["features"].tolist() == [[1.0, 2.0]] and check_document(a, 2, 9, 9) is None
+    assert c["features"].tolist() == [[3.0, 4.0]] and check_document(c, 2, 9, 9) is None
+    assert check_document(b, 2, 9, 9) == (
+        "corrupt_features",
+        "a stored feature vector is not a whole number of float32 values",
+    )
+
+
 def test_read_chunks_decodes_a_units_row_groups_in_parallel_and_keeps_file_order(tmp_path):
     """Units of two row groups, decoded on two threads, give the chunks of a plain read: each
     row group cut into ``batch_docs`` chunks, in file order, with their features."""

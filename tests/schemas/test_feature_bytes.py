@@ -115,3 +115,57 @@ def test_feature_values_reads_both_layouts_as_the_per_image_oracle(docs, dtype, 
     assert counts.tolist() == [len(d) for d in table.column("images").to_pylist()]
     oracle = np.asarray(vectors, NP[dtype]).reshape(len(vectors), -1) if vectors else np.zeros((0, 0))
     assert values.shape == oracle.shape and (values == oracle).all()
+
+
+def test_stored_bytes_without_their_dtype_are_refused_not_guessed():
+    """float16 bytes read as float32 would be vectors half as wide, of garbage: a table (or a
+    record batch) without the dtype metadata and without an explicit dtype is refused."""
+    from schemas.feature_bytes import feature_values
+
+    stored = encode_features(_images_table([[[1.0, 2.0, 3.0, 4.0]]], "float16"), "float16")
+    assert stored.schema.metadata is None
+    with pytest.raises(MmlinksError, match="without their dtype"):
+        decode_features(stored)
+    with pytest.raises(MmlinksError, match="without their dtype"):
+        feature_values(stored)
+    values, _ = feature_values(stored, "float16")
+    assert values.tolist() == [[1.0, 2.0, 3.0, 4.0]]
+    tagged = stored.replace_schema_metadata({b"mmlinks.feature_dtype": b"float16"})
+    assert feature_values(tagged)[0].tolist() == [[1.0, 2.0, 3.0, 4.0]]
+
+
+def test_more_bytes_than_a_binary_chunk_holds_are_refused(monkeypatch):
+    """int32 offsets: past 2 GiB in one chunk they would wrap and write a corrupt shard."""
+    import schemas.feature_bytes as fb
+
+    monkeypatch.setattr(fb, "MAX_CHUNK_BYTES", 15)
+    with pytest.raises(MmlinksError, match="more than 2 GiB"):
+        vectors_to_bytes(pa.array([[1.0, 2.0, 3.0, 4.0]], pa.list_(pa.float32())), "float32")
+    assert (
+        len(vectors_to_bytes(pa.array([[1.0, 2.0, 3.0]], pa.list_(pa.float32())), "float32")[0].as_py()) == 12
+    )
+
+
+def test_a_null_image_or_a_damaged_vector_sends_feature_values_row_by_row():
+    from schemas.feature_bytes import feature_values
+
+    table = _images_table([[[1.0, 2.0]], [[3.0, 4.0]]], "float32")
+    images = table.column("images").chunk(0)
+    struct = images.values
+    nulled = pa.StructArray.from_arrays(
+        [struct.field(0), struct.field(1)], fields=list(struct.type), mask=pa.array([False, True])
+    )
+    with_null = table.set_column(1, "images", pa.ListArray.from_arrays(images.offsets, nulled))
+    with pytest.raises(ValueError, match="no feature vector"):
+        feature_values(with_null, "float32")
+    damaged = encode_features(table, "float32")
+    feats = damaged.column("images").chunk(0).values.field("features")
+    cut = pa.BinaryArray.from_buffers(
+        pa.binary(), 2, [None, pa.array([0, 8, 14], pa.int32()).buffers()[1], feats.buffers()[2]]
+    )
+    rebuilt = pa.StructArray.from_arrays(
+        [struct.field(0), cut], fields=[struct.type[0], pa.field("features", pa.binary())]
+    )
+    damaged = damaged.set_column(1, "images", pa.ListArray.from_arrays(images.offsets, rebuilt))
+    with pytest.raises(ValueError, match="whole number"):
+        feature_values(damaged, "float32")
