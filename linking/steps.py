@@ -125,10 +125,10 @@ def feature_matrices(table: pa.Table) -> tuple[list[np.ndarray], bool]:
 
 def documents_of_table(table: pa.Table, shard: str) -> list[dict]:
     """Shard rows (features stored or logical) -> document dicts; features read per table
-    (``feature_matrices``), row by row only when widths differ inside the table (such documents
-    are dead-lettered later). A table without a ``links`` column (read without it: no
-    evaluation) gives ``links`` None. ``finite`` True: every feature value of the document is
-    known finite (``check_document`` skips its own pass)."""
+    (``feature_matrices``), row by row only when widths differ inside the table or a vector is
+    missing or damaged (such documents are dead-lettered later). A table without a ``links``
+    column (read without it: no evaluation) gives ``links`` None. ``finite`` True: every
+    feature value of the document is known finite (``check_document`` skips its own pass)."""
     ids = table.column("doc_id").to_pylist()
     sentences = table.column("sentences").to_pylist()
     splits = table.column("split").to_pylist()

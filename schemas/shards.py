@@ -274,7 +274,7 @@ def read_table(paths: Iterable[str | Path], columns: list[str] | None = None) ->
         check_shards([p])
         try:
             tables.append(decode_features(pq.read_table(p, columns=columns)))
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, pa.ArrowInvalid, MmlinksError) as exc:  # the last: damaged feature bytes
             raise MmlinksError(f"cannot read shard {p}: {exc}") from exc
     if not tables:
         return document_schema().empty_table() if columns is None else pa.table({})

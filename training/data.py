@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from schemas.errors import MmlinksError
 from schemas.feature_bytes import feature_values
 from training.text import Vocabulary
 
@@ -50,7 +51,10 @@ def features_of(table: pa.Table) -> tuple[list[np.ndarray], list[int]]:
     (``schemas.feature_bytes.feature_values``)."""
     if table.num_rows == 0:
         return [], []
-    values, counts = feature_values(table)  # raises ValueError on mixed widths
+    try:
+        values, counts = feature_values(table)
+    except ValueError as exc:  # mixed widths, a missing or damaged vector: no training on them
+        raise MmlinksError(f"cannot read the image features of these documents: {exc}") from None
     values = values.astype(np.float32)  # a copy: the batch's arrays are writable
     return np.split(values, np.cumsum(counts)[:-1]), counts.tolist()
 

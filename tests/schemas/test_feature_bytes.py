@@ -169,3 +169,30 @@ def test_a_null_image_or_a_damaged_vector_sends_feature_values_row_by_row():
     damaged = damaged.set_column(1, "images", pa.ListArray.from_arrays(images.offsets, rebuilt))
     with pytest.raises(ValueError, match="whole number"):
         feature_values(damaged, "float32")
+
+
+def test_read_table_names_the_shard_whose_feature_bytes_are_damaged(tmp_path):
+    import pyarrow.parquet as pq
+
+    from schemas.document import META_DTYPE_KEY, META_NAME_KEY, META_VERSION_KEY, SCHEMA_NAME, SCHEMA_VERSION
+    from schemas.shards import read_table
+
+    stored = encode_features(_images_table([[[1.0, 2.0]]], "float32"), "float32")
+    images = stored.column("images").chunk(0)
+    cut = pa.BinaryArray.from_buffers(
+        pa.binary(), 1, [None, pa.array([0, 6], pa.int32()).buffers()[1], pa.py_buffer(b"\x00" * 8)]
+    )
+    column = pa.ListArray.from_arrays(
+        images.offsets,
+        pa.StructArray.from_arrays([images.values.field(0), cut], fields=list(images.type.value_type)),
+    )
+    meta = {
+        META_NAME_KEY: SCHEMA_NAME.encode(),
+        META_VERSION_KEY: str(SCHEMA_VERSION).encode(),
+        META_DTYPE_KEY: b"float32",
+    }
+    pq.write_table(
+        stored.set_column(1, "images", column).replace_schema_metadata(meta), tmp_path / "bad.parquet"
+    )
+    with pytest.raises(MmlinksError, match=r"cannot read shard .*bad\.parquet: .*whole number of float32"):
+        read_table([tmp_path / "bad.parquet"])
