@@ -38,6 +38,8 @@ BASE = dict(
     seed=0,
     text_pooling="last",
     select_by="val_loss",
+    image_centring="none",  # issue #33's image-side changes postdate this table
+    negatives_warmup=0,
 )
 ROWS: dict[str, dict] = {
     "base": {},
@@ -122,12 +124,14 @@ def train_row(dataset: Path, overrides: dict, progress: bool) -> dict:
     inp = check_inputs(cfg)
     vocab = Vocabulary.build(training_sentences(inp.train_paths, False), cfg.min_word_count)
     emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
+    model_cfg = model_config(cfg, inp.manifest, len(vocab), emb.shape[1], inp.train_paths)
+    centred = model_cfg.get("image_centring", "none") != "none"
     config = {
         "train": cfg.to_dict(),
-        "model": model_config(cfg, inp.manifest, len(vocab), emb.shape[1], inp.train_paths),
+        "model": model_cfg,
         "vocab": vocab.words,
         "embeddings": emb,
-        "feature_stats": training_feature_stats(inp.train_paths),
+        "feature_stats": training_feature_stats(inp.train_paths, centred=centred),
     }
     w = make_worker(config, 0, 1)
     shard = LocalShard(inp.train_paths)

@@ -1,11 +1,18 @@
 """News image selection (issue #18): fusion + random_drop vs the best single source, on a built
 news dataset (`mmlinks data synth-news` + `data build --source news-jsonl`), in one process.
 
-Each ``--runs`` entry is ``SOURCES[:FUSION][:dropP]`` (e.g. ``caption``,
-``headline+lead+body+caption:attention:drop0.3``); ``dc:`` in front trains it by divide and
-conquer (Liu et al. Sect. 6.2): every source encoder starts from the single-source run of the
-same invocation (which must come earlier in ``--runs``; word embeddings and image tower from the
-caption model, else the first), then the fuser alone for ``--fuser-warmup-epochs``, then all.
+Each ``--runs`` entry is ``SOURCES[:FUSION][:dropP][:subN]`` (e.g. ``caption``,
+``headline+lead+body+caption:attention:drop0.3``, ``...:sub0`` for words only, else
+``--subword-buckets``); ``dc:`` in front trains it by divide and conquer (Liu et al. Sect. 6.2):
+every source encoder starts from the single-source run of the same invocation (which must come
+earlier in ``--runs``; word embeddings and image tower from the caption model, else the first),
+then the fuser alone for ``--fuser-warmup-epochs``, then all. ``bow`` is the bag-of-words
+reference (issue #34): the mean word vector of every token of every source -> linear, the same
+image tower, loss, epochs and checkpoint choice.
+
+``--unseen-data DS2`` also scores every run on DS2's test split: a build of the same corpus
+with ``data synth-news --names --unseen-forms 0.1`` (its train split equals this one's, its
+test articles write every name in a form never seen in training), the subword target.
 
 Every run trains from the same seed on the same batches with the training loop's recipe without
 Ray (Adam, ``--batch`` samples per batch reshuffled every epoch, random_drop while training, the
@@ -52,7 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d", type=int, default=64, help="d_shared")
     p.add_argument("--word-dim", type=int, default=32, help="random word vectors of this size")
     p.add_argument("--loss", default="vse", choices=("vse", "vsepp", "hal"))
-    p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--news-max-tokens", default="", help="per-source token limits (default: TrainConfig's)")
+    p.add_argument("--subword-buckets", type=int, default=-1, help="-1: TrainConfig's auto")
+    p.add_argument("--unseen-data", default="", help="a build with unseen name forms in its test split")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
@@ -66,8 +75,11 @@ def run_config(entry: str, args, data: str, singles: dict | None = None):
 
     dc = entry.startswith("dc:")
     parts = entry.removeprefix("dc:").split(":")
-    fusion = next((x for x in parts[1:] if not x.startswith("drop")), "attention")
+    if parts[0] == "bow":  # the reference reads every source
+        parts[0] = "headline+lead+body+caption"
+    fusion = next((x for x in parts[1:] if not x.startswith(("drop", "sub"))), "attention")
     drop = next((float(x[4:]) for x in parts[1:] if x.startswith("drop")), 0.0)
+    buckets = next((int(x[3:]) for x in parts[1:] if x.startswith("sub")), args.subword_buckets)
     return TrainConfig(
         data=data,
         objective="news",
@@ -81,7 +93,8 @@ def run_config(entry: str, args, data: str, singles: dict | None = None):
         epochs=args.epochs,
         min_word_count=1,
         word_vectors="random",
-        max_tokens=args.max_tokens,
+        news_max_tokens=args.news_max_tokens,
+        subword_buckets=buckets,
         image_dropout=0.0,
         seed=args.seed,
         pool_size=500,
@@ -99,6 +112,35 @@ def dc_init(sources: list[str], singles: dict) -> str:
         raise SystemExit(f"dc: needs the single-source runs of {', '.join(missing)} earlier in --runs")
     order = sorted(sources, key=lambda s: s != "caption")
     return ",".join(f"{s}={singles[s]}" for s in order)
+
+
+class BagOfWords(torch.nn.Module):
+    """The bag-of-words reference: text = mean word vector over every token of every present
+    source of a sample [B, w] -> linear -> unit [B, d]; image = the news model's image tower.
+    Answers what ``model_loss``, ``val_metrics`` and ``evaluate_samples`` ask of a news model
+    (``cfg.sources``, ``score``, ``forward(batch, keep, fuser_only)``); no random_drop."""
+
+    def __init__(self, news_model):
+        super().__init__()
+        self.cfg = news_model.cfg
+        w = news_model.embed.words
+        self.words = torch.nn.EmbeddingBag(w.num_embeddings, w.embedding_dim, mode="mean", padding_idx=0)
+        self.words.weight.data.copy_(w.weight.data)
+        self.proj = torch.nn.Linear(w.embedding_dim, self.cfg.d)
+        self.image = news_model.image
+
+    def forward(self, batch, keep=None, fuser_only=False):
+        rows = torch.repeat_interleave(torch.arange(len(batch)), torch.tensor(batch.n_sentences))
+        pos = torch.cat([torch.arange(n) for n in batch.n_sentences])  # sentence index in its sample
+        B, T = len(batch), batch.tokens.shape[1]
+        per_doc = torch.zeros(B, int(max(batch.n_sentences)), T, dtype=torch.long)
+        per_doc[rows, pos] = batch.tokens  # [B, S_max, T]; padding 0 leaves the mean
+        per_doc = per_doc.flatten(1)
+        text = torch.nn.functional.normalize(self.proj(self.words(per_doc)), dim=-1)
+        return text, self.image(batch.features)
+
+    def score(self, text, image):
+        return text @ image.T
 
 
 def save_single(folder, model) -> str:
@@ -125,7 +167,13 @@ def load(data: str, split: str):
     return manifest, paths, read_table(paths, columns=cols).sort_by("doc_id")
 
 
-def train_one(cfg, manifest, train_paths, train, val, vocab, emb, feats_stats) -> tuple:
+def budget(model) -> int:
+    """Tokens a batch keeps per sentence: the longest per-source limit (the news model cuts
+    each source itself)."""
+    return max(model.cfg.max_tokens.values())
+
+
+def train_one(cfg, manifest, train_paths, train, val, vocab, emb, feats_stats, bow=False) -> tuple:
     """(best model, best epoch, history) by validation MedR."""
     from training.backbone import get_backbone
     from training.data import make_batch
@@ -137,8 +185,11 @@ def train_one(cfg, manifest, train_paths, train, val, vocab, emb, feats_stats) -
     model = spec.build(
         spec.model_config(cfg, manifest, len(vocab), emb.shape[1], train_paths), emb, feats_stats
     )
+    if bow:
+        model = BagOfWords(model)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    val_batches = [make_batch(val.slice(s, 64), vocab, cfg.max_tokens) for s in range(0, val.num_rows, 64)]
+    tokens = budget(model)
+    val_batches = [make_batch(val.slice(s, 64), vocab, tokens) for s in range(0, val.num_rows, 64)]
     rng, gen = np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed)
     best, history = (float("inf"), -1, None), []
     for epoch in range(cfg.epochs):
@@ -148,7 +199,7 @@ def train_one(cfg, manifest, train_paths, train, val, vocab, emb, feats_stats) -
             idx = order[s : s + cfg.batch_docs]
             if len(idx) < 2:
                 continue
-            batch = make_batch(train.take(idx), vocab, cfg.max_tokens)
+            batch = make_batch(train.take(idx), vocab, tokens)
             loss, _ = objective_loss(model, batch, cfg, gen, epoch=epoch)
             opt.zero_grad()
             loss.backward()
@@ -182,22 +233,24 @@ def main(argv=None) -> dict:
     vocab = Vocabulary.build([s for d in train.column("sentences").to_pylist() for s in d], 1)
     emb, _ = embedding_matrix(vocab, "random", dim=args.word_dim, seed=args.seed)
     stats = training_feature_stats(train_paths)
-    test_batches = [
-        make_batch(test.slice(s, 64), vocab, args.max_tokens) for s in range(0, test.num_rows, 64)
-    ]
     complete = complete_mask(test)
+    unseen = load(args.unseen_data, "test")[2] if args.unseen_data else None
     results, checkpoints = {}, {}
     tmp = tempfile.mkdtemp(prefix="news-fusion-")
     for entry in args.runs.split(","):
         cfg = run_config(entry, args, args.data, checkpoints)
         t0 = time.perf_counter()
-        model, epoch, history = train_one(cfg, manifest, train_paths, train, val, vocab, emb, stats)
+        bow = entry == "bow"
+        model, epoch, history = train_one(cfg, manifest, train_paths, train, val, vocab, emb, stats, bow)
         if "," not in cfg.news_sources:
             checkpoints[cfg.news_sources] = save_single(f"{tmp}/{cfg.news_sources}", model)
+        test_batches = [
+            make_batch(test.slice(s, 64), vocab, budget(model)) for s in range(0, test.num_rows, 64)
+        ]
         full = evaluate_samples(model, test_batches, cfg)
         sub = evaluate_samples(model, test_batches, cfg, complete)
         keep = ("medr", "r1", "r5", "r10")
-        results[cfg.label] = {
+        results[entry] = {
             "test_t2i": {k: full["t2i"][k] for k in keep},
             "test_i2t": {k: full["i2t"][k] for k in keep},
             "complete_t2i": {k: sub["t2i"][k] for k in keep},
@@ -205,8 +258,14 @@ def main(argv=None) -> dict:
             "val_r10_last": history[-1]["val_r10"],
             "seconds": round(time.perf_counter() - t0, 1),
         }
-        print(f"{cfg.label}: {results[cfg.label]}", file=sys.stderr)
-    singles = {k: v for k, v in results.items() if "+" not in k}
+        if unseen is not None:
+            batches = [
+                make_batch(unseen.slice(s, 64), vocab, budget(model)) for s in range(0, unseen.num_rows, 64)
+            ]
+            out = evaluate_samples(model, batches, cfg)
+            results[entry]["unseen_forms_t2i"] = {k: out["t2i"][k] for k in keep}
+        print(f"{entry}: {results[entry]}", file=sys.stderr)
+    singles = {k: v for k, v in results.items() if "+" not in k and k != "bow"}
     best_single = max(singles, key=lambda k: singles[k]["test_t2i"]["r10"]) if singles else None
     return {
         "benchmark": "news_fusion",

@@ -209,7 +209,7 @@ def _object_state(meta) -> tuple[str, bool]:
 def state_subsets(model, test, train_table, cfg) -> dict:
     """Text-to-image metrics of the test queries in a state their object had in training ("seen
     state") and of the others ("unseen state"), each ranked against the whole pool."""
-    from training.retrieval.metrics import retrieval_metrics
+    from training.ranking import retrieval_metrics
     from training.retrieval.objective import encode_pairs
 
     seen = {_object_state(m) for m in train_table.column("metadata").to_pylist()}

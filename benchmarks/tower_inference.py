@@ -1,7 +1,7 @@
 """Pretrained text towers' inference throughput (issue #20): sentences/s through all-MiniLM-L6-v2
 and CLIP's text tower, batched, on ``--device`` (cpu, cuda).
 
-Pure PyTorch: it imports only ``training.towers`` and ``features.clip`` (torch, transformers,
+Pure PyTorch: it imports only ``training.link.towers`` and ``features.clip`` (torch, transformers,
 tokenizers, open_clip), never Ray, Beam or MLflow, so a GPU image without the pipeline stack
 runs it from a checkout:
 
@@ -34,7 +34,7 @@ def sentences(n: int, seed: int = 0) -> list[str]:
 
 
 def tower(name: str, device: str, clip_model: str, clip_weights: str | None):
-    from training.towers import build_tower
+    from training.link.towers import build_tower
 
     if name == "clip":
         from features.clip import find_clip_weights

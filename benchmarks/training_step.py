@@ -213,9 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
     import torch
 
-    import training.objectives.similarity as similarity
+    import training.link.similarity as similarity
     from training.data import pad_documents
-    from training.objectives.loss import in_batch_loss
+    from training.link.loss import in_batch_loss
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
         similarity.SIMILARITIES["ap"] = ap_impl  # document_similarity looks ap up at call time
         opt.zero_grad(set_to_none=True)
         t0 = sync()
-        s, v = model.text(tokens, lengths), model.image(features)
+        s, v = model.text(tokens, lengths), model.image(features, counts_i)
         t1 = sync()
         s_leaf, v_leaf = s.detach().requires_grad_(), v.detach().requires_grad_()
         s_pad, s_mask = pad_documents(s_leaf, counts_s)

@@ -8,7 +8,7 @@ from pathlib import Path
 from cli.common import EPILOG, add_common, existing_dir, per_doc_path
 from schemas import config_fields
 from schemas.errors import MmlinksError
-from training.baseline_names import BASELINES
+from training.link.baseline_names import BASELINES
 
 # The TrainConfig flags of `baseline --method nostruct` (the rest keep TrainConfig's defaults).
 NOSTRUCT_FLAGS = ["epochs", "d_multi", "batch_docs", "lr", "min_word_count", "num_workers", "ray_address"]
@@ -261,16 +261,11 @@ def cmd_evaluate(args) -> dict:
         return _evaluate_news(args, model, vocab, max_tokens)
     if args.compare_uri or args.report:
         raise MmlinksError("--compare-uri and --report are for retrieval models (cmca, cmcm, cmcm-c)")
-    scores = evaluate(
-        model,
-        vocab,
-        args.data,
-        args.split,
-        max_tokens,
-        seed=args.seed,
-        spread=args.spread,
-        word_vectors=args.word_vectors,
-    )
+    scores = evaluate(model, vocab, args.data, args.split, max_tokens, seed=args.seed)
+    if args.spread:  # the link family's error analysis, added to the per-document rows
+        from training.link.spread import add_spread
+
+        scores["spread"] = add_spread(scores["per_doc"], args.data, args.split, args.word_vectors)
     path = write_per_doc(scores["per_doc"], per_doc_path(args, "model"))
     out = {
         **scores["model"],
@@ -296,8 +291,8 @@ def _baseline_options(args):
 
 
 def cmd_baseline(args) -> dict:
-    from training.baselines import object_detection_baseline, random_scores_baseline
     from training.evaluate import write_per_doc
+    from training.link.baselines import object_detection_baseline, random_scores_baseline
 
     existing_dir(args.data)
     opts = _baseline_options(args)
@@ -306,7 +301,7 @@ def cmd_baseline(args) -> dict:
     elif args.method == "object-detection":
         out = object_detection_baseline(args.data, args.split, args.k_max, opts.word_vectors, args.weights)
     elif args.method == "clip-zero-shot":
-        from training.zero_shot import clip_zero_shot_baseline
+        from training.link.zero_shot import clip_zero_shot_baseline
 
         out = clip_zero_shot_baseline(args.data, args.split, args.weights, args.clip_model, args.min_score)
     else:

@@ -10,7 +10,14 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from pipelines.runners import KNOWN_RUNNERS, canonical_runner, default_direct_workers
+from pipelines.runners import (
+    dask_address_option,
+    dask_workers_option,
+    direct_workers_option,
+    job_workers,
+    known_or_as_given,
+    runner_option,
+)
 from schemas.config_fields import OFF, option, validate
 from schemas.errors import MmlinksError
 
@@ -106,20 +113,10 @@ class LinkConfig:
         "build's to reuse its images and cached features",
         group=INPUT,
     )
-    runner: str = option(
-        "DirectRunner",
-        help="Beam runner; cluster runners need their options after --",
-        choices=KNOWN_RUNNERS,
-        group=RUNNER,
-    )
-    direct_workers: int | None = option(
-        None,
-        help="DirectRunner: N local worker processes (default: $MMLINKS_DIRECT_WORKERS, else one"
-        " per core; 1 = in-process)",
-        check=lambda v: v is None or v >= 1,
-        rule=">= 1",
-        group=RUNNER,
-    )
+    runner: str = runner_option(RUNNER)
+    direct_workers: int | None = direct_workers_option(RUNNER)
+    dask_address: str | None = dask_address_option(RUNNER)
+    dask_workers: int | None = dask_workers_option(RUNNER)
     device: str = option(
         "cpu",
         help="scoring device (cuda where a GPU exists)",
@@ -147,6 +144,7 @@ class LinkConfig:
     )
 
     def __post_init__(self) -> None:
+        self.runner = known_or_as_given(self.runner)  # "dask" in a settings file, as on the CLI
         validate(self, "link config")
         if (self.data is None) == (self.input is None):
             raise MmlinksError("give exactly one of --data DATASET_DIR or --input RAW (with --source)")
@@ -163,10 +161,9 @@ class LinkConfig:
         return float("-inf") if self.min_score == OFF else float(self.min_score)
 
     def workers(self) -> int | None:
-        """DirectRunner worker processes (None for cluster runners)."""
-        if canonical_runner(self.runner) != "DirectRunner":
-            return None
-        return self.direct_workers or default_direct_workers()
+        """Worker processes on this machine: the DirectRunner's or the local Dask cluster's
+        (None for a cluster elsewhere)."""
+        return job_workers(self.runner, self.direct_workers, self.dask_address, self.dask_workers)
 
     def threads(self) -> int | None:
         """Torch threads per worker: fixed per job, so reruns give the same bytes (None on GPU or
@@ -181,7 +178,10 @@ class LinkConfig:
     def pipeline_options(self):
         from pipelines.runners import pipeline_options
 
-        return pipeline_options(self.runner, self.beam_args, direct_workers=self.workers())
+        direct = self.workers() if self.runner == "DirectRunner" else None
+        return pipeline_options(
+            self.runner, self.beam_args, direct_workers=direct, dask_address=self.dask_address
+        )
 
     def identity(self) -> dict:
         """What, with the model version and the input, defines the links (the version id)."""

@@ -23,6 +23,7 @@ from linking.graph import EVAL_FILE, link_pipeline
 from linking.model import ResolvedModel, check_model_fits, load_linker_at, load_scorer, resolve_model
 from pipelines import commit, fileio
 from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE
+from pipelines.runners import runner_cluster
 from schemas.errors import MmlinksError
 from schemas.links import LINKS_SCHEMA_VERSION, LinkManifest
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
@@ -83,8 +84,12 @@ def link_documents(cfg: LinkConfig) -> LinkResult:
     staging = commit.open_staging(cfg.out)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     try:
-        with beam.Pipeline(options=options) as p:
-            link_pipeline(p, cfg, job, staging)
+        try:
+            with runner_cluster(options, cfg.workers()) as options, beam.Pipeline(options=options) as p:
+                link_pipeline(p, cfg, job, staging)
+        except Exception as exc:
+            _runner_failure(exc)
+            raise
         counts = _counts(p.result)
         if counts["documents_read"] == 0:
             where = cfg.data if cfg.data is not None else cfg.input
@@ -96,6 +101,24 @@ def link_documents(cfg: LinkConfig) -> LinkResult:
     finally:
         fileio.delete_tree(staging)
     return LinkResult(links, cfg.out, time.time() - started)
+
+
+def _runner_failure(exc: BaseException) -> None:
+    """A lost worker or an unreachable Dask scheduler as one line (nothing was committed)."""
+    from pipelines.build import scheduler_unreachable, worker_lost
+
+    unreachable = scheduler_unreachable(exc)
+    if unreachable is not None:
+        raise MmlinksError(
+            f"the Dask scheduler cannot be reached ({unreachable}); nothing was committed; start it "
+            "or correct --dask-address, then run the same link job again"
+        ) from exc
+    lost = worker_lost(exc)
+    if lost is not None:
+        raise MmlinksError(
+            f"a Beam worker process died during the link job ({lost}); nothing was committed; "
+            "run the same link job again"
+        ) from exc
 
 
 def _shards(cfg: LinkConfig, manifest: Manifest) -> list[tuple[str, str]]:
@@ -132,7 +155,11 @@ def _raw_input(cfg: LinkConfig, model: ResolvedModel, tracking_uri: str):
         "beam_args": list(cfg.beam_args),
     }
     options.update(
-        {k: getattr(cfg, k) for k in ("direct_workers", "cpu_threads", "image_store") if getattr(cfg, k)}
+        {
+            k: getattr(cfg, k)
+            for k in ("direct_workers", "dask_address", "dask_workers", "cpu_threads", "image_store")
+            if getattr(cfg, k)
+        }
     )
     build = BuildConfig.for_source(cfg.source, cfg.input, cfg.out, **options)
     build.check()

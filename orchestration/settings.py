@@ -25,6 +25,9 @@ SOURCES_ENV = "MMLINKS_SOURCES"
 OBJECTIVES_ENV = "MMLINKS_OBJECTIVES"
 AUTOMATION_ENV = "MMLINKS_AUTOMATION"
 
+# What `beam_runner` may set: the runner fields BuildConfig and LinkConfig share.
+BEAM_RUNNER_KEYS = ("runner", "dask_address", "dask_workers", "direct_workers", "cpu_threads", "beam_args")
+
 # One registered model per (source, objective); the CLI's single default is "mmlinks-ap".
 DEFAULT_OBJECTIVES: dict[str, dict] = {"ap": {"objective": "ap"}, "nostruct": {"objective": "nostruct"}}
 
@@ -43,6 +46,9 @@ class Settings:
     promotion_split: str = "test"  # linking models
     retrieval_promotion_split: str = "val"  # retrieval models gate on validation MedR / R@10 (the paper)
     link: dict = field(default_factory=dict)  # linking.config.LinkConfig overrides for linked/<obj>
+    # The Beam runner of every Beam job (dataset builds, link jobs), under build_options and link:
+    # e.g. {"runner": "dask", "dask_address": "tcp://mmlinks-dask-scheduler:8786"}
+    beam_runner: dict = field(default_factory=dict)
     # archive_index/<news objective>: training.news.archive.KINDS ("pq" for millions of images)
     archive_index_kind: str = "flat"
     model_name: str = "mmlinks-{source}-{objective}"
@@ -102,6 +108,11 @@ class Settings:
         if bad:
             raise MmlinksError(
                 f"unknown source(s) {', '.join(bad)} in the Dagster settings; known: {', '.join(known)}"
+            )
+        bad_runner = sorted(set(self.beam_runner) - set(BEAM_RUNNER_KEYS))
+        if bad_runner:
+            raise MmlinksError(
+                f"beam_runner may set {', '.join(BEAM_RUNNER_KEYS)}, not {', '.join(bad_runner)}"
             )
         self.check_build_options()
         if not self.objectives or not isinstance(self.objectives, dict):
@@ -169,7 +180,8 @@ class Settings:
         bad = sorted(set(self.link) & set(fixed))
         if bad:
             raise MmlinksError(f"link settings may not set {', '.join(bad)}: the assets choose them")
-        return from_dict(LinkConfig, {**defaults, **self.link, **fixed}, what="link setting")
+        options = {**defaults, **self.beam_runner, **self.link, **fixed}
+        return from_dict(LinkConfig, options, what="link setting")
 
     def thresholds_config(self):
         from orchestration.quality import Thresholds
@@ -212,4 +224,4 @@ class Settings:
                 raise MmlinksError(f"build_options for {source}: {exc}") from exc
 
     def build_config_options(self, source: str) -> dict:
-        return {**self.build_options.get("*", {}), **self.build_options.get(source, {})}
+        return {**self.beam_runner, **self.build_options.get("*", {}), **self.build_options.get(source, {})}

@@ -35,6 +35,7 @@ from pipelines import commit, fileio
 from pipelines.build_config import BuildConfig
 from pipelines.graph import build_pipeline
 from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE
+from pipelines.runners import runner_cluster
 from pipelines.shards_writer import write_outputs
 from pipelines.sources import SourceSpec
 from schemas.document import SCHEMA_VERSION
@@ -60,7 +61,7 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
     staging = commit.open_staging(cfg.out)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     try:
-        with beam.Pipeline(options=options) as p:
+        with runner_cluster(options, cfg.workers()) as options, beam.Pipeline(options=options) as p:
             if spec.prebuilt is not None:
                 docs, dead = spec.prebuilt.documents(p, cfg.source_context())
                 write_outputs(docs, [dead], cfg, staging)
@@ -79,6 +80,12 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
                 f"the build ran out of space writing {cfg.out} ({reason}); {_what_stays(cfg.out)}; "
                 "free space (or build into another --out) and run it again: images and features "
                 "already done are kept in the image store"
+            ) from exc
+        unreachable = scheduler_unreachable(exc)
+        if unreachable is not None:
+            raise MmlinksError(
+                f"the Dask scheduler cannot be reached ({unreachable}); {_what_stays(cfg.out)}; "
+                "start it or correct --dask-address, then run the same build again"
             ) from exc
         lost = worker_lost(exc)
         if lost is None:
@@ -123,12 +130,16 @@ def storage_full(exc: BaseException) -> str | None:
 # How the runner reports a worker process that vanished (SIGKILL, OOM killer): the multi-process
 # DirectRunner's data channel closes under the driver (``RuntimeError: Channel closed
 # prematurely.``, what tests/faults/test_build_worker_kill.py sees), or a gRPC call to the worker
-# fails with UNAVAILABLE because its peer is gone. The gRPC words are matched only inside gRPC's
-# own rendering of an error (``status = StatusCode.UNAVAILABLE`` then ``details = "..."``): a bare
-# "Connection reset by peer" is as likely a source's HTTP fetch (requests' ConnectionResetError,
-# the polite client's ``retries_exhausted``), which must surface as itself, not as a lost worker.
+# fails with UNAVAILABLE because its peer is gone. dask.distributed re-runs a dead worker's tasks
+# elsewhere and gives up on a task whose workers all died (``KilledWorker: Attempted to run task
+# ... on 3 different workers, but all those workers died while running it``; allowed-failures).
+# The gRPC words are matched only inside gRPC's own rendering of an error (``status =
+# StatusCode.UNAVAILABLE`` then ``details = "..."``): a bare "Connection reset by peer" is as
+# likely a source's HTTP fetch (requests' ConnectionResetError, the polite client's
+# ``retries_exhausted``), which must surface as itself, not as a lost worker.
 _WORKER_LOST = re.compile(
     r"Channel closed prematurely"
+    r"|on \d+ different workers, but all those workers died"
     r'|StatusCode\.UNAVAILABLE\s+details = "[^"]*?(?:Socket closed|Connection reset by peer)'
 )
 
@@ -144,6 +155,27 @@ def worker_lost(exc: BaseException) -> str | None:
             if words.startswith("StatusCode"):  # the gRPC details, one line
                 words = "gRPC UNAVAILABLE: " + words.split('details = "', 1)[1]
             return f"{type(exc).__name__}: {words}"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+# dask.distributed's words for a scheduler it cannot reach (the client's connect timeout) or lost.
+_NO_SCHEDULER = re.compile(
+    r"Timed out trying to connect to \S+ after [\d.]+ s"
+    r"|[Uu]nable to connect to (?:the )?scheduler[^\n]*"
+    r"|scheduler-connection-lost"
+)
+
+
+def scheduler_unreachable(exc: BaseException) -> str | None:
+    """dask.distributed's words when ``exc`` or its cause says the scheduler is unreachable or
+    was lost, else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        found = _NO_SCHEDULER.search(str(exc))
+        if found:
+            return f"{type(exc).__name__}: {found.group(0)}"
         exc = exc.__cause__ or exc.__context__
     return None
 

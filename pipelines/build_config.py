@@ -21,7 +21,15 @@ from features.registry import (
 from pipelines import fileio
 from pipelines.filters import PRESETS, DocumentFilter, filter_for
 from pipelines.image_store import Placeholders
-from pipelines.runners import KNOWN_RUNNERS, canonical_runner, default_direct_workers, pipeline_options
+from pipelines.runners import (
+    dask_address_option,
+    dask_workers_option,
+    direct_workers_option,
+    job_workers,
+    known_or_as_given,
+    pipeline_options,
+    runner_option,
+)
 from pipelines.sources import SourceContext, SourceSpec, get_spec, source_names
 from pipelines.splits import DEFAULT_RATIOS, parse_split_sizes
 from schemas.config_fields import OFF, from_dict, int_or_off, is_int_or_off, option, validate
@@ -146,20 +154,10 @@ class BuildConfig:
     placeholder_distance: int = option(
         2, help="phash bits within which an image counts as a placeholder", flag="", group=FEATURES
     )
-    runner: str = option(
-        "DirectRunner",
-        help="Beam runner; cluster runners need their options after --",
-        choices=KNOWN_RUNNERS,
-        group=SHARDS,
-    )
-    direct_workers: int | None = option(
-        None,
-        help="DirectRunner: N local worker processes (default: $MMLINKS_DIRECT_WORKERS, else one"
-        " per core; 1 = in-process)",
-        check=lambda v: v is None or v >= 1,
-        rule=">= 1",
-        group=SHARDS,
-    )
+    runner: str = runner_option(SHARDS)
+    direct_workers: int | None = direct_workers_option(SHARDS)
+    dask_address: str | None = dask_address_option(SHARDS)
+    dask_workers: int | None = dask_workers_option(SHARDS)
     device: str = option(
         "cpu",
         help="feature extraction device",
@@ -196,6 +194,7 @@ class BuildConfig:
     )
 
     def __post_init__(self) -> None:
+        self.runner = known_or_as_given(self.runner)  # "dask" in a settings file, as on the CLI
         validate(self, "build config")
 
     @classmethod
@@ -243,6 +242,8 @@ class BuildConfig:
             "batch_size",
             "image_store",
             "direct_workers",
+            "dask_address",
+            "dask_workers",
             "crawl_state",
             "allow_empty",
         ):
@@ -299,10 +300,9 @@ class BuildConfig:
         return max(1, (os.cpu_count() or 1) // workers)
 
     def workers(self) -> int | None:
-        """DirectRunner worker processes (None for cluster runners)."""
-        if canonical_runner(self.runner) != "DirectRunner":
-            return None
-        return self.direct_workers or default_direct_workers()
+        """Worker processes on this machine: the DirectRunner's or the local Dask cluster's
+        (None for a cluster elsewhere)."""
+        return job_workers(self.runner, self.direct_workers, self.dask_address, self.dask_workers)
 
     def placeholders(self) -> Placeholders | None:
         if not self.placeholder_images:
@@ -310,7 +310,10 @@ class BuildConfig:
         return Placeholders.from_dir(self.placeholder_images, self.placeholder_distance)
 
     def pipeline_options(self):
-        return pipeline_options(self.runner, self.beam_args, direct_workers=self.workers())
+        direct = self.workers() if self.runner == "DirectRunner" else None
+        return pipeline_options(
+            self.runner, self.beam_args, direct_workers=direct, dask_address=self.dask_address
+        )
 
 
 def _placeholder_digest(ph: Placeholders) -> str:

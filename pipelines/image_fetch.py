@@ -17,9 +17,10 @@ import requests
 from features.images import InvalidImage
 from pipelines import fileio
 from pipelines.web.client import PoliteClient, iter_body
-from pipelines.web.deadline import Deadline, DeadlineAdapter
+from pipelines.web.deadline import Deadline
 from pipelines.web.guard import redact_url
 from pipelines.web.policy import HttpError
+from pipelines.web.transport import PinnedAdapter
 
 USER_AGENT = "mmlinks/0.1 (+https://github.com/mmlinks)"
 TOO_LARGE, FETCH_FAILED, NOT_FOUND = "too_large", "fetch_failed", "not_found"
@@ -86,7 +87,14 @@ class HttpFetcher:
     ``timeout`` is (connect, read) seconds per socket operation; ``max_seconds`` bounds a whole
     fetch, redirects included: connect, headers and body (a server that drips bytes, in its
     headers too: ``pipelines.web.deadline``). The session is created lazily and not pickled; a
-    session passed in is used as it is, so only its body reads are bounded.
+    session passed in is used as it is, so only its body reads are bounded and its addresses are
+    not checked.
+
+    Unless ``allow_private``, a host that resolves to a loopback/private/link-local/reserved
+    address is refused (``fetch_failed``, transient: it depends on this setting), on every
+    redirect hop, and each connection connects to exactly the addresses it checked
+    (``pipelines.web.transport``: no second DNS lookup to rebind). There is no allowlist: a
+    source whose URLs come from the web gives the store a ``PoliteFetcher``.
     """
 
     def __init__(
@@ -98,6 +106,7 @@ class HttpFetcher:
         max_redirects: int = 10,
         chunk_size: int = 64 * 1024,
         session: requests.Session | None = None,
+        allow_private: bool = False,
     ):
         self.timeout = timeout
         self.max_seconds = max_seconds
@@ -105,6 +114,7 @@ class HttpFetcher:
         self.max_redirects = max_redirects
         self.chunk_size = chunk_size
         self._session = session
+        self.allow_private = allow_private
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -117,8 +127,10 @@ class HttpFetcher:
             s = requests.Session()
             s.headers["User-Agent"] = self.user_agent
             s.max_redirects = self.max_redirects
-            s.mount("http://", DeadlineAdapter())  # a deadline reaches the socket before the headers
-            s.mount("https://", DeadlineAdapter())
+            # Pinned to the checked addresses; a deadline reaches the socket before the headers.
+            adapter = PinnedAdapter(public_only=not self.allow_private)
+            s.mount("http://", adapter)
+            s.mount("https://", adapter)
             self._session = s
         return self._session
 
@@ -145,6 +157,8 @@ class HttpFetcher:
             raise FetchFailed(FETCH_FAILED, f"connection error: {exc}"[:300], transient=True) from exc
         except requests.RequestException as exc:  # invalid URL, unsupported scheme, ...
             raise FetchFailed(FETCH_FAILED, f"{type(exc).__name__}: {exc}"[:300]) from exc
+        except HttpError as exc:  # the connection's address check (private_address)
+            raise FetchFailed(FETCH_FAILED, f"{exc.reason}: {exc.detail}"[:300], transient=True) from exc
         with resp:
             if deadline.expired:  # headers cut short parse as complete ones
                 raise self._too_slow()

@@ -24,6 +24,19 @@ words left out, for the multilingual recipes (``training/news/recipes.py``).
 
 Dates run from ``start_date`` over ``days`` in article order (plus jitter), so the news source's
 date split (train on the past, test on the future) has something to cut.
+
+Options for issue #34 (all off by default: a corpus without them is byte for byte what it was):
+
+- ``complementary``: each source names its own attributes (``COMPLEMENTARY``: the headline the
+  colour, the lead size and pattern, the caption the shape, the body the position), so no
+  single source tells the object apart from more than a fifth of the others and fusing the
+  sources is the only way to pin it down (the fusion target: beat the best single source).
+- ``names``: every attribute value is written as an invented name (``NAMES``: "velmorra" for
+  red, ...), the same in both languages, as names are not translated.
+- ``unseen_forms``: the last share of the articles (the test split of the default date split
+  at 0.1) writes every name in a form never used before (``unseen_form``: an inflection or a
+  typo, "velmorran" for "velmorra"), so words the training vocabulary never saw carry the
+  content (the subword target). The other articles are those of the corpus without it.
 """
 
 from __future__ import annotations
@@ -53,6 +66,26 @@ MENTIONS: dict[str, dict[str, float]] = {
     "caption": {"shape": 0.8, "pos": 0.9},
 }
 PRESENCE = {"headline": 1.0, "lead": 0.85, "body": 0.9, "caption": 0.75}
+# --complementary: every source names attributes no other source names
+COMPLEMENTARY: dict[str, dict[str, float]] = {
+    "headline": {"colour": 1.0},
+    "lead": {"size": 1.0, "pattern": 1.0},
+    "body": {"pos": 1.0},
+    "caption": {"shape": 1.0},
+}
+# --names: an invented name for every attribute value (a multi-word value is one name)
+NAMES = {
+    "red": "velmorra", "green": "quistobel", "blue": "dranvelt", "yellow": "osterwick",
+    "orange": "branzuela", "purple": "kelvadore", "pink": "mirtabelle", "brown": "holgraven",
+    "white": "fenwirral", "black": "zandoriel", "circle": "tremaskin", "square": "gulbranix",
+    "triangle": "pellowind", "star": "corvantis", "cross": "wyndelmar", "ring": "sarvolent",
+    "diamond": "ebrathune", "small": "lindquorra", "big": "mostravel", "top left": "harnesbury",
+    "top right": "caldowyne", "bottom left": "prescovia", "bottom right": "ulvermoor",
+    "middle": "tassenford", "stripes": "rondevique", "checks": "belvastor", "dots": "quimbarrow",
+    "plain": "ostravenne",
+}  # fmt: skip
+NAME_WORDS = frozenset(NAMES.values())
+FORM_SUFFIXES = ("s", "en", "a")  # inflections; unseen_form also drops or doubles a letter
 
 # Glue and filler words per source; the attribute words go between them.
 GLUE = {
@@ -129,19 +162,53 @@ class NewsSynthConfig:
         check=lambda v: 0 <= v < 1,
         rule="in [0, 1)",
     )
+    complementary: bool = option(
+        False,
+        help="each source names its own attributes (headline colour, lead size and pattern, caption "
+        "shape, body position): no single source suffices, fusion does (issue #34)",
+    )
+    names: bool = option(
+        False,
+        help="write every attribute value as an invented name ('velmorra' for red), untranslated",
+    )
+    unseen_forms: float = option(
+        0.0,
+        help="with --names: share of the LAST articles (0.1 = the default date split's test split) that "
+        "write each name in a form never used before ('velmorran', 'velmora'): unseen words",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
+    )
 
     def __post_init__(self) -> None:
         validate(self, "synthetic news corpus options")
         dt.date.fromisoformat(self.start_date)  # a clear ValueError for a bad date
+        if self.unseen_forms and not self.names:
+            raise ValueError("synthetic news corpus options: unseen_forms needs names (--names)")
 
 
-def attribute_words(spec: ObjectSpec, attribute: str) -> list[str]:
-    return str(getattr(spec, attribute)).split()
+ISSUE_34_OPTIONS = {"complementary": False, "names": False, "unseen_forms": 0.0}
+
+
+def attribute_words(spec: ObjectSpec, attribute: str, names: bool = False) -> list[str]:
+    value = str(getattr(spec, attribute))
+    return [NAMES[value]] if names else value.split()
 
 
 def translate(words: list[str], language: str) -> list[str]:
-    """English words -> the article's language (``de``: the lexicon, word for word)."""
-    return list(words) if language == "en" else [LEXICON[w] for w in words]
+    """English words -> the article's language (``de``: the lexicon, word for word; names stay)."""
+    return list(words) if language == "en" else [w if w in NAME_WORDS else LEXICON[w] for w in words]
+
+
+def unseen_form(name: str, rng: random.Random) -> str:
+    """A form of ``name`` that no article without ``unseen_forms`` uses: a suffix, the last
+    letter dropped, or an inner letter doubled (most of its character n-grams stay)."""
+    kind = rng.randrange(len(FORM_SUFFIXES) + 2)
+    if kind < len(FORM_SUFFIXES):
+        return name + FORM_SUFFIXES[kind]
+    if kind == len(FORM_SUFFIXES):
+        return name[:-1]
+    i = rng.randrange(2, len(name) - 1)
+    return name[:i] + name[i] + name[i:]
 
 
 def _random_object(rng: random.Random) -> ObjectSpec:
@@ -156,19 +223,33 @@ def _random_object(rng: random.Random) -> ObjectSpec:
 
 
 def source_text(
-    source: str, spec: ObjectSpec, rng: random.Random, distractor: ObjectSpec | None = None
+    source: str,
+    spec: ObjectSpec,
+    rng: random.Random,
+    distractor: ObjectSpec | None = None,
+    cfg: NewsSynthConfig | None = None,
 ) -> list[str]:
     """The English words of one source about ``spec`` (before translation)."""
+    names = bool(cfg and cfg.names)
+    mentions = COMPLEMENTARY if cfg and cfg.complementary else MENTIONS
     words = list(rng.choice(GLUE[source]))
-    named = [a for a in ATTRIBUTES if rng.random() < MENTIONS[source].get(a, 0.0)]
+    named = [a for a in ATTRIBUTES if rng.random() < mentions[source].get(a, 0.0)]
     for a in named:
-        words += attribute_words(spec, a)
+        words += attribute_words(spec, a, names)
     if source == "body":
         body = [*rng.choice(FILLER), *words, *rng.choice(FILLER)]
         if distractor is not None:  # a second object in the story, not in the photo
-            body += [*NEARBY, *attribute_words(distractor, "colour"), *attribute_words(distractor, "shape")]
+            body += [
+                *NEARBY,
+                *attribute_words(distractor, "colour", names),
+                *attribute_words(distractor, "shape", names),
+            ]
         return body
     return words
+
+
+def _rewrite_forms(text: str, rng: random.Random) -> str:
+    return " ".join(unseen_form(w, rng) if w in NAME_WORDS else w for w in text.split(" "))
 
 
 def generate_article(cfg: NewsSynthConfig, index: int) -> tuple[dict, list[Image.Image]]:
@@ -184,7 +265,7 @@ def generate_article(cfg: NewsSynthConfig, index: int) -> tuple[dict, list[Image
     present = {s: rng.random() < PRESENCE[s] for s in SOURCES}
     present["headline"] = True  # every article has a headline
     texts = {
-        s: " ".join(translate(source_text(s, event, rng, distractor), language))
+        s: " ".join(translate(source_text(s, event, rng, distractor, cfg), language))
         for s in ("headline", "lead", "body")
     }
     article_id = f"news-{cfg.seed}-{index:06d}"
@@ -193,7 +274,7 @@ def generate_article(cfg: NewsSynthConfig, index: int) -> tuple[dict, list[Image
     )
     images, records = [], []
     for k, spec in enumerate(specs):
-        caption = " ".join(translate(source_text("caption", spec, rng), language))
+        caption = " ".join(translate(source_text("caption", spec, rng, cfg=cfg), language))
         images.append(render(spec, cfg.image_size, rng))
         records.append(
             {
@@ -202,6 +283,11 @@ def generate_article(cfg: NewsSynthConfig, index: int) -> tuple[dict, list[Image
                 "object": f"{spec.size} {spec.colour} {spec.shape} {spec.pos} {spec.pattern}",
             }
         )
+    if index >= cfg.articles * (1 - cfg.unseen_forms) and cfg.unseen_forms:  # its own rng: the
+        forms = random.Random(f"forms:{cfg.seed}:{index}")  # rest of the corpus stays the same
+        texts = {s: _rewrite_forms(t, forms) for s, t in texts.items()}
+        for r in records:
+            r["caption"] = _rewrite_forms(r["caption"], forms)
     record = {
         "article_id": article_id,
         "date": day.isoformat(),
@@ -267,6 +353,7 @@ def write_news_corpus(
                 progress(1)
     if cfg.vector_dim:
         write_vectors(out / "vectors", cfg.vector_dim, cfg.seed, cfg.vector_oov_rate)
-    meta = {"format": FORMAT, "languages": ["en", "de"], "sources": list(SOURCES), **asdict(cfg)}
+    options = {k: v for k, v in asdict(cfg).items() if ISSUE_34_OPTIONS.get(k, None) != v}  # as before
+    meta = {"format": FORMAT, "languages": ["en", "de"], "sources": list(SOURCES), **options}
     (out / "corpus.json").write_text(json.dumps(meta, indent=2))
     return path

@@ -6,6 +6,12 @@ one-line MmlinksError naming it), the pass-through arguments are kept verbatim, 
 ``save_main_session`` is always False. ``advisories`` lists non-fatal advice (custom container,
 GPU flags). See docs/runners.md for one example command per runner. DirectRunner options also
 shorten Beam's per-bundle state-sampler period for this process (``short_state_sampling``).
+
+The Dask runner (``--runner dask``) runs the graphs on a dask.distributed cluster through
+``pipelines/dask_runner.py``: at ``--dask-address`` (a running scheduler), or on a local cluster
+of ``--dask-workers`` processes that ``runner_cluster`` starts for the job and stops after it.
+Its two fields are declared once here (``dask_address_option``, ``dask_workers_option``) and
+used by every job config (BuildConfig, LinkConfig).
 """
 
 from __future__ import annotations
@@ -23,12 +29,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # Beam is imported where options are made: the CLI's parser imports this module
     from apache_beam.options.pipeline_options import PipelineOptions
 
+from schemas.config_fields import option
 from schemas.errors import MmlinksError
 
 log = logging.getLogger(__name__)
 
-DIRECT, DATAFLOW, FLINK, SPARK = "DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner"
-KNOWN_RUNNERS = (DIRECT, DATAFLOW, FLINK, SPARK)
+DIRECT, DATAFLOW, FLINK, SPARK, DASK = (
+    "DirectRunner",
+    "DataflowRunner",
+    "FlinkRunner",
+    "SparkRunner",
+    "DaskRunner",
+)
+KNOWN_RUNNERS = (DIRECT, DATAFLOW, FLINK, SPARK, DASK)
+# Beam's DaskRunner with the translation the graphs need (pipelines/dask_runner.py says why);
+# named by path so that this module stays cheap to import (the CLI's parser reads it).
+DASK_RUNNER_PATH = "pipelines.dask_runner.DaskRunner"
 ENVIRONMENT_TYPES = ("DOCKER", "PROCESS", "EXTERNAL", "LOOPBACK")
 
 # GPU workers for feature extraction on Dataflow (one T4 per worker, driver installed by Dataflow).
@@ -50,6 +66,24 @@ def canonical_runner(runner: str) -> str:
     if name is None:
         raise MmlinksError(f"unknown Beam runner {runner!r}; known runners: {', '.join(KNOWN_RUNNERS)}")
     return name
+
+
+def known_or_as_given(runner):
+    """The canonical name of a known runner spelling (``dask`` -> ``DaskRunner``), else the value
+    unchanged, so a config's validation names it among the choices."""
+    return _ALIASES.get(runner.strip().lower(), runner) if isinstance(runner, str) else runner
+
+
+def runner_option(group: str):
+    """The ``runner`` field of a job config (BuildConfig, LinkConfig): one declaration."""
+    return option(
+        DIRECT,
+        help="Beam runner (dask: a dask.distributed cluster, see --dask-address); Dataflow, Flink "
+        "and Spark need their options after --",
+        choices=KNOWN_RUNNERS,
+        parse=canonical_runner,
+        group=group,
+    )
 
 
 def _given(args: Sequence[str], option: str) -> bool:
@@ -146,14 +180,17 @@ def pipeline_options(
     *,
     job_name: str | None = None,
     direct_workers: int | None = None,
+    dask_address: str | None = None,
 ) -> PipelineOptions:
     """Checked PipelineOptions for ``runner`` (see KNOWN_RUNNERS) plus pass-through ``beam_args``.
 
     ``job_name`` is used unless ``beam_args`` name one (sanitised for Dataflow).
     ``direct_workers`` > 1 runs the DirectRunner with that many worker processes
     (``--direct_num_workers=N --direct_running_mode=multi_processing``; a running mode given in
-    ``beam_args`` wins). Raises MmlinksError for an unknown runner, a conflicting ``--runner`` in
-    ``beam_args`` or a missing required option.
+    ``beam_args`` wins). ``dask_address`` is the Dask scheduler (``--dask_client_address``);
+    without it a Dask job runs on the local cluster ``runner_cluster`` starts. Raises
+    MmlinksError for an unknown runner, a conflicting ``--runner`` in ``beam_args`` or a missing
+    required option.
     """
     from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
@@ -166,7 +203,7 @@ def pipeline_options(
                 raise MmlinksError(
                     f"pass the runner once, with --runner ({name}), not in the Beam options ({a})"
                 )
-    args = [f"--runner={name}", *beam_args]
+    args = [f"--runner={DASK_RUNNER_PATH if name == DASK else name}", *beam_args]
     if job_name and not _given(beam_args, "job_name"):
         args.append(f"--job_name={dataflow_job_name(job_name) if name == DATAFLOW else job_name}")
     if direct_workers is not None:
@@ -178,6 +215,13 @@ def pipeline_options(
             args.append(f"--direct_num_workers={direct_workers}")
             if not _given(beam_args, "direct_running_mode"):
                 args.append("--direct_running_mode=multi_processing")
+    if dask_address is not None:
+        if name != DASK:
+            raise MmlinksError(f"dask_address applies to the Dask runner only, not {name}")
+        if not _given(beam_args, "dask_client_address"):
+            args.append(f"--dask_client_address={dask_address}")
+    if name == DASK:
+        _dask_options()  # registers Beam's --dask_* options before they are parsed
     options = PipelineOptions(args, save_main_session=False)
     stderr = io.StringIO()
     try:
@@ -194,6 +238,104 @@ def pipeline_options(
     for advice in advisories(name, beam_args):
         log.warning("%s: %s", name, advice)
     return options
+
+
+def _dask_options():
+    try:
+        from apache_beam.runners.dask.dask_runner import DaskOptions
+    except ImportError as exc:  # dask or distributed missing: pyproject.toml declares both
+        raise MmlinksError(f"the Dask runner needs dask and distributed installed ({exc})") from None
+    return DaskOptions
+
+
+DASK_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx|ws|wss)://\S+$|^[\w.\-\[\]:]+:\d+$")
+
+
+def dask_address_option(group: str):
+    """The ``dask_address`` field of a job config: one declaration for every Beam job."""
+    return option(
+        None,
+        help="--runner dask: a running Dask scheduler (tcp://host:8786); without it the command "
+        "starts a local cluster of --dask-workers processes and stops it after the job",
+        check=lambda v: v is None or bool(DASK_ADDRESS.match(str(v))),
+        rule="a scheduler address like tcp://host:8786",
+        metavar="ADDRESS",
+        group=group,
+    )
+
+
+def direct_workers_option(group: str):
+    """The ``direct_workers`` field of a job config (the DirectRunner's local worker processes)."""
+    return option(
+        None,
+        help="DirectRunner: N local worker processes (default: $MMLINKS_DIRECT_WORKERS, else one"
+        " per core; 1 = in-process)",
+        check=lambda v: v is None or v >= 1,
+        rule=">= 1",
+        group=group,
+    )
+
+
+def dask_workers_option(group: str):
+    """The ``dask_workers`` field of a job config (the local cluster's worker processes)."""
+    return option(
+        None,
+        help="--runner dask without --dask-address: worker processes of the local cluster, one "
+        "thread each (default: one per core)",
+        check=lambda v: v is None or v >= 1,
+        rule=">= 1",
+        group=group,
+    )
+
+
+def job_workers(runner: str, direct_workers: int | None, dask_address, dask_workers) -> int | None:
+    """Worker processes on this machine that a job's CPU threads are divided among: the
+    DirectRunner's, or the local Dask cluster's; None for a cluster somewhere else. A Dask
+    option with another runner is refused (it would be ignored silently)."""
+    name = canonical_runner(runner)
+    if name != DASK and (dask_address is not None or dask_workers is not None):
+        raise MmlinksError(f"--dask-address and --dask-workers go with --runner dask, not {name}")
+    if name == DIRECT:
+        return direct_workers or default_direct_workers()
+    if name == DASK and dask_address is None:
+        if dask_workers is None:
+            return os.cpu_count() or 1
+        return dask_workers
+    return None
+
+
+@contextlib.contextmanager
+def runner_cluster(options: PipelineOptions, workers: int | None):
+    """The job's options, with a local Dask cluster of ``workers`` processes (one thread each)
+    started for a Dask job that names no scheduler, and closed after it; other jobs: as given.
+
+    A real scheduler and real worker processes (dask.distributed's LocalCluster with a nanny
+    per worker, which restarts a worker that dies), the same software as a cluster on
+    Kubernetes; only its address is local."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    if options.view_as(StandardOptions).runner != DASK_RUNNER_PATH:
+        yield options
+        return
+    view = options.view_as(_dask_options())
+    if view.address or view.scheduler_file:
+        yield options
+        return
+    from dask.distributed import LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=workers or os.cpu_count() or 1,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+    )
+    try:
+        view.address = cluster.scheduler_address
+        yield options
+    finally:
+        view.address = None
+        cluster.close()
 
 
 def _require(name: str, value, option: str, what: str) -> None:
@@ -288,6 +430,7 @@ def advisories(runner: str, beam_args: Sequence[str]) -> list[str]:
 
 _EXAMPLES: dict[str, list[str]] = {
     DIRECT: ["--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+    DASK: ["--dask_client_address=tcp://dask-scheduler:8786"],
     DATAFLOW: [
         "--project=my-project",
         "--region=us-central1",
@@ -312,6 +455,7 @@ _EXAMPLES: dict[str, list[str]] = {
 
 _EXAMPLE_IO = {
     DIRECT: ("raw/", "data/mmlinks"),
+    DASK: ("raw/", "data/mmlinks"),
     DATAFLOW: ("gs://my-bucket/raw", "gs://my-bucket/datasets/mmlinks"),
     FLINK: ("s3://my-bucket/raw", "s3://my-bucket/datasets/mmlinks"),
     SPARK: ("s3://my-bucket/raw", "s3://my-bucket/datasets/mmlinks"),
@@ -341,6 +485,7 @@ def example_command(runner: str, *, beam_arg_flag: bool = False) -> str:
 
 
 __all__ = [
+    "DASK_RUNNER_PATH",
     "DATAFLOW_GPU_ARGS",
     "DATAFLOW_GPU_SERVICE_OPTION",
     "KNOWN_RUNNERS",
@@ -349,5 +494,9 @@ __all__ = [
     "dataflow_job_name",
     "example_beam_args",
     "example_command",
+    "job_workers",
+    "known_or_as_given",
     "pipeline_options",
+    "runner_cluster",
+    "runner_option",
 ]

@@ -35,6 +35,26 @@ def parse_sources(text: str) -> tuple[str, ...]:
     return tuple(n for n in NEWS_SOURCES if n in names)
 
 
+def parse_token_limits(text: str) -> dict[str, int]:
+    """'headline=30,body=300' -> {source: tokens kept}; ValueError for an unknown source, a
+    repeated one or a count below 1 (``--news-max-tokens``)."""
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in NEWS_SOURCES:
+            raise ValueError(f"{part!r} is not SOURCE=TOKENS with SOURCE one of {', '.join(NEWS_SOURCES)}")
+        if name in out:
+            raise ValueError(f"source {name!r} is given twice")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            raise ValueError(f"{part!r}: {value.strip()!r} is not a whole number") from None
+        if out[name] < 1:
+            raise ValueError(f"{part!r}: at least 1 token")
+    return out
+
+
 def check_news_dataset(manifest, data: str) -> list[str]:
     """What a dataset lacks for ``--objective news``: its rows must be news samples (metadata
     naming their sources, what ``--source news-jsonl`` / ``goodnews`` build); read from the

@@ -291,7 +291,7 @@ OWN_RAY_RUNS = (
 
 # A test that needs one of these starts Ray, a Ray cluster, a server or a training run: it is
 # `slow` (left out of `make test-quick`) without saying so itself.
-SLOW_FIXTURES = {"ray_local", "trained", "cluster", "postgres", "mlflow_server"}
+SLOW_FIXTURES = {"ray_local", "trained", "cluster", "postgres", "mlflow_server", "dask_cluster"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
@@ -408,6 +408,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def dask_cluster():
+    """A real dask.distributed cluster: a scheduler and two worker processes (one thread each,
+    each with its nanny), started once per test run; yields its scheduler address."""
+    import logging
+
+    from dask.distributed import LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+    )
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
 
 
 def venv_env(**extra: str) -> dict:

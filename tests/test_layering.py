@@ -2,7 +2,9 @@
 
 A package never imports one above it (Dagster code never calls the CLI; library code never
 imports the orchestrator), and inside a package no two modules import each other, directly or
-through others: an import cycle means one of them reaches upward.
+through others: an import cycle means one of them reaches upward. Over the whole tree no
+modules import each other in a circle either, and training's model families (``FAMILIES``) stand
+side by side over one core: a family never imports another.
 """
 
 import ast
@@ -13,6 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ["schemas", "features", "pipelines", "training", "linking", "orchestration", "cli"]
 EXTERNAL_ABOVE = {"orchestration": {"dagster"}}  # libraries that belong to one layer only
+# training's model families: each registers itself with the core's registries (training/families.py)
+FAMILIES = ["training.link", "training.retrieval", "training.news"]
+TREE = [*LAYERS, "benchmarks"]
 
 
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
@@ -73,8 +78,10 @@ def test_orchestration_never_imports_the_cli():
         assert not bad, f"{f.relative_to(ROOT)} imports the CLI: {sorted(bad)}"
 
 
-def _graph(package: str) -> dict[str, set[str]]:
-    modules = {module_name(f): f for f in package_files(package)}
+def _graph(package: str | list[str]) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` (or of several) it imports when it runs."""
+    packages = [package] if isinstance(package, str) else package
+    modules = {module_name(f): f for p in packages if (ROOT / p).is_dir() for f in package_files(p)}
     graph: dict[str, set[str]] = {}
     for name, f in modules.items():
         targets = set()
@@ -84,7 +91,7 @@ def _graph(package: str) -> dict[str, set[str]]:
             # `from pkg import mod` names a module; `from pkg.mod import f` its module
             while m and m not in modules:
                 m = m.rpartition(".")[0]
-            if m and m != name and not name.startswith(m + ".") and m != package:
+            if m and m != name and not name.startswith(m + ".") and m not in packages:
                 targets.add(m)
         graph[name] = targets
     return graph
@@ -152,3 +159,64 @@ def test_generic_pipelines_modules_never_import_a_source():
         sources = {d for d in deps if d.startswith("pipelines.sources")}
         allowed = {"pipelines.sources"} if mod in registry_users else set()
         assert sources <= allowed, f"{mod} imports {sources - allowed}"
+
+
+def test_no_import_cycle_anywhere():
+    """Across packages too: benchmarks, the CLI and every layer in one graph."""
+    cycle = _cycle(_graph(TREE))
+    assert cycle is None, "modules import each other: " + " -> ".join(cycle)
+
+
+def test_the_tree_wide_graph_sees_imports_across_packages():
+    """The tree-wide graph holds the edges between packages, so a circle through two packages
+    shows, not only one inside a package."""
+    graph = _graph(TREE)
+    assert "schemas.config_fields" in graph["training.config"]
+    assert "training.objectives.registry" in graph["training.link.registration"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_family_imports_another(family):
+    """A family reads the core, never another family (type-only imports and imports inside
+    functions included): what two families share belongs in the core."""
+    others = [f for f in FAMILIES if f != family]
+    files = package_files(family.replace(".", "/"))
+    assert files
+    for f in files:
+        bad = {m for m in imported_modules(f) if any(m == o or m.startswith(o + ".") for o in others)}
+        assert not bad, f"{f.relative_to(ROOT)} imports {sorted(bad)} from another family"
+
+
+def test_every_family_registers_itself():
+    """training.families names one registration module inside each family package."""
+    from training.families import FAMILIES as REGISTRATIONS
+
+    assert {r.rpartition(".")[0] for r in REGISTRATIONS} == set(FAMILIES)
+
+
+# What the core still imports from a family: nothing. The experiment and the promotion gate
+# reach the retrieval and news families through the core's hooks (training/family_hooks.py, filled
+# by each family's registration). May stay empty, never grow.
+CORE_READS_FAMILY: dict[str, set[str]] = {}
+
+
+def _family_of(module: str) -> str | None:
+    return next((f for f in FAMILIES if module == f or module.startswith(f + ".")), None)
+
+
+def test_the_core_imports_no_family():
+    """training's core names its families only as strings (training/families.py: registrations
+    and options, loaded by name) and reaches them through the hooks they register
+    (training/family_hooks.py); a core module importing a family (every import counted) fails,
+    beyond what CORE_READS_FAMILY lists (nothing)."""
+    core = [f for f in package_files("training") if _family_of(module_name(f)) is None]
+    assert core
+    for f in core:
+        allowed = CORE_READS_FAMILY.get(module_name(f), set())
+        # `from training.news.serving import x` names training.news.serving.x too: its module is allowed
+        bad = {
+            m
+            for m in imported_modules(f)
+            if _family_of(m) and not any(m == a or m.startswith(a + ".") for a in allowed)
+        }
+        assert not bad, f"{f.relative_to(ROOT)} imports {sorted(bad)} from a model family"

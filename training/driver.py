@@ -51,8 +51,11 @@ class TrainResult:
     history: list[dict]
 
 
-def training_feature_stats(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-dimension mean and std of the training images' CNN features (streamed by shard)."""
+def training_feature_stats(paths: list[str], centred: bool = False) -> tuple[np.ndarray, ...]:
+    """Per-dimension mean and std of the training images' CNN features (streamed by shard);
+    with ``centred``, a third array: the std of the standardised features minus their
+    document's mean, over documents with >= 2 images (``training.model.ImageEncoder``'s
+    document centring; a second pass)."""
     from schemas.shards import read_table
     from training.data import features_of
 
@@ -70,7 +73,23 @@ def training_feature_stats(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
         raise MmlinksError("the training shards hold no image: nothing to train the image encoder on")
     mean = total / n
-    return mean.astype(np.float32), np.sqrt(np.maximum(total_sq / n - mean**2, 0)).astype(np.float32)
+    std = np.sqrt(np.maximum(total_sq / n - mean**2, 0))
+    if not centred:
+        return mean.astype(np.float32), std.astype(np.float32)
+    sq, m, bsq, b = np.zeros_like(mean), 0, np.zeros_like(mean), 0
+    for p in paths:
+        feats, _ = features_of(read_table([p], columns=["images"]))
+        for f in feats:
+            if len(f) >= 2:
+                z = (f.astype(np.float64) - mean) / np.maximum(std, 1e-6)
+                sq += ((z - z.mean(0)) ** 2).sum(0)
+                m += len(f)
+                bsq += len(f) * z.mean(0) ** 2  # per image, as the encoder sees each mean
+                b += len(f)
+    centred_std = np.sqrt(sq / m) if m else np.ones_like(mean)
+    between_std = np.sqrt(bsq / b) if b else np.ones_like(mean)
+    f32 = np.float32
+    return mean.astype(f32), std.astype(f32), centred_std.astype(f32), between_std.astype(f32)
 
 
 def training_sentences(paths: list[str], with_concepts: bool) -> Iterator[str]:
@@ -279,7 +298,7 @@ def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
             storage_path=inp.storage,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=2,
-                checkpoint_score_attribute=cfg.select_by,
+                checkpoint_score_attribute=checkpoints.SELECT_SCORE,
                 checkpoint_score_order=SELECTION_ORDER[cfg.select_by],
             ),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
@@ -306,7 +325,7 @@ def best_checkpoint(trainer, select_by: str = "val_loss"):
     if result.error:
         raise MmlinksError(f"training failed: {failure_message(result.error)}")
     try:
-        best = result.get_best_checkpoint(metric=select_by, mode=SELECTION_ORDER[select_by])
+        best = result.get_best_checkpoint(metric=checkpoints.SELECT_SCORE, mode=SELECTION_ORDER[select_by])
     except RuntimeError as exc:  # Ray raises when the run directory holds no checkpoint
         raise MmlinksError(f"training produced no checkpoint: {exc}") from exc
     if best is None:
@@ -348,38 +367,18 @@ def fit(
     """Train on ``cfg.data`` with Ray Train and return the lowest-validation-loss model."""
     import ray.data
 
-    from training.text import embedding_matrix
-
     inp = check_inputs(cfg)
-    cfg, train_paths = inp.cfg, inp.train_paths
-    feature_stats = training_feature_stats(train_paths)
-    vocab = Vocabulary.build(
-        training_sentences(train_paths, get_backbone(cfg.model_backbone).needs_regions), cfg.min_word_count
-    )
-    emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
-    model_cfg = model_config(cfg, inp.manifest, len(vocab), emb.shape[1], train_paths)
-
-    connect_ray(cfg)
-    data_ctx = ray.data.DataContext.get_current()
-    data_ctx.enable_progress_bars = False
-    data_ctx.execution_options.preserve_order = True  # same batches on a resumed run
+    cfg = inp.cfg
     # A fresh name per run: Ray resumes any run whose name already exists under storage, so
     # reusing a fixed name would silently continue (or re-register) an old run. Pass the same
     # run_name and storage_path explicitly to resume after a crash.
     run_name = cfg.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    loop_config = {
-        "train": {**cfg.to_dict(), "run_name": run_name},
-        "model": model_cfg,
-        "vocab": vocab.words,
-        "embeddings": emb,
-        "feature_stats": feature_stats,
-        "val_paths": inp.val_paths,
-        "mlflow_run_id": mlflow_run_id,
-        "mlflow_tracking_uri": mlflow_tracking_uri,
-        # the spec itself: an objective registered at run time (a test's) reaches the workers
-        "objective_spec": get_objective(cfg.objective),
-        "test_kill": fault_hooks.kill_config(),
-    }
+    loop_config, vocab = worker_loop_config(inp, run_name, mlflow_run_id, mlflow_tracking_uri)
+    connect_ray(cfg)
+    data_ctx = ray.data.DataContext.get_current()
+    data_ctx.enable_progress_bars = False
+    data_ctx.execution_options.preserve_order = True  # same batches on a resumed run
+    model_cfg = loop_config["model"]
     if cfg.num_workers == 0:
         latest, best = run_in_process(inp, loop_config, Path(inp.storage) / run_name)
     else:
@@ -396,3 +395,35 @@ def fit(
         checkpoint=best,
         history=history_of(latest, meta),
     )
+
+
+def worker_loop_config(
+    inp: RunInputs, run_name: str, mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None
+) -> tuple[dict, Vocabulary]:
+    """(what every worker's ``train_loop_per_worker`` gets, the vocabulary): the vocabulary,
+    word vectors, model config and feature statistics built from the training split."""
+    from training.text import embedding_matrix
+
+    cfg, train_paths = inp.cfg, inp.train_paths
+    vocab = Vocabulary.build(
+        training_sentences(train_paths, get_backbone(cfg.model_backbone).needs_regions), cfg.min_word_count
+    )
+    emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
+    model_cfg = model_config(cfg, inp.manifest, len(vocab), emb.shape[1], train_paths)
+    feature_stats = training_feature_stats(
+        train_paths, centred=model_cfg.get("image_centring", "none") != "none"
+    )
+    loop_config = {
+        "train": {**cfg.to_dict(), "run_name": run_name},
+        "model": model_cfg,
+        "vocab": vocab.words,
+        "embeddings": emb,
+        "feature_stats": feature_stats,
+        "val_paths": inp.val_paths,
+        "mlflow_run_id": mlflow_run_id,
+        "mlflow_tracking_uri": mlflow_tracking_uri,
+        # the spec itself: an objective registered at run time (a test's) reaches the workers
+        "objective_spec": get_objective(cfg.objective),
+        "test_kill": fault_hooks.kill_config(),
+    }
+    return loop_config, vocab

@@ -20,7 +20,7 @@ from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from training.backbone import needs_regions
-from training.data import TRAINING_COLUMNS, features_of, make_batch
+from training.data import TRAINING_COLUMNS, make_batch
 from training.loop import link_scores
 from training.metrics import DocMetrics, document_metrics, random_baseline, summarize
 from training.text import Vocabulary
@@ -34,14 +34,12 @@ def evaluate(
     max_tokens: int = 20,
     batch_docs: int = 64,
     seed: int = 0,
-    spread: bool = False,
-    word_vectors: str = "glove",
 ) -> dict:
-    """{"model", "random", "per_doc", "predictions"[, "spread"]} on ``split`` of the dataset.
+    """{"model", "random", "per_doc", "predictions"} on ``split`` of the dataset.
 
     ``per_doc`` holds one dict per labelled document (doc_id, auc, p_at_1, p_at_5 on a 0..1
-    scale, n_sentences, n_images, n_links; plus image_spread and text_spread with ``spread``).
-    ``spread`` also adds the OLS analysis of ``training.spread`` under "spread".
+    scale, n_sentences, n_images, n_links); ``training.link.spread.add_spread`` adds each one's
+    image and text spread and the OLS analysis (``mmlinks evaluate --spread``).
     """
     manifest = Manifest.read(data)
     paths = manifest.shard_paths(data, split)
@@ -73,35 +71,13 @@ def evaluate(
                     per_doc.append(m)
     if not per_doc:
         raise MmlinksError(f"no labelled {split} document to evaluate (links are null or trivial)")
-    rows = [dict(m.__dict__) for m in per_doc]
-    out = {
+    return {
         "model": summarize(per_doc),
         "random": random_baseline(shapes, seed),
-        "per_doc": rows,
+        "per_doc": [dict(m.__dict__) for m in per_doc],
         "predictions": predictions,
         "n_skipped": table.num_rows - len(per_doc),
     }
-    if spread:
-        out["spread"] = add_spread(rows, table, word_vectors)
-    return out
-
-
-def add_spread(rows: list[dict], table, word_vectors: str = "glove") -> dict:
-    """Add image_spread / text_spread to each per-document row; returns the OLS analysis."""
-    from training.baselines import WordVectors
-    from training.spread import document_spread, spread_regressions
-
-    sentences = table.column("sentences").to_pylist()
-    words = WordVectors.load(word_vectors, (s for doc in sentences for s in doc))
-    feats, _ = features_of(table)
-    by_id = {
-        d: document_spread(d, s, f, words)
-        for d, s, f in zip(table.column("doc_id").to_pylist(), sentences, feats, strict=True)
-    }
-    spreads = [by_id[r["doc_id"]] for r in rows]
-    for r, sp in zip(rows, spreads, strict=True):
-        r["image_spread"], r["text_spread"] = sp.image_spread, sp.text_spread
-    return {"word_vectors": words.name, **spread_regressions([r["auc"] for r in rows], spreads)}
 
 
 def write_per_doc(rows: list[dict], path: str | Path) -> Path:

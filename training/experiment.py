@@ -23,6 +23,7 @@ from training.backbone import get_backbone
 from training.config import TrainConfig
 from training.driver import fit
 from training.evaluate import evaluate
+from training.family_hooks import run_finish
 from training.metrics import flat_within_warning
 from training.objectives.registry import check_objective_data, get_objective
 from training.packaging import example_document, log_link_model
@@ -217,121 +218,6 @@ def _log_scores(scores: dict, best_epoch: int) -> None:
         mlflow.log_artifact(str(preds))
 
 
-def flat_retrieval_metrics(scores: dict) -> dict[str, float]:
-    """test_medr, test_r10, test_i2t_medr, test_refined_medr, test_<relation>_medr,
-    test_ap_<relation>, ... from ``training.retrieval.objective.evaluate_pairs``."""
-    out = {}
-    keys = (
-        ("t2i", "test_"),
-        ("i2t", "test_i2t_"),
-        ("t2i_refined", "test_refined_"),
-        ("t2i_refined_tuned", "test_tuned_"),
-    )
-    for key, prefix in keys:
-        for k, v in (scores.get(key) or {}).items():
-            if k in ("medr", "medr_std", "medr_frac", "r1", "r5", "r10", "refine_lambda", "refine_threshold"):
-                out[prefix + k] = v
-    for rel, m in (scores.get("relations") or {}).items():
-        out.update({f"test_{rel}_{k}": m[k] for k in ("medr", "r1", "r5", "r10") if k in m})
-    for rel, ap in (scores.get("relation_ap") or {}).items():
-        out[f"test_ap_{rel}"] = ap
-    return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
-
-
-def _retrieval_result(
-    cfg: TrainConfig,
-    manifest,
-    run,
-    result,
-    tracking_uri: str,
-    model_name: str | None,
-    alias: str | None,
-    report_dir=None,
-) -> ExperimentResult:
-    """A retrieval run's test evaluation (MedR/R@K, refined, per relation, relation AP), logged
-    with the packaged retrieval model (``training/retrieval/serving.py``: its gallery is the
-    test split's images, its refinement the lambda and T chosen on validation), registered under
-    ``model_name`` as ``alias`` when a name is given."""
-    from training.data import make_batch
-    from training.loop import validation_batches
-    from training.retrieval.objective import evaluate_pairs, tune_refinement
-
-    test_paths = [str(p) for p in manifest.shard_paths(cfg.data, "test")]
-    tables = validation_batches(test_paths, cfg.batch_docs, 0, 1, ("metadata",))
-    batches = [make_batch(t, result.vocab, cfg.max_tokens) for t in tables]
-    val_paths = [str(p) for p in manifest.shard_paths(cfg.data, "val")]
-    val = [
-        make_batch(t, result.vocab, cfg.max_tokens)
-        for t in validation_batches(val_paths, cfg.batch_docs, 0, 1, ("metadata",))
-    ]
-    tuned = tune_refinement(result.model, val, cfg) if val else None
-    scores = evaluate_pairs(result.model, batches, cfg, list(manifest.relations or []), tuned)
-    mlflow.log_metrics(flat_retrieval_metrics(scores))
-    mlflow.log_metric("best_epoch", result.best_epoch)
-    mlflow.log_dict(scores, "test_retrieval.json")
-    mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
-    mlflow.log_dict({"history": result.history}, "training_history.json")
-    refine = tuned or {"refine_lambda": cfg.refine_lambda, "refine_threshold": cfg.refine_threshold}
-    report_path = _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir)
-    model_uri = _package_retrieval(cfg, manifest, run, result, test_paths, refine)
-    version = None
-    if model_name and model_uri:
-        version = tracking.register(model_uri, model_name, alias, tracking_uri)
-        model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
-    return ExperimentResult(
-        run_id=run.info.run_id,
-        model_uri=model_uri,
-        model_version=version,
-        best_epoch=result.best_epoch,
-        test=scores,
-        random=None,
-        tracking_uri=tracking_uri,
-        report_path=report_path,
-    )
-
-
-def _package_retrieval(
-    cfg: TrainConfig, manifest, run, result, test_paths: list[str], refine: dict
-) -> str | None:
-    """The run's pyfunc, as its objective's ``packaging`` says: "pairs" ranks the test split's
-    images for a text, "news-archive" ranks the whole dataset's images (a FAISS archive index)
-    for an article, "none" packages nothing (the URI is then None)."""
-    packaging = get_objective(cfg.objective).packaging
-    if packaging == "none":
-        mlflow.set_tag("mmlinks.model", f"not packaged (objective {cfg.objective})")
-        return None
-    fe = manifest.feature_extractor
-    with result.checkpoint.as_directory() as ckpt_dir:
-        if packaging == "news-archive":
-            from training.news.serving import package_news_run
-
-            return package_news_run(ckpt_dir, result.model, result.vocab, cfg.data, manifest, run.info.run_id)
-        from training.retrieval.serving import log_retrieval_model, split_pairs
-
-        ids, _, feats = split_pairs(test_paths)
-        return log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version)
-
-
-def _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir) -> str:
-    """The retrieval run's HTML report (metrics, the first test queries with their top 5),
-    logged to MLflow and written to ``report_dir``; its path."""
-    from training.report import write_report
-    from training.retrieval.report import LoadedRetrieval, per_query, retrieval_report
-
-    name = cfg.label.upper()
-    loaded = LoadedRetrieval(
-        name, result.model, result.vocab, cfg.max_tokens, refine["refine_lambda"], refine["refine_threshold"]
-    )
-    results = {name: {"metrics": scores, "per_query": per_query(loaded, batches)}}
-    meta = {"run": run.info.run_id, "dataset": f"{manifest.source} {manifest.dataset_version}"}
-    html = retrieval_report(
-        f"mmlinks retrieval evaluation: {run.info.run_name}", cfg.data, "test", results, meta
-    )
-    mlflow.log_text(html, "report.html")
-    folder = Path(report_dir or Path(cfg.data).resolve().parent / "reports")
-    return str(write_report(folder / f"{run.info.run_id}.html", html))
-
-
 def _example(cfg: TrainConfig, manifest):
     """A packaged model's input example: the first test document, for backbones that serve
     feature-only requests (a transformer model refuses them, training/packaging.py)."""
@@ -344,7 +230,22 @@ def _example(cfg: TrainConfig, manifest):
     )
 
 
-def _report(cfg, manifest, run, result, scores, report_dir, warnings: list[str]) -> str:
+# Documents of the training split the confound figures read (a bounded read of a large corpus).
+CONFOUND_SAMPLE = 5000
+
+
+def _log_confounds(cfg: TrainConfig):
+    """The training split's confound figures (``pipelines.confounds``), logged to the run as
+    ``train_image_ratio`` / ``train_text_share``; None when the split gives none."""
+    from pipelines.confounds import dataset_confounds
+
+    figures = dataset_confounds(cfg.data, ["train"], max_documents=CONFOUND_SAMPLE)["train"]
+    logged = {"train_image_ratio": figures.image_ratio, "train_text_share": figures.text_share}
+    mlflow.log_metrics({k: v for k, v in logged.items() if v is not None})
+    return figures
+
+
+def _report(cfg, manifest, run, result, scores, report_dir, warnings: list[str], confounds=None) -> str:
     """The HTML evaluation report, logged to MLflow and written to ``report_dir``; its path."""
     from training.report import document_cards, render_report, write_report
 
@@ -355,6 +256,10 @@ def _report(cfg, manifest, run, result, scores, report_dir, warnings: list[str])
         "features": f"{manifest.feature_extractor.name}",
         "best epoch": str(result.best_epoch),
     }
+    if confounds is not None:
+        ratio = "-" if confounds.image_ratio is None else f"{confounds.image_ratio:.2f}"
+        share = "-" if confounds.text_share is None else f"{confounds.text_share:.2f}"
+        info["training confounds"] = f"image ratio {ratio}, text share {share} (docs/training.md)"
     cards = document_cards(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, scores["per_doc"])
     html = render_report(
         f"mmlinks evaluation: {run.info.run_name}",
@@ -390,9 +295,11 @@ def run_experiment(
     with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = _fit(cfg, run.info.run_id, tracking_uri)
-        if get_objective(cfg.objective).family == "retrieval":
-            return _retrieval_result(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir)
-        warnings = [w for w in [flat_within_warning(result.history)] if w]
+        finish = run_finish(get_objective(cfg.objective).family)
+        if finish is not None:  # the family's own end of a run (retrieval and news)
+            return finish(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir)
+        confounds = _log_confounds(cfg)
+        warnings = [w for w in [flat_within_warning(result.history, confounds=confounds)] if w]
         if warnings:
             mlflow.set_tag("mmlinks.warning", " | ".join(warnings))
         if not has_labels(manifest.shard_paths(cfg.data, "test")):
@@ -414,7 +321,7 @@ def run_experiment(
         scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
         _log_scores(scores, result.best_epoch)
         example = _example(cfg, manifest)
-        report_path = _report(cfg, manifest, run, result, scores, report_dir, warnings)
+        report_path = _report(cfg, manifest, run, result, scores, report_dir, warnings, confounds)
         model_uri, version = _log_model(result, manifest, example, model_name, alias, tracking_uri)
     return ExperimentResult(
         run_id=run.info.run_id,

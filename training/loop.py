@@ -29,6 +29,15 @@ from training.metrics import document_metrics, within_document_gap
 from training.objectives.registry import ObjectiveSpec, get_objective, objective_loss
 from training.text import Vocabulary
 
+# --select-by val_within keeps the latest epoch within this share of the widest gap so far.
+WITHIN_TOLERANCE = 0.1
+
+
+def plateau_on_within(cfg: TrainConfig) -> bool:
+    """Whether the learning-rate plateau follows the within-document gap (the checkpoint's
+    signal under ``--select-by val_within``) rather than the validation loss (the paper's)."""
+    return cfg.select_by == "val_within"
+
 
 class DivergedError(RuntimeError):
     """The loss became NaN or infinite: training stops, the last good checkpoint stays."""
@@ -54,8 +63,8 @@ def document_batches(shard, batch_docs: int, rng: np.random.Generator) -> Iterat
     Ray Data hands over chunks of a few hundred documents (prefetched in the background) and
     the chunk is shuffled and cut here: asking Ray Data for every 11-document batch costs a
     few milliseconds each, as much as a training step on small documents. Chunks are a
-    multiple of the batch size, so every batch but an epoch's last is full, and workers with
-    equal shares cut the same number of batches (DDP stays in step).
+    multiple of the batch size, so every batch but an epoch's last is full. Workers' shares need
+    not be equal (Ray's split, empty documents): ``train_epoch`` keeps them in step.
     """
     chunk = batch_docs * max(1, 256 // batch_docs)
     for table in shard.iter_batches(batch_size=chunk, batch_format="pyarrow", prefetch_batches=2):
@@ -85,6 +94,28 @@ def validation_batches(
     return [b for i, b in enumerate(batches) if i % world == rank and b.num_rows >= 2]
 
 
+# A worker's state before each step of an epoch (``agree_step``): its share is used up, its next
+# batch has fewer than 2 usable documents (nothing to contrast), or it has a batch to train on.
+EXHAUSTED, UNTRAINABLE, TRAINABLE = 0, 1, 2
+
+
+def agree_step(state: int, world: int, device: torch.device) -> int:
+    """The largest ``state`` over all workers (one 8-byte all-reduce a step).
+
+    DDP all-reduces gradients in every backward and broadcasts buffers in every forward, so all
+    workers must run the same number of forward/backward passes in an epoch, or one waits in a
+    gradient all-reduce while another sends a buffer broadcast (gloo: "Received data size
+    doesn't match expected size", issue #34). Ray's split and empty documents can leave the
+    workers with different numbers of batches: with this, the epoch goes on while any worker has
+    a batch, a step is taken when any worker can train, and the others join it with a zero-loss
+    step (``Worker.zero_step``)."""
+    if world == 1:
+        return state
+    flag = torch.tensor([state], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return int(flag.item())
+
+
 def epoch_seed(cfg: TrainConfig, rank: int, epoch: int) -> int:
     """All randomness of an epoch derives from (seed, rank, epoch), so a run resumed from the
     checkpoint of epoch e replays epoch e + 1 exactly as an uninterrupted run would."""
@@ -110,6 +141,8 @@ class Worker:
     opt: torch.optim.Optimizer
     sched: object
     state: checkpoints.LoopState
+    # a fixed batch of >= 2 validation documents (the same on every worker) for ``zero_step``
+    spare: object | None = None
 
     def to_device(self, b: DocBatch) -> DocBatch:
         if self.device.type == "cpu":
@@ -141,6 +174,17 @@ class Worker:
         self.opt.step()
         self.state.step += 1
 
+    def zero_step(self, epoch: int, gen: torch.Generator) -> None:
+        """Join the other workers' step without contributing: the objective's loss x 0 on the
+        spare batch, through the model's forward, so this worker takes part in DDP's buffer
+        broadcast and gradient all-reduce exactly as they do (a loss built from the parameters
+        alone would skip both, and the workers would fall out of step)."""
+        if self.spare is None:
+            raise RuntimeError("a worker ran out of training batches and has no validation batch to pad with")
+        spare = self.batch(self.spare, None)
+        loss = objective_loss(self.model, spare, self.cfg, gen, self.objective, epoch=epoch)[0]
+        self.step(loss * 0.0)
+
 
 def worker_config(config: dict) -> TrainConfig:
     """The driver's TrainConfig in a worker process. An objective registered only in the
@@ -156,7 +200,7 @@ def worker_config(config: dict) -> TrainConfig:
 
 def optimizer_groups(model, lr: float) -> list:
     """The model's own parameter groups when it has some (a pretrained encoder's blocks at a
-    lower rate, ``training/pretrained.py``), else every parameter at ``lr``."""
+    lower rate, ``training/link/pretrained.py``), else every parameter at ``lr``."""
     net = checkpoints.unwrap(model)
     if hasattr(net, "param_groups"):
         return net.param_groups(lr)
@@ -177,7 +221,10 @@ def make_worker(
     # torch lowers the rate once num_bad_epochs > patience; the paper's rule is "after
     # plateau_patience epochs without improvement", hence the - 1.
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        opt, mode="min", factor=cfg.plateau_factor, patience=max(0, cfg.plateau_patience - 1)
+        opt,
+        mode="max" if plateau_on_within(cfg) else "min",
+        factor=cfg.plateau_factor,
+        patience=max(0, cfg.plateau_patience - 1),
     )
     state = checkpoints.restore(checkpoint, cfg, model, opt, sched)
     return Worker(
@@ -199,7 +246,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
     """One pass over this worker's training share; timing and loss sums of the epoch."""
     t0 = time.perf_counter()
     w.model.train()
-    total, steps, docs, skipped, wait, first_wait = 0.0, 0, 0, 0, 0.0, None
+    total, steps, docs, skipped, wait, first_wait, padded = 0.0, 0, 0, 0, 0.0, None, 0
     parts_sum: dict[str, float] = {}
     batches = document_batches(shard, w.cfg.batch_docs, rng)
     while True:
@@ -209,14 +256,19 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
             first_wait = time.perf_counter() - tw
         else:
             wait += time.perf_counter() - tw
-        if table is None:
+        if table is not None:
+            table, n_empty = drop_empty(table)
+            skipped += n_empty
+        mine = EXHAUSTED if table is None else TRAINABLE if table.num_rows >= 2 else UNTRAINABLE
+        anyone = agree_step(mine, w.world, w.device)  # every worker takes the same steps
+        if anyone == EXHAUSTED:
             break
-        table, n_empty = drop_empty(table)
-        skipped += n_empty
+        if anyone == UNTRAINABLE:  # nobody can train on this step: all skip it
+            continue
         w.set_warmup_lr()
-        if table.num_rows < 2:
-            if w.world > 1:  # DDP needs every worker in every all-reduce: a zero loss
-                w.step(sum(p.sum() for p in w.model.parameters()) * 0.0)
+        if mine != TRAINABLE:  # another worker trains: join its all-reduces with a zero loss
+            w.zero_step(epoch, gen)
+            padded += 1
             continue
         batch = w.batch(table, rng)
         loss, parts = objective_loss(w.model, batch, w.cfg, gen, w.objective, epoch=epoch)
@@ -238,6 +290,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
         "first_wait": first_wait or 0.0,
         "time": time.perf_counter() - t0,
         "parts": parts_sum,
+        "padded": padded,
     }
 
 
@@ -297,13 +350,43 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
             f"checkpoint is {_last_good(epoch)}"
         )
     steps, parts = tr["steps"], tr["parts"]
-    if state.step >= cfg.warmup_steps:  # warm-up owns the rate until it ends
-        w.sched.step(val_loss if np.isfinite(val_loss) else tr["total"] / max(steps, 1))
-    # The checkpoint kept: lowest validation loss (the paper's), or widest within-document gap.
+    warm = (
+        epoch < cfg.negatives_warmup < cfg.epochs
+        and cfg.negatives != "mean"
+        and w.objective.model_loss is None
+    )
+    # The learning rate drops on a plateau of the signal the checkpoint is chosen by, never
+    # during the warm-ups. On documents whose images look alike the hard-negative validation
+    # loss is lowest at random weights and rises while the mean-negative warm-up teaches the
+    # content, so a plateau on it cut the rate 125x before the model had linked anything
+    # (issue #33: test AUC 59 on a 600-document corpus at image ratio 12).
+    if state.step >= cfg.warmup_steps and not warm:
+        if plateau_on_within(cfg):
+            if np.isfinite(val_within):
+                w.sched.step(val_within)
+        else:
+            w.sched.step(val_loss if np.isfinite(val_loss) else tr["total"] / max(steps, 1))
+    # The checkpoint kept: lowest validation loss (the paper's), or widest within-document gap;
+    # never an epoch of the mean-negatives warm-up when epochs after it follow (its losses and
+    # gaps are on another scale than the hard-negative epochs', so they would not compare).
     extra = extra or {}
-    score = {"val_loss": val_loss, "val_within": val_within, **extra}.get(cfg.select_by, float("nan"))
-    score = score if SELECTION_ORDER[cfg.select_by] == "min" else -score
-    if score < state.best_score:
+    value = {"val_loss": val_loss, "val_within": val_within, **extra}.get(cfg.select_by, float("nan"))
+    minimise = SELECTION_ORDER[cfg.select_by] == "min"
+    worst = checkpoints.UNSELECTABLE if minimise else -checkpoints.UNSELECTABLE
+    select_score = worst if warm else value
+    score = value if minimise else -value
+    if cfg.select_by == "val_within":
+        # The latest epoch whose gap is within WITHIN_TOLERANCE of the widest so far: the gap
+        # peaks when the model first links inside documents and then eases off by a few hundredths
+        # while the links still improve (issue #33: validation AUC 98.5 at the peak, 99.1 later),
+        # so the argmax would stop too early. Ranked by epoch, the latest such epoch wins.
+        select_score = worst
+        if not warm and np.isfinite(value):
+            widest = max(value, -state.best_score) if np.isfinite(state.best_score) else value
+            state.best_score = -widest
+            if value >= widest - WITHIN_TOLERANCE * abs(widest):
+                state.best_val, state.best_epoch, select_score = val_loss, epoch, float(epoch)
+    elif not warm and score < state.best_score:
         state.best_score, state.best_val, state.best_epoch = score, val_loss, epoch
     train_time, first_wait = tr["time"], tr["first_wait"]
     return {
@@ -321,6 +404,7 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
         "skipped_docs": int(sums[4]),
         "best_epoch": state.best_epoch,
         "best_val_loss": state.best_val,
+        checkpoints.SELECT_SCORE: select_score,
         **extra,
         **{f"train_loss_{k}": v / max(steps, 1) for k, v in parts.items() if len(parts) > 1},
     }
@@ -328,7 +412,7 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
 
 def log_metrics(client, run_id: str, metrics: dict, epoch: int) -> None:
     for k, v in metrics.items():
-        if k not in ("epoch", "best_epoch", "best_val_loss") and np.isfinite(v):
+        if k not in ("epoch", "best_epoch", "best_val_loss", checkpoints.SELECT_SCORE) and np.isfinite(v):
             client.log_metric(run_id, k, v, step=epoch)
 
 
@@ -419,13 +503,11 @@ def run_epochs(w: Worker, config: dict, train_shard, report) -> None:
         wait_for_sqlite_locks()
         mlflow_client = MlflowClient(tracking_uri=config["mlflow_tracking_uri"])
     columns = w.objective.columns
+    every_val = validation_batches(config["val_paths"], cfg.batch_docs, 0, 1, columns)
     val_batches = validation_batches(config["val_paths"], cfg.batch_docs, rank, world, columns)
+    w.spare = every_val[0] if every_val else None
     # every validation pair on every worker (the retrieval objectives' MedR), else none
-    all_val = (
-        validation_batches(config["val_paths"], cfg.batch_docs, 0, 1, columns)
-        if w.objective.val_metrics
-        else []
-    )
+    all_val = every_val if w.objective.val_metrics else []
     for epoch in range(w.state.start, cfg.epochs):
         seed = epoch_seed(cfg, rank, epoch)
         rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)

@@ -186,13 +186,26 @@ def within_document_gap(scores: np.ndarray) -> float | None:
 FLAT_WITHIN_GAP = 0.1
 
 
-def flat_within_warning(history: list[dict], threshold: float = FLAT_WITHIN_GAP) -> str | None:
-    """A one-line warning when the run's within-document signal never rose; else None."""
+def flat_within_warning(
+    history: list[dict], threshold: float = FLAT_WITHIN_GAP, confounds=None
+) -> str | None:
+    """A one-line warning when the run's within-document signal never rose; else None.
+
+    ``confounds``: the training split's ``pipelines.confounds.SplitConfounds``; when it is
+    strongly confounded the warning names the figures, the likeliest cause."""
     gaps = [h["val_within"] for h in history if np.isfinite(h.get("val_within", float("nan")))]
     if not gaps or max(gaps) >= threshold:
         return None
+    cause = ""
+    if confounds is not None and confounds.strong:
+        ratio = "-" if confounds.image_ratio is None else f"{confounds.image_ratio:.1f}"
+        share = "-" if confounds.text_share is None else f"{confounds.text_share:.2f}"
+        cause = (
+            f"; the training split is strongly confounded (image ratio {ratio}, text share {share}: "
+            "a document's images share a look, its sentences their topic words)"
+        )
     return (
         f"the within-document signal stayed flat (val_within <= {max(gaps):.3f} < {threshold:g} in all "
         f"{len(gaps)} epochs): the model tells documents apart but has not learned which sentence goes "
-        "with which image inside them (docs/training.md, 'Confounded documents')"
+        f"with which image inside them{cause} (docs/training.md, 'Confounded documents')"
     )

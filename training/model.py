@@ -17,6 +17,21 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from training.text_pooling import TEXT_POOLING
 
+# What the image encoder sees of a document's images (issue #33): "none" = each image alone
+# (the paper); "doc" = each image minus its document's mean image; "doc+raw" = both, concatenated.
+IMAGE_CENTRING = ("none", "doc", "doc+raw", "balanced")
+# "balanced": the within-document part and the document-mean part of the feature, each standardised
+# over the training split, summed with the mean part weighted by ``image_mean_weight``.
+
+
+def document_means(x: torch.Tensor, n_images: list[int] | None) -> torch.Tensor:
+    """x [N, D], consecutive documents of ``n_images`` images (None: one document) -> each row's
+    document mean [N, D]."""
+    counts = torch.as_tensor([len(x)] if n_images is None else n_images, device=x.device)
+    doc = torch.repeat_interleave(torch.arange(len(counts), device=x.device), counts)  # [N]
+    sums = torch.zeros(len(counts), x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, doc, x)
+    return (sums / counts.clamp(min=1)[:, None].to(x.dtype))[doc]
+
 
 @dataclass
 class ModelConfig:
@@ -27,6 +42,8 @@ class ModelConfig:
     image_dropout: float = 0.4
     backbone: str = "gru"
     text_pooling: str = "last"  # one of TEXT_POOLING; configs saved before it were "last"
+    image_centring: str = "none"  # one of IMAGE_CENTRING; configs saved before it were "none"
+    image_mean_weight: float = 0.5  # "balanced" only; configs saved before it were 0.5
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,27 +88,63 @@ class TextEncoder(nn.Module):
 
 
 class ImageEncoder(nn.Module):
-    """Standardise -> dropout -> linear -> L2.
+    """Standardise -> (document centring) -> dropout -> linear -> L2.
 
     CNN features after ReLU and pooling share a large common component; without
     standardising it (training-set mean and std, kept as buffers so they travel with the
     weights) every image projects to nearly the same direction and the hinge loss stalls at
     2 x margin.
+
+    Document centring (``image_centring``, issue #33): when a document's images share a strong
+    look (one room, light and camera), that look is most of each vector and what tells its
+    images apart is a small remainder; a projection of the raw vector keeps the look, and the
+    document's images land on nearly one point. Subtracting the document's mean image removes
+    whatever all of them share, using only the document itself (so it applies at test time and
+    in serving without labels); the centred part is rescaled by its training-set spread
+    (``centred_std``) so that it is on the raw part's scale.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.centring = getattr(cfg, "image_centring", "none")
+        self.mean_weight = float(getattr(cfg, "image_mean_weight", 0.5))
+        if self.centring not in IMAGE_CENTRING:
+            raise ValueError(f"unknown image centring {self.centring!r}; known: {', '.join(IMAGE_CENTRING)}")
         self.register_buffer("feature_mean", torch.zeros(cfg.image_dim))
         self.register_buffer("feature_std", torch.ones(cfg.image_dim))
+        if self.centring != "none":
+            self.register_buffer("centred_std", torch.ones(cfg.image_dim))
+        if self.centring == "balanced":
+            self.register_buffer("between_std", torch.ones(cfg.image_dim))
         self.dropout = nn.Dropout(cfg.image_dropout)
-        self.proj = nn.Linear(cfg.image_dim, cfg.d_multi)
+        width = cfg.image_dim * (2 if self.centring == "doc+raw" else 1)
+        self.proj = nn.Linear(width, cfg.d_multi)
 
-    def set_feature_stats(self, mean: np.ndarray, std: np.ndarray) -> None:
+    def set_feature_stats(
+        self,
+        mean: np.ndarray,
+        std: np.ndarray,
+        centred_std: np.ndarray | None = None,
+        between_std: np.ndarray | None = None,
+    ) -> None:
         self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
         self.feature_std.copy_(torch.as_tensor(np.maximum(std, 1e-6), dtype=torch.float32))
+        if centred_std is not None and self.centring != "none":
+            self.centred_std.copy_(torch.as_tensor(np.maximum(centred_std, 1e-6), dtype=torch.float32))
+        if between_std is not None and self.centring == "balanced":
+            self.between_std.copy_(torch.as_tensor(np.maximum(between_std, 1e-6), dtype=torch.float32))
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, n_images: list[int] | None = None) -> torch.Tensor:
+        """features [N, image_dim] of consecutive documents with ``n_images`` images each (None:
+        all of one document) -> unit vectors [N, d_multi]."""
         x = (features - self.feature_mean) / self.feature_std
+        if self.centring != "none":
+            means = document_means(x, n_images)
+            centred = (x - means) / self.centred_std
+            if self.centring == "balanced":
+                x = centred + self.mean_weight * means / self.between_std
+            else:
+                x = centred if self.centring == "doc" else torch.cat([centred, x], dim=-1)
         return F.normalize(self.proj(self.dropout(x)), dim=-1)
 
 
@@ -114,7 +167,7 @@ class MulLink(nn.Module):
 
         Every backbone takes the batch in ``forward`` (DDP only syncs gradients of calls that go
         through its own forward) and offers the same as ``encode``."""
-        return self.text(batch.tokens, batch.lengths), self.image(batch.features)
+        return self.text(batch.tokens, batch.lengths), self.image(batch.features, batch.n_images)
 
     def encode(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return self(batch)

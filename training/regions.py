@@ -4,7 +4,7 @@ Each image of a shard may carry ``regions`` (boxes, vectors, labels, scores; nul
 dataset was built without ``--regions``). A batch keeps the top ``max_regions`` regions of each
 image by score, in the same per-document image order as ``DocBatch.features`` (``perms``), as
 dense [N_images, R, ...] tensors with a mask. An image without regions has an all-False mask;
-the encoder then reads its global CNN feature instead (see ``training/transformer.py``).
+the encoder then reads its global CNN feature instead (see ``training/link/transformer.py``).
 
 Labels become concept tokens: tokenised like sentences (``schemas.text.tokenize``) and looked
 up in the text vocabulary, so a concept shares its word embedding with the sentences that

@@ -29,6 +29,7 @@ from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from training.data import TRAINING_COLUMNS, iter_documents
+from training.family_hooks import served_evaluation
 from training.gate import Gate
 from training.metrics import document_metrics, summarize
 
@@ -78,9 +79,11 @@ def evaluate_model_uri(
 
     A linking model: AUC, p@1, p@5 over the split's labelled documents. The serving limits
     (documents of at most 200 sentences/images) do not apply here: a dataset's long documents
-    must not make promotion impossible. A retrieval model (``family`` "retrieval"): MedR and R@K
-    over the gate's fixed pools of the split's pairs (``training/retrieval/serving.py``); a news
-    model (``family`` "news") the same over the split's news samples.
+    must not make promotion impossible. A model of another family, by its pyfunc's ``family``,
+    as that family's hook says (``training.family_hooks.served_evaluation``): a retrieval model
+    ("retrieval"), MedR and R@K over the gate's fixed pools of the split's pairs
+    (``training/retrieval/serving.py``); a news model ("news") the same over the split's news
+    samples (``training/news/serving.py``).
     """
 
     manifest = Manifest.read(data)
@@ -90,14 +93,10 @@ def evaluate_model_uri(
     from training.evaluate import load_linker
 
     linker = load_linker(model_uri, tracking_uri)
-    if getattr(linker, "family", "link") == "retrieval":
-        from training.retrieval.serving import evaluate_retrieval
-
-        return evaluate_retrieval(linker, paths)
-    if getattr(linker, "family", "link") == "news":
-        from training.news.serving import evaluate_news
-
-        return evaluate_news(linker, paths)
+    # the family's own metrics (training.family_hooks: retrieval and news register theirs)
+    evaluate_served = served_evaluation(getattr(linker, "family", "link"))
+    if evaluate_served is not None:
+        return evaluate_served(linker, paths)
     table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
     per_doc = []
     for doc_id, sentences, f, lk in iter_documents(table):

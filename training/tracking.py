@@ -195,7 +195,9 @@ def register(model_uri: str, name: str, alias: str | None, uri: str, attempts: i
     MLflow's SQL stores set an alias by reading, then inserting its row: two trainings that
     register the same name at once can both insert, and the loser's request fails with a
     unique-key violation after its version was registered (``tests/faults/
-    test_promotion_crash.py``). The row then exists, so setting the alias again updates it."""
+    test_promotion_crash.py``). The row then exists, so setting the alias again updates it.
+    A plain loop, not tenacity: one exception text, no wait between attempts (the second
+    attempt updates the row the race left), and no dependency for eight lines."""
     version = mlflow.register_model(model_uri, name)
     if alias:
         client = MlflowClient(uri)

@@ -7,8 +7,11 @@ through the same rules:
   ``*.example.com`` = any subdomain). Redirects are followed by hand and every hop is checked, so
   a redirect to another host is refused like a direct request. Unless ``allow_private``, a host
   that resolves to a loopback/private/link-local/reserved/multicast address is refused too (a
-  crawled URL must not reach into our own network). The address is checked before connecting;
-  DNS rebinding between the check and the connect is not defended against.
+  crawled URL must not reach into our own network). Each connection resolves its host once, has
+  that answer checked and connects to exactly those addresses (``transport``), so a DNS answer
+  that changes after the check (rebinding) never reaches a refused address; Host header, SNI
+  and the certificate check stay on the name. Through an HTTP(S) proxy the proxy resolves the
+  target, and only the check before the request applies.
 - **Rate and concurrency.** ``rate_per_host`` is a minimum spacing between request starts to a
   host. With ``state_dir`` the spacing is shared by every process on this machine through one
   ``flock``-ed file per host (Beam's DirectRunner runs a worker process per core); without it,
@@ -33,7 +36,8 @@ Request headers are never logged (they may carry credentials) and logged URLs lo
 Modules, one job each: ``policy`` (HttpPolicy/HttpResponse/HttpError), ``guard`` (allowlist,
 address check, URL redaction), ``rate_gate`` (cross-process per-host spacing), ``retries``
 (backoff, Retry-After, rate-limit headers), ``cache`` (response cache format), ``deadline``
-(cutting off a request at ``max_seconds``), ``client`` (PoliteClient). Source options live in
+(cutting off a request at ``max_seconds``), ``transport`` (the requests adapter: connections
+pinned to the checked addresses, watched by the deadline), ``client`` (PoliteClient). Source options live in
 ``pipelines.sources.http_options`` and the image-store adapter in
 ``pipelines.image_fetch.PoliteFetcher``: this package never imports a source.
 """

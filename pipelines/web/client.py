@@ -16,7 +16,7 @@ import requests
 
 from pipelines import fileio
 from pipelines.web.cache import CACHEABLE_STATUSES, cache_key, decode_entry, encode_entry
-from pipelines.web.deadline import Deadline, DeadlineAdapter
+from pipelines.web.deadline import Deadline
 from pipelines.web.guard import (
     CREDENTIAL_HEADERS,
     check_public_host,
@@ -35,6 +35,7 @@ from pipelines.web.retries import (
     rate_limit_reset,
     should_retry,
 )
+from pipelines.web.transport import PinnedAdapter
 from schemas.errors import MmlinksError
 
 log = logging.getLogger(__name__)
@@ -117,9 +118,11 @@ class PoliteClient:
         if s is None:
             s = requests.Session()
             s.headers["User-Agent"] = self.policy.user_agent
-            # Lets a request's deadline reach its socket before the headers have arrived.
-            s.mount("http://", DeadlineAdapter())
-            s.mount("https://", DeadlineAdapter())
+            # Connects to exactly the addresses the guard checked (no second DNS lookup to
+            # rebind), and lets a request's deadline reach its socket before the headers.
+            adapter = PinnedAdapter(public_only=not self.policy.allow_private)
+            s.mount("http://", adapter)
+            s.mount("https://", adapter)
             self._local.session = s
         return s
 
@@ -283,7 +286,12 @@ class PoliteClient:
         headers: dict[str, str],
         limit: int,
     ) -> HttpResponse:
-        """One request: address check, concurrency slot, rate slot, streamed capped read."""
+        """One request: address check, concurrency slot, rate slot, streamed capped read.
+
+        The address check here refuses a private host before a rate slot is spent; the one
+        that counts is the connection's own, on the answer it connects to
+        (``pipelines.web.transport``): it raises the same ``private_address`` HttpError.
+        """
         p = self.policy
         if not p.allow_private:
             try:

@@ -6,11 +6,12 @@ keeps ``Session.get`` parsing headers for hours, and a deadline checked between 
 never gets a turn. Here a timer thread, once the deadline passes, shuts down the sockets the
 request uses, so the blocked read returns at once (end of stream) and the request fails.
 
-The timer reaches the socket through the connection classes of :class:`DeadlineAdapter`: each
-connection registers its socket with the calling thread's active :class:`Deadline` when it
-opens one (before a TLS handshake, which a server can drip too) and again before it reads a
-response (so a pooled, already connected connection is covered). Signals are not an option:
-Beam runs DoFns in threads and only the main thread receives them.
+The timer reaches the socket through the :class:`Watched` connection mixin (the connection
+classes of ``pipelines.web.transport.PinnedAdapter``): each connection registers its socket with
+the calling thread's active :class:`Deadline` when it opens one (before a TLS handshake, which a
+server can drip too) and again before it reads a response (so a pooled, already connected
+connection is covered). Signals are not an option: Beam runs DoFns in threads and only the main
+thread receives them.
 
 What a cut-off read raises depends on where it was cut (a connection error, a bad status line,
 or no error at all: headers cut short read as a complete response, a body without a
@@ -28,12 +29,7 @@ import os
 import socket
 import threading
 from types import TracebackType
-from typing import Any
 
-from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.poolmanager import PoolManager, ProxyManager
 from urllib3.response import BaseHTTPResponse
 
 TIMER_NAME = "http-deadline"
@@ -134,7 +130,7 @@ def _watch(sock: socket.socket | None) -> None:
         deadline.watch(sock)
 
 
-class _Watched:
+class Watched:
     """A urllib3 connection that registers its socket with the thread's active deadline when it
     opens one (before any TLS handshake) and before it reads each response (a pooled connection
     is connected already). Mixed in before HTTPConnection or HTTPSConnection."""
@@ -147,38 +143,3 @@ class _Watched:
     def getresponse(self) -> BaseHTTPResponse:
         _watch(self.sock)  # type: ignore[attr-defined]
         return super().getresponse()  # type: ignore[misc]
-
-
-class _DeadlineHTTPConnection(_Watched, HTTPConnection):
-    pass
-
-
-class _DeadlineHTTPSConnection(_Watched, HTTPSConnection):
-    pass
-
-
-class _DeadlineHTTPConnectionPool(HTTPConnectionPool):
-    ConnectionCls = _DeadlineHTTPConnection
-
-
-class _DeadlineHTTPSConnectionPool(HTTPSConnectionPool):
-    ConnectionCls = _DeadlineHTTPSConnection
-
-
-_POOLS = {"http": _DeadlineHTTPConnectionPool, "https": _DeadlineHTTPSConnectionPool}
-
-
-class DeadlineAdapter(HTTPAdapter):
-    """An ``HTTPAdapter`` whose connections (direct or through an HTTP(S) proxy) register their
-    sockets with the thread's active :class:`Deadline`. Through a SOCKS proxy they do not:
-    there only the body is bounded (callers check the deadline between reads)."""
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = _POOLS
-
-    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> PoolManager:
-        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
-        if type(manager) is ProxyManager:
-            manager.pool_classes_by_scheme = _POOLS
-        return manager

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from typing import Any
 from urllib.parse import urlsplit
 
 from pipelines.web.policy import HttpError
@@ -86,24 +87,48 @@ def _address_refused(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     )
 
 
+AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple[Any, ...]]  # a getaddrinfo row
+
+
+def _refuse_non_public(host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
+    if _address_refused(ip):
+        raise HttpError("private_address", f"{host} resolves to non-public address {ip}")
+
+
 def check_public_host(host: str, port: int) -> None:
     """Raise HttpError private_address when ``host`` is or resolves to a non-public address.
 
-    A resolution failure is an OSError (socket.gaierror), which the caller treats as a
-    connection error (transient).
+    A look-before-you-leap check (the polite client runs it before spending a rate slot);
+    the check that counts is the connection's own (:func:`resolve_checked`), on the answer it
+    connects to. A resolution failure is an OSError (socket.gaierror), which the caller treats
+    as a connection error (transient).
     """
     try:
         literal = ipaddress.ip_address(host)
     except ValueError:
         literal = None
     if literal is not None:
-        addresses = [literal]
+        _refuse_non_public(host, literal)
     else:
-        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-        addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
-    for ip in addresses:
-        if _address_refused(ip):
-            raise HttpError("private_address", f"{host} resolves to non-public address {ip}")
+        resolve_checked(host, port, public_only=True)
+
+
+def resolve_checked(
+    host: str, port: int, *, public_only: bool, family: int = socket.AF_UNSPEC
+) -> list[AddrInfo]:
+    """``host``'s addresses (getaddrinfo's rows for a TCP stream), resolved once; with
+    ``public_only``, HttpError private_address if any of them is non-public.
+
+    A connection must connect to these rows and nothing else (``pipelines.web.transport``):
+    resolving again to connect would let a DNS answer that changed meanwhile (rebinding)
+    reach an address this check never saw. Every row is checked, not only the first, because
+    a connection falls back to the next row when one does not answer.
+    """
+    infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    if public_only:
+        for info in infos:
+            _refuse_non_public(host, ipaddress.ip_address(str(info[4][0]).split("%")[0]))
+    return infos
 
 
 def scrub_message(message: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
-from training.baselines import random_scores_baseline
+from training.link.baselines import random_scores_baseline
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

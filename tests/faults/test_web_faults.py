@@ -144,7 +144,7 @@ def test_a_dripping_body_fails_at_the_download_deadline(serve, path, fault_stats
             assert err.value.reason == "retries_exhausted" and err.value.transient, err.value
             assert "download took over 1 s" in err.value.detail, err.value
         else:
-            fetcher = HttpFetcher(timeout=(5.0, 5.0), max_seconds=max_seconds)
+            fetcher = HttpFetcher(timeout=(5.0, 5.0), max_seconds=max_seconds, allow_private=True)
             with pytest.raises(FetchFailed) as err:
                 fetcher.fetch(server.url("/slow.jpg"), 10_000_000)
             assert err.value.reason == FETCH_FAILED and err.value.transient, err.value
@@ -206,7 +206,7 @@ def test_dripping_headers_fail_at_the_download_deadline(serve, path, fault_stats
                 client.get(server.url("/slow.jpg"), use_cache=False)
             assert err.value.reason == "retries_exhausted" and err.value.transient, err.value
         else:
-            fetcher = HttpFetcher(timeout=(0.5, 0.5), max_seconds=1.5)
+            fetcher = HttpFetcher(timeout=(0.5, 0.5), max_seconds=1.5, allow_private=True)
             with pytest.raises(FetchFailed) as err:
                 fetcher.fetch(server.url("/slow.jpg"), 10_000_000)
             assert err.value.reason == FETCH_FAILED and err.value.transient, err.value
@@ -227,32 +227,40 @@ def _deadline_timers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == TIMER_NAME]
 
 
-@pytest.fixture
-def tls(tmp_path, monkeypatch) -> tuple[ssl.SSLContext, str]:
-    """A server context for 127.0.0.1 and the CA file that verifies it, made with ``openssl``.
-    The environment's CA bundle variables would override a session's ``verify``."""
+def _issue_tls(folder, name: str) -> tuple[ssl.SSLContext, str]:
+    """A server context whose certificate names ``name`` (an IP address or a DNS name), and the
+    file of the CA that issued it, made with ``openssl`` in ``folder``."""
     if shutil.which("openssl") is None:
         missing_tool("openssl is not installed (it makes the test certificate); .ci/run installs it")
+    folder.mkdir(parents=True, exist_ok=True)
 
     def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
             "-days", "2", "-subj", "/CN=mmlinks test CA", "-addext", "basicConstraints=critical,CA:TRUE",
             "-addext", "keyUsage=critical,keyCertSign")  # fmt: skip
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "leaf.csr",
-            "-subj", "/CN=127.0.0.1")  # fmt: skip
-    (tmp_path / "leaf.ext").write_text(
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nauthorityKeyIdentifier=keyid\n"
+            "-subj", f"/CN={name}")  # fmt: skip
+    kind = "IP" if name.replace(".", "").isdigit() else "DNS"
+    (folder / "leaf.ext").write_text(
+        f"subjectAltName={kind}:{name}\nbasicConstraints=CA:FALSE\nauthorityKeyIdentifier=keyid\n"
         "extendedKeyUsage=serverAuth\n"
     )
     openssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
             "-out", "cert.pem", "-days", "2", "-extfile", "leaf.ext")  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(folder / "cert.pem", folder / "key.pem")
+    return context, str(folder / "ca.pem")
+
+
+@pytest.fixture
+def tls(tmp_path, monkeypatch) -> tuple[ssl.SSLContext, str]:
+    """A server context for 127.0.0.1 and the CA file that verifies it, made with ``openssl``.
+    The environment's CA bundle variables would override a session's ``verify``."""
     for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
         monkeypatch.delenv(name, raising=False)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
-    return context, str(tmp_path / "ca.pem")
+    return _issue_tls(tmp_path / "tls", "127.0.0.1")
 
 
 @pytest.mark.parametrize("scheme", ["http", "https"])
@@ -320,3 +328,119 @@ def test_a_fast_request_outlives_its_deadline_timer_unharmed(serve):  # noqa: F8
     assert peers[0] == peers[1], peers  # the same connection, still open
     _wait_for(lambda: not _deadline_timers())
     assert not _deadline_timers()
+
+
+# ---------------------------------------------------------------------------- DNS rebinding
+
+PUBLIC_IP = "93.184.216.34"  # a global address the guard accepts; no test connects to it
+REBIND_HOST = "rebind.test"
+
+
+@pytest.fixture
+def rebinding_dns(monkeypatch) -> list[str]:
+    """The resolver at the socket layer (``socket.getaddrinfo``, which urllib3 and the guard
+    both call) answers ``REBIND_HOST`` with ``PUBLIC_IP`` on its first lookup and 127.0.0.1 on
+    every later one: a DNS rebinding attack with a zero TTL. Other names resolve as usual.
+    Returns the answers given, one per lookup of ``REBIND_HOST``."""
+    real = socket.getaddrinfo
+    answers: list[str] = []
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        if name.rstrip(".").lower() != REBIND_HOST:
+            return real(host, port, family, type, proto, flags)
+        answers.append(PUBLIC_IP if not answers else "127.0.0.1")
+        return real(answers[-1], port, socket.AF_INET, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return answers
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_rebinding_dns_answer_never_reaches_loopback(serve, scheme, rebinding_dns, request, fault_stats):  # noqa: F811
+    """The guard checks the host's address before the request (a public answer); the name
+    then rebinds to 127.0.0.1. The connection must not look the name up again and connect to
+    whatever it gets: the answer it connects to is the one checked, so the request is refused
+    with the guard's ``private_address`` and the loopback server never sees it. Found by this
+    test: requests resolved the name again to connect and fetched from the loopback server."""
+    context = request.getfixturevalue("tls")[0] if scheme == "https" else None
+    server = serve(lambda h: send(h, 200, b"internal secret"), tls=context)
+    client = make_client(
+        allowed_hosts=frozenset({REBIND_HOST}), allow_private=False, max_retries=2, timeout=2.0
+    )
+    with pytest.raises(HttpError) as err:
+        client.get(f"{scheme}://{REBIND_HOST}:{server.port}/latest/meta-data/", use_cache=False)
+    assert err.value.reason == "private_address" and not err.value.transient, err.value
+    assert "127.0.0.1" in err.value.detail, err.value
+    assert server.hits == []
+    # The guard's own look-up saw the public answer; the connection's look-up (the only other
+    # one: no retry, no third resolution) is the one refused.
+    assert rebinding_dns == [PUBLIC_IP, "127.0.0.1"], rebinding_dns
+    fault_stats.add(faults_injected=1, invariant_checks=3)
+
+
+def test_the_image_fetcher_checks_the_address_it_connects_to(serve, monkeypatch, fault_stats):  # noqa: F811
+    """``HttpFetcher`` (the image store's plain fetcher, no allowlist) refuses a name that
+    resolves to loopback, on the one look-up its connection makes, and never sends the request.
+    Before, it had no address check at all."""
+    from pipelines.image_fetch import FETCH_FAILED, FetchFailed, HttpFetcher
+
+    real, looked_up = socket.getaddrinfo, []
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        if host == REBIND_HOST:
+            looked_up.append(host)
+            host = "127.0.0.1"
+        return real(host, port, family, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    server = serve(lambda h: send(h, 200, b"internal secret"))
+    with pytest.raises(FetchFailed) as err:
+        HttpFetcher(timeout=(2.0, 2.0)).fetch(f"http://{REBIND_HOST}:{server.port}/a.jpg", 1 << 20)
+    assert err.value.reason == FETCH_FAILED and err.value.transient, err.value
+    assert "private_address" in err.value.detail, err.value
+    assert server.hits == [] and looked_up == [REBIND_HOST]
+    fault_stats.add(faults_injected=1, invariant_checks=2)
+
+
+@pytest.mark.parametrize("cert_name", ["pinned.test", "other.test"])
+def test_a_pinned_https_connection_keeps_sni_host_and_certificate_check_on_the_name(
+    serve,  # noqa: F811
+    cert_name,
+    tmp_path,
+    monkeypatch,
+):
+    """Connecting to the checked address, not the name, must not move TLS onto the address:
+    the server sees SNI and Host ``pinned.test``, and the certificate is verified against that
+    name (one issued for another name is refused before any request is sent). ``allow_private``
+    lets the loopback server be reached: the connection takes the same pinned path, without
+    the address check. The name is looked up once per connection."""
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    context, ca_file = _issue_tls(tmp_path / "tls", cert_name)
+    sni: list[str | None] = []
+    context.sni_callback = lambda _sock, name, _ctx: sni.append(name)
+    real, looked_up = socket.getaddrinfo, []
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        if host == "pinned.test":
+            looked_up.append(host)
+            return real("127.0.0.1", port, socket.AF_INET, type, proto, flags)
+        return real(host, port, family, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    server = serve(lambda h: send(h, 200, b"over tls"), tls=context)
+    client = make_client(allowed_hosts=frozenset({"pinned.test"}), allow_private=True, max_retries=0)
+    client.session.verify = ca_file  # the session of this thread, the one get() uses
+    url = f"https://pinned.test:{server.port}/x"
+    if cert_name == "pinned.test":
+        resp = client.get(url, use_cache=False)
+        assert resp.status == 200 and resp.body == b"over tls"
+        assert server.hits[0].headers["host"] == f"pinned.test:{server.port}"
+    else:
+        with pytest.raises(HttpError) as err:
+            client.get(url, use_cache=False)
+        assert err.value.reason == "retries_exhausted" and "SSLError" in err.value.detail, err.value
+        assert "pinned.test" in err.value.detail, err.value  # the name it was checked against
+        assert server.hits == []
+    assert sni == ["pinned.test"] and looked_up == ["pinned.test"], (sni, looked_up)

@@ -422,7 +422,7 @@ def test_no_credentials_are_committed_anywhere_under_infra():
 
 def test_kustomization_resources_patches_and_generators_exist():
     dirs = kustomization_dirs()
-    assert {K8S / "ray", K8S / "mlflow", K8S / "dagster"} <= set(dirs)
+    assert {K8S / "ray", K8S / "mlflow", K8S / "dagster", K8S / "dask"} <= set(dirs)
     assert {K8S / "overlays" / env for env in ENVS} <= set(dirs)
     for kdir in dirs:
         k = kustomization(kdir)
@@ -605,6 +605,61 @@ def test_raycluster_head_service_and_gpu_workers():
     for group in rc["spec"]["workerGroupSpecs"]:
         tolerations = group["template"]["spec"].get("tolerations") or []
         assert any(t.get("key") == "nvidia.com/gpu" for t in tolerations), "GPU nodes are tainted"
+
+
+def env_overlays() -> list[Path]:
+    return [K8S / "overlays" / env for env in ENVS]
+
+
+def dask_objects(docs) -> dict[tuple[str, str], dict]:
+    return {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in docs
+        if d["metadata"]["name"].startswith("mmlinks-dask-")
+    }
+
+
+def dask_cluster_problems(objs: dict[tuple[str, str], dict]) -> list[str]:
+    """The Dask scheduler Service and the workers that reach it, in the beam-worker image."""
+    problems = []
+    svc = objs.get(("Service", "mmlinks-dask-scheduler"))
+    sched = objs.get(("Deployment", "mmlinks-dask-scheduler"))
+    workers = objs.get(("Deployment", "mmlinks-dask-worker"))
+    if not (svc and sched and workers):
+        return [f"no Dask scheduler Service, scheduler and worker Deployments: {sorted(objs)}"]
+    if 8786 not in {p["port"] for p in svc["spec"]["ports"]}:
+        problems.append("the scheduler Service does not serve :8786")
+    address = f"tcp://{svc['metadata']['name']}:8786"
+    for d in (sched, workers):
+        for c in containers(d):
+            if "/beam-worker:" not in c["image"] and not c["image"].startswith("mmlinks/beam-worker"):
+                problems.append(f"{d['metadata']['name']}: image {c['image']} is not the beam-worker image")
+    (worker,) = containers(workers)
+    cmd = worker["command"]
+    if cmd[:3] != ["dask", "worker", address]:
+        problems.append(f"the workers do not connect to {address}: {cmd}")
+    if cmd[cmd.index("--nthreads") + 1] != "1":
+        problems.append("a worker runs more than one thread (torch threads are --cpu-threads)")
+    if containers(sched)[0]["command"][:2] != ["dask", "scheduler"]:
+        problems.append("the scheduler Deployment does not run `dask scheduler`")
+    return problems
+
+
+def test_the_dask_cluster_serves_a_scheduler_its_workers_reach():
+    """infra/k8s/dask: what `--runner dask --dask-address tcp://mmlinks-dask-scheduler:8786` uses;
+    the image must have dask and distributed (locked, declared)."""
+    assert dask_cluster_problems(dask_objects(d for _, d in k8s_objects(component_files("dask")))) == []
+    assert {"dask", "distributed"} <= set(LOCK)
+    for kdir in env_overlays():
+        assert (K8S / "dask").resolve() in {
+            (kdir / r).resolve() for r in kustomization(kdir).get("resources") or []
+        }, f"{rel(kdir)} lacks the Dask cluster"
+
+
+def test_rendered_overlays_hold_the_dask_cluster(rendered):
+    for kdir, docs in rendered.items():
+        if kdir in env_overlays():  # not the one-shot jobs' overlays (overlays/<env>/train)
+            assert dask_cluster_problems(dask_objects(docs)) == [], rel(kdir)
 
 
 # --------------------------------------------------------------------------------- MLflow

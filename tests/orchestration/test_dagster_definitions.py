@@ -201,6 +201,19 @@ def test_settings_refuse_typos_before_anything_runs(monkeypatch):
         Settings.from_env()
 
 
+def test_the_beam_runner_setting_picks_dask_for_builds_and_link_jobs():
+    address = "tcp://mmlinks-dask-scheduler:8786"
+    s = settings(beam_runner={"runner": "dask", "dask_address": address})
+    build = s.build_config_options("synthetic")
+    assert build["runner"] == "dask" and build["dask_address"] == address
+    link = s.link_config("data", "models:/m@production", "out")
+    assert (link.runner, link.dask_address, link.workers()) == ("DaskRunner", address, None)
+    with pytest.raises(MmlinksError, match="beam_runner may set"):
+        settings(beam_runner={"runer": "dask"})
+    with pytest.raises(MmlinksError, match=r"build_options for synthetic: .*dask_address"):
+        settings(beam_runner={"runner": "dask", "dask_address": "nowhere"})
+
+
 def test_refusals_skip_the_retry_policy_and_network_hiccups_keep_it():
     from orchestration.asset_support import failures_explained
 

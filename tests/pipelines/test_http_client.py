@@ -1013,6 +1013,6 @@ def test_no_download_deadline_starts_no_timer(serve, max_seconds):
     client = make_client(server, max_retries=0, max_seconds=max_seconds, timeout=5.0)
     assert client.get(server.url("/1.jpg"), use_cache=False).body == body
     if max_seconds is not None:  # HttpFetcher's max_seconds is a number
-        fetcher = HttpFetcher(timeout=(5.0, 5.0), max_seconds=max_seconds)
+        fetcher = HttpFetcher(timeout=(5.0, 5.0), max_seconds=max_seconds, allow_private=True)
         assert fetcher.fetch(server.url("/2.jpg"), 1 << 20).data == body
     assert timers == []

@@ -162,7 +162,9 @@ def decodes(monkeypatch):
 
 
 def make_store(root, **kw) -> ImageStore:
-    return ImageStore(str(root), max_bytes=LIMIT, fetcher=HttpFetcher(timeout=(2, 0.5)), **kw)
+    return ImageStore(
+        str(root), max_bytes=LIMIT, fetcher=HttpFetcher(timeout=(2, 0.5), allow_private=True), **kw
+    )
 
 
 def store_files(root) -> list[str]:
@@ -234,7 +236,7 @@ def test_concurrent_loads_of_one_uri_are_idempotent(tmp_path, server):
     def work():
         try:
             results.append(
-                ImageStore(str(tmp_path), max_bytes=LIMIT, fetcher=InLockstep()).load(
+                ImageStore(str(tmp_path), max_bytes=LIMIT, fetcher=InLockstep(allow_private=True)).load(
                     server.url + "/good.jpg"
                 )
             )

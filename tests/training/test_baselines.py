@@ -21,7 +21,7 @@ from schemas.errors import MmlinksError
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
 from schemas.shards import write_shard
 from schemas.text import tokenize
-from training.baselines import (
+from training.link.baselines import (
     WordVectors,
     image_vectors_by_k,
     load_classifier,

@@ -62,16 +62,16 @@ def test_the_build_records_clip_and_zero_shot_scores_it(clip_data, tmp_path, cap
     assert out["method"] == "clip-zero-shot" and out["n_docs"] > 0 and 0 <= out["auc"] <= 100
     assert out["links"]["predicted"] > 0  # one-to-one assignment per document
     other = save_tiny_clip(tmp_path / "other.pt", seed=1)
-    from training.zero_shot import clip_zero_shot_baseline
+    from training.link.zero_shot import clip_zero_shot_baseline
 
     with pytest.raises(MmlinksError, match="pass the weight file"):
         clip_zero_shot_baseline(data, "test", str(other), TINY)
 
 
 def test_the_clip_backbone_starts_at_zero_shot_and_trains_under_ap(clip_data):
+    from training.link.zero_shot import clip_text_tower, zero_shot_scores
     from training.loop import link_scores
     from training.objectives.registry import objective_loss
-    from training.zero_shot import clip_text_tower, zero_shot_scores
 
     data, weights = clip_data
     manifest = Manifest.read(data)

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from training.data import pad_documents
-from training.objectives.li2021 import li2021_loss, sub_document_masks
-from training.objectives.loss import in_batch_loss
-from training.objectives.similarity import document_similarity
+from training.link.li2021 import li2021_loss, sub_document_masks
+from training.link.loss import in_batch_loss
+from training.link.similarity import document_similarity
 
 # ---------------------------------------------------------------- brute force (NumPy, float64)
 

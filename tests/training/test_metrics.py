@@ -84,3 +84,20 @@ def test_a_flat_within_document_signal_is_warned_about_and_a_rising_one_is_not()
     assert flat_within_warning([{"epoch": 0, "val_within": float("nan")}]) is None  # nothing to judge
     assert flat_within_warning([]) is None
     assert flat_within_warning([{"epoch": 0, "val_within": FLAT_WITHIN_GAP}]) is None
+
+
+def test_the_flat_within_warning_names_a_strongly_confounded_training_split():
+    from pipelines.confounds import SplitConfounds
+    from training.metrics import flat_within_warning
+
+    flat = [{"val_within": 0.02}, {"val_within": 0.03}]
+    looked = SplitConfounds(
+        documents=10, image_ratio=21.3, image_documents=10, text_share=0.05, text_documents=10
+    )
+    plain = SplitConfounds(
+        documents=10, image_ratio=0.3, image_documents=10, text_share=0.0, text_documents=10
+    )
+    warning = flat_within_warning(flat, confounds=looked)
+    assert "strongly confounded (image ratio 21.3, text share 0.05" in warning
+    assert "confounded" not in flat_within_warning(flat, confounds=plain)
+    assert flat_within_warning([{"val_within": 0.3}], confounds=looked) is None  # it learned: no warning

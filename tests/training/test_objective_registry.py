@@ -11,6 +11,7 @@ from schemas.errors import MmlinksError
 from tests.conftest import small_train_config
 from training.backbone import backbone_names, get_backbone
 from training.config import TrainConfig
+from training.link.similarity import SIMILARITIES
 from training.objectives.registry import (
     ObjectiveSpec,
     get_objective,
@@ -18,13 +19,12 @@ from training.objectives.registry import (
     register_objective,
     unregister_objective,
 )
-from training.objectives.similarity import SIMILARITIES
 
 
 def toy_loss(s_pad, s_mask, v_pad, v_mask, cfg, generator=None):
     """Mean-pooled hinge on TK at k = half, plus a named extra part (so parts are logged)."""
-    from training.objectives.loss import in_batch_loss
-    from training.objectives.similarity import document_similarity
+    from training.link.loss import in_batch_loss
+    from training.link.similarity import document_similarity
 
     cross = in_batch_loss(document_similarity("tk", s_pad, s_mask, v_pad, v_mask, "half"), cfg.margin, "mean")
     spread = 0.01 * (s_pad * s_mask[..., None]).sum(1).norm(dim=-1).mean()

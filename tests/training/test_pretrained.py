@@ -49,7 +49,7 @@ def _model(dataset, manifest, cfg: TrainConfig, stats=None):
 
 @pytest.fixture(scope="module")
 def tower():
-    from training.towers import MiniLMTower
+    from training.link.towers import MiniLMTower
 
     return MiniLMTower().eval()
 

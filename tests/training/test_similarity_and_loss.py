@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from training.data import pad_documents
+from training.link.loss import in_batch_loss
+from training.link.similarity import ap, document_similarity, pair_matrices
 from training.objectives.assignment import max_weight_matching
-from training.objectives.loss import in_batch_loss
-from training.objectives.similarity import ap, document_similarity, pair_matrices
 
 
 def oracle_sim(kind: str, M: np.ndarray, k_mode: str) -> float:

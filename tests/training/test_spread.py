@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
-from training.baselines import WordVectors
-from training.spread import DocSpread, document_spread, ols_r2, pca_scores, spread, spread_regressions
+from training.link.baselines import WordVectors
+from training.link.spread import DocSpread, document_spread, ols_r2, pca_scores, spread, spread_regressions
 
 FINITE = st.floats(-10, 10, allow_nan=False, allow_infinity=False)
 

@@ -389,7 +389,7 @@ def run_grid(
     ``name``: a key of GRIDS or a GridSpec. ``datasets``: column name -> dataset directory.
     ``b_values`` keeps only the points with those b (e.g. [10] for the main-paper tables).
     ``baselines``: untrained rows computed elsewhere, method -> dataset -> {auc, p_at_1, p_at_5}
-    (e.g. {"Obj Detect": ...} from training.baselines), printed after Random as in the paper.
+    (e.g. {"Obj Detect": ...} from training.link.baselines), printed after Random as in the paper.
     ``rows`` keeps only the points of those rows (retrieval: cmca, cmcm, cmcm-noattn,
     cmcm-c-RELATION; linking: OBJECTIVE-K-NEGATIVES); ``repeats`` sets how many seeds a
     retrieval grid trains each model with (default: the spec's, 3 for Alikhani et al.'s tables).

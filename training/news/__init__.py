@@ -11,3 +11,8 @@ LOSSES = ("vse", "vsepp", "hal", "order")
 ENCODERS = ("attention", "chain")
 # how a text and an image score: the cosine, or ORDER's negative order violation (Vendrov et al.)
 SCORES = ("cosine", "order")
+# --subword-buckets -1 (auto) for the news word encoder: fast on CPU (issue #34)
+AUTO_SUBWORD_BUCKETS = 20000
+# --news-max-tokens: a news body keeps ~300 words (Liu et al. cut nothing; GoodNews bodies run
+# 400-800 words), a headline its few
+DEFAULT_NEWS_MAX_TOKENS = "headline=30,lead=80,body=300,caption=60"

@@ -7,7 +7,7 @@ except for ``order`` (the negative order violation, ``order_scores``).
   hinges over every in-batch negative, both directions, averaged over the B pairs:
   ``1/B sum_i [sum_{j != i} [m - S_ii + S_ij]_+ + sum_{j != i} [m - S_ii + S_ji]_+]``.
 - ``vsepp`` (Eq. 4, Faghri et al.): only the hardest negative of each direction
-  (``training.retrieval.losses.hardest_triplet_loss``, the same formula).
+  (``training.joint_space.hardest_triplet_loss``, the same formula).
 - ``hal`` (Eq. 5, Liu et al. AAAI 2020): ``1/B sum_i [1/a log(1 + sum_{m != i} exp(a (S_mi - e)))
   + 1/a log(1 + sum_{n != i} exp(a (S_in - e))) - log(1 + b S_ii)]`` with a = 20, b = 30,
   e = 0.2. ``log(1 + b S_ii)`` is undefined for S_ii <= -1/b; S_ii is clamped to
@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from training.joint_space import hardest_triplet_loss
 from training.news import LOSSES
-from training.retrieval.losses import hardest_triplet_loss
 
 HAL_ALPHA, HAL_BETA, HAL_EPS = 20.0, 30.0, 0.2
 

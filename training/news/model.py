@@ -1,17 +1,21 @@
 """The news image selection model of Liu et al. ("Upgrading the Newsroom", Sect. 4.3 and 5.1).
 Pure torch.
 
-- Words: a word embedding (initialised from word vectors, ``training/text.py``) plus, optionally,
-  fastText-style subword n-grams: every vocabulary word's character 3- to 6-grams of
-  ``<word>`` hashed (FNV-1a, as fastText) into ``subword_buckets`` rows whose sum is added to
-  the word vector. The n-gram table is computed from the vocabulary's words (in the model
-  config) once, as a buffer.
+- Words: a word embedding (initialised from word vectors, ``training/text.py``) plus, with
+  ``subword_buckets`` (Liu et al. Sect. 4.3.1, fastText), the character 3- to 5-grams of
+  ``<word>`` hashed (FNV-1a) into that many rows: a word is the AVERAGE of its word vector and
+  its n-gram vectors, an out-of-vocabulary word the average of its n-gram vectors (not the one
+  ``<unk>`` vector). The n-grams are computed for every token when the text is encoded
+  (``NewsRetrieval.tokenize``, vectorised), so an unseen spelling of a trained name shares most
+  of its vectors. The model tokenises its own text with the training vocabulary kept in its
+  config (``words``) and the per-source token limits (``max_tokens``: a body keeps far more
+  words than a headline), so a served model encodes exactly as training did.
 - One text encoder per source (headline, lead, body, caption), sharing the word embedding
   (paper: "the four single models share a common word embedding"): multi-head self-attention
   without positional encoding or causal mask, with a residual connection (Eq. 2-3) ->
   point-wise (kernel-1) CNN ReLU(A W1 + b1) W2 + b2 -> global max pooling over the words.
 - Image: a frozen CNN feature (computed by the build) standardised with the training set's
-  statistics -> linear (``BottleneckImageEncoder``, the retrieval family's).
+  statistics -> linear (``BottleneckImageEncoder``, the core's ``training/joint_space.py``).
 - Fusion of the per-source vectors (``FUSERS``): ``max`` (element-wise max over the present
   sources), ``add`` (their sum), ``mlp`` (concatenation -> two Linear+ReLU blocks, Yu et al.),
   ``attention`` (the paper's Feature Fuser: single-head self-attention over the S source
@@ -35,20 +39,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schemas.news import sources_of
+from schemas.news import NEWS_SOURCES, sources_of
+from schemas.text import first_tokens
+from training.joint_space import BottleneckConfig, BottleneckImageEncoder
 from training.news import ENCODERS, FUSERS, SCORES
 from training.news.chain import CharConvEncoder
 from training.news.losses import order_scores
-from training.retrieval.model import BottleneckImageEncoder, RetrievalConfig
 
-NGRAM_MIN, NGRAM_MAX = 3, 6
+NGRAM_MIN, NGRAM_MAX = 3, 5  # Liu et al. Sect. 4.3.1 (fastText's default 3-6 reads 3-5 there)
+FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
+NO_LIMIT = 1_000_000  # tokens kept of a source without a limit in the config
+PAD_ID, UNK_ID = 0, 1  # training/text.py's PAD and UNK (the vocabulary's first two entries)
 
 
 def fnv1a(text: str) -> int:
-    """32-bit FNV-1a over the UTF-8 bytes (fastText's n-gram hash)."""
-    h = 2166136261
-    for b in text.encode("utf-8"):
-        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    """32-bit FNV-1a over the code points of ``text`` (fastText's n-gram hash, which runs over
+    UTF-8 bytes: the same number for ASCII). The reference ``ngram_buckets`` is tested against."""
+    h = FNV_OFFSET
+    for c in text:
+        h = ((h ^ ord(c)) * FNV_PRIME) & 0xFFFFFFFF
     return h
 
 
@@ -58,10 +67,51 @@ def char_ngrams(word: str, nmin: int = NGRAM_MIN, nmax: int = NGRAM_MAX) -> list
     return [w[i : i + n] for n in range(nmin, nmax + 1) for i in range(len(w) - n + 1)]
 
 
-def ngram_table(words: list[str], buckets: int) -> np.ndarray:
-    """[V, G] bucket row + 1 of every word's n-grams (0 = padding); the first two vocabulary
-    entries (PAD, UNK) get none."""
-    rows = [[] if i < 2 else [1 + fnv1a(g) % buckets for g in char_ngrams(w)] for i, w in enumerate(words)]
+def ngram_buckets(words: list[str], buckets: int, nmin: int = NGRAM_MIN, nmax: int = NGRAM_MAX) -> np.ndarray:
+    """[W, G] bucket + 1 of every character n-gram of each ``<word>`` (0 = padding; G = the most
+    n-grams of any word), the order of ``char_ngrams``: ``1 + fnv1a(g) % buckets``.
+
+    Vectorised (issue #36): the words become one [W, L] array of code points, and each n-gram
+    position's FNV-1a is n array operations over all W words at once, so the cost is ~3 L (n, i)
+    positions of numpy work instead of a Python loop over every byte of every n-gram
+    (``benchmarks/news_subwords.py``: tokens/s before and after)."""
+    W = len(words)
+    if W == 0:
+        return np.zeros((0, 1), dtype=np.int64)
+    marked = [f"<{w}>" for w in words]
+    lens = np.fromiter((len(m) for m in marked), dtype=np.int64, count=W)
+    L = int(lens.max())
+    flat = np.frombuffer("".join(marked).encode("utf-32-le"), dtype=np.uint32)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    cols = np.arange(L)
+    inside = cols[None, :] < lens[:, None]  # [W, L]
+    cps = np.zeros((W, L), dtype=np.uint32)
+    cps[inside] = flat[(starts[:, None] + cols[None, :])[inside]]
+    prime = np.uint32(FNV_PRIME)
+    out = []
+    for n in range(nmin, nmax + 1):
+        if n > L:
+            break
+        h = np.full((W, L - n + 1), FNV_OFFSET, dtype=np.uint32)
+        for k in range(n):  # every start position of every word at once; uint32 wraps mod 2**32
+            h = (h ^ cps[:, k : k + L - n + 1]) * prime
+        ids = (h % np.uint32(buckets)).astype(np.int64) + 1
+        ids[np.arange(L - n + 1)[None, :] + n > lens[:, None]] = 0  # past the word's end
+        out.append(ids)
+    if not out:  # every word shorter than nmin with its marks
+        return np.zeros((W, 1), dtype=np.int64)
+    ids = np.concatenate(out, axis=1)  # [W, sum_n (L - n + 1)], padding scattered
+    # move each word's n-grams to the front (a stable sort on "is padding" keeps their order)
+    order = np.argsort(ids == 0, axis=1, kind="stable")
+    ids = np.take_along_axis(ids, order, axis=1)
+    width = max(1, int((ids > 0).sum(1).max()))
+    return ids[:, :width]
+
+
+def ngram_buckets_loop(words: list[str], buckets: int) -> np.ndarray:
+    """``ngram_buckets`` word by word in pure Python (the code before issue #36; the benchmark's
+    baseline and the test oracle)."""
+    rows = [[1 + fnv1a(g) % buckets for g in char_ngrams(w)] for w in words]
     out = np.zeros((len(words), max((len(r) for r in rows), default=0) or 1), dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
@@ -79,7 +129,12 @@ class NewsConfig:
     sources: tuple[str, ...] = ("headline", "lead", "body", "caption")
     fusion: str = "attention"
     subword_buckets: int = 0  # 0: words only
-    words: list[str] = field(default_factory=list)  # the vocabulary (for the n-gram table)
+    # the training vocabulary (index -> word): the model tokenises its own text with it, so a
+    # served model encodes exactly as in training, n-grams of unseen words included; empty in
+    # checkpoints from before issue #34 (the batch's token ids are used then)
+    words: list[str] = field(default_factory=list)
+    max_tokens: dict[str, int] = field(default_factory=dict)  # per source; {} = the batch's tokens
+    truncated: dict[str, list[int]] = field(default_factory=dict)  # training: {source: [cut, total]}
     image_dropout: float = 0.0
     backbone: str = "news"  # the backbone registry name (training/backbone.py)
     encoder: str = "attention"  # ENCODERS: attention (the paper's) or chain (characters)
@@ -97,6 +152,11 @@ class NewsConfig:
             raise ValueError(f"word_dim {self.word_dim} is not divisible by heads {self.heads}")
         if (self.subword_buckets or self.encoder == "chain") and len(self.words) != self.vocab_size:
             raise ValueError("subword n-grams and CHAIN need the vocabulary's words in the model config")
+        if self.words and len(self.words) != self.vocab_size:
+            raise ValueError(f"{len(self.words)} vocabulary words for vocab_size {self.vocab_size}")
+        unknown = set(self.max_tokens) - set(NEWS_SOURCES)
+        if unknown or any(int(v) < 1 for v in self.max_tokens.values()):
+            raise ValueError(f"max_tokens {self.max_tokens}: sources of {NEWS_SOURCES}, >= 1 token each")
 
     @property
     def relations(self) -> tuple[str, ...]:
@@ -110,7 +170,20 @@ class NewsConfig:
 
 
 class WordEmbedding(nn.Module):
-    """tokens [N, T] -> [N, T, w]: word vector (+ the sum of its n-gram vectors)."""
+    """tokens [N, T] (+ n-gram buckets [N, T, G], 0 = padding) -> [N, T, w].
+
+    With subwords (Liu et al. Sect. 4.3.1, fastText): a vocabulary word is the AVERAGE of its
+    word vector and its n-gram vectors; an unknown word (``<unk>``) the average of its n-gram
+    vectors alone, so a misspelt or inflected name lands near the trained name it shares
+    n-grams with instead of on the one ``<unk>`` vector. Without n-grams: the word vector.
+
+    The average is scaled by sqrt(count) (so: the sum / sqrt(count)). The paper averages
+    pretrained fastText vectors, whose mean keeps a word vector's size; ours start random, and
+    the mean of ~25 independent random vectors is ~5x shorter than one, which cost the fused
+    model 15-20 points of R@10 on names seen in training (docs/benchmarks.md, issue #34: 61.5
+    plain mean, 78.8 scaled, 76.9 without subwords). The scale does not change the mix: each
+    vector still weighs 1/count of the direction, and a long word does not outweigh a short one
+    by its n-gram count as a plain sum would."""
 
     def __init__(self, cfg: NewsConfig, embeddings: np.ndarray | None = None):
         super().__init__()
@@ -120,17 +193,18 @@ class WordEmbedding(nn.Module):
         self.ngrams = None
         if cfg.subword_buckets:
             self.ngrams = nn.Embedding(cfg.subword_buckets + 1, cfg.word_dim, padding_idx=0)
-            nn.init.uniform_(self.ngrams.weight, -0.02, 0.02)
+            nn.init.uniform_(self.ngrams.weight, -0.2, 0.2)  # the random word vectors' range
             with torch.no_grad():
                 self.ngrams.weight[0].zero_()
-            table = ngram_table(cfg.words, cfg.subword_buckets)
-            self.register_buffer("ngram_ids", torch.from_numpy(table), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, ngrams: torch.Tensor | None = None) -> torch.Tensor:
         e = self.words(tokens)
-        if self.ngrams is not None:
-            e = e + self.ngrams(self.ngram_ids[tokens]).sum(-2)  # [N, T, G, w] -> [N, T, w]
-        return e
+        if self.ngrams is None or ngrams is None:
+            return e
+        own = (tokens > UNK_ID).unsqueeze(-1).to(e.dtype)  # [N, T, 1]: a vocabulary word's own vector
+        count = own + (ngrams > 0).sum(-1, keepdim=True).to(e.dtype)  # [N, T, 1]
+        total = e * own + self.ngrams(ngrams).sum(-2)  # [N, T, G, w] -> [N, T, w]
+        return total / count.clamp(min=1.0).sqrt()  # the mean x sqrt(count): see the class doc
 
 
 class SourceEncoder(nn.Module):
@@ -225,12 +299,48 @@ class NewsRetrieval(nn.Module):
             }
         )
         self.fuser = Fuser(cfg.fusion, len(cfg.sources), cfg.d)
-        image_cfg = RetrievalConfig(
-            vocab_size=0, image_dim=cfg.image_dim, d_shared=cfg.d, image_dropout=cfg.image_dropout
-        )
+        image_cfg = BottleneckConfig(image_dim=cfg.image_dim, d_shared=cfg.d, image_dropout=cfg.image_dropout)
         self.image = (OrderImageEncoder if cfg.score == "order" else BottleneckImageEncoder)(image_cfg)
         if feature_stats is not None:
             self.image.set_feature_stats(*feature_stats)
+        self._index: dict[str, int] | None = None  # word -> id, built on first use
+
+    def tokenize(
+        self, texts: list[str], sources: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Sentences and the source each one is (a name this model does not read: 1 token, it is
+        dropped anyway) -> (tokens [N, T] 0-padded, lengths [N], n-gram buckets [N, T, G] or None
+        without subwords). Each source keeps its first ``cfg.max_tokens[source]`` tokens; ids
+        from the vocabulary in the model config, so training, evaluation and serving encode the
+        same way; every token's n-grams (in the vocabulary or not) are hashed here, once per
+        distinct word of the call, by the vectorised ``ngram_buckets``. A sentence without a
+        token is one ``<unk>`` without n-grams (``Vocabulary.encode``'s rule)."""
+        if self._index is None:
+            self._index = {w: i for i, w in enumerate(self.cfg.words)}
+        index, limits = self._index, self.cfg.max_tokens
+        kept = [
+            first_tokens(t, limits.get(s, NO_LIMIT) if s in self.cfg.sources else 1)
+            for t, s in zip(texts, sources, strict=True)
+        ]
+        N, T = len(kept), max([len(k) for k in kept] + [1])
+        tokens = np.zeros((N, T), dtype=np.int64)
+        lengths = np.ones(N, dtype=np.int64)
+        for i, words in enumerate(kept):
+            if words:
+                tokens[i, : len(words)] = [index.get(w, UNK_ID) for w in words]
+                lengths[i] = len(words)
+            else:
+                tokens[i, 0] = UNK_ID
+        ngrams = None
+        if self.cfg.subword_buckets:
+            distinct: dict[str, int] = {}
+            where = np.zeros((N, T), dtype=np.int64)  # 1 + the word's row in the table, 0 = none
+            for i, words in enumerate(kept):
+                where[i, : len(words)] = [distinct.setdefault(w, len(distinct)) + 1 for w in words]
+            table = ngram_buckets(list(distinct), self.cfg.subword_buckets)  # [U, G]
+            table = np.concatenate([np.zeros((1, table.shape[1]), dtype=np.int64), table])
+            ngrams = torch.from_numpy(table[where])  # [N, T, G]
+        return torch.from_numpy(tokens), torch.from_numpy(lengths), ngrams
 
     def encode_text(
         self,
@@ -240,14 +350,16 @@ class NewsRetrieval(nn.Module):
         rows: torch.Tensor,
         keep: torch.Tensor,
         fuser_only: bool = False,
+        ngrams: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """tokens [N, T], lengths [N]; sentence n is source ``slots[n]`` (an index into
-        ``cfg.sources``, -1: a source this model does not read) of sample ``rows[n]``; keep
-        [B, S] the (sample, source) cells to use -> [B, d] unit vectors (zeros for a sample with
-        no cell left: it scores 0 against every image)."""
+        """tokens [N, T], lengths [N], n-gram buckets [N, T, G] (None: words only); sentence n
+        is source ``slots[n]`` (an index into ``cfg.sources``, -1: a source this model does not
+        read) of sample ``rows[n]``; keep [B, S] the (sample, source) cells to use -> [B, d]
+        unit vectors (zeros for a sample with no cell left: it scores 0 against every image)."""
         B, S = keep.shape
         known = slots >= 0
         tokens, lengths, slots, rows = tokens[known], lengths[known], slots[known], rows[known]
+        ngrams = ngrams[known] if ngrams is not None else None
         present = torch.zeros(B, S, dtype=torch.bool, device=keep.device)
         present[rows, slots] = True
         use = keep & present
@@ -255,18 +367,23 @@ class NewsRetrieval(nn.Module):
         mask = torch.arange(tokens.shape[1], device=keep.device)[None, :] < lengths.clamp(min=1)[:, None]
         for j, name in enumerate(self.cfg.sources):
             sel = (slots == j) & use[rows, slots]
-            if sel.any():
-                enc = self.encoders[name]
-                if self.embed is None:  # CHAIN reads characters
-                    x[rows[sel], j] = enc(tokens[sel])
-                    continue
-                # cut this source's rows to its own longest sentence: a batch pads every
-                # sentence to the longest of any source (a 100-token body), and a 12-word
-                # headline's 88 padding positions, masked out of attention and max pooling,
-                # would still cost attention + point-wise CNN work (2.4x the encoder's
-                # arithmetic for one served article; docs/benchmarks.md, issue #18)
-                t = int(lengths[sel].max().clamp(min=1))
-                x[rows[sel], j] = enc(self.embed(tokens[sel][:, :t]), mask[sel][:, :t])
+            enc = self.encoders[name]
+            if not sel.any():
+                if torch.is_grad_enabled():  # DDP all-reduces every parameter's gradient in every
+                    # step: a source absent from this worker's batch joins the graph with 0
+                    x = x + 0.0 * sum(p.sum() for p in enc.parameters())
+                continue
+            if self.embed is None:  # CHAIN reads characters
+                x[rows[sel], j] = enc(tokens[sel])
+                continue
+            # cut this source's rows to its own longest sentence: a batch pads every
+            # sentence to the longest of any source (a 100-token body), and a 12-word
+            # headline's 88 padding positions, masked out of attention and max pooling,
+            # would still cost attention + point-wise CNN work (2.4x the encoder's
+            # arithmetic for one served article; docs/benchmarks.md, issue #18)
+            t = int(lengths[sel].max().clamp(min=1))
+            g = ngrams[sel][:, :t] if ngrams is not None else None
+            x[rows[sel], j] = enc(self.embed(tokens[sel][:, :t], g), mask[sel][:, :t])
         if fuser_only:  # divide and conquer's warm-up: the loaded encoders get zero gradients
             x = zero_grad(x)
         some = use.any(1)
@@ -274,14 +391,18 @@ class NewsRetrieval(nn.Module):
         fused = F.normalize(fused, dim=-1)
         return (fused.abs() if self.cfg.score == "order" else fused) * some[:, None]
 
-    def encode_article(self, sources: dict[str, torch.Tensor]) -> torch.Tensor:
+    def encode_article(
+        self, sources: dict[str, torch.Tensor], ngrams: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """One article's sources ({name: tokens [1, T], no padding; at least one, all read by
-        this model}) -> [1, d]: ``encode_text`` of a one-article batch with complete inputs,
-        bit-identical to it (tested), without the batch machinery (boolean row selection, index
-        puts, padding masks: ~1.5 ms of a served article's ~10 ms on one core). Serving encodes
-        each article of a request this way, so an article's vector never depends on the other
-        rows of its request. A CHAIN model (one encoder over the concatenated sources) has no
-        per-source path: ``serving.encode_article`` sends it through the batch encoder."""
+        this model}; ``ngrams`` {name: [1, T, G]} with subwords) -> [1, d]: ``encode_text`` of a one-article
+        batch with complete inputs, bit-identical to it (tested), without the batch machinery
+        (boolean row selection, index puts, padding masks: ~1.5 ms of a served article's ~10 ms
+        on one core). Serving encodes each article of a request this way, so an article's vector
+        never depends on the other rows of its request. A CHAIN model (one encoder over the
+        concatenated sources) has no per-source path: ``serving.encode_article`` sends it
+        through the batch encoder.
+        """
         if self.embed is None:
             raise ValueError("a CHAIN model encodes articles through encode_text")
         present = [name in sources for name in self.cfg.sources]
@@ -290,7 +411,9 @@ class NewsRetrieval(nn.Module):
             return zero
         x = torch.stack(
             [
-                self.encoders[name].encode_one(self.embed(sources[name])) if here else zero
+                self.encoders[name].encode_one(self.embed(sources[name], (ngrams or {}).get(name)))
+                if here
+                else zero
                 for name, here in zip(self.cfg.sources, present, strict=True)
             ],
             1,
@@ -313,9 +436,13 @@ class NewsRetrieval(nn.Module):
         device = batch.tokens.device
         if keep is None:
             keep = torch.ones(len(batch), len(self.cfg.sources), dtype=torch.bool, device=device)
-        text = self.encode_text(
-            batch.tokens, batch.lengths, slots.to(device), rows.to(device), keep, fuser_only
-        )
+        tokens, lengths, ngrams = batch.tokens, batch.lengths, None
+        if self.cfg.words and batch.sentences is not None:  # the model's own tokens (per-source limits)
+            names = [self.cfg.sources[j] if j >= 0 else "" for j in slots.tolist()]
+            tokens, lengths, ngrams = self.tokenize(batch.sentences, names)
+            tokens, lengths = tokens.to(device), lengths.to(device)
+            ngrams = ngrams.to(device) if ngrams is not None else None
+        text = self.encode_text(tokens, lengths, slots.to(device), rows.to(device), keep, fuser_only, ngrams)
         image = self.image(batch.features)
         return text, (zero_grad(image) if fuser_only else image)
 

@@ -24,39 +24,101 @@ Ray Train loop and the experiment.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from schemas.news import parse_sources
+from schemas.news import parse_sources, parse_token_limits, sources_of
+from schemas.text import first_tokens
+from training.news import AUTO_SUBWORD_BUCKETS, DEFAULT_NEWS_MAX_TOKENS
 from training.news.losses import news_loss
 from training.news.model import NewsConfig, NewsRetrieval, sentence_slots
-from training.retrieval.metrics import retrieval_metrics
+from training.ranking import retrieval_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
 
 COLUMNS = ("metadata",)
+log = logging.getLogger(__name__)
+
+
+def subword_buckets(cfg: TrainConfig) -> int:
+    """``--subword-buckets`` resolved: -1 (auto) is the ``--init-from`` model's own (its n-gram
+    table is copied, so it must match), else ``AUTO_SUBWORD_BUCKETS`` for the word encoder, 0 for
+    CHAIN (characters, no word vectors) and one-for-all (frozen aligned vectors)."""
+    if cfg.subword_buckets >= 0:
+        return cfg.subword_buckets
+    inherited = init_subword_buckets(cfg.init_from)
+    if inherited is not None:
+        return inherited
+    return 0 if cfg.news_encoder == "chain" or cfg.multilingual == "one-for-all" else AUTO_SUBWORD_BUCKETS
+
+
+def init_subword_buckets(init_from: str) -> int | None:
+    """The subword buckets of the first ``--init-from`` checkpoint (0 for one from before
+    subwords); None without one or when its ``meta.json`` is not readable here (``apply_init``
+    reports that, with the path)."""
+    import json
+    from pathlib import Path
+
+    from training.news.recipes import parse_init
+
+    if not init_from.strip():
+        return None
+    try:
+        first = next(iter(parse_init(init_from).values()))
+        meta = json.loads((Path(first) / "meta.json").read_text())
+    except (ValueError, OSError):
+        return None
+    return int(meta.get("model", {}).get("subword_buckets", 0))
+
+
+def token_limits(cfg: TrainConfig) -> dict[str, int]:
+    """Tokens kept per source: the defaults with ``--news-max-tokens`` over them."""
+    return {**parse_token_limits(DEFAULT_NEWS_MAX_TOKENS), **parse_token_limits(cfg.news_max_tokens)}
+
+
+def count_cuts(sentences, metadata, limits: dict[str, int]) -> dict[str, list[int]]:
+    """{source: [texts longer than its limit, texts]} over the training samples (a sample's
+    sentences are its present sources, in ``news_sources`` order)."""
+    out = {s: [0, 0] for s in limits}
+    for doc, meta in zip(sentences, metadata, strict=True):
+        for name, text in zip(sources_of(dict(meta or [])), doc, strict=False):
+            if name in out:
+                out[name][1] += 1
+                out[name][0] += len(first_tokens(text, limits[name] + 1)) > limits[name]
+    return out
+
+
+def truncation_warning(truncated: dict[str, list[int]]) -> str | None:
+    """One line naming every source whose training texts were cut, with the counts; None if
+    none was (the training report and the MLflow run show it)."""
+    cut = [f"{n:,} of {total:,} {name} texts" for name, (n, total) in truncated.items() if n]
+    if not cut:
+        return None
+    return f"news text cut to --news-max-tokens in training: {', '.join(cut)}"
 
 
 def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
     """The backbone registry's config builder for the ``news`` backbone. The vocabulary's words
-    (for the subword n-gram table) are rebuilt exactly as the driver builds them."""
-    words: list[str] = []
-    if cfg.subword_buckets or cfg.news_encoder == "chain":
-        from schemas.shards import read_table
-        from training.text import Vocabulary
+    are rebuilt exactly as the driver builds them and kept in the model config (the model
+    tokenises its own text: per-source limits, n-grams of unseen words, the same in serving);
+    the training texts cut by the per-source limits are counted here once and logged."""
+    from schemas.shards import read_table
+    from training.text import Vocabulary
 
-        sentences = (
-            s
-            for p in train_paths
-            for doc in read_table([p], columns=["sentences"]).column("sentences").to_pylist()
-            for s in doc
-        )
-        words = Vocabulary.build(sentences, cfg.min_word_count).words
-        if len(words) != vocab_size:  # pragma: no cover - the driver builds the same vocabulary
-            raise RuntimeError("the news model's vocabulary differs from the driver's")
+    table = read_table(train_paths, columns=["sentences", "metadata"])
+    docs = table.column("sentences").to_pylist()
+    words = Vocabulary.build((s for doc in docs for s in doc), cfg.min_word_count).words
+    if len(words) != vocab_size:  # pragma: no cover - the driver builds the same vocabulary
+        raise RuntimeError("the news model's vocabulary differs from the driver's")
+    limits = token_limits(cfg)
+    truncated = count_cuts(docs, table.column("metadata").to_pylist(), limits)
+    warning = truncation_warning(truncated)
+    if warning:
+        log.warning("%s", warning)
     out = NewsConfig(
         vocab_size=vocab_size,
         word_dim=word_dim,
@@ -66,8 +128,10 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
         heads=cfg.news_heads,
         sources=parse_sources(cfg.news_sources),
         fusion=cfg.fusion,
-        subword_buckets=cfg.subword_buckets,
+        subword_buckets=subword_buckets(cfg),
         words=words,
+        max_tokens=limits,
+        truncated=truncated,
         image_dropout=cfg.image_dropout,
         encoder=cfg.news_encoder,
         score="order" if cfg.news_loss == "order" else "cosine",

@@ -72,7 +72,10 @@ def read_checkpoint(folder: str | Path) -> tuple[dict, dict]:
         raise MmlinksError(
             f"--init-from {folder}: not a checkpoint folder (needs {CHECKPOINT_FILE} and meta.json)"
         )
-    meta = json.loads((folder / "meta.json").read_text())
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MmlinksError(f"--init-from {folder}: meta.json is not JSON ({e})") from None
     if meta.get("model", {}).get("backbone") != NewsConfig.backbone:  # the news backbone's name
         raise MmlinksError(f"--init-from {folder}: not a news model checkpoint")
     state = torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=False)["model"]
@@ -143,12 +146,12 @@ def check(cfg) -> list[str]:
         bad.append("init_from (all-for-one starts from a language-A checkpoint: --init-from DIR)")
     if cfg.news_encoder == "chain" and cfg.multilingual != "none":
         bad.append("news_encoder (chain has no word vectors for a multilingual recipe to align or swap)")
-    if cfg.news_encoder == "chain" and cfg.subword_buckets:
+    if cfg.news_encoder == "chain" and cfg.subword_buckets > 0:
         bad.append("subword_buckets (chain reads characters: no word vectors to add n-grams to)")
     if cfg.multilingual == "one-for-all":
         if cfg.word_vectors in ("random", "glove"):
             bad.append("word_vectors (one-for-all freezes aligned vectors: text:A.vec,text:B.vec)")
-        if cfg.subword_buckets:
+        if cfg.subword_buckets > 0:
             bad.append("subword_buckets (one-for-all: trained n-grams would move the frozen aligned space)")
     if plan and "" not in plan and len(sources) < 2:
         bad.append("init_from (SOURCE=DIR loads the encoders of a fused model: --news-sources with 2+)")

@@ -43,8 +43,7 @@ from schemas.text import has_tokens
 from training.data import encode_sentences
 from training.news.archive import ArchiveIndex, build_archive_index
 from training.news.model import NewsRetrieval, sentence_slots
-from training.packaging import _bad_request
-from training.retrieval.serving import pip_requirements
+from training.packaging import _bad_request, pip_requirements
 from training.text import Vocabulary
 
 ARCHIVE_ENV = "MMLINKS_NEWS_ARCHIVE"
@@ -97,13 +96,18 @@ def encode_articles(
         names = [s for s in NEWS_SOURCES if has_tokens(_text(a.get(s)))]
         sentences.append([a[s] for s in names])
         metadata.append({SOURCES_KEY: ",".join(names)})
-    tokens, lengths = encode_sentences(sentences, vocab, max_tokens)
     n = [len(s) for s in sentences]
     slots, rows = sentence_slots(metadata, n, net.cfg.sources)
+    ngrams = None
+    if net.cfg.words:  # the model's own vocabulary, per-source limits and n-grams (as in training)
+        names = [name for m in metadata for name in m[SOURCES_KEY].split(",") if name]
+        tokens, lengths, ngrams = net.tokenize([t for doc in sentences for t in doc], names)
+    else:  # a model from before issue #34: the packaged vocabulary, one limit
+        tokens, lengths = encode_sentences(sentences, vocab, max_tokens)
     keep = torch.ones(len(articles), len(net.cfg.sources), dtype=torch.bool)
     if net.training:  # eval() walks every module: ~1 ms a served article when done each time
         net.eval()
-    return net.encode_text(tokens, lengths, slots, rows, keep)
+    return net.encode_text(tokens, lengths, slots, rows, keep, ngrams=ngrams)
 
 
 @torch.inference_mode()
@@ -116,14 +120,22 @@ def encode_article(net: NewsRetrieval, vocab: Vocabulary, max_tokens: int, artic
     goes through ``encode_articles``."""
     if net.embed is None:
         return encode_articles(net, vocab, max_tokens, [article])
-    sources = {}
-    for s in net.cfg.sources:
-        text = _text(article.get(s))
-        if has_tokens(text):
+    sources, ngrams = {}, {}
+    present = [(s, _text(article.get(s))) for s in net.cfg.sources]
+    present = [(s, text) for s, text in present if has_tokens(text)]
+    if net.cfg.words:  # as encode_articles: the model's own tokens, in one call, so the n-gram
+        # width G is the batch's (a narrower table sums its zero padding in another order)
+        tokens, lengths, g = net.tokenize([text for _, text in present], [s for s, _ in present])
+        for i, (s, _) in enumerate(present):
+            sources[s] = tokens[i : i + 1, : lengths[i]]
+            if g is not None:
+                ngrams[s] = g[i : i + 1, : lengths[i]]
+    else:
+        for s, text in present:
             sources[s] = torch.tensor([vocab.encode(text, max_tokens)], dtype=torch.long)
     if net.training:
         net.eval()
-    return net.encode_article(sources)
+    return net.encode_article(sources, ngrams or None)
 
 
 class NewsModel(mlflow.pyfunc.PythonModel):
@@ -379,7 +391,7 @@ def news_split_metrics(
     text-to-image rank among all the samples (1 = its own image first), and ``doc_ids``."""
     from schemas.shards import read_table
     from training.data import features_of
-    from training.retrieval.metrics import retrieval_metrics
+    from training.ranking import retrieval_metrics
 
     if not paths:
         raise MmlinksError("news evaluation needs at least 2 samples; no shard given")
@@ -425,7 +437,7 @@ def evaluate_news(model: NewsModel, paths: list) -> dict:
     """MedR, R@1/5/10 text-to-image (and i2t_medr, i2t_r10) of a loaded news model on the
     samples of ``paths`` (complete inputs), over the promotion gate's fixed pools, as
     ``evaluate_retrieval`` scores pair models: what the gate and ``metrics_above_floor`` read."""
-    from training.retrieval.serving import GATE_POOL_SIZE, GATE_POOLS
+    from training.ranking import GATE_POOL_SIZE, GATE_POOLS
 
     m = news_split_metrics(model.model, model.vocab, model.max_tokens, paths, GATE_POOL_SIZE, GATE_POOLS)
     out = {k: m["t2i"][k] for k in ("medr", "medr_std", "r1", "r5", "r10", "pool_size", "pools")}

@@ -7,7 +7,7 @@ An objective is a loss over a batch of encoded documents. Every objective sees t
 - ``nostruct``: the same loss with DC on 1 x 1 documents; the batch is reduced to one random
   sentence and one random image per document before encoding (``ObjectiveSpec.prepare``).
 - ``li2021``: cross (TK, k = min) plus the intra-document and dropout sub-document terms that
-  ``--objectives`` selects (Li et al. 2021, ``training/objectives/li2021.py``).
+  ``--objectives`` selects (Li et al. 2021, ``training/link/li2021.py``).
 - ``cmca``, ``cmcm``, ``cmcm-c``: text-to-image retrieval on pair datasets (Alikhani et al.,
   ``training/retrieval/``): their own model (the ``coherence`` backbone), loss and validation
   MedR, plugged in through ``model_loss``, ``val_metrics`` and ``backbone``.
@@ -22,6 +22,7 @@ one ``register_objective(ObjectiveSpec(...))`` call. This module imports no torc
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from training.config import TrainConfig
     from training.data import DocBatch
 
-from training.objectives.li2021_parts import LI2021_PARTS
+from training.families import load_families
+
+# the callbacks' config: a training.config.TrainConfig, not imported (config reads this registry)
+TrainConfig = Any
 
 DEFAULT_OBJECTIVE = "ap"  # Hessel et al. 2019's best (assignment); TrainConfig's default
 
@@ -120,6 +123,7 @@ PACKAGINGS = ("link", "pairs", "news-archive", "none")
 
 def register_objective(spec: ObjectiveSpec, replace: bool = False) -> ObjectiveSpec:
     """Add ``spec`` to the registry (``replace`` to redefine a name, e.g. in a test)."""
+    load_families()  # a spec registered by hand (a test) comes after the families' own
     if spec.packaging not in PACKAGINGS:
         raise ValueError(f"objective {spec.name!r}: packaging {spec.packaging!r} is not one of {PACKAGINGS}")
     if spec.name in _OBJECTIVES and not replace:
@@ -129,6 +133,7 @@ def register_objective(spec: ObjectiveSpec, replace: bool = False) -> ObjectiveS
 
 
 def unregister_objective(name: str) -> None:
+    load_families()
     _OBJECTIVES.pop(name, None)
 
 
@@ -144,11 +149,13 @@ def check_objective_data(cfg: TrainConfig, manifest) -> None:
 
 
 def objective_names() -> tuple[str, ...]:
+    load_families()
     return tuple(_OBJECTIVES)
 
 
 def relation_objectives() -> tuple[str, ...]:
     """The objectives that take ``--relation`` (``ObjectiveSpec.per_relation``)."""
+    load_families()
     return tuple(name for name, spec in _OBJECTIVES.items() if spec.per_relation)
 
 
@@ -169,296 +176,13 @@ def default_model_name(objective: str, relation: str = "") -> str:
 
 
 def get_objective(name: str) -> ObjectiveSpec:
+    load_families()
     try:
         return _OBJECTIVES[name]
     except KeyError:
         from schemas.errors import MmlinksError
 
         raise MmlinksError(f"unknown objective {name!r}; known: {', '.join(_OBJECTIVES)}") from None
-
-
-# ------------------------------------------------------------------------------- the losses
-
-
-def hessel_loss(s_pad, s_mask, v_pad, v_mask, cfg: TrainConfig, generator=None, similarity: str = "dc"):
-    """The Hessel 2019 cross-document in-batch hinge on ``similarity``."""
-    from training.objectives.loss import in_batch_loss
-    from training.objectives.similarity import document_similarity
-
-    sims = document_similarity(similarity, s_pad, s_mask, v_pad, v_mask, cfg.k)
-    loss = in_batch_loss(sims, cfg.margin, cfg.negatives)
-    return loss, {"C": float(loss.detach())}
-
-
-def _hessel(similarity: str) -> LossFn:
-    def loss(s_pad, s_mask, v_pad, v_mask, cfg, generator=None):
-        return hessel_loss(s_pad, s_mask, v_pad, v_mask, cfg, generator, similarity)
-
-    return loss
-
-
-def _li2021_loss(s_pad, s_mask, v_pad, v_mask, cfg: TrainConfig, generator=None):
-    from training.objectives.li2021 import li2021_loss
-
-    return li2021_loss(
-        s_pad,
-        s_mask,
-        v_pad,
-        v_mask,
-        parts=li2021_parts(cfg),
-        margin=cfg.margin,
-        negatives=cfg.negatives,
-        sub_fraction=cfg.sub_fraction,
-        generator=generator,
-    )
-
-
-def li2021_parts(cfg: TrainConfig) -> tuple[str, ...]:
-    return tuple(p.strip() for p in cfg.objectives.split("+"))
-
-
-def _li2021_check(cfg: TrainConfig) -> list[str]:
-    parts = li2021_parts(cfg)
-    bad = []
-    if not ("C" in parts and set(parts) <= set(LI2021_PARTS) and len(set(parts)) == len(parts)):
-        bad.append("objectives (C, C+I, C+D or C+I+D)")
-    if cfg.k != "full":
-        bad.append("k (li2021 uses TK with k = full, Li et al. 2021)")
-    return bad
-
-
-def _one_pair(table, rng):
-    from training.data import one_pair_per_document
-
-    return one_pair_per_document(table, rng)
-
-
-register_objective(
-    ObjectiveSpec(
-        name="nostruct",
-        summary="NoStruct: DC on one random sentence and one random image per document",
-        similarity="dc",
-        loss=_hessel("dc"),
-        label=lambda cfg: f"nostruct-{cfg.negatives}",
-        prepare=_one_pair,
-        table_name="NoStruct",
-        # the main tables' NoStruct matches the supplement's row without hard negatives
-        main_negatives="mean",
-    )
-)
-register_objective(
-    ObjectiveSpec(
-        name="dc",
-        summary="DC: dense correspondence (mean of the best match of every sentence and image)",
-        similarity="dc",
-        loss=_hessel("dc"),
-        table_name="DC",
-        label=lambda cfg: f"dc-{cfg.negatives}",
-    )
-)
-register_objective(
-    ObjectiveSpec(
-        name="tk",
-        summary="TK: top-k best matches of sentences and images",
-        similarity="tk",
-        loss=_hessel("tk"),
-        table_name="TK",
-        label=lambda cfg: f"tk-{cfg.k}-{cfg.negatives}",
-        fields=("k", "negatives"),
-    )
-)
-register_objective(
-    ObjectiveSpec(
-        name="ap",
-        summary="AP: assignment problem (best k-edge matching), Hessel et al. 2019's main model",
-        similarity="ap",
-        loss=_hessel("ap"),
-        table_name="AP",
-        label=lambda cfg: f"ap-{cfg.k}-{cfg.negatives}",
-        fields=("k", "negatives"),
-    )
-)
-register_objective(
-    ObjectiveSpec(
-        name="li2021",
-        summary="Li et al. 2021: cross (TK, k = min) + intra-document (I) + dropout sub-document (D)",
-        similarity="tk",
-        loss=_li2021_loss,
-        label=lambda cfg: f"li2021-{cfg.objectives}-{cfg.backbone}",
-        fields=("negatives", "objectives", "sub_fraction"),
-        parts=li2021_parts,
-        check=_li2021_check,
-        describe=lambda cfg: f"li2021 {cfg.objectives} backbone={cfg.backbone} negatives={cfg.negatives}",
-    )
-)
-
-
-def _retrieval(name):
-    def call(*args, **kwargs):
-        from training.retrieval import objective
-
-        return getattr(objective, name)(*args, **kwargs)
-
-    return call
-
-
-def _retrieval_check(cfg: TrainConfig) -> list[str]:
-    bad = relation_problems(cfg.objective, cfg.relation)
-    if cfg.select_by == "val_within":
-        bad.append("select_by (val_within measures inside documents; pairs have none: val_medr or val_loss)")
-    return bad
-
-
-def _retrieval_label(cfg: TrainConfig) -> str:
-    pooling = "" if cfg.retrieval_pooling == "attention" else "-noattn"
-    return f"{cfg.objective}{'-' + cfg.relation if cfg.relation else ''}{pooling}"
-
-
-# (name, summary, Tables 4/5 row name, its ablation rows, has the CAM, one model per relation)
-for _name, _summary, _table, _ablations, _cam, _per_relation in (
-    (
-        "cmca",
-        "CMCA: coherence-agnostic text-to-image retrieval (Alikhani et al.): BiLSTM + attention, "
-        "VSE++ triplet",
-        "CMCA",
-        (),
-        False,
-        False,
-    ),
-    (
-        "cmcm",
-        "CMCM: CMCA + the Coherence Aware Module predicting every relation of the dataset (lambda_cls)",
-        "CMCM",
-        ({"retrieval_pooling": "mean"},),  # CMCM-NoAttn: mean pooling instead of word attention
-        True,
-        False,
-    ),
-    (
-        "cmcm-c",
-        "CMCM_c: CMCA + the Coherence Aware Module predicting one relation (--relation)",
-        "CMCM",
-        (),
-        True,
-        True,
-    ),
-):
-    register_objective(
-        ObjectiveSpec(
-            name=_name,
-            summary=_summary,
-            similarity="dc",  # a pair is a 1 x 1 document: every similarity is the cosine
-            loss=_hessel("dc"),  # unused: model_loss replaces it
-            label=_retrieval_label,
-            fields=(
-                "negatives",
-                "hard_negative_warmup",
-                "relation",
-                "lambda_cls",
-                "retrieval_pooling",
-                "d_shared",
-                "cam_hidden",
-            ),
-            parts=(lambda cfg: ("ret", "cls") if get_objective(cfg.objective).cam else ("ret",)),
-            check=_retrieval_check,
-            describe=lambda cfg: (
-                f"{_retrieval_label(cfg)} d_shared={cfg.d_shared} lambda_cls={cfg.lambda_cls}"
-                + (f" cam_hidden={cfg.cam_hidden}" if cfg.cam_hidden else "")
-            ),
-            table_name=_table,
-            ablations=_ablations,
-            family="retrieval",
-            backbone="coherence",
-            per_relation=_per_relation,
-            needs_relations=True,
-            cam=_cam,
-            model_loss=_retrieval("model_loss"),
-            val_metrics=_retrieval("val_metrics"),
-            columns=("metadata",),
-            packaging="pairs",
-        )
-    )
-
-
-def _news(name):
-    def call(*args, **kwargs):
-        from training.news import objective
-
-        return getattr(objective, name)(*args, **kwargs)
-
-    return call
-
-
-def _news_label(cfg: TrainConfig) -> str:
-    """e.g. news-headline+lead+body+caption-attention-drop0.3-vse, news-caption-vse"""
-    sources = cfg.news_sources.replace(",", "+").replace(" ", "")
-    fusion = f"-{cfg.fusion}" if "+" in sources else ""
-    drop = f"-drop{cfg.random_drop:g}" if cfg.random_drop else ""
-    recipe = {"one-for-all": "-ofa", "all-for-one": "-afo"}.get(cfg.multilingual, "")
-    if cfg.init_from and "=" in cfg.init_from:
-        recipe += "-dc"
-    encoder = "" if cfg.news_encoder == "attention" else f"-{cfg.news_encoder}"
-    return f"news-{sources}{fusion}{drop}-{cfg.news_loss}{encoder}{recipe}"
-
-
-def _news_check(cfg: TrainConfig) -> list[str]:
-    from schemas.news import parse_sources
-
-    try:
-        sources = parse_sources(cfg.news_sources)
-    except ValueError as exc:
-        return [f"news_sources ({exc})"]
-    from training.news.recipes import check
-
-    bad = (
-        ["random_drop (a single-source model has nothing to drop)"]
-        if len(sources) == 1 and cfg.random_drop
-        else []
-    )
-    return bad + check(cfg)
-
-
-def _news_data(manifest, data: str) -> list[str]:
-    from schemas.news import check_news_dataset
-
-    return check_news_dataset(manifest, data)
-
-
-register_objective(
-    ObjectiveSpec(
-        name="news",
-        summary="news image selection (Liu et al.): headline/lead/body/caption encoders (self-attention + "
-        "point-wise CNN + max pool), fused; VSE, VSE++ or HAL; random_drop",
-        similarity="dc",  # a sample is one text x one image: every similarity is the cosine
-        loss=_hessel("dc"),  # unused: model_loss replaces it
-        label=_news_label,
-        fields=(
-            "news_sources",
-            "fusion",
-            "random_drop",
-            "news_loss",
-            "news_encoder",
-            "subword_buckets",
-            "news_heads",
-            "d_shared",
-            "multilingual",
-            "init_from",
-            "fuser_warmup_epochs",
-        ),
-        parts=lambda cfg: ("ret",),
-        check=_news_check,
-        describe=lambda cfg: (
-            f"{_news_label(cfg)} d_shared={cfg.d_shared} subword_buckets={cfg.subword_buckets}"
-        ),
-        family="retrieval",
-        backbone="news",
-        model_loss=_news("model_loss"),
-        val_metrics=_news("val_metrics"),
-        columns=("metadata",),
-        link_metrics=False,
-        packaging="news-archive",
-        check_data=_news_data,
-    )
-)
 
 
 # ------------------------------------------------------------------- the loss of a batch
@@ -487,4 +211,7 @@ def objective_loss(
     spec = spec or get_objective(cfg.objective)
     if spec.model_loss is not None:  # ``epoch``: the retrieval objectives' hard-negative warm-up
         return spec.model_loss(model, batch, cfg, generator, epoch=epoch)
+    if epoch is not None and epoch < cfg.negatives_warmup and cfg.negatives != "mean":
+        cfg = copy.copy(cfg)  # no re-validation per step: only the pooling changes
+        cfg.negatives = "mean"
     return spec.loss(*padded(model, batch), cfg, generator)

@@ -24,36 +24,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-MARGIN = 0.3
+from training.joint_space import MARGIN, hardest_triplet_loss, mean_triplet_loss
+
 LAMBDA_CLS = 0.1
-
-
-def hardest_triplet_loss(s: torch.Tensor, v: torch.Tensor, margin: float = MARGIN) -> torch.Tensor:
-    """s, v [B, d] unit vectors of B matched pairs -> the mean two-direction hardest-negative hinge."""
-    B = s.shape[0]
-    if B < 2:
-        raise ValueError("the in-batch triplet loss needs at least 2 pairs")
-    scores = s @ v.T  # [B, B], text x image
-    pos = scores.diagonal()
-    off = scores.masked_fill(torch.eye(B, dtype=torch.bool, device=s.device), float("-inf"))
-    hardest_image = off.amax(1)  # per text
-    hardest_text = off.amax(0)  # per image
-    return (F.relu(margin - pos + hardest_image) + F.relu(margin - pos + hardest_text)).mean()
-
-
-def mean_triplet_loss(s: torch.Tensor, v: torch.Tensor, margin: float = MARGIN) -> torch.Tensor:
-    """The same hinge averaged over every in-batch negative instead of the hardest one (VSE0):
-    the warm-up of ``hardest_triplet_loss``, which from random weights collapses every embedding
-    to one point (loss 2 x margin; docs/benchmarks.md, "Coherence retrieval")."""
-    B = s.shape[0]
-    if B < 2:
-        raise ValueError("the in-batch triplet loss needs at least 2 pairs")
-    scores = s @ v.T
-    pos = scores.diagonal()
-    eye = torch.eye(B, dtype=torch.bool, device=s.device)
-    per_image = F.relu(margin - pos[:, None] + scores).masked_fill(eye, 0.0).sum(1)  # text i vs images j
-    per_text = F.relu(margin - pos[None, :] + scores).masked_fill(eye, 0.0).sum(0)  # image i vs texts j
-    return (per_image + per_text).mean() / (B - 1)
 
 
 def relation_weights(labels: np.ndarray) -> np.ndarray:

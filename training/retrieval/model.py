@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from training.model import ImageEncoder, ModelConfig
+from training.joint_space import BottleneckImageEncoder
 
 POOLINGS = ("attention", "mean", "last")
 
@@ -95,20 +95,6 @@ class AttnTextEncoder(nn.Module):
         pooled = torch.cat([h[-2], h[-1]], -1) if alpha is None else (alpha[..., None] * out).sum(1)
         z = F.normalize(self.proj(pooled), dim=-1)
         return (z, alpha) if return_attention else z
-
-
-class BottleneckImageEncoder(ImageEncoder):
-    """[N, image_dim] CNN features -> standardise -> dropout -> linear -> L2 -> [N, d_shared].
-
-    The linking family's image encoder (same parameters and feature statistics), sized by the
-    retrieval config: the paper's bottleneck is that projection into the shared space."""
-
-    def __init__(self, cfg: RetrievalConfig):
-        super().__init__(
-            ModelConfig(
-                vocab_size=0, image_dim=cfg.image_dim, image_dropout=cfg.image_dropout, d_multi=cfg.d_shared
-            )
-        )
 
 
 class CoherenceAwareModule(nn.Module):

@@ -24,8 +24,8 @@ import torch
 
 from schemas.errors import MmlinksError
 from schemas.manifest import pair_relations
+from training.ranking import relation_average_precision, retrieval_metrics
 from training.retrieval.losses import MARGIN, cmcm_loss, selective_refinement
-from training.retrieval.metrics import relation_average_precision, retrieval_metrics
 from training.retrieval.model import CoherenceRetrieval, RetrievalConfig
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -41,8 +41,8 @@ from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec
 from schemas.errors import MmlinksError
 from training.data import encode_sentences, features_of
 from training.packaging import ImageFeaturizer, _bad_request, _empty, pip_requirements
+from training.ranking import GATE_POOL_SIZE, GATE_POOLS, retrieval_metrics
 from training.retrieval.losses import selective_refinement
-from training.retrieval.metrics import retrieval_metrics
 from training.text import Vocabulary
 
 SIGNATURE = ModelSignature(
@@ -67,7 +67,6 @@ SIGNATURE = ModelSignature(
 MAX_CANDIDATES = 10_000  # per query in a request; beyond it the request is refused (HTTP 400)
 MAX_IMAGES = 200  # raw candidate images per query (each runs the CNN on the server)
 GALLERY_MAX = 5_000  # packaged test-split images
-GATE_POOL_SIZE, GATE_POOLS = 500, 10
 
 
 @torch.no_grad()

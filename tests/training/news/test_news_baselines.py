@@ -19,7 +19,7 @@ from training.news.losses import EMPTY_ORDER_SCORE, news_loss, order_scores
 from training.news.model import NewsConfig, NewsRetrieval
 from training.news.serving import archive_search
 from training.objectives.registry import objective_loss
-from training.retrieval.metrics import retrieval_metrics
+from training.ranking import retrieval_metrics
 from training.retrieval.objective import evaluate_pairs
 from training.retrieval.serving import ranking_scores
 

@@ -25,7 +25,8 @@ from training.news.model import (
     SourceEncoder,
     char_ngrams,
     fnv1a,
-    ngram_table,
+    ngram_buckets,
+    ngram_buckets_loop,
     sentence_slots,
 )
 from training.news.objective import random_drop
@@ -200,8 +201,9 @@ def test_fasttext_subwords_and_hash():
     assert char_ngrams("where", 3, 3) == ["<wh", "whe", "her", "ere", "re>"]  # fastText's example
     assert len(char_ngrams("ab")) == 2 + 1  # <ab, ab>, <ab>
     assert fnv1a("") == 2166136261 and fnv1a("a") == 0xE40C292C  # FNV-1a 32 test vectors
-    table = ngram_table(["<pad>", "<unk>", "kreis"], 10)
-    assert (table[:2] == 0).all() and (table[2] > 0).sum() == len(char_ngrams("kreis"))
+    table = ngram_buckets(["kreis", "ab"], 10)
+    assert (table[0] > 0).sum() == len(char_ngrams("kreis")) and (table[1] > 0).sum() == 3
+    assert char_ngrams("ab") == ["<ab", "ab>", "<ab>"] and len(char_ngrams("where")) == 5 + 4 + 3
 
 
 def test_news_source_names():
@@ -296,3 +298,62 @@ def test_news_config_rules():
         TrainConfig(objective="news", news_sources="caption", random_drop=0.3)
     with pytest.raises(Exception, match="news_sources"):
         TrainConfig(objective="news", news_sources="title")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=14), max_size=12), st.integers(1, 5000))
+def test_vectorised_ngram_hashing_equals_the_word_by_word_loop(words, buckets):
+    """Issue #36: the vectorised hash gives every word the buckets of its pure-Python n-grams,
+    in order, for any text (non-ASCII, empty, one character)."""
+    assert np.array_equal(ngram_buckets(words, buckets), ngram_buckets_loop(words, buckets))
+
+
+def test_subword_embedding_averages_word_and_ngrams_and_reaches_unseen_words():
+    """Liu et al. Sect. 4.3.1: a vocabulary word is the mean of its word vector and its n-gram
+    vectors; a word outside the vocabulary the mean of its n-gram vectors (not <unk>'s); both
+    times sqrt(count) (WordEmbedding's doc)."""
+    words = ["<pad>", "<unk>", "velmorra"]
+    torch.manual_seed(0)
+    cfg = NewsConfig(vocab_size=3, word_dim=4, d=4, d_hidden=4, subword_buckets=50, words=words)
+    net = NewsRetrieval(cfg)
+    tokens, lengths, ngrams = net.tokenize(["velmorra velmorran"], ["headline"])
+    assert tokens.tolist() == [[2, 1]] and lengths.tolist() == [2]
+    e = net.embed(tokens, ngrams)[0]
+    table = net.embed.ngrams.weight
+    known = torch.as_tensor(ngram_buckets(["velmorra"], 50)[0])
+    unseen = torch.as_tensor(ngram_buckets(["velmorran"], 50)[0])
+    want_known = (net.embed.words.weight[2] + table[known].sum(0)) / (1 + len(known)) ** 0.5
+    assert torch.allclose(e[0], want_known, atol=1e-6)
+    assert torch.allclose(e[1], table[unseen].mean(0) * len(unseen) ** 0.5, atol=1e-6)
+    off = NewsRetrieval(NewsConfig(vocab_size=3, word_dim=4, d=4, d_hidden=4, words=words))
+    t, _, g = off.tokenize(["velmorran"], ["headline"])
+    assert g is None and torch.equal(off.embed(t, g)[0, 0], off.embed.words.weight[1])  # <unk>
+
+
+def test_each_source_keeps_its_own_number_of_tokens():
+    words = ["<pad>", "<unk>", "a", "b"]
+    net = NewsRetrieval(
+        NewsConfig(
+            vocab_size=4, word_dim=4, d=4, d_hidden=4, words=words, max_tokens={"headline": 2, "body": 5}
+        )
+    )
+    text = "a b a b a b a b"
+    _, lengths, _ = net.tokenize([text, text, text, ""], ["headline", "body", "lead", "body"])
+    assert lengths.tolist() == [2, 5, 8, 1]  # lead: no limit in this config; "" -> one <unk>
+
+
+def test_texts_cut_by_the_per_source_limits_are_counted_and_named():
+    from training.news.objective import count_cuts, token_limits, truncation_warning
+
+    limits = token_limits(TrainConfig(objective="news", news_max_tokens="headline=2,body=4"))
+    assert limits["headline"] == 2 and limits["body"] == 4 and limits["caption"] == 60  # defaults kept
+    docs = [["a b c", "a b c d"], ["a b", "a b c d e"], ["x"]]
+    meta = [{"news_sources": "headline,body"}, {"news_sources": "headline,body"}, {"news_sources": "caption"}]
+    cut = count_cuts(docs, meta, limits)
+    assert cut["headline"] == [1, 2] and cut["body"] == [1, 2] and cut["caption"] == [0, 1]
+    assert truncation_warning(cut) == (
+        "news text cut to --news-max-tokens in training: 1 of 2 headline texts, 1 of 2 body texts"
+    )
+    assert truncation_warning({"body": [0, 5]}) is None
+    with pytest.raises(Exception, match="news_max_tokens"):
+        TrainConfig(objective="news", news_max_tokens="title=3")

@@ -105,6 +105,27 @@ def test_a_different_architecture_is_refused_in_one_line(tmp_path):
         build({**_cfg(10), "recipe": {**recipe, "init_from": str(wide)}}, np.zeros((10, W), np.float32))
 
 
+def test_auto_subword_buckets_follow_the_init_from_model(tmp_path):
+    """-1 (auto) takes the checkpoint's n-gram table size, so a model from before subwords (0)
+    or with its own (7) starts a run without an architecture error; explicit values win."""
+    from training.news.objective import AUTO_SUBWORD_BUCKETS, subword_buckets
+
+    old = _save(tmp_path / "old", _trained(10, seed=1))
+    words = tuple(f"w{i}" for i in range(10))
+    grams = _save(tmp_path / "grams", _trained(10, seed=1, subword_buckets=7, words=words))
+    auto = dict(objective="news", multilingual="all-for-one", word_vectors="x.vec")
+    assert subword_buckets(TrainConfig(**auto, init_from=str(old))) == 0
+    assert subword_buckets(TrainConfig(**auto, init_from=str(grams))) == 7
+    assert subword_buckets(TrainConfig(objective="news", init_from=f"caption={grams},lead={old}")) == 7
+    assert subword_buckets(TrainConfig(**auto, init_from=str(tmp_path / "missing"))) == AUTO_SUBWORD_BUCKETS
+    assert subword_buckets(TrainConfig(**auto, init_from=str(old), subword_buckets=5)) == 5
+    (old / "meta.json").write_text("{not json")  # a damaged checkpoint: one line, not a traceback
+    with pytest.raises(MmlinksError, match=r"meta\.json is not JSON"):
+        build(
+            {**_cfg(10), "recipe": {"multilingual": "all-for-one", "init_from": str(old)}}, np.zeros((10, W))
+        )
+
+
 def test_one_for_all_freezes_the_aligned_word_vectors_and_trains_the_rest():
     batch, vocab = _batch(6)
     emb, _ = embedding_matrix(vocab, "random", dim=W)

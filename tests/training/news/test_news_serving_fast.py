@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import MmlinksError
@@ -61,6 +61,9 @@ _article = st.fixed_dictionaries({s: _text for s in SOURCES}).filter(
     st.booleans(),
     st.sampled_from(["cosine", "order"]),
 )
+# sources of different n-gram widths: encoded one by one, the narrower table summed its zero
+# padding in another order (2.98e-8 off) until the fast path tokenised them in one call
+@example([{"headline": "", "lead": "", "body": "w12", "caption": "unknown"}], "attention", 2, True, "cosine")
 def test_a_served_article_is_bit_identical_to_the_batch_encoder(articles, fusion, heads, subwords, score):
     """``encode_article`` (predict's path) against ``encode_articles`` of the article alone,
     the brute-force reference: the same bytes, hence the same top 10 of any archive."""

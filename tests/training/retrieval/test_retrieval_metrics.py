@@ -1,6 +1,6 @@
 """Retrieval metrics against brute-force oracles (hypothesis), ties included.
 
-The oracles follow the definitions in training/retrieval/metrics.py: the pessimistic rank is
+The oracles follow the definitions in training/ranking.py: the pessimistic rank is
 the true item's position when every tie is ordered before it; the fair rank and R@K are the
 mean over every candidate order sorted by descending score (every way of breaking ties).
 """
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.retrieval.metrics import (
+from training.ranking import (
     average_precision,
     pool_metrics,
     pools,
@@ -105,6 +105,35 @@ def test_pools_are_seeded_draws_without_replacement():
     assert all((x == y).all() for x, y in zip(a, b, strict=True))
     assert all(len(set(p.tolist())) == 10 for p in a)
     assert [p.tolist() for p in pools(7, pool_size=10)] == [list(range(7))]
+
+
+@given(
+    n=st.integers(2, 400), pool_size=st.integers(2, 60), n_pools=st.integers(1, 12), seed=st.integers(0, 99)
+)
+def test_pools_never_overlap_and_as_many_fit_as_the_split_holds(n, pool_size, n_pools, seed):
+    """Disjoint pools: no pair is in two pools, so the spread over pools is that of independent
+    samples; min(n_pools, n // pool_size) of them (one pool of everything for n <= pool_size)."""
+    from training.ranking import pools_that_fit
+
+    drawn = pools(n, pool_size, n_pools, seed)
+    everything = np.concatenate(drawn)
+    assert len(everything) == len(set(everything.tolist()))  # disjoint
+    assert everything.min() >= 0 and everything.max() < n
+    assert len(drawn) == pools_that_fit(n, pool_size, n_pools)
+    if n <= pool_size:
+        assert [p.tolist() for p in drawn] == [list(range(n))]
+    else:
+        assert len(drawn) == min(n_pools, n // pool_size)
+        assert all(len(p) == pool_size for p in drawn)
+
+
+def test_one_pool_reports_no_spread():
+    """600 pairs hold one disjoint pool of 500: its MedR has no spread to report (NaN, not 0)."""
+    sim = np.random.default_rng(0).normal(size=(600, 600))
+    out = retrieval_metrics(sim, pool_size=500, n_pools=10)
+    assert out["t2i"]["pools"] == 1 and np.isnan(out["t2i"]["medr_std"])
+    out = retrieval_metrics(sim, pool_size=200, n_pools=10)
+    assert out["t2i"]["pools"] == 3 and out["t2i"]["medr_std"] > 0
 
 
 def test_metrics_average_over_pools_and_directions():

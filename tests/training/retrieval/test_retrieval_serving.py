@@ -20,8 +20,8 @@ from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from tests.conftest import tracking_uri
 from training.gate import Gate
+from training.ranking import retrieval_metrics
 from training.registry import CANDIDATE, PRODUCTION, check_gate, promote, rollback
-from training.retrieval.metrics import retrieval_metrics
 from training.retrieval.model import RetrievalConfig
 from training.retrieval.objective import build
 from training.retrieval.serving import evaluate_retrieval, log_retrieval_model, split_pairs

@@ -1,16 +1,19 @@
-"""Retrieval metrics of Alikhani et al.: MedR and R@K over pools of candidates, per relation
-subset, and the average precision of relation prediction. numpy only.
+"""Ranking metrics of text-to-image retrieval (Alikhani et al.; the news family reports them
+too, so they live in the core): MedR and R@K over pools of candidates, per relation subset, and
+the average precision of relation prediction (scikit-learn's).
 
 Conventions (docs/evaluation.md, "Retrieval"):
 
 - ``sim[i, j]`` scores text i against image j; pair i is (text i, image i), so the true image
   of text query i is column i (text-to-image) and the true text of image j is row j
   (image-to-text: the same functions on ``sim.T``).
-- **Pools.** The paper's "retrieval range" is 500: each pool is ``pool_size`` pairs drawn
-  without replacement (seeded), every text of the pool queries the pool's ``pool_size`` images.
-  A metric is computed per pool and averaged over ``n_pools`` pools (``medr_std`` is the
-  standard deviation over pools). A test set of ``pool_size`` pairs or fewer is one pool of all
-  of them.
+- **Pools.** The paper's "retrieval range" is 500: each pool is ``pool_size`` pairs, every
+  text of the pool queries the pool's ``pool_size`` images. The pools are disjoint: a seeded
+  permutation cut into ``min(n_pools, n // pool_size)`` pools (the rest of the pairs unused), so
+  no pair counts twice and ``medr_std`` (the standard deviation over pools) is the spread of
+  independent pools, not of overlapping draws (600 pairs hold one pool of 500: its spread is
+  NaN, not a misleading 0). A metric is computed per pool and averaged; ``pools`` says how many.
+  A test set of ``pool_size`` pairs or fewer is one pool of all of them.
 - **Rank** of the true item: 1-based, ``1 + #(candidates scored higher)`` plus the ties:
   ``pessimistic`` counts every tied candidate as ranked above the true one (a constant model
   gets rank N, never a lucky 1); ``fair`` takes the expectation over a uniformly random order of
@@ -33,6 +36,9 @@ import numpy as np
 
 TIES = ("pessimistic", "fair")
 KS = (1, 5, 10)
+# the promotion gate's fixed pools (a registered retrieval or news model and its candidate are
+# scored on the same ones)
+GATE_POOL_SIZE, GATE_POOLS = 500, 10
 
 
 def rank_counts(sim: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -90,23 +96,30 @@ def pool_metrics(
 
 
 def pools(n: int, pool_size: int = 500, n_pools: int = 10, seed: int = 0) -> list[np.ndarray]:
-    """Index sets of the pools: ``n_pools`` draws of ``pool_size`` without replacement (sorted),
-    or one pool of everything when ``n <= pool_size``."""
+    """Index sets (sorted) of ``min(n_pools, n // pool_size)`` disjoint pools of ``pool_size``
+    (a seeded permutation cut in pieces), or one pool of everything when ``n <= pool_size``."""
     if n < 2:
         raise ValueError(f"retrieval needs at least 2 pairs, not {n}")
     if pool_size < 2 or n_pools < 1:
         raise ValueError("pool_size >= 2 and n_pools >= 1 are needed")
     if n <= pool_size:
         return [np.arange(n)]
-    rng = np.random.default_rng(seed)
-    return [np.sort(rng.choice(n, size=pool_size, replace=False)) for _ in range(n_pools)]
+    order = np.random.default_rng(seed).permutation(n)
+    fit = min(n_pools, n // pool_size)
+    return [np.sort(order[k * pool_size : (k + 1) * pool_size]) for k in range(fit)]
+
+
+def pools_that_fit(n: int, pool_size: int = 500, n_pools: int = 10) -> int:
+    """How many disjoint pools ``pools`` draws from ``n`` pairs."""
+    return 1 if n <= pool_size else min(n_pools, n // pool_size)
 
 
 def _average(rows: list[dict[str, float]], pool_size: int) -> dict[str, float]:
     if not rows:
         return {"medr": float("nan"), "pools": 0}
     out = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-    out["medr_std"] = float(np.std([r["medr"] for r in rows]))
+    # one pool has no spread to report (0 would read as "no variation")
+    out["medr_std"] = float(np.std([r["medr"] for r in rows])) if len(rows) > 1 else float("nan")
     out["medr_frac"] = out["medr"] / pool_size
     out["pools"] = len(rows)
     out["pool_size"] = pool_size
@@ -162,22 +175,18 @@ def retrieval_metrics(
 def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
     """Average precision of one relation's predicted probabilities (the paper's Table 8):
     sum over distinct score thresholds, from high to low, of (recall gain) x precision, where
-    every item scoring >= the threshold is predicted positive, so tied items enter together
-    (scikit-learn's ``average_precision_score``). NaN when there is no positive."""
+    every item scoring >= the threshold is predicted positive, so tied items enter together.
+    scikit-learn's ``average_precision_score`` computes it; NaN when there is no positive
+    (scikit-learn would warn and return 0), ValueError when the lengths differ."""
+    from sklearn.metrics import average_precision_score  # ~1.2 s to import cold: only when evaluated
+
     scores = np.asarray(scores, dtype=np.float64).ravel()
     labels = np.asarray(labels).ravel() > 0
     if scores.shape != labels.shape:
         raise ValueError("scores and labels differ in length")
     if not labels.any():
         return float("nan")
-    order = np.argsort(-scores, kind="stable")
-    s, y = scores[order], labels[order]
-    tp, fp = np.cumsum(y), np.cumsum(~y)
-    last = np.r_[s[1:] != s[:-1], True]  # the last item of each group of equal scores
-    tp, fp = tp[last], fp[last]
-    precision = tp / (tp + fp)
-    recall = tp / tp[-1]
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+    return float(average_precision_score(labels.astype(np.int8), scores))
 
 
 def relation_average_precision(

@@ -1,6 +1,6 @@
 """TowerLink: structured fine-tuning on pretrained towers (issue #20).
 
-The text side is a pretrained sentence encoder (``training/towers.py``: all-MiniLM-L6-v2, or
+The text side is a pretrained sentence encoder (``training/link/towers.py``: all-MiniLM-L6-v2, or
 CLIP's text transformer), the image side projects the stored image feature (a CNN's, or a CLIP
 image embedding). Every objective of the registry trains it unchanged: ``forward(batch)`` gives
 sentence and image vectors on the unit sphere, as MulLink does.
@@ -66,7 +66,7 @@ class TowerConfig:
 class TowerLink(nn.Module):
     def __init__(self, cfg: TowerConfig, feature_stats: tuple[np.ndarray, np.ndarray] | None = None):
         super().__init__()
-        from training.towers import build_tower, tower_version
+        from training.link.towers import build_tower, tower_version
 
         if cfg.tuning not in TUNINGS:
             raise ValueError(f"unknown tuning {cfg.tuning!r}; known: {', '.join(TUNINGS)}")
@@ -154,7 +154,7 @@ class TowerLink(nn.Module):
 
 
 def minilm_config(cfg, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-    from training.towers import MINILM_DIM, tower_version
+    from training.link.towers import MINILM_DIM, tower_version
 
     text_dim = MINILM_DIM
     return TowerConfig(
@@ -176,7 +176,7 @@ def clip_config(cfg, manifest, vocab_size: int, word_dim: int, train_paths: list
     from features.clip import clip_config as arch
     from features.clip import find_clip_weights
     from features.registry import CLIP_VIT_B32
-    from training.towers import tower_version
+    from training.link.towers import tower_version
 
     fe = manifest.feature_extractor
     weights = str(find_clip_weights(cfg.clip_weights or None).resolve())

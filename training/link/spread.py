@@ -21,11 +21,15 @@ F-test p-value come with it; with fewer documents than regressors + 2 the fit is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import stats
 
-from training.baselines import WordVectors, unit_rows
+from training.link.baselines import WordVectors, unit_rows
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
 
 CONTENT_COMPONENTS = 20
 
@@ -144,3 +148,25 @@ def spread_regressions(aucs: list[float], spreads: list[DocSpread]) -> dict:
         "spread_content": ols_r2(y, both).to_dict(),
         "content_components": {"image": int(img.shape[1]), "text": int(txt.shape[1])},
     }
+
+
+def add_spread(rows: list[dict], data: str | Path, split: str, word_vectors: str = "glove") -> dict:
+    """Add image_spread / text_spread to each per-document row of ``training.evaluate.evaluate``
+    on ``split`` of ``data``; returns the OLS analysis (``mmlinks evaluate --spread``). Here, not
+    in the core's evaluation: spread is the link family's error analysis."""
+    from schemas.manifest import Manifest
+    from schemas.shards import read_table
+    from training.data import TRAINING_COLUMNS, features_of
+
+    table = read_table(Manifest.read(data).shard_paths(data, split), columns=TRAINING_COLUMNS)
+    sentences = table.column("sentences").to_pylist()
+    words = WordVectors.load(word_vectors, (s for doc in sentences for s in doc))
+    feats, _ = features_of(table)
+    by_id = {
+        d: document_spread(d, s, f, words)
+        for d, s, f in zip(table.column("doc_id").to_pylist(), sentences, feats, strict=True)
+    }
+    spreads = [by_id[r["doc_id"]] for r in rows]
+    for r, sp in zip(rows, spreads, strict=True):
+        r["image_spread"], r["text_spread"] = sp.image_spread, sp.text_spread
+    return {"word_vectors": words.name, **spread_regressions([r["auc"] for r in rows], spreads)}

@@ -32,7 +32,7 @@ def clip_text_tower(manifest: Manifest, weights: str | None, model: str):
     """CLIP's text tower for a clip-vit-b32 dataset, from the same weights as its features."""
     from features.clip import clip_version, find_clip_weights
     from features.registry import CLIP_VIT_B32
-    from training.towers import ClipTextTower
+    from training.link.towers import ClipTextTower
 
     fe = manifest.feature_extractor
     if fe.name != CLIP_VIT_B32.name:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from training.objectives.li2021_parts import LI2021_PARTS
-from training.objectives.loss import hinge, in_batch_loss
-from training.objectives.similarity import pair_matrices, tk
+from training.link.li2021_parts import LI2021_PARTS
+from training.link.loss import hinge, in_batch_loss
+from training.link.similarity import pair_matrices, tk
 
 PARTS = LI2021_PARTS
 # floor(p * n) in floating point: 0.29 * 100 = 28.999999999999996; the epsilon makes the count

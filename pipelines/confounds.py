@@ -1,0 +1,149 @@
+"""How strongly a dataset's documents are confounded: what every image, or every sentence, of one
+document shares (issue #33).
+
+A linking model learns from documents only; when a document's images share a strong look (the
+room, the light, the camera of one r/DIY project) or its sentences share topic words, telling
+documents apart is easy without learning which sentence goes with which image, and the model can
+stay near chance inside documents. Two figures, per split:
+
+- **image ratio**: standardise each feature dimension over the split; for each document with
+  >= 2 images take the squared distance of its mean vector from the global mean (between) and
+  the mean squared distance of its images from their document mean (within); ratio =
+  mean(between) / mean(within). Near 0.2-0.5 for photos of unrelated objects, >= 10 when the
+  document's look dominates its content.
+- **text share**: of a document's content-token occurrences, the share whose token occurs in more
+  than half of its sentences (documents with >= 2 sentences). Content tokens are those in at most
+  ``CONTENT_MAX_DF`` of the split's documents (corpus function words and template words are
+  not content), so the figure needs no stop-word list and works in any language.
+
+Both need only the shards (no labels, no model), so they run on any dataset.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from schemas.text import tokenize
+
+# A token in more than this share of a split's documents is not "content" (corpus-wide words).
+CONTENT_MAX_DF = 0.25
+# Above these, `mmlinks train` and the training report call the split strongly confounded.
+STRONG_IMAGE_RATIO = 3.0
+STRONG_TEXT_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class SplitConfounds:
+    """The confound figures of one split (None where no document qualifies)."""
+
+    documents: int
+    image_ratio: float | None  # between / within-document variance of the image features
+    image_documents: int  # documents with >= 2 images (those the ratio averages over)
+    text_share: float | None  # share of content tokens that occur in most of their doc's sentences
+    text_documents: int  # documents with >= 2 sentences
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def strong(self) -> bool:
+        return (self.image_ratio or 0.0) >= STRONG_IMAGE_RATIO or (
+            self.text_share or 0.0
+        ) >= STRONG_TEXT_SHARE
+
+
+def image_ratio(docs_features: Sequence[np.ndarray]) -> tuple[float | None, int]:
+    """(ratio, documents it averages over) for per-document feature matrices ``[n_i, dim]``.
+
+    Standardised over every image given (documents with one image count in the standardisation,
+    not in the ratio); a dimension with zero spread is left out."""
+    mats = [np.asarray(m, dtype=np.float64) for m in docs_features if len(m)]
+    if not mats:
+        return None, 0
+    allx = np.concatenate(mats)
+    mean, std = allx.mean(0), allx.std(0)
+    keep = std > 1e-12
+    if not keep.any():
+        return None, 0
+    between, within = [], []
+    for m in mats:
+        if len(m) < 2:
+            continue
+        z = (m[:, keep] - mean[keep]) / std[keep]
+        centre = z.mean(0)
+        between.append(float((centre**2).sum()))
+        within.append(float(((z - centre) ** 2).sum(1).mean()))
+    if not between or sum(within) <= 0:
+        return None, len(between)
+    return float(np.mean(between) / np.mean(within)), len(between)
+
+
+def text_share(
+    docs_sentences: Sequence[Sequence[str]], max_df: float = CONTENT_MAX_DF
+) -> tuple[float | None, int]:
+    """(share, documents it averages over): content-token occurrences whose token is in more
+    than half of the document's sentences, over all content-token occurrences, per document,
+    then averaged over documents with >= 2 sentences and any content token."""
+    tokenised = [
+        [set(t for t in tokenize(s) if any(c.isalnum() for c in t)) for s in sents]
+        for sents in docs_sentences
+    ]
+    df: Counter[str] = Counter()
+    for sents in tokenised:
+        df.update(set().union(*sents) if sents else set())
+    limit = max_df * max(1, len(tokenised))
+    shares = []
+    for sents in tokenised:
+        if len(sents) < 2:
+            continue
+        in_sentences: Counter[str] = Counter()
+        for toks in sents:
+            in_sentences.update(t for t in toks if df[t] <= limit)
+        total = sum(in_sentences.values())
+        if not total:
+            continue
+        shared = sum(n for n in in_sentences.values() if n > len(sents) / 2)
+        shares.append(shared / total)
+    return (float(np.mean(shares)) if shares else None), len(shares)
+
+
+def split_confounds(documents: Iterable) -> SplitConfounds:
+    """The figures of one split's ``schemas.document.Document`` objects."""
+    feats, sents, n = [], [], 0
+    for doc in documents:
+        n += 1
+        vecs = [im.features for im in doc.images if im.features is not None]
+        feats.append(np.asarray(vecs, dtype=np.float32) if vecs else np.zeros((0, 0), np.float32))
+        sents.append(doc.sentences)
+    ratio, n_img = image_ratio([f for f in feats if f.size])
+    share, n_txt = text_share(sents)
+    return SplitConfounds(n, ratio, n_img, share, n_txt)
+
+
+def dataset_confounds(
+    directory: str | Path, splits: Sequence[str] | None = None, max_documents: int | None = None
+) -> dict[str, SplitConfounds]:
+    """``{split: SplitConfounds}`` of a built dataset (every split in its manifest by default);
+    ``max_documents``: only each split's first documents, shard by shard (training measures
+    its split this way, so a large corpus costs a bounded read)."""
+    from schemas.manifest import Manifest
+    from schemas.shards import read_documents
+
+    manifest = Manifest.read(directory)
+    names = list(splits) if splits else list(manifest.counts.get("splits", {}))
+    root = Path(directory)
+    out = {}
+    for split in names:
+        docs: list = []
+        for path in manifest.shard_paths(root, split):
+            docs.extend(read_documents([path]))
+            if max_documents is not None and len(docs) >= max_documents:
+                docs = docs[:max_documents]
+                break
+        out[split] = split_confounds(docs)
+    return out

@@ -1,0 +1,396 @@
+"""Beam pipelines on a dask.distributed cluster: Apache Beam's DaskRunner with a complete translation.
+
+``apache_beam.runners.dask.dask_runner.DaskRunner`` (apache-beam 2.77) turns each Beam primitive
+into a ``dask.bag`` operation, but five of its gaps break this project's graphs (each was run
+against a LocalCluster of two worker processes, see docs/runners.md):
+
+1. a multi-output ParDo (``with_outputs``: every dead-letter route, RunInference's
+   ``with_exception_handling``) hands *all* its outputs, untagged, to every consumer of any one;
+2. only the last transform's bag is computed, so every other branch (the dead-letter write,
+   the shard index) never runs;
+3. what a DoFn emits in ``finish_bundle`` is dropped (RunInference's ``BatchElements`` keeps a
+   bundle's last, partial batch there, and ``WriteToText`` its written file names);
+4. ``beam.io.Read`` (``ReadFromText``) becomes a no-op and reads nothing;
+5. ``metrics()`` raises NotImplementedError, and the manifest's counts are Beam counters.
+
+These are the runner's, not the graphs': Flink, Spark and Dataflow run the same graphs with
+tags, every branch, finish_bundle outputs, Read and metrics. So this module keeps Beam's
+DaskRunner (its options, its Create/GroupByKey/Flatten/Reshuffle/Read overrides) and replaces
+only its translation (``_Translator``): one bag per *PCollection* (a ParDo's bundle returns
+``(tag, value)`` pairs and each output selects its tag), outputs of ``finish_bundle`` kept,
+every ParDo computed, ``Read`` split into the source's bundles, side inputs computed once and
+handed to each task as a value. GroupByKey hashes keys with a hash that is the same in every
+worker process (Python's ``hash`` of a str is salted per process), so a key's values meet in
+one group.
+
+Counters: each bundle runs under its own MetricsContainer and returns its counter values with
+its outputs; the result sums those that reached the client. A task re-run after its worker died
+counts once (the dead attempt's result never arrived), so the manifest's counts are exact.
+
+DoFn instances are kept per worker process (``setup`` once, like a Beam SDK worker), and
+RunInference's model is shared per process by Beam's ``Shared`` handle, so a worker loads the
+CNN or the link model once, not per bundle. Windowing: global windows only (the batch graphs'
+case); any other WindowFn is refused by name.
+"""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.metrics.execution import MetricKey, MetricResult, MetricsContainer
+from apache_beam.metrics.metric import MetricResults
+from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
+from apache_beam.runners.common import Receiver
+from apache_beam.runners.dask import dask_runner as beam_dask
+from apache_beam.runners.dask.overrides import (
+    _Create,
+    _Flatten,
+    _GroupAlsoByWindow,
+    _GroupByKeyOnly,
+    _Read,
+    _Reshuffle,
+    dask_overrides,
+)
+from apache_beam.runners.runner import PipelineResult, PipelineState
+
+from schemas.errors import MmlinksError
+
+RUNNER_PATH = f"{__name__}.DaskRunner"  # what --runner names for Beam
+METRICS_TAG = "__mmlinks_metrics__"
+MAIN = None  # the main output's tag
+
+# Per worker process: the current job's set-up DoFns by ParDo id. A long-lived cluster runs job
+# after job: the first bundle of a new job tears the previous job's DoFns down (and lets go of
+# their models), so a worker holds one job's DoFns at a time.
+_dofns: dict[str, Any] = {}
+_dofns_job: list[str] = [""]
+
+
+class DaskRunner(beam_dask.DaskRunner):
+    """Beam's DaskRunner with ``_Translator`` in place of its translation (module docstring)."""
+
+    def run_pipeline(self, pipeline, options):
+        from dask.distributed import Client
+
+        dask_options = options.view_as(beam_dask.DaskOptions).get_all_options(
+            drop_default=True, current_only=True
+        )
+        bag_kwargs = beam_dask.DaskOptions._extract_bag_kwargs(dask_options)
+        client = Client(**dask_options)
+        try:
+            pipeline.replace_all(dask_overrides())
+            slots = max(1, sum(client.nthreads().values()))
+            translator = _Translator(bag_kwargs.get("npartitions") or 2 * slots)
+            pipeline.visit(translator)
+            # Not optimised: fusing renames keys, and a side input's upstream would run twice.
+            future = client.compute(translator.everything(), optimize_graph=False)
+        except BaseException:
+            client.close()
+            raise
+        return DaskPipelineResult(client, future)
+
+
+class DaskPipelineResult(PipelineResult):
+    """The running job: one future whose value is every bundle's counter values."""
+
+    def __init__(self, client, future):
+        super().__init__(PipelineState.RUNNING)
+        self._client, self._future, self._counters = client, future, None
+
+    def wait_until_finish(self, duration=None):
+        if self._counters is not None or self._state != PipelineState.RUNNING:
+            return self._state
+        try:
+            parts = self._future.result(timeout=None if duration is None else duration / 1000)
+            self._counters = _sum_counters(parts)
+            self._state = PipelineState.DONE
+        except BaseException:
+            self._state = PipelineState.FAILED
+            self._future.cancel()
+            raise
+        finally:
+            self._client.close()
+        return self._state
+
+    def cancel(self):
+        self._future.cancel()
+        self._client.close()
+        self._state = PipelineState.CANCELLED
+        return self._state
+
+    def metrics(self) -> MetricResults:
+        if self._counters is None:
+            raise MmlinksError("the Dask job has not finished: no counters yet")
+        return _Counters(self._counters)
+
+
+class _Counters(MetricResults):
+    """Summed bundle counters as Beam's MetricResults (committed = attempted: each counted once)."""
+
+    def __init__(self, counters: dict[tuple[str, str, str], int]):
+        self._results = [
+            MetricResult(MetricKey(step, beam.metrics.metricbase.MetricName(ns, name)), v, v)
+            for (step, ns, name), v in sorted(counters.items())
+        ]
+
+    def query(self, filter=None):
+        chosen = [r for r in self._results if filter is None or self.matches(filter, r.key)]
+        return {
+            self.COUNTERS: chosen,
+            self.DISTRIBUTIONS: [],
+            self.GAUGES: [],
+            self.STRINGSETS: [],
+            self.BOUNDED_TRIES: [],
+        }
+
+
+def _sum_counters(parts: Iterable[dict]) -> dict[tuple[str, str, str], int]:
+    total: dict[tuple[str, str, str], int] = {}
+    for part in parts:
+        for key, value in part.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+# --- the translation -----------------------------------------------------------------------------
+
+
+class _Translator(PipelineVisitor):
+    """Beam's leaf transforms -> dask bags, one bag per PCollection (see the module docstring)."""
+
+    def __init__(self, partitions: int):
+        self.partitions = partitions
+        self.bags: dict[pvalue.PCollection, Any] = {}
+        self.pardos: list[Any] = []  # each ParDo's (tag, value) bag: all must run
+        self.job = uuid.uuid4().hex
+
+    def everything(self):
+        """One bag that depends on every ParDo and holds only their counter values."""
+        import dask.bag as db
+
+        if not self.pardos:
+            return db.from_sequence([], npartitions=1)
+        return db.concat([b.map_partitions(_select, METRICS_TAG) for b in self.pardos])
+
+    def visit_transform(self, node: AppliedPTransform) -> None:
+        import dask.bag as db
+
+        t = node.transform
+        mains = [self.bags[p] for p in node.main_inputs.values() if isinstance(p, pvalue.PCollection)]
+        outs = list(node.outputs.values())
+        if isinstance(t, _Create):
+            values = list(t.values)
+            bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions)))
+        elif isinstance(t, beam.Impulse):
+            bag = db.from_sequence([b""], npartitions=1)
+        elif isinstance(t, _Read):
+            # about one bundle per task slot, so the stages after a read start spread out
+            size = t.source.estimate_size() or 0
+            bundles = list(t.source.split(desired_bundle_size=max(1 << 10, -(-size // self.partitions))))
+            bag = db.from_sequence(bundles, npartitions=max(1, len(bundles))).map_partitions(_read_bundles)
+        elif isinstance(t, _Flatten):
+            bag = db.concat(mains) if mains else db.from_sequence([], npartitions=1)
+        elif isinstance(t, _Reshuffle):
+            bag = _spread(mains[0], self.partitions)
+        elif isinstance(t, _GroupByKeyOnly):
+            bag = _group_by_key(mains[0], self.partitions)
+        elif isinstance(t, _GroupAlsoByWindow):
+            bag = mains[0]  # values were grouped in the one global window
+        elif isinstance(t, beam.WindowInto):
+            if not isinstance(t.get_windowing(None).windowfn, beam.window.GlobalWindows):
+                raise MmlinksError(f"the Dask runner supports global windows only, not {node.full_label}")
+            bag = mains[0]
+        elif isinstance(t, beam.ParDo):
+            self._pardo(node, mains[0])
+            return
+        else:
+            raise MmlinksError(
+                f"the Dask runner cannot run {type(t).__name__} ({node.full_label}): no translation"
+            )
+        for out in outs:
+            self.bags[out] = bag
+
+    def _pardo(self, node: AppliedPTransform, bag) -> None:
+        t = node.transform
+        sides = [
+            (type(si), si._view_options(), _materialized(self.bags[si.pvalue])) for si in node.side_inputs
+        ]
+        spec = (self.job, uuid.uuid4().hex, node.full_label, t.fn, list(t.args), dict(t.kwargs))
+        tagged = bag.map_partitions(_run_bundle, spec, *[s[2] for s in sides], views=[s[:2] for s in sides])
+        self.pardos.append(tagged)
+        for tag, out in node.outputs.items():
+            self.bags[out] = tagged.map_partitions(_select, None if tag in (None, "None") else tag)
+
+
+def _materialized(bag):
+    """A side input: the bag's values as one list, in partition order, computed once: one task
+    over the bag's partitions. Not ``dask.delayed(_concat)(bag.to_delayed())``, the same task
+    built through a Delayed per partition, each merged with the whole upstream graph: 74 s of
+    driver time for one FinalizeWrite of an 8-document build."""
+    from dask.delayed import Delayed
+    from dask.highlevelgraph import HighLevelGraph
+
+    name = f"side-input-{uuid.uuid4().hex}"
+    task = (_concat, [(bag.name, i) for i in range(bag.npartitions)])
+    return Delayed(name, HighLevelGraph.from_collections(name, {name: task}, dependencies=[bag]))
+
+
+# --- what the tasks run (in the worker processes) ------------------------------------------------
+
+
+def _concat(parts):
+    return [v for part in parts for v in part]
+
+
+def _select(part, tag):
+    return [v for t, v in part if t == tag]
+
+
+def _read_bundles(bundles):
+    out = []
+    for b in bundles:
+        out.extend(b.source.read(b.source.get_range_tracker(b.start_position, b.stop_position)))
+    return out
+
+
+def _spread(bag, partitions: int):
+    """Reshuffle: more partitions where there are fewer than the cluster's task slots."""
+    return bag if bag.npartitions >= partitions else bag.repartition(npartitions=partitions)
+
+
+def stable_hash(key) -> int:
+    """The same number for an equal key in every process (``hash`` of a str is salted)."""
+    return zlib.crc32(pickle.dumps(key, protocol=4))
+
+
+def _narrowed(bag, partitions: int):
+    """At most ``partitions`` partitions (adjacent ones joined, order kept). A task shuffle of
+    N partitions into M makes about N x M tasks, and a Flatten adds its inputs' partitions up:
+    unchecked, the build's joins grew an 8-document build's graph to 109,196 tasks (115 MB, ~2
+    min of driver time before the first task ran)."""
+    return bag.repartition(npartitions=partitions) if bag.npartitions > partitions else bag
+
+
+def _group_by_key(bag, partitions: int):
+    """(k, v) pairs -> (k, [v, ...]); keys go to partitions by ``stable_hash``."""
+    bag = _narrowed(bag, partitions)
+    grouped = bag.groupby(lambda kv: stable_hash(kv[0]) % partitions, npartitions=partitions)
+    return grouped.map_partitions(_regroup)
+
+
+def _regroup(part):
+    groups: dict = {}
+    for _, kvs in part:
+        for k, v in kvs:
+            groups.setdefault(k, []).append(_unwindowed(v))
+    return list(groups.items())
+
+
+def _unwindowed(v):
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    return v.value if isinstance(v, WindowedValue) else v
+
+
+class _Collect(Receiver):
+    """A Receiver: every output of a bundle as a ``(tag, value)`` pair, in emission order."""
+
+    def __init__(self, out: list, tag):
+        self.out, self.tag = out, tag
+
+    def receive(self, windowed_value):
+        self.out.append((self.tag, _unwindowed(windowed_value)))
+
+
+class _Receivers(dict):
+    def __init__(self, out: list):
+        super().__init__()
+        self.out = out
+
+    def __missing__(self, tag):
+        self[tag] = receiver = _Collect(self.out, tag)
+        return receiver
+
+
+def _forget_dofns(job: str) -> None:
+    for old in _dofns.values():
+        try:
+            old.teardown()
+        except Exception:  # an earlier job's teardown must not fail this job
+            pass
+    _dofns.clear()
+    _dofns_job[0] = job
+
+
+def _run_bundle(items, spec, *side_values, views):
+    """One partition as one Beam bundle of ``spec``'s DoFn: start, process each, finish; returns
+    its outputs as (tag, value) and, last, its counters under METRICS_TAG."""
+    from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.transforms.core import DoFn
+    from apache_beam.transforms.sideinputs import SideInputMap
+    from apache_beam.transforms.window import GlobalWindow, GlobalWindows
+    from apache_beam.utils.counters import CounterFactory
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    job, key, label, fn, args, kwargs = spec
+    if _dofns_job[0] != job:
+        _forget_dofns(job)
+    fresh = key not in _dofns
+    fn = _dofns.setdefault(key, fn)
+    out: list = []
+    receivers = _Receivers(out)
+    handler = _OutputHandler(
+        window_fn=GlobalWindows(),
+        main_receivers=receivers[MAIN],
+        tagged_receivers=receivers,
+        per_element_output_counter=None,
+        output_batch_converter=None,
+        process_yields_batches=False,
+        process_batch_yields_elements=False,
+    )
+    sides = [
+        SideInputMap(kind, view, [WindowedValue(v, 0, (GlobalWindow(),)) for v in values])
+        for (kind, view), values in zip(views, side_values, strict=True)
+    ]
+    invoker = DoFnInvoker.create_invoker(
+        DoFnSignature(fn),
+        handler,
+        context=DoFnContext(label, state=None),
+        side_inputs=sides,
+        input_args=args,
+        input_kwargs=kwargs,
+        user_state_context=None,
+        bundle_finalizer_param=DoFn.BundleFinalizerParam(),
+    )
+    # A sampler per bundle: a sampler keeps the first container it was given for a state name.
+    previous = statesampler.get_current_tracker()
+    sampler = statesampler.StateSampler("dask", CounterFactory())
+    statesampler.set_current_tracker(sampler)
+    container = MetricsContainer(label)
+    try:
+        with sampler.scoped_state(label, "process", metrics_container=container):
+            if fresh:
+                invoker.invoke_setup()  # once per worker process, as on a Beam SDK worker
+            invoker.invoke_start_bundle()
+            for item in items:
+                invoker.invoke_process(WindowedValue(item, 0, (GlobalWindow(),)))
+            invoker.invoke_finish_bundle()
+    finally:
+        statesampler.set_current_tracker(previous)
+    counters = {
+        (label, k.metric.namespace, k.metric.name): int(v)
+        for k, v in container.get_cumulative().counters.items()
+        if v
+    }
+    out.append((METRICS_TAG, counters))
+    return out
+
+
+__all__ = ["RUNNER_PATH", "DaskPipelineResult", "DaskRunner", "stable_hash"]

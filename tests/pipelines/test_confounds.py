@@ -1,0 +1,79 @@
+"""The confound figures (issue #33): the image ratio and the text share, against their definition."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines.confounds import image_ratio, split_confounds, text_share
+
+
+def _oracle_ratio(docs: list[np.ndarray]) -> float:
+    """The issue's definition, written out one document at a time."""
+    allx = np.concatenate(docs).astype(np.float64)
+    mean, std = allx.mean(0), allx.std(0)
+    keep = std > 1e-12
+    between, within = [], []
+    for m in docs:
+        if len(m) < 2:
+            continue
+        z = (m[:, keep] - mean[keep]) / std[keep]
+        c = z.mean(0)
+        between.append(np.sum((c - 0.0) ** 2))  # the global mean of standardised features is 0
+        within.append(np.mean([np.sum((row - c) ** 2) for row in z]))
+    return float(np.mean(between) / np.mean(within))
+
+
+docs_strategy = st.lists(st.tuples(st.integers(1, 5), st.integers(0, 10_000)), min_size=3, max_size=12).map(
+    lambda spec: [np.random.default_rng(seed).normal(size=(n, 4)) * (1 + seed % 3) for n, seed in spec]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs_strategy)
+def test_the_image_ratio_is_the_definition(docs):
+    if sum(len(d) >= 2 for d in docs) == 0:
+        assert image_ratio(docs)[0] is None
+        return
+    got, n = image_ratio(docs)
+    assert n == sum(len(d) >= 2 for d in docs)
+    assert got == pytest.approx(_oracle_ratio(docs), rel=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(docs_strategy, st.floats(0.1, 50), st.floats(-5, 5))
+def test_the_image_ratio_ignores_the_units_of_each_dimension(docs, scale, shift):
+    if not any(len(d) >= 2 for d in docs):
+        return
+    scaled = [d * np.array([scale, 1.0, 2.0, 1.0]) + shift for d in docs]
+    assert image_ratio(scaled)[0] == pytest.approx(image_ratio(docs)[0], rel=1e-6)
+
+
+def test_a_shared_look_per_document_raises_the_ratio():
+    rng = np.random.default_rng(0)
+    content = [rng.normal(size=(5, 16)) for _ in range(50)]
+    plain = image_ratio(content)[0]
+    looked = image_ratio([c + 6 * rng.normal(size=16) for c in content])[0]
+    assert plain < 0.5 < 10 < looked
+
+
+def test_the_text_share_counts_words_that_most_sentences_of_a_document_share():
+    # Per document: two topic words in all 3 sentences, two words of its own in each sentence, and
+    # "the" everywhere (in every document: not content).
+    topic = [[f"the topic{d}a topic{d}b word{d}{k}x word{d}{k}y" for k in range(3)] for d in range(5)]
+    share, n = text_share(topic, max_df=0.25)
+    assert n == 5
+    assert share == pytest.approx(0.5)  # 6 topic occurrences of the 12 content tokens per document
+    plain = [[s.split(" ", 3)[-1] for s in doc] for doc in topic]
+    assert text_share(plain, max_df=0.25)[0] == 0.0
+    # A word in two of three sentences is "in most of them"; in one of three, not.
+    two = [[f"topic{d} word{d}{k}" if k < 2 else f"word{d}{k}" for k in range(3)] for d in range(5)]
+    assert text_share(two, max_df=0.25)[0] == pytest.approx(2 / 5)
+
+
+def test_a_split_with_single_image_documents_has_no_ratio():
+    from schemas.document import Document, ImageRecord
+
+    doc = Document("d", "s", "train", ["a b"], [ImageRecord("c", "u", 1, 1, 0, [1.0, 2.0])])
+    figures = split_confounds([doc, doc])
+    assert figures.image_ratio is None and figures.image_documents == 0 and figures.documents == 2

@@ -1,0 +1,249 @@
+"""The dataset build on a real dask.distributed cluster (a scheduler and two worker processes)
+through ``--runner dask`` (issue #35): the same bytes as the DirectRunner's build, counters that
+feed the manifest, and one-line errors for a scheduler that cannot be reached."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+
+from pipelines.build import build_dataset, scheduler_unreachable, worker_lost
+from pipelines.build_config import BuildConfig
+from pipelines.dask_runner import stable_hash
+from pipelines.runners import DASK_RUNNER_PATH, pipeline_options, runner_cluster
+from schemas.errors import MmlinksError
+from schemas.manifest import MANIFEST_NAME, Manifest
+
+
+def version_files(out: Path) -> dict[str, str]:
+    """Every committed file of ``out``'s current version (shards, dead letter), by digest."""
+    vdir = out / "versions" / Manifest.read(out).dataset_version
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(vdir.iterdir())}
+
+
+@pytest.mark.slow
+def test_the_build_on_two_dask_workers_gives_the_direct_runners_bytes(
+    corpus, dataset, dask_cluster, tmp_path
+):
+    """``dataset`` is the suite's DirectRunner build of ``corpus``; the same build on the Dask
+    cluster (thread count as recorded there) commits the same manifest, shards and dead letter."""
+    reference = Manifest.read(dataset)
+    out = tmp_path / "dask"
+    cfg = BuildConfig(
+        source="synthetic",
+        input=str(corpus),
+        out=str(out),
+        split_ratios={"train": 0.6, "val": 0.2, "test": 0.2},
+        runner="dask",
+        dask_address=dask_cluster,
+        cpu_threads=reference.build_params["cpu_threads"],
+    )
+    m = build_dataset(cfg)
+    assert (out / MANIFEST_NAME).read_bytes() == (dataset / MANIFEST_NAME).read_bytes()
+    assert version_files(out) == version_files(dataset)
+    # the counts come from the Dask workers' counters: every input line kept or dead-lettered
+    lines = len((corpus / "documents.jsonl").read_bytes().splitlines())
+    dropped = m.counts["dropped"]
+    assert m.counts["pipeline"]["lines_in"] == lines
+    kept = sum(m.counts["splits"].values())
+    assert kept + sum(v for k, v in dropped.items() if k.startswith(("document:", "line:"))) == lines
+
+
+@pytest.mark.slow
+def test_tagged_outputs_side_inputs_finish_bundle_and_counters_on_dask(dask_cluster, tmp_path):
+    """The translation's parts that Beam's own DaskRunner gets wrong, in one small graph."""
+
+    class Split(beam.DoFn):
+        def process(self, x, total):
+            beam.metrics.Metrics.counter("t", "seen").inc()
+            if x % 2:
+                yield beam.pvalue.TaggedOutput("odd", (x, total))
+            else:
+                yield x
+
+    class CountBundle(beam.DoFn):
+        def start_bundle(self):
+            self.n = 0
+
+        def process(self, kv):
+            self.n += len(kv[1])
+
+        def finish_bundle(self):
+            yield beam.transforms.window.GlobalWindows.windowed_value(self.n)
+
+    def write(pcoll, name):
+        return (
+            pcoll
+            | f"Str{name}" >> beam.Map(str)
+            | f"Write{name}"
+            >> beam.io.WriteToText(str(tmp_path / name), shard_name_template="", num_shards=1)
+        )
+
+    options = pipeline_options("dask", dask_address=dask_cluster)
+    with beam.Pipeline(options=options) as p:
+        xs = p | beam.Create(list(range(20)))
+        total = beam.pvalue.AsSingleton(xs | "Total" >> beam.CombineGlobally(sum))
+        parts = xs | beam.ParDo(Split(), total).with_outputs("odd", main="even")
+        write(parts.even, "even")
+        write(parts.odd, "odd")
+        counted = parts.even | beam.Map(lambda x: (x % 3, x)) | beam.GroupByKey() | beam.ParDo(CountBundle())
+        write(counted | "SumCounts" >> beam.CombineGlobally(sum), "grouped")
+    lines = {n: sorted((tmp_path / n).read_text().split()) for n in ("even", "odd", "grouped")}
+    assert lines["even"] == sorted(str(x) for x in range(0, 20, 2))
+    assert sorted(eval(x) for x in (tmp_path / "odd").read_text().splitlines()) == [
+        (x, 190) for x in range(1, 20, 2)
+    ]
+    assert lines["grouped"] == ["10"]  # every even number counted once, in finish_bundle
+    seen = p.result.metrics().query(beam.metrics.MetricsFilter().with_name("seen"))["counters"]
+    assert [c.committed for c in seen] == [20]
+
+
+def test_the_dask_runner_is_beams_with_this_projects_translation():
+    from apache_beam.runners.dask.dask_runner import DaskRunner as BeamDaskRunner
+
+    from pipelines.dask_runner import DaskRunner
+
+    assert issubclass(DaskRunner, BeamDaskRunner)
+    assert DASK_RUNNER_PATH == f"{DaskRunner.__module__}.{DaskRunner.__name__}"
+    opts = pipeline_options("dask", dask_address="tcp://127.0.0.1:8786").get_all_options()
+    assert opts["runner"] == DASK_RUNNER_PATH and opts["address"] == "tcp://127.0.0.1:8786"
+    with pytest.raises(MmlinksError, match="go with --runner dask"):
+        BuildConfig(source="synthetic", input="x", out="y", dask_workers=2).workers()
+    with pytest.raises(MmlinksError, match="dask_address"):
+        BuildConfig(source="synthetic", input="x", out="y", runner="dask", dask_address="not an address")
+    assert BuildConfig(source="synthetic", input="x", out="y", runner="dask", dask_workers=3).workers() == 3
+
+
+def test_keys_hash_the_same_in_every_process():
+    """GroupByKey's partition of a key must not depend on the worker's str hash salt."""
+    import subprocess
+    import sys
+
+    keys = ["doc-1", ("train", 3), None, "small"]
+    code = f"from pipelines.dask_runner import stable_hash; print([stable_hash(k) for k in {keys!r}])"
+    root = Path(__file__).resolve().parents[2]
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env={"PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert runs == {f"{[stable_hash(k) for k in keys]}\n"}
+
+
+def test_an_unreachable_scheduler_fails_the_build_in_one_line(corpus, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = BuildConfig(
+        source="synthetic",
+        input=str(corpus),
+        out=str(tmp_path / "out"),
+        runner="dask",
+        dask_address=f"tcp://127.0.0.1:{port}",
+        beam_args=["--dask_connection_timeout=2"],
+    )
+    t0 = time.monotonic()
+    with pytest.raises(MmlinksError) as err:
+        build_dataset(cfg)
+    assert time.monotonic() - t0 < 120
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("the Dask scheduler cannot be reached")
+    assert f"127.0.0.1:{port}" in line and "nothing was committed" in line
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_dask_wording_for_a_lost_worker_and_scheduler_is_recognised():
+    from distributed.scheduler import KilledWorker
+
+    class Worker:
+        address = "tcp://127.0.0.1:4242"
+
+    try:
+        try:
+            raise KilledWorker("('_run_bundle-abc', 3)", Worker(), 2)
+        except KilledWorker as inner:
+            raise RuntimeError("the pipeline failed") from inner
+    except RuntimeError as outer:
+        lost = worker_lost(outer)
+    assert lost == "KilledWorker: on 3 different workers, but all those workers died"
+    assert scheduler_unreachable(OSError("Timed out trying to connect to tcp://h:8786 after 2 s")) == (
+        "OSError: Timed out trying to connect to tcp://h:8786 after 2 s"
+    )
+    assert scheduler_unreachable(RuntimeError("bad input")) is None
+    assert worker_lost(OSError("Timed out trying to connect to tcp://h:8786 after 2 s")) is None
+
+
+def test_a_local_cluster_is_started_for_the_job_and_stopped_after_it():
+    from dask.distributed import Client
+
+    options = pipeline_options("dask")
+    with runner_cluster(options, 1) as opts:
+        address = opts.get_all_options()["address"]
+        with Client(address, timeout=30) as client:
+            assert len(client.nthreads()) == 1
+    assert opts.get_all_options()["address"] is None
+    with pytest.raises(OSError):
+        Client(address, timeout=2)
+    assert stable_hash("x") == stable_hash("x")
+
+
+@pytest.mark.slow
+def test_a_dofn_is_set_up_once_per_worker_process_not_per_bundle(dask_cluster):
+    """What lets RunInference load its model once per worker (with Beam's Shared handle): the
+    DoFn instance and its ``setup`` live as long as the worker process, across bundles."""
+
+    class Setups(beam.DoFn):
+        def setup(self):
+            beam.metrics.Metrics.counter("t", "setups").inc()
+
+        def process(self, x):
+            beam.metrics.Metrics.counter("t", "elements").inc()
+            yield x
+
+    options = pipeline_options("dask", ["--dask_npartitions=12"], dask_address=dask_cluster)
+    with beam.Pipeline(options=options) as p:
+        _ = p | beam.Create(list(range(48))) | beam.ParDo(Setups())
+    got = {
+        c.key.metric.name: c.committed
+        for c in p.result.metrics().query(beam.metrics.MetricsFilter().with_namespace("t"))["counters"]
+    }
+    assert got["elements"] == 48
+    assert 1 <= got["setups"] <= 2  # two worker processes, twelve bundles
+
+
+def test_joins_and_side_inputs_keep_the_graph_linear_in_partitions():
+    """A GroupByKey over a bag whose partitions a Flatten added up is narrowed to the cluster's
+    count first (a task shuffle grows with the input's partitions: an 8-document build's graph had
+    109,196 tasks before), and a side input is one task over the partitions, in their order.
+    No cluster: the graphs are counted and computed with dask's synchronous scheduler."""
+    import dask
+    import dask.bag as db
+
+    from pipelines.dask_runner import _group_by_key, _materialized
+
+    wide = db.concat([db.from_sequence([(i % 5, i) for i in range(k, 400, 40)]) for k in range(40)])
+    n = wide.npartitions
+    assert n >= 40
+    grouped = _group_by_key(wide, partitions=4)
+    assert grouped.npartitions == 4
+    added = len(dict(grouped.__dask_graph__())) - len(dict(wide.__dask_graph__()))
+    assert added < 64  # narrowed first: a shuffle of 4 into 4, whatever n; unnarrowed here: 410
+    with dask.config.set(scheduler="sync"):
+        groups = dict(grouped.compute())
+        assert {k: sorted(v) for k, v in groups.items()} == {
+            k: [i for i in range(400) if i % 5 == k] for k in range(5)
+        }
+        side = _materialized(db.from_sequence(range(100), npartitions=7))
+        assert len(dict(side.__dask_graph__())) == 7 + 1  # the partitions and one task over them
+        assert side.compute() == list(range(100))

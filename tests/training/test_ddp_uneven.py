@@ -1,0 +1,232 @@
+"""DDP training stays in step whatever the split (issue #34: ``--objective news`` on 2 workers
+crashed in epoch 9 with gloo's "Received data size doesn't match expected size": one worker
+took a step the other did not).
+
+- Every objective, two real gloo processes, shares of 9 and 4 training documents: the loop
+  keeps both in the same all-reduces (``training.loop.agree_step``, ``Worker.zero_step``), so
+  both end every epoch with the same weights. Before the fix the short worker left the epoch
+  early and the run failed (or hung until gloo's timeout).
+- Each family (link, retrieval, news) through real Ray Train with 2 workers on a training split
+  of 13 documents (an odd size, batches of 4), to the end, registered in MLflow; every optimizer
+  step leaves both ranks with the same weights.
+
+The datasets are written directly (random 6-d features), so no Beam build is paid here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schemas.document import SCHEMA_VERSION, Document, ImageRecord
+from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
+from schemas.shards import write_shard
+from tests.conftest import param_digests, tracking_uri
+
+DIM = 6
+WORDS = "red blue green cross dot star storm circle done painting".split()
+RELATIONS = ["Visible", "Action", "Story"]
+SPLITS = {"train": 13, "val": 6, "test": 6}
+
+
+def _image(i: int, rng) -> ImageRecord:
+    return ImageRecord(f"{i:064x}", f"img/{i}.jpg", 32, 32, i, rng.normal(size=DIM).tolist())
+
+
+def _document(family: str, i: int, split: str, rng) -> Document:
+    words = [str(w) for w in rng.choice(WORDS, size=6)]
+    if family == "link":  # 2 sentences, 2 images, linked in order
+        return Document(
+            f"d{i:03d}",
+            "synthetic",
+            split,
+            [" ".join(words[:3]), " ".join(words[3:])],
+            [_image(2 * i, rng), _image(2 * i + 1, rng)],
+            [(0, 0), (1, 1)],
+        )
+    if family == "retrieval":  # one pair, coherence relations
+        rels = ["Action" if i % 2 else "Visible"] + (["Story"] if i % 3 == 0 else [])
+        return Document(
+            f"p{i:03d}",
+            "synthetic",
+            split,
+            [" ".join(words[:4])],
+            [_image(i, rng)],
+            [(0, 0)],
+            {"relations": ",".join(rels)},
+        )
+    return Document(  # news: one image, headline and caption
+        f"a{i:03d}#0",
+        "news-jsonl",
+        split,
+        [" ".join(words[:3]), " ".join(words[3:])],
+        [_image(i, rng)],
+        [(0, 0), (1, 0)],
+        {"news_sources": "headline,caption", "language": "en", "article_id": f"a{i}"},
+    )
+
+
+def write_dataset(folder: Path, family: str, splits: dict[str, int] = SPLITS) -> Path:
+    """A dataset of ``family``'s documents in the real shard + manifest layout."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    shards, i = [], 0
+    for split, n in splits.items():
+        docs = [_document(family, i + k, split, rng) for k in range(n)]
+        i += n
+        rows, size, sha = write_shard(folder / f"{split}-00000.parquet", docs)
+        shards.append(ShardInfo(f"{split}-00000.parquet", split, rows, size, sha))
+    extractor = ("random", "0", DIM) if family == "news" else ("efficientnet-lite0", "imagenet-57934424", DIM)
+    Manifest(
+        schema_version=SCHEMA_VERSION,
+        dataset_version=Manifest.version_id(shards, {}),
+        source="news-jsonl" if family == "news" else "synthetic",
+        counts={"splits": dict(splits), "dropped": {}},
+        feature_extractor=FeatureExtractorInfo(*extractor),
+        shards=shards,
+        relations=list(RELATIONS) if family == "retrieval" else None,
+    ).write(folder)
+    return folder
+
+
+def family_of(objective: str) -> str:
+    from training.objectives.registry import get_objective
+
+    return "news" if objective == "news" else get_objective(objective).family
+
+
+def tiny_config(data: Path, objective: str, storage: Path, **kw) -> dict:
+    """A tiny model's TrainConfig fields (as a dict: it crosses a process boundary)."""
+    base = dict(
+        data=str(data),
+        objective=objective,
+        epochs=2,
+        d_multi=16,
+        d_shared=16,
+        batch_docs=4,
+        lr=3e-3,
+        min_word_count=1,
+        word_vectors="random",
+        storage_path=str(storage),
+        run_name="ddp",
+        n_pools=1,
+        threads_per_worker=1,
+    )
+    if objective == "cmcm-c":
+        base["relation"] = "Action"
+    if objective == "li2021":
+        base["objectives"] = "C+I+D"
+    base.update(kw)
+    return base
+
+
+class _Share:
+    """A worker's share of the training table, read as ``training.loop.document_batches`` reads
+    a Ray Data shard."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def iter_batches(self, batch_size: int, batch_format: str, prefetch_batches: int):
+        for start in range(0, self.table.num_rows, batch_size):
+            yield self.table.slice(start, batch_size)
+
+
+def _digest(model) -> str:
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _uneven_worker(rank: int, configs: list[dict], split_at: int, port: int, out: str) -> None:
+    """One gloo process: for each config, the full loop (train, validate, report) on this
+    rank's share: rows [0, split_at) for rank 0, the rest for rank 1."""
+    import json
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from schemas.shards import read_table
+    from training.config import TrainConfig
+    from training.data import TRAINING_COLUMNS
+    from training.driver import check_inputs, worker_loop_config
+    from training.loop import make_worker, run_epochs
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
+    try:
+        for fields in configs:
+            inp = check_inputs(TrainConfig(**fields))
+            config, _ = worker_loop_config(inp, "ddp")
+            w = make_worker(config, rank, 2, prepare_model=DistributedDataParallel)
+            columns = [*TRAINING_COLUMNS, *w.objective.columns]
+            table = read_table(inp.train_paths, columns=columns)
+            share = table.slice(0, split_at) if rank == 0 else table.slice(split_at)
+            epochs: list[dict] = []
+            run_epochs(w, config, _Share(share), lambda w, c, e, m, out=epochs: out.append(m))
+            row = {"objective": fields["objective"], "digest": _digest(w.model), "steps": w.state.step}
+            row["val_loss"] = [m["val_loss"] for m in epochs]
+            with open(f"{out}/rank{rank}.jsonl", "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            torch.distributed.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+OBJECTIVES = ("ap", "dc", "tk", "nostruct", "li2021", "cmca", "cmcm", "cmcm-c", "news")
+
+
+def test_every_objective_stays_in_step_on_uneven_shares(tmp_path):
+    """Shares of 9 and 4 documents in batches of 4: rank 0 has 3 batches (the last of 1
+    document: nothing to contrast), rank 1 one. Both must take the same steps and end with the
+    same weights, for every objective."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    data = {f: write_dataset(tmp_path / f, f) for f in ("link", "retrieval", "news")}
+    configs = [tiny_config(data[family_of(o)], o, tmp_path / "runs", epochs=2) for o in OBJECTIVES]
+    mp.spawn(_uneven_worker, args=(configs, 9, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    rows = [
+        [json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)
+    ]
+    assert [r["objective"] for r in rows[0]] == list(OBJECTIVES) == [r["objective"] for r in rows[1]]
+    for a, b in zip(*rows, strict=True):
+        assert a["digest"] == b["digest"], a["objective"]  # the same weights on both ranks
+        # 2 epochs x 2 steps: rank 0's two full batches; rank 1 trains on its one batch and
+        # joins the second with a zero-loss step; rank 0's 1-document batch is nobody's step
+        assert a["steps"] == b["steps"] == 4, (a, b)
+        assert a["val_loss"] == b["val_loss"] and all(np.isfinite(a["val_loss"])), a
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["ap", "cmcm", "news"])
+def test_each_family_trains_on_two_workers_and_registers(objective, tmp_path, ray_local):
+    """Real Ray Train, 2 workers, a training split of 13 (odd) in batches of 4, 2 epochs, to the
+    end; the model is registered, and after every optimizer step both ranks hold the same
+    weights."""
+    from training.config import TrainConfig
+    from training.experiment import run_experiment
+
+    data = write_dataset(tmp_path / "ds", family_of(objective))
+    cfg = TrainConfig(**tiny_config(data, objective, tmp_path / "ray", num_workers=2, run_name=""))
+    with param_digests(ray_local, tmp_path / "digests") as digests:
+        res = run_experiment(cfg, tracking_uri(tmp_path), model_name=f"ddp-{objective}")
+    assert res.model_version == "1" and res.model_uri == f"models:/ddp-{objective}@candidate"
+    assert sorted(name.split("-")[0] for name in digests) == ["rank0", "rank1"], digests
+    rank0, rank1 = digests.values()
+    assert len(rank0) >= 4 and rank0 == rank1 and len(set(rank0)) > 1

@@ -1,0 +1,140 @@
+"""The news family's training options (Liu et al.; --objective news): the sources read, the
+fuser, loss and encoder, subwords, token limits, the multilingual recipes and --init-from.
+
+A dataclass of ``option`` fields that ``training.config.TrainConfig`` takes in as a base
+(``training.families.FIELDS`` names it), so users and the CLI still see one config while each
+option is declared with the family that reads it. No torch: the CLI imports it for its flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from schemas.config_fields import option
+from training.news import AUTO_SUBWORD_BUCKETS, DEFAULT_NEWS_MAX_TOKENS
+
+NEWS = "news image selection (Liu et al.; --objective news)"
+
+
+def news_names(name: str) -> tuple[str, ...]:
+    """The fusers / losses of the news objective (``training/news/__init__.py``, no torch)."""
+    import training.news
+
+    return getattr(training.news, name)
+
+
+def _token_limits_ok(text: str) -> bool:
+    from schemas.news import parse_token_limits
+
+    try:
+        parse_token_limits(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class NewsFields:
+    """The options of the ``news`` objective and backbone."""
+
+    # the fields a resumed run must share with its checkpoint (``training.config.MODEL_FIELDS``)
+    MODEL_FIELDS: ClassVar[tuple[str, ...]] = (
+        "news_sources",
+        "fusion",
+        "news_loss",
+        "news_encoder",
+        "subword_buckets",
+        "news_max_tokens",
+        "news_heads",
+        "multilingual",
+        "init_from",
+    )
+
+    news_sources: str = option(
+        "headline,lead,body,caption",
+        help="news: the text sources the model reads, comma-separated (one: a single-source model)",
+        group=NEWS,
+    )
+    fusion: str = option(
+        "attention",
+        help="news: how the sources' vectors become one: element-wise max, add, mlp (two Linear+ReLU "
+        "blocks) or attention (the paper's Feature Fuser)",
+        choices=lambda: news_names("FUSERS"),
+        group=NEWS,
+    )
+    random_drop: float = option(
+        0.0,
+        help="news: per training sample keep one random source and drop each other one with this "
+        "probability (paper: 0.3; 0 = complete inputs)",
+        check=lambda v: 0 <= v < 1,
+        rule="in [0, 1)",
+        group=NEWS,
+    )
+    news_loss: str = option(
+        "vse",
+        help="news: vse = sum of hinges over all in-batch negatives (the paper's choice for weak labels), "
+        "vsepp = hardest negative, hal = Liu et al. 2020 (Eq. 5), order = ORDER (Vendrov et al. 2016: "
+        "non-negative order embeddings scored by the negative order violation, vse's hinges; "
+        "paper margin 0.05)",
+        choices=lambda: news_names("LOSSES"),
+        group=NEWS,
+    )
+    news_encoder: str = option(
+        "attention",
+        help="news: the per-source text encoder: attention = the paper's self-attention + point-wise CNN "
+        "over word vectors; chain = CHAIN (Wehrmann & Barros 2018): characters -> 1-D convolutions -> "
+        "max pool, no word embedding (Table 1's baseline)",
+        choices=lambda: news_names("ENCODERS"),
+        group=NEWS,
+    )
+    subword_buckets: int = option(
+        -1,
+        help="news: buckets of the character 3-5-gram vectors averaged with each word's vector, unseen "
+        "words included (Liu et al. Sect. 4.3.1; fastText: 2000000); -1 = auto: the --init-from "
+        f"model's, else {AUTO_SUBWORD_BUCKETS} for the word encoder (fast on CPU), 0 for chain and "
+        "one-for-all; 0 = words only",
+        check=lambda v: v >= -1,
+        rule=">= -1",
+        group=NEWS,
+    )
+    news_max_tokens: str = option(
+        DEFAULT_NEWS_MAX_TOKENS,
+        help="news: tokens kept per source, SOURCE=N,... (replaces --max-tokens for news; a source left "
+        "out keeps the default); how many training texts were cut is logged and in the report",
+        check=lambda v: _token_limits_ok(v),
+        rule="SOURCE=N,... with N >= 1, SOURCE among headline, lead, body, caption",
+        group=NEWS,
+    )
+    news_heads: int = option(
+        2,
+        help="news: self-attention heads per source encoder (the word vector size must divide by it; "
+        "paper: 6)",
+        check=lambda v: v >= 1,
+        rule=">= 1",
+        group=NEWS,
+    )
+    multilingual: str = option(
+        "none",
+        help="news, Liu et al. Sect. 5.2: one-for-all = one model over every language of the dataset "
+        "(mixed in a batch) on FROZEN aligned word vectors (--word-vectors text:en.vec,text:de.vec); "
+        "all-for-one = start from a language-A model (--init-from DIR), swap in this dataset's "
+        "language-B vectors plus its out-of-vocabulary words, fine-tune everything",
+        choices=("none", "one-for-all", "all-for-one"),
+        group=NEWS,
+    )
+    init_from: str = option(
+        "",
+        help="news: start from trained weights: DIR (a checkpoint folder with state.pt and meta.json: "
+        "every weight but the word embeddings for all-for-one, all of them otherwise) or divide and "
+        "conquer's SOURCE=DIR,... (each source encoder from its single-source model; word embeddings "
+        "and image tower from the first listed, the fuser fresh)",
+        group=NEWS,
+    )
+    fuser_warmup_epochs: int = option(
+        0,
+        help="news, divide and conquer: epochs in which only the fuser trains (the loaded encoders "
+        "and image tower get zero gradients; paper: 1)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=NEWS,
+    )

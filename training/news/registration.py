@@ -1,0 +1,158 @@
+"""The news family's registrations: the ``news`` objective and backbone (Liu et al.), added to
+the core's registries (``training.families``), and the family's hooks (``training.family_hooks``):
+its "news-archive" packaging, its backbone's run warnings and the promotion gate's metrics of its
+served models (a news run otherwise ends as a retrieval run: its family is "retrieval")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from training.backbone import BackboneSpec, only_its_objectives, register_backbone
+from training.family_hooks import register_packager, register_served_evaluation
+from training.objectives.registry import ObjectiveSpec, register_objective
+
+if TYPE_CHECKING:  # pragma: no cover
+    from training.config import TrainConfig
+
+
+def _unused_loss(*args, **kwargs):
+    """``ObjectiveSpec.loss`` of an objective whose ``model_loss`` replaces it: never called."""
+    raise NotImplementedError("this objective's model_loss replaces its loss")
+
+
+def _news(name):
+    def call(*args, **kwargs):
+        from training.news import objective
+
+        return getattr(objective, name)(*args, **kwargs)
+
+    return call
+
+
+def _news_label(cfg: TrainConfig) -> str:
+    """e.g. news-headline+lead+body+caption-attention-drop0.3-vse, news-caption-vse"""
+    sources = cfg.news_sources.replace(",", "+").replace(" ", "")
+    fusion = f"-{cfg.fusion}" if "+" in sources else ""
+    drop = f"-drop{cfg.random_drop:g}" if cfg.random_drop else ""
+    recipe = {"one-for-all": "-ofa", "all-for-one": "-afo"}.get(cfg.multilingual, "")
+    if cfg.init_from and "=" in cfg.init_from:
+        recipe += "-dc"
+    encoder = "" if cfg.news_encoder == "attention" else f"-{cfg.news_encoder}"
+    return f"news-{sources}{fusion}{drop}-{cfg.news_loss}{encoder}{recipe}"
+
+
+def _news_check(cfg: TrainConfig) -> list[str]:
+    from schemas.news import parse_sources
+
+    try:
+        sources = parse_sources(cfg.news_sources)
+    except ValueError as exc:
+        return [f"news_sources ({exc})"]
+    from training.news.recipes import check
+
+    bad = (
+        ["random_drop (a single-source model has nothing to drop)"]
+        if len(sources) == 1 and cfg.random_drop
+        else []
+    )
+    return bad + check(cfg)
+
+
+def _news_data(manifest, data: str) -> list[str]:
+    from schemas.news import check_news_dataset
+
+    return check_news_dataset(manifest, data)
+
+
+register_objective(
+    ObjectiveSpec(
+        name="news",
+        summary="news image selection (Liu et al.): headline/lead/body/caption encoders (self-attention + "
+        "point-wise CNN + max pool), fused; VSE, VSE++ or HAL; random_drop",
+        similarity="dc",  # a sample is one text x one image: every similarity is the cosine
+        loss=_unused_loss,  # model_loss replaces it
+        label=_news_label,
+        fields=(
+            "news_sources",
+            "fusion",
+            "random_drop",
+            "news_loss",
+            "news_encoder",
+            "subword_buckets",
+            "news_max_tokens",
+            "news_heads",
+            "d_shared",
+            "multilingual",
+            "init_from",
+            "fuser_warmup_epochs",
+        ),
+        parts=lambda cfg: ("ret",),
+        check=_news_check,
+        describe=lambda cfg: (
+            f"{_news_label(cfg)} d_shared={cfg.d_shared} subword_buckets={cfg.subword_buckets}"
+        ),
+        family="retrieval",
+        backbone="news",
+        model_loss=_news("model_loss"),
+        val_metrics=_news("val_metrics"),
+        columns=("metadata",),
+        link_metrics=False,
+        packaging="news-archive",
+        check_data=_news_data,
+    )
+)
+
+
+# ------------------------------------------------------------------------------ news
+
+
+def _news_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+    from training.news.objective import model_config
+
+    return model_config(cfg, manifest, vocab_size, word_dim, train_paths)
+
+
+def _news_build(model_cfg: dict, embeddings=None, feature_stats=None):
+    from training.news.objective import build
+
+    return build(model_cfg, embeddings, feature_stats)
+
+
+def _news_cut_warnings(model) -> list[str]:
+    from training.news.experiment import cut_warnings
+
+    return cut_warnings(model)
+
+
+register_backbone(
+    BackboneSpec(
+        name="news",
+        summary="Liu et al.: per-source self-attention + point-wise CNN + max-pool text encoders, a fuser, "
+        "a linear image projection; the backbone of --objective news",
+        model_config=_news_config,
+        build=_news_build,
+        check=only_its_objectives("news"),
+        evaluation="news",
+        run_warnings=_news_cut_warnings,
+    )
+)
+
+
+# ------------------------------------------------------------------------ the run's end and promotion
+
+
+def _package_archive_run(*args, **kwargs) -> str:
+    from training.news.experiment import package_archive_run
+
+    return package_archive_run(*args, **kwargs)
+
+
+def _evaluate_served(linker, paths: list) -> dict:
+    """The promotion gate's metrics of a served news model (R@K, MedR over the split's samples)."""
+    from training.news.serving import evaluate_news
+
+    return evaluate_news(linker, paths)
+
+
+register_packager("news-archive", _package_archive_run)
+register_served_evaluation("news", _evaluate_served)

@@ -1,0 +1,77 @@
+"""The coherence-retrieval family's training options (Alikhani et al.; --objective
+cmca|cmcm|cmcm-c): the relation, the coherence loss, pooling and refinement.
+
+A dataclass of ``option`` fields that ``training.config.TrainConfig`` takes in as a base
+(``training.families.FIELDS`` names it), so users and the CLI still see one config while each
+option is declared with the family that reads it. The shared space's width and the ranking
+pools (``d_shared``, ``pool_size``, ``n_pools``) are the core's: the news family reads them too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from schemas.config_fields import option
+
+RETRIEVAL = "coherence retrieval (Alikhani et al.; --objective cmca|cmcm|cmcm-c)"
+
+
+@dataclass
+class RetrievalFields:
+    """The options of the retrieval objectives and their ``coherence`` backbone."""
+
+    # the fields a resumed run must share with its checkpoint (``training.config.MODEL_FIELDS``)
+    MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("relation", "retrieval_pooling", "cam_hidden")
+
+    relation: str = option(
+        "",
+        help="cmcm-c: the one relation its Coherence Aware Module predicts (a name of the dataset's "
+        "relation vocabulary, e.g. Action)",
+        group=RETRIEVAL,
+    )
+    hard_negative_warmup: int = option(
+        1,
+        help="retrieval: first epochs with the hinge averaged over every in-batch negative before the "
+        "hardest one (from random weights the hardest-negative loss collapses)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
+    lambda_cls: float = option(
+        0.1,
+        help="weight of the coherence loss (paper: 0.1)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
+    retrieval_pooling: str = option(
+        "attention",
+        help="text pooling of the retrieval backbone: word attention (paper) or mean / last (NoAttn)",
+        choices=("attention", "mean", "last"),
+        group=RETRIEVAL,
+    )
+    cam_hidden: int = option(
+        0,
+        help="cmcm / cmcm-c: width of a ReLU hidden layer in the Coherence Aware Module (0 = one linear "
+        "layer on concat(text, image), the paper's; a hidden layer can model the agreement of the two "
+        "sides, which a linear layer, a sum of one term per side, cannot)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
+    refine_lambda: float = option(
+        0.12,
+        help="selective refinement: lambda of the confidence exp(lambda |p - 0.5|) "
+        "(paper: 0.13 CITE++, 0.12 Clue)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )
+    refine_threshold: float = option(
+        0.1,
+        help="selective refinement: queries whose top-2 similarity gap is below this are refined "
+        "(paper: 0.1)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RETRIEVAL,
+    )

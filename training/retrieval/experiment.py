@@ -1,0 +1,154 @@
+"""The end of a retrieval run (and of a news run: the ``news`` objective's family is
+"retrieval"): test evaluation, MLflow metrics and artifacts, the packaged and registered model,
+the HTML report.
+
+``training.experiment.run_experiment`` calls ``finish_run`` through the core's run-finish hook
+(``training.family_hooks``, filled by ``training/retrieval/registration.py``). What is another
+family's here comes through the core too: a news run's warnings (``BackboneSpec.run_warnings``)
+and its archive packaging (``training.family_hooks.packager``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import mlflow
+
+from training import tracking
+from training.backbone import get_backbone
+from training.config import TrainConfig
+from training.experiment import ExperimentResult
+from training.family_hooks import packager
+from training.objectives.registry import get_objective
+
+
+def flat_retrieval_metrics(scores: dict) -> dict[str, float]:
+    """test_medr, test_r10, test_i2t_medr, test_refined_medr, test_<relation>_medr,
+    test_ap_<relation>, ... from ``training.retrieval.objective.evaluate_pairs``."""
+    out = {}
+    keys = (
+        ("t2i", "test_"),
+        ("i2t", "test_i2t_"),
+        ("t2i_refined", "test_refined_"),
+        ("t2i_refined_tuned", "test_tuned_"),
+    )
+    for key, prefix in keys:
+        for k, v in (scores.get(key) or {}).items():
+            if k in ("medr", "medr_std", "medr_frac", "r1", "r5", "r10", "refine_lambda", "refine_threshold"):
+                out[prefix + k] = v
+    for rel, m in (scores.get("relations") or {}).items():
+        out.update({f"test_{rel}_{k}": m[k] for k in ("medr", "r1", "r5", "r10") if k in m})
+    for rel, ap in (scores.get("relation_ap") or {}).items():
+        out[f"test_ap_{rel}"] = ap
+    return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
+
+
+def finish_run(
+    cfg: TrainConfig,
+    manifest,
+    run,
+    result,
+    tracking_uri: str,
+    model_name: str | None,
+    alias: str | None,
+    report_dir=None,
+) -> ExperimentResult:
+    """A retrieval run's test evaluation (MedR/R@K, refined, per relation, relation AP), logged
+    with the packaged retrieval model (``training/retrieval/serving.py``: its gallery is the
+    test split's images, its refinement the lambda and T chosen on validation), registered under
+    ``model_name`` as ``alias`` when a name is given."""
+    from training.data import make_batch
+    from training.loop import validation_batches
+    from training.retrieval.objective import evaluate_pairs, tune_refinement
+
+    test_paths = [str(p) for p in manifest.shard_paths(cfg.data, "test")]
+    tables = validation_batches(test_paths, cfg.batch_docs, 0, 1, ("metadata",))
+    batches = [make_batch(t, result.vocab, cfg.max_tokens) for t in tables]
+    val_paths = [str(p) for p in manifest.shard_paths(cfg.data, "val")]
+    val = [
+        make_batch(t, result.vocab, cfg.max_tokens)
+        for t in validation_batches(val_paths, cfg.batch_docs, 0, 1, ("metadata",))
+    ]
+    tuned = tune_refinement(result.model, val, cfg) if val else None
+    scores = evaluate_pairs(result.model, batches, cfg, list(manifest.relations or []), tuned)
+    mlflow.log_metrics(flat_retrieval_metrics(scores))
+    mlflow.log_metric("best_epoch", result.best_epoch)
+    mlflow.log_dict(scores, "test_retrieval.json")
+    mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
+    mlflow.log_dict({"history": result.history}, "training_history.json")
+    refine = tuned or {"refine_lambda": cfg.refine_lambda, "refine_threshold": cfg.refine_threshold}
+    warnings = _run_warnings(cfg, result.model)
+    report_path = _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir, warnings)
+    model_uri = _package_retrieval(cfg, manifest, run, result, test_paths, refine)
+    version = None
+    if model_name and model_uri:
+        version = tracking.register(model_uri, model_name, alias, tracking_uri)
+        model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
+    return ExperimentResult(
+        run_id=run.info.run_id,
+        model_uri=model_uri,
+        model_version=version,
+        best_epoch=result.best_epoch,
+        test=scores,
+        random=None,
+        tracking_uri=tracking_uri,
+        report_path=report_path,
+        warnings=warnings,
+    )
+
+
+def _run_warnings(cfg: TrainConfig, model) -> list[str]:
+    """The trained backbone's warnings about the run (``BackboneSpec.run_warnings``: a news
+    model's texts cut by ``--news-max-tokens``), logged by the hook; [] for a backbone without."""
+    hook = get_backbone(cfg.model_backbone).run_warnings
+    return hook(model) if hook is not None else []
+
+
+def _package_pairs(
+    ckpt_dir, cfg: TrainConfig, manifest, run, result, test_paths: list[str], refine: dict
+) -> str:
+    """The "pairs" pyfunc: a text -> the test split's images ranked (``training/retrieval/serving.py``)."""
+    from training.retrieval.serving import log_retrieval_model, split_pairs
+
+    fe = manifest.feature_extractor
+    ids, _, feats = split_pairs(test_paths)
+    return log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version)
+
+
+def _package_retrieval(
+    cfg: TrainConfig, manifest, run, result, test_paths: list[str], refine: dict
+) -> str | None:
+    """The run's pyfunc, as its objective's ``packaging`` says: "pairs" ranks the test split's
+    images for a text, "news-archive" ranks the whole dataset's images (a FAISS archive index)
+    for an article (the news family's packager, ``training.family_hooks``), "none" packages
+    nothing (the URI is then None)."""
+    packaging = get_objective(cfg.objective).packaging
+    if packaging == "none":
+        mlflow.set_tag("mmlinks.model", f"not packaged (objective {cfg.objective})")
+        return None
+    package = packager(packaging) or _package_pairs
+    with result.checkpoint.as_directory() as ckpt_dir:
+        return package(ckpt_dir, cfg, manifest, run, result, test_paths, refine)
+
+
+def _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir, warnings=()) -> str:
+    """The retrieval run's HTML report (metrics, the first test queries with their top 5),
+    logged to MLflow and written to ``report_dir``; its path."""
+    from training.report import write_report
+    from training.retrieval.report import LoadedRetrieval, per_query, retrieval_report
+
+    name = cfg.label.upper()
+    loaded = LoadedRetrieval(
+        name, result.model, result.vocab, cfg.max_tokens, refine["refine_lambda"], refine["refine_threshold"]
+    )
+    results = {name: {"metrics": scores, "per_query": per_query(loaded, batches)}}
+    meta = {"run": run.info.run_id, "dataset": f"{manifest.source} {manifest.dataset_version}"}
+    if warnings:
+        meta["warning"] = " | ".join(warnings)
+    html = retrieval_report(
+        f"mmlinks retrieval evaluation: {run.info.run_name}", cfg.data, "test", results, meta
+    )
+    mlflow.log_text(html, "report.html")
+    folder = Path(report_dir or Path(cfg.data).resolve().parent / "reports")
+    return str(write_report(folder / f"{run.info.run_id}.html", html))

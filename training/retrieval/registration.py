@@ -1,0 +1,157 @@
+"""The retrieval family's registrations: the CMCA, CMCM and CMCM_c objectives (Alikhani et al.)
+and their ``coherence`` backbone, added to the core's registries (``training.families``), and
+the family's hooks (``training.family_hooks``): the end of its runs (news's too) and the
+promotion gate's metrics of its served models."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from training.backbone import BackboneSpec, only_its_objectives, register_backbone
+from training.family_hooks import register_run_finish, register_served_evaluation
+from training.objectives.registry import ObjectiveSpec, get_objective, register_objective, relation_problems
+
+if TYPE_CHECKING:  # pragma: no cover
+    from training.config import TrainConfig
+
+
+def _unused_loss(*args, **kwargs):
+    """``ObjectiveSpec.loss`` of an objective whose ``model_loss`` replaces it: never called."""
+    raise NotImplementedError("this objective's model_loss replaces its loss")
+
+
+def _retrieval(name):
+    def call(*args, **kwargs):
+        from training.retrieval import objective
+
+        return getattr(objective, name)(*args, **kwargs)
+
+    return call
+
+
+def _retrieval_check(cfg: TrainConfig) -> list[str]:
+    bad = relation_problems(cfg.objective, cfg.relation)
+    if cfg.select_by == "val_within":
+        bad.append("select_by (val_within measures inside documents; pairs have none: val_medr or val_loss)")
+    return bad
+
+
+def _retrieval_label(cfg: TrainConfig) -> str:
+    pooling = "" if cfg.retrieval_pooling == "attention" else "-noattn"
+    return f"{cfg.objective}{'-' + cfg.relation if cfg.relation else ''}{pooling}"
+
+
+# (name, summary, Tables 4/5 row name, its ablation rows, has the CAM, one model per relation)
+for _name, _summary, _table, _ablations, _cam, _per_relation in (
+    (
+        "cmca",
+        "CMCA: coherence-agnostic text-to-image retrieval (Alikhani et al.): BiLSTM + attention, "
+        "VSE++ triplet",
+        "CMCA",
+        (),
+        False,
+        False,
+    ),
+    (
+        "cmcm",
+        "CMCM: CMCA + the Coherence Aware Module predicting every relation of the dataset (lambda_cls)",
+        "CMCM",
+        ({"retrieval_pooling": "mean"},),  # CMCM-NoAttn: mean pooling instead of word attention
+        True,
+        False,
+    ),
+    (
+        "cmcm-c",
+        "CMCM_c: CMCA + the Coherence Aware Module predicting one relation (--relation)",
+        "CMCM",
+        (),
+        True,
+        True,
+    ),
+):
+    register_objective(
+        ObjectiveSpec(
+            name=_name,
+            summary=_summary,
+            similarity="dc",  # a pair is a 1 x 1 document: every similarity is the cosine
+            loss=_unused_loss,  # model_loss replaces it
+            label=_retrieval_label,
+            fields=(
+                "negatives",
+                "hard_negative_warmup",
+                "relation",
+                "lambda_cls",
+                "retrieval_pooling",
+                "d_shared",
+                "cam_hidden",
+            ),
+            parts=(lambda cfg: ("ret", "cls") if get_objective(cfg.objective).cam else ("ret",)),
+            check=_retrieval_check,
+            describe=lambda cfg: (
+                f"{_retrieval_label(cfg)} d_shared={cfg.d_shared} lambda_cls={cfg.lambda_cls}"
+                + (f" cam_hidden={cfg.cam_hidden}" if cfg.cam_hidden else "")
+            ),
+            table_name=_table,
+            ablations=_ablations,
+            family="retrieval",
+            backbone="coherence",
+            per_relation=_per_relation,
+            needs_relations=True,
+            cam=_cam,
+            model_loss=_retrieval("model_loss"),
+            val_metrics=_retrieval("val_metrics"),
+            columns=("metadata",),
+            packaging="pairs",
+        )
+    )
+
+
+# ------------------------------------------------------------------------ coherence
+
+
+def _coherence_config(
+    cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]
+) -> dict:
+    from training.retrieval.objective import model_config
+
+    return model_config(cfg, manifest, vocab_size, word_dim, train_paths)
+
+
+def _coherence_build(model_cfg: dict, embeddings=None, feature_stats=None):
+    from training.retrieval.objective import build
+
+    return build(model_cfg, embeddings, feature_stats)
+
+
+register_backbone(
+    BackboneSpec(
+        name="coherence",
+        summary="Alikhani et al.: BiLSTM + word attention and a CNN-feature bottleneck into a 300-d space "
+        "(+ the Coherence Aware Module); the backbone of --objective cmca|cmcm|cmcm-c",
+        model_config=_coherence_config,
+        build=_coherence_build,
+        check=only_its_objectives("coherence"),
+        evaluation="pairs",
+    )
+)
+
+
+# ------------------------------------------------------------------------ the run's end and promotion
+
+
+def _finish_run(*args, **kwargs):
+    """The end of a run of a "retrieval"-family objective (news's too): training/retrieval/experiment.py."""
+    from training.retrieval.experiment import finish_run
+
+    return finish_run(*args, **kwargs)
+
+
+def _evaluate_served(linker, paths: list) -> dict:
+    """The promotion gate's metrics of a served retrieval model (MedR, R@K over fixed pools)."""
+    from training.retrieval.serving import evaluate_retrieval
+
+    return evaluate_retrieval(linker, paths)
+
+
+register_run_finish("retrieval", _finish_run)
+register_served_evaluation("retrieval", _evaluate_served)
