@@ -7,6 +7,14 @@ the same bytes through the same weights on the same kind of hardware give the sa
 interrupted resumes from here: images whose features were written are not recomputed.
 
 Entries are small ``.npz`` files written atomically; a corrupt entry reads as a miss.
+
+An entry records the build that wrote it (``written_by``), and a build's look-up treats its own
+entries as misses. That makes the look-up a function of the cache as it was when the build
+started, so a runner that re-runs a lost look-up task after part of its outputs were already used
+(Dask recomputes a dead worker's results; the hit and miss outputs are read by separate tasks)
+gets the same split again. Without it, an image whose features the dead worker had just written
+came back as a hit in the re-run while the first run's hits, already consumed, lacked it: the
+image was in neither output and its document was dead-lettered (a CI failure of issue #35).
 """
 
 from __future__ import annotations
@@ -30,8 +38,10 @@ def cache_key(extractor_name: str, version: str, device: str, options: dict | No
     return f"{extractor_name}@{version}@{kind}@{digest}"
 
 
-def encode(feats: ImageFeatures) -> bytes:
+def encode(feats: ImageFeatures, written_by: str | None = None) -> bytes:
     arrays: dict[str, np.ndarray] = {}
+    if written_by is not None:
+        arrays["written_by"] = np.asarray(written_by, dtype=np.str_)
     if feats.features is not None:
         arrays["features"] = np.asarray(feats.features)
     if feats.regions is not None:
@@ -43,6 +53,12 @@ def encode(feats: ImageFeatures) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
+
+
+def written_by(data: bytes) -> str | None:
+    """The build that wrote an encoded entry (None for entries written without one)."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return str(z["written_by"]) if "written_by" in z.files else None
 
 
 def decode(data: bytes) -> ImageFeatures:
@@ -66,14 +82,19 @@ class FeatureCache:
     def _uri(self, content_id: str) -> str:
         return fileio.join(self.root, content_id[:2], f"{content_id}.npz")
 
-    def get(self, content_id: str) -> ImageFeatures | None:
+    def get(self, content_id: str, unless_written_by: str | None = None) -> ImageFeatures | None:
+        """The cached features, or None: no entry, a torn or foreign one, or one that the build
+        ``unless_written_by`` wrote itself (module docstring)."""
         uri = self._uri(content_id)
         if not fileio.exists(uri):
             return None
         try:
-            return decode(fileio.read_bytes(uri))
+            data = fileio.read_bytes(uri)
+            if unless_written_by is not None and written_by(data) == unless_written_by:
+                return None
+            return decode(data)
         except (OSError, ValueError, KeyError, zipfile.BadZipFile):
             return None  # a torn or foreign file: recompute and overwrite
 
-    def put(self, content_id: str, feats: ImageFeatures) -> None:
-        fileio.write_bytes_atomic(self._uri(content_id), encode(feats))
+    def put(self, content_id: str, feats: ImageFeatures, written_by: str | None = None) -> None:
+        fileio.write_bytes_atomic(self._uri(content_id), encode(feats, written_by))

@@ -7,6 +7,7 @@ its images; a document missing any image's features is dead-lettered once, by do
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -33,18 +34,21 @@ class Failure:
 
 
 class LookUpFeatureCache(beam.DoFn):
-    """content id -> (content id, ImageFeatures) on a hit; the id on the ``miss`` output."""
+    """content id -> (content id, ImageFeatures) on a hit; the id on the ``miss`` output.
+
+    Entries this build (``build``) wrote itself are misses, so a re-run of a lost bundle splits
+    its ids as the first run did (``pipelines/feature_cache.py``)."""
 
     MISS = "miss"
 
-    def __init__(self, store_root: str, key: str):
-        self.store_root, self.key = store_root, key
+    def __init__(self, store_root: str, key: str, build: str):
+        self.store_root, self.key, self.build = store_root, key, build
 
     def setup(self):
         self.cache = FeatureCache(self.store_root, self.key)
 
     def process(self, content_id: str):
-        feats = self.cache.get(content_id)
+        feats = self.cache.get(content_id, unless_written_by=self.build)
         if feats is None:
             yield beam.pvalue.TaggedOutput(self.MISS, content_id)
         else:
@@ -73,8 +77,10 @@ class LoadPixels(beam.DoFn):
 
 
 class StoreFeatures(beam.DoFn):
-    def __init__(self, store_root: str, key: str, extractor: Extractor):
-        self.store_root, self.key, self.extractor = store_root, key, extractor
+    """Computed features -> the cache (marked as this build's) and on to the documents."""
+
+    def __init__(self, store_root: str, key: str, extractor: Extractor, build: str):
+        self.store_root, self.key, self.extractor, self.build = store_root, key, extractor, build
 
     def setup(self):
         self.cache = FeatureCache(self.store_root, self.key)
@@ -82,7 +88,7 @@ class StoreFeatures(beam.DoFn):
     def process(self, kv):
         (content_id, size), result = kv
         feats = self.extractor.postprocess(result.inference, size)
-        self.cache.put(content_id, feats)
+        self.cache.put(content_id, feats, written_by=self.build)
         fault_hooks.reached("features")
         count("features_computed")
         yield content_id, feats
@@ -124,9 +130,10 @@ def image_features(content_ids, cfg: BuildConfig, extractor: Extractor, label: s
         extractor.name, extractor.version, cfg.device, {**extractor.options, "threads": cfg.threads()}
     )
     store_root = cfg.store_root()
-    looked = content_ids | f"{label}Cache" >> beam.ParDo(LookUpFeatureCache(store_root, key)).with_outputs(
-        LookUpFeatureCache.MISS, main="hit"
-    )
+    build = uuid.uuid4().hex  # this run of the graph: its own cache entries are not hits
+    looked = content_ids | f"{label}Cache" >> beam.ParDo(
+        LookUpFeatureCache(store_root, key, build)
+    ).with_outputs(LookUpFeatureCache.MISS, main="hit")
     # Detectors forward one image at a time: big batches would only hold memory.
     batch = cfg.batch_size if extractor.forward_chunk else min(cfg.batch_size, 4)
     handler = model_handler(extractor, device=cfg.device, batch_size=batch, cpu_threads=cfg.threads())
@@ -135,7 +142,7 @@ def image_features(content_ids, cfg: BuildConfig, extractor: Extractor, label: s
         | f"{label}Pixels" >> beam.ParDo(LoadPixels(store_root, extractor))
         | f"{label}Inference" >> RunInference(handler).with_exception_handling()
     )
-    computed = inferred | f"{label}Store" >> beam.ParDo(StoreFeatures(store_root, key, extractor))
+    computed = inferred | f"{label}Store" >> beam.ParDo(StoreFeatures(store_root, key, extractor, build))
     failures = failed.failed_inferences | f"{label}FailedIds" >> beam.FlatMap(_failed_ids)
     feats = (looked.hit, computed, failures) | f"{label}All" >> beam.Flatten()
     dead = failed.failed_inferences | f"{label}Failed" >> beam.FlatMap(_failed_batch)
