@@ -50,6 +50,7 @@ ROWS: dict[str, dict] = {
     "default-li2021-C+I": {"objective": "li2021", "objectives": "C+I"},
     "default-mean-weight-0.25": {"image_mean_weight": 0.25},  # balanced centring's mean part (1)
     "default-mean-weight-0.5": {"image_mean_weight": 0.5},
+    "default-mean-weight-1": {"image_mean_weight": 1.0},
     "default-mean-weight-2": {"image_mean_weight": 2.0},
 }
 # Rows that change a module constant rather than a TrainConfig field (in-process runs only).
