@@ -1,13 +1,17 @@
-"""AP's exact k-edge matching: a loop of lapjv calls vs the batched solver, on CPU; prints JSON.
+"""AP's exact k-edge matching: a loop of lapjv calls vs the batched solver on the host, and with
+``--device cuda`` the Triton kernel on the GPU; prints JSON.
 
-Why: ``training/objectives/assignment.py`` has two exact solvers and ``solve_matchings`` picks
+Why: ``training/objectives/assignment.py`` has two exact host solvers and ``solve_matchings`` picks
 one per call; this measurement is what the choice rests on (docs/benchmarks.md, "AP's exact
-solver"). For B documents the similarity has B^2 problems; each problem here is an n x m block
-(padded to 16 x 16) of random float64 weights, n and m either all 16 (``--sizes fixed``, the
+solver"). On a CUDA device AP solves with ``assignment_triton`` instead, timed here on the same
+problems (already on the device, synchronised after each call; ``--num-warps`` tries the kernel's
+warps per problem). For B documents the similarity has B^2 problems; each problem here is an n x m
+block (padded to 16 x 16) of random float64 weights, n and m either all 16 (``--sizes fixed``, the
 training-step benchmark's documents) or drawn from 1..16 (``mixed``). Timings are the median of
-``--repeats`` calls after one warm-up, single-threaded process, CPU.
+``--repeats`` calls after one warm-up, single-threaded process. ``same_optimum``: every solver's
+total weight equals the batched solver's. The lapjv loop is left out where lapjv is not installed.
 
-    python benchmarks/assignment.py [--batch 11 64] [--repeats 7] [--sizes fixed mixed]
+    python benchmarks/assignment.py [--batch 11 64] [--repeats 7] [--sizes fixed mixed] [--device cuda]
 """
 
 from __future__ import annotations
@@ -50,11 +54,24 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--sizes", nargs="+", default=["fixed", "mixed"], choices=["fixed", "mixed"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda to time the Triton kernel too")
+    p.add_argument("--num-warps", type=int, nargs="+", default=[1], help="the kernel's warps per problem")
     args = p.parse_args(argv)
 
     import numpy as np
 
-    from training.objectives.assignment import SOLVERS, pick_solver
+    from training.objectives.assignment import SOLVERS, _have_lapjv, pick_solver
+
+    host = {name: fn for name, fn in SOLVERS.items() if name != "lapjv-loop" or _have_lapjv()}
+    gpu = None
+    if args.device != "cpu":
+        import torch
+
+        from training.objectives import assignment_triton
+
+        if not assignment_triton.available(args.device):
+            p.error(f"--device {args.device}: the Triton solver needs a CUDA device and Triton")
+        gpu = torch.device(args.device)
 
     rng = np.random.default_rng(args.seed)
     rows = []
@@ -62,26 +79,40 @@ def main(argv: list[str] | None = None) -> dict:
         for B in args.batch:
             for k_mode in ("full", "half"):
                 w, n, m, k = problems(B, sizes, k_mode, rng)
-                picks = {name: fn(w, n, m, k) for name, fn in SOLVERS.items()}
-                weight = {name: float((w * c).sum()) for name, c in picks.items()}
+                picks = {name: fn(w, n, m, k) for name, fn in host.items()}
                 ms = {
                     name: median_ms(lambda f=fn, a=(w, n, m, k): f(*a), args.repeats)
-                    for name, fn in SOLVERS.items()
+                    for name, fn in host.items()
                 }
-                rows.append(
-                    {
-                        "sizes": sizes,
-                        "B": B,
-                        "problems": B * B,
-                        "k": k_mode,
-                        "lapjv_loop_ms": ms["lapjv-loop"],
-                        "batched_ms": ms["batched"],
-                        "batched_speedup": round(ms["lapjv-loop"] / ms["batched"], 2),
-                        "same_optimum": bool(np.isclose(weight["lapjv-loop"], weight["batched"])),
-                        "picked": pick_solver(n, m, k, "cpu"),
-                    }
+                if gpu is not None:
+                    dev_args = [torch.as_tensor(x, device=gpu) for x in (w, n, m, k)]
+                    for warps in args.num_warps:
+                        assignment_triton.NUM_WARPS = warps
+
+                        def solve(a=dev_args):
+                            out = assignment_triton.triton_max_weight_matching(*a)
+                            torch.cuda.synchronize()
+                            return out
+
+                        picks[f"triton-w{warps}"] = solve().cpu().numpy()
+                        ms[f"triton-w{warps}"] = median_ms(solve, args.repeats)
+                weight = {name: float((w * c).sum()) for name, c in picks.items()}
+                counts_ok = all(
+                    (c.sum(axis=(1, 2)) == k).all() and (c.sum(1) <= 1).all() and (c.sum(2) <= 1).all()
+                    for c in picks.values()
                 )
-    out = {"device": "cpu", "repeats": args.repeats, "rows": rows}
+                row = {"sizes": sizes, "B": B, "problems": B * B, "k": k_mode}
+                row.update({f"{name}_ms": t for name, t in ms.items()})
+                if "lapjv-loop" in ms:
+                    row["batched_speedup"] = round(ms["lapjv-loop"] / ms["batched"], 2)
+                row["same_optimum"] = bool(
+                    counts_ok and all(np.isclose(v, weight["batched"]) for v in weight.values())
+                )
+                row["picked"] = pick_solver(n, m, k, "cpu")
+                rows.append(row)
+    out = {"device": args.device, "repeats": args.repeats, "rows": rows}
+    if gpu is not None:
+        out["gpu"] = torch.cuda.get_device_name(gpu)
     print(json.dumps(out, indent=1))
     return out
 

@@ -8,7 +8,6 @@ import re
 import warnings
 from dataclasses import dataclass
 
-import imagehash
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
@@ -67,6 +66,8 @@ def decode(data: bytes) -> Image.Image:
 
 def phash64(img: Image.Image) -> int:
     """imagehash.phash as an unsigned 64-bit int (never key dicts on ImageHash objects)."""
+    import imagehash  # here: only the dedupe needs it (a GPU image without it still extracts features)
+
     bits = imagehash.phash(img, hash_size=8).hash.flatten()
     return int("".join("1" if b else "0" for b in bits), 2)
 

@@ -69,7 +69,8 @@ class TextEncoder(nn.Module):
         """tokens [N, T] (0-padded), lengths [N] -> unit vectors [N, d_multi]."""
         x = self.embed(tokens)  # [N, T, word_dim]
         T = tokens.shape[1]
-        mask = torch.arange(T, device=tokens.device)[None, :] < lengths.clamp(min=1)[:, None]  # [N, T]
+        valid = lengths.to(tokens.device).clamp(min=1)  # lengths may live on the host (for packing)
+        mask = torch.arange(T, device=tokens.device)[None, :] < valid[:, None]  # [N, T]
         if self.pooling == "bag":
             mean = (x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
             return F.normalize(self.proj(mean), dim=-1)

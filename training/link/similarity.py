@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from training.objectives import assignment_triton
 from training.objectives.assignment import solve_matchings
 
 NEG = -1e4  # finite "minus infinity" for masked cells (keeps gradients NaN-free)
@@ -57,27 +58,38 @@ def tk(sims, valid, s_mask, v_mask, k_mode: str = "full") -> torch.Tensor:
     return _mean_top_k(row_max, k) + _mean_top_k(col_max, k)
 
 
-def ap(sims, valid, s_mask, v_mask, k_mode: str = "full") -> torch.Tensor:
+def ap(sims, valid, s_mask, v_mask, k_mode: str = "full", solver: str = "auto") -> torch.Tensor:
     """Mean of the k entries of the best k-edge matching, for all B x B pairs in one solve.
 
-    The solver sees a detached float64 copy (its choice is a constant); the selection then masks
+    The solver sees the detached matrices, in float64 (its choice is a constant); the selection masks
     ``sims``, so only the matched cells carry gradient. Masks are prefixes (``pad_documents``).
+    ``solver``: ``auto`` solves on the GPU (``assignment_triton``) where ``sims`` is a CUDA tensor
+    and Triton is there, else on the host; ``host`` always copies to the host (numpy solvers).
     """
     B, _, N, M = sims.shape
     n, m = s_mask.sum(1), v_mask.sum(1)
     k = _k_per_pair(n, m, k_mode)  # [B, B]
-    # A diverged model's NaN/inf must not reach the solver (lapjv on NaN is undefined: it crashed
-    # a training worker): solve on zeros there; the matched cells of ``sims`` keep the NaN, so the
-    # loss is non-finite and the loop stops with its "loss diverged" error.
-    weights = torch.nan_to_num(sims.detach().to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    chosen = solve_matchings(
-        weights.cpu().numpy().reshape(B * B, N, M),
-        n[:, None].expand(B, B).reshape(-1).cpu().numpy(),
-        m[None, :].expand(B, B).reshape(-1).cpu().numpy(),
-        k.reshape(-1).cpu().numpy(),
-        sims.device.type,
-    )
-    chosen = torch.from_numpy(chosen).view(B, B, N, M).to(sims.device)
+    if solver not in ("auto", "host"):
+        raise ValueError(f"AP solver must be 'auto' or 'host', not {solver!r}")
+    if solver == "auto" and assignment_triton.available(sims.device):
+        # on the device, from sims as it is (no copies: a GPU step is launch-bound)
+        chosen = assignment_triton.ap_matchings(sims.detach(), n, m, k)
+    else:
+        # A diverged model's NaN/inf must not reach the solver (lapjv on NaN is undefined: it
+        # crashed a training worker): solve on zeros there (the kernel does the same); the matched
+        # cells of ``sims`` keep the NaN, so the loss is non-finite and the loop stops with its
+        # "loss diverged" error.
+        weights = torch.nan_to_num(sims.detach().to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        chosen = torch.from_numpy(
+            solve_matchings(
+                weights.cpu().numpy().reshape(B * B, N, M),
+                n[:, None].expand(B, B).reshape(-1).cpu().numpy(),
+                m[None, :].expand(B, B).reshape(-1).cpu().numpy(),
+                k.reshape(-1).cpu().numpy(),
+                sims.device.type,
+            )
+        ).to(sims.device)
+    chosen = chosen.view(B, B, N, M)
     total = torch.where(chosen, sims, torch.zeros((), dtype=sims.dtype, device=sims.device)).sum((2, 3))
     return total / k.clamp(min=1).to(sims.dtype)
 

@@ -15,9 +15,9 @@ in float64: its float32 default cannot tell 1e4 + 1e-5 from 1e4.
 
 from __future__ import annotations
 
+import functools
 import math
 
-import lapjv
 import numpy as np
 
 
@@ -59,6 +59,8 @@ def max_weight_matching(weights: np.ndarray, k: int | None = None) -> tuple[np.n
     if size == 1:
         row_to_col = np.zeros(1, dtype=np.int64)
     else:
+        import lapjv  # here, not at the top: the GPU image has no lapjv, and only this solver needs it
+
         row_to_col = np.asarray(lapjv.lapjv(-aug, force_doubles=True)[0])
     rows = np.arange(n)
     chosen = row_to_col[:n]
@@ -187,17 +189,27 @@ def looped_max_weight_matching(
 # exact solver"): the batched one's problems advance in lockstep, so each round waits for the
 # longest search; at k = min(n, m) there are as many rounds as the largest matching, and a loop
 # of C lapjv calls is faster. With k = half the batched solver stops after half the rounds and
-# wins. Both solvers run in numpy on CPU whatever the tensors' device (the similarity matrices
-# are copied to host first), so the device does not change the choice.
+# wins. Both run in numpy on the host (the similarity matrices are copied there first); on a CUDA
+# device the AP similarity solves with ``assignment_triton`` instead, on the device.
 SOLVERS = {"lapjv-loop": looped_max_weight_matching, "batched": batched_max_weight_matching}
+
+
+@functools.cache
+def _have_lapjv() -> bool:
+    try:
+        import lapjv  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def pick_solver(n: np.ndarray, m: np.ndarray, k: np.ndarray, device: str = "cpu") -> str:
     """The faster exact solver for these problems: ``lapjv-loop`` when every k is its
-    problem's min(n, m) (k = full), ``batched`` otherwise (k = half). ``device`` is where the
-    similarity tensors live; the solvers themselves run on CPU (see ``SOLVERS``)."""
+    problem's min(n, m) (k = full) and lapjv is installed, ``batched`` otherwise (k = half).
+    ``device`` is where the similarity tensors live; the solvers themselves run on CPU (see
+    ``SOLVERS``)."""
     full = np.array_equal(np.asarray(k), np.minimum(np.asarray(n), np.asarray(m)))
-    return "lapjv-loop" if full else "batched"
+    return "lapjv-loop" if full and _have_lapjv() else "batched"
 
 
 def solve_matchings(
