@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
         "images": args.images,
         "batch_size": bs,
-        "forward_chunk": ext.forward_chunk,
+        "forward_chunk": ext.chunk_for(device),
         "torch_threads": torch.get_num_threads(),
         "malloc_tuned": malloc_tuned,
         "cpu_count": os.cpu_count(),

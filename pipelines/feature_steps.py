@@ -126,9 +126,10 @@ def _failed_ids(batch_and_error):
 def image_features(content_ids, cfg: BuildConfig, extractor: Extractor, label: str):
     """Distinct content ids -> (content id, ImageFeatures | Failure), plus dead letters of failed
     batches (a Failure stands for an image whose batch failed, carrying the exception)."""
-    key = cache_key(
-        extractor.name, extractor.version, cfg.device, {**extractor.options, "threads": cfg.threads()}
-    )
+    shaping = {**extractor.options, "threads": cfg.threads()}
+    if str(cfg.device).startswith("cuda"):  # a GPU forwards bigger chunks than older builds did
+        shaping["forward_chunk"] = extractor.chunk_for(cfg.device)
+    key = cache_key(extractor.name, extractor.version, cfg.device, shaping)
     store_root = cfg.store_root()
     build = uuid.uuid4().hex  # this run of the graph: its own cache entries are not hits
     looked = content_ids | f"{label}Cache" >> beam.ParDo(

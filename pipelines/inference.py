@@ -64,6 +64,7 @@ def model_handler(
     threads in each worker (several worker processes on one machine should share its cores)."""
     device = resolve_device(device)
     batch_size = int_option("batch_size", batch_size)
-    if extractor.forward_chunk:
-        batch_size = -(-batch_size // extractor.forward_chunk) * extractor.forward_chunk
+    chunk = extractor.chunk_for(device)
+    if chunk:
+        batch_size = -(-batch_size // chunk) * chunk
     return KeyedModelHandler(ExtractorModelHandler(extractor, device, batch_size, cpu_threads))

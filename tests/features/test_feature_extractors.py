@@ -236,6 +236,14 @@ def test_handler_batch_size_is_a_multiple_of_the_forward_chunk():
         model_handler(ext, batch_size=0)
 
 
+def test_a_gpu_forwards_bigger_fixed_chunks():
+    """8 images per forward on a CPU; at least 64 on a GPU (8 leaves it idle); None for detectors."""
+    ext = get_extractor("efficientnet-lite0")
+    assert ext.chunk_for("cpu") == 8 and ext.chunk_for("cuda") == ext.chunk_for("cuda:1") == 64
+    detector = object.__new__(EXTRACTORS["fasterrcnn-r50-fpn"])  # no weights needed to ask
+    assert detector.chunk_for("cuda") is None
+
+
 # --------------------------------------------------------------------------- grid-lite0
 
 
