@@ -5,6 +5,8 @@ version under the objective's production model (``training.news.serving.build_mo
 It depends on ``dataset`` and ``production/<obj>``: when either moves, the index is rebuilt, in
 its own folder ``ROOT/archive/<source>/<obj>/<model version>@<dataset version>`` (versioned next
 to the model it came from). The served model picks it up through ``MMLINKS_NEWS_ARCHIVE``.
+The build is streamed and checkpointed in that folder, so a retried run resumes it; the
+metadata carries the index's version, fingerprint, size on disk and withdrawn images (#38).
 """
 
 import dagster as dg
@@ -88,5 +90,10 @@ def build_current_archive(
         "images": int(summary["images"]),
         "index_kind": summary["kind"],
         "index": dg.MetadataValue.path(summary["path"]),
+        # the index's own version and fingerprint (also tags on the model version in MLflow)
+        "index_version": int(summary["index_version"]),
+        "index_fingerprint": summary["fingerprint"],
+        "index_size_mb": round(summary["index_bytes"] / 2**20, 3),
+        "deleted_images": int(summary["deleted"]),
     }
     return versioned(summary, f"{summary['model_version']}@{summary['dataset_version']}", metadata)

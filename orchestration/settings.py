@@ -49,7 +49,8 @@ class Settings:
     # The Beam runner of every Beam job (dataset builds, link jobs), under build_options and link:
     # e.g. {"runner": "dask", "dask_address": "tcp://mmlinks-dask-scheduler:8786"}
     beam_runner: dict = field(default_factory=dict)
-    # archive_index/<news objective>: training.news.archive.KINDS ("pq" for millions of images)
+    # archive_index/<news objective>: training.news.archive.KINDS ("ivfpq" for millions of images:
+    # compressed, streamed and resumable, memory-mapped when served; issue #38)
     archive_index_kind: str = "flat"
     model_name: str = "mmlinks-{source}-{objective}"
     diy_first_month: str = "2013-01"  # first partition of the monthly r/DIY snapshots (the paper's)

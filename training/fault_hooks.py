@@ -53,3 +53,24 @@ def after_epoch(rank: int, epoch: int, kill: dict | None) -> None:
         while True:  # the test kills the driver's process group, and with it this worker
             time.sleep(1)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+KILL_ARCHIVE_AT_ENV = "MMLINKS_TEST_KILL_ARCHIVE_AT"
+ARCHIVE_STAGES = ("added", "checkpoint")
+_archive_calls: dict[str, int] = {}
+
+
+def archive_build_reached(stage: str) -> None:
+    """SIGKILL this process at the N-th ``stage`` of a streamed archive index build
+    (``training.news.archive_build``) when ``$MMLINKS_TEST_KILL_ARCHIVE_AT`` is ``STAGE:N``:
+    ``added`` (a chunk is in the index, not yet checkpointed) or ``checkpoint`` (one was
+    written), so the resume test kills a real build at a known point. Unset: one look-up."""
+    wanted = os.environ.get(KILL_ARCHIVE_AT_ENV)
+    if not wanted:
+        return
+    name, _, nth = wanted.partition(":")
+    if name != stage:
+        return
+    _archive_calls[stage] = _archive_calls.get(stage, 0) + 1
+    if _archive_calls[stage] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

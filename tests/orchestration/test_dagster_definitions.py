@@ -194,7 +194,7 @@ def test_settings_refuse_typos_before_anything_runs(monkeypatch):
         settings(sources=["synthetic", "reddit-all"])
     with pytest.raises(MmlinksError, match="unknown threshold"):
         settings(thresholds={"min_docs": 3})
-    with pytest.raises(MmlinksError, match=r"archive_index_kind 'annoy'.*known: flat, hnsw, ivf, pq"):
+    with pytest.raises(MmlinksError, match=r"archive_index_kind 'annoy'.*known: flat, hnsw, ivf, pq, ivfpq"):
         settings(archive_index_kind="annoy")
     monkeypatch.setenv("MMLINKS_OBJECTIVES", "{not json")
     with pytest.raises(MmlinksError, match="MMLINKS_OBJECTIVES is not JSON"):

@@ -1,24 +1,27 @@
-"""The news image archive index (issue #18): every archive image embedded by a news model's
-image tower, searchable by an article's fused text vector.
+"""The news image archive index (issues #18, #38): every archive image embedded by a news
+model's image tower, searchable by an article's fused text vector.
 
-FAISS does the search (a library, not hand-written code): ``flat`` is ``IndexFlatIP``, the
-exact inner-product search (the vectors are unit length, so it ranks by cosine) used for tests
-and archives up to a few hundred thousand images; ``hnsw`` is ``IndexHNSWFlat`` with the inner
-product metric, the approximate graph index for millions of images; ``ivf`` is ``IndexIVFFlat``
-(k-means cells, ``sqrt(N)`` of them, of which a query scans the ``nprobe`` nearest), which builds
-in a minute where HNSW takes tens over 1M vectors on two cores (recall against exact search and
-latency of both are measured by ``benchmarks/news_archive_index.py``); ``pq`` is
-``IndexRefineFlat`` over ``IndexPQFastScan``: every vector's 4-bit product-quantisation code is
-scanned (SIMD lookup tables, 32 bytes a 256-d vector, no graph or cells to miss a neighbour
-in), and the best ``k x PQ_REFINE_FACTOR`` candidates are re-ranked by their exact inner
-product, so its scores are exact cosines. On random vectors, whose neighbours do not cluster,
-HNSW and IVF need to visit most of the archive for recall 0.95; a scan of compact codes does
-that cheaply. Ties are broken by FAISS (lower position first for the flat index).
+FAISS does the search (a library, not hand-written code); the kinds (``flat``, ``hnsw``,
+``ivf``, ``pq`` and, for tens of millions of images, ``ivfpq``) are described and made in
+``training/news/archive_faiss.py``. Archive images are named by their ``content_id`` (the
+SHA-256 of the image bytes the build stores), so an agency photo that recurs across articles
+is one archive entry. Ties are broken by FAISS (lower position first for the flat index).
 
-Archive images are named by their ``content_id`` (the SHA-256 of the image bytes the build
-stores), so an agency photo that recurs across articles is one archive entry. The index folder
-holds ``index.faiss``, ``ids.json`` (content id and uri per row) and ``index.json`` (kind,
-dimension, size and the model it was built from: the index is versioned next to that model).
+An index grows and shrinks without a rebuild: ``add`` appends images (refusing ids already
+live), ``delete`` withdraws them (tombstones: the rows stay in FAISS, every search skips them;
+``len`` counts live images). Each add or delete batch bumps ``version`` and chains the
+``fingerprint`` (a hash over the build and every change), both in ``index.json`` next to the
+model's provenance (``info``), so a served model or the Dagster asset names the exact archive.
+
+The folder holds ``index.faiss``; ``index.json`` (kind, dimension, rows, live size, version,
+fingerprint, search settings, provenance); the names as memory-mappable string tables
+(``ids.bin`` / ``ids.offsets``, ``uris.bin`` / ``uris.offsets``: ``archive_store``, with the
+id look-up's hash column ``ids.hash.npy`` / ``ids.hash_rows.npy``); ``deleted.npy`` (the
+withdrawn rows). Folders written before issue #38 (``ids.json``) still load.
+``load(mmap=True)`` maps the big arrays from the file so that serving workers share them.
+
+The streamed build (``build_streamed``) makes an index of any size in bounded memory, from
+chunks of (ids, vectors, uris), checkpointed and resumable: ``training/news/archive_build.py``.
 """
 
 from __future__ import annotations
@@ -30,36 +33,49 @@ from pathlib import Path
 import numpy as np
 
 from schemas.errors import MmlinksError
+from training.news.archive_faiss import (
+    HNSW_EF_SEARCH,
+    IVFPQ_STORE,
+    KINDS,
+    PQ_MAX_REFINE_FACTOR,
+    PQ_REFINE_FACTOR,
+    Params,
+    back_with_huge_pages,
+    check_search,
+    default_search,
+    ivf_cells,
+    ivf_nprobe,
+    ivfpq_cells,
+    new_index,
+    pq_subquantizers,
+    read_index,
+    selector_supported,
+    train,
+)
+from training.news.archive_store import (
+    IdLookup,
+    StringTable,
+    VectorFile,
+    chained,
+    hash_ids,
+    save_npy_atomic,
+    write_json_atomic,
+)
 
-KINDS = ("flat", "hnsw", "ivf", "pq")
-HNSW_M = 32  # graph neighbours per node (FAISS's usual 32)
-# search breadth: 128 gave recall@10 0.88 on 20k random 256-d vectors, 512 gave 0.99; on 100k, 512
-# gives 0.80 and 2048 0.98 (slower than exact search there; docs/benchmarks.md)
-HNSW_EF_SEARCH = 512
-HNSW_EF_CONSTRUCTION = 80
-# the share of IVF cells a query scans (nprobe = ceil(share * cells)); see docs/benchmarks.md
-IVF_PROBE_SHARE = 0.1
-PQ_BITS = 4  # FastScan's code size per sub-vector (16 centroids each)
-PQ_DIMS_PER_CODE = 4  # 256-d vectors: 64 sub-quantizers, 32 bytes a vector
-# candidates re-ranked exactly per hit asked for (FAISS reads at most 1000): recall 0.98 at 1M
-PQ_REFINE_FACTOR = 1000
-PQ_MIN_TRAIN = 1 << PQ_BITS  # k-means needs at least one vector per centroid
-PQ_MAX_REFINE_FACTOR = 1000  # FAISS refuses to read back an IndexRefine saved with more
+__all__ = [
+    "KINDS",
+    "PQ_REFINE_FACTOR",
+    "ArchiveIndex",
+    "back_with_huge_pages",
+    "ivf_cells",
+    "ivf_nprobe",
+    "pq_subquantizers",
+]
 
-
-def pq_subquantizers(d: int) -> int:
-    """The number of PQ sub-vectors for d dims: the largest divisor of d up to d / 4."""
-    return max(m for m in range(1, max(1, d // PQ_DIMS_PER_CODE) + 1) if d % m == 0)
-
-
-def ivf_cells(n: int) -> int:
-    """k-means cells for n vectors: sqrt(n) (FAISS's guideline is 4..16 sqrt(n); fewer cells
-    keep the k-means training cheap), at least 1."""
-    return max(1, int(np.sqrt(n)))
-
-
-def ivf_nprobe(cells: int) -> int:
-    return max(1, min(cells, int(np.ceil(IVF_PROBE_SHARE * cells))))
+FORMAT = 2  # 1: ids.json (issue #18); 2: string tables, tombstones, version, fingerprint
+# index.json keys that are the index's own state, not provenance (``info``)
+STATE_KEYS = ("kind", "dim", "size", "rows", "deleted", "version", "fingerprint", "search")
+STATE_KEYS += ("refine_factor", "format", "build")
 
 
 def _faiss():
@@ -68,15 +84,71 @@ def _faiss():
     return faiss
 
 
-@dataclass
+def start_fingerprint(kind: str, d: int, settings: dict | None = None) -> str:
+    """The fingerprint of an empty index of ``kind``: a hash over what the build was asked."""
+    return chained("", json.dumps({"kind": kind, "dim": d, **(settings or {})}, sort_keys=True), [])
+
+
+@dataclass(eq=False)
 class ArchiveIndex:
-    """``ids[i]`` / ``uris[i]`` name row i of ``index`` (a FAISS index of d-dim unit vectors)."""
+    """``ids[i]`` / ``uris[i]`` name row i of ``index`` (a FAISS index of d-dim unit vectors);
+    ``deleted`` holds the withdrawn rows (sorted), which no search returns."""
 
     index: object
-    ids: list[str]
-    uris: list[str]
+    ids: StringTable | list
+    uris: StringTable | list
     kind: str = "flat"
     info: dict = field(default_factory=dict)  # provenance: model URI / version, dataset version
+    deleted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    version: int = 1
+    fingerprint: str = ""
+    search_settings: dict = field(default_factory=dict)  # ivfpq: nprobe, k_factor
+    mmapped: bool = False  # loaded with mmap=True: searchable, not extendable
+    build_settings: dict = field(default_factory=dict)
+    exact: VectorFile | None = None  # ivfpq: the float32 vectors of its final re-rank
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ids, StringTable):
+            self.ids = StringTable(self.ids)
+        if not isinstance(self.uris, StringTable):
+            self.uris = StringTable(self.uris)
+        if self.kind == "ivfpq":
+            self.search_settings = {**default_search(self.kind, self.index), **self.search_settings}
+        self._lookup: IdLookup | None = None
+        self._params: Params | None = None
+
+    # -- making one ------------------------------------------------------------------------
+
+    @classmethod
+    def empty(
+        cls,
+        kind: str,
+        train_vectors: np.ndarray,
+        info: dict | None = None,
+        expected: int | None = None,
+        store: str = IVFPQ_STORE,
+    ) -> ArchiveIndex:
+        """An index of ``kind`` trained on ``train_vectors`` [n, d] (ivf, pq, ivfpq; the
+        others only take their dimension), holding nothing yet. ``expected``: the number of
+        images it will hold (ivfpq sizes its cells by it; default: the training sample's)."""
+        if kind not in KINDS:
+            raise MmlinksError(f"unknown archive index kind {kind!r}; known: {', '.join(KINDS)}")
+        x = np.ascontiguousarray(train_vectors, dtype=np.float32)
+        if x.ndim != 2:
+            raise MmlinksError(f"archive index: training vectors of shape {x.shape}, want [n, d]")
+        d, n = x.shape[1], len(x)
+        if kind == "ivf":
+            cells = ivf_cells(n)
+        else:
+            cells = ivfpq_cells(expected or n, max(n, 1)) if kind == "ivfpq" else 1
+        index = new_index(kind, d, cells, store)
+        train(kind, index, x)
+        if kind == "ivf":
+            index.nprobe = ivf_nprobe(cells)
+        settings = {"cells": cells, "store": store} if kind == "ivfpq" else {}
+        fingerprint = start_fingerprint(kind, d, settings)
+        exact = VectorFile(d) if kind == "ivfpq" else None
+        return cls(index, [], [], kind, dict(info or {}), fingerprint=fingerprint, exact=exact)
 
     @classmethod
     def build(
@@ -86,8 +158,10 @@ class ArchiveIndex:
         uris: list[str] | None = None,
         kind: str = "flat",
         info: dict | None = None,
+        store: str = IVFPQ_STORE,
     ) -> ArchiveIndex:
-        """vectors [N, d] (unit length: inner product = cosine) named by ``ids``."""
+        """vectors [N, d] (unit length: inner product = cosine) named by ``ids``, in memory;
+        trained (ivf, pq, ivfpq) on all of them. Millions of images: ``build_streamed``."""
         if kind not in KINDS:
             raise MmlinksError(f"unknown archive index kind {kind!r}; known: {', '.join(KINDS)}")
         x = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -95,62 +169,137 @@ class ArchiveIndex:
             raise MmlinksError(f"archive index: {len(ids)} ids for vectors of shape {x.shape}")
         if len(set(ids)) != len(ids):
             raise MmlinksError("archive index: image ids must be unique")
-        faiss = _faiss()
-        d = x.shape[1]
-        if kind == "flat":
-            index = faiss.IndexFlatIP(d)
-        elif kind == "hnsw":
-            index = faiss.IndexHNSWFlat(d, HNSW_M, faiss.METRIC_INNER_PRODUCT)
-            index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-            index.hnsw.efSearch = HNSW_EF_SEARCH
-        elif kind == "pq":
-            if len(x) < PQ_MIN_TRAIN:
-                raise MmlinksError(
-                    f"archive index: a pq index needs at least {PQ_MIN_TRAIN} vectors to train on "
-                    f"(got {len(x)}); use flat for small archives"
-                )
-            base = faiss.IndexPQFastScan(d, pq_subquantizers(d), PQ_BITS, faiss.METRIC_INNER_PRODUCT)
-            index = faiss.IndexRefineFlat(base)
-            index.k_factor = PQ_REFINE_FACTOR
-            index.train(x)
-        else:
-            if not len(x):
-                raise MmlinksError("archive index: an ivf index needs at least one vector to train on")
-            cells = ivf_cells(len(x))
-            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, cells, faiss.METRIC_INNER_PRODUCT)
-            index.cp.min_points_per_centroid = 1  # tiny archives: no warning, the cells are few
-            index.cp.spherical = True  # unit centroids for unit vectors (cosine cells)
-            index.train(x)
-            index.nprobe = ivf_nprobe(cells)
-        if len(x):
-            index.add(x)
+        out = cls.empty(kind, x, info, store=store)
         uris = list(uris) if uris is not None else [""] * len(ids)
-        return cls(index, [str(i) for i in ids], uris, kind, dict(info or {}))
+        if len(x):
+            out.append_rows([str(i) for i in ids], x, uris)
+        return out
+
+    def append_rows(self, ids: list[str], x: np.ndarray, uris: list[str]) -> None:
+        """Append rows (checked by the caller) and chain them into the fingerprint."""
+        if self.mmapped:
+            raise MmlinksError("archive index loaded memory-mapped (read-only): load it with mmap=False")
+        self.index.add(x)
+        self._params = None
+        if self.exact is not None:
+            self.exact.extend(x)
+        self.ids.extend(ids)
+        self.uris.extend(uris)
+        if self._lookup is not None:
+            self._lookup.insert(hash_ids(ids), np.arange(self.rows - len(ids), self.rows, dtype=np.int64))
+        self.fingerprint = chained(self.fingerprint, "rows", ids, x)
+
+    # -- changing one ----------------------------------------------------------------------
+
+    def lookup(self) -> IdLookup:
+        """The id -> row look-up (built on first use: 10M ids hash in ~10 s)."""
+        if self._lookup is None:
+            self._lookup = IdLookup.of(self.ids)
+        return self._lookup
+
+    def is_live(self, row: int) -> bool:
+        i = np.searchsorted(self.deleted, row)
+        return not (i < len(self.deleted) and self.deleted[i] == row)
+
+    def rows_of(self, ids: list[str]) -> np.ndarray:
+        """The live row of each id (-1: not in the archive, or withdrawn)."""
+        return self.lookup().find([str(i) for i in ids], self.ids, self.is_live)
+
+    def add(self, ids: list[str], vectors: np.ndarray, uris: list[str] | None = None) -> None:
+        """Append images without a rebuild (an ivf / pq / ivfpq index encodes them with what
+        it was trained on). Refuses ids already live, or given twice; a withdrawn id may come
+        back (as a new row). One batch: version + 1."""
+        ids = [str(i) for i in ids]
+        x = np.ascontiguousarray(vectors, dtype=np.float32)
+        if x.ndim != 2 or len(x) != len(ids) or (len(x) and x.shape[1] != self.dim):
+            raise MmlinksError(f"archive add: {len(ids)} ids, vectors {x.shape}, a {self.dim}-d index")
+        if len(set(ids)) != len(ids):
+            raise MmlinksError("archive add: an id is given twice")
+        uris = [str(u) for u in uris] if uris is not None else [""] * len(ids)
+        if len(uris) != len(ids):
+            raise MmlinksError(f"archive add: {len(uris)} uris for {len(ids)} ids")
+        live = [i for i, r in zip(ids, self.rows_of(ids), strict=True) if r >= 0]
+        if live:
+            raise MmlinksError(f"archive add: {len(live)} ids already in the archive (e.g. {live[0]!r})")
+        if not ids:
+            return
+        self.append_rows(ids, x, uris)
+        self.version += 1
+        self.fingerprint = chained(self.fingerprint, "add", [])
+
+    def delete(self, ids: list[str]) -> None:
+        """Withdraw images: no search returns them from now on (their rows stay in FAISS, as
+        tombstones). Refuses ids not live in the archive. One batch: version + 1."""
+        ids = [str(i) for i in ids]
+        if len(set(ids)) != len(ids):
+            raise MmlinksError("archive delete: an id is given twice")
+        rows = self.rows_of(ids)
+        missing = [i for i, r in zip(ids, rows, strict=True) if r < 0]
+        if missing:
+            raise MmlinksError(f"archive delete: {len(missing)} ids not in the archive (e.g. {missing[0]!r})")
+        if not ids:
+            return
+        self.deleted = np.union1d(self.deleted, rows).astype(np.int64)
+        self._params = None
+        self.version += 1
+        self.fingerprint = chained(self.fingerprint, "delete", ids)
+
+    # -- search settings -------------------------------------------------------------------
 
     @property
     def refine_factor(self) -> int | None:
-        """A ``pq`` index's re-rank factor (candidates re-ranked exactly per hit asked for);
-        None for the other kinds."""
+        """Candidates re-ranked per hit asked for (``pq``, ``ivfpq``); None for the others."""
+        if self.kind == "ivfpq":
+            return int(self.search_settings["k_factor"])
         return int(self.index.k_factor) if self.kind == "pq" else None
 
+    @property
+    def nprobe(self) -> int | None:
+        """IVF cells a query scans (``ivf``, ``ivfpq``)."""
+        if self.kind == "ivfpq":
+            return int(self.search_settings["nprobe"])
+        return int(self.index.nprobe) if self.kind == "ivf" else None
+
     def set_refine_factor(self, factor: int) -> None:
-        """Re-rank ``factor x k`` candidates (1..1000) a query; saved with the index, so a
-        served model keeps the factor its archive's recall was measured at (``PQ_REFINE_FACTOR``
-        unless set: docs/benchmarks.md, issue #18, measures recall and latency by factor)."""
+        """Re-rank ``factor x k`` candidates a query; saved with the index, so a served model
+        keeps the factor its archive's recall was measured at (``pq``: 1..1000,
+        ``PQ_REFINE_FACTOR`` unless set; ``ivfpq``: ``set_search``)."""
+        if self.kind == "ivfpq":
+            return self.set_search(k_factor=factor)
         if self.kind != "pq":
-            raise MmlinksError(f"a {self.kind} archive index has no re-rank factor (pq only)")
+            raise MmlinksError(f"a {self.kind} archive index has no re-rank factor (pq, ivfpq only)")
         if isinstance(factor, bool) or not isinstance(factor, int) or not 1 <= factor <= PQ_MAX_REFINE_FACTOR:
             raise MmlinksError(
                 f"re-rank factor must be an integer in 1..{PQ_MAX_REFINE_FACTOR}, got {factor!r}"
             )
         self.index.k_factor = factor
 
+    def set_search(
+        self, nprobe: int | None = None, k_factor: int | None = None, exact_factor: int | None = None
+    ) -> None:
+        """An ivfpq index's search settings, saved with it: ``nprobe`` cells scanned (1..cells),
+        ``k x k_factor`` candidates re-ranked on the 8-bit store, of which the best ``k x
+        exact_factor`` are re-ranked on the float32 vectors (0: none; the scores are then the
+        8-bit store's)."""
+        check_search(self.kind, self.index, nprobe, k_factor, exact_factor)
+        for key, value in (("nprobe", nprobe), ("k_factor", k_factor), ("exact_factor", exact_factor)):
+            if value is not None:
+                self.search_settings[key] = value
+        self._params = None
+
+    # -- reading one -----------------------------------------------------------------------
+
     @property
     def dim(self) -> int:
         return int(self.index.d)
 
-    def __len__(self) -> int:
+    @property
+    def rows(self) -> int:
+        """Rows in FAISS, withdrawn ones included."""
         return int(self.index.ntotal)
+
+    def __len__(self) -> int:
+        return self.rows - len(self.deleted)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         """queries [Q, d] -> (scores [Q, k'], ids per query), best first, k' = min(k, size)."""
@@ -159,97 +308,160 @@ class ArchiveIndex:
 
     def search_rows(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[int]]]:
         """queries [Q, d] -> (scores [Q, k'], row numbers per query): ``ids[r]`` / ``uris[r]``
-        name a hit (no per-call id -> uri map: building one took 0.55 s of CPU at 1M images)."""
+        name a hit (no per-call id -> uri map: building one took 0.55 s of CPU at 1M images).
+        Withdrawn rows are never returned. ivfpq scores are inner products with the 8-bit
+        re-rank store's vectors (within ~1e-3 of the exact cosines)."""
         q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if q.shape[1] != self.dim:
             raise MmlinksError(f"archive index: {q.shape[1]}-d queries for a {self.dim}-d index")
         k = min(int(k), len(self))
         if k <= 0:
             return np.zeros((len(q), 0), np.float32), [[] for _ in q]
-        scores, rows = self.index.search(q, k)
+        if len(self.deleted) and not selector_supported(self.kind):
+            return self._search_filtered(q, k)
+        if self._params is None:
+            self._params = Params(self.kind, self.index, self.search_settings, self.deleted, self.rows)
+        params = self._params.value
+        if self.kind == "ivfpq":
+            return self._search_ivfpq(q, k, params)
+        scores, rows = self.index.search(q, k) if params is None else self.index.search(q, k, params=params)
         # HNSW and IVF may return fewer than k hits (-1 rows: a tiny graph, too few probed
-        # cells): drop them
+        # cells, a selector): drop them
         return scores, [[int(r) for r in row if r >= 0] for row in rows]
 
-    def save(self, folder: str | Path) -> Path:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        _faiss().write_index(self.index, str(folder / "index.faiss"))
-        (folder / "ids.json").write_text(json.dumps({"ids": self.ids, "uris": self.uris}))
-        meta = {"kind": self.kind, "dim": self.dim, "size": len(self), **self.info}
+    def _search_ivfpq(self, q: np.ndarray, k: int, params) -> tuple[np.ndarray, list[list[int]]]:
+        """``k x k_factor`` candidates from the probed cells' codes, re-ranked on the 8-bit
+        store; its best ``k x exact_factor`` re-ranked on the float32 vectors (read from disk).
+        On random vectors the 8-bit store alone tops out at recall@10 ~0.975 at 1M (its
+        rounding reorders near-equal scores), the exact stage at ~1.0 (docs/benchmarks.md,
+        issue #38); its scores are exact cosines, as the other kinds'."""
+        s = self.search_settings
+        ef = int(s.get("exact_factor", 0)) if self.exact is not None else 0
+        k2 = max(k, min(len(self), k * ef)) if ef else k
+        params.k_factor = max(1.0, float(s["k_factor"]) * k / k2)  # k x k_factor candidates in all
+        scores, rows = self.index.search(q, k2, params=params)
+        if not ef:
+            return scores[:, :k], [[int(r) for r in row if r >= 0] for row in rows]
+        out_s, out_r = np.full((len(q), k), -np.inf, np.float32), []
+        for i in range(len(q)):
+            cand = rows[i][rows[i] >= 0]
+            exact = self.exact.take(cand) @ q[i]
+            best = np.argsort(-exact, kind="stable")[:k]
+            out_s[i, : len(best)] = exact[best]
+            out_r.append([int(r) for r in cand[best]])
+        return out_s, out_r
+
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of ``rows`` (ivfpq: its float32 copy; else FAISS's own, all of
+        them reconstructed: an ORDER model's exact scan reads them all anyway)."""
+        if self.exact is not None:
+            return self.exact.take(rows)
+        return self.index.reconstruct_n(0, self.rows)[np.asarray(rows, np.int64)]
+
+    def _search_filtered(self, q: np.ndarray, k: int) -> tuple[np.ndarray, list[list[int]]]:
+        """A kind without a selector (``pq``): the best ``k + deleted`` rows, the live first k."""
+        scores, rows = self.index.search(q, min(self.rows, k + len(self.deleted)))
+        dead = np.isin(rows, self.deleted)
+        out_s, out_r = np.zeros((len(q), k), np.float32), []
+        for i in range(len(q)):
+            keep = np.flatnonzero(~dead[i] & (rows[i] >= 0))[:k]
+            out_s[i, : len(keep)] = scores[i, keep]
+            out_r.append([int(r) for r in rows[i, keep]])
+        return out_s, out_r
+
+    def live_rows(self) -> np.ndarray:
+        """Every live row, ascending."""
+        return np.setdiff1d(np.arange(self.rows, dtype=np.int64), self.deleted, assume_unique=True)
+
+    # -- its folder ------------------------------------------------------------------------
+
+    def meta(self) -> dict:
+        meta = {"kind": self.kind, "dim": self.dim, "size": len(self), "rows": self.rows}
+        meta.update(deleted=len(self.deleted), version=self.version, fingerprint=self.fingerprint)
+        meta["format"] = FORMAT
         if self.kind == "pq":
             meta["refine_factor"] = self.refine_factor
-        (folder / "index.json").write_text(json.dumps(meta, indent=1))
+        if self.search_settings:
+            meta["search"] = dict(self.search_settings)
+        if self.build_settings:
+            meta["build"] = dict(self.build_settings)
+        return {**meta, **self.info}
+
+    def save(self, folder: str | Path) -> Path:
+        """Write the folder (every file through a rename; ``index.json`` last, so a folder
+        with an ``index.json`` is complete)."""
+        faiss = _faiss()
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / "index.faiss.tmp"
+        faiss.write_index(self.index, str(tmp))
+        tmp.replace(folder / "index.faiss")
+        self.ids.write(folder, "ids")
+        self.uris.write(folder, "uris")
+        if self.exact is not None:
+            self.exact.write(folder, "vectors")
+        self.lookup().save(folder)
+        save_npy_atomic(folder / "deleted.npy", self.deleted)
+        (folder / "ids.json").unlink(missing_ok=True)  # a folder of issue #18, saved over
+        write_json_atomic(folder / "index.json", self.meta())
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path, huge_pages: bool = False) -> ArchiveIndex:
-        """``huge_pages``: back the index's vectors and codes with 2 MB pages
-        (``back_with_huge_pages``), for a server that searches it."""
+    def load(cls, folder: str | Path, huge_pages: bool = False, mmap: bool = False) -> ArchiveIndex:
+        """``mmap``: map the index's big arrays from ``index.faiss`` (``archive_faiss.read_index``)
+        and the names from their tables, so that several serving processes share one copy in
+        the page cache; such an index cannot ``add``. ``huge_pages``: back the index's vectors
+        and codes with 2 MB pages (``back_with_huge_pages``; not for a mapped index)."""
         folder = Path(folder)
-        if not (folder / "index.faiss").is_file():
-            raise MmlinksError(f"no archive index in {folder} (index.faiss missing)")
-        index = _faiss().read_index(str(folder / "index.faiss"))
-        names = json.loads((folder / "ids.json").read_text())
+        if not (folder / "index.faiss").is_file() or not (folder / "index.json").is_file():
+            unfinished = (folder / "build.json").is_file()
+            why = "an unfinished build: run it again to resume" if unfinished else "index.faiss missing"
+            raise MmlinksError(f"no archive index in {folder} ({why})")
         meta = json.loads((folder / "index.json").read_text())
-        kind = meta.pop("kind", "flat")
-        for key in ("dim", "size"):
-            meta.pop(key, None)
+        index = read_index(str(folder / "index.faiss"), mmap)
+        kind = meta.get("kind", "flat")
+        state = {key: meta.pop(key) for key in STATE_KEYS if key in meta}
+        if (folder / "ids.json").is_file():  # issue #18's folders
+            names = json.loads((folder / "ids.json").read_text())
+            ids, uris = names["ids"], names["uris"]
+        else:
+            ids = StringTable.open(folder, "ids", int(index.ntotal))
+            uris = StringTable.open(folder, "uris", int(index.ntotal))
+        deleted = np.load(folder / "deleted.npy") if (folder / "deleted.npy").is_file() else None
+        exact = None
+        if kind == "ivfpq" and (folder / "vectors.f32").is_file():
+            exact = VectorFile.open(folder, "vectors", int(index.d), int(index.ntotal))
         if kind == "hnsw":
             index.hnsw.efSearch = HNSW_EF_SEARCH
         elif kind == "ivf":
             index.nprobe = ivf_nprobe(int(index.nlist))
         elif kind == "pq":  # indexes saved before the factor was saved: the old default
-            index.k_factor = int(meta.pop("refine_factor", PQ_REFINE_FACTOR))
-        if huge_pages:
+            index.k_factor = int(state.get("refine_factor", PQ_REFINE_FACTOR))
+        out = cls(
+            index,
+            ids,
+            uris,
+            kind,
+            meta,
+            deleted=np.zeros(0, np.int64) if deleted is None else deleted.astype(np.int64),
+            version=int(state.get("version", 1)),
+            fingerprint=str(state.get("fingerprint", "")),
+            search_settings=dict(state.get("search", {})),
+            mmapped=mmap,
+            build_settings=dict(state.get("build", {})),
+            exact=exact,
+        )
+        if not isinstance(ids, list):
+            out._lookup = IdLookup.load(folder, out.rows)  # None (built on first use) if stale
+        if huge_pages and not mmap:
             back_with_huge_pages(index)
-        return cls(index, names["ids"], names["uris"], kind, meta)
-
-
-MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <sys/mman.h>; MADV_COLLAPSE: Linux 6.1+
-HUGE_PAGE = 2 << 20
-
-
-def back_with_huge_pages(index) -> int:
-    """Ask Linux to back the flat vectors and codes of ``index`` (and of its base, refine or
-    storage index) with 2 MB transparent huge pages, now (``MADV_COLLAPSE``); how many MB it
-    covered. A ``pq`` query reads ~5-10k random 1 KB vectors of a 1 GB array for its exact
-    re-rank, each a TLB miss on 4 KB pages. Measured at 1M images (docs/benchmarks.md, issue
-    #18): predict's CPU time -9 % at the default factor 1000, no gain at factor 512 or for the
-    index alone; the results are the same bytes. Best effort:
-    where the kernel or the libc refuses (not Linux, THP off, no contiguous memory), nothing
-    changes. FAISS owns these buffers, so this calls ``madvise`` through ctypes (Python's
-    ``mmap.madvise`` only covers mmap objects)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return 0
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    faiss = _faiss()
-    covered = 0
-    stack = [index]
-    while stack:
-        ix = faiss.downcast_index(stack.pop())
-        parts = (getattr(ix, name, None) for name in ("base_index", "refine_index", "storage"))
-        stack += [p for p in parts if p is not None]
-        codes = getattr(ix, "codes", None)
-        if codes is None or not hasattr(codes, "data") or not codes.size():
-            continue
-        addr, size = int(codes.data()), int(codes.size())
-        start = -(-addr // HUGE_PAGE) * HUGE_PAGE  # whole huge pages inside the buffer only
-        end = (addr + size) // HUGE_PAGE * HUGE_PAGE
-        if end > start and libc.madvise(start, end - start, MADV_HUGEPAGE) == 0:
-            if libc.madvise(start, end - start, MADV_COLLAPSE) == 0:
-                covered += end - start
-    return covered >> 20
+        return out
 
 
 def archive_images(paths: list) -> tuple[list[str], list[str], np.ndarray]:
     """(content ids, uris, CNN features [N, D]) of every distinct image of these shards (the
-    first occurrence of a content id wins: a recurring agency photo is one archive image)."""
+    first occurrence of a content id wins: a recurring agency photo is one archive image), all
+    in memory: small archives and tests (``archive_build.shard_source`` streams them)."""
     from schemas.shards import read_table
 
     table = read_table(paths, columns=["doc_id", "images"]).sort_by("doc_id")
@@ -275,15 +487,3 @@ def embed_images(net, features: np.ndarray, batch: int = 4096) -> np.ndarray:
         for i in range(0, len(features), batch):
             out.append(net.image(torch.as_tensor(features[i : i + batch])).float().numpy())
     return np.concatenate(out) if out else np.zeros((0, net.cfg.d), np.float32)
-
-
-def build_archive_index(net, paths: list, kind: str = "flat", info: dict | None = None) -> ArchiveIndex:
-    """The archive index of the images of ``paths`` (dataset shards) under model ``net``."""
-    ids, uris, feats = archive_images(paths)
-    if not ids:
-        raise MmlinksError("the archive has no image with features")
-    if feats.shape[1] != net.cfg.image_dim:
-        raise MmlinksError(
-            f"the model takes {net.cfg.image_dim}-d image features, the archive has {feats.shape[1]}-d"
-        )
-    return ArchiveIndex.build(ids, embed_images(net, feats), uris, kind, info)

@@ -41,7 +41,8 @@ from schemas.errors import MmlinksError
 from schemas.news import NEWS_SOURCES, SOURCES_KEY, sources_of
 from schemas.text import has_tokens
 from training.data import encode_sentences
-from training.news.archive import ArchiveIndex, build_archive_index
+from training.news.archive import ArchiveIndex
+from training.news.archive_build import build_archive_index
 from training.news.model import NewsRetrieval, sentence_slots
 from training.packaging import _bad_request, pip_requirements
 from training.text import Vocabulary
@@ -263,21 +264,27 @@ def archive_search(net: NewsRetrieval, archive: ArchiveIndex, q: np.ndarray, top
     baseline: a brute-force scan is its honest serving path, not a fast one)."""
     if net.cfg.score != "order":
         return archive.search_rows(q, top_k)
-    index = archive.index
-    k = min(int(top_k), int(index.ntotal))
-    v = torch.from_numpy(index.reconstruct_n(0, index.ntotal)) if k else torch.zeros(0, net.cfg.d)
+    k = min(int(top_k), len(archive))
+    live = archive.live_rows()  # withdrawn images are skipped here too
+    v = torch.from_numpy(archive.vectors(live)) if k else torch.zeros(0, net.cfg.d)
     sim = net.score(torch.as_tensor(q, dtype=torch.float32), v)
     order = torch.sort(-sim, dim=1, stable=True).indices[:, :k]
-    return sim.gather(1, order).numpy(), order.tolist()
+    return sim.gather(1, order).numpy(), live[order.numpy()].tolist()
 
 
 def load_archive(packaged: str, d: int, run_id: str | None, serving: bool = False) -> ArchiveIndex:
     """The packaged index, or the one ``MMLINKS_NEWS_ARCHIVE`` names when it was built from the
-    same run (another model's image vectors live in another space). ``serving``: a server that
-    searches it on every request backs it with huge pages (~5 s a GB at load, so not for an
-    evaluation or a test that loads the model once)."""
+    same run (another model's image vectors live in another space). An ``ivfpq`` index (issue
+    #38) is memory-mapped (``ArchiveIndex.load(mmap=True)``): the workers of ``mlflow models
+    serve -w N`` that load the same folder share one copy of its re-rank store in the page
+    cache (a model loaded from a tracking store is downloaded per worker, so point
+    ``MMLINKS_NEWS_ARCHIVE`` at the built folder, or serve a local model folder, to share it).
+    ``serving``: a server that searches another kind on every request backs it with huge pages
+    (~5 s a GB at load, so not for an evaluation or a test that loads the model once)."""
     folder = os.environ.get(ARCHIVE_ENV) or packaged
-    index = ArchiveIndex.load(folder, huge_pages=serving)
+    meta = Path(folder) / "index.json"
+    mapped = meta.is_file() and json.loads(meta.read_text()).get("kind") == "ivfpq"
+    index = ArchiveIndex.load(folder, huge_pages=serving and not mapped, mmap=mapped)
     built_from = index.info.get("run_id")
     if folder != packaged and run_id and built_from != run_id:
         raise MmlinksError(
@@ -452,7 +459,12 @@ def build_model_archive(
     ``model_uri`` (``models:/NAME@ALIAS`` or ``/VERSION``), saved to
     ``out_root/<model version>@<dataset version>``: what the Dagster asset
     ``archive_index/<objective>`` materialises. The index carries the model's run id, so the
-    served model accepts it as ``MMLINKS_NEWS_ARCHIVE``. A summary dict."""
+    served model accepts it as ``MMLINKS_NEWS_ARCHIVE``. The build is streamed and
+    checkpointed in that folder (``archive_build``): a retried materialisation resumes it, and
+    one whose folder already holds the finished index of the same kind returns it. With a
+    tracking URI, the registered model version gets the index's version and fingerprint as
+    tags (``archive_index_version``, ``archive_index_fingerprint``, and the folder and dataset
+    version; the latest build wins). A summary dict."""
     from schemas.manifest import Manifest
     from training.evaluate import load_linker
 
@@ -468,9 +480,34 @@ def build_model_archive(
         "model_version": version,
         "dataset_version": manifest.dataset_version,
     }
-    index = build_archive_index(model.model, paths, kind, info)
-    folder = index.save(Path(out_root) / f"{version}@{manifest.dataset_version}")
-    return {**info, "path": str(folder), "images": len(index), "kind": kind}
+    folder = Path(out_root) / f"{version}@{manifest.dataset_version}"
+    index = build_archive_index(model.model, paths, kind, info, folder=folder, replace=True)
+    summary = {**info, "path": str(folder), "images": len(index), "kind": kind}
+    summary.update(
+        index_version=index.version,
+        fingerprint=index.fingerprint,
+        deleted=len(index.deleted),
+        index_bytes=sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
+    )
+    if tracking_uri and version:
+        _tag_model_version(model_uri, version, tracking_uri, summary)
+    return summary
+
+
+def _tag_model_version(model_uri: str, version: str, tracking_uri: str, summary: dict) -> None:
+    """The archive index next to the model in the registry: tags on its model version."""
+    from mlflow.tracking import MlflowClient
+
+    name = model_uri[len("models:/") :].split("@", 1)[0].rsplit("/", 1)[0]
+    client = MlflowClient(tracking_uri)
+    tags = {
+        "archive_index_version": summary["index_version"],
+        "archive_index_fingerprint": summary["fingerprint"],
+        "archive_index_path": summary["path"],
+        "archive_index_dataset_version": summary["dataset_version"],
+    }
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, str(value))
 
 
 def _model_version(model_uri: str, tracking_uri: str | None) -> str:

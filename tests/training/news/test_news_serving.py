@@ -23,7 +23,7 @@ from schemas.errors import MmlinksError
 from tests.conftest import free_port
 from tests.training.news.helpers import news_checkpoint, write_news_dataset
 from training.checkpoints import load_checkpoint_model
-from training.news.archive import build_archive_index
+from training.news.archive_build import build_archive_index
 from training.news.serving import (
     ARCHIVE_ENV,
     SERVE_THREADS,
