@@ -1,28 +1,36 @@
-"""News archive index (issue #18): recall@k of an approximate FAISS index (``hnsw`` or ``ivf``,
-``training/news/archive.py``) against exact search, and per-query search latency, on N random
-unit vectors of dimension D (the issue's target: 1M x 256, recall@10 >= 0.95, p99 <= 20 ms for
-one article).
+"""News archive index (issues #18, #38): recall@k of an approximate FAISS index against exact
+search, per-query search latency, build time, memory and size on disk, on N vectors of
+dimension D that are never all in memory (the issue's targets: 1M and 10M x 256).
 
-Database: N standard normal vectors, L2-normalised (``numpy.random.default_rng(seed)``), row i
-named ``str(i)``. Queries, one at a time (an editor's article), drawn two ways (``--query-mode``):
+Database (``--vectors``), generated in chunks of ``DB_CHUNK`` rows, chunk c from
+``numpy.random.default_rng([seed, c])`` alone, so any chunk is regenerated identically (the
+build streams them; the exact oracle reads them again; row i is named ``str(i)``):
 
-- ``noisy``: a random database vector plus noise (``noise * N(0, I/D)``), renormalised: its
-  source vector is a clear first hit, the other k - 1 are as hard as for a random query;
-- ``random``: a fresh random unit vector (the worst case: the top k barely stand out).
+- ``random``: standard normal vectors, L2-normalised (the hard case: no clusters to prune by);
+- ``trained``: embeddings of a trained news model (``--model``, a checkpoint folder written by
+  ``benchmarks/news_archive_model.py``): a simple mixture is fitted to the real CNN features of
+  ``--data``'s images (``--mixture-k`` k-means centres, each with its cluster's per-dimension
+  standard deviation and its share of the images as weight); a chunk draws its CNN features
+  from the mixture and passes them through the model's image tower.
 
-The oracle is exact search (``IndexFlatIP``) over the whole database, the Q queries in one batch
-(all cores); latency is timed one query at a time with ``--threads`` FAISS threads (default 1:
-the index alone on one core), for the approximate index on every query and for exact search on
-the first ``--exact-latency-queries``. ``--index-cache FOLDER`` saves the built approximate
-index (an ``ArchiveIndex`` folder, loadable by the served model) and reuses it when it was built
-for the same N, D, seed and kind (building HNSW over 1M vectors takes tens of minutes on 2
-shared cores; a killed HNSW build resumes from its last saved chunk, and a partial build of
-n rows of a bigger database serves as the index of ``--n n``: the database of n rows is the
-bigger one's first n rows); ``--build-only`` stops after that. The oracle's answers are kept
-beside a cached index. One JSON object on stdout. Example::
+Queries, one at a time (``--query-mode``): ``noisy`` (a database vector plus ``noise * N(0,
+I/D)``, renormalised), ``random`` (a fresh random unit vector), ``articles`` (trained only: the
+fused text vectors of ``--data``'s articles, the served model's real queries).
 
-    PYTHONPATH=. python benchmarks/news_archive_index.py --n 1000000 --dim 256 --kind hnsw \\
-        --queries 300 --index-cache /tmp/hnsw-1m-256
+The oracle is the exact top k over all N, chunk by chunk (a running top k), kept beside a cached
+index. The index is built by ``training.news.archive_build.build_streamed`` into
+``--index-cache`` (checkpointed, so a killed build resumes; reused when it was built for the same
+N, D, seed, vectors and kind); ``--build-only`` stops after that and reports the build's time,
+CPU time and peak resident memory. Latency is timed one query at a time on ``--threads`` FAISS
+threads (default 1), the index loaded as the served model loads it (``--mmap`` for ivfpq), over
+the settings swept: HNSW efSearch / IVF nprobe / PQ factor (``--breadth``), ivfpq ``--nprobe``
+x ``--k-factor`` x ``--exact-factor``. Also: the index's size on disk and the resident memory
+its load and queries added. One JSON object on stdout. Examples::
+
+    PYTHONPATH=. python benchmarks/news_archive_index.py --n 1000000 --kind ivfpq \\
+        --index-cache /tmp/a38/ivfpq-1m-random --build-only
+    PYTHONPATH=. python benchmarks/news_archive_index.py --n 1000000 --kind ivfpq \\
+        --index-cache /tmp/a38/ivfpq-1m-random --mmap --nprobe 250,1000 --k-factor 50,100
 """
 
 from __future__ import annotations
@@ -38,108 +46,231 @@ from pathlib import Path
 
 import numpy as np
 
-
-def database(n: int, dim: int, seed: int) -> np.ndarray:
-    """[n, dim] random unit vectors (what every cached index of this (n, dim, seed) holds)."""
-    x = np.random.default_rng(seed).standard_normal((n, dim), dtype=np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x
+DB_CHUNK = 65_536  # rows a database chunk draws from its own seed (part of every cache key)
 
 
-def queries(x: np.ndarray, count: int, mode: str, noise: float, seed: int) -> np.ndarray:
-    """[count, D] unit queries: ``noisy`` (database vector + noise) or ``random``."""
-    rng = np.random.default_rng([seed, 1 if mode == "noisy" else 2])
-    d = x.shape[1]
-    if mode == "noisy":
-        q = x[rng.integers(0, len(x), count)] + noise * rng.standard_normal((count, d), np.float32) / np.sqrt(
-            d
+class Mixture:
+    """Per-cluster diagonal Gaussians over CNN features: centres [K, D], std [K, D], weights."""
+
+    def __init__(self, feats: np.ndarray, k: int, seed: int) -> None:
+        import faiss
+
+        k = max(1, min(k, len(feats) // 4))
+        km = faiss.Kmeans(feats.shape[1], k, niter=20, seed=seed, min_points_per_centroid=1)
+        km.train(np.ascontiguousarray(feats, dtype=np.float32))
+        assign = km.index.search(np.ascontiguousarray(feats, dtype=np.float32), 1)[1][:, 0]
+        self.centres = km.centroids.astype(np.float32)
+        floor = feats.std(0) * 0.5  # a cluster of one image: half the global spread
+        self.std = np.stack(
+            [feats[assign == c].std(0) if (assign == c).sum() > 1 else floor for c in range(k)]
+        ).astype(np.float32)
+        self.weights = np.bincount(assign, minlength=k) / len(feats)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        comp = rng.choice(len(self.weights), size=n, p=self.weights)
+        noise = rng.standard_normal((n, self.centres.shape[1]), dtype=np.float32)
+        return self.centres[comp] + self.std[comp] * noise
+
+
+class Database:
+    """Chunk c of the N x D database, regenerated from its own seed whenever asked."""
+
+    def __init__(self, args) -> None:
+        self.n, self.dim, self.seed, self.kind = args.n, args.dim, args.seed, args.vectors
+        self.net = self.mixture = None
+        if self.kind == "trained":
+            from schemas.manifest import Manifest
+            from training.checkpoints import load_checkpoint_model
+            from training.news.archive import archive_images
+
+            self.net = load_checkpoint_model(Path(args.model) / "checkpoint")[0]
+            self.dim = self.net.cfg.d
+            paths = [str(p) for p in Manifest.read(args.data).shard_paths(args.data)]
+            _, _, feats = archive_images(paths)
+            self.mixture = Mixture(feats, args.mixture_k, args.seed)
+            self.images = len(feats)
+
+    def chunks(self) -> int:
+        return -(-self.n // DB_CHUNK)
+
+    def chunk(self, c: int) -> np.ndarray:
+        rows = min(DB_CHUNK, self.n - c * DB_CHUNK)
+        rng = np.random.default_rng([self.seed, c])
+        if self.kind == "random":
+            x = rng.standard_normal((rows, self.dim), dtype=np.float32)
+            return x / np.linalg.norm(x, axis=1, keepdims=True)
+        from training.news.archive import embed_images
+
+        return embed_images(self.net, self.mixture.sample(rng, rows))
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors of some rows (their chunks regenerated)."""
+        out = np.empty((len(rows), self.dim), np.float32)
+        for c in np.unique(rows // DB_CHUNK):
+            take = np.flatnonzero(rows // DB_CHUNK == c)
+            out[take] = self.chunk(int(c))[rows[take] - c * DB_CHUNK]
+        return out
+
+    def source(self):
+        """The build's source: chunk c from position c."""
+        from training.news.archive_build import ArchiveChunk
+
+        def source(start: int):
+            for c in range(start, self.chunks()):
+                x = self.chunk(c)
+                first = c * DB_CHUNK
+                yield ArchiveChunk([str(i) for i in range(first, first + len(x))], x, [""] * len(x), c + 1)
+
+        return source
+
+
+def article_queries(args, net, count: int) -> np.ndarray:
+    """The fused text vectors of the first ``count`` articles of ``--data`` (test split first)."""
+    from schemas.manifest import Manifest
+    from schemas.news import sources_of
+    from schemas.shards import read_table
+    from training.news.serving import encode_articles
+    from training.text import Vocabulary
+
+    vocab = Vocabulary.load(Path(args.model) / "vocab.json")
+    max_tokens = json.loads((Path(args.model) / "checkpoint" / "meta.json").read_text())["train"][
+        "max_tokens"
+    ]
+    manifest = Manifest.read(args.data)
+    paths = [str(p) for s in ("test", "val", "train") for p in manifest.shard_paths(args.data, s)]
+    table = read_table(paths, columns=["sentences", "metadata"])
+    arts = [
+        dict(zip(sources_of(dict(m or {})), s, strict=True))
+        for s, m in zip(
+            table.column("sentences").to_pylist(), table.column("metadata").to_pylist(), strict=True
         )
+    ][:count]
+    return encode_articles(net, vocab, max_tokens, arts).numpy()
+
+
+def queries(db: Database, args, mode: str) -> np.ndarray:
+    rng = np.random.default_rng([args.seed, {"noisy": 1, "random": 2, "articles": 3}[mode]])
+    if mode == "articles":
+        q = article_queries(args, db.net, args.queries)
+    elif mode == "noisy":
+        src = db.rows(rng.integers(0, db.n, args.queries))
+        q = src + args.noise * rng.standard_normal(src.shape, dtype=np.float32) / np.sqrt(db.dim)
     else:
-        q = rng.standard_normal((count, d), dtype=np.float32)
-    return q / np.linalg.norm(q, axis=1, keepdims=True)
+        q = rng.standard_normal((args.queries, db.dim), dtype=np.float32)
+    return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 
-def cached_index(kind: str, x: np.ndarray, seed: int, cache: str | None, chunk: int):
-    """(the approximate ArchiveIndex, build seconds or None when loaded whole from ``cache``).
-
-    With a cache, HNSW is built ``chunk`` vectors at a time and saved after each chunk, so a
-    killed build resumes where it stopped (HNSW inserts one vector at a time anyway; IVF trains
-    on all vectors, so it is built in one go)."""
-    from training.news.archive import ArchiveIndex
-
-    key = {"n": len(x), "dim": x.shape[1], "seed": seed}
-    if cache and (Path(cache) / "index.faiss").is_file():
-        index = ArchiveIndex.load(cache)
-        got = {k: index.info.get("bench", {}).get(k) for k in key}
-        # the first n rows of a bigger database (same seed, dim) are this database: a partial
-        # HNSW build of n rows of it is this database's index
-        same = got["dim"] == key["dim"] and got["seed"] == key["seed"] and kind == index.kind == "hnsw"
-        prefix = same and len(index) == len(x) and (got["n"] or 0) > len(x)
-        if not prefix and (got != key or index.kind != kind):
-            raise SystemExit(f"--index-cache {cache} holds a {index.kind} index of {got}, not {kind} {key}")
-        if len(index) == len(x):
-            return index, None
-    elif kind in ("ivf", "pq") or not cache:
-        t0 = time.perf_counter()
-        index = ArchiveIndex.build([str(i) for i in range(len(x))], x, kind=kind, info={"bench": key})
-        build_s = time.perf_counter() - t0
-        index.info["bench"]["build_s"] = round(build_s, 1)
-        if cache:
-            index.save(cache)
-        return index, build_s
-    else:
-        index = ArchiveIndex.build([], x[:0], kind=kind, info={"bench": {**key, "build_s": 0.0}})
-    bench = index.info["bench"]
-    for start in range(len(index), len(x), chunk):
-        t0, c0 = time.perf_counter(), time.process_time()
-        rows = x[start : start + chunk]
-        index.index.add(rows)
-        index.ids += [str(i) for i in range(start, start + len(rows))]
-        index.uris += [""] * len(rows)
-        bench["build_s"] = round(bench["build_s"] + time.perf_counter() - t0, 1)
-        bench["build_cpu_s"] = round(bench.get("build_cpu_s", 0.0) + time.process_time() - c0, 1)
-        index.save(cache)
-        print(json.dumps({"built": len(index), **bench}), file=sys.stderr, flush=True)
-    return index, bench["build_s"]
-
-
-def oracle(exact, q: np.ndarray, args, mode: str) -> list[list[str]]:
-    """The exact top k of every query, in one batch; kept beside a cached index (it costs a
-    minute at 1M on 2 cores), keyed by everything that draws the queries."""
-    name = f"oracle-n{args.n}-{mode}-q{len(q)}-k{args.k}-noise{args.noise}.json"
-    path = Path(args.index_cache) / name if args.index_cache else None
+def oracle(db: Database, q: np.ndarray, k: int, path: Path | None) -> list[list[int]]:
+    """The exact top k rows of every query over all N rows, chunk by chunk (a running top k:
+    never more than a chunk of the database in memory); cached at ``path``."""
     if path and path.is_file():
         return json.loads(path.read_text())
-    truth = exact.search(q, args.k)[1]
+    best_s = np.full((len(q), k), -np.inf, np.float32)
+    best_r = np.full((len(q), k), -1, np.int64)
+    for c in range(db.chunks()):
+        s = q @ db.chunk(c).T
+        top = np.argpartition(-s, min(k, s.shape[1] - 1), axis=1)[:, :k]
+        all_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
+        all_r = np.concatenate([best_r, top + c * DB_CHUNK], 1)
+        keep = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
+        best_s, best_r = np.take_along_axis(all_s, keep, 1), np.take_along_axis(all_r, keep, 1)
+    truth = best_r.tolist()
     if path:
         path.write_text(json.dumps(truth))
     return truth
 
 
-def timed(index, q: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-    """(latency ms per query, hits per query), one query at a time."""
+def rss_mb() -> float:
+    """This process's resident memory now (VmRSS), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def folder_mb(folder: Path) -> dict:
+    files = {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()}
+    out = {"total": round(sum(files.values()) / 2**20, 1)}
+    for name in ("index.faiss", "vectors.f32"):
+        if name in files:
+            out[name] = round(files[name] / 2**20, 1)
+    out["names"] = round(sum(v for k, v in files.items() if k.startswith(("ids.", "uris."))) / 2**20, 1)
+    return out
+
+
+def build(db: Database, args) -> tuple[dict, object]:
+    """Build (or resume, or reuse) the index; its report and the built ArchiveIndex."""
+    from training.news.archive_build import build_streamed
+
+    key = {"n": db.n, "dim": db.dim, "seed": args.seed, "vectors": args.vectors, "db_chunk": DB_CHUNK}
+    if args.vectors == "trained":
+        key.update(model=str(Path(args.model).resolve()), mixture_k=args.mixture_k)
+    t0, c0 = time.perf_counter(), time.process_time()
+
+    def progress(p: dict) -> None:
+        p.update(elapsed_s=round(time.perf_counter() - t0, 1), rss_mb=rss_mb())
+        print(json.dumps({"checkpoint": p}), file=sys.stderr, flush=True)
+
+    index = build_streamed(
+        db.source(),
+        args.kind,
+        {"bench": key, "run_id": "bench"},  # the run news_serving_latency.py --archive-env packages
+        args.index_cache,
+        train_size=args.train_size,
+        expected=db.n,
+        checkpoint_rows=args.checkpoint_rows,
+        progress=progress,
+    )
+    out = {"build_s": round(time.perf_counter() - t0, 1), "build_cpu_s": round(time.process_time() - c0, 1)}
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    out["kind"], out["images"] = index.kind, len(index)
+    if args.index_cache:
+        out["disk_mb"] = folder_mb(Path(args.index_cache))
+    return out, index
+
+
+def settings_grid(index, args) -> list[tuple[str, dict]]:
+    """(name, settings) of every combination swept."""
+    if index.kind == "ivfpq":
+        s = index.search_settings
+        grid = []
+        for p in [int(v) for v in args.nprobe.split(",") if v] or [s["nprobe"]]:
+            for kf in [int(v) for v in args.k_factor.split(",") if v] or [s["k_factor"]]:
+                for ef in [int(v) for v in args.exact_factor.split(",") if v] or [s["exact_factor"]]:
+                    grid.append(
+                        (
+                            f"nprobe={p} k_factor={kf} exact_factor={ef}",
+                            {"nprobe": p, "k_factor": kf, "exact_factor": ef},
+                        )
+                    )
+        return grid
+    return [(f"breadth={b}", {"breadth": b}) for b in [int(b) for b in args.breadth.split(",") if b] or [0]]
+
+
+def apply(index, settings: dict) -> None:
+    if index.kind == "ivfpq":
+        import faiss
+
+        nlist = int(faiss.downcast_index(index.index.base_index).nlist)
+        index.set_search(min(settings["nprobe"], nlist), settings["k_factor"], settings["exact_factor"])
+    elif settings["breadth"]:
+        if index.kind == "hnsw":
+            index.index.hnsw.efSearch = settings["breadth"]
+        elif index.kind == "pq":
+            index.index.k_factor = settings["breadth"]
+        else:
+            index.index.nprobe = settings["breadth"]
+
+
+def timed(index, q: np.ndarray, k: int) -> tuple[np.ndarray, list[list[int]]]:
+    """(latency ms per query, hit rows per query), one query at a time."""
     lat, hits = [], []
     for row in q:
         t = time.perf_counter()
-        _, got = index.search(row[None], k)
+        _, got = index.search_rows(row[None], k)
         lat.append((time.perf_counter() - t) * 1000)
         hits.append(got[0])
     return np.asarray(lat), hits
-
-
-def set_breadth(index, breadth: int) -> str:
-    """Set HNSW efSearch / IVF nprobe (0: leave the library's); the setting's name."""
-    if index.kind == "hnsw":
-        if breadth:
-            index.index.hnsw.efSearch = breadth
-        return f"hnsw efSearch={index.index.hnsw.efSearch}"
-    if index.kind == "pq":
-        if breadth:
-            index.index.k_factor = breadth
-        return f"pq refine k_factor={index.index.k_factor:g}"
-    if breadth:
-        index.index.nprobe = breadth
-    return f"ivf nprobe={index.index.nprobe}"
 
 
 def pct(lat: np.ndarray) -> dict:
@@ -149,84 +280,81 @@ def pct(lat: np.ndarray) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--kind", choices=("hnsw", "ivf", "pq"), default="hnsw", help="the approximate index")
+    ap.add_argument("--dim", type=int, default=256, help="random vectors' dimension (trained: the model's)")
+    ap.add_argument("--vectors", choices=("random", "trained"), default="random")
+    ap.add_argument("--model", help="trained: the folder benchmarks/news_archive_model.py wrote")
+    ap.add_argument("--data", help="trained: the news dataset the model was trained on")
+    ap.add_argument("--mixture-k", type=int, default=64)
+    ap.add_argument("--kind", choices=("hnsw", "ivf", "pq", "ivfpq"), default="ivfpq")
     ap.add_argument("--queries", type=int, default=300)
-    ap.add_argument("--query-mode", choices=("noisy", "random", "both"), default="both")
+    ap.add_argument("--query-mode", default="", help="noisy, random, articles (comma-separated)")
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument(
-        "--noise", type=float, default=0.5, help="noisy query = database vector + noise * N(0, I/D)"
-    )
+    ap.add_argument("--noise", type=float, default=0.5, help="noisy query = vector + noise * N(0, I/D)")
     ap.add_argument("--threads", type=int, default=1, help="FAISS threads for the timed queries")
-    ap.add_argument(
-        "--breadth",
-        default="",
-        help="search breadth: HNSW efSearch, IVF nprobe or PQ's re-rank factor, comma-separated "
-        "to sweep (default: the library's)",
-    )
-    ap.add_argument("--exact-latency-queries", type=int, default=50)
-    ap.add_argument("--index-cache", default=None, help="folder: save the built index there, or reuse it")
-    ap.add_argument(
-        "--huge-pages",
-        action="store_true",
-        help="back the index's vectors and codes with 2 MB pages, as the served model loads it",
-    )
+    ap.add_argument("--breadth", default="", help="hnsw efSearch / ivf nprobe / pq factor, comma-separated")
+    ap.add_argument("--nprobe", default="", help="ivfpq cells probed, comma-separated (default: the index's)")
+    ap.add_argument("--k-factor", default="", help="ivfpq 8-bit re-rank factor(s)")
+    ap.add_argument("--exact-factor", default="", help="ivfpq float32 re-rank factor(s), 0: none")
+    ap.add_argument("--mmap", action="store_true", help="load the index memory-mapped, as served")
+    ap.add_argument("--index-cache", default=None, help="folder: build the index there, or reuse it")
     ap.add_argument("--build-only", action="store_true")
-    ap.add_argument("--build-chunk", type=int, default=100_000, help="HNSW vectors added between saves")
+    ap.add_argument("--train-size", type=int, default=200_000)
+    ap.add_argument("--checkpoint-rows", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.vectors == "trained" and not (args.model and args.data):
+        raise SystemExit("--vectors trained needs --model and --data")
 
     import faiss
+    import torch
 
     from training.news.archive import ArchiveIndex
 
     cores = os.cpu_count() or 1
     faiss.omp_set_num_threads(cores)
-    t0 = time.perf_counter()
-    x = database(args.n, args.dim, args.seed)
-    out = {"n": args.n, "dim": args.dim, "k": args.k, "threads": args.threads, "kind": args.kind}
-    out["data_s"] = round(time.perf_counter() - t0, 1)
-    t0 = time.perf_counter()
-    index, build_s = cached_index(args.kind, x, args.seed, args.index_cache, args.build_chunk)
-    out["index"] = {"build_s": round(build_s, 1) if build_s else None, "cached": build_s is None}
-    if args.huge_pages:
-        from training.news.archive import back_with_huge_pages
-
-        out["index"]["huge_pages_mb"] = back_with_huge_pages(index.index)
-    out["index"]["load_or_build_s"] = round(time.perf_counter() - t0, 1)
-    for key in ("build_s", "build_cpu_s"):
-        out["index"][f"cached_{key}"] = index.info.get("bench", {}).get(key)
-    if args.kind == "hnsw":
-        out["index"].update(M=index.index.hnsw.nb_neighbors(1), ef_search=index.index.hnsw.efSearch)
-    elif args.kind == "pq":
-        import faiss
-
-        base = faiss.downcast_index(index.index.base_index)
-        out["index"].update(subquantizers=int(base.M), bits=int(base.nbits), k_factor=index.index.k_factor)
-    else:
-        out["index"].update(cells=int(index.index.nlist), nprobe=int(index.index.nprobe))
-    if args.index_cache:
-        out["index"]["file_mb"] = round((Path(args.index_cache) / "index.faiss").stat().st_size / 2**20)
+    torch.set_num_threads(cores)
+    db = Database(args)
+    out = {"n": db.n, "dim": db.dim, "k": args.k, "vectors": args.vectors, "kind": args.kind}
+    if db.mixture is not None:
+        out["mixture"] = {"k": len(db.mixture.weights), "images": db.images}
+    out["build"], index = build(db, args)
+    out["load_avg_after_build"] = os.getloadavg()[0]
     if args.build_only:
         print(json.dumps(out))
         return out
-    exact = ArchiveIndex.build(index.ids, x, kind="flat")
-    modes = ("noisy", "random") if args.query_mode == "both" else (args.query_mode,)
+    if args.index_cache:
+        del index
+        before = rss_mb()
+        t0 = time.perf_counter()
+        index = ArchiveIndex.load(args.index_cache, mmap=args.mmap)
+        out["load"] = {
+            "s": round(time.perf_counter() - t0, 2),
+            "mmap": args.mmap,
+            "rss_added_mb": round(rss_mb() - before, 1),
+        }
+    modes = (
+        args.query_mode.split(",")
+        if args.query_mode
+        else (["articles", "noisy"] if db.net else ["noisy", "random"])
+    )
+    cache = Path(args.index_cache) if args.index_cache else None
     for mode in modes:
-        q = queries(x, args.queries, mode, args.noise, args.seed)
+        q = queries(db, args, mode)
         faiss.omp_set_num_threads(cores)
         t0 = time.perf_counter()
-        truth = oracle(exact, q, args, mode)
-        oracle_s = time.perf_counter() - t0
+        name = f"oracle-{mode}-q{len(q)}-k{args.k}-noise{args.noise}.json"
+        truth = oracle(db, q, args.k, cache / name if cache else None)
+        out[mode] = {"oracle_s": round(time.perf_counter() - t0, 1)}
         faiss.omp_set_num_threads(args.threads)
-        out[mode] = {"oracle_batch_s": round(oracle_s, 1)}
-        for breadth in [int(b) for b in args.breadth.split(",") if b] or [0]:
-            name = set_breadth(index, breadth)
+        torch.set_num_threads(args.threads)
+        for label, settings in settings_grid(index, args):
+            apply(index, settings)
             lat, hits = timed(index, q, args.k)
             recall = np.mean([len(set(a) & set(b)) / args.k for a, b in zip(hits, truth, strict=True)])
-            out[mode][name] = {"recall_at_k_vs_exact": round(float(recall), 4), **pct(lat)}
-        if args.exact_latency_queries:
-            out[mode]["exact"] = pct(timed(exact, q[: args.exact_latency_queries], args.k)[0])
+            out[mode][label] = {"recall_at_k_vs_exact": round(float(recall), 4), **pct(lat)}
+            print(json.dumps({mode: {label: out[mode][label]}}), file=sys.stderr, flush=True)
+    if args.index_cache:
+        out["load"]["rss_after_queries_mb"] = rss_mb()
     out["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out["machine"] = {"cpus": cores, "python": platform.python_version(), "faiss": faiss.__version__}
     out["load_avg_end"] = os.getloadavg()[0]

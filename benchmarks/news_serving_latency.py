@@ -14,7 +14,18 @@ also the text encoding alone, and the served top 10's recall against exact searc
 ``served`` (``mlflow models serve --env-manager local`` on loopback, one POST per article)
 unless ``--no-serve``. ``--floor`` times a no-op pyfunc with the same input schema instead
 (MLflow's own cost per request); ``--encoder-check`` and ``--thread-sweep`` add the encoder
-variants and thread settings. One JSON object on stdout.
+variants and thread settings.
+
+Issue #38: ``--archive-env FOLDER`` serves an archive folder (e.g. a 10M ``ivfpq`` index built by
+``benchmarks/news_archive_index.py``, whose info names run ``bench``) through
+``MMLINKS_NEWS_ARCHIVE`` instead of copying it into the model, as a production server would
+serve the Dagster asset's folder; ``--trained DIR --data DS`` serves the model
+``benchmarks/news_archive_model.py`` trained (its vocabulary, languages and the dataset's own
+articles as the queries) instead of a random one; ``--workers N`` starts N serving workers and
+reports every server process's resident memory from ``/proc/PID/smaps_rollup`` (Rss, Pss and
+the shared pages: a memory-mapped archive is counted once across workers in Pss). The served
+recall is measured against exact search over the archive's float32 vectors (an ivfpq folder's
+``vectors.f32``, read in chunks). One JSON object on stdout.
 Example::
 
     PYTHONPATH=. python benchmarks/news_serving_latency.py --index-cache /tmp/hnsw-1m-256 --queries 200
@@ -70,17 +81,37 @@ def news_checkpoint(folder: Path, words: int, dim: int, max_tokens: int, seed: i
 
 
 def archive(args):
-    """The ArchiveIndex to package: the cached one, or a flat index of random vectors."""
+    """The ArchiveIndex to package: the cached one, or a flat index of random vectors (16 of
+    them with ``--archive-env``: the served archive is that folder)."""
     from training.news.archive import ArchiveIndex
 
     if args.index_cache:
         return ArchiveIndex.load(args.index_cache)
-    x = np.random.default_rng(args.seed).standard_normal((args.images, args.dim), dtype=np.float32)
+    n = 16 if args.archive_env else args.images
+    x = np.random.default_rng(args.seed).standard_normal((n, args.dim), dtype=np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return ArchiveIndex.build([str(i) for i in range(len(x))], x, kind="flat")
 
 
-def articles(count: int, words: int, seed: int) -> list[dict]:
+def dataset_articles(data: str, count: int) -> list[dict]:
+    """The first ``count`` articles of a news dataset (test split first), with their language."""
+    from schemas.manifest import Manifest
+    from schemas.news import sources_of
+    from schemas.shards import read_table
+
+    manifest = Manifest.read(data)
+    paths = [str(p) for s in ("test", "val", "train") for p in manifest.shard_paths(data, s)]
+    table = read_table(paths, columns=["sentences", "metadata"])
+    out = []
+    for s, m in zip(table.column("sentences").to_pylist(), table.column("metadata").to_pylist(), strict=True):
+        meta = dict(m or {})
+        out.append({"language": meta.get("language", "en"), **dict(zip(sources_of(meta), s, strict=True))})
+    return (out * (count // max(1, len(out)) + 1))[:count]
+
+
+def articles(count: int, words: int, seed: int, data: str | None = None) -> list[dict]:
+    if data:
+        return dataset_articles(data, count)
     rng = np.random.default_rng([seed, 3])
     return [
         {
@@ -97,9 +128,11 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
 
     from training.news.serving import encode_article, serving_threads
 
+    before = rss_mb(os.getpid())
     t0 = time.perf_counter()
     loaded = mlflow.pyfunc.load_model(str(model_path))
     load_s = time.perf_counter() - t0
+    loaded_rss = rss_mb(os.getpid())
     model = loaded.unwrap_python_model()
     predict, encode = [], []
     for a in arts:
@@ -112,35 +145,74 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
             encode_article(model.model, model.vocab, model.max_tokens, a)
             encode.append((time.perf_counter() - t) * 1000)
     out = {"load_s": round(load_s, 1), "predict": pct(predict), "encode_only": pct(encode)}
+    out["rss_mb"] = {"before_load": before, "after_load": loaded_rss, "after_queries": rss_mb(os.getpid())}
     return out | {"recall_at_10": served_recall(model, arts)}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def exact_top(archive, q: np.ndarray, k: int, chunk: int = 1 << 20) -> list[list[int]]:
+    """The exact top k live rows over the archive's float32 vectors (an ivfpq folder's
+    ``vectors.f32`` memory-mapped a chunk at a time; else the index's own vectors)."""
+    exact = getattr(archive, "exact", None)
+    if exact is None or exact._path is None or len(exact) != exact._base:
+        return archive_exact_small(archive, q, k)
+    v = np.memmap(exact._path, dtype="<f4", mode="r").reshape(-1, archive.dim)
+    best_s = np.full((len(q), k), -np.inf, np.float32)
+    best_r = np.full((len(q), k), -1, np.int64)
+    for start in range(0, archive.rows, chunk):
+        s = q @ np.asarray(v[start : start + chunk]).T
+        dead = archive.deleted[(archive.deleted >= start) & (archive.deleted < start + len(s[0]))] - start
+        s[:, dead] = -np.inf
+        all_s = np.concatenate([best_s, s], 1)
+        all_r = np.concatenate([best_r, np.broadcast_to(np.arange(start, start + s.shape[1]), s.shape)], 1)
+        keep = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
+        best_s, best_r = np.take_along_axis(all_s, keep, 1), np.take_along_axis(all_r, keep, 1)
+    return best_r.tolist()
+
+
+def archive_exact_small(archive, q: np.ndarray, k: int) -> list[list[int]]:
+    """Exact search over an index that keeps its vectors in FAISS (flat, hnsw, pq's refine)."""
+    import faiss
+
+    index = archive.index
+    exact = faiss.downcast_index(index.refine_index) if hasattr(index, "refine_index") else index
+    return [row.tolist() for row in exact.search(q, k)[1]]
 
 
 def served_recall(model, arts: list[dict]) -> dict:
     """Recall@10 of the packaged index, as the model searches it, against exact search over
     the same archive vectors, for this run's articles (the served queries): what a smaller
     ``--refine-factor`` gives up. The exact oracle is the ``pq`` index's own full vectors (its
-    re-rank store) or the index itself when it is exact."""
-    import faiss
-
+    re-rank store), an ``ivfpq`` folder's float32 vectors, or the index itself when exact."""
     from training.news.serving import encode_article
 
-    index = model.archive.index
-    exact = faiss.downcast_index(index.refine_index) if hasattr(index, "refine_index") else index
     q = np.concatenate([encode_article(model.model, model.vocab, model.max_tokens, a).numpy() for a in arts])
     got = model.archive.search_rows(q, 10)[1]
-    want = exact.search(q, 10)[1]
-    hits = [len(set(g) & set(w.tolist())) / 10 for g, w in zip(got, want, strict=True)]
-    return {"recall": round(float(np.mean(hits)), 4), "refine_factor": model.archive.refine_factor}
+    want = exact_top(model.archive, q, 10)
+    hits = [len(set(g) & set(w)) / 10 for g, w in zip(got, want, strict=True)]
+    out = {"recall": round(float(np.mean(hits)), 4), "refine_factor": model.archive.refine_factor}
+    return out | {
+        "kind": model.archive.kind,
+        "images": len(model.archive),
+        "search": model.archive.search_settings,
+    }
 
 
-def served(model_path: Path, arts: list[dict], log: Path, floor: bool = False) -> dict:
-    """p50/p99 of one POST per article to ``mlflow models serve`` (one worker) on loopback."""
+def served(model_path: Path, arts: list[dict], log: Path, floor: bool = False, workers: int = 1) -> dict:
+    """p50/p99 of one POST per article to ``mlflow models serve`` (``workers`` workers) on
+    loopback, and the resident memory of every server process afterwards."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     cmd = [MLFLOW, "models", "serve", "-m", str(model_path), "--env-manager", "local"]
-    cmd += ["-h", "127.0.0.1", "-p", str(port), "-w", "1"]
+    cmd += ["-h", "127.0.0.1", "-p", str(port), "-w", str(workers)]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -166,10 +238,29 @@ def served(model_path: Path, arts: list[dict], log: Path, floor: bool = False) -
             lat.append((time.perf_counter() - t) * 1000)
             pred = got["predictions"][0]
             assert pred == 1 if floor else len(pred["image_ids"]) == 10, pred
-        return {"start_s": round(start_s, 1), "request": pct(lat)}
+        return {"start_s": round(start_s, 1), "request": pct(lat), "memory": server_memory(proc.pid)}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def server_memory(root: int) -> list[dict]:
+    """``/proc/PID/smaps_rollup`` (MB) of the server process and its descendants: Rss counts a
+    mapped file's pages in every process that touched them, Pss splits them among those
+    processes, Shared_Clean is the part another process maps too."""
+    pids, out = [root], []
+    while pids:
+        pid = pids.pop()
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                pids += [int(c) for c in (task / "children").read_text().split()]
+            rows = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        mem = {r.split(":")[0]: int(r.split()[1]) for r in rows if r.split()[-1] == "kB"}
+        keep = ("Rss", "Pss", "Shared_Clean", "Private_Clean", "Private_Dirty", "Anonymous")
+        out.append({"pid": pid, **{k: round(mem.get(k, 0) / 1024, 1) for k in keep}})
+    return out
 
 
 def _timed(fn, arts: list[dict]) -> tuple[dict, list]:
@@ -301,6 +392,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--images", type=int, default=1_000_000, help="archive size without --index-cache")
     ap.add_argument("--dim", type=int, default=256, help="the model's shared dimension")
     ap.add_argument("--index-cache", default=None, help="an ArchiveIndex folder to package")
+    ap.add_argument(
+        "--archive-env",
+        default=None,
+        help="an ArchiveIndex folder (info run_id 'bench') served through MMLINKS_NEWS_ARCHIVE, not copied",
+    )
+    ap.add_argument("--trained", default=None, help="a benchmarks/news_archive_model.py folder: serve it")
+    ap.add_argument("--data", default=None, help="with --trained: the dataset whose articles are the queries")
+    ap.add_argument("--workers", type=int, default=1, help="mlflow models serve -w")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--vocab", type=int, default=50_000)
     ap.add_argument("--max-tokens", type=int, default=100)
@@ -352,7 +451,12 @@ def main(argv: list[str] | None = None) -> dict:
             args.keep = True
             print(json.dumps(out))
             return out
-        arts = articles(args.queries, args.vocab, args.seed)
+        arts = articles(args.queries, args.vocab, args.seed, args.data)
+        if args.archive_env:
+            from training.news.serving import ARCHIVE_ENV
+
+            os.environ[ARCHIVE_ENV] = str(Path(args.archive_env).resolve())  # also the server's
+            out["archive_env"] = os.environ[ARCHIVE_ENV]
         out["in_process"] = in_process(model_path, arts)
         if args.encoder_check or args.thread_sweep:
             if args.encoder_check:
@@ -360,7 +464,7 @@ def main(argv: list[str] | None = None) -> dict:
             if args.thread_sweep:
                 out["thread_sweep"] = thread_sweep(model_path, arts)
         if not args.no_serve:
-            out["served"] = served(model_path, arts, work / "server.log")
+            out["served"] = served(model_path, arts, work / "server.log", workers=args.workers)
     finally:
         if not args.keep and not args.model:
             shutil.rmtree(work, ignore_errors=True)
@@ -384,14 +488,25 @@ def package(args, work: Path, out: dict) -> Path:
     out["archive"] = {"images": len(index), "kind": index.kind, "dim": index.dim}
     out["archive"]["refine_factor"] = index.refine_factor
     out["archive"]["load_or_build_s"] = round(time.perf_counter() - t0, 1)
-    ckpt, vocab = news_checkpoint(work / "ckpt", args.vocab, index.dim, args.max_tokens, args.seed)
+    languages = ["en"]
+    if args.trained:
+        from schemas.manifest import Manifest
+        from training.news.serving import train_languages
+        from training.text import Vocabulary
+
+        ckpt, vocab = Path(args.trained) / "checkpoint", Vocabulary.load(Path(args.trained) / "vocab.json")
+        languages = train_languages(
+            [str(p) for p in Manifest.read(args.data).shard_paths(args.data, "train")]
+        )
+    else:
+        ckpt, vocab = news_checkpoint(work / "ckpt", args.vocab, index.dim, args.max_tokens, args.seed)
     t0 = time.perf_counter()
     threads = SERVE_THREADS
     if args.threads:
         enc, _, srch = args.threads.partition(",")
         threads = None if args.threads == "default" else {"encode": int(enc), "search": int(srch)}
     out["threads"] = threads
-    path = save_news_model(work / "model", str(ckpt), vocab, index, ["en"], "bench", threads)
+    path = save_news_model(work / "model", str(ckpt), vocab, index, languages, "bench", threads)
     out["package_s"] = round(time.perf_counter() - t0, 1)
     out["model_mb"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20)
     out["model"] = str(path)

@@ -120,3 +120,48 @@ def test_without_a_production_model_the_asset_fails_with_the_cause(env):
         assert "archive_index news on news-jsonl" in failures(result)["archive_index__news"]
     finally:
         client.set_registered_model_alias(MODEL_NAME, "production", env["version"])
+
+
+def test_the_asset_builds_the_compressed_kind_and_versions_it_next_to_the_model(env, monkeypatch):
+    """ivfpq (issue #38) through the asset: the index's version and fingerprint in the asset's
+    metadata and as tags of the model version; a withdrawn image bumps the version, which the
+    next materialisation of the same model and dataset reports without rebuilding."""
+    import pandas as pd
+
+    from training.news.serving import ARCHIVE_ENV
+
+    defs = build_definitions(news_settings(archive_index_kind="ivfpq"), env["resources"])
+    result = materialize(env, defs, [ARCHIVE], "news-jsonl")
+    assert result.success, failures(result)
+    value = result.output_for_node("archive_index__news")
+    index = ArchiveIndex.load(value["path"], mmap=True)
+    assert value["kind"] == index.kind == "ivfpq" and len(index) == value["images"] == 10
+    assert value["index_version"] == index.version == 1 and value["fingerprint"] == index.fingerprint
+    meta = result.asset_materializations_for_node("archive_index__news")[0].metadata
+    assert meta["index_version"].value == 1 and meta["index_fingerprint"].value == index.fingerprint
+    assert meta["deleted_images"].value == 0 and meta["index_size_mb"].value > 0
+    uri = env["resources"]["mlflow"].uri()
+    tags = MlflowClient(uri).get_model_version(MODEL_NAME, env["version"]).tags
+    assert tags["archive_index_version"] == "1" and tags["archive_index_fingerprint"] == index.fingerprint
+    assert tags["archive_index_path"] == value["path"]
+
+    writable = ArchiveIndex.load(value["path"])
+    gone = writable.ids[0]
+    writable.delete([gone])
+    writable.save(value["path"])
+    monkeypatch.setenv(ARCHIVE_ENV, value["path"])  # the served model takes the folder, mapped
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@production")
+    finally:
+        mlflow.set_tracking_uri(None)
+    served = model.unwrap_python_model().archive
+    assert served.kind == "ivfpq" and served.mmapped and len(served) == 9
+    out = model.predict(pd.DataFrame([{"language": "en", "headline": "red storm"}]), params={"top_k": 10})
+    assert len(out["image_ids"][0]) == 9 and gone not in out["image_ids"][0]
+
+    again = materialize(env, defs, [ARCHIVE], "news-jsonl")
+    assert again.success, failures(again)
+    meta = again.asset_materializations_for_node("archive_index__news")[0].metadata
+    assert meta["index_version"].value == 2 and meta["deleted_images"].value == 1
+    assert meta["images"].value == 9

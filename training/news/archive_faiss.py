@@ -150,7 +150,22 @@ def train(kind: str, index, x: np.ndarray) -> None:
         fill = np.random.default_rng(0).standard_normal((IVFPQ_MIN_SAMPLE - len(x), d)).astype(np.float32)
         fill /= np.linalg.norm(fill, axis=1, keepdims=True)
         x = np.concatenate([x, fill, np.eye(d, dtype=np.float32), -np.eye(d, dtype=np.float32)])
-    index.train(np.ascontiguousarray(x, dtype=np.float32))
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if kind != "ivfpq":
+        index.train(x)
+        return
+    faiss = _faiss()
+    base, refine = ivfpq_parts(index)
+    # the cells first, on every thread (a few large matrix products); then the 128 small PQ
+    # k-means and the 8-bit ranges on one: their thousands of OpenMP barriers took 128 s
+    # instead of 3.4 s for 10k vectors on 2 cores shared with another job (docs/benchmarks.md)
+    faiss.Clustering(x.shape[1], int(base.nlist), base.cp).train(x, base.quantizer)
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        index.train(x)  # the quantizer holds its nlist centroids: FAISS trains only the codes
+    finally:
+        faiss.omp_set_num_threads(threads)
 
 
 def ivfpq_parts(index):
