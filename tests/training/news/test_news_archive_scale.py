@@ -258,3 +258,44 @@ def test_a_killed_streamed_build_resumes_to_the_index_of_an_uninterrupted_one(tm
         files = [(tmp_path / f / "index.faiss").read_bytes() for f in ("whole", "resumed")]
         assert files[0] == files[1] and np.array_equal(sa, sb)
     assert not list((tmp_path / "resumed").glob("build*"))
+
+
+def _shards(folder: Path, featureless: bool) -> list[str]:
+    """Two shards of 30 documents, two images each; photo ``p{j}`` recurs (ids shared across
+    documents and shards); with ``featureless`` one image has no feature vector."""
+    from schemas.document import Document, ImageRecord
+    from schemas.shards import write_shard
+
+    rng = np.random.default_rng(8)
+    feats = {j: rng.standard_normal(6).round(3).tolist() for j in range(45)}
+    paths = []
+    for s in range(2):
+        docs = []
+        for i in range(30):
+            ims = [(s * 30 + i) % 45, (s * 30 + i * 7) % 45]
+            images = [ImageRecord(f"p{j}", f"u/{j}", 8, 8, 0, feats[j]) for j in ims]
+            if featureless and s == 1 and i == 3:
+                images[0] = ImageRecord("nofeat", "u/x", 8, 8, 0, None)
+            docs.append(Document(f"d{s}-{i:02d}", "news-jsonl", "train", ["a b"], images, [(0, 0)]))
+        write_shard(folder / f"s{s}.parquet", docs)
+        paths.append(str(folder / f"s{s}.parquet"))
+    return paths
+
+
+@pytest.mark.parametrize("featureless", [False, True])
+def test_the_shard_source_streams_every_distinct_image_once_and_resumes_at_a_position(tmp_path, featureless):
+    from training.news.archive import archive_images
+    from training.news.archive_build import shard_source
+
+    paths = _shards(tmp_path, featureless)
+    source = shard_source(paths, batch_rows=7, chunk_images=10)
+    chunks = list(source(0))
+    assert len(chunks) > 3 and chunks[-1].end == 60  # positions: documents read
+    ids, _, feats = archive_images(paths)
+    index = build_streamed(source, "flat", train_size=1)
+    assert sorted(index.ids) == sorted(ids) and len(index) == len(ids) and "nofeat" not in index.ids
+    got = dict(zip(index.ids, index.vectors(np.arange(index.rows)).tolist(), strict=True))
+    want = dict(zip(ids, feats.tolist(), strict=True))
+    assert all(np.allclose(got[i], want[i], atol=1e-6) for i in ids)  # the image's own features
+    later = list(source(chunks[1].end))  # a resumed build's read: the chunks after a position
+    assert [c.ids for c in later] == [c.ids for c in chunks[2:]] and later[-1].end == 60
