@@ -22,9 +22,11 @@ index. The index is built by ``training.news.archive_build.build_streamed`` into
 ``--index-cache`` (checkpointed, so a killed build resumes; reused when it was built for the same
 N, D, seed, vectors and kind); ``--build-only`` stops after that and reports the build's time,
 CPU time and peak resident memory. Latency is timed one query at a time on ``--threads`` FAISS
-threads (default 1), the index loaded as the served model loads it (``--mmap`` for ivfpq), over
-the settings swept: HNSW efSearch / IVF nprobe / PQ factor (``--breadth``), ivfpq ``--nprobe``
-x ``--k-factor`` x ``--exact-factor``. Also: the index's size on disk and the resident memory
+threads (default 1), the index loaded as the served model loads it (``--mmap`` for ivfpq), at the
+settings its build calibrated (``ArchiveIndex.calibrate``: random, on its own vectors plus
+noise; trained, on the train split's articles, not the measured ones) and over the settings
+swept: HNSW efSearch / IVF nprobe / PQ factor (``--breadth``), ivfpq ``--nprobe`` x
+``--k-factor`` x ``--exact-factor``. Also: the index's size on disk and the resident memory
 its load and queries added. One JSON object on stdout. Examples::
 
     PYTHONPATH=. python benchmarks/news_archive_index.py --n 1000000 --kind ivfpq \\
@@ -124,8 +126,9 @@ class Database:
         return source
 
 
-def article_queries(args, net, count: int) -> np.ndarray:
-    """The fused text vectors of the first ``count`` articles of ``--data`` (test split first)."""
+def article_queries(args, net, count: int, splits=("test", "val", "train")) -> np.ndarray:
+    """The fused text vectors of the first ``count`` articles of ``--data``'s ``splits``: the
+    measured queries (test split first), or the build's calibration queries (train split)."""
     from schemas.manifest import Manifest
     from schemas.news import sources_of
     from schemas.shards import read_table
@@ -137,7 +140,7 @@ def article_queries(args, net, count: int) -> np.ndarray:
         "max_tokens"
     ]
     manifest = Manifest.read(args.data)
-    paths = [str(p) for s in ("test", "val", "train") for p in manifest.shard_paths(args.data, s)]
+    paths = [str(p) for s in splits for p in manifest.shard_paths(args.data, s)]
     table = read_table(paths, columns=["sentences", "metadata"])
     arts = [
         dict(zip(sources_of(dict(m or {})), s, strict=True))
@@ -211,6 +214,9 @@ def build(db: Database, args) -> tuple[dict, object]:
         p.update(elapsed_s=round(time.perf_counter() - t0, 1), rss_mb=rss_mb())
         print(json.dumps({"checkpoint": p}), file=sys.stderr, flush=True)
 
+    calibration = None  # random: the index's own vectors plus noise (its default)
+    if args.vectors == "trained":  # the train split's articles (the measured ones: test, val)
+        calibration = article_queries(args, db.net, 200, ("train",))
     index = build_streamed(
         db.source(),
         args.kind,
@@ -220,29 +226,32 @@ def build(db: Database, args) -> tuple[dict, object]:
         expected=db.n,
         checkpoint_rows=args.checkpoint_rows,
         progress=progress,
+        calibration_queries=calibration,
     )
     out = {"build_s": round(time.perf_counter() - t0, 1), "build_cpu_s": round(time.process_time() - c0, 1)}
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out["kind"], out["images"] = index.kind, len(index)
+    out["search"], out["calibration"] = index.search_settings, index.calibration
     if args.index_cache:
         out["disk_mb"] = folder_mb(Path(args.index_cache))
     return out, index
 
 
 def settings_grid(index, args) -> list[tuple[str, dict]]:
-    """(name, settings) of every combination swept."""
+    """(name, settings) of every combination swept; ivfpq: its own (calibrated) settings first."""
     if index.kind == "ivfpq":
-        s = index.search_settings
-        grid = []
-        for p in [int(v) for v in args.nprobe.split(",") if v] or [s["nprobe"]]:
-            for kf in [int(v) for v in args.k_factor.split(",") if v] or [s["k_factor"]]:
-                for ef in [int(v) for v in args.exact_factor.split(",") if v] or [s["exact_factor"]]:
-                    grid.append(
-                        (
-                            f"nprobe={p} k_factor={kf} exact_factor={ef}",
-                            {"nprobe": p, "k_factor": kf, "exact_factor": ef},
-                        )
-                    )
+        s = dict(index.search_settings)
+        grid = [
+            (f"calibrated nprobe={s['nprobe']} k_factor={s['k_factor']} exact_factor={s['exact_factor']}", s)
+        ]
+        probes = [int(v) for v in args.nprobe.split(",") if v]
+        factors = [int(v) for v in args.k_factor.split(",") if v] or [s["k_factor"]]
+        exact = [int(v) for v in args.exact_factor.split(",") if v] or [s["exact_factor"]]
+        for p in probes:
+            for kf in factors:
+                for ef in exact:
+                    name = f"nprobe={p} k_factor={kf} exact_factor={ef}"
+                    grid.append((name, {"nprobe": p, "k_factor": kf, "exact_factor": ef}))
         return grid
     return [(f"breadth={b}", {"breadth": b}) for b in [int(b) for b in args.breadth.split(",") if b] or [0]]
 

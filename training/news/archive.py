@@ -75,7 +75,17 @@ __all__ = [
 FORMAT = 2  # 1: ids.json (issue #18); 2: string tables, tombstones, version, fingerprint
 # index.json keys that are the index's own state, not provenance (``info``)
 STATE_KEYS = ("kind", "dim", "size", "rows", "deleted", "version", "fingerprint", "search")
-STATE_KEYS += ("refine_factor", "format", "build")
+STATE_KEYS += ("refine_factor", "format", "build", "calibration")
+# ivfpq's nprobe and re-rank factor are measured at build time (``calibrate``): the cheapest
+# whose recall@10 against exact search reaches this on the calibration queries. One fixed
+# setting cannot serve both ends: random vectors need every cell probed for 0.95 at 1M, a
+# trained model's embeddings ~3 % of them (docs/benchmarks.md, issue #38)
+TARGET_RECALL = 0.97
+CALIBRATION_QUERIES = 200
+CALIBRATION_NOISE = 0.5  # query = vector + noise * N(0, I/d): a near neighbour, not the vector
+# re-rank factors tried: at 1M a trained model's clustered embeddings need 300 for 0.97 on
+# noisy queries, random vectors 50-100 (docs/benchmarks.md, issue #38)
+CALIBRATION_FACTORS = (100, 300, 1000)
 
 
 def _faiss():
@@ -106,6 +116,7 @@ class ArchiveIndex:
     mmapped: bool = False  # loaded with mmap=True: searchable, not extendable
     build_settings: dict = field(default_factory=dict)
     exact: VectorFile | None = None  # ivfpq: the float32 vectors of its final re-rank
+    calibration: dict = field(default_factory=dict)  # ivfpq: how its nprobe was chosen
 
     def __post_init__(self) -> None:
         if not isinstance(self.ids, StringTable):
@@ -173,6 +184,7 @@ class ArchiveIndex:
         uris = list(uris) if uris is not None else [""] * len(ids)
         if len(x):
             out.append_rows([str(i) for i in ids], x, uris)
+        out.calibrate()
         return out
 
     def append_rows(self, ids: list[str], x: np.ndarray, uris: list[str]) -> None:
@@ -369,6 +381,73 @@ class ArchiveIndex:
             out_r.append([int(r) for r in rows[i, keep]])
         return out_s, out_r
 
+    def exact_search_rows(self, queries: np.ndarray, k: int) -> list[list[int]]:
+        """The exact top k live rows of each query by inner product: one pass over the stored
+        vectors (ivfpq: its float32 file, a block at a time) keeping a running top k."""
+        q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        k = min(int(k), len(self))
+        blocks = self.exact.blocks() if self.exact is not None else [(0, self.vectors(np.arange(self.rows)))]
+        best_s = np.full((len(q), k), -np.inf, np.float32)
+        best_r = np.full((len(q), k), -1, np.int64)
+        for start, v in blocks:
+            s = q @ v.T
+            dead = self.deleted[(self.deleted >= start) & (self.deleted < start + len(v))] - start
+            s[:, dead] = -np.inf
+            rows = np.broadcast_to(np.arange(start, start + len(v)), s.shape)
+            all_s, all_r = np.concatenate([best_s, s], 1), np.concatenate([best_r, rows], 1)
+            keep = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
+            best_s, best_r = np.take_along_axis(all_s, keep, 1), np.take_along_axis(all_r, keep, 1)
+        return best_r.tolist()
+
+    def calibrate(
+        self,
+        target: float = TARGET_RECALL,
+        queries: np.ndarray | None = None,
+        count: int = CALIBRATION_QUERIES,
+        seed: int = 0,
+    ) -> dict:
+        """Choose an ivfpq index's nprobe and re-rank factor by measurement: for each factor of
+        ``CALIBRATION_FACTORS`` (ascending), the fewest cells (1, 2, 4, ... or all) whose
+        recall@10 against ``exact_search_rows`` reaches ``target``; the first factor that gets
+        there wins (else the best recall seen). ``queries``: the vectors the served model will
+        search with (a news archive: its articles' text vectors, ``build_model_archive``);
+        default ``count`` of its own vectors plus noise (seeded). A factor stops climbing the
+        probes once two doublings gained under 0.002 (the re-rank, not the cells, limits it).
+        What it measured is saved in index.json."""
+        if self.kind != "ivfpq" or not len(self):
+            return {}
+        rng = np.random.default_rng(seed)
+        source = "given"
+        if queries is None or not len(queries):
+            rows = np.sort(rng.choice(self.live_rows(), size=min(count, len(self)), replace=False))
+            noise = rng.standard_normal((len(rows), self.dim)).astype(np.float32) / np.sqrt(self.dim)
+            queries, source = self.vectors(rows) + CALIBRATION_NOISE * noise, "noisy database vectors"
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+        k = min(10, len(self))
+        truth = self.exact_search_rows(q, k)
+        cells = int(_faiss().downcast_index(self.index.base_index).nlist)
+        ladder = sorted({min(cells, 1 << i) for i in range(cells.bit_length() + 1)})
+        measured, best = {}, None
+        for factor in CALIBRATION_FACTORS:
+            gains = []
+            for nprobe in ladder:
+                self.set_search(nprobe=nprobe, k_factor=factor)
+                got = self.search_rows(q, k)[1]
+                r = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got, truth, strict=True)]))
+                measured[f"nprobe={nprobe} k_factor={factor}"] = round(r, 4)
+                if best is None or r > best[0] + 1e-9:
+                    best = (r, nprobe, factor)
+                gains.append(r)
+                if r >= target or (len(gains) >= 3 and gains[-1] - gains[-3] < 0.002):
+                    break
+            if best[0] >= target:
+                break
+        self.set_search(nprobe=best[1], k_factor=best[2])
+        self.calibration = {"target": target, "queries": len(q), "query_source": source, "seed": seed}
+        self.calibration.update(recall=round(best[0], 4), measured=measured)
+        return self.calibration
+
     def live_rows(self) -> np.ndarray:
         """Every live row, ascending."""
         return np.setdiff1d(np.arange(self.rows, dtype=np.int64), self.deleted, assume_unique=True)
@@ -385,6 +464,8 @@ class ArchiveIndex:
             meta["search"] = dict(self.search_settings)
         if self.build_settings:
             meta["build"] = dict(self.build_settings)
+        if self.calibration:
+            meta["calibration"] = dict(self.calibration)
         return {**meta, **self.info}
 
     def save(self, folder: str | Path) -> Path:
@@ -450,6 +531,7 @@ class ArchiveIndex:
             mmapped=mmap,
             build_settings=dict(state.get("build", {})),
             exact=exact,
+            calibration=dict(state.get("calibration", {})),
         )
         if not isinstance(ids, list):
             out._lookup = IdLookup.load(folder, out.rows)  # None (built on first use) if stale

@@ -34,7 +34,7 @@ import numpy as np
 
 from schemas.errors import MmlinksError
 from training.fault_hooks import archive_build_reached
-from training.news.archive import ArchiveIndex, embed_images
+from training.news.archive import TARGET_RECALL, ArchiveIndex, embed_images
 from training.news.archive_faiss import IVFPQ_STORE, TRAIN_SIZE, TRAINED_KINDS, read_index
 from training.news.archive_store import (
     IdLookup,
@@ -87,6 +87,7 @@ class _Build:
         self.position = 0
         self.since = 0  # rows added since the last checkpoint
         self.checkpointed: str | None = None
+        self.calibration_queries: np.ndarray | None = None
 
     @property
     def accepted(self) -> int:
@@ -188,6 +189,8 @@ class _Build:
         index = self.index
         index._lookup = self.lookup
         index.build_settings = _public(self.settings)
+        if self.settings["target_recall"] is not None:
+            index.calibrate(self.settings["target_recall"], self.calibration_queries)
         if self.folder is not None:
             os.replace(self.folder / self.checkpointed, self.folder / "index.faiss")
             self.lookup.save(self.folder)
@@ -227,16 +230,23 @@ def build_streamed(
     store: str = IVFPQ_STORE,
     progress: Callable[[dict], None] | None = None,
     replace: bool = False,
+    target_recall: float | None = TARGET_RECALL,
+    calibration_queries: np.ndarray | None = None,
 ) -> ArchiveIndex:
     """The archive index of every distinct id of ``source``'s chunks (see the module): trained
     on the first ``train_size`` vectors (ivf, pq, ivfpq), ``expected`` images sizing ivfpq's
     cells (default: the training sample's size). With ``folder``: checkpointed there and
     resumed from there; a folder that already holds the finished index of the same settings
     is loaded, not rebuilt. A folder holding an index or a build of other settings is refused,
-    or with ``replace`` cleared and built anew. ``progress(dict)`` hears of each checkpoint."""
+    or with ``replace`` cleared and built anew. ``progress(dict)`` hears of each checkpoint.
+    An ivfpq index's nprobe and re-rank factor are then calibrated to ``target_recall`` on
+    ``calibration_queries`` (``ArchiveIndex.calibrate``; None: no calibration, the defaults).
+    A finished folder is returned as it is (its calibration included)."""
     settings = {"kind": kind, "train_size": int(train_size), "expected": expected, "store": store}
+    settings["target_recall"] = target_recall
     settings = json.loads(json.dumps({**settings, "info": dict(info or {})}))
     b = _Build(None if folder is None else Path(folder), settings, transform, progress)
+    b.calibration_queries = calibration_queries
     if b.folder is not None:
         b.folder.mkdir(parents=True, exist_ok=True)
         if (b.folder / "index.json").is_file() and not (b.folder / "build.json").is_file():

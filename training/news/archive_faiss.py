@@ -155,7 +155,7 @@ def train(kind: str, index, x: np.ndarray) -> None:
         index.train(x)
         return
     faiss = _faiss()
-    base, refine = ivfpq_parts(index)
+    base, _ = ivfpq_parts(index)
     # the cells first, on every thread (a few large matrix products); then the 128 small PQ
     # k-means and the 8-bit ranges on one: their thousands of OpenMP barriers took 128 s
     # instead of 3.4 s for 10k vectors on 2 cores shared with another job (docs/benchmarks.md)

@@ -303,6 +303,21 @@ class VectorFile:
                 out[j] = self._tail[0][r - self._base]
         return out
 
+    def blocks(self, rows: int = 1 << 18) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, [<= rows, d] float32) over every row, in order: a pass over the file that
+        holds one block in memory (an exact search, ivfpq's calibration)."""
+        start = 0
+        if self._base:
+            with self._path.open("rb") as fh:
+                while start < self._base:
+                    n = min(rows, self._base - start)
+                    yield start, np.fromfile(fh, "<f4", n * self.d).reshape(n, self.d)
+                    start += n
+        for t in self._tail:
+            for s in range(0, len(t), rows):
+                yield start, t[s : s + rows]
+                start += len(t[s : s + rows])
+
     def write(self, folder: Path, name: str) -> None:
         """Every row to ``folder/NAME.f32`` (through a temporary file and a rename)."""
         path = folder / f"{name}.f32"

@@ -481,7 +481,12 @@ def build_model_archive(
         "dataset_version": manifest.dataset_version,
     }
     folder = Path(out_root) / f"{version}@{manifest.dataset_version}"
-    index = build_archive_index(model.model, paths, kind, info, folder=folder, replace=True)
+    queries = None
+    if kind == "ivfpq" and model.model.cfg.score != "order":  # ORDER models scan exactly
+        queries = article_vectors(model, [str(p) for p in manifest.shard_paths(data, "train")])
+    index = build_archive_index(
+        model.model, paths, kind, info, folder=folder, replace=True, calibration_queries=queries
+    )
     summary = {**info, "path": str(folder), "images": len(index), "kind": kind}
     summary.update(
         index_version=index.version,
@@ -492,6 +497,25 @@ def build_model_archive(
     if tracking_uri and version:
         _tag_model_version(model_uri, version, tracking_uri, summary)
     return summary
+
+
+def article_vectors(model: NewsModel, paths: list, count: int = 200) -> np.ndarray | None:
+    """The fused text vectors of the first ``count`` articles of ``paths`` that have a source
+    the model reads: the queries an ivfpq archive calibrates its probes on (the served queries
+    are articles, whose neighbours spread unlike an image's own; docs/benchmarks.md, #38)."""
+    from schemas.shards import read_table
+
+    table = read_table(paths, columns=["sentences", "metadata"])
+    articles = []
+    for s, m in zip(table.column("sentences").to_pylist(), table.column("metadata").to_pylist(), strict=True):
+        art = dict(zip(sources_of(dict(m or {})), s, strict=True))
+        if any(has_tokens(_text(art.get(src))) for src in model.model.cfg.sources):
+            articles.append(art)
+        if len(articles) == count:
+            break
+    if not articles:
+        return None
+    return encode_articles(model.model, model.vocab, model.max_tokens, articles).numpy()
 
 
 def _tag_model_version(model_uri: str, version: str, tracking_uri: str, summary: dict) -> None:

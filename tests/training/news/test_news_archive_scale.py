@@ -299,3 +299,25 @@ def test_the_shard_source_streams_every_distinct_image_once_and_resumes_at_a_pos
     assert all(np.allclose(got[i], want[i], atol=1e-6) for i in ids)  # the image's own features
     later = list(source(chunks[1].end))  # a resumed build's read: the chunks after a position
     assert [c.ids for c in later] == [c.ids for c in chunks[2:]] and later[-1].end == 60
+
+
+def test_calibration_probes_a_few_cells_of_clustered_vectors_and_more_of_random_ones(tmp_path):
+    rng = np.random.default_rng(9)
+    centres = _unit(rng, 40, 32)
+    x = centres[rng.integers(0, 40, 6000)] + 0.05 * rng.standard_normal((6000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = [str(i) for i in range(6000)]
+    clustered = build_streamed(
+        vectors_source(ids, x, chunk=2000), "ivfpq", folder=tmp_path / "c", train_size=6000
+    )
+    random = build_streamed(vectors_source(ids, _unit(rng, 6000, 32), chunk=2000), "ivfpq", train_size=6000)
+    cells = int(faiss.downcast_index(clustered.index.base_index).nlist)
+    for index in (clustered, random):  # the measured recall reaches the target, at what was chosen
+        cal = index.calibration
+        assert cal["recall"] >= 0.97 and cal["query_source"] == "noisy database vectors"
+        assert cal["measured"][f"nprobe={index.nprobe} k_factor={index.refine_factor}"] == cal["recall"]
+    assert clustered.nprobe < cells / 4 and random.nprobe > clustered.nprobe
+    saved = json.loads((tmp_path / "c" / "index.json").read_text())
+    assert saved["search"]["nprobe"] == clustered.nprobe and saved["calibration"] == clustered.calibration
+    cal = clustered.calibrate(0.9, queries=x[:50] + 0.1)  # the served model's queries, when known
+    assert cal["query_source"] == "given" and cal["queries"] == 50 and cal["recall"] >= 0.9
