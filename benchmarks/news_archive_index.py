@@ -286,6 +286,53 @@ def pct(lat: np.ndarray) -> dict:
     return {f"p{p}_ms": round(float(np.percentile(lat, p)), 3) for p in (50, 99)} | {"queries": len(lat)}
 
 
+def _share_worker(folder: str, mmap: bool, q: np.ndarray, conn) -> None:
+    """A process that loads the index, runs the queries, reports, and waits to be measured."""
+    import faiss
+
+    from training.news.archive import ArchiveIndex
+
+    faiss.omp_set_num_threads(1)
+    before = rss_mb()
+    index = ArchiveIndex.load(folder, mmap=mmap)
+    for row in q:
+        index.search_rows(row[None], 10)
+    conn.send(before)
+    conn.recv()  # measured: exit
+
+
+def smaps(pid: int) -> dict:
+    rows = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+    mem = {r.split(":")[0]: int(r.split()[1]) for r in rows if r.split()[-1] == "kB"}
+    keep = ("Rss", "Pss", "Shared_Clean", "Private_Clean", "Private_Dirty", "Anonymous")
+    return {k: round(mem.get(k, 0) / 1024, 1) for k in keep}
+
+
+def share_check(folder: str, mmap: bool, q: np.ndarray, processes: int) -> list[dict]:
+    """``--share-check N``: N processes load the same index folder (memory-mapped or not) and
+    search it; each one's ``/proc/PID/smaps_rollup`` while all are alive. A mapped file's
+    pages count in every process's Rss, once in total across their Pss."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    for _ in range(processes):
+        here, there = ctx.Pipe()
+        p = ctx.Process(target=_share_worker, args=(folder, mmap, q, there))
+        p.start()
+        procs.append(p)
+        conns.append(here)
+    before = [c.recv() for c in conns]
+    out = [
+        {"pid": p.pid, "rss_before_load_mb": b, **smaps(p.pid)} for p, b in zip(procs, before, strict=True)
+    ]
+    for c in conns:
+        c.send(1)
+    for p in procs:
+        p.join()
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000)
@@ -309,6 +356,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--train-size", type=int, default=200_000)
     ap.add_argument("--checkpoint-rows", type=int, default=1_000_000)
+    ap.add_argument(
+        "--share-check",
+        type=int,
+        default=0,
+        help="N processes load the index (--mmap or not) and search it: their smaps_rollup",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.vectors == "trained" and not (args.model and args.data):
@@ -347,6 +400,12 @@ def main(argv: list[str] | None = None) -> dict:
         else (["articles", "noisy"] if db.net else ["noisy", "random"])
     )
     cache = Path(args.index_cache) if args.index_cache else None
+    if args.share_check and args.index_cache:
+        q = queries(db, args, modes[0])
+        out["share_check"] = {"mmap": args.mmap, "queries_each": len(q)}
+        out["share_check"]["processes"] = share_check(args.index_cache, args.mmap, q, args.share_check)
+        print(json.dumps(out))
+        return out
     for mode in modes:
         q = queries(db, args, mode)
         faiss.omp_set_num_threads(cores)

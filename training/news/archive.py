@@ -333,9 +333,9 @@ class ArchiveIndex:
             return self._search_filtered(q, k)
         if self._params is None:
             self._params = Params(self.kind, self.index, self.search_settings, self.deleted, self.rows)
-        params = self._params.value
         if self.kind == "ivfpq":
-            return self._search_ivfpq(q, k, params)
+            return self._search_ivfpq(q, k, self._params)
+        params = self._params.value
         scores, rows = self.index.search(q, k) if params is None else self.index.search(q, k, params=params)
         # HNSW and IVF may return fewer than k hits (-1 rows: a tiny graph, too few probed
         # cells, a selector): drop them
@@ -350,8 +350,8 @@ class ArchiveIndex:
         s = self.search_settings
         ef = int(s.get("exact_factor", 0)) if self.exact is not None else 0
         k2 = max(k, min(len(self), k * ef)) if ef else k
-        params.k_factor = max(1.0, float(s["k_factor"]) * k / k2)  # k x k_factor candidates in all
-        scores, rows = self.index.search(q, k2, params=params)
+        refine = params.refine(max(1.0, float(s["k_factor"]) * k / k2))  # k x k_factor candidates in all
+        scores, rows = self.index.search(q, k2, params=refine)
         if not ef:
             return scores[:, :k], [[int(r) for r in row if r >= 0] for row in rows]
         out_s, out_r = np.full((len(q), k), -np.inf, np.float32), []
@@ -393,8 +393,9 @@ class ArchiveIndex:
             s = q @ v.T
             dead = self.deleted[(self.deleted >= start) & (self.deleted < start + len(v))] - start
             s[:, dead] = -np.inf
-            rows = np.broadcast_to(np.arange(start, start + len(v)), s.shape)
-            all_s, all_r = np.concatenate([best_s, s], 1), np.concatenate([best_r, rows], 1)
+            top = np.argpartition(-s, k - 1, axis=1)[:, :k] if s.shape[1] > k else np.argsort(-s, axis=1)
+            all_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
+            all_r = np.concatenate([best_r, top + start], 1)
             keep = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
             best_s, best_r = np.take_along_axis(all_s, keep, 1), np.take_along_axis(all_r, keep, 1)
         return best_r.tolist()

@@ -189,7 +189,7 @@ class _Build:
         index = self.index
         index._lookup = self.lookup
         index.build_settings = _public(self.settings)
-        if self.settings["target_recall"] is not None:
+        if self.settings.get("target_recall") is not None:
             index.calibrate(self.settings["target_recall"], self.calibration_queries)
         if self.folder is not None:
             os.replace(self.folder / self.checkpointed, self.folder / "index.faiss")
@@ -243,7 +243,8 @@ def build_streamed(
     ``calibration_queries`` (``ArchiveIndex.calibrate``; None: no calibration, the defaults).
     A finished folder is returned as it is (its calibration included)."""
     settings = {"kind": kind, "train_size": int(train_size), "expected": expected, "store": store}
-    settings["target_recall"] = target_recall
+    if kind == "ivfpq":  # the only kind calibrated
+        settings["target_recall"] = target_recall
     settings = json.loads(json.dumps({**settings, "info": dict(info or {})}))
     b = _Build(None if folder is None else Path(folder), settings, transform, progress)
     b.calibration_queries = calibration_queries

@@ -220,20 +220,24 @@ class Params:
             inner = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))  # its n counts bytes
             sel = faiss.IDSelectorNot(inner)
             self.keep += [bits, inner, sel]
-        self.value = None
+        self.value = self.ivf = None
         if kind == "ivfpq":
-            ivf = faiss.SearchParametersIVF(nprobe=int(search["nprobe"]))
+            self.ivf = faiss.SearchParametersIVF(nprobe=int(search["nprobe"]))
             if sel is not None:
-                ivf.sel = sel
-            self.value = faiss.IndexRefineSearchParameters(k_factor=float(search["k_factor"]))
-            self.value.base_index_params = ivf
-            self.keep.append(ivf)
+                self.ivf.sel = sel
         elif sel is not None and kind == "hnsw":
             self.value = faiss.SearchParametersHNSW(sel=sel, efSearch=int(index.hnsw.efSearch))
         elif sel is not None and kind == "ivf":
             self.value = faiss.SearchParametersIVF(sel=sel, nprobe=int(index.nprobe))
         elif sel is not None:
             self.value = faiss.SearchParameters(sel=sel)
+
+    def refine(self, k_factor: float):
+        """ivfpq: a query's own ``IndexRefineSearchParameters`` over the shared (read-only) IVF
+        ones: its factor depends on the k asked, and a server may predict on several threads."""
+        out = _faiss().IndexRefineSearchParameters(k_factor=float(k_factor))
+        out.base_index_params = self.ivf
+        return out
 
 
 def read_index(path: str, mmap: bool):
