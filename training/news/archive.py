@@ -13,12 +13,13 @@ live), ``delete`` withdraws them (tombstones: the rows stay in FAISS, every sear
 ``fingerprint`` (a hash over the build and every change), both in ``index.json`` next to the
 model's provenance (``info``), so a served model or the Dagster asset names the exact archive.
 
-The folder holds ``index.faiss``; ``index.json`` (kind, dimension, rows, live size, version,
-fingerprint, search settings, provenance); the names as memory-mappable string tables
-(``ids.bin`` / ``ids.offsets``, ``uris.bin`` / ``uris.offsets``: ``archive_store``, with the
-id look-up's hash column ``ids.hash.npy`` / ``ids.hash_rows.npy``); ``deleted.npy`` (the
-withdrawn rows). Folders written before issue #38 (``ids.json``) still load.
-``load(mmap=True)`` maps the big arrays from the file so that serving workers share them.
+The folder holds ``index.faiss`` (ivfpq: its re-rank store apart, ``index.refine.faiss``, and
+its float32 vectors, ``vectors.f32``); ``index.json`` (kind, dimension, rows, live size,
+version, fingerprint, search settings and their calibration, provenance); the names as
+memory-mappable string tables (``ids.bin`` / ``ids.offsets``, ``uris.bin`` / ``uris.offsets``:
+``archive_store``, with the id look-up's hash column ``ids.hash.npy`` / ``ids.hash_rows.npy``);
+``deleted.npy`` (the withdrawn rows). Folders written before issue #38 (``ids.json``) still
+load. ``load(mmap=True)`` maps the re-rank store from its file, so that serving workers share it.
 
 The streamed build (``build_streamed``) makes an index of any size in bounded memory, from
 chunks of (ids, vectors, uris), checkpointed and resumable: ``training/news/archive_build.py``.
@@ -48,9 +49,10 @@ from training.news.archive_faiss import (
     ivfpq_cells,
     new_index,
     pq_subquantizers,
-    read_index,
+    read_index_files,
     selector_supported,
     train,
+    write_index_files,
 )
 from training.news.archive_store import (
     IdLookup,
@@ -472,12 +474,9 @@ class ArchiveIndex:
     def save(self, folder: str | Path) -> Path:
         """Write the folder (every file through a rename; ``index.json`` last, so a folder
         with an ``index.json`` is complete)."""
-        faiss = _faiss()
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / "index.faiss.tmp"
-        faiss.write_index(self.index, str(tmp))
-        tmp.replace(folder / "index.faiss")
+        write_index_files(self.kind, self.index, folder, "index")
         self.ids.write(folder, "ids")
         self.uris.write(folder, "uris")
         if self.exact is not None:
@@ -500,8 +499,8 @@ class ArchiveIndex:
             why = "an unfinished build: run it again to resume" if unfinished else "index.faiss missing"
             raise MmlinksError(f"no archive index in {folder} ({why})")
         meta = json.loads((folder / "index.json").read_text())
-        index = read_index(str(folder / "index.faiss"), mmap)
         kind = meta.get("kind", "flat")
+        index = read_index_files(kind, folder, "index", mmap)
         state = {key: meta.pop(key) for key in STATE_KEYS if key in meta}
         if (folder / "ids.json").is_file():  # issue #18's folders
             names = json.loads((folder / "ids.json").read_text())

@@ -35,7 +35,14 @@ import numpy as np
 from schemas.errors import MmlinksError
 from training.fault_hooks import archive_build_reached
 from training.news.archive import TARGET_RECALL, ArchiveIndex, embed_images
-from training.news.archive_faiss import IVFPQ_STORE, TRAIN_SIZE, TRAINED_KINDS, read_index
+from training.news.archive_faiss import (
+    IVFPQ_STORE,
+    TRAIN_SIZE,
+    TRAINED_KINDS,
+    index_files,
+    read_index_files,
+    write_index_files,
+)
 from training.news.archive_store import (
     IdLookup,
     StringTable,
@@ -138,27 +145,21 @@ class _Build:
             self.progress({"rows": self.index.rows, "position": self.position})
         if self.folder is None:
             return
-        import faiss
-
         rows = self.index.rows
-        name = f"build-{rows}.faiss"
-        tmp = self.folder / f"{name}.tmp"
-        faiss.write_index(self.index.index, str(tmp))
-        os.replace(tmp, self.folder / name)
+        name = f"build-{rows}"
+        write_index_files(self.index.kind, self.index.index, self.folder, name)
         state = {"settings": self.settings, "rows": rows, "position": self.position, "index": name}
         state.update(fingerprint=self.index.fingerprint, search=self.index.search_settings)
         write_json_atomic(self.folder / "build.json", state)
         self.checkpointed = name
-        for old in self.folder.glob("build-*.faiss"):
-            if old.name != name:
-                old.unlink()
+        _drop_checkpoints(self.folder, keep=name)
         archive_build_reached("checkpoint")
 
     def resume(self, state: dict) -> None:
         rows = int(state["rows"])
         for table in ("ids", "uris"):
             truncate_table(self.folder, table, rows)
-        index = read_index(str(self.folder / state["index"]), False)
+        index = read_index_files(self.settings["kind"], self.folder, state["index"], False)
         exact = None
         if self.settings["kind"] == "ivfpq":
             truncate_vectors(self.folder, "vectors", rows, int(index.d))
@@ -179,9 +180,7 @@ class _Build:
         self.lookup = IdLookup.of(self.index.ids)
         self.position = int(state["position"])
         self.checkpointed = state["index"]
-        for old in self.folder.glob("build-*.faiss"):
-            if old.name != state["index"]:
-                old.unlink()
+        _drop_checkpoints(self.folder, keep=state["index"])
 
     def finish(self) -> ArchiveIndex:
         if self.since or (self.folder is not None and self.checkpointed is None):
@@ -192,7 +191,13 @@ class _Build:
         if self.settings.get("target_recall") is not None:
             index.calibrate(self.settings["target_recall"], self.calibration_queries)
         if self.folder is not None:
-            os.replace(self.folder / self.checkpointed, self.folder / "index.faiss")
+            kind = index.kind
+            for built, final in zip(
+                index_files(kind, self.folder, self.checkpointed),
+                index_files(kind, self.folder, "index"),
+                strict=True,
+            ):
+                os.replace(built, final)
             self.lookup.save(self.folder)
             save_npy_atomic(self.folder / "deleted.npy", index.deleted)
             write_json_atomic(self.folder / "index.json", index.meta())
@@ -200,12 +205,19 @@ class _Build:
         return index
 
 
+def _drop_checkpoints(folder: Path, keep: str) -> None:
+    """Remove every checkpoint's files but ``keep``'s (and half-written ones)."""
+    for old in folder.glob("build-*.faiss*"):
+        if old.name.split(".", 1)[0] != keep or old.name.endswith(".tmp"):
+            old.unlink()
+
+
 def _public(settings: dict) -> dict:
     """The build settings recorded in index.json (provenance lives in ``info``)."""
     return {k: v for k, v in settings.items() if k != "info"}
 
 
-BUILD_FILES = ("index.faiss", "index.json", "build.json", "deleted.npy", "ids.json")
+BUILD_FILES = ("index.faiss", "index.refine.faiss", "index.json", "build.json", "deleted.npy", "ids.json")
 BUILD_FILES += tuple(f"{t}.{s}" for t in ("ids", "uris") for s in ("bin", "offsets"))
 BUILD_FILES += ("ids.hash.npy", "ids.hash_rows.npy", "vectors.f32")
 

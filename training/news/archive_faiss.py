@@ -26,6 +26,9 @@ over-fetches ``k + deleted`` and filters (``selector_supported``).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 
 from schemas.errors import MmlinksError
@@ -248,6 +251,37 @@ def read_index(path: str, mmap: bool):
     to a mapped array, so ``ArchiveIndex`` refuses adds to an index loaded this way."""
     faiss = _faiss()
     return faiss.read_index(path, faiss.IO_FLAG_MMAP_IFC if mmap else 0)
+
+
+def index_files(kind: str, folder: Path, stem: str) -> list[Path]:
+    """The files of a saved index: ``STEM.faiss``; ivfpq also ``STEM.refine.faiss``, its re-rank
+    store apart, so that a memory-mapped load maps the store alone: mapped in one file with
+    the IVF lists, the lists' pages read while FAISS copies them stayed resident in the
+    mapping too (+72 MB a process at 1M, docs/benchmarks.md, issue #38)."""
+    files = [folder / f"{stem}.faiss"]
+    return [*files, folder / f"{stem}.refine.faiss"] if kind == "ivfpq" else files
+
+
+def write_index_files(kind: str, index, folder: Path, stem: str) -> None:
+    """Write an index's files, each through a temporary file and a rename."""
+    faiss = _faiss()
+    parts = ivfpq_parts(index) if kind == "ivfpq" else (index,)
+    for part, path in zip(parts, index_files(kind, folder, stem), strict=True):
+        tmp = path.with_name(path.name + ".tmp")
+        faiss.write_index(part, str(tmp))
+        os.replace(tmp, path)
+
+
+def read_index_files(kind: str, folder: Path, stem: str, mmap: bool):
+    """The index ``write_index_files`` wrote (ivfpq: the ``IndexRefine`` put back together;
+    its factor is passed per query, ``Params.refine``)."""
+    paths = index_files(kind, folder, stem)
+    if kind != "ivfpq":
+        return read_index(str(paths[0]), mmap)
+    base = _faiss().read_index(str(paths[0]))  # the IVF lists are copied anyway
+    index = _faiss().IndexRefine(base, read_index(str(paths[1]), mmap))  # keeps both alive
+    index.k_factor = IVFPQ_REFINE_FACTOR
+    return index
 
 
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <sys/mman.h>; MADV_COLLAPSE: Linux 6.1+
