@@ -194,7 +194,7 @@ def rss_mb() -> float:
 def folder_mb(folder: Path) -> dict:
     files = {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()}
     out = {"total": round(sum(files.values()) / 2**20, 1)}
-    for name in ("index.faiss", "vectors.f32"):
+    for name in ("index.faiss", "index.refine.faiss", "vectors.f32"):
         if name in files:
             out[name] = round(files[name] / 2**20, 1)
     out["names"] = round(sum(v for k, v in files.items() if k.startswith(("ids.", "uris."))) / 2**20, 1)
@@ -237,10 +237,10 @@ def build(db: Database, args) -> tuple[dict, object]:
     return out, index
 
 
-def settings_grid(index, args) -> list[tuple[str, dict]]:
+def settings_grid(index, args, calibrated: dict) -> list[tuple[str, dict]]:
     """(name, settings) of every combination swept; ivfpq: its own (calibrated) settings first."""
     if index.kind == "ivfpq":
-        s = dict(index.search_settings)
+        s = dict(calibrated)
         grid = [
             (f"calibrated nprobe={s['nprobe']} k_factor={s['k_factor']} exact_factor={s['exact_factor']}", s)
         ]
@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> dict:
             "mmap": args.mmap,
             "rss_added_mb": round(rss_mb() - before, 1),
         }
+    calibrated = dict(index.search_settings)  # as built: the sweep below changes them
     modes = (
         args.query_mode.split(",")
         if args.query_mode
@@ -415,7 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
         out[mode] = {"oracle_s": round(time.perf_counter() - t0, 1)}
         faiss.omp_set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
-        for label, settings in settings_grid(index, args):
+        for label, settings in settings_grid(index, args, calibrated):
             apply(index, settings)
             lat, hits = timed(index, q, args.k)
             recall = np.mean([len(set(a) & set(b)) / args.k for a, b in zip(hits, truth, strict=True)])

@@ -303,7 +303,7 @@ class VectorFile:
                 out[j] = self._tail[0][r - self._base]
         return out
 
-    def blocks(self, rows: int = 1 << 18) -> Iterator[tuple[int, np.ndarray]]:
+    def blocks(self, rows: int = 1 << 16) -> Iterator[tuple[int, np.ndarray]]:
         """(first row, [<= rows, d] float32) over every row, in order: a pass over the file that
         holds one block in memory (an exact search, ivfpq's calibration)."""
         start = 0
