@@ -169,8 +169,10 @@ def exact_top(archive, q: np.ndarray, k: int, chunk: int = 1 << 20) -> list[list
         s = q @ np.asarray(v[start : start + chunk]).T
         dead = archive.deleted[(archive.deleted >= start) & (archive.deleted < start + len(s[0]))] - start
         s[:, dead] = -np.inf
-        all_s = np.concatenate([best_s, s], 1)
-        all_r = np.concatenate([best_r, np.broadcast_to(np.arange(start, start + s.shape[1]), s.shape)], 1)
+        # the chunk's own top k first (a full argsort of 200 x 1M scores took minutes at 10M)
+        top = np.argpartition(-s, k - 1, axis=1)[:, :k] if s.shape[1] > k else np.argsort(-s, axis=1)
+        all_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
+        all_r = np.concatenate([best_r, top + start], 1)
         keep = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
         best_s, best_r = np.take_along_axis(all_s, keep, 1), np.take_along_axis(all_r, keep, 1)
     return best_r.tolist()
