@@ -93,6 +93,7 @@ def build_current_archive(
         # the index's own version and fingerprint (also tags on the model version in MLflow)
         "index_version": int(summary["index_version"]),
         "index_fingerprint": summary["fingerprint"],
+        "index_search_fingerprint": summary["search_fingerprint"],  # with its nprobe / re-rank
         "index_size_mb": round(summary["index_bytes"] / 2**20, 3),
         "deleted_images": int(summary["deleted"]),
     }

@@ -56,15 +56,16 @@ def after_epoch(rank: int, epoch: int, kill: dict | None) -> None:
 
 
 KILL_ARCHIVE_AT_ENV = "MMLINKS_TEST_KILL_ARCHIVE_AT"
-ARCHIVE_STAGES = ("added", "checkpoint")
+ARCHIVE_STAGES = ("added", "checkpoint", "finish")
 _archive_calls: dict[str, int] = {}
 
 
 def archive_build_reached(stage: str) -> None:
     """SIGKILL this process at the N-th ``stage`` of a streamed archive index build
     (``training.news.archive_build``) when ``$MMLINKS_TEST_KILL_ARCHIVE_AT`` is ``STAGE:N``:
-    ``added`` (a chunk is in the index, not yet checkpointed) or ``checkpoint`` (one was
-    written), so the resume test kills a real build at a known point. Unset: one look-up."""
+    ``added`` (a chunk is in the index, not yet checkpointed), ``checkpoint`` (one was
+    written) or ``finish`` (the final files written, build.json not yet removed), so the resume
+    test kills a real build at a known point. Unset: one look-up."""
     wanted = os.environ.get(KILL_ARCHIVE_AT_ENV)
     if not wanted:
         return

@@ -144,6 +144,9 @@ def test_the_asset_builds_the_compressed_kind_and_versions_it_next_to_the_model(
     tags = MlflowClient(uri).get_model_version(MODEL_NAME, env["version"]).tags
     assert tags["archive_index_version"] == "1" and tags["archive_index_fingerprint"] == index.fingerprint
     assert tags["archive_index_path"] == value["path"]
+    # the calibrated search settings too: a re-calibration changes this one, not the fingerprint
+    assert tags["archive_index_search_fingerprint"] == index.search_fingerprint != index.fingerprint
+    assert meta["index_search_fingerprint"].value == index.search_fingerprint
 
     writable = ArchiveIndex.load(value["path"])
     gone = writable.ids[0]

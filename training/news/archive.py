@@ -159,6 +159,8 @@ class ArchiveIndex:
         if kind == "ivf":
             index.nprobe = ivf_nprobe(cells)
         settings = {"cells": cells, "store": store} if kind == "ivfpq" else {}
+        if kind in ("ivf", "pq", "ivfpq"):  # which rows trained the quantizers changes every code
+            settings["trained_on"] = n
         fingerprint = start_fingerprint(kind, d, settings)
         exact = VectorFile(d) if kind == "ivfpq" else None
         return cls(index, [], [], kind, dict(info or {}), fingerprint=fingerprint, exact=exact)
@@ -315,6 +317,13 @@ class ArchiveIndex:
     def __len__(self) -> int:
         return self.rows - len(self.deleted)
 
+    @property
+    def search_fingerprint(self) -> str:
+        """``fingerprint`` with the search settings chained in (nprobe, re-rank factors, as
+        calibrated or set): two indexes with the same one return the same hits. The fingerprint
+        alone names the contents; a re-calibration changes only this one."""
+        return chained(self.fingerprint, "search " + json.dumps(self.search_settings, sort_keys=True), [])
+
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         """queries [Q, d] -> (scores [Q, k'], ids per query), best first, k' = min(k, size)."""
         scores, rows = self.search_rows(queries, k)
@@ -333,11 +342,14 @@ class ArchiveIndex:
             return np.zeros((len(q), 0), np.float32), [[] for _ in q]
         if len(self.deleted) and not selector_supported(self.kind):
             return self._search_filtered(q, k)
-        if self._params is None:
-            self._params = Params(self.kind, self.index, self.search_settings, self.deleted, self.rows)
+        shared = self._params  # one read: a concurrent delete or set_search may reset it
+        if shared is None:
+            shared = self._params = Params(
+                self.kind, self.index, self.search_settings, self.deleted, self.rows
+            )
         if self.kind == "ivfpq":
-            return self._search_ivfpq(q, k, self._params)
-        params = self._params.value
+            return self._search_ivfpq(q, k, shared)
+        params = shared.value
         scores, rows = self.index.search(q, k) if params is None else self.index.search(q, k, params=params)
         # HNSW and IVF may return fewer than k hits (-1 rows: a tiny graph, too few probed
         # cells, a selector): drop them
@@ -472,10 +484,11 @@ class ArchiveIndex:
         return {**meta, **self.info}
 
     def save(self, folder: str | Path) -> Path:
-        """Write the folder (every file through a rename; ``index.json`` last, so a folder
-        with an ``index.json`` is complete)."""
+        """Write the folder (every file through a rename; ``index.json`` removed first and
+        written last, so a folder with an ``index.json`` is complete, also when saved over)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        (folder / "index.json").unlink(missing_ok=True)
         write_index_files(self.kind, self.index, folder, "index")
         self.ids.write(folder, "ids")
         self.uris.write(folder, "uris")
@@ -509,9 +522,15 @@ class ArchiveIndex:
             ids = StringTable.open(folder, "ids", int(index.ntotal))
             uris = StringTable.open(folder, "uris", int(index.ntotal))
         deleted = np.load(folder / "deleted.npy") if (folder / "deleted.npy").is_file() else None
+        _check_folder(folder, kind, index, state, deleted)
         exact = None
         if kind == "ivfpq" and (folder / "vectors.f32").is_file():
             exact = VectorFile.open(folder, "vectors", int(index.d), int(index.ntotal))
+        elif kind == "ivfpq" and int(state.get("search", {}).get("exact_factor", 0)):
+            raise MmlinksError(
+                f"archive index {folder}: vectors.f32 is missing (its search re-ranks on it; copy the "
+                "whole folder)"
+            )
         if kind == "hnsw":
             index.hnsw.efSearch = HNSW_EF_SEARCH
         elif kind == "ivf":
@@ -538,6 +557,31 @@ class ArchiveIndex:
         if huge_pages and not mmap:
             back_with_huge_pages(index)
         return out
+
+
+def _check_folder(folder: Path, kind: str, index, state: dict, deleted: np.ndarray | None) -> None:
+    """Refuse a folder whose files do not belong together (a save or copy cut short): the rows
+    index.json counts, the IVF codes' and the re-rank store's rows, the withdrawn rows."""
+    rows = int(index.ntotal)
+    problems = []
+    if "rows" in state and int(state["rows"]) != rows:
+        problems.append(f"index.json counts {state['rows']} rows, index.faiss holds {rows}")
+    base, store = (
+        (int(index.base_index.ntotal), int(index.refine_index.ntotal)) if kind == "ivfpq" else (0, 0)
+    )
+    if base != store:
+        problems.append(f"index.faiss holds {base} rows, index.refine.faiss {store}")
+    if deleted is not None and len(deleted):
+        if "deleted" in state and int(state["deleted"]) != len(deleted):
+            problems.append(
+                f"index.json counts {state['deleted']} withdrawn rows, deleted.npy {len(deleted)}"
+            )
+        if int(np.max(deleted)) >= rows:
+            problems.append("deleted.npy names rows past the end")
+    if problems:
+        raise MmlinksError(
+            f"archive index {folder} is inconsistent: {'; '.join(problems)} (rebuild or re-copy it)"
+        )
 
 
 def archive_images(paths: list) -> tuple[list[str], list[str], np.ndarray]:

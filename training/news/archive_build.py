@@ -191,17 +191,24 @@ class _Build:
         if self.settings.get("target_recall") is not None:
             index.calibrate(self.settings["target_recall"], self.calibration_queries)
         if self.folder is not None:
+            # Linked, not renamed: until build.json goes, a kill anywhere here leaves the
+            # checkpoint that build.json names, so the next run resumes and finishes again.
             kind = index.kind
             for built, final in zip(
                 index_files(kind, self.folder, self.checkpointed),
                 index_files(kind, self.folder, "index"),
                 strict=True,
             ):
-                os.replace(built, final)
+                linked = final.with_name(final.name + ".link")
+                linked.unlink(missing_ok=True)
+                os.link(built, linked)
+                os.replace(linked, final)
             self.lookup.save(self.folder)
             save_npy_atomic(self.folder / "deleted.npy", index.deleted)
             write_json_atomic(self.folder / "index.json", index.meta())
+            archive_build_reached("finish")
             (self.folder / "build.json").unlink()
+            _drop_checkpoints(self.folder, keep="")
         return index
 
 

@@ -169,6 +169,8 @@ def truncate_table(folder: Path, name: str, rows: int) -> None:
         raise MmlinksError(f"archive build in {folder}: the {name} table holds fewer than {rows} rows")
     end = int(offsets[rows])
     del offsets
+    if not data_path.is_file() or data_path.stat().st_size < end:  # truncate would pad with NULs
+        raise MmlinksError(f"archive build in {folder}: the {name} table's data is cut short")
     os.truncate(offsets_path, (rows + 1) * OFFSET_DTYPE.itemsize)
     os.truncate(data_path, end)
 
@@ -267,16 +269,32 @@ class VectorFile:
         self._path: Path | None = None
         self._base = 0
         self._tail: list[np.ndarray] = [] if rows is None or not len(rows) else [rows]
-        self._fd: tuple[int, int] | None = None  # (pid, fd): a forked worker opens its own
+        # Opened once, at ``open``: a file replaced at the same path later (a rebuild of the
+        # folder) does not change what this index reads; ``pread`` keeps no file offset, so
+        # forked serving workers share the descriptor safely.
+        self._fd: int | None = None
 
     @classmethod
     def open(cls, folder: str | Path, name: str, d: int, rows: int) -> VectorFile:
         path = Path(folder) / f"{name}.f32"
-        if not path.is_file() or path.stat().st_size < rows * d * 4:
-            raise MmlinksError(f"archive index {folder}: {path.name} is missing or cut short")
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise MmlinksError(f"archive index {folder}: {path.name} is missing") from None
+        if os.fstat(fd).st_size < rows * d * 4:
+            os.close(fd)
+            raise MmlinksError(f"archive index {folder}: {path.name} is cut short")
         out = cls(d)
-        out._path, out._base = path, rows
+        out._path, out._base, out._fd = path, rows, fd
         return out
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
     def __len__(self) -> int:
         return self._base + sum(len(t) for t in self._tail)
@@ -286,9 +304,17 @@ class VectorFile:
             self._tail.append(np.ascontiguousarray(rows, dtype=np.float32))
 
     def _descriptor(self) -> int:
-        if self._fd is None or self._fd[0] != os.getpid():
-            self._fd = (os.getpid(), os.open(self._path, os.O_RDONLY))
-        return self._fd[1]
+        if self._fd is None:
+            raise MmlinksError(f"archive index: {self._path} was closed")
+        return self._fd
+
+    def _read_rows(self, start: int, n: int) -> np.ndarray:
+        """Rows [start, start + n) of the file, read with ``pread``."""
+        size = n * self.d * 4
+        data = os.pread(self._descriptor(), size, start * self.d * 4)
+        if len(data) != size:
+            raise MmlinksError(f"archive index: {self._path} is cut short")
+        return np.frombuffer(data, "<f4").reshape(n, self.d)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """[len(rows), d] float32, in the order given."""
@@ -307,12 +333,10 @@ class VectorFile:
         """(first row, [<= rows, d] float32) over every row, in order: a pass over the file that
         holds one block in memory (an exact search, ivfpq's calibration)."""
         start = 0
-        if self._base:
-            with self._path.open("rb") as fh:
-                while start < self._base:
-                    n = min(rows, self._base - start)
-                    yield start, np.fromfile(fh, "<f4", n * self.d).reshape(n, self.d)
-                    start += n
+        while start < self._base:
+            n = min(rows, self._base - start)
+            yield start, self._read_rows(start, n)
+            start += n
         for t in self._tail:
             for s in range(0, len(t), rows):
                 yield start, t[s : s + rows]
@@ -323,13 +347,9 @@ class VectorFile:
         path = folder / f"{name}.f32"
         tmp = path.with_name(path.name + ".tmp")
         with tmp.open("wb") as out:
-            if self._base:
-                with self._path.open("rb") as src:
-                    left = self._base * self.d * 4
-                    while left:
-                        block = src.read(min(left, 1 << 26))
-                        out.write(block)
-                        left -= len(block)
+            step = max(1, (1 << 26) // (self.d * 4))  # 64 MB at a time
+            for start in range(0, self._base, step):
+                out.write(self._read_rows(start, min(step, self._base - start)).tobytes())
             for t in self._tail:
                 out.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
         os.replace(tmp, path)

@@ -491,6 +491,7 @@ def build_model_archive(
     summary.update(
         index_version=index.version,
         fingerprint=index.fingerprint,
+        search_fingerprint=index.search_fingerprint,
         deleted=len(index.deleted),
         index_bytes=sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
     )
@@ -527,6 +528,7 @@ def _tag_model_version(model_uri: str, version: str, tracking_uri: str, summary:
     tags = {
         "archive_index_version": summary["index_version"],
         "archive_index_fingerprint": summary["fingerprint"],
+        "archive_index_search_fingerprint": summary["search_fingerprint"],
         "archive_index_path": summary["path"],
         "archive_index_dataset_version": summary["dataset_version"],
     }

@@ -200,6 +200,53 @@ def test_a_memory_mapped_index_searches_alike_and_refuses_to_grow(tmp_path):
         mapped.set_search(nprobe=0)
 
 
+def test_a_folder_whose_files_do_not_belong_together_is_refused(tmp_path):
+    """A save or copy cut short: index.json's count, the IVF codes vs the re-rank store, the
+    tombstones, the float32 vectors the search re-ranks on; and the vectors a loaded index
+    reads stay its own when the file at their path is replaced."""
+    rng = np.random.default_rng(9)
+    x = _unit(rng, 300, 16)
+    index = ArchiveIndex.build([str(i) for i in range(300)], x, kind="ivfpq")
+    index.set_search(nprobe=2, k_factor=5, exact_factor=4)
+    index.delete(["3"])
+    folder = index.save(tmp_path / "ix")
+    loaded = ArchiveIndex.load(folder)  # not searched yet
+    before = index.search(x[:5], 5)
+    meta = json.loads((folder / "index.json").read_text())
+    (folder / "vectors.f32").rename(tmp_path / "v.f32")
+    with pytest.raises(MmlinksError, match=r"vectors\.f32 is missing"):
+        ArchiveIndex.load(folder)
+    (folder / "vectors.f32").write_bytes(np.zeros((300, 16), "<f4").tobytes())  # replaced
+    after = loaded.search(x[:5], 5)  # it reads the file it opened, not the zeros
+    assert after[1] == before[1] and np.array_equal(after[0], before[0])
+    (tmp_path / "v.f32").replace(folder / "vectors.f32")
+    for key, bad, why in (("rows", 299, "counts 299 rows"), ("deleted", 2, "counts 2 withdrawn")):
+        (folder / "index.json").write_text(json.dumps({**meta, key: bad}))
+        with pytest.raises(MmlinksError, match=f"inconsistent: .*{why}"):
+            ArchiveIndex.load(folder)
+    (folder / "index.json").write_text(json.dumps(meta))
+    np.save(folder / "deleted.npy", np.array([300]))
+    with pytest.raises(MmlinksError, match="past the end"):
+        ArchiveIndex.load(folder)
+
+
+def test_the_search_fingerprint_follows_the_search_settings_and_the_fingerprint_the_rows():
+    rng = np.random.default_rng(10)
+    x = _unit(rng, 300, 16)
+    a = ArchiveIndex.build([str(i) for i in range(300)], x, kind="ivfpq")
+    b = ArchiveIndex.build([str(i) for i in range(300)], x, kind="ivfpq")
+    assert (a.fingerprint, a.search_fingerprint) == (b.fingerprint, b.search_fingerprint)
+    b.set_search(nprobe=1)
+    assert a.fingerprint == b.fingerprint and a.search_fingerprint != b.search_fingerprint
+
+
+def test_a_table_whose_data_is_cut_short_is_not_padded_on_resume(tmp_path):
+    append_table(tmp_path, "ids", ["a", "bb", "ccc"])
+    os.truncate(tmp_path / "ids.bin", 2)  # the offsets claim 6 bytes
+    with pytest.raises(MmlinksError, match="cut short"):
+        truncate_table(tmp_path, "ids", 3)
+
+
 def test_the_streamed_build_skips_ids_seen_before_and_trains_on_its_first_vectors(tmp_path):
     rng = np.random.default_rng(7)
     x = _unit(rng, 400, 16)
@@ -233,7 +280,8 @@ def _build(folder: Path, kind: str, kill: str | None = None) -> subprocess.Compl
 
 
 @pytest.mark.parametrize(
-    ("kind", "kill"), [("ivfpq", "added:7"), ("ivfpq", "checkpoint:3"), ("hnsw", "added:4")]
+    ("kind", "kill"),
+    [("ivfpq", "added:7"), ("ivfpq", "checkpoint:3"), ("ivfpq", "finish:1"), ("hnsw", "added:4")],
 )
 def test_a_killed_streamed_build_resumes_to_the_index_of_an_uninterrupted_one(tmp_path, kind, kill):
     whole = _build(tmp_path / "whole", kind)
@@ -241,9 +289,12 @@ def test_a_killed_streamed_build_resumes_to_the_index_of_an_uninterrupted_one(tm
     killed = _build(tmp_path / "resumed", kind, kill)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     state = json.loads((tmp_path / "resumed" / "build.json").read_text())
-    assert 0 < state["rows"] < 3000  # a checkpoint, not the end
-    with pytest.raises(MmlinksError, match="unfinished build"):
-        ArchiveIndex.load(tmp_path / "resumed")
+    if kill.startswith("finish"):  # every file written, the checkpoint it came from still there
+        assert state["rows"] == 3000 and (tmp_path / "resumed" / f"{state['index']}.faiss").is_file()
+    else:
+        assert 0 < state["rows"] < 3000  # a checkpoint, not the end
+        with pytest.raises(MmlinksError, match="unfinished build"):
+            ArchiveIndex.load(tmp_path / "resumed")
     again = _build(tmp_path / "resumed", kind)
     assert again.returncode == 0, again.stderr
     a, b = ArchiveIndex.load(tmp_path / "whole"), ArchiveIndex.load(tmp_path / "resumed")
