@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from news_fusion import budget, load, run_config, train_one
+from news_fusion import budget, prepared, run_config, train_one
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -43,22 +43,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     from training.checkpoints import CHECKPOINT_FILE
     from training.data import make_batch
-    from training.driver import training_feature_stats
     from training.news.objective import evaluate_samples
-    from training.text import Vocabulary, embedding_matrix
 
-    manifest, train_paths, train = load(args.data, "train")
-    _, _, val = load(args.data, "val")
-    _, _, test = load(args.data, "test")
-    vocab = Vocabulary.build([s for d in train.column("sentences").to_pylist() for s in d], 1)
-    emb, _ = embedding_matrix(vocab, "random", dim=args.word_dim, seed=args.seed)
+    manifest, train_paths, train, val, test, vocab, emb, stats = prepared(args.data, args.word_dim, args.seed)
     fusion = argparse.Namespace(
         loss="vse", d=args.d, batch=args.batch, lr=1e-3, epochs=args.epochs, word_dim=args.word_dim,
         news_max_tokens="", subword_buckets=-1, seed=args.seed, fuser_warmup_epochs=0,
     )  # fmt: skip
     cfg = run_config("headline+lead+body+caption:attention:drop0.3", fusion, args.data)
     t0 = time.perf_counter()
-    stats = training_feature_stats(train_paths)
     model, epoch, _ = train_one(cfg, manifest, train_paths, train, val, vocab, emb, stats)
     batches = [make_batch(test.slice(s, 64), vocab, budget(model)) for s in range(0, test.num_rows, 64)]
     metrics = evaluate_samples(model, batches, cfg)["t2i"]

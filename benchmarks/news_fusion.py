@@ -173,6 +173,20 @@ def budget(model) -> int:
     return max(model.cfg.max_tokens.values())
 
 
+def prepared(data: str, word_dim: int, seed: int) -> tuple:
+    """(manifest, train shard paths, train, val, test tables, vocabulary, random word vectors,
+    feature stats): what every run of a news benchmark trains and scores on."""
+    from training.driver import training_feature_stats
+    from training.text import Vocabulary, embedding_matrix
+
+    manifest, train_paths, train = load(data, "train")
+    _, _, val = load(data, "val")
+    _, _, test = load(data, "test")
+    vocab = Vocabulary.build([s for d in train.column("sentences").to_pylist() for s in d], 1)
+    emb, _ = embedding_matrix(vocab, "random", dim=word_dim, seed=seed)
+    return manifest, train_paths, train, val, test, vocab, emb, training_feature_stats(train_paths)
+
+
 def train_one(cfg, manifest, train_paths, train, val, vocab, emb, feats_stats, bow=False) -> tuple:
     """(best model, best epoch, history) by validation MedR."""
     from training.backbone import get_backbone
@@ -223,16 +237,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from training.data import make_batch
-    from training.driver import training_feature_stats
     from training.news.objective import evaluate_samples
-    from training.text import Vocabulary, embedding_matrix
 
-    manifest, train_paths, train = load(args.data, "train")
-    _, _, val = load(args.data, "val")
-    _, _, test = load(args.data, "test")
-    vocab = Vocabulary.build([s for d in train.column("sentences").to_pylist() for s in d], 1)
-    emb, _ = embedding_matrix(vocab, "random", dim=args.word_dim, seed=args.seed)
-    stats = training_feature_stats(train_paths)
+    manifest, train_paths, train, val, test, vocab, emb, stats = prepared(args.data, args.word_dim, args.seed)
     complete = complete_mask(test)
     unseen = load(args.unseen_data, "test")[2] if args.unseen_data else None
     results, checkpoints = {}, {}

@@ -156,26 +156,12 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def exact_top(archive, q: np.ndarray, k: int, chunk: int = 1 << 20) -> list[list[int]]:
-    """The exact top k live rows over the archive's float32 vectors (an ivfpq folder's
-    ``vectors.f32`` memory-mapped a chunk at a time; else the index's own vectors)."""
-    exact = getattr(archive, "exact", None)
-    if exact is None or exact._path is None or len(exact) != exact._base:
-        return archive_exact_small(archive, q, k)
-    v = np.memmap(exact._path, dtype="<f4", mode="r").reshape(-1, archive.dim)
-    best_s = np.full((len(q), k), -np.inf, np.float32)
-    best_r = np.full((len(q), k), -1, np.int64)
-    for start in range(0, archive.rows, chunk):
-        s = q @ np.asarray(v[start : start + chunk]).T
-        dead = archive.deleted[(archive.deleted >= start) & (archive.deleted < start + len(s[0]))] - start
-        s[:, dead] = -np.inf
-        # the chunk's own top k first (a full argsort of 200 x 1M scores took minutes at 10M)
-        top = np.argpartition(-s, k - 1, axis=1)[:, :k] if s.shape[1] > k else np.argsort(-s, axis=1)
-        all_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
-        all_r = np.concatenate([best_r, top + start], 1)
-        keep = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
-        best_s, best_r = np.take_along_axis(all_s, keep, 1), np.take_along_axis(all_r, keep, 1)
-    return best_r.tolist()
+def exact_top(archive, q: np.ndarray, k: int) -> list[list[int]]:
+    """The exact top k live rows: an ivfpq archive's own ``exact_search_rows`` (one pass over
+    its float32 vectors, a block at a time, withdrawn rows skipped); else the index's vectors."""
+    if getattr(archive, "exact", None) is not None:
+        return archive.exact_search_rows(q, k)
+    return archive_exact_small(archive, q, k)
 
 
 def archive_exact_small(archive, q: np.ndarray, k: int) -> list[list[int]]:
