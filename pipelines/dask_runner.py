@@ -36,6 +36,7 @@ case); any other WindowFn is refused by name.
 from __future__ import annotations
 
 import pickle
+import re
 import uuid
 import zlib
 from collections.abc import Iterable
@@ -222,10 +223,22 @@ class _Translator(PipelineVisitor):
             (type(si), si._view_options(), _materialized(self.bags[si.pvalue])) for si in node.side_inputs
         ]
         spec = (self.job, uuid.uuid4().hex, node.full_label, t.fn, list(t.args), dict(t.kwargs))
-        tagged = bag.map_partitions(_run_bundle, spec, *[s[2] for s in sides], views=[s[:2] for s in sides])
+        tagged = bag.map_partitions(
+            _run_bundle,
+            spec,
+            *[s[2] for s in sides],
+            views=[s[:2] for s in sides],
+            token=task_name(node.full_label),
+        )
         self.pardos.append(tagged)
         for tag, out in node.outputs.items():
             self.bags[out] = tagged.map_partitions(_select, None if tag in (None, "None") else tag)
+
+
+def task_name(label: str) -> str:
+    """A ParDo's tasks' key prefix: its Beam label, so Dask's dashboard and task stream say which
+    step a task runs (``CNNInference/BeamML_RunInference/...``), not ``_run_bundle``."""
+    return re.sub(r"[^A-Za-z0-9_./()]+", "_", label)
 
 
 def _materialized(bag):
@@ -393,4 +406,4 @@ def _run_bundle(items, spec, *side_values, views):
     return out
 
 
-__all__ = ["RUNNER_PATH", "DaskPipelineResult", "DaskRunner", "stable_hash"]
+__all__ = ["RUNNER_PATH", "DaskPipelineResult", "DaskRunner", "stable_hash", "task_name"]

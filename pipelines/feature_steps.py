@@ -1,7 +1,8 @@
 """The features stage of the build: each distinct image's features, then features joined back.
 
-Features come from the feature cache when present, else from ``RunInference`` (model loaded
-once per worker, fixed batches) and are written back to the cache. A failed batch dead-letters
+Features come from the feature cache when present, else from ``RunInference`` over the missing
+content ids (model loaded once per worker, fixed batches; each batch reads its own pixels from
+the image store) and are written back to the cache. A failed batch dead-letters
 its images; a document missing any image's features is dead-lettered once, by document id.
 """
 
@@ -15,12 +16,10 @@ import numpy as np
 from apache_beam.ml.inference.base import RunInference
 
 from features import Extractor, ImageFeatures
-from features.images import decode
 from pipelines import fault_hooks
 from pipelines.build_config import BuildConfig
 from pipelines.feature_cache import FeatureCache, cache_key
-from pipelines.image_store import ImageStore
-from pipelines.inference import model_handler
+from pipelines.inference import stored_image_handler
 from pipelines.records import DEAD_LETTER, DROPPED_NAMESPACE, DeadLetter, count, dead_letter
 from schemas.document import Document, ImageRecord, RegionFeatures
 
@@ -56,26 +55,6 @@ class LookUpFeatureCache(beam.DoFn):
             yield content_id, feats
 
 
-class LoadPixels(beam.DoFn):
-    """content id -> ((content id, (width, height)), model input), from the stored bytes.
-
-    The original size rides in the key: region extractors report boxes in original pixels.
-    """
-
-    def __init__(self, store_root: str, extractor: Extractor):
-        self.store_root, self.extractor = store_root, extractor
-
-    def setup(self):
-        from pipelines.runners import tune_worker_process
-
-        tune_worker_process()
-        self.store = ImageStore(self.store_root)
-
-    def process(self, content_id: str):
-        img = decode(self.store.get_bytes(content_id))
-        yield (content_id, img.size), self.extractor.preprocess(img)
-
-
 class StoreFeatures(beam.DoFn):
     """Computed features -> the cache (marked as this build's) and on to the documents."""
 
@@ -85,8 +64,8 @@ class StoreFeatures(beam.DoFn):
     def setup(self):
         self.cache = FeatureCache(self.store_root, self.key)
 
-    def process(self, kv):
-        (content_id, size), result = kv
+    def process(self, result):
+        content_id, size = result.example
         feats = self.extractor.postprocess(result.inference, size)
         self.cache.put(content_id, feats, written_by=self.build)
         fault_hooks.reached("features")
@@ -111,7 +90,7 @@ def error_text(error) -> str:
 
 def _failed_batch(batch_and_error):
     batch, error = batch_and_error
-    for (content_id, _size), _ in batch:
+    for content_id in batch:
         beam.metrics.Metrics.counter(DROPPED_NAMESPACE, "image:inference_failed").inc()
         yield DeadLetter("image", content_id, "inference_failed", error_text(error)[:500])
 
@@ -119,7 +98,7 @@ def _failed_batch(batch_and_error):
 def _failed_ids(batch_and_error):
     """(content id, ``Type: message``) per image of a failed batch, joined back to its documents."""
     batch, error = batch_and_error
-    for (content_id, _size), _ in batch:
+    for content_id in batch:
         yield content_id, Failure(error_text(error))
 
 
@@ -137,10 +116,10 @@ def image_features(content_ids, cfg: BuildConfig, extractor: Extractor, label: s
     ).with_outputs(LookUpFeatureCache.MISS, main="hit")
     # Detectors forward one image at a time: big batches would only hold memory.
     batch = cfg.batch_size if extractor.forward_chunk else min(cfg.batch_size, 4)
-    handler = model_handler(extractor, device=cfg.device, batch_size=batch, cpu_threads=cfg.threads())
+    # The handler reads the pixels itself: RunInference's inputs are ids any worker can take.
+    handler = stored_image_handler(extractor, store_root, cfg.device, batch, cfg.threads())
     inferred, failed = (
         looked[LookUpFeatureCache.MISS]
-        | f"{label}Pixels" >> beam.ParDo(LoadPixels(store_root, extractor))
         | f"{label}Inference" >> RunInference(handler).with_exception_handling()
     )
     computed = inferred | f"{label}Store" >> beam.ParDo(StoreFeatures(store_root, key, extractor, build))

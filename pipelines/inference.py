@@ -1,7 +1,9 @@
-"""Feature extractors inside Beam: the ``RunInference`` ModelHandler over a ``features`` extractor.
+"""Feature extractors inside Beam: the ``RunInference`` ModelHandlers over a ``features`` extractor.
 
 ``features/`` never imports Beam; this module adapts its :class:`~features.base.Extractor`
-contract (``load_model`` / ``forward``) to Beam's ``ModelHandler``.
+contract (``load_model`` / ``preprocess`` / ``forward``) to Beam's ``ModelHandler``: over
+preprocessed tensors (:func:`model_handler`) or over content ids of the image store
+(:func:`stored_image_handler`, what the build uses).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import torch
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 
 from features.base import Extractor, int_option, resolve_device, tune_cpu_malloc
+from features.images import decode
+from pipelines.image_store import ImageStore
+from pipelines.runners import tune_worker_process
 
 
 class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.nn.Module]):
@@ -53,6 +58,72 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
         return "mmlinks.features"
 
 
+class StoredImageModelHandler(ExtractorModelHandler):
+    """Content ids of the image store -> PredictionResult(example=(content id, (width, height))).
+
+    Each batch reads, decodes and preprocesses its own images right before the forward, so what
+    travels into RunInference is a list of ids, not pixel tensors (~200 KB an image at 224 px).
+    Why: a distributed runner places a task where its inputs are; with tensors as inputs the
+    feature stage stayed on the workers that had loaded the pixels (three of four partitions on
+    one Dask worker, the other idle: docs/benchmarks.md, issue #35), with ids any worker can take
+    any batch. Flink and Dataflow fuse LoadPixels into the same stage anyway; the DirectRunner
+    does the same work in the same process. The original size rides in the example: region
+    extractors report boxes in original pixels."""
+
+    def __init__(
+        self, extractor, store_root: str, device: str, batch_size: int, cpu_threads: int | None = None
+    ):
+        super().__init__(extractor, device, batch_size, cpu_threads)
+        self._store_root = store_root
+        self._store = None
+
+    def load_model(self) -> torch.nn.Module:
+        tune_worker_process()
+        self._store = ImageStore(self._store_root)
+        return super().load_model()
+
+    def run_inference(
+        self,
+        batch: Sequence[str],
+        model: torch.nn.Module,
+        inference_args: dict[str, Any] | None = None,
+    ) -> list[PredictionResult]:
+        images = [decode(self._store.get_bytes(content_id)) for content_id in batch]
+        tensors = [self._extractor.preprocess(img) for img in images]
+        outs = self._extractor.forward(model, tensors, self._device)
+        return [
+            PredictionResult((content_id, img.size), out, self._model_id)
+            for content_id, img, out in zip(batch, images, outs, strict=True)
+        ]
+
+    def get_num_bytes(self, batch: Sequence[str]) -> int:
+        return sum(len(content_id) for content_id in batch)
+
+
+def _batch_size(extractor: Extractor, device: str, batch_size: int) -> int:
+    """``batch_size`` rounded up to a multiple of the forward chunk (no padded forward but a
+    bundle's last)."""
+    batch_size = int_option("batch_size", batch_size)
+    chunk = extractor.chunk_for(device)
+    return -(-batch_size // chunk) * chunk if chunk else batch_size
+
+
+def stored_image_handler(
+    extractor: Extractor,
+    store_root: str,
+    device: str = "cpu",
+    batch_size: int = 32,
+    cpu_threads: int | None = None,
+) -> StoredImageModelHandler:
+    """A Beam ModelHandler over content ids of the image store at ``store_root`` ->
+    PredictionResult(example=(content id, (width, height)), inference=raw output); batching,
+    model sharing and threads as :func:`model_handler`."""
+    device = resolve_device(device)
+    return StoredImageModelHandler(
+        extractor, store_root, device, _batch_size(extractor, device, batch_size), cpu_threads
+    )
+
+
 def model_handler(
     extractor: Extractor, device: str = "cpu", batch_size: int = 32, cpu_threads: int | None = None
 ) -> KeyedModelHandler:
@@ -63,8 +134,6 @@ def model_handler(
     is padded except the very last one of a bundle. ``cpu_threads`` sets torch's intra-op
     threads in each worker (several worker processes on one machine should share its cores)."""
     device = resolve_device(device)
-    batch_size = int_option("batch_size", batch_size)
-    chunk = extractor.chunk_for(device)
-    if chunk:
-        batch_size = -(-batch_size // chunk) * chunk
-    return KeyedModelHandler(ExtractorModelHandler(extractor, device, batch_size, cpu_threads))
+    return KeyedModelHandler(
+        ExtractorModelHandler(extractor, device, _batch_size(extractor, device, batch_size), cpu_threads)
+    )

@@ -247,3 +247,22 @@ def test_joins_and_side_inputs_keep_the_graph_linear_in_partitions():
         side = _materialized(db.from_sequence(range(100), npartitions=7))
         assert len(dict(side.__dask_graph__())) == 7 + 1  # the partitions and one task over them
         assert side.compute() == list(range(100))
+
+
+def test_a_pardos_tasks_are_named_by_its_beam_label():
+    """Dask's dashboard and task stream show which step runs (``Validate/ParDo(LoadAndValidate)``),
+    not one ``_run_bundle`` prefix for every ParDo. No cluster: the graph is translated only."""
+    from apache_beam.runners.dask.overrides import dask_overrides
+    from dask.utils import key_split
+
+    from pipelines.dask_runner import _Translator, task_name
+
+    p = beam.Pipeline()
+    doubled = p | beam.Create([1, 2, 3]) | "Double it" >> beam.Map(lambda x: 2 * x)
+    _ = doubled | "Keep/Odd" >> beam.Filter(bool)
+    p.replace_all(dask_overrides())
+    translator = _Translator(partitions=2)
+    p.visit(translator)
+    prefixes = {key_split(k) for k in dict(translator.everything().__dask_graph__())}
+    assert {"Double_it", "Keep/Odd"} <= prefixes
+    assert task_name("CNN/BeamML RunInference/ParDo(x)") == "CNN/BeamML_RunInference/ParDo(x)"
