@@ -11,6 +11,15 @@ same dataset version). Documents/s and images/s are over the whole command (proc
 cluster's start, reading, validation, dedupe, the feature stage, shards, commit); the feature
 stage is most of it here (the images' CNN forward passes). Also reports the 1-minute load average
 before and after each run: the machine is shared, and a loaded machine hides any scaling.
+
+``--feature-stage``: the feature stage alone, on 1 and on 2 workers. The script starts each
+LocalCluster itself (so it can read Dask's task stream), runs one untimed build on it (the
+workers' imports and model load), then ``--repeats`` builds through ``--dask-address``; the stage
+is the span from the first RunInference task's start to the last feature-cache write's end
+(tasks are named by their Beam labels), images/s = images inferred / span. Also: each worker's
+busy seconds in RunInference, whose spread shows how evenly Dask placed the stage. The same
+build on the 2-worker DirectRunner follows, for the whole command's ratio against a standing
+(already started) 2-worker cluster.
 """
 
 from __future__ import annotations
@@ -42,6 +51,64 @@ def run(cmd: list[str]) -> tuple[dict, float]:
     return json.loads(proc.stdout), wall
 
 
+STAGE_FIRST, STAGE_LAST = "CNNInference/", "CNNStore"
+
+
+def stage_span(stream: list[dict], t0: float) -> dict:
+    """The feature stage in a task stream: its span and each worker's RunInference seconds."""
+    start, stop, busy = float("inf"), 0.0, {}
+    for task in stream:
+        name = str(task["key"][0] if isinstance(task["key"], tuple) else task["key"])
+        for ss in task["startstops"]:
+            if ss["action"] != "compute":
+                continue
+            if name.startswith(STAGE_FIRST):
+                start = min(start, ss["start"])
+                w = task["worker"]
+                busy[w] = busy.get(w, 0.0) + ss["stop"] - ss["start"]
+            if name.startswith((STAGE_FIRST, STAGE_LAST)):
+                stop = max(stop, ss["stop"])
+    return {
+        "start_s": round(start - t0, 2),
+        "span_s": round(stop - start, 2),
+        "inference_s_per_worker": sorted(round(b, 2) for b in busy.values()),
+    }
+
+
+def feature_stage(exe: str, corpus: Path, work: Path, workers: int, repeats: int) -> dict:
+    from dask.distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None)
+    client = Client(cluster)
+    try:
+        client.get_task_stream()  # installs the scheduler's task-stream plugin
+        base = [exe, "data", "build", "--source", "synthetic", "--input", str(corpus), "--runner", "dask"]
+        base += ["--dask-address", cluster.scheduler_address, "--cpu-threads", "1", "--json"]
+        run([*base, "--out", str(work / f"stage{workers}-warm")])
+        runs = []
+        for k in range(repeats):
+            out = work / f"stage{workers}-{k}"
+            before, t0 = os.getloadavg()[0], time.time()
+            summary, wall = run([*base, "--out", str(out)])
+            span = stage_span(client.get_task_stream(start=t0), t0)
+            images = summary["build"]["features_computed"]
+            runs.append(
+                {
+                    **span,
+                    "wall_s": round(wall, 1),
+                    "images": images,
+                    "images_per_s": round(images / span["span_s"], 1),
+                    "load_average_1m_before_after": [round(before, 1), round(os.getloadavg()[0], 1)],
+                }
+            )
+            shutil.rmtree(out)
+        median = sorted(r["images_per_s"] for r in runs)[len(runs) // 2]
+        return {"workers": workers, "runs": runs, "images_per_s_median": median}
+    finally:
+        client.close()
+        cluster.close()
+
+
 def ratio(a: dict | None, b: dict | None) -> float | None:
     return round(a["images_per_s"] / b["images_per_s"], 2) if a and b else None
 
@@ -52,12 +119,30 @@ def main() -> None:
     ap.add_argument("--workdir", default="")
     ap.add_argument("--repeats", type=int, default=1, help="cold builds per configuration (median)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma list of " + ", ".join(CONFIGS))
+    ap.add_argument(
+        "--feature-stage", action="store_true", help="time the feature stage on 1 and 2 workers instead"
+    )
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mmlinks-dask-bench-"))
     shutil.rmtree(work, ignore_errors=True)
     exe = shutil.which("mmlinks", path=str(Path(sys.executable).parent)) or "mmlinks"
     corpus = work / "corpus"
     run([exe, "data", "synth", "--out", str(corpus), "--docs", str(args.docs), "--quiet", "--json"])
+    if args.feature_stage:
+        one, two = (feature_stage(exe, corpus, work, n, args.repeats) for n in (1, 2))
+        direct = []  # the same command on the DirectRunner, for the whole-command ratio in this run
+        for k in range(args.repeats):
+            cmd = [exe, "data", "build", "--source", "synthetic", "--input", str(corpus)]
+            cmd += ["--out", str(work / f"direct-{k}"), *CONFIGS["direct_2_workers"], "--cpu-threads", "1"]
+            direct.append(round(run([*cmd, "--json"])[1], 1))
+        warm = sorted(r["wall_s"] for r in two["runs"])[len(two["runs"]) // 2]
+        print(json.dumps({
+            "documents": args.docs, "cores": os.cpu_count(), "one": one, "two": two,
+            "feature_stage_2_vs_1_workers": round(two["images_per_s_median"] / one["images_per_s_median"], 2),
+            "direct_2_workers_walls_s": direct,
+            "standing_dask_2_vs_direct_wall": round(sorted(direct)[len(direct) // 2] / warm, 2),
+        }, indent=2))  # fmt: skip
+        return
     results, versions = {}, set()
     for name in args.configs.split(","):
         walls, loads = [], []
