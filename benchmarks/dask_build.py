@@ -15,9 +15,9 @@ before and after each run: the machine is shared, and a loaded machine hides any
 ``--feature-stage``: the feature stage alone, on 1 and on 2 workers. The script starts each
 LocalCluster itself (so it can read Dask's task stream), runs one untimed build on it (the
 workers' imports and model load), then ``--repeats`` builds through ``--dask-address``; the stage
-is the span from the first RunInference task's start to the last feature-cache write's end
-(tasks are named by their Beam labels), images/s = images inferred / span. Also: each worker's
-busy seconds in RunInference, whose spread shows how evenly Dask placed the stage. The same
+is the span of the tasks of the fused stage that holds RunInference (tasks are named by their
+Beam labels: cache look-up, inference and cache write), images/s = images inferred / span. Also:
+each worker's busy seconds in that stage, whose spread shows how evenly Dask placed it. The same
 build on the 2-worker DirectRunner follows, for the whole command's ratio against a standing
 (already started) 2-worker cluster.
 """
@@ -51,27 +51,23 @@ def run(cmd: list[str]) -> tuple[dict, float]:
     return json.loads(proc.stdout), wall
 
 
-STAGE_FIRST, STAGE_LAST = "CNNInference/", "CNNStore"
+STAGE = "CNNInference"  # in the name of the fused stage's tasks (DistinctImages+CNNCache+CNNInference+...)
 
 
 def stage_span(stream: list[dict], t0: float) -> dict:
-    """The feature stage in a task stream: its span and each worker's RunInference seconds."""
+    """The feature stage in a task stream: its span and each worker's seconds in it."""
     start, stop, busy = float("inf"), 0.0, {}
     for task in stream:
         name = str(task["key"][0] if isinstance(task["key"], tuple) else task["key"])
         for ss in task["startstops"]:
-            if ss["action"] != "compute":
-                continue
-            if name.startswith(STAGE_FIRST):
-                start = min(start, ss["start"])
+            if ss["action"] == "compute" and STAGE in name.split("-")[0]:
+                start, stop = min(start, ss["start"]), max(stop, ss["stop"])
                 w = task["worker"]
                 busy[w] = busy.get(w, 0.0) + ss["stop"] - ss["start"]
-            if name.startswith((STAGE_FIRST, STAGE_LAST)):
-                stop = max(stop, ss["stop"])
     return {
         "start_s": round(start - t0, 2),
         "span_s": round(stop - start, 2),
-        "inference_s_per_worker": sorted(round(b, 2) for b in busy.values()),
+        "stage_s_per_worker": sorted(round(b, 2) for b in busy.values()),
     }
 
 

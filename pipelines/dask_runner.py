@@ -19,7 +19,9 @@ DaskRunner (its options, its Create/GroupByKey/Flatten/Reshuffle/Read overrides)
 only its translation (``_Translator``): one bag per *PCollection* (a ParDo's bundle returns
 ``(tag, value)`` pairs and each output selects its tag), outputs of ``finish_bundle`` kept,
 every ParDo computed, ``Read`` split into the source's bundles, side inputs computed once and
-handed to each task as a value. GroupByKey hashes keys with a hash that is the same in every
+handed to each task as a value. A chain of ParDos, each output read by the next only, runs fused
+as one task per partition (``_Stage``), as Flink and Dataflow fuse it; tasks are named by their
+steps' Beam labels (``DistinctImages+CNNCache+CNNInference+CNNStore``). GroupByKey hashes keys with a hash that is the same in every
 worker process (Python's ``hash`` of a str is salted per process), so a key's values meet in
 one group.
 
@@ -87,7 +89,7 @@ class DaskRunner(beam_dask.DaskRunner):
         try:
             pipeline.replace_all(dask_overrides())
             slots = max(1, sum(client.nthreads().values()))
-            translator = _Translator(bag_kwargs.get("npartitions") or 2 * slots)
+            translator = _Translator(bag_kwargs.get("npartitions") or 2 * slots, consumers(pipeline))
             pipeline.visit(translator)
             # Not optimised: fusing renames keys, and a side input's upstream would run twice.
             future = client.compute(translator.everything(), optimize_graph=False)
@@ -162,28 +164,90 @@ def _sum_counters(parts: Iterable[dict]) -> dict[tuple[str, str, str], int]:
 # --- the translation -----------------------------------------------------------------------------
 
 
-class _Translator(PipelineVisitor):
-    """Beam's leaf transforms -> dask bags, one bag per PCollection (see the module docstring)."""
+def consumers(pipeline) -> dict[pvalue.PCollection, int]:
+    """How many transforms read each PCollection (as main or side input)."""
+    counts: dict[pvalue.PCollection, int] = {}
 
-    def __init__(self, partitions: int):
+    class _Count(PipelineVisitor):
+        def visit_transform(self, node: AppliedPTransform) -> None:
+            for pc in [*node.main_inputs.values(), *(si.pvalue for si in node.side_inputs)]:
+                if isinstance(pc, pvalue.PCollection):
+                    counts[pc] = counts.get(pc, 0) + 1
+
+    pipeline.visit(_Count())
+    return counts
+
+
+# Translated by what they do, not as DoFns (the overrides' GroupAlsoByWindow and WindowInto are ParDos).
+_NOT_PARDOS = (_Create, _Read, _Flatten, _Reshuffle, _GroupByKeyOnly, _GroupAlsoByWindow, beam.WindowInto)
+
+
+class _Stage:
+    """ParDos fused into one task per partition: each member reads the main output or a tagged
+    output of an earlier member (``source``: (member index, tag)) or, the first, the stage's
+    input bag, and no member but the first has side inputs."""
+
+    def __init__(self, bag, first: tuple, sides: list):
+        self.bag, self.members, self.sides, self.tagged = bag, [(first, None)], sides, None
+
+    def add(self, spec: tuple, source: tuple[int, Any]) -> int:
+        self.members.append((spec, source))
+        return len(self.members) - 1
+
+
+class _Translator(PipelineVisitor):
+    """Beam's leaf transforms -> dask bags, one bag per PCollection (see the module docstring).
+
+    A chain of ParDos where each reads the previous one's output and nothing else reads that
+    output runs as one task per partition (``_Stage``), as Flink and Dataflow fuse it: the
+    expensive step's task then depends on the shuffle's output, which Dask places by the bytes
+    each worker holds, not on a cheap step that happened to run on one worker (docs/benchmarks.md,
+    "Dask runner"), and a build makes fewer tasks."""
+
+    def __init__(self, partitions: int, readers: dict[pvalue.PCollection, int] | None = None):
         self.partitions = partitions
+        self.readers = readers or {}
         self.bags: dict[pvalue.PCollection, Any] = {}
-        self.pardos: list[Any] = []  # each ParDo's (tag, value) bag: all must run
+        self.made_by: dict[pvalue.PCollection, tuple[_Stage, int, Any]] = {}  # fused, not yet bags
+        self.stages: list[_Stage] = []
         self.job = uuid.uuid4().hex
 
     def everything(self):
         """One bag that depends on every ParDo and holds only their counter values."""
         import dask.bag as db
 
-        if not self.pardos:
+        tagged = [self._tagged(stage) for stage in self.stages]
+        if not tagged:
             return db.from_sequence([], npartitions=1)
-        return db.concat([b.map_partitions(_select, METRICS_TAG) for b in self.pardos])
+        return db.concat([b.map_partitions(_select, METRICS_TAG) for b in tagged])
+
+    def bag(self, pc: pvalue.PCollection):
+        """The bag of ``pc``; a fused stage's output becomes a bag (its tasks) when first asked."""
+        if pc not in self.bags:
+            stage, index, tag = self.made_by.pop(pc)
+            self.bags[pc] = self._tagged(stage).map_partitions(_select, (index, tag))
+        return self.bags[pc]
+
+    def _tagged(self, stage: _Stage):
+        if stage.tagged is None:
+            labels = dict.fromkeys(spec[2].split("/")[0] for spec, _ in stage.members)
+            stage.tagged = stage.bag.map_partitions(
+                _run_stage,
+                list(stage.members),
+                *[side[2] for side in stage.sides],
+                views=[side[:2] for side in stage.sides],
+                token=task_name("+".join(labels)),
+            )
+        return stage.tagged
 
     def visit_transform(self, node: AppliedPTransform) -> None:
         import dask.bag as db
 
         t = node.transform
-        mains = [self.bags[p] for p in node.main_inputs.values() if isinstance(p, pvalue.PCollection)]
+        if isinstance(t, beam.ParDo) and not isinstance(t, _NOT_PARDOS):
+            self._pardo(node)
+            return
+        mains = [self.bag(p) for p in node.main_inputs.values() if isinstance(p, pvalue.PCollection)]
         outs = list(node.outputs.values())
         if isinstance(t, _Create):
             values = list(t.values)
@@ -207,9 +271,6 @@ class _Translator(PipelineVisitor):
             if not isinstance(t.get_windowing(None).windowfn, beam.window.GlobalWindows):
                 raise MmlinksError(f"the Dask runner supports global windows only, not {node.full_label}")
             bag = mains[0]
-        elif isinstance(t, beam.ParDo):
-            self._pardo(node, mains[0])
-            return
         else:
             raise MmlinksError(
                 f"the Dask runner cannot run {type(t).__name__} ({node.full_label}): no translation"
@@ -217,28 +278,28 @@ class _Translator(PipelineVisitor):
         for out in outs:
             self.bags[out] = bag
 
-    def _pardo(self, node: AppliedPTransform, bag) -> None:
+    def _pardo(self, node: AppliedPTransform) -> None:
         t = node.transform
-        sides = [
-            (type(si), si._view_options(), _materialized(self.bags[si.pvalue])) for si in node.side_inputs
-        ]
+        (main,) = [p for p in node.main_inputs.values() if isinstance(p, pvalue.PCollection)]
         spec = (self.job, uuid.uuid4().hex, node.full_label, t.fn, list(t.args), dict(t.kwargs))
-        tagged = bag.map_partitions(
-            _run_bundle,
-            spec,
-            *[s[2] for s in sides],
-            views=[s[:2] for s in sides],
-            token=task_name(node.full_label),
-        )
-        self.pardos.append(tagged)
+        source = self.made_by.get(main)
+        if source and not node.side_inputs and self.readers.get(main, 0) == 1 and source[0].tagged is None:
+            stage, index, tag = self.made_by.pop(main)
+            index = stage.add(spec, (index, tag))
+        else:
+            sides = [
+                (type(si), si._view_options(), _materialized(self.bag(si.pvalue))) for si in node.side_inputs
+            ]
+            stage, index = _Stage(self.bag(main), spec, sides), 0
+            self.stages.append(stage)
         for tag, out in node.outputs.items():
-            self.bags[out] = tagged.map_partitions(_select, None if tag in (None, "None") else tag)
+            self.made_by[out] = (stage, index, None if tag in (None, "None") else tag)
 
 
 def task_name(label: str) -> str:
     """A ParDo's tasks' key prefix: its Beam label, so Dask's dashboard and task stream say which
     step a task runs (``CNNInference/BeamML_RunInference/...``), not ``_run_bundle``."""
-    return re.sub(r"[^A-Za-z0-9_./()]+", "_", label)
+    return re.sub(r"[^A-Za-z0-9_./()+]+", "_", label)
 
 
 def _materialized(bag):
@@ -341,9 +402,33 @@ def _forget_dofns(job: str) -> None:
     _dofns_job[0] = job
 
 
+def _run_stage(items, members, *side_values, views):
+    """One partition through a fused stage: each member's DoFn runs it as one Beam bundle over
+    its source's outputs (the first member over ``items``, with the side inputs); returns every
+    member's outputs that no later member reads as ((member index, tag), value) and, last, all
+    counters under METRICS_TAG."""
+    out: list = []
+    outputs: list[list] = []
+    counters: dict = {}
+    internal = {source for _, source in members if source is not None}  # read inside only
+    for index, (spec, source) in enumerate(members):
+        if source is None:
+            inputs = items
+        else:
+            inputs = [v for t, v in outputs[source[0]] if t == source[1]]
+        produced, counted = _run_bundle(
+            inputs, spec, *(side_values if index == 0 else ()), views=views if index == 0 else []
+        )
+        outputs.append(produced)
+        out.extend(((index, t), v) for t, v in produced if (index, t) not in internal)
+        counters.update(counted)
+    out.append((METRICS_TAG, counters))
+    return out
+
+
 def _run_bundle(items, spec, *side_values, views):
     """One partition as one Beam bundle of ``spec``'s DoFn: start, process each, finish; returns
-    its outputs as (tag, value) and, last, its counters under METRICS_TAG."""
+    its outputs as (tag, value) and its counters."""
     from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
     from apache_beam.runners.worker import statesampler
     from apache_beam.transforms.core import DoFn
@@ -402,8 +487,7 @@ def _run_bundle(items, spec, *side_values, views):
         for k, v in container.get_cumulative().counters.items()
         if v
     }
-    out.append((METRICS_TAG, counters))
-    return out
+    return out, counters
 
 
 __all__ = ["RUNNER_PATH", "DaskPipelineResult", "DaskRunner", "stable_hash", "task_name"]

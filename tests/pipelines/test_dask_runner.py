@@ -249,20 +249,33 @@ def test_joins_and_side_inputs_keep_the_graph_linear_in_partitions():
         assert side.compute() == list(range(100))
 
 
-def test_a_pardos_tasks_are_named_by_its_beam_label():
-    """Dask's dashboard and task stream show which step runs (``Validate/ParDo(LoadAndValidate)``),
-    not one ``_run_bundle`` prefix for every ParDo. No cluster: the graph is translated only."""
+def test_one_reader_chains_of_pardos_run_fused_in_one_task_named_by_their_labels():
+    """``Double it`` -> ``Keep/Odd`` (each output read by the next only) is one task per partition,
+    named by both labels; a PCollection read twice ends a chain. The outputs and counters are the
+    unfused ones. No cluster: translated, then computed with dask's synchronous scheduler."""
+    import dask
     from apache_beam.runners.dask.overrides import dask_overrides
     from dask.utils import key_split
 
-    from pipelines.dask_runner import _Translator, task_name
+    from pipelines.dask_runner import _sum_counters, _Translator, consumers, task_name
+
+    def counted(x):
+        beam.metrics.Metrics.counter("t", "seen").inc()
+        return x
 
     p = beam.Pipeline()
-    doubled = p | beam.Create([1, 2, 3]) | "Double it" >> beam.Map(lambda x: 2 * x)
-    _ = doubled | "Keep/Odd" >> beam.Filter(bool)
+    doubled = p | beam.Create(list(range(10))) | "Double it" >> beam.Map(lambda x: 2 * counted(x))
+    kept = doubled | "Keep/Big" >> beam.Filter(lambda x: x > 6) | "Then" >> beam.Map(lambda x: x + 1)
+    halves = doubled | "Halve" >> beam.Map(lambda x: x // 2)
     p.replace_all(dask_overrides())
-    translator = _Translator(partitions=2)
+    translator = _Translator(partitions=2, readers=consumers(p))
     p.visit(translator)
-    prefixes = {key_split(k) for k in dict(translator.everything().__dask_graph__())}
-    assert {"Double_it", "Keep/Odd"} <= prefixes
+    everything = translator.everything()
+    prefixes = {key_split(k) for k in dict(everything.__dask_graph__())}
+    assert {"Double_it", "Keep+Then", "Halve"} <= prefixes, prefixes  # doubled has two readers
+    with dask.config.set(scheduler="sync"):
+        assert sorted(translator.bag(kept).compute()) == [9, 11, 13, 15, 17, 19]
+        assert sorted(translator.bag(halves).compute()) == list(range(10))
+        counters = _sum_counters(everything.compute())
+    assert counters == {("Double it", "t", "seen"): 10}
     assert task_name("CNN/BeamML RunInference/ParDo(x)") == "CNN/BeamML_RunInference/ParDo(x)"
