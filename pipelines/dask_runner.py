@@ -21,9 +21,9 @@ only its translation (``_Translator``): one bag per *PCollection* (a ParDo's bun
 every ParDo computed, ``Read`` split into the source's bundles, side inputs computed once and
 handed to each task as a value. A chain of ParDos, each output read by the next only, runs fused
 as one task per partition (``_Stage``), as Flink and Dataflow fuse it; tasks are named by their
-steps' Beam labels (``DistinctImages+CNNCache+CNNInference+CNNStore``). GroupByKey hashes keys with a hash that is the same in every
-worker process (Python's ``hash`` of a str is salted per process), so a key's values meet in
-one group.
+steps' Beam labels (``DistinctImages+CNNCache+CNNInference+CNNStore``). GroupByKey hashes keys
+with a hash that is the same in every worker process (Python's ``hash`` of a str is salted per
+process), so a key's values meet in one group.
 
 Counters: each bundle runs under its own MetricsContainer and returns its counter values with
 its outputs; the result sums those that reached the client. A task re-run after its worker died
