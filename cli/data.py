@@ -349,9 +349,7 @@ def run_build(cfg, debug: bool = False) -> dict:
     Library output (Beam workers' warnings and logs) goes to the build's log file, not the
     terminal; ``debug`` leaves it on the terminal."""
     from cli.output import build_log_path, heartbeat, library_output_to
-    from pipelines import fileio
-    from pipelines.build import build_dataset
-    from pipelines.commit import last_build
+    from pipelines.runners import prestart_local_workers
 
     cfg.check()
     log_path = None if debug else build_log_path(cfg.out)
@@ -361,6 +359,11 @@ def run_build(cfg, debug: bool = False) -> dict:
     if describe is not None:
         print(describe(cfg.source_context()), file=sys.stderr)
     with library_output_to(log_path), heartbeat("beam build"):
+        prestart_local_workers(cfg.runner, cfg.dask_address, "pipelines.build")
+        from pipelines import fileio
+        from pipelines.build import build_dataset
+        from pipelines.commit import last_build
+
         manifest = build_dataset(cfg)
     summary = {"manifest": fileio.join(cfg.out, "manifest.json"), **manifest_summary(manifest)}
     summary["dead_letter"] = fileio.join(cfg.out, manifest.dead_letter) if manifest.dead_letter else None

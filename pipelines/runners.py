@@ -321,21 +321,51 @@ def runner_cluster(options: PipelineOptions, workers: int | None):
     if view.address or view.scheduler_file:
         yield options
         return
+    import dask
     from dask.distributed import LocalCluster
 
-    cluster = LocalCluster(
-        n_workers=workers or os.cpu_count() or 1,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        silence_logs=logging.ERROR,
-    )
-    try:
-        view.address = cluster.scheduler_address
-        yield options
-    finally:
-        view.address = None
-        cluster.close()
+    # Workers come from this process's fork server (prestart_local_workers), or are spawned.
+    method = "forkserver" if _forkserver_started[0] else "spawn"
+    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        cluster = LocalCluster(
+            n_workers=workers or os.cpu_count() or 1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+        )
+        try:
+            view.address = cluster.scheduler_address
+            yield options
+        finally:
+            view.address = None
+            cluster.close()
+
+
+# What prestart_local_workers' fork server imports before it forks a worker, with the job's module.
+LOCAL_WORKER_PRELOAD = ("distributed", "apache_beam", "torch")
+_forkserver_started = [False]
+
+
+def prestart_local_workers(runner: str, dask_address: str | None, job_module: str) -> bool:
+    """For a Dask job on a local cluster (``--runner dask`` without ``--dask-address``): start,
+    now, the fork server its workers will be forked from, importing Beam, torch and
+    ``job_module`` (its DoFns and models) while this process does its own imports and builds
+    the graph. Spawned workers import all that each on their own when their first task needs it
+    (~3 s of a build on 2 cores, docs/benchmarks.md "Dask runner"); the same fork server started
+    when the cluster starts gave no gain, the imports were only moved. Not a plain fork of
+    this process: it may have run torch ops by then (the link job loads its model first), and a
+    child forked after OpenMP's thread pool started hangs in its first parallel region.
+    Returns whether it started one (once per process)."""
+    if canonical_runner(runner) != DASK or dask_address or _forkserver_started[0]:
+        return False
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload([*LOCAL_WORKER_PRELOAD, job_module])
+    multiprocessing.forkserver.ensure_running()
+    _forkserver_started[0] = True
+    return True
 
 
 def _require(name: str, value, option: str, what: str) -> None:
@@ -497,6 +527,7 @@ __all__ = [
     "job_workers",
     "known_or_as_given",
     "pipeline_options",
+    "prestart_local_workers",
     "runner_cluster",
     "runner_option",
 ]

@@ -54,6 +54,42 @@ def test_the_build_on_two_dask_workers_gives_the_direct_runners_bytes(
 
 
 @pytest.mark.slow
+def test_the_readmes_dask_command_builds_the_direct_runners_bytes(corpus, dataset, tmp_path):
+    """``mmlinks data build ... --runner dask --dask-workers 2`` as a user runs it: the command
+    starts its workers' fork server early and its own local cluster, and commits the bytes of
+    the DirectRunner's build."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import venv_env
+
+    reference = Manifest.read(dataset)
+    out = tmp_path / "dask-cli"
+    cmd = [sys.executable, "-m", "cli", "data", "build", "--source", "synthetic", "--input", str(corpus)]
+    cmd += ["--out", str(out), "--split", "0.6,0.2,0.2", "--runner", "dask", "--dask-workers", "2"]
+    cmd += ["--cpu-threads", str(reference.build_params["cpu_threads"]), "--json"]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(cmd, cwd=root, env=venv_env(PYTHONPATH=str(root)), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["dataset_version"] == reference.dataset_version
+    assert version_files(out) == version_files(dataset)
+
+
+def test_only_a_dask_job_on_a_local_cluster_prestarts_its_workers(monkeypatch):
+    from pipelines import runners
+
+    started = []
+    monkeypatch.setattr(runners, "_forkserver_started", [False])
+    monkeypatch.setattr("multiprocessing.forkserver.ensure_running", lambda: started.append(True))
+    assert not runners.prestart_local_workers("DirectRunner", None, "pipelines.build")
+    assert not runners.prestart_local_workers("dask", "tcp://scheduler:8786", "pipelines.build")
+    assert runners.prestart_local_workers("dask", None, "pipelines.build")
+    assert not runners.prestart_local_workers("dask", None, "pipelines.build")  # once a process
+    assert started == [True]
+
+
+@pytest.mark.slow
 def test_tagged_outputs_side_inputs_finish_bundle_and_counters_on_dask(dask_cluster, tmp_path):
     """The translation's parts that Beam's own DaskRunner gets wrong, in one small graph."""
 
