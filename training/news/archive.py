@@ -43,7 +43,9 @@ from training.news.archive_faiss import (
     Params,
     back_with_huge_pages,
     check_search,
+    code_buffers,
     default_search,
+    hold_resident,
     ivf_cells,
     ivf_nprobe,
     ivfpq_cells,
@@ -119,6 +121,7 @@ class ArchiveIndex:
     build_settings: dict = field(default_factory=dict)
     exact: VectorFile | None = None  # ivfpq: the float32 vectors of its final re-rank
     calibration: dict = field(default_factory=dict)  # ivfpq: how its nprobe was chosen
+    resident: dict = field(default_factory=dict)  # bytes hold_resident read in and keeps
 
     def __post_init__(self) -> None:
         if not isinstance(self.ids, StringTable):
@@ -376,6 +379,20 @@ class ArchiveIndex:
             out_s[i, : len(best)] = exact[best]
             out_r.append([int(r) for r in cand[best]])
         return out_s, out_r
+
+    def hold_resident(self) -> dict:
+        """A memory-mapped index (``load(mmap=True)``, as served): read what every query touches
+        at random into memory now and keep it there (``archive_faiss.hold_resident``: mlock, else
+        populate): the mapped re-rank store and the name tables. A query of a just-loaded (or
+        long idle) server otherwise pays a disk read for each page it touches first: the first
+        200 served articles at 1M, FAISS search p50 / p99 3.9 / 22 ms instead of 0.4 / 0.5
+        (docs/benchmarks.md, issue #38). ``vectors.f32`` stays on disk, read per query (its
+        page cache is the machine's, not this process's). Bytes held, and how."""
+        if not self.mmapped:
+            return {}
+        ranges = code_buffers(self.index, mapped_only=True)
+        self.resident = hold_resident(ranges + self.ids.mapped_ranges() + self.uris.mapped_ranges())
+        return self.resident
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
         """The stored vectors of ``rows`` (ivfpq: its float32 copy; else FAISS's own, all of

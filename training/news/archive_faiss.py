@@ -285,7 +285,67 @@ def read_index_files(kind: str, folder: Path, stem: str, mmap: bool):
 
 
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <sys/mman.h>; MADV_COLLAPSE: Linux 6.1+
+MADV_POPULATE_READ = 22  # <linux/mman.h>, Linux 5.14+: fault a range in now, read-only
 HUGE_PAGE = 2 << 20
+PAGE = 4096
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def code_buffers(index, mapped_only: bool = False) -> list[tuple[int, int]]:
+    """(address, bytes) of the flat code arrays of ``index`` and of its base, refine or storage
+    index (``IndexFlatCodes``: a flat index's vectors, pq's refine vectors, ivfpq's 8-bit
+    store); ``mapped_only``: those mapped from a file (``read_index(mmap=True)``), not owned."""
+    faiss = _faiss()
+    out, stack = [], [index]
+    while stack:
+        ix = faiss.downcast_index(stack.pop())
+        parts = (getattr(ix, name, None) for name in ("base_index", "refine_index", "storage"))
+        stack += [p for p in parts if p is not None]
+        codes = getattr(ix, "codes", None)
+        if codes is None or not hasattr(codes, "data") or not codes.size():
+            continue
+        if mapped_only and getattr(codes, "is_owned", True):
+            continue
+        out.append((int(codes.data()), int(codes.size())))
+    return out
+
+
+def hold_resident(ranges: list[tuple[int, int]]) -> dict:
+    """Read these mapped address ranges (a served index's memory-mapped files) into memory now
+    and keep them there: ``mlock`` (resident until unmapped; the kernel's reclaim, e.g. a
+    proactive one that pages out what was not touched for a minute, cannot drop them), or,
+    where the process may not lock that much (``RLIMIT_MEMLOCK`` without ``CAP_IPC_LOCK``),
+    ``MADV_POPULATE_READ`` (read in now, reclaimable later). Without it a served query's first
+    touch of each page of ivfpq's 8-bit store is a disk read inside the request: at 1M, the
+    first 200 queries' FAISS search p99 22 ms instead of 0.5 (docs/benchmarks.md, issue #38).
+    Shared file pages: N workers that map the same file hold one copy. Best effort; bytes
+    ``{"locked", "populated", "failed"}``."""
+    out = {"locked": 0, "populated": 0, "failed": 0}
+    libc = _libc()
+    for addr, size in ranges:
+        if not size:
+            continue
+        start = addr // PAGE * PAGE
+        length = -(-(addr + size) // PAGE) * PAGE - start
+        if libc is not None and libc.mlock(start, length) == 0:
+            out["locked"] += size
+        elif libc is not None and libc.madvise(start, length, MADV_POPULATE_READ) == 0:
+            out["populated"] += size
+        else:
+            out["failed"] += size
+    return out
 
 
 def back_with_huge_pages(index) -> int:
@@ -298,25 +358,11 @@ def back_with_huge_pages(index) -> int:
     where the kernel or the libc refuses (not Linux, THP off, no contiguous memory), nothing
     changes. FAISS owns these buffers, so this calls ``madvise`` through ctypes (Python's
     ``mmap.madvise`` only covers mmap objects)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
+    libc = _libc()
+    if libc is None:
         return 0
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    faiss = _faiss()
     covered = 0
-    stack = [index]
-    while stack:
-        ix = faiss.downcast_index(stack.pop())
-        parts = (getattr(ix, name, None) for name in ("base_index", "refine_index", "storage"))
-        stack += [p for p in parts if p is not None]
-        codes = getattr(ix, "codes", None)
-        if codes is None or not hasattr(codes, "data") or not codes.size():
-            continue
-        addr, size = int(codes.data()), int(codes.size())
+    for addr, size in code_buffers(index):
         start = -(-addr // HUGE_PAGE) * HUGE_PAGE  # whole huge pages inside the buffer only
         end = (addr + size) // HUGE_PAGE * HUGE_PAGE
         if end > start and libc.madvise(start, end - start, MADV_HUGEPAGE) == 0:

@@ -97,6 +97,12 @@ class StringTable(Sequence):
     def __len__(self) -> int:
         return len(self._offsets) - 1 + len(self._tail)
 
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        """(address, bytes) of the memory-mapped file rows this table reads (``open``); none
+        for rows held in memory."""
+        arrays = (self._offsets, self._data)
+        return [(int(a.ctypes.data), int(a.nbytes)) for a in arrays if isinstance(a, np.memmap) and a.nbytes]
+
     def _row(self, i: int) -> str:
         base = len(self._offsets) - 1
         if i < base:
@@ -317,12 +323,22 @@ class VectorFile:
         return np.frombuffer(data, "<f4").reshape(n, self.d)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """[len(rows), d] float32, in the order given."""
+        """[len(rows), d] float32, in the order given. The file's rows are first announced to
+        the kernel all at once (``POSIX_FADV_WILLNEED``: a no-op for rows in the page cache), so
+        that the reads of rows it has dropped run side by side: 40 rows (ivfpq's exact re-rank of
+        a top 10) not in the page cache took p50 / p99 2.2 / 2.7-3.0 ms read one after another,
+        0.47 / 0.6-1.0 ms announced first; +0.015 ms when cached (docs/benchmarks.md, issue #38)."""
         out = np.empty((len(rows), self.d), np.float32)
         size = self.d * 4
         if len(self._tail) > 1:
             self._tail = [np.concatenate(self._tail)]
-        for j, r in enumerate(np.asarray(rows, np.int64).tolist()):
+        rows = np.asarray(rows, np.int64).tolist()
+        on_disk = [r for r in rows if r < self._base]
+        if len(on_disk) > 1 and hasattr(os, "posix_fadvise"):
+            fd = self._descriptor()
+            for r in on_disk:
+                os.posix_fadvise(fd, r * size, size, os.POSIX_FADV_WILLNEED)
+        for j, r in enumerate(rows):
             if r < self._base:
                 out[j] = np.frombuffer(os.pread(self._descriptor(), size, r * size), np.float32)
             else:

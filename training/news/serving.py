@@ -280,7 +280,10 @@ def load_archive(packaged: str, d: int, run_id: str | None, serving: bool = Fals
     cache (a model loaded from a tracking store is downloaded per worker, so point
     ``MMLINKS_NEWS_ARCHIVE`` at the built folder, or serve a local model folder, to share it).
     ``serving``: a server that searches another kind on every request backs it with huge pages
-    (~5 s a GB at load, so not for an evaluation or a test that loads the model once)."""
+    (~5 s a GB at load, so not for an evaluation or a test that loads the model once); a mapped
+    one it reads into memory and keeps there (``ArchiveIndex.hold_resident``: its 8-bit store
+    and names, shared by the workers; else each page's first touch is a disk read inside some
+    request)."""
     folder = os.environ.get(ARCHIVE_ENV) or packaged
     meta = Path(folder) / "index.json"
     mapped = meta.is_file() and json.loads(meta.read_text()).get("kind") == "ivfpq"
@@ -292,6 +295,8 @@ def load_archive(packaged: str, d: int, run_id: str | None, serving: bool = Fals
         )
     if index.dim != d:
         raise MmlinksError(f"archive index {folder} holds {index.dim}-d vectors, the model makes {d}-d ones")
+    if serving and mapped:
+        index.hold_resident()
     return index
 
 

@@ -23,6 +23,7 @@ from training.news.archive_build import build_streamed, vectors_source
 from training.news.archive_store import (
     IdLookup,
     StringTable,
+    VectorFile,
     append_table,
     chained,
     hash_ids,
@@ -198,6 +199,47 @@ def test_a_memory_mapped_index_searches_alike_and_refuses_to_grow(tmp_path):
     assert "5" not in mapped.search(x[5:6], 3)[1][0]
     with pytest.raises(MmlinksError, match=r"nprobe must be an integer in 1\.\."):
         mapped.set_search(nprobe=0)
+
+
+def test_a_served_mapped_index_holds_its_store_and_names_in_memory_and_finds_the_same(tmp_path, monkeypatch):
+    from training.news.serving import ARCHIVE_ENV, load_archive
+
+    rng = np.random.default_rng(11)
+    x = _unit(rng, 600, 16)
+    names = [f"img-{i}" for i in range(600)]
+    index = ArchiveIndex.build(names, x, [f"uri-{i}" for i in range(600)], kind="ivfpq")
+    folder = index.save(tmp_path / "ix")
+    assert index.hold_resident() == {}  # nothing of it is mapped from a file
+    monkeypatch.delenv(ARCHIVE_ENV, raising=False)
+    assert load_archive(str(folder), 16, None).resident == {}  # an evaluation's load: left lazy
+    served = load_archive(str(folder), 16, None, serving=True)
+    # every byte a query touches at random: the 8-bit store's codes (16 a vector) and both
+    # name tables (offsets and text), locked or populated, none left out
+    tables = ("ids.bin", "ids.offsets", "uris.bin", "uris.offsets")
+    want = 600 * 16 + sum((folder / f).stat().st_size for f in tables)
+    assert sum(served.resident.values()) == want
+    if sys.platform == "linux":
+        assert served.resident["failed"] == 0
+    plain = ArchiveIndex.load(folder, mmap=True)
+    q = x[:20] + 0.1 * _unit(rng, 20, 16)
+    got, want_hits = served.search(q, 10), plain.search(q, 10)
+    assert got[1] == want_hits[1] and np.array_equal(got[0], want_hits[0])
+    assert [served.uris[r] for r in served.search_rows(q, 3)[1][0]] == [
+        f"uri-{n.split('-')[1]}" for n in got[1][0][:3]
+    ]
+
+
+def test_reading_vectors_on_disk_and_in_memory_gives_each_row_in_the_order_asked(tmp_path):
+    rng = np.random.default_rng(12)
+    x = _unit(rng, 50, 8)
+    VectorFile(8, x[:40]).write(tmp_path, "v")
+    vf = VectorFile.open(tmp_path, "v", 8, 40)
+    vf.extend(x[40:45])
+    vf.extend(x[45:])
+    rows = np.array([44, 3, 3, 39, 0, 49, 17, 40])  # unsorted, repeated, both sides of the file's end
+    assert np.array_equal(vf.take(rows), x[rows])
+    assert vf.take(np.array([7])).tolist() == x[7:8].tolist()
+    assert vf.take(np.zeros(0, np.int64)).shape == (0, 8)
 
 
 def test_a_folder_whose_files_do_not_belong_together_is_refused(tmp_path):
