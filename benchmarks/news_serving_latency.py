@@ -122,15 +122,37 @@ def articles(count: int, words: int, seed: int, data: str | None = None) -> list
     ]
 
 
-def in_process(model_path: Path, arts: list[dict]) -> dict:
+def evict(folder: str | None) -> None:
+    """``--evict``: drop an archive folder's files from the page cache (``POSIX_FADV_DONTNEED``):
+    the state a server starts from, or comes back to after a minute idle on a machine whose
+    kernel pages out what was not touched (machine C's DAMON reclaim: 60 s)."""
+    if not folder:
+        return
+    for f in Path(folder).iterdir():
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def in_process(model_path: Path, arts: list[dict], as_served: bool = False) -> dict:
+    """``as_served``: the model loaded as ``mlflow models serve`` loads it (the scoring server's
+    variable set: the GC frozen, a mapped archive held resident, ``serving.load_archive``)."""
     import mlflow
     import pandas as pd
 
-    from training.news.serving import encode_article, serving_threads
+    from training.news.serving import SCORING_SERVER_ENV, encode_article, serving_threads
 
     before = rss_mb(os.getpid())
     t0 = time.perf_counter()
-    loaded = mlflow.pyfunc.load_model(str(model_path))
+    if as_served:
+        os.environ[SCORING_SERVER_ENV] = str(model_path)
+    try:
+        loaded = mlflow.pyfunc.load_model(str(model_path))
+    finally:
+        os.environ.pop(SCORING_SERVER_ENV, None)
     load_s = time.perf_counter() - t0
     loaded_rss = rss_mb(os.getpid())
     model = loaded.unwrap_python_model()
@@ -144,7 +166,8 @@ def in_process(model_path: Path, arts: list[dict]) -> dict:
             t = time.perf_counter()
             encode_article(model.model, model.vocab, model.max_tokens, a)
             encode.append((time.perf_counter() - t) * 1000)
-    out = {"load_s": round(load_s, 1), "predict": pct(predict), "encode_only": pct(encode)}
+    out = {"load_s": round(load_s, 1), "as_served": as_served, "predict": pct(predict)}
+    out.update(encode_only=pct(encode), held_resident=model.archive.resident)
     out["rss_mb"] = {"before_load": before, "after_load": loaded_rss, "after_queries": rss_mb(os.getpid())}
     return out | {"recall_at_10": served_recall(model, arts)}
 
@@ -409,6 +432,17 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--no-serve", action="store_true")
     ap.add_argument(
+        "--as-served",
+        action="store_true",
+        help="in process: load the model as mlflow models serve does (GC frozen, mapped archive held)",
+    )
+    ap.add_argument(
+        "--evict",
+        action="store_true",
+        help="drop the --archive-env folder from the page cache before the in-process load and before "
+        "the server starts (a cold server)",
+    )
+    ap.add_argument(
         "--floor",
         action="store_true",
         help="time a no-op pyfunc (same input schema) instead: what MLflow itself costs a request",
@@ -445,13 +479,17 @@ def main(argv: list[str] | None = None) -> dict:
 
             os.environ[ARCHIVE_ENV] = str(Path(args.archive_env).resolve())  # also the server's
             out["archive_env"] = os.environ[ARCHIVE_ENV]
-        out["in_process"] = in_process(model_path, arts)
+        if args.evict:
+            evict(args.archive_env)
+        out["in_process"] = in_process(model_path, arts, args.as_served)
         if args.encoder_check or args.thread_sweep:
             if args.encoder_check:
                 out["encoder_check"] = encoder_check(model_path, arts)
             if args.thread_sweep:
                 out["thread_sweep"] = thread_sweep(model_path, arts)
         if not args.no_serve:
+            if args.evict:
+                evict(args.archive_env)
             out["served"] = served(model_path, arts, work / "server.log", workers=args.workers)
     finally:
         if not args.keep and not args.model:
