@@ -167,7 +167,7 @@ def in_process(model_path: Path, arts: list[dict], as_served: bool = False) -> d
             encode_article(model.model, model.vocab, model.max_tokens, a)
             encode.append((time.perf_counter() - t) * 1000)
     out = {"load_s": round(load_s, 1), "as_served": as_served, "predict": pct(predict)}
-    out.update(encode_only=pct(encode), held_resident=model.archive.resident)
+    out.update(encode_only=pct(encode), held_resident=getattr(model.archive, "resident", None))
     out["rss_mb"] = {"before_load": before, "after_load": loaded_rss, "after_queries": rss_mb(os.getpid())}
     return out | {"recall_at_10": served_recall(model, arts)}
 
