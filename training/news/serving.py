@@ -155,7 +155,17 @@ class NewsModel(mlflow.pyfunc.PythonModel):
         serving = bool(os.environ.get(SCORING_SERVER_ENV))  # under `mlflow models serve`
         self.archive = load_archive(context.artifacts["archive"], self.model.cfg.d, self.run_id, serving)
         if serving:
+            self.warm_up()
             freeze_gc()
+
+    def warm_up(self) -> None:
+        """One article through the served path (encode on the serving threads, search) before
+        the first request: a process's first encode pays torch's one-off set-up (~180-200 ms on
+        machine C), which otherwise lands on each serving worker's first request
+        (docs/benchmarks.md, issue #38)."""
+        article = {s: "news" for s in self.model.cfg.sources}
+        with serving_threads(self.threads):
+            archive_search(self.model, self.archive, self._vectors([article]), 10)
 
     def _articles(self, model_input: pd.DataFrame) -> list[dict]:
         if "language" not in model_input.columns:

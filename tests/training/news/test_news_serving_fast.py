@@ -177,28 +177,38 @@ def test_a_request_of_several_articles_gives_each_the_top_k_it_gets_alone():
         np.testing.assert_allclose(batch["scores"][i], alone["scores"][0], rtol=1e-5, atol=1e-6)
 
 
-def test_the_model_freezes_the_gc_only_when_mlflow_serves_it(tmp_path, monkeypatch):
+def test_the_model_freezes_the_gc_and_warms_up_only_when_mlflow_serves_it(tmp_path, monkeypatch):
     """Under ``mlflow models serve`` (its model-path variable set) loading the model moves what
-    is alive to the permanent generation, so no full collection stalls a request; elsewhere
-    (tests, training, Dagster) nothing changes."""
+    is alive to the permanent generation, so no full collection stalls a request, and runs one
+    article through the served path; elsewhere (tests, training, Dagster) nothing changes."""
     import gc
 
     import mlflow
+    import pandas as pd
 
     from tests.training.news.helpers import news_checkpoint, write_news_dataset
-    from training.news.serving import SCORING_SERVER_ENV, save_news_model
+    from training.news.serving import SCORING_SERVER_ENV, NewsModel, save_news_model
 
     _, docs = write_news_dataset(tmp_path / "data")
     ckpt, vocab = news_checkpoint(tmp_path / "ckpt", docs)
     index = ArchiveIndex.build([str(i) for i in range(40)], _unit(40, 16, 3))
     path = str(save_news_model(tmp_path / "model", str(ckpt), vocab, index, ["en"], "run-1"))
     gc.unfreeze()
+    warmed = []
+    real_warm_up = NewsModel.warm_up
+    monkeypatch.setattr(NewsModel, "warm_up", lambda self: warmed.append(real_warm_up(self)))
     monkeypatch.delenv(SCORING_SERVER_ENV, raising=False)
-    mlflow.pyfunc.load_model(path)
-    assert gc.get_freeze_count() == 0
+    plain = mlflow.pyfunc.load_model(path)
+    assert gc.get_freeze_count() == 0 and not warmed
     monkeypatch.setenv(SCORING_SERVER_ENV, path)
     try:
-        mlflow.pyfunc.load_model(path)
+        served = mlflow.pyfunc.load_model(path)
         assert gc.get_freeze_count() > 1000
     finally:
         gc.unfreeze()  # this test process goes on collecting as before
+    # served, it also ran one article through encode and search at load (torch's one-off
+    # set-up off the first request), and answers as the plain load does
+    assert len(warmed) == 1
+    article = pd.DataFrame([{"language": "en", "headline": docs[0].sentences[0], "caption": "red dot"}])
+    a, b = plain.predict(article, params={"top_k": 5}), served.predict(article, params={"top_k": 5})
+    assert a["image_ids"].tolist() == b["image_ids"].tolist() and a["scores"].tolist() == b["scores"].tolist()
