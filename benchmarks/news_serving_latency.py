@@ -25,7 +25,10 @@ articles as the queries) instead of a random one; ``--workers N`` starts N servi
 reports every server process's resident memory from ``/proc/PID/smaps_rollup`` (Rss, Pss and
 the shared pages: a memory-mapped archive is counted once across workers in Pss). The served
 recall is measured against exact search over the archive's float32 vectors (an ivfpq folder's
-``vectors.f32``, read in chunks). One JSON object on stdout.
+``vectors.f32``, read in chunks). ``--evict`` drops the ``--archive-env`` folder from the page cache
+before the in-process load and before the server starts (a cold server: machine C's kernel pages
+out what was not touched for a minute), ``--as-served`` loads the in-process model as the scoring
+server does (GC frozen, a mapped archive held resident, the warm-up). One JSON object on stdout.
 Example::
 
     PYTHONPATH=. python benchmarks/news_serving_latency.py --index-cache /tmp/hnsw-1m-256 --queries 200
