@@ -357,7 +357,7 @@ def prestart_local_workers(runner: str, dask_address: str | None, job_module: st
     this process: it may have run torch ops by then (the link job loads its model first), and a
     child forked after OpenMP's thread pool started hangs in its first parallel region.
     Returns whether it started one (once per process)."""
-    if canonical_runner(runner) != DASK or dask_address or _forkserver_started[0]:
+    if known_or_as_given(runner) != DASK or dask_address or _forkserver_started[0]:
         return False
     import multiprocessing
     import multiprocessing.forkserver

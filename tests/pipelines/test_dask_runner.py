@@ -83,6 +83,7 @@ def test_only_a_dask_job_on_a_local_cluster_prestarts_its_workers(monkeypatch):
     monkeypatch.setattr(runners, "_forkserver_started", [False])
     monkeypatch.setattr("multiprocessing.forkserver.ensure_running", lambda: started.append(True))
     assert not runners.prestart_local_workers("DirectRunner", None, "pipelines.build")
+    assert not runners.prestart_local_workers("my.own.Runner", None, "pipelines.build")  # no error
     assert not runners.prestart_local_workers("dask", "tcp://scheduler:8786", "pipelines.build")
     assert runners.prestart_local_workers("dask", None, "pipelines.build")
     assert not runners.prestart_local_workers("dask", None, "pipelines.build")  # once a process
