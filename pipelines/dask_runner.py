@@ -91,7 +91,8 @@ class DaskRunner(beam_dask.DaskRunner):
             slots = max(1, sum(client.nthreads().values()))
             translator = _Translator(bag_kwargs.get("npartitions") or 2 * slots, consumers(pipeline))
             pipeline.visit(translator)
-            # Not optimised: fusing renames keys, and a side input's upstream would run twice.
+            # Dask's own graph optimisation off: its fusing renames keys and would run a side
+            # input's upstream twice; the translation fuses ParDo chains itself (_Stage).
             future = client.compute(translator.everything(), optimize_graph=False)
         except BaseException:
             client.close()
