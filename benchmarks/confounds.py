@@ -43,6 +43,8 @@ BASE = dict(
 )
 ROWS: dict[str, dict] = {
     "base": {},
+    # the simplest model beside every row (issue #44): hard negatives from the first step, last epoch
+    "bag": {"backbone": "bag", "negatives_warmup": 0, "select_by": "last"},
     "pool-mean": {"text_pooling": "mean"},
     "pool-max": {"text_pooling": "max"},
     "pool-bigru": {"text_pooling": "bigru"},

@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 BASE = dict(epochs=10, d_multi=256, lr=1e-3, num_workers=0)
 PAPER = dict(image_centring="none", negatives_warmup=0)  # the image side before issue #33
 ROWS: dict[str, dict] = {
+    # the simplest model beside every row (issue #44): hard negatives from the first step, last epoch
+    "bag": {"backbone": "bag", "negatives_warmup": 0, "select_by": "last"},
     "paper": PAPER,  # today's model before the change (text side of #15 kept)
     "dropout-0": {**PAPER, "image_dropout": 0.0},
     "words-random-bag": {**PAPER, "word_vectors": "random", "text_pooling": "bag"},

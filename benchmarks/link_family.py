@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
             BASE[field] = value
     cells = (issue_grid() if args.grid else []) + [c for c in args.cells.split(",") if c]
     rows: dict[str, dict] = {}
-    for r in args.rows.split(","):
+    for r in re.split(r",(?![^{]*})", args.rows):  # commas inside a JSON object stay
         name, _, js = r.partition("=")
         rows[name] = json.loads(js) if js else ROWS[name]
     seeds = [int(s) for s in args.seeds.split(",") if s]

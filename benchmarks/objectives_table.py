@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 ROWS = [
+    # the simplest model beside every row (issue #44): hard negatives from the first step, last epoch
+    ("bag (baseline)", "plain", {"backbone": "bag", "negatives_warmup": 0, "select_by": "last"}),
     ("NoStruct", "plain", {"objective": "nostruct"}),
     ("DC", "plain", {"objective": "dc"}),
     ("TK k=full", "plain", {"objective": "tk"}),

@@ -39,7 +39,7 @@ def test_bag_is_mean_word_embedding_plus_linear_and_a_linear_image_projection():
     ]
 
 
-def test_bag_trains_registers_serves_and_links(tmp_path, capsys):
+def test_bag_trains_registers_serves_and_links(tmp_path, capfd):
     import mlflow
 
     data, wd = tmp_path / "ds", tmp_path / "wd"
@@ -48,8 +48,8 @@ def test_bag_trains_registers_serves_and_links(tmp_path, capsys):
     args = ["train", "--data", str(data), "--backbone", "bag", "--workers", "0", "--epochs", "2"]
     args += ["--d-multi", "16", "--min-word-count", "1", "--workdir", str(wd), "--json"]
     assert main(args) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["test"]["auc"] > 0 and result["model_uri"].startswith("models:/mmlinks-ap/")
+    result = json.loads(capfd.readouterr().out)
+    assert result["test"]["auc"] > 0 and result["model_uri"] == "models:/mmlinks-ap@candidate"
 
     mlflow.set_tracking_uri(f"sqlite:///{wd / 'mlflow.db'}")
     served = mlflow.pyfunc.load_model(result["model_uri"])
@@ -68,5 +68,32 @@ def test_bag_trains_registers_serves_and_links(tmp_path, capsys):
         main([*link, "--workdir", str(wd), "--direct-workers", "1", "--split", "test", "--eval", "--json"])
         == 0
     )
-    linked = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    linked = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
     assert linked["counts"]["documents_linked"] == 20
+
+
+def _test_auc(data, tmp_path, name: str, **overrides) -> float:
+    from training.config import TrainConfig
+    from training.experiment import run_experiment
+
+    cfg = TrainConfig(data=str(data), epochs=6, d_multi=64, lr=1e-3, num_workers=0, **overrides)
+    wd = tmp_path / name
+    wd.mkdir()
+    r = run_experiment(cfg, f"sqlite:///{wd}/mlflow.db", None, None, report_dir=wd)
+    return r.test["auc"]
+
+
+def test_the_default_does_not_fall_below_the_bag_baseline_when_topics_share_a_look(tmp_path):
+    """Issue #44's regression test: documents of one topic share a look (clipped at zero, image
+    ratio ~20) and the topic's words; the default model, trained beside the simplest one on the
+    same corpus, must stay within a few points of it (the default before the fix: ~35 points below
+    on a 3,000-document corpus of this structure)."""
+    data = tmp_path / "ds"
+    cfg = FeatureCorpusConfig(
+        docs=500, val_docs=60, test_docs=60, topics=10, look_mixing="clipped", look_strength=5.0, dim=64
+    )
+    write_feature_corpus(data, cfg)
+    bag = _test_auc(data, tmp_path, "bag", backbone="bag", negatives_warmup=0, select_by="last")
+    default = _test_auc(data, tmp_path, "default")
+    assert bag > 75, f"the corpus must be learnable by the simplest model (bag AUC {bag:.1f})"
+    assert default >= bag - 4, f"default AUC {default:.1f} fell below the bag baseline's {bag:.1f}"
