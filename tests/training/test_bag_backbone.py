@@ -69,7 +69,7 @@ def test_bag_trains_registers_serves_and_links(tmp_path, capfd):
         == 0
     )
     linked = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
-    assert linked["counts"]["documents_linked"] == 20
+    assert linked["documents_linked"] == 20 and linked["evaluation"]["labelled_documents"] == 20
 
 
 def _test_auc(data, tmp_path, name: str, **overrides) -> float:
