@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 import zlib
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -61,21 +62,67 @@ def test_a_damaged_body_then_a_whole_one_returns_the_whole_one(serve, fault_stat
     fault_stats.add(faults_injected=1, invariant_checks=1)
 
 
+PUBLIC_NAME, INTERNAL_NAME = "public.test", "internal.test"
+
+
+@pytest.fixture
+def routed_to_loopback(monkeypatch) -> list[tuple[str, int]]:
+    """The network at the socket layer: ``PUBLIC_NAME`` resolves to ``PUBLIC_IP`` (an address
+    the guard accepts) and a connection to ``PUBLIC_IP`` lands on 127.0.0.1, the same port (so
+    a loopback server plays a public host); ``INTERNAL_NAME`` resolves to 127.0.0.1. Returns
+    every address a socket connected to or tried, before any rerouting."""
+    real_lookup, real_connect = socket.getaddrinfo, socket.socket.connect
+    connects: list[tuple[str, int]] = []
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        answer = {PUBLIC_NAME: PUBLIC_IP, INTERNAL_NAME: "127.0.0.1"}.get(name.rstrip(".").lower())
+        if answer is None:
+            return real_lookup(host, port, family, type, proto, flags)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answer, int(port)))]
+
+    def connect(sock, address):
+        connects.append((str(address[0]), int(address[1])))
+        if address[0] == PUBLIC_IP:
+            address = ("127.0.0.1", address[1])
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return connects
+
+
 @pytest.mark.parametrize(
-    "target", ["http://10.0.0.7/x", "http://169.254.169.254/latest/meta-data/", "http://[::1]:1/"]
+    "target",
+    [
+        "http://127.0.0.1:{port}/latest/meta-data/",
+        f"http://{INTERNAL_NAME}:{{port}}/latest/meta-data/",  # a name that resolves to loopback
+        "http://[::ffff:127.0.0.1]:{port}/x",  # IPv4-mapped loopback
+        "http://[2002:7f00:1::1]:{port}/x",  # 6to4 of 127.0.0.1
+        "http://10.0.0.7/x",
+        "http://169.254.169.254/latest/meta-data/",
+    ],
 )
-def test_redirect_to_a_private_address_is_refused(serve, target, fault_stats):  # noqa: F811
-    """The allowlist names the public host; its redirect to a private address must not be followed
-    even when that address is allowlisted by name (the SSRF guard checks every hop's address)."""
-    server = serve(lambda h: send(h, 302, b"", {"Location": target}))
-    host = target.split("/")[2]
-    client = make_client(server, allowed_hosts=frozenset({server.host, host}), allow_private=False)
+def test_redirect_to_a_private_address_is_refused(serve, target, routed_to_loopback, fault_stats):  # noqa: F811
+    """An allowed public host (``PUBLIC_NAME``, reaching a loopback server through the patched
+    network) answers with a redirect to a private address whose host is allowlisted by name too:
+    the first hop is served (the redirect is really sent), the second is refused with
+    ``private_address`` on its address, and no socket ever connects to it: the internal server
+    on the target's port sees nothing. Before issue #46 the fixture server was on 127.0.0.1
+    itself, so the first hop was refused and no redirect was ever sent."""
+    internal = serve(lambda h: send(h, 200, b"internal secret"))
+    target = target.format(port=internal.port)
+    public = serve(lambda h: send(h, 302, b"", {"Location": target}))
+    name = urlsplit(target).hostname or ""
+    allowed = frozenset({PUBLIC_NAME, f"[{name}]" if ":" in name else name})  # any port
+    client = make_client(allowed_hosts=allowed, allow_private=False, max_retries=2)
     with pytest.raises(HttpError) as err:
-        client.get(server.url("/a.jpg"))
-    assert err.value.reason in ("not_allowed", "private_address", "retries_exhausted", "blocked_address"), (
-        err.value
-    )
-    fault_stats.add(faults_injected=1, invariant_checks=1)
+        client.get(f"http://{PUBLIC_NAME}:{public.port}/a.jpg", use_cache=False)
+    assert err.value.reason == "private_address" and not err.value.transient, err.value
+    assert public.paths() == ["/a.jpg"]  # the first hop was served: the redirect was sent
+    assert internal.hits == []  # the second hop never reached its server
+    assert routed_to_loopback == [(PUBLIC_IP, public.port)], routed_to_loopback  # nor any socket
+    fault_stats.add(faults_injected=1, invariant_checks=3)
 
 
 def _gzip_bomb(decoded: int) -> bytes:
