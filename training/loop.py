@@ -278,7 +278,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
     """One pass over this worker's training share; timing and loss sums of the epoch."""
     t0 = time.perf_counter()
     w.model.train()
-    total, steps, docs, skipped, wait, first_wait, padded = 0.0, 0, 0, 0, 0.0, None, 0
+    total, steps, docs, skipped, wait, first_wait, padded, uneven = 0.0, 0, 0, 0, 0.0, None, 0, 0
     parts_sum: dict[str, float] = {}
     batches = document_batches(shard, w.cfg.batch_docs, rng)
     while True:
@@ -298,6 +298,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
         if anyone == UNTRAINABLE:  # nobody can train on this step: all skip it
             continue
         w.set_warmup_lr()
+        uneven += trainers < w.world  # some worker pads this step (every worker knows it)
         if mine != TRAINABLE:  # another worker trains: join its all-reduces with a zero loss
             w.zero_step(epoch, gen)
             padded += 1
@@ -324,6 +325,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
         "time": time.perf_counter() - t0,
         "parts": parts_sum,
         "padded": padded,
+        "uneven": uneven,
     }
 
 
@@ -435,6 +437,8 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
         "epoch_start_s": first_wait,
         "step_s": (train_time - tr["wait"] - first_wait) / max(steps, 1),
         "skipped_docs": int(sums[4]),
+        # steps some worker joined with a padding step (its share had no batch left to train)
+        "uneven_steps": tr.get("uneven", 0),
         "best_epoch": state.best_epoch,
         "best_val_loss": state.best_val,
         checkpoints.SELECT_SCORE: select_score,

@@ -78,14 +78,20 @@ def _document(family: str, i: int, split: str, rng, regions: bool = False) -> Do
     )
 
 
-def write_dataset(folder: Path, family: str, splits: dict[str, int] = SPLITS, regions: bool = False) -> Path:
+def write_dataset(
+    folder: Path, family: str, splits: dict[str, int] = SPLITS, regions: bool = False, empty_train: int = 0
+) -> Path:
     """A dataset of ``family``'s documents in the real shard + manifest layout (``regions``:
-    link documents whose images carry region features)."""
+    link documents whose images carry region features; the last ``empty_train`` training
+    documents have no sentence and no image, which training skips)."""
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
     shards, i = [], 0
     for split, n in splits.items():
         docs = [_document(family, i + k, split, rng, regions) for k in range(n)]
+        if split == "train":
+            for d in docs[n - empty_train :] if empty_train else []:
+                d.sentences, d.images, d.links = [], [], []
         i += n
         rows, size, sha = write_shard(folder / f"{split}-00000.parquet", docs)
         shards.append(ShardInfo(f"{split}-00000.parquet", split, rows, size, sha))
@@ -319,20 +325,38 @@ def test_a_padding_step_changes_nothing_but_the_step_count(tmp_path):
         assert not _differing(rank["after"]["opt"], r1["reference"]["opt"]), (name, "Adam state")
 
 
+# Ray Data splits the training rows between the workers with ``equal=True``: 13 rows become 6
+# and 6, so with every document usable both workers had the same batches and the padding path
+# never ran at this level (issue #46). With the last 6 training documents empty, the worker
+# whose rows are mostly those has (almost) nothing to train on while the other trains every
+# step (Ray cuts the one block into rows 0-5 and 6-11). The test asserts that padding steps
+# happened (``uneven_steps``), so a split that evens them out again fails it.
+EMPTY_TRAIN = 6
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["ap", "cmcm", "news"])
 def test_each_family_trains_on_two_workers_and_registers(objective, tmp_path, ray_local):
-    """Real Ray Train, 2 workers, a training split of 13 (odd) in batches of 4, 2 epochs, to the
-    end; the model is registered, and after every optimizer step both ranks hold the same
-    weights."""
+    """Real Ray Train, 2 workers, a training split of 13 (odd) in batches of 4 of which 6 are
+    empty, 2 epochs, to the end: the workers' own batch counts differ (some steps are padding
+    steps, ``uneven_steps``), both take the same optimizer steps with the same weights after
+    each, and the model is registered."""
+    from mlflow.tracking import MlflowClient
+
     from training.config import TrainConfig
     from training.experiment import run_experiment
 
-    data = write_dataset(tmp_path / "ds", family_of(objective))
+    data = write_dataset(tmp_path / "ds", family_of(objective), empty_train=EMPTY_TRAIN)
     cfg = TrainConfig(**tiny_config(data, objective, tmp_path / "ray", num_workers=2, run_name=""))
     with param_digests(ray_local, tmp_path / "digests") as digests:
         res = run_experiment(cfg, tracking_uri(tmp_path), model_name=f"ddp-{objective}")
     assert res.model_version == "1" and res.model_uri == f"models:/ddp-{objective}@candidate"
     assert sorted(name.split("-")[0] for name in digests) == ["rank0", "rank1"], digests
     rank0, rank1 = digests.values()
-    assert len(rank0) >= 4 and rank0 == rank1 and len(set(rank0)) > 1
+    assert len(rank0) >= 2 and rank0 == rank1 and len(set(rank0)) > 1
+    history = MlflowClient(tracking_uri(tmp_path)).get_metric_history(res.run_id, "uneven_steps")
+    assert len(history) == 2 and sum(m.value for m in history) > 0, history  # some steps were padded
+    skipped = MlflowClient(tracking_uri(tmp_path)).get_metric_history(res.run_id, "skipped_docs")
+    assert [m.value for m in skipped] == [EMPTY_TRAIN - 1] * 2 or [m.value for m in skipped] == [
+        EMPTY_TRAIN
+    ] * 2
