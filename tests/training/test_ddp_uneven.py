@@ -340,13 +340,15 @@ def test_each_family_trains_on_two_workers_and_registers(objective, tmp_path, ra
     """Real Ray Train, 2 workers, a training split of 13 (odd) in batches of 4 of which 6 are
     empty, 2 epochs, to the end: the workers' own batch counts differ (some steps are padding
     steps, ``uneven_steps``), both take the same optimizer steps with the same weights after
-    each, and the model is registered."""
+    each, and the model is registered. The retrieval objectives refuse documents that are not
+    pairs, so cmcm's split stays even here (its uneven shares: the gloo test above)."""
     from mlflow.tracking import MlflowClient
 
     from training.config import TrainConfig
     from training.experiment import run_experiment
 
-    data = write_dataset(tmp_path / "ds", family_of(objective), empty_train=EMPTY_TRAIN)
+    empty = 0 if family_of(objective) == "retrieval" else EMPTY_TRAIN
+    data = write_dataset(tmp_path / "ds", family_of(objective), empty_train=empty)
     cfg = TrainConfig(**tiny_config(data, objective, tmp_path / "ray", num_workers=2, run_name=""))
     with param_digests(ray_local, tmp_path / "digests") as digests:
         res = run_experiment(cfg, tracking_uri(tmp_path), model_name=f"ddp-{objective}")
@@ -354,9 +356,8 @@ def test_each_family_trains_on_two_workers_and_registers(objective, tmp_path, ra
     assert sorted(name.split("-")[0] for name in digests) == ["rank0", "rank1"], digests
     rank0, rank1 = digests.values()
     assert len(rank0) >= 2 and rank0 == rank1 and len(set(rank0)) > 1
-    history = MlflowClient(tracking_uri(tmp_path)).get_metric_history(res.run_id, "uneven_steps")
-    assert len(history) == 2 and sum(m.value for m in history) > 0, history  # some steps were padded
-    skipped = MlflowClient(tracking_uri(tmp_path)).get_metric_history(res.run_id, "skipped_docs")
-    assert [m.value for m in skipped] == [EMPTY_TRAIN - 1] * 2 or [m.value for m in skipped] == [
-        EMPTY_TRAIN
-    ] * 2
+    client = MlflowClient(tracking_uri(tmp_path))
+    history = [m.value for m in client.get_metric_history(res.run_id, "uneven_steps")]
+    assert len(history) == 2 and (sum(history) > 0) == (empty > 0), history  # padded steps happened
+    skipped = [m.value for m in client.get_metric_history(res.run_id, "skipped_docs")]
+    assert skipped in ([empty] * 2, [max(empty - 1, 0)] * 2), skipped  # Ray's split drops 1 of 13 rows
