@@ -20,7 +20,7 @@ from pipelines.web.client import PoliteClient, iter_body
 from pipelines.web.deadline import Deadline
 from pipelines.web.guard import redact_url
 from pipelines.web.policy import HttpError
-from pipelines.web.transport import PinnedAdapter
+from pipelines.web.transport import check_proxy, pinned_session
 
 USER_AGENT = "mmlinks/0.1 (+https://github.com/mmlinks)"
 TOO_LARGE, FETCH_FAILED, NOT_FOUND = "too_large", "fetch_failed", "not_found"
@@ -93,8 +93,10 @@ class HttpFetcher:
     Unless ``allow_private``, a host that resolves to a loopback/private/link-local/reserved
     address is refused (``fetch_failed``, transient: it depends on this setting), on every
     redirect hop, and each connection connects to exactly the addresses it checked
-    (``pipelines.web.transport``: no second DNS lookup to rebind). There is no allowlist: a
-    source whose URLs come from the web gives the store a ``PoliteFetcher``.
+    (``pipelines.web.transport``: no second DNS lookup to rebind). No proxy is taken from the
+    environment; ``proxy`` names one (then the proxy resolves names and the pinning does not
+    apply). There is no allowlist: a source whose URLs come from the web gives the store a
+    ``PoliteFetcher``.
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class HttpFetcher:
         chunk_size: int = 64 * 1024,
         session: requests.Session | None = None,
         allow_private: bool = False,
+        proxy: str | None = None,
     ):
         self.timeout = timeout
         self.max_seconds = max_seconds
@@ -115,6 +118,7 @@ class HttpFetcher:
         self.chunk_size = chunk_size
         self._session = session
         self.allow_private = allow_private
+        self.proxy = check_proxy(proxy)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -124,13 +128,11 @@ class HttpFetcher:
     @property
     def session(self) -> requests.Session:
         if self._session is None:
-            s = requests.Session()
+            # Pinned to the checked addresses; a deadline reaches the socket before the headers;
+            # no proxy from the environment (only ``proxy``).
+            s = pinned_session(public_only=not self.allow_private, proxy=self.proxy)
             s.headers["User-Agent"] = self.user_agent
             s.max_redirects = self.max_redirects
-            # Pinned to the checked addresses; a deadline reaches the socket before the headers.
-            adapter = PinnedAdapter(public_only=not self.allow_private)
-            s.mount("http://", adapter)
-            s.mount("https://", adapter)
             self._session = s
         return self._session
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,8 +115,9 @@ def validation_batches(
 EXHAUSTED, UNTRAINABLE, TRAINABLE = 0, 1, 2
 
 
-def agree_step(state: int, world: int, device: torch.device) -> int:
-    """The largest ``state`` over all workers (one 8-byte all-reduce a step).
+def agree_step(state: int, world: int, device: torch.device) -> tuple[int, int]:
+    """(the largest ``state`` over all workers, how many of them are TRAINABLE): one all-reduce
+    of three counts a step.
 
     DDP all-reduces gradients in every backward and broadcasts buffers in every forward, so all
     workers must run the same number of forward/backward passes in an epoch, or one waits in a
@@ -123,12 +125,16 @@ def agree_step(state: int, world: int, device: torch.device) -> int:
     doesn't match expected size", issue #34). Ray's split and empty documents can leave the
     workers with different numbers of batches: with this, the epoch goes on while any worker has
     a batch, a step is taken when any worker can train, and the others join it with a zero-loss
-    step (``Worker.zero_step``)."""
+    step (``Worker.zero_step``). The trainers' count scales their loss (``train_epoch``): DDP
+    averages gradients over all ``world`` workers, so a padding worker's zero would otherwise
+    halve (2 workers) the step the others take."""
     if world == 1:
-        return state
-    flag = torch.tensor([state], dtype=torch.int64, device=device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return int(flag.item())
+        return state, int(state == TRAINABLE)
+    counts = torch.zeros(3, dtype=torch.int64, device=device)
+    counts[state] = 1
+    torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)
+    found = counts.tolist()
+    return max(i for i, n in enumerate(found) if n), found[TRAINABLE]
 
 
 def epoch_seed(cfg: TrainConfig, rank: int, epoch: int) -> int:
@@ -193,12 +199,38 @@ class Worker:
         """Join the other workers' step without contributing: the objective's loss x 0 on the
         spare batch, through the model's forward, so this worker takes part in DDP's buffer
         broadcast and gradient all-reduce exactly as they do (a loss built from the parameters
-        alone would skip both, and the workers would fall out of step)."""
+        alone would skip both, and the workers would fall out of step).
+
+        The spare batch is validation data, so the forward must leave no trace: running
+        statistics (BatchNorm in Li et al.'s Transformer) are frozen for it, and the zero
+        gradient does not dilute the step (``train_epoch`` scales the trainers' loss). The
+        optimizer then takes exactly the step the trainers take; only the step count moves."""
         if self.spare is None:
             raise RuntimeError("a worker ran out of training batches and has no validation batch to pad with")
         spare = self.batch(self.spare, None)
-        loss = objective_loss(self.model, spare, self.cfg, gen, self.objective, epoch=epoch)[0]
+        with frozen_running_stats(self.model):
+            loss = objective_loss(self.model, spare, self.cfg, gen, self.objective, epoch=epoch)[0]
         self.step(loss * 0.0)
+
+
+@contextmanager
+def frozen_running_stats(model: torch.nn.Module) -> Iterator[None]:
+    """Normalisation layers that track running statistics (BatchNorm, InstanceNorm with
+    ``track_running_stats``) in eval mode for the block: a forward uses their statistics and does
+    not update them. The other modules keep their mode, so the forward uses the same parameters
+    (DDP expects every one of them in each backward)."""
+    norms = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats and m.training
+    ]
+    for m in norms:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m in norms:
+            m.train()
 
 
 def worker_config(config: dict) -> TrainConfig:
@@ -261,7 +293,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
     """One pass over this worker's training share; timing and loss sums of the epoch."""
     t0 = time.perf_counter()
     w.model.train()
-    total, steps, docs, skipped, wait, first_wait, padded = 0.0, 0, 0, 0, 0.0, None, 0
+    total, steps, docs, skipped, wait, first_wait, padded, uneven = 0.0, 0, 0, 0, 0.0, None, 0, 0
     parts_sum: dict[str, float] = {}
     batches = document_batches(shard, w.cfg.batch_docs, rng, w.cfg.batch_sampling, w.cfg.near_share)
     while True:
@@ -275,12 +307,13 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
             table, n_empty = drop_empty(table)
             skipped += n_empty
         mine = EXHAUSTED if table is None else TRAINABLE if table.num_rows >= 2 else UNTRAINABLE
-        anyone = agree_step(mine, w.world, w.device)  # every worker takes the same steps
+        anyone, trainers = agree_step(mine, w.world, w.device)  # every worker takes the same steps
         if anyone == EXHAUSTED:
             break
         if anyone == UNTRAINABLE:  # nobody can train on this step: all skip it
             continue
         w.set_warmup_lr()
+        uneven += trainers < w.world  # some worker pads this step (every worker knows it)
         if mine != TRAINABLE:  # another worker trains: join its all-reduces with a zero loss
             w.zero_step(epoch, gen)
             padded += 1
@@ -292,7 +325,8 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
                 f"loss diverged ({loss.item()}) at epoch {epoch} step {steps}; training stopped, "
                 f"the last good checkpoint is {_last_good(epoch)}; lower --lr or check the features for NaN"
             )
-        w.step(loss)
+        # DDP averages over every worker; padding workers add zeros: average over the trainers.
+        w.step(loss * (w.world / trainers) if trainers < w.world else loss)
         total, steps, docs = total + loss.item(), steps + 1, docs + len(batch)
         for k, v in parts.items():
             parts_sum[k] = parts_sum.get(k, 0.0) + v
@@ -306,6 +340,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
         "time": time.perf_counter() - t0,
         "parts": parts_sum,
         "padded": padded,
+        "uneven": uneven,
     }
 
 
@@ -419,6 +454,8 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
         "epoch_start_s": first_wait,
         "step_s": (train_time - tr["wait"] - first_wait) / max(steps, 1),
         "skipped_docs": int(sums[4]),
+        # steps some worker joined with a padding step (its share had no batch left to train)
+        "uneven_steps": tr.get("uneven", 0),
         "best_epoch": state.best_epoch,
         "best_val_loss": state.best_val,
         checkpoints.SELECT_SCORE: select_score,

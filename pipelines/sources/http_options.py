@@ -11,6 +11,7 @@ from pipelines import fileio
 from pipelines.sources.base import SourceContext, SourceOption
 from pipelines.web.guard import parse_allow_entry
 from pipelines.web.policy import HttpPolicy
+from pipelines.web.transport import check_proxy
 from schemas.errors import MmlinksError
 
 
@@ -24,6 +25,7 @@ def http_source_options() -> tuple[SourceOption, ...]:
         ("http_cache", None, "response cache folder (default: under the crawl state); 'off'"),
         ("polite", "true", "false: no rate limit, waits cut to 0.1 s (fixture servers only)"),
         ("allow_private", "false", "allow loopback/private addresses (test fixture servers)"),
+        ("proxy", None, "http(s) proxy URL for every request (HTTP_PROXY & co. are ignored)"),
     )
     return tuple(SourceOption(name, default, text, defines_data=False) for name, default, text in table)
 
@@ -75,6 +77,7 @@ def policy_from_context(ctx: SourceContext, hosts: set[str], **overrides: Any) -
         cache_dir=cache_dir,
         allow_private=ctx.bool("allow_private"),
         state_dir=_rate_dir(ctx),
+        proxy=check_proxy(ctx.str("proxy")),
     )
     if not ctx.bool("polite"):
         settings.update(

@@ -10,8 +10,10 @@ through the same rules:
   crawled URL must not reach into our own network). Each connection resolves its host once, has
   that answer checked and connects to exactly those addresses (``transport``), so a DNS answer
   that changes after the check (rebinding) never reaches a refused address; Host header, SNI
-  and the certificate check stay on the name. Through an HTTP(S) proxy the proxy resolves the
-  target, and only the check before the request applies.
+  and the certificate check stay on the name. No proxy is taken from the environment
+  (``HTTP_PROXY`` & co. are ignored: through a proxy the pinning does not apply); ``proxy``
+  names one explicitly, and behind it only the allowlist and the check before each request
+  apply (the proxy resolves the target itself).
 - **Rate and concurrency.** ``rate_per_host`` is a minimum spacing between request starts to a
   host. With ``state_dir`` the spacing is shared by every process on this machine through one
   ``flock``-ed file per host (Beam's DirectRunner runs a worker process per core); without it,
@@ -26,7 +28,8 @@ through the same rules:
   than ``MAX_BLOCK_S`` (one hour) from now: blocks persist in the gate files across builds,
   and a server (or a clock) naming next year must not shut a host out of every later build.
 - **Limits.** Bodies are streamed and capped at ``max_bytes`` (``too_large``); a whole request
-  (connect, headers, body; each retry and redirect hop its own) is bounded by ``max_seconds``.
+  (connect, headers, body) is bounded by ``max_seconds``, and so is one whole ``get``: its retries,
+  redirect hops and the waits between them share that one deadline.
 - **Cache.** 200 and 404/410 responses are kept on disk (any Beam FileSystems URI) keyed by the
   request, never including credentials, so a rerun of a crawl does not ask again.
 

@@ -35,7 +35,7 @@ from pipelines.web.retries import (
     rate_limit_reset,
     should_retry,
 )
-from pipelines.web.transport import PinnedAdapter
+from pipelines.web.transport import check_proxy, pinned_session
 from schemas.errors import MmlinksError
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class PoliteClient:
             raise MmlinksError("max_retries must be >= 0")
         for entry in policy.allowed_hosts:
             parse_allow_entry(entry)  # a bad entry fails here, not on the first request
+        check_proxy(policy.proxy)
         self.policy = policy
         self.sleep = sleep
         self.clock = clock
@@ -116,13 +117,11 @@ class PoliteClient:
         # One session per thread: requests.Session is not documented as thread-safe.
         s = getattr(self._local, "session", None)
         if s is None:
-            s = requests.Session()
-            s.headers["User-Agent"] = self.policy.user_agent
             # Connects to exactly the addresses the guard checked (no second DNS lookup to
-            # rebind), and lets a request's deadline reach its socket before the headers.
-            adapter = PinnedAdapter(public_only=not self.policy.allow_private)
-            s.mount("http://", adapter)
-            s.mount("https://", adapter)
+            # rebind), lets a request's deadline reach its socket before the headers, and takes
+            # no proxy from the environment (only ``policy.proxy``).
+            s = pinned_session(public_only=not self.policy.allow_private, proxy=self.policy.proxy)
+            s.headers["User-Agent"] = self.policy.user_agent
             self._local.session = s
         return s
 
@@ -161,7 +160,9 @@ class PoliteClient:
             hit = self._cache_read(cache_uri, limit)
             if hit is not None:
                 return hit
-        resp = self._follow(full_url, dict(headers or {}), limit)
+        # One deadline for the whole call: every redirect hop, retry and backoff wait inside it.
+        with Deadline(self.policy.max_seconds or None) as deadline:  # 0 or None: no deadline
+            resp = self._follow(full_url, dict(headers or {}), limit, deadline)
         if cache_uri is not None and resp.status in CACHEABLE_STATUSES:
             try:
                 fileio.write_bytes_atomic(cache_uri, encode_entry(resp, self._now()))
@@ -198,7 +199,7 @@ class PoliteClient:
             )
         return resp
 
-    def _follow(self, url: str, headers: dict[str, str], limit: int) -> HttpResponse:
+    def _follow(self, url: str, headers: dict[str, str], limit: int, deadline: Deadline) -> HttpResponse:
         """Follow redirects by hand, checking every hop against the allowlist."""
         first_scheme, *first_origin = split_host(url)
         for _hop in range(self.policy.max_redirects + 1):
@@ -207,7 +208,7 @@ class PoliteClient:
             # Credentials are for the origin they were meant for, and never go out unencrypted.
             if [host, port] != first_origin or (first_scheme == "https" and scheme == "http"):
                 headers = {k: v for k, v in headers.items() if k.lower() not in CREDENTIAL_HEADERS}
-            resp = self._get_with_retries(url, host, port, headers, limit)
+            resp = self._get_with_retries(url, host, port, headers, limit, deadline)
             location = resp.headers.get("location")
             if resp.status in REDIRECT_STATUSES and location:
                 url = urljoin(url, location)
@@ -216,7 +217,7 @@ class PoliteClient:
         raise HttpError("too_many_redirects", f"more than {self.policy.max_redirects}: {redact_url(url)}")
 
     def _get_with_retries(
-        self, url: str, host: str, port: int, headers: dict[str, str], limit: int
+        self, url: str, host: str, port: int, headers: dict[str, str], limit: int, deadline: Deadline
     ) -> HttpResponse:
         p = self.policy
         host_key = f"{host}:{port}"
@@ -225,7 +226,7 @@ class PoliteClient:
         last_status: int | None = None
         for attempt in range(p.max_retries + 1):
             try:
-                resp = self._attempt(url, host, port, host_key, gate, headers, limit)
+                resp = self._attempt(url, host, port, host_key, gate, headers, limit, deadline)
             except TransientFailure as exc:
                 last, last_status = exc.detail, None
                 wait = backoff_delay(attempt, p.backoff_base, p.backoff_max, self._jitter)
@@ -252,6 +253,14 @@ class PoliteClient:
                     wait = backoff_delay(attempt, p.backoff_base, p.backoff_max, self._jitter)
             if attempt == p.max_retries:
                 break
+            if deadline.expired or wait >= deadline.remaining:  # the call's max_seconds is spent
+                raise HttpError(
+                    "retries_exhausted",
+                    f"{redact_url(url)}: {last}; no time left for a retry in the request's"
+                    f" {p.max_seconds:g} s after {attempt + 1} attempts",
+                    transient=True,
+                    status=last_status,
+                )
             log.info(
                 "retry %d/%d of %s in %.2f s (%s)", attempt + 1, p.max_retries, redact_url(url), wait, last
             )
@@ -285,6 +294,7 @@ class PoliteClient:
         gate: HostGate,
         headers: dict[str, str],
         limit: int,
+        deadline: Deadline,
     ) -> HttpResponse:
         """One request: address check, concurrency slot, rate slot, streamed capped read.
 
@@ -318,7 +328,7 @@ class PoliteClient:
                     break
                 self._sleep(retry_at - self._now())
             try:
-                return self._send(url, headers, limit)
+                return self._send(url, headers, limit, deadline)
             except (
                 requests.Timeout,
                 requests.ConnectionError,
@@ -328,20 +338,22 @@ class PoliteClient:
             except requests.exceptions.RequestException as exc:  # invalid URL/header, ...
                 raise HttpError("bad_url", f"{redact_url(url)}: {type(exc).__name__}") from None
 
-    def _send(self, url: str, headers: dict[str, str], limit: int) -> HttpResponse:
-        """One HTTP request, bounded as a whole (connect, headers, body) by ``max_seconds``.
+    def _send(self, url: str, headers: dict[str, str], limit: int, deadline: Deadline) -> HttpResponse:
+        """One HTTP request (connect, headers, body) under the ``get``'s deadline.
 
-        The deadline is per request: each retry and each redirect hop gets its own, so one
-        ``get`` may take up to (max_redirects + 1) * (max_retries + 1) * max_seconds plus the
-        backoff. A request cut off by it fails with the same transient failure wherever it was
-        cut, and whatever it returned or raised is ignored (see ``pipelines.web.deadline``).
+        The deadline is per ``get``, not per attempt: retries, redirect hops and the waits
+        between them all spend the same ``max_seconds`` (before, each attempt of each hop had its
+        own, so one ``get`` could take (max_redirects + 1) * (max_retries + 1) * max_seconds plus
+        the backoff: 3 hours with the defaults). A request cut off by it fails with the same
+        transient failure wherever it was cut, and whatever it returned or raised is ignored
+        (see ``pipelines.web.deadline``); ``_get_with_retries`` then retries no more.
         """
-        with Deadline(self.policy.max_seconds or None) as deadline:  # 0 or None: no deadline, as before
-            try:
-                return self._exchange(url, headers, limit, deadline)
-            except requests.exceptions.RequestException:
-                _check(deadline)  # the deadline cut the request: its error is a symptom
-                raise
+        _check(deadline)  # spent already (a rate-gate wait, the previous hop)
+        try:
+            return self._exchange(url, headers, limit, deadline)
+        except requests.exceptions.RequestException:
+            _check(deadline)  # the deadline cut the request: its error is a symptom
+            raise
 
     def _exchange(self, url: str, headers: dict[str, str], limit: int, deadline: Deadline) -> HttpResponse:
         resp = self.session.get(

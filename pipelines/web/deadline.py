@@ -1,4 +1,5 @@
-"""A deadline on one whole HTTP request (connect, headers and body), not only on its body.
+"""A deadline on one whole HTTP request (connect, headers and body; in the polite client every
+retry and redirect hop of one ``get`` together), not only on its body.
 
 ``requests`` bounds each socket operation (``timeout``), never a whole request: a server that
 sends its status line and headers one byte at a time, each byte just inside the read timeout,
@@ -25,9 +26,11 @@ cut the moment its socket is registered.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
+import time
 from types import TracebackType
 
 from urllib3.response import BaseHTTPResponse
@@ -56,6 +59,7 @@ class Deadline:
         self._done = False
         self._outer: Deadline | None = None
         self._timer: threading.Timer | None = None
+        self._started = time.monotonic()
         if max_seconds is not None:
             self._timer = threading.Timer(max_seconds, self._fire)
             self._timer.name = TIMER_NAME
@@ -65,6 +69,13 @@ class Deadline:
     def expired(self) -> bool:
         """Whether the timer has cut this request off (its outcome must not be trusted)."""
         return self._fired
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left (``inf`` without a deadline): a caller about to wait longer gives up now."""
+        if self.max_seconds is None:
+            return math.inf
+        return self.max_seconds - (time.monotonic() - self._started)
 
     def watch(self, sock: socket.socket | None) -> None:
         """Shut ``sock`` down when the deadline passes (at once if it has passed already)."""
@@ -100,6 +111,7 @@ class Deadline:
     def __enter__(self) -> Deadline:
         self._outer = getattr(_active, "deadline", None)
         _active.deadline = self
+        self._started = time.monotonic()
         if self._timer is not None:
             self._timer.start()
         return self

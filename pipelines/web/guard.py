@@ -2,7 +2,8 @@
 
 Only allowlisted hosts (``host`` = any port, ``host:port`` = that port, ``*.example.com`` = any
 subdomain); unless a policy allows private addresses, a host that is or resolves to a
-loopback/private/link-local/reserved/multicast address is refused. Credential headers never
+loopback/private/link-local/reserved/multicast address is refused, also one embedded in an
+IPv6 address (IPv4-mapped and -compatible, 6to4, Teredo, NAT64). Credential headers never
 cross origins (see ``CREDENTIAL_HEADERS``) and logged URLs lose user info, query and fragment.
 """
 
@@ -73,9 +74,43 @@ def host_allowed(allowed_hosts: frozenset[str] | set[str], host: str, port: int)
     return False
 
 
+# IPv6 ranges whose addresses carry an IPv4 address a router or a translator will deliver to:
+# the address check must judge that IPv4 address, or ``2002:7f00:1::1`` (6to4 for 127.0.0.1)
+# reaches loopback past a check that only sees a "global" IPv6 address.
+_SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")  # RFC 3056: bits 16-47
+_TEREDO = ipaddress.IPv6Network("2001::/32")  # RFC 4380: the client's address XOR-ed, last 32 bits
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052 well-known prefix: last 32 bits
+# RFC 8215 local-use NAT64: the operator picks the prefix length (/48 to /96), so where the IPv4
+# address sits is unknown; it is never a public destination: refused whole.
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # RFC 4291 (deprecated): ::a.b.c.d
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address delivers to: IPv4-mapped (``::ffff:a.b.c.d``),
+    IPv4-compatible (``::a.b.c.d``), 6to4 (``2002:AABB:CCDD::/48``), Teredo (the client, XOR-ed)
+    or NAT64 (``64:ff9b::a.b.c.d``); None for any other address."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):  # not :: or ::1 (judged as IPv6)
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def _address_refused(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:  # an IPv4 address in IPv6 clothing: judged as that address
+            ip = ip.ipv4_mapped
+        elif ip in _NAT64_LOCAL:
+            return True
+        else:  # the IPv4 address it carries, and (below) the IPv6 address itself
+            inner = embedded_ipv4(ip)
+            if inner is not None and _address_refused(inner):
+                return True
     return (
         ip.is_loopback
         or ip.is_private

@@ -55,7 +55,10 @@ class HttpPolicy:
     # Fixture servers and benchmarks: a wait above backoff_max is cut to backoff_max instead of
     # failing the request (the server is ours; politeness is not the point).
     clamp_waits: bool = False
-    max_seconds: float | None = 300.0  # bound on one whole download (a server that drips bytes)
+    max_seconds: float | None = 300.0  # bound on one whole get: retries, redirects, waits, bodies
+    # http(s) proxy for every request; never taken from HTTP_PROXY & co. Behind it the proxy
+    # resolves names, so only the checks before a request apply (``pipelines.web.transport``).
+    proxy: str | None = None
 
 
 @dataclass

@@ -14,18 +14,24 @@ connect to; a pooled keep-alive connection is connected to an address checked wh
 The connections also register their sockets with the request's deadline
 (:class:`pipelines.web.deadline.Watched`).
 
-Not pinned: a connection to a proxy (an HTTP(S) proxy from the environment; the proxy resolves
-the target itself, and its own address is the operator's choice, typically private) and a
-SOCKS proxy (other connection classes). There only the caller's check before the request
-applies.
+Proxies are never taken from the environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``,
+``.netrc``): :func:`pinned_session` switches requests' ``trust_env`` off, because a connection
+to a proxy is not pinned (the proxy resolves the target itself, so a rebinding answer reaches
+whatever the proxy's resolver says, and its own address is the operator's choice, typically
+private). A proxy is an explicit option (``HttpPolicy.proxy``, the sources' ``proxy``
+``--source-option``); behind it only the caller's checks before the request apply (allowlist
+per hop, the address check on this machine's resolver), not the pinning.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
+import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
@@ -36,6 +42,7 @@ from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
 from pipelines.web.deadline import Watched
 from pipelines.web.guard import AddrInfo, resolve_checked
+from schemas.errors import MmlinksError
 
 
 class Pinned:
@@ -148,3 +155,43 @@ class PinnedAdapter(HTTPAdapter):
         if type(manager) is ProxyManager:  # not SOCKS: its own connection classes
             manager.pool_classes_by_scheme = self._pools()
         return manager
+
+
+def check_proxy(proxy: str | None) -> str | None:
+    """``proxy`` as given if it is an http(s) proxy URL (or None/empty: no proxy); MmlinksError
+    otherwise, never echoing the URL (it may carry a password)."""
+    if not proxy:
+        return None
+    try:
+        parts = urlsplit(proxy)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018  # a bad port raises here
+    except ValueError:
+        ok = False
+    if not ok:
+        raise MmlinksError("a proxy must be an http:// or https:// URL with a host (e.g. http://proxy:3128)")
+    return proxy
+
+
+def pinned_session(*, public_only: bool, proxy: str | None = None) -> requests.Session:
+    """A ``requests.Session`` whose connections are pinned to the addresses the guard checked
+    (:class:`PinnedAdapter`) and which reads nothing from the environment but a CA bundle.
+
+    ``trust_env`` is off: with it, ``HTTP_PROXY`` pointing anywhere sends every request through
+    an unpinned proxy connection and DNS rebinding works again (issue #46), and ``.netrc``
+    would add credentials nobody asked for. ``proxy`` (http or https URL) is used for both
+    schemes when given. ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` are still honoured (they
+    only narrow which certificates are trusted).
+    """
+    s = requests.Session()
+    s.trust_env = False
+    ca_bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if ca_bundle:
+        s.verify = ca_bundle
+    proxy = check_proxy(proxy)
+    if proxy:
+        s.proxies = {"http": proxy, "https": proxy}
+    adapter = PinnedAdapter(public_only=public_only)
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
+    return s

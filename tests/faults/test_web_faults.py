@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 import zlib
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -61,21 +62,67 @@ def test_a_damaged_body_then_a_whole_one_returns_the_whole_one(serve, fault_stat
     fault_stats.add(faults_injected=1, invariant_checks=1)
 
 
+PUBLIC_NAME, INTERNAL_NAME = "public.test", "internal.test"
+
+
+@pytest.fixture
+def routed_to_loopback(monkeypatch) -> list[tuple[str, int]]:
+    """The network at the socket layer: ``PUBLIC_NAME`` resolves to ``PUBLIC_IP`` (an address
+    the guard accepts) and a connection to ``PUBLIC_IP`` lands on 127.0.0.1, the same port (so
+    a loopback server plays a public host); ``INTERNAL_NAME`` resolves to 127.0.0.1. Returns
+    every address a socket connected to or tried, before any rerouting."""
+    real_lookup, real_connect = socket.getaddrinfo, socket.socket.connect
+    connects: list[tuple[str, int]] = []
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        answer = {PUBLIC_NAME: PUBLIC_IP, INTERNAL_NAME: "127.0.0.1"}.get(name.rstrip(".").lower())
+        if answer is None:
+            return real_lookup(host, port, family, type, proto, flags)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answer, int(port)))]
+
+    def connect(sock, address):
+        connects.append((str(address[0]), int(address[1])))
+        if address[0] == PUBLIC_IP:
+            address = ("127.0.0.1", address[1])
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return connects
+
+
 @pytest.mark.parametrize(
-    "target", ["http://10.0.0.7/x", "http://169.254.169.254/latest/meta-data/", "http://[::1]:1/"]
+    "target",
+    [
+        "http://127.0.0.1:{port}/latest/meta-data/",
+        f"http://{INTERNAL_NAME}:{{port}}/latest/meta-data/",  # a name that resolves to loopback
+        "http://[::ffff:127.0.0.1]:{port}/x",  # IPv4-mapped loopback
+        "http://[2002:7f00:1::1]:{port}/x",  # 6to4 of 127.0.0.1
+        "http://10.0.0.7/x",
+        "http://169.254.169.254/latest/meta-data/",
+    ],
 )
-def test_redirect_to_a_private_address_is_refused(serve, target, fault_stats):  # noqa: F811
-    """The allowlist names the public host; its redirect to a private address must not be followed
-    even when that address is allowlisted by name (the SSRF guard checks every hop's address)."""
-    server = serve(lambda h: send(h, 302, b"", {"Location": target}))
-    host = target.split("/")[2]
-    client = make_client(server, allowed_hosts=frozenset({server.host, host}), allow_private=False)
+def test_redirect_to_a_private_address_is_refused(serve, target, routed_to_loopback, fault_stats):  # noqa: F811
+    """An allowed public host (``PUBLIC_NAME``, reaching a loopback server through the patched
+    network) answers with a redirect to a private address whose host is allowlisted by name too:
+    the first hop is served (the redirect is really sent), the second is refused with
+    ``private_address`` on its address, and no socket ever connects to it: the internal server
+    on the target's port sees nothing. Before issue #46 the fixture server was on 127.0.0.1
+    itself, so the first hop was refused and no redirect was ever sent."""
+    internal = serve(lambda h: send(h, 200, b"internal secret"))
+    target = target.format(port=internal.port)
+    public = serve(lambda h: send(h, 302, b"", {"Location": target}))
+    name = urlsplit(target).hostname or ""
+    allowed = frozenset({PUBLIC_NAME, f"[{name}]" if ":" in name else name})  # any port
+    client = make_client(allowed_hosts=allowed, allow_private=False, max_retries=2)
     with pytest.raises(HttpError) as err:
-        client.get(server.url("/a.jpg"))
-    assert err.value.reason in ("not_allowed", "private_address", "retries_exhausted", "blocked_address"), (
-        err.value
-    )
-    fault_stats.add(faults_injected=1, invariant_checks=1)
+        client.get(f"http://{PUBLIC_NAME}:{public.port}/a.jpg", use_cache=False)
+    assert err.value.reason == "private_address" and not err.value.transient, err.value
+    assert public.paths() == ["/a.jpg"]  # the first hop was served: the redirect was sent
+    assert internal.hits == []  # the second hop never reached its server
+    assert routed_to_loopback == [(PUBLIC_IP, public.port)], routed_to_loopback  # nor any socket
+    fault_stats.add(faults_injected=1, invariant_checks=3)
 
 
 def _gzip_bomb(decoded: int) -> bytes:
@@ -219,6 +266,54 @@ def test_dripping_headers_fail_at_the_download_deadline(serve, path, fault_stats
         stop.set()
     assert len(server.hits) == 1
     fault_stats.add(faults_injected=1, invariant_checks=1)
+
+
+def test_one_deadline_bounds_the_whole_get_redirects_and_retries_included(serve, fault_stats):  # noqa: F811
+    """Issue #46: ``max_seconds`` bounded one attempt of one hop, so a server that redirects and
+    then drips its headers on every attempt held one ``get`` for (1 + max_retries) deadlines
+    (with the defaults, (5+1) x (5+1) x 300 s). Now the redirect, the dripped hop and any
+    retry share one deadline: once it has cut the dripping hop, nothing is retried. Counted in
+    requests, not seconds: before the fix the server saw the dripped path 1 + 3 times."""
+    from tests.pipelines.test_http_client import sequence
+
+    stop, dripped = threading.Event(), []
+    redirect = lambda h: send(h, 302, b"", {"Location": "/next.jpg"})
+    server = serve(sequence(redirect, _header_drip(stop, dripped)))
+    client = make_client(server, max_retries=3, max_seconds=1.5, timeout=0.5)
+    try:
+        with pytest.raises(HttpError) as err:
+            client.get(server.url("/first.jpg"), use_cache=False)
+        assert err.value.reason == "retries_exhausted" and err.value.transient, err.value
+        assert "download took over 1.5 s" in err.value.detail, err.value
+        assert "no time left for a retry" in err.value.detail, err.value
+    finally:
+        stop.set()
+    assert server.paths() == ["/first.jpg", "/next.jpg"]
+    fault_stats.add(faults_injected=1, invariant_checks=2)
+
+
+def test_a_backoff_wait_past_the_deadline_is_not_waited(serve, fault_stats):  # noqa: F811
+    """A server answering 503 with ``Retry-After: 1`` to every request, ``max_seconds`` 2.5,
+    5 retries, real sleeps: the client stops when the next wait would cross the deadline
+    instead of spending six attempts and five seconds (a bound on the count, not a timing)."""
+    from pipelines.web import HttpPolicy, PoliteClient
+
+    server = serve(lambda h: send(h, 503, b"busy", {"Retry-After": "1"}))
+    policy = HttpPolicy(
+        allowed_hosts=frozenset({server.host}),
+        allow_private=True,
+        rate_per_host=None,
+        max_retries=5,
+        backoff_max=10.0,
+        timeout=5.0,
+        max_seconds=2.5,
+    )
+    with pytest.raises(HttpError) as err:
+        PoliteClient(policy).get(server.url("/busy.jpg"), use_cache=False)
+    assert err.value.reason == "retries_exhausted" and err.value.status == 503, err.value
+    assert "no time left for a retry in the request's 2.5 s" in err.value.detail, err.value
+    assert 1 <= len(server.hits) < 6, server.paths()
+    fault_stats.add(faults_injected=len(server.hits), invariant_checks=2)
 
 
 def _deadline_timers() -> list[threading.Thread]:
@@ -444,3 +539,76 @@ def test_a_pinned_https_connection_keeps_sni_host_and_certificate_check_on_the_n
         assert "pinned.test" in err.value.detail, err.value  # the name it was checked against
         assert server.hits == []
     assert sni == ["pinned.test"] and looked_up == ["pinned.test"], (sni, looked_up)
+
+
+# ---------------------------------------------------------------------------- proxies
+
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+@pytest.fixture
+def environment_proxy(serve, monkeypatch):  # noqa: F811
+    """A loopback server standing in for a forward proxy (it answers every request itself),
+    named by every proxy variable of the environment, with no NO_PROXY exception."""
+    proxy = serve(lambda h: send(h, 200, b"internal secret, through the proxy"))
+    for name in PROXY_VARIABLES:
+        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.port}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    return proxy
+
+
+def test_an_environment_proxy_does_not_switch_the_pinning_off(
+    serve,  # noqa: F811
+    environment_proxy,
+    rebinding_dns,
+    fault_stats,
+):
+    """Issue #46: with ``HTTP_PROXY`` set, requests sent the request to the proxy, whose
+    connection is not pinned (the proxy resolves the name itself), so the rebinding name got
+    through: 200 and the proxy's body. Proxies now come only from the policy: the connection
+    goes direct, resolves once, and the rebinding answer is refused; the proxy sees nothing."""
+    server = serve(lambda h: send(h, 200, b"internal secret"))
+    client = make_client(allowed_hosts=frozenset({REBIND_HOST}), allow_private=False, max_retries=0)
+    with pytest.raises(HttpError) as err:
+        client.get(f"http://{REBIND_HOST}:{server.port}/latest/meta-data/", use_cache=False)
+    assert err.value.reason == "private_address" and "127.0.0.1" in err.value.detail, err.value
+    assert environment_proxy.hits == [] and server.hits == []
+    fault_stats.add(faults_injected=1, invariant_checks=2)
+
+
+def test_the_image_fetcher_ignores_an_environment_proxy(serve, environment_proxy, monkeypatch, fault_stats):  # noqa: F811
+    from pipelines.image_fetch import FetchFailed, HttpFetcher
+
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        return real("127.0.0.1" if host == REBIND_HOST else host, port, family, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    with pytest.raises(FetchFailed) as err:
+        HttpFetcher(timeout=(2.0, 2.0)).fetch(f"http://{REBIND_HOST}:9/a.jpg", 1 << 20)
+    assert "private_address" in err.value.detail, err.value
+    assert environment_proxy.hits == []
+    fault_stats.add(faults_injected=1, invariant_checks=2)
+
+
+def test_an_explicit_proxy_is_used_and_a_bad_one_is_refused_without_echoing_it(serve):  # noqa: F811
+    """A proxy is an option (``HttpPolicy.proxy``, ``HttpFetcher(proxy=)``, the sources'
+    ``proxy`` option), used for http and https; anything but an http(s) URL is one clear error
+    that does not print the URL (it may hold a password)."""
+    from pipelines.image_fetch import HttpFetcher
+    from schemas.errors import MmlinksError
+
+    proxy = serve(lambda h: send(h, 200, b"via proxy"))
+    client = make_client(allowed_hosts=frozenset({"origin.test"}), proxy=f"http://127.0.0.1:{proxy.port}")
+    assert client.get("http://origin.test/x", use_cache=False).body == b"via proxy"
+    fetched = HttpFetcher(allow_private=True, proxy=f"http://127.0.0.1:{proxy.port}").fetch(
+        "http://origin.test/y.jpg", 1 << 20
+    )
+    assert fetched.data == b"via proxy"
+    assert proxy.paths() == ["http://origin.test/x", "http://origin.test/y.jpg"]
+    for bad in ("socks5://user:s3cret@proxy:1080", "proxy:3128", "http://user:s3cret@proxy:99999"):
+        with pytest.raises(MmlinksError) as err:
+            make_client(allowed_hosts=frozenset({"origin.test"}), proxy=bad)
+        assert "s3cret" not in str(err.value) and "http://" in str(err.value)

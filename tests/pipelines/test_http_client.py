@@ -748,7 +748,9 @@ def test_pauses_are_capped_even_with_a_huge_backoff_max(serve):
     fake = FakeTime(t=1_700_000_000.0)
     spent = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "50000"}
     server = serve(sequence(lambda h: send(h, 503, headers={"Retry-After": "90000"}), ok(b"", spent), ok()))
-    client = make_client(server, fake=fake, backoff_max=1e9)
+    # No whole-call deadline: with one (max_seconds, 300 s by default) an hour's wait is not
+    # waited at all (test_web_faults.py::test_a_backoff_wait_past_the_deadline_is_not_waited).
+    client = make_client(server, fake=fake, backoff_max=1e9, max_seconds=None)
     client.get(server.url("/1"))  # 503 with Retry-After: one capped wait, then the spent budget
     client.get(server.url("/2"))  # waits out the (capped) reset
     assert fake.sleeps == [3600.0, pytest.approx(3600.0)]

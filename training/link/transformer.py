@@ -124,10 +124,12 @@ class TransformerLink(nn.Module):
         self.feature_std.copy_(torch.as_tensor(np.maximum(std, 1e-6), dtype=torch.float32))
 
     def _standardise(self, x: torch.Tensor, bn: nn.BatchNorm1d | None) -> torch.Tensor:
-        """Rows [K, D] standardised by ``bn`` (batch statistics need at least 2 rows)."""
+        """Rows [K, D] standardised by ``bn`` (batch statistics need at least 2 rows). ``bn``'s
+        own mode decides, not the model's: a DDP padding step freezes the statistics of the norm
+        layers alone (``training.loop.frozen_running_stats``) while the rest stays in training."""
         if bn is None:
             return x
-        training = self.training and len(x) > 1
+        training = bn.training and len(x) > 1
         return F.batch_norm(x, bn.running_mean, bn.running_var, None, None, training, bn.momentum, bn.eps)
 
     def _segment(self, name: str) -> torch.Tensor:
