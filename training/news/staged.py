@@ -2,9 +2,10 @@
 one ``mmlinks train --objective news`` command.
 
 Measured on every synthetic corpus of docs/benchmarks.md, training the fused model from its
-single-source models beats training it jointly from scratch (t2i R@10 80.8 / 85.8 / 88.7 vs
-78.8 / 82.3 / 80.1), so a fused model without ``--init-from`` or a multilingual recipe trains in
-stages (``--news-recipe staged``, the default; ``training.news.config.staged_recipe``):
+single-source models beats training it jointly from scratch in text-to-image R@10 (issue #34's
+corpora: 80.8 / 85.8 / 88.7 vs 78.8 / 82.3 / 80.1; issue #46's: 89.8 / 89.9 vs 88.8 / 86.9), so a
+fused model without ``--init-from`` or a multilingual recipe trains in stages (``--news-recipe
+staged``, the default; ``training.news.config.staged_recipe``):
 
 1. one single-source model per source (``--epochs`` each, complete inputs), caption first;
 2. the fused model from their encoders (``--init-from caption=DIR,...``: word embeddings and

@@ -77,7 +77,7 @@ def test_default_news_train_runs_the_stages_under_one_parent_run_and_registers_o
     assert stages["single:caption"].data.params["news_sources"] == "caption"
     # one registered version, the fused model's; the single-source stages are logged only
     versions = client.search_model_versions("name = 'news-staged'")
-    assert [(v.version, v.run_id) for v in versions] == [("1", res.run_id)]
+    assert [(str(v.version), v.run_id) for v in versions] == [("1", res.run_id)]
     assert res.model_version == "1" and res.to_dict()["parent_run_id"] == res.parent_run_id
     assert "test_r10" in parent.data.metrics and parent.data.tags["mmlinks.news.final_run"] == res.run_id
 
