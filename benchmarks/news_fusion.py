@@ -1,9 +1,10 @@
 """News image selection (issue #18): fusion + random_drop vs the best single source, on a built
 news dataset (`mmlinks data synth-news` + `data build --source news-jsonl`), in one process.
 
-Each ``--runs`` entry is ``SOURCES[:FUSION][:dropP][:subN]`` (e.g. ``caption``,
+Each ``--runs`` entry is ``SOURCES[:FUSION][:dropP][:subN][:poolP]`` (e.g. ``caption``,
 ``headline+lead+body+caption:attention:drop0.3``, ``...:sub0`` for words only, else
-``--subword-buckets``); ``dc:`` in front trains it by divide and conquer (Liu et al. Sect. 6.2):
+``--subword-buckets``; ``...:poolmean`` pools n-grams by their plain mean, else
+``--subword-pooling``); ``dc:`` in front trains it by divide and conquer (Liu et al. Sect. 6.2):
 every source encoder starts from the single-source run of the same invocation (which must come
 earlier in ``--runs``; word embeddings and image tower from the caption model, else the first),
 then the fuser alone for ``--fuser-warmup-epochs``, then all. ``bow`` is the bag-of-words
@@ -61,6 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loss", default="vse", choices=("vse", "vsepp", "hal"))
     p.add_argument("--news-max-tokens", default="", help="per-source token limits (default: TrainConfig's)")
     p.add_argument("--subword-buckets", type=int, default=-1, help="-1: TrainConfig's auto")
+    p.add_argument("--subword-pooling", default="sum-sqrt", help="TrainConfig's; a run's :poolP overrides")
     p.add_argument("--unseen-data", default="", help="a build with unseen name forms in its test split")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
@@ -77,9 +79,10 @@ def run_config(entry: str, args, data: str, singles: dict | None = None):
     parts = entry.removeprefix("dc:").split(":")
     if parts[0] == "bow":  # the reference reads every source
         parts[0] = "headline+lead+body+caption"
-    fusion = next((x for x in parts[1:] if not x.startswith(("drop", "sub"))), "attention")
+    fusion = next((x for x in parts[1:] if not x.startswith(("drop", "sub", "pool"))), "attention")
     drop = next((float(x[4:]) for x in parts[1:] if x.startswith("drop")), 0.0)
     buckets = next((int(x[3:]) for x in parts[1:] if x.startswith("sub")), args.subword_buckets)
+    pooling = next((x[4:] for x in parts[1:] if x.startswith("pool")), args.subword_pooling)
     return TrainConfig(
         data=data,
         objective="news",
@@ -95,6 +98,7 @@ def run_config(entry: str, args, data: str, singles: dict | None = None):
         word_vectors="random",
         news_max_tokens=args.news_max_tokens,
         subword_buckets=buckets,
+        subword_pooling=pooling,
         image_dropout=0.0,
         seed=args.seed,
         pool_size=500,
@@ -271,6 +275,7 @@ def main(argv=None) -> dict:
             ]
             out = evaluate_samples(model, batches, cfg)
             results[entry]["unseen_forms_t2i"] = {k: out["t2i"][k] for k in keep}
+            results[entry]["unseen_forms_i2t"] = {k: out["i2t"][k] for k in keep}
         print(f"{entry}: {results[entry]}", file=sys.stderr)
     singles = {k: v for k, v in results.items() if "+" not in k and k != "bow"}
     best_single = max(singles, key=lambda k: singles[k]["test_t2i"]["r10"]) if singles else None

@@ -115,5 +115,7 @@ def show_retrieval(result: dict) -> None:
     if t.get("relation_ap"):
         print("relation AP: " + ", ".join(f"{k} {v:.2f}" for k, v in t["relation_ap"].items()))
     print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
+    if result.get("parent_run_id"):  # the news family's staged recipe: the run above is its last stage
+        print(f"stages: parent run {result['parent_run_id']} (one nested run per stage)")
     if result.get("report"):
         print(f"report: {result['report']}")

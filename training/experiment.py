@@ -23,7 +23,7 @@ from training.backbone import get_backbone
 from training.config import TrainConfig
 from training.driver import fit
 from training.evaluate import evaluate
-from training.family_hooks import run_finish
+from training.family_hooks import run_finish, run_plan
 from training.metrics import flat_within_warning
 from training.objectives.registry import check_objective_data, get_objective
 from training.packaging import example_document, log_link_model
@@ -44,6 +44,8 @@ class ExperimentResult:
     report_path: str = ""
     per_doc: list[dict] = dataclasses.field(default_factory=list)  # test metrics per document
     warnings: list[str] = dataclasses.field(default_factory=list)  # e.g. a flat within-document signal
+    # a staged run's parent run (run_id is then its last stage's, the one that registered the model)
+    parent_run_id: str | None = None
 
     def to_dict(self) -> dict:
         """What ``mmlinks train --json`` prints and the Dagster asset records (no per-doc list)."""
@@ -57,6 +59,7 @@ class ExperimentResult:
             "tracking_uri": self.tracking_uri,
             "report": self.report_path,
             "warnings": self.warnings,
+            **({"parent_run_id": self.parent_run_id} if self.parent_run_id else {}),
         }
 
     @classmethod
@@ -75,6 +78,7 @@ class ExperimentResult:
                 report_path=data.get("report", data.get("report_path", "")) or "",
                 per_doc=list(data.get("per_doc") or []),
                 warnings=list(data.get("warnings") or []),
+                parent_run_id=data.get("parent_run_id"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             from schemas.errors import MmlinksError
@@ -287,7 +291,14 @@ def run_experiment(
 ) -> ExperimentResult:
     """Train, evaluate, log, register; the HTML report goes to MLflow and to ``report_dir``
     (default: ``reports/`` next to the dataset). ``parent_run_id`` nests the run under a parent
-    (a grid's trials)."""
+    (a grid's trials). An objective whose run plan (``training.family_hooks.run_plan``) takes
+    the config trains it in stages, each a run of its own nested under one parent run (the news
+    family's staged recipe); the result is then the last stage's, with ``parent_run_id`` set."""
+    plan = run_plan(cfg.objective)
+    if plan is not None:
+        staged = plan(cfg, tracking_uri, model_name, alias, progress, report_dir, parent_run_id)
+        if staged is not None:
+            return staged
     manifest = Manifest.read(cfg.data)
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened

@@ -11,6 +11,11 @@ up by a string it already holds and never imports a family:
   model_name, alias, report_dir) -> ExperimentResult``; a family without one ends as a link run
   does, in the core. (The retrieval family's finish also ends news runs: the ``news`` objective's
   family is "retrieval".)
+- ``register_run_plan(objective, plan)``: how a run of ``objective`` is trained when it is more
+  than one run (the news family's staged recipe: a nested run per stage under one parent run).
+  ``training.experiment.run_experiment`` first calls ``plan(cfg, tracking_uri, model_name, alias,
+  progress, report_dir, parent_run_id) -> ExperimentResult | None``; None: one run as usual (the
+  plan's own stages come back that way).
 - ``register_packager(packaging, package)``: the pyfunc of such a run whose
   ``ObjectiveSpec.packaging`` is ``packaging``, for a family whose finish packages another
   family's models (the retrieval finish, a "news-archive" news run):
@@ -32,6 +37,7 @@ from training.families import load_families
 
 _RUN_FINISHES: dict[str, Callable[..., Any]] = {}
 _PACKAGERS: dict[str, Callable[..., str]] = {}
+_RUN_PLANS: dict[str, Callable[..., Any]] = {}
 _SERVED_EVALUATIONS: dict[str, Callable[[Any, list], dict]] = {}
 
 
@@ -52,6 +58,17 @@ def run_finish(family: str) -> Callable[..., Any] | None:
     """The run finish of ``family``; None: the core's (a link run's)."""
     load_families()
     return _RUN_FINISHES.get(family)
+
+
+def register_run_plan(objective: str, plan: Callable[..., Any], replace: bool = False) -> Callable:
+    """How a run of ``objective`` is trained when its config asks for several stages."""
+    return _register(_RUN_PLANS, "run plan of objective", objective, plan, replace)
+
+
+def run_plan(objective: str) -> Callable[..., Any] | None:
+    """The run plan of ``objective``; None: always one run."""
+    load_families()
+    return _RUN_PLANS.get(objective)
 
 
 def register_packager(packaging: str, package: Callable[..., str], replace: bool = False) -> Callable:

@@ -104,9 +104,10 @@ def _check_trial(run, base: TrainConfig, dataset_version: str, where: str) -> No
         )
 
 
-def _checkpoint(client, run, dest: Path) -> Path:
+def logged_checkpoint(client, run, dest: Path) -> Path:
     """The checkpoint folder of the news model ``run`` logged, downloaded to ``dest`` (reused
-    when a previous grid already downloaded it)."""
+    when a previous grid already downloaded it; the staged recipe's single-source stages too,
+    ``training/news/staged.py``)."""
     import mlflow
 
     folder = dest / "checkpoint"
@@ -117,7 +118,7 @@ def _checkpoint(client, run, dest: Path) -> Path:
     )
     model = next((m for m in models if m.name == "model"), None)
     if model is None:
-        raise MmlinksError(f"--init-from-grid: trial run {run.info.run_id} logged no news model")
+        raise MmlinksError(f"run {run.info.run_id} logged no news model (its checkpoint is what is loaded)")
     dest.mkdir(parents=True, exist_ok=True)
     uri = f"{model.artifact_location.rstrip('/')}/{CHECKPOINT_PATH}"
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest)))
@@ -150,7 +151,7 @@ def table1_encoders(
             where = f"trial {run.data.tags.get('mmlinks.grid.point')} ({run.info.run_id})"
             _check_trial(run, base, version, where)
             buckets.add(int(run.data.params.get("subword_buckets", "0")))
-            folder = _checkpoint(client, run, dest / parent_run_id / name / source)
+            folder = logged_checkpoint(client, run, dest / parent_run_id / name / source)
             parts.append(f"{source}={folder.resolve()}")
         out[name] = {
             "init_from": ",".join(parts),

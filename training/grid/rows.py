@@ -135,7 +135,8 @@ GRIDS.update(
             title=TITLES[name],
             datasets=(),
             points=layout_points(layout),
-            base_overrides={"objective": "news"},
+            # a trial is one cell of the table, trained as its row says (never the staged recipe)
+            base_overrides={"objective": "news", "news_recipe": "joint"},
             family="news",
             repeats=1,
         )

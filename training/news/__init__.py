@@ -11,6 +11,10 @@ LOSSES = ("vse", "vsepp", "hal", "order")
 ENCODERS = ("attention", "chain")
 # how a text and an image score: the cosine, or ORDER's negative order violation (Vendrov et al.)
 SCORES = ("cosine", "order")
+# how a word's vector and its n-gram vectors pool into one (``model.WordEmbedding``): their sum
+# / sqrt(count) (the default: measured better than the mean on random-initialised vectors,
+# docs/benchmarks.md issue #46) or their plain mean (the paper's, on pre-trained fastText vectors)
+SUBWORD_POOLINGS = ("sum-sqrt", "mean")
 # --subword-buckets -1 (auto) for the news word encoder: fast on CPU (issue #34)
 AUTO_SUBWORD_BUCKETS = 20000
 # --news-max-tokens: a news body keeps ~300 words (Liu et al. cut nothing; GoodNews bodies run

@@ -1,5 +1,6 @@
 """The news family's training options (Liu et al.; --objective news): the sources read, the
-fuser, loss and encoder, subwords, token limits, the multilingual recipes and --init-from.
+fuser, loss and encoder, subwords, token limits, the multilingual recipes, --init-from and the
+default staged recipe (``training/news/staged.py``).
 
 A dataclass of ``option`` fields that ``training.config.TrainConfig`` takes in as a base
 (``training.families.FIELDS`` names it), so users and the CLI still see one config while each
@@ -14,6 +15,46 @@ from schemas.config_fields import option
 from training.news import AUTO_SUBWORD_BUCKETS, DEFAULT_NEWS_MAX_TOKENS
 
 NEWS = "news image selection (Liu et al.; --objective news)"
+PAPER_RANDOM_DROP = 0.3  # Liu et al. Sect. 6.2
+NEWS_RECIPES = ("staged", "joint")
+
+
+def drop_rate(cfg) -> float:
+    """``--random-drop`` resolved: -1 (auto) is ``PAPER_RANDOM_DROP`` for a model of 2+ sources
+    (the paper's fused models; complete inputs measured worse, docs/benchmarks.md) and 0 for a
+    single-source one (nothing to drop)."""
+    if cfg.random_drop >= 0:
+        return float(cfg.random_drop)
+    from schemas.news import parse_sources
+
+    try:
+        several = len(parse_sources(cfg.news_sources)) > 1
+    except ValueError:  # news_sources' own check reports it
+        several = False
+    return PAPER_RANDOM_DROP if several else 0.0
+
+
+def staged_recipe(cfg) -> bool:
+    """Whether ``cfg`` trains by the staged recipe (``training/news/staged.py``): ``news_recipe``
+    staged, 2+ sources, nothing loaded (``--init-from`` is a stage of its own: divide and
+    conquer or all-for-one) and no multilingual recipe."""
+    from schemas.news import parse_sources
+
+    try:
+        several = len(parse_sources(cfg.news_sources)) > 1
+    except ValueError:
+        return False
+    return (
+        cfg.news_recipe == "staged" and several and not cfg.init_from.strip() and cfg.multilingual == "none"
+    )
+
+
+def warmup_epochs(cfg) -> int:
+    """``--fuser-warmup-epochs`` resolved: -1 (auto) is 1 (the paper's) for divide and conquer
+    (``--init-from SOURCE=DIR,...``), else 0."""
+    if cfg.fuser_warmup_epochs >= 0:
+        return int(cfg.fuser_warmup_epochs)
+    return 1 if "=" in (cfg.init_from or "") else 0
 
 
 def news_names(name: str) -> tuple[str, ...]:
@@ -44,6 +85,7 @@ class NewsFields:
         "news_loss",
         "news_encoder",
         "subword_buckets",
+        "subword_pooling",
         "news_max_tokens",
         "news_heads",
         "multilingual",
@@ -63,11 +105,23 @@ class NewsFields:
         group=NEWS,
     )
     random_drop: float = option(
-        0.0,
+        -1.0,
         help="news: per training sample keep one random source and drop each other one with this "
-        "probability (paper: 0.3; 0 = complete inputs)",
-        check=lambda v: 0 <= v < 1,
-        rule="in [0, 1)",
+        f"probability (0 = complete inputs); -1 = auto: {PAPER_RANDOM_DROP} (the paper's) for a model "
+        "of 2+ sources, 0 for one",
+        check=lambda v: v == -1 or 0 <= v < 1,
+        rule="-1 or in [0, 1)",
+        group=NEWS,
+    )
+    news_recipe: str = option(
+        "staged",
+        help="news, a model of 2+ sources without --init-from or --multilingual: staged = Liu et al. "
+        "Sect. 6.2 in one command (one MLflow parent run, a nested run per stage): a single-source "
+        "model per source, then their encoders + a fresh fuser (--fuser-warmup-epochs, auto 1, alone, "
+        "then everything) with --random-drop, registered; each stage trains --epochs (t2i R@10 "
+        "above joint on all five synthetic corpora measured, docs/benchmarks.md); joint = one run "
+        "from scratch (before issue #46; its old defaults: --random-drop 0)",
+        choices=NEWS_RECIPES,
         group=NEWS,
     )
     news_loss: str = option(
@@ -89,12 +143,21 @@ class NewsFields:
     )
     subword_buckets: int = option(
         -1,
-        help="news: buckets of the character 3-5-gram vectors averaged with each word's vector, unseen "
-        "words included (Liu et al. Sect. 4.3.1; fastText: 2000000); -1 = auto: the --init-from "
+        help="news: buckets of the character 3-5-gram vectors pooled with each word's vector "
+        "(--subword-pooling), unseen words included (Liu et al. Sect. 4.3.1; fastText: 2000000); "
+        "-1 = auto: the --init-from "
         f"model's, else {AUTO_SUBWORD_BUCKETS} for the word encoder (fast on CPU), 0 for chain and "
         "one-for-all; 0 = words only",
         check=lambda v: v >= -1,
         rule=">= -1",
+        group=NEWS,
+    )
+    subword_pooling: str = option(
+        "sum-sqrt",
+        help="news: how a word's vector and its n-gram vectors become one: sum-sqrt = their sum / "
+        "sqrt(count) (a mean that keeps a random-initialised vector's length; measured better, "
+        "docs/benchmarks.md), mean = their plain average (the paper's, on pre-trained fastText)",
+        choices=lambda: news_names("SUBWORD_POOLINGS"),
         group=NEWS,
     )
     news_max_tokens: str = option(
@@ -131,10 +194,11 @@ class NewsFields:
         group=NEWS,
     )
     fuser_warmup_epochs: int = option(
-        0,
+        -1,
         help="news, divide and conquer: epochs in which only the fuser trains (the loaded encoders "
-        "and image tower get zero gradients; paper: 1)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        "and image tower get zero gradients; paper: 1); -1 = auto: 1 with --init-from SOURCE=DIR,... "
+        "and in the staged recipe's fusion stage, else 0",
+        check=lambda v: v >= -1,
+        rule=">= -1",
         group=NEWS,
     )

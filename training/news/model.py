@@ -3,13 +3,14 @@ Pure torch.
 
 - Words: a word embedding (initialised from word vectors, ``training/text.py``) plus, with
   ``subword_buckets`` (Liu et al. Sect. 4.3.1, fastText), the character 3- to 5-grams of
-  ``<word>`` hashed (FNV-1a) into that many rows: a word is the AVERAGE of its word vector and
-  its n-gram vectors, an out-of-vocabulary word the average of its n-gram vectors (not the one
-  ``<unk>`` vector). The n-grams are computed for every token when the text is encoded
-  (``NewsRetrieval.tokenize``, vectorised), so an unseen spelling of a trained name shares most
-  of its vectors. The model tokenises its own text with the training vocabulary kept in its
-  config (``words``) and the per-source token limits (``max_tokens``: a body keeps far more
-  words than a headline), so a served model encodes exactly as training did.
+  ``<word>`` hashed (FNV-1a) into that many rows: a word pools its word vector and its n-gram
+  vectors (``subword_pooling``: their sum / sqrt(count) by default, or their mean), an
+  out-of-vocabulary word its n-gram vectors alone (not the one ``<unk>`` vector). The n-grams are
+  computed for every token when the text is encoded (``NewsRetrieval.tokenize``, vectorised), so
+  an unseen spelling of a trained name shares most of its vectors. The model tokenises its own
+  text with the training vocabulary kept in its config (``words``) and the per-source token limits
+  (``max_tokens``: a body keeps far more words than a headline), so a served model encodes exactly
+  as training did.
 - One text encoder per source (headline, lead, body, caption), sharing the word embedding
   (paper: "the four single models share a common word embedding"): multi-head self-attention
   without positional encoding or causal mask, with a residual connection (Eq. 2-3) ->
@@ -42,7 +43,7 @@ from torch import nn
 from schemas.news import NEWS_SOURCES, sources_of
 from schemas.text import first_tokens
 from training.joint_space import BottleneckConfig, BottleneckImageEncoder
-from training.news import ENCODERS, FUSERS, SCORES
+from training.news import ENCODERS, FUSERS, SCORES, SUBWORD_POOLINGS
 from training.news.chain import CharConvEncoder
 from training.news.losses import order_scores
 
@@ -129,6 +130,8 @@ class NewsConfig:
     sources: tuple[str, ...] = ("headline", "lead", "body", "caption")
     fusion: str = "attention"
     subword_buckets: int = 0  # 0: words only
+    # SUBWORD_POOLINGS; "sum-sqrt" for configs from before the field (what they were trained with)
+    subword_pooling: str = "sum-sqrt"
     # the training vocabulary (index -> word): the model tokenises its own text with it, so a
     # served model encodes exactly as in training, n-grams of unseen words included; empty in
     # checkpoints from before issue #34 (the batch's token ids are used then)
@@ -146,6 +149,10 @@ class NewsConfig:
             raise ValueError(f"unknown fusion {self.fusion!r}; known: {', '.join(FUSERS)}")
         if self.encoder not in ENCODERS:
             raise ValueError(f"unknown text encoder {self.encoder!r}; known: {', '.join(ENCODERS)}")
+        if self.subword_pooling not in SUBWORD_POOLINGS:
+            raise ValueError(
+                f"unknown subword pooling {self.subword_pooling!r}; known: {', '.join(SUBWORD_POOLINGS)}"
+            )
         if self.score not in SCORES:
             raise ValueError(f"unknown score {self.score!r}; known: {', '.join(SCORES)}")
         if self.word_dim % self.heads:
@@ -172,18 +179,18 @@ class NewsConfig:
 class WordEmbedding(nn.Module):
     """tokens [N, T] (+ n-gram buckets [N, T, G], 0 = padding) -> [N, T, w].
 
-    With subwords (Liu et al. Sect. 4.3.1, fastText): a vocabulary word is the AVERAGE of its
-    word vector and its n-gram vectors; an unknown word (``<unk>``) the average of its n-gram
-    vectors alone, so a misspelt or inflected name lands near the trained name it shares
-    n-grams with instead of on the one ``<unk>`` vector. Without n-grams: the word vector.
+    With subwords (Liu et al. Sect. 4.3.1, fastText): a vocabulary word pools its word vector
+    and its n-gram vectors; an unknown word (``<unk>``) its n-gram vectors alone, so a misspelt
+    or inflected name lands near the trained name it shares n-grams with instead of on the one
+    ``<unk>`` vector. Without n-grams: the word vector.
 
-    The average is scaled by sqrt(count) (so: the sum / sqrt(count)). The paper averages
-    pretrained fastText vectors, whose mean keeps a word vector's size; ours start random, and
-    the mean of ~25 independent random vectors is ~5x shorter than one, which cost the fused
-    model 15-20 points of R@10 on names seen in training (docs/benchmarks.md, issue #34: 61.5
-    plain mean, 78.8 scaled, 76.9 without subwords). The scale does not change the mix: each
-    vector still weighs 1/count of the direction, and a long word does not outweigh a short one
-    by its n-gram count as a plain sum would."""
+    ``cfg.subword_pooling``: "sum-sqrt" (the default) = the sum / sqrt(count), i.e. the mean
+    scaled by sqrt(count); "mean" = the plain mean (the paper's). The paper averages pre-trained
+    fastText vectors, whose mean keeps a word vector's size; ours start random, and the mean of
+    ~25 independent random vectors is ~5x shorter than one, which costs the fused model R@10 on
+    seen and on unseen name forms, both ways (docs/benchmarks.md, issues #34 and #46). The
+    scale does not change the mix: each vector still weighs 1/count of the direction, and a long
+    word does not outweigh a short one by its n-gram count as a plain sum would."""
 
     def __init__(self, cfg: NewsConfig, embeddings: np.ndarray | None = None):
         super().__init__()
@@ -191,6 +198,7 @@ class WordEmbedding(nn.Module):
         if embeddings is not None:
             self.words.weight.data.copy_(torch.from_numpy(np.asarray(embeddings, dtype=np.float32)))
         self.ngrams = None
+        self.pooling = cfg.subword_pooling
         if cfg.subword_buckets:
             self.ngrams = nn.Embedding(cfg.subword_buckets + 1, cfg.word_dim, padding_idx=0)
             nn.init.uniform_(self.ngrams.weight, -0.2, 0.2)  # the random word vectors' range
@@ -204,7 +212,8 @@ class WordEmbedding(nn.Module):
         own = (tokens > UNK_ID).unsqueeze(-1).to(e.dtype)  # [N, T, 1]: a vocabulary word's own vector
         count = own + (ngrams > 0).sum(-1, keepdim=True).to(e.dtype)  # [N, T, 1]
         total = e * own + self.ngrams(ngrams).sum(-2)  # [N, T, G, w] -> [N, T, w]
-        return total / count.clamp(min=1.0).sqrt()  # the mean x sqrt(count): see the class doc
+        count = count.clamp(min=1.0)
+        return total / (count if self.pooling == "mean" else count.sqrt())  # see the class doc
 
 
 class SourceEncoder(nn.Module):

@@ -8,12 +8,15 @@ Ray Train loop and the experiment.
 - Training: ``--news-loss`` (vse, vsepp, hal; order = ORDER on order embeddings) on the in-batch
   score matrix (``NewsRetrieval.score``: cosines, or ORDER's negative order violations);
   ``--news-encoder chain`` reads characters instead of word vectors (CHAIN); ``--random-drop p``
-  (paper: 0.3): per sample one random present source is always kept and every other one is
-  dropped with probability p; validation and test use the complete inputs. Samples with no
-  source left (say a caption-only model on an article without caption) leave the loss.
-- Recipes (``training/news/recipes.py``): one-for-all freezes the aligned word vectors,
-  all-for-one and divide and conquer start from other checkpoints (``--init-from``); for the
-  first ``--fuser-warmup-epochs`` epochs only the fuser trains.
+  (paper and auto for 2+ sources: 0.3): per sample one random present source is always kept and
+  every other one is dropped with probability p; validation and test use the complete inputs.
+  Samples with no source left (say a caption-only model on an article without caption) leave the
+  loss.
+- Recipes: a fused model trains by default in stages (``training/news/staged.py``: the
+  single-source models, then the fuser over their encoders); ``training/news/recipes.py``:
+  one-for-all freezes the aligned word vectors, all-for-one and divide and conquer start from
+  other checkpoints (``--init-from``); for the first ``--fuser-warmup-epochs`` epochs only the
+  fuser trains.
 - Validation: text-to-image MedR and R@10 over every validation sample (``val_medr``, the
   checkpoint choice, and ``val_r10``).
 - Test: the retrieval family's evaluation (R@1/5/10 and MedR both directions, pools of
@@ -33,6 +36,7 @@ import torch
 from schemas.news import parse_sources, parse_token_limits, sources_of
 from schemas.text import first_tokens
 from training.news import AUTO_SUBWORD_BUCKETS, DEFAULT_NEWS_MAX_TOKENS
+from training.news.config import drop_rate, warmup_epochs
 from training.news.losses import news_loss
 from training.news.model import NewsConfig, NewsRetrieval, sentence_slots
 from training.ranking import retrieval_metrics
@@ -129,6 +133,7 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
         sources=parse_sources(cfg.news_sources),
         fusion=cfg.fusion,
         subword_buckets=subword_buckets(cfg),
+        subword_pooling=cfg.subword_pooling,
         words=words,
         max_tokens=limits,
         truncated=truncated,
@@ -200,10 +205,11 @@ def model_loss(
     the gradients); random_drop only while the model is training."""
     net = _net(model)
     keep = None
-    if net.training and cfg.random_drop > 0:
-        keep = random_drop(presence(batch, net.cfg.sources), cfg.random_drop, generator)
+    rate = drop_rate(cfg)
+    if net.training and rate > 0:
+        keep = random_drop(presence(batch, net.cfg.sources), rate, generator)
         keep = keep.to(batch.tokens.device)
-    warmup = net.training and epoch is not None and epoch < cfg.fuser_warmup_epochs
+    warmup = net.training and epoch is not None and epoch < warmup_epochs(cfg)
     s, v = model(batch, keep=keep, fuser_only=warmup)
     some = s.detach().norm(dim=1) > 0  # samples with a source left
     if int(some.sum()) < 2:
@@ -257,7 +263,7 @@ def check(cfg: TrainConfig) -> list[str]:
         sources = parse_sources(cfg.news_sources)
     except ValueError as exc:
         return [f"news_sources ({exc})"]
-    if len(sources) == 1 and cfg.random_drop > 0:
+    if len(sources) == 1 and drop_rate(cfg) > 0:
         bad.append("random_drop (a single-source model has nothing to drop)")
     if cfg.select_by == "val_within":
         bad.append("select_by (val_within measures inside documents: val_medr or val_loss)")

@@ -37,8 +37,19 @@ WORD_KEYS = ("embed.words.weight",)  # rows follow the vocabulary: never copied 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-ARCH_KEYS = ("word_dim", "d", "d_hidden", "heads", "image_dim", "subword_buckets", "encoder", "score")
-ARCH_DEFAULTS = {"encoder": "attention", "score": "cosine"}  # checkpoints from before these keys
+ARCH_KEYS = (
+    "word_dim",
+    "d",
+    "d_hidden",
+    "heads",
+    "image_dim",
+    "subword_buckets",
+    "subword_pooling",
+    "encoder",
+    "score",
+)
+# checkpoints from before these keys
+ARCH_DEFAULTS = {"encoder": "attention", "score": "cosine", "subword_pooling": "sum-sqrt"}
 
 
 def parse_init(text: str) -> dict[str, str]:
@@ -136,6 +147,8 @@ def apply_init(net, init_from: str, same_vocabulary: bool) -> list[str]:
 
 def check(cfg) -> list[str]:
     """The TrainConfig rules of the recipes (``ObjectiveSpec.check`` of ``news``; no torch)."""
+    from training.news.config import staged_recipe
+
     bad = []
     try:
         plan = parse_init(cfg.init_from)
@@ -155,6 +168,6 @@ def check(cfg) -> list[str]:
             bad.append("subword_buckets (one-for-all: trained n-grams would move the frozen aligned space)")
     if plan and "" not in plan and len(sources) < 2:
         bad.append("init_from (SOURCE=DIR loads the encoders of a fused model: --news-sources with 2+)")
-    if cfg.fuser_warmup_epochs and (not plan or "" in plan):
+    if cfg.fuser_warmup_epochs > 0 and (not plan or "" in plan) and not staged_recipe(cfg):
         bad.append("fuser_warmup_epochs (divide and conquer only: --init-from SOURCE=DIR,...)")
     return bad

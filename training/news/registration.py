@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from training.backbone import BackboneSpec, only_its_objectives, register_backbone
-from training.family_hooks import register_packager, register_served_evaluation
+from training.family_hooks import register_packager, register_run_plan, register_served_evaluation
 from training.objectives.registry import ObjectiveSpec, register_objective
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,7 +33,10 @@ def _news_label(cfg: TrainConfig) -> str:
     """e.g. news-headline+lead+body+caption-attention-drop0.3-vse, news-caption-vse"""
     sources = cfg.news_sources.replace(",", "+").replace(" ", "")
     fusion = f"-{cfg.fusion}" if "+" in sources else ""
-    drop = f"-drop{cfg.random_drop:g}" if cfg.random_drop else ""
+    from training.news.config import drop_rate
+
+    rate = drop_rate(cfg)
+    drop = f"-drop{rate:g}" if rate else ""
     recipe = {"one-for-all": "-ofa", "all-for-one": "-afo"}.get(cfg.multilingual, "")
     if cfg.init_from and "=" in cfg.init_from:
         recipe += "-dc"
@@ -48,11 +51,12 @@ def _news_check(cfg: TrainConfig) -> list[str]:
         sources = parse_sources(cfg.news_sources)
     except ValueError as exc:
         return [f"news_sources ({exc})"]
+    from training.news.config import drop_rate
     from training.news.recipes import check
 
     bad = (
         ["random_drop (a single-source model has nothing to drop)"]
-        if len(sources) == 1 and cfg.random_drop
+        if len(sources) == 1 and drop_rate(cfg)
         else []
     )
     return bad + check(cfg)
@@ -79,12 +83,14 @@ register_objective(
             "news_loss",
             "news_encoder",
             "subword_buckets",
+            "subword_pooling",
             "news_max_tokens",
             "news_heads",
             "d_shared",
             "multilingual",
             "init_from",
             "fuser_warmup_epochs",
+            "news_recipe",
         ),
         parts=lambda cfg: ("ret",),
         check=_news_check,
@@ -156,3 +162,12 @@ def _evaluate_served(linker, paths: list) -> dict:
 
 register_packager("news-archive", _package_archive_run)
 register_served_evaluation("news", _evaluate_served)
+
+
+def _run_staged(*args, **kwargs):
+    from training.news.staged import run_staged
+
+    return run_staged(*args, **kwargs)
+
+
+register_run_plan("news", _run_staged)

@@ -330,6 +330,40 @@ def test_subword_embedding_averages_word_and_ngrams_and_reaches_unseen_words():
     assert g is None and torch.equal(off.embed(t, g)[0, 0], off.embed.words.weight[1])  # <unk>
 
 
+@pytest.mark.parametrize("pooling", ["sum-sqrt", "mean"])
+def test_subword_pooling_is_what_the_help_says(pooling):
+    """Issue #46: ``--subword-pooling`` names how a word's vector and its n-gram vectors pool, its
+    help says it (sum-sqrt: the sum / sqrt(count), the default; mean: the plain mean), the model
+    computes it, and ``--subword-buckets``' help no longer calls the default an average."""
+    import dataclasses
+
+    from schemas.config_fields import field_info
+
+    helps = {f.name: field_info(f).help for f in dataclasses.fields(TrainConfig) if field_info(f)}
+    assert TrainConfig().subword_pooling == "sum-sqrt" and "sum / sqrt(count)" in helps["subword_pooling"]
+    assert "mean = their plain average" in helps["subword_pooling"]
+    assert "averaged" not in helps["subword_buckets"] and "--subword-pooling" in helps["subword_buckets"]
+    words = ["<pad>", "<unk>", "velmorra"]
+    torch.manual_seed(0)
+    cfg = NewsConfig(
+        vocab_size=3, word_dim=4, d=4, d_hidden=4, subword_buckets=50, words=words, subword_pooling=pooling
+    )
+    net = NewsRetrieval(cfg)
+    tokens, _, ngrams = net.tokenize(["velmorra velmorran"], ["headline"])
+    e = net.embed(tokens, ngrams)[0]
+    table = net.embed.ngrams.weight
+    known = torch.as_tensor(ngram_buckets(["velmorra"], 50)[0])
+    vectors = torch.cat([net.embed.words.weight[2:3], table[known]])
+    n = len(vectors)
+    want = vectors.sum(0) / (n**0.5 if pooling == "sum-sqrt" else n)
+    assert torch.allclose(e[0], want, atol=1e-6)
+    # a model config saved before the field (no subword_pooling) pools as it was trained: sum-sqrt
+    old = {k: v for k, v in cfg.to_dict().items() if k != "subword_pooling"}
+    assert NewsConfig(**old).subword_pooling == "sum-sqrt"
+    with pytest.raises(ValueError, match="subword pooling"):
+        NewsConfig(**{**old, "subword_pooling": "max"})
+
+
 def test_each_source_keeps_its_own_number_of_tokens():
     words = ["<pad>", "<unk>", "a", "b"]
     net = NewsRetrieval(

@@ -69,7 +69,10 @@ def test_init_from_forms_and_config_rules(tmp_path, monkeypatch):
     with pytest.raises(MmlinksError, match="word_vectors"):
         TrainConfig(objective="news", multilingual="one-for-all", word_vectors="random")
     with pytest.raises(MmlinksError, match="fuser_warmup_epochs"):
-        TrainConfig(objective="news", fuser_warmup_epochs=1)
+        TrainConfig(objective="news", fuser_warmup_epochs=1, news_recipe="joint")
+    with pytest.raises(MmlinksError, match="fuser_warmup_epochs"):  # one source: nothing staged
+        TrainConfig(objective="news", fuser_warmup_epochs=1, news_sources="caption")
+    TrainConfig(objective="news", fuser_warmup_epochs=2)  # the staged recipe's fusion stage reads it
     with pytest.raises(MmlinksError, match="2\\+"):
         TrainConfig(objective="news", news_sources="caption", init_from="caption=/a")
     ok = TrainConfig(objective="news", multilingual="all-for-one", init_from="/a", word_vectors="x.vec")
