@@ -73,7 +73,7 @@ def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, flo
     from pipelines.confounds import dataset_confounds
     from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
 
-    folder = root / f"{cell.replace(':', '_')}-s{seed}-{sizes['docs']}"
+    folder = root / f"{cell.replace(':', '_')}-s{seed}-{sizes['docs']}-d{sizes['dim']}"
     if not (folder / "manifest.json").exists():
         write_feature_corpus(folder, FeatureCorpusConfig(**parse_cell(cell), **sizes, seed=seed))
     ratio = dataset_confounds(folder, ["train"], max_documents=1000)["train"].image_ratio
@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rows", default="default,bag", help="comma-separated row names or NAME=JSON")
     p.add_argument("--seeds", default="0,1", help="seeds: corpus and training (one corpus per seed)")
     p.add_argument("--docs", type=int, default=3000, help="training documents (val and test: a tenth)")
+    p.add_argument("--dim", type=int, default=256, help="feature width of the corpora")
     p.add_argument("--corpora", default="/tmp/mmlinks-link-family", help="folder caching the corpora")
     p.add_argument("--jobs", type=int, default=1, help="training runs in parallel (processes)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a BASE field")
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows[name] = json.loads(js) if js else ROWS[name]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     sizes = {"docs": args.docs, "val_docs": max(50, args.docs // 10), "test_docs": max(50, args.docs // 10)}
+    sizes["dim"] = args.dim
     root = Path(args.corpora)
     root.mkdir(parents=True, exist_ok=True)
     out: dict = {"base": BASE, "rows": rows, "seeds": seeds, "sizes": sizes, "cells": {}}

@@ -84,16 +84,16 @@ def _test_auc(data, tmp_path, name: str, **overrides) -> float:
 
 
 def test_the_default_does_not_fall_below_the_bag_baseline_when_topics_share_a_look(tmp_path):
-    """Issue #44's regression test: documents of one topic share a look (clipped at zero, image
-    ratio ~20) and the topic's words; the default model, trained beside the simplest one on the
-    same corpus, must stay within a few points of it (the default before the fix: ~35 points below
-    on a 3,000-document corpus of this structure)."""
+    """Issue #44's regression test: documents of one of 10 topics share a look (clipped at zero,
+    image ratio ~10) and the topic's words; the default model, trained beside the simplest one on
+    the same corpus, must stay within a few points of it. Before the fix (GloVe vectors, image
+    dropout 0.4) the default reached AUC 53 here and the bag 93 (docs/benchmarks.md)."""
     data = tmp_path / "ds"
     cfg = FeatureCorpusConfig(
-        docs=500, val_docs=60, test_docs=60, topics=10, look_mixing="clipped", look_strength=5.0, dim=64
+        docs=600, val_docs=60, test_docs=60, topics=10, look_mixing="clipped", look_strength=3.6, dim=64
     )
     write_feature_corpus(data, cfg)
     bag = _test_auc(data, tmp_path, "bag", backbone="bag", negatives_warmup=0, select_by="last")
     default = _test_auc(data, tmp_path, "default")
-    assert bag > 75, f"the corpus must be learnable by the simplest model (bag AUC {bag:.1f})"
+    assert bag > 80, f"the corpus must be learnable by the simplest model (bag AUC {bag:.1f})"
     assert default >= bag - 4, f"default AUC {default:.1f} fell below the bag baseline's {bag:.1f}"
