@@ -207,7 +207,9 @@ class CoherenceSynthConfig:
         "none",
         help="graded: the graded-salience corpus instead of the painting steps: a small handwritten "
         "digit (weak in the features) in one of 4 inks on one of 3 backdrops (dominant), captions "
-        "naming a known subset (truth in each pair's metadata); the painting options do not apply",
+        "naming a known subset (truth in each pair's metadata); the painting options do not apply; "
+        "build it with `data build --dedupe-threshold off` (its plain backdrops look alike to the "
+        "perceptual hash)",
         choices=("none", "graded"),
     )
     digit_scale: float = option(
