@@ -67,3 +67,20 @@ def test_the_probe_finds_what_the_features_carry_and_only_that():
         abs(report["attributes"]["ink"]["match_over_probe"] - 0.9 / report["attributes"]["ink"]["probe"])
         < 1e-9
     )
+
+
+def test_evaluate_prints_the_attribute_table(capsys):
+    """`mmlinks evaluate`'s table for a retrieval model with attribute truth (--json carries the
+    same dict)."""
+    from cli.evaluate import show_evaluation
+
+    cells = {"medr": 3.0, "r1": 20.0, "r5": 50.0, "r10": 70.0, "pool_size": 500}
+    attrs = {
+        "digit": {"queries": 400, "top5_match": 0.55, "chance": 0.1, "probe": 0.68, "match_over_probe": 0.81},
+        "ink": {"queries": 500, "top5_match": 0.99, "chance": 0.25, "probe": 1.0, "match_over_probe": 0.99},
+    }
+    m = {"t2i": cells, "i2t": cells, "attributes": attrs, "oracle": {"medr": 4.0}}
+    show_evaluation({"family": "retrieval", "split": "test", "models": {"CMCA": m}})
+    out = capsys.readouterr().out
+    assert "attribute oracle MedR 4.0" in out
+    assert "digit" in out and "55.0" in out and "68.0" in out and "0.81" in out
