@@ -202,7 +202,7 @@ def cmd_synth(args) -> dict:
 def cmd_synth_coherence(args) -> dict:
     from tqdm import tqdm
 
-    from pipelines.coherence_corpus import RELATIONS, CoherenceSynthConfig, write_coherence_corpus
+    from pipelines.coherence_corpus import CoherenceSynthConfig, corpus_relations, write_coherence_corpus
 
     cfg = config_fields.from_args(CoherenceSynthConfig, args)
     writable_dir(args.out)
@@ -212,7 +212,7 @@ def cmd_synth_coherence(args) -> dict:
         "corpus": str(path.parent),
         "documents": cfg.pairs,
         "seed": cfg.seed,
-        "relations": list(RELATIONS),
+        "relations": list(corpus_relations(cfg)),
     }
 
 

@@ -71,7 +71,10 @@ def _add_evaluate(sub) -> None:
     )
     ret = ev.add_argument_group(
         "retrieval models (--objective cmca|cmcm|cmcm-c|news): MedR and R@K both directions over pools, "
-        "per relation and relation AP (cmcm); the per-query file holds each text's rank (and top-5 images)"
+        "per relation and relation AP (cmcm), and on pairs with attribute truth (synth-coherence "
+        "--salience graded) the top-5 match per named attribute beside a linear probe of the frozen "
+        "image features and the attribute oracle's MedR; the per-query file holds each text's rank "
+        "(and top-5 images)"
     )
     ret.add_argument(
         "--compare-uri",
@@ -388,6 +391,31 @@ def show_evaluation(r: dict) -> None:
         print(f"per-document values: {r['per_doc']}")
 
 
+def _show_attributes(name: str, m: dict) -> None:
+    """The per-attribute table of a split with attribute truth (graded-salience corpora)."""
+    from cli.output import table
+
+    if not m.get("attributes"):
+        return
+
+    def pct(x) -> str:
+        return "-" if x is None else f"{100 * x:.1f}"
+
+    rows = [
+        [
+            a,
+            str(x["queries"]),
+            pct(x["top5_match"]),
+            pct(x["chance"]),
+            pct(x.get("probe")),
+            "-" if x.get("match_over_probe") is None else f"{x['match_over_probe']:.2f}",
+        ]
+        for a, x in m["attributes"].items()
+    ]
+    print(f"{name}: top-5 match per named attribute (attribute oracle MedR {m['oracle']['medr']:.1f})")
+    print(table(rows, ["attribute", "queries", "top-5 match %", "chance %", "probe %", "match / probe"]))
+
+
 def _show_retrieval(r: dict) -> None:
     from cli.output import table
 
@@ -404,6 +432,7 @@ def _show_retrieval(r: dict) -> None:
     print(f"{r['split']} split, pools of {pool} (MedR: lower is better)")
     print(table(rows, ["model / queries", "MedR", "R@1", "R@5", "R@10"]))
     for name, m in r["models"].items():
+        _show_attributes(name, m)
         if m.get("relation_ap"):
             print(f"{name} relation AP: " + ", ".join(f"{k} {v:.2f}" for k, v in m["relation_ap"].items()))
     if r.get("report"):

@@ -18,7 +18,8 @@ def add_train_args(p, **defaults) -> None:
         choices=sorted(PRESETS),
         help="start from a named configuration; flags you give still win. paper = Hessel et al. "
         "2019 as published (GRU final state, checkpoint by validation loss), where mmlinks' defaults "
-        "deviate from it for documents with a style of their own (docs/training.md)",
+        "deviate from it for documents with a style of their own (docs/training.md); for cmca, cmcm "
+        "and cmcm-c, Alikhani et al. as published instead of their own defaults",
     )
     # the pre-#5 spelling of --objective, still accepted
     p.add_argument(
@@ -48,5 +49,7 @@ def train_config_from_args(args, **overrides):
     from training.config import TrainConfig, preset_values
 
     values = {"data": getattr(args, "data", None) or "", "ray_logs": bool(getattr(args, "debug", False))}
-    preset = preset_values(getattr(args, "preset", None))  # under the flags given
+    objective = overrides.get("objective") or getattr(args, "objective", None)
+    # the preset's values, or the objective's own defaults: under the flags given
+    preset = preset_values(getattr(args, "preset", None), objective)
     return TrainConfig(**{**preset, **config_fields.given(args, TrainConfig), **values, **overrides})

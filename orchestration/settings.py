@@ -159,9 +159,10 @@ class Settings:
         the objective's."""
         from training.config import TrainConfig, preset_values
 
+        name = {**self.train_base, **self.objectives[objective]}.get("objective", objective)
         values = {
             **defaults,
-            **preset_values(self.train_preset),
+            **preset_values(self.train_preset, name),
             **self.train_base,
             **self.objectives[objective],
             "data": data,

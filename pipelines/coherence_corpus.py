@@ -30,6 +30,18 @@ data build --source synthetic`` builds it: one document per pair (one sentence, 
 link (0, 0)), the pair's relations in ``metadata["relations"]`` (comma-separated, in the
 vocabulary's order, "" for none), and the label vocabulary in ``corpus.json["relations"]``,
 which the build copies into the manifest (``Manifest.relations``).
+
+Graded salience (``salience="graded"``, issue #45): a second corpus of the same format in which
+the image's attributes differ in how much of the feature vector they move. A handwritten digit
+(scikit-learn's bundled ``load_digits`` bitmaps, scaled up) is drawn small in one of 4 ink colours
+on one of 3 backdrops: the backdrop covers most pixels and dominates the features, the ink is
+plainly visible, the digit's identity is present but weak (a small shape). Each caption is tied
+to its picture by one relation of Clue's kind (``GRADED_RELATIONS``), which decides the attributes
+it names: Visible names all three, Story the digit and ink, Meta the backdrop, Subjective one of
+ink or digit, Irrelevant none. Truth per pair in the metadata (``schemas.manifest.pair_attributes``):
+``attr.<name>`` holds each attribute's value in the image, ``named`` the attributes the caption
+names. With ``split_sizes`` the val/test pairs draw their digit bitmaps from a held-out fifth, so
+no evaluation bitmap is seen in training.
 """
 
 from __future__ import annotations
@@ -41,12 +53,14 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageDraw
 
 from pipelines.splits import parse_split_sizes, sized_assignment, split_rank_key, unit_hash
 from pipelines.synthetic_corpus import COLOURS, PATTERNS, POSITIONS, SHAPES, SIZES, ObjectSpec, render
 from schemas.config_fields import option, validate
 from schemas.errors import MmlinksError
+from schemas.manifest import ATTRIBUTE_PREFIX, NAMED_KEY
 
 RELATIONS = ("Visible", "Action", "Story")
 FORMAT = "mmlinks-synthetic-coherence/1"
@@ -65,6 +79,59 @@ PLAIN_TEMPLATES = (
     "a {size} {colour} {shape} at the {pos}",
     "step {n} : {colour} {shape}",
 )
+# graded salience (issue #45): the relations of its captions, the attributes and their values
+GRADED_RELATIONS = ("Visible", "Meta", "Subjective", "Story", "Irrelevant")
+GRADED_ATTRIBUTES = ("digit", "ink", "backdrop")
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+INKS = {"red": (205, 35, 40), "blue": (40, 70, 205), "green": (35, 150, 60), "black": (25, 25, 25)}
+# backdrop -> (base colour, stripe colour or None)
+BACKDROPS = {
+    "grey": ((150, 150, 150), None),
+    "sand": ((222, 200, 150), None),
+    "striped": ((140, 185, 220), (245, 245, 245)),
+}
+# relation -> (its share of the pairs, caption templates, the attributes each template names)
+GRADED_CAPTIONS: dict[str, tuple[float, tuple[tuple[str, tuple[str, ...]], ...]]] = {
+    "Visible": (
+        0.6,
+        (
+            ("a {ink} {digit} on a {backdrop} background", ("digit", "ink", "backdrop")),
+            ("the number {digit} written in {ink} on {backdrop} paper", ("digit", "ink", "backdrop")),
+            ("{ink} ink , digit {digit} , {backdrop} card", ("digit", "ink", "backdrop")),
+            ("here i wrote {digit} in {ink} over the {backdrop} sheet", ("digit", "ink", "backdrop")),
+        ),
+    ),
+    "Meta": (
+        0.1,
+        (
+            ("the shot was taken against the {backdrop} backdrop", ("backdrop",)),
+            ("i used a {backdrop} card for this photo", ("backdrop",)),
+        ),
+    ),
+    "Subjective": (
+        0.12,
+        (
+            ("i love how this {ink} ink looks", ("ink",)),
+            ("{ink} is such a cheerful colour", ("ink",)),
+            ("{digit} is my favourite number", ("digit",)),
+            ("i always liked writing {digit}", ("digit",)),
+        ),
+    ),
+    "Story": (
+        0.12,
+        (
+            ("my daughter wrote a {ink} {digit} after lunch", ("digit", "ink")),
+            ("it was raining so we practised the {digit} in {ink}", ("digit", "ink")),
+        ),
+    ),
+    "Irrelevant": (
+        0.06,
+        (
+            ("what a long week it has been", ()),
+            ("thanks for reading and see you soon", ()),
+        ),
+    ),
+}
 STORY_PHRASES = (
     "my daughter helped me with this one",
     "it was raining all weekend so",
@@ -136,8 +203,28 @@ class CoherenceSynthConfig:
         choices=("half", "brush"),
     )
 
+    salience: str = option(
+        "none",
+        help="graded: the graded-salience corpus instead of the painting steps: a small handwritten "
+        "digit (weak in the features) in one of 4 inks on one of 3 backdrops (dominant), captions "
+        "naming a known subset (truth in each pair's metadata); the painting options do not apply; "
+        "build it with `data build --dedupe-threshold off` (its plain backdrops look alike to the "
+        "perceptual hash)",
+        choices=("none", "graded"),
+    )
+    digit_scale: float = option(
+        0.3,
+        help="graded: the digit's side as a share of the image side (smaller: a weaker digit)",
+        check=lambda v: 0.1 <= v <= 0.9,
+        rule="in [0.1, 0.9]",
+    )
+
     def __post_init__(self) -> None:
         validate(self, "synthetic coherence corpus options")
+        if self.salience == "graded" and (self.train_states != "both" or self.objects):
+            raise MmlinksError(
+                "--salience graded draws its own attributes: drop --train-states and --objects"
+            )
         if self.train_states == "one" and self.split_sizes is None:
             raise MmlinksError(
                 "--train-states one needs --split-sizes (the generator must know the training pairs)"
@@ -197,12 +284,87 @@ def cue_list(action: bool, n: int) -> tuple[str, ...]:
     return (real + made_up)[:n]
 
 
+@lru_cache(maxsize=1)
+def digit_bitmaps() -> tuple[np.ndarray, np.ndarray]:
+    """(images [n, 8, 8] in 0..16, labels [n]) of scikit-learn's bundled handwritten digits."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return d.images, d.target
+
+
+def _digit_mask(bitmap: np.ndarray, side: int) -> Image.Image:
+    """An 8 x 8 bitmap (0..16) scaled to ``side`` pixels and thresholded: an "L" stencil."""
+    small = Image.fromarray(np.asarray(bitmap * 15.9, dtype=np.uint8), mode="L")
+    return small.resize((side, side), Image.BILINEAR).point(lambda v: 255 if v > 96 else 0)
+
+
+def generate_graded_pair(
+    cfg: CoherenceSynthConfig, index: int, split: str | None = None
+) -> tuple[dict, Image.Image]:
+    """One graded-salience pair (``salience="graded"``); depends only on (the options, index,
+    split): val/test pairs draw their bitmap from the held-out fifth (index % 5 == 0) when the
+    generator assigns splits, training pairs from the rest."""
+    rng = random.Random(f"coherence-graded:{cfg.seed}:{index}")
+    images, labels = digit_bitmaps()
+    pick = rng.randrange(len(images))
+    if split is not None:  # move to the nearest bitmap of the right part, same digit stream
+        held_out = split != "train"
+        while (pick % 5 == 0) != held_out:
+            pick = (pick + 1) % len(images)
+    digit, ink, backdrop = str(int(labels[pick])), rng.choice(list(INKS)), rng.choice(list(BACKDROPS))
+    size = cfg.image_size
+    base, stripe = BACKDROPS[backdrop]
+    jitter = rng.randint(-12, 12)
+    img = Image.new("RGB", (size, size), tuple(min(255, max(0, c + jitter)) for c in base))
+    draw = ImageDraw.Draw(img)
+    if stripe is not None:
+        step = max(4, size // 8)
+        offset = rng.randrange(step)
+        for x in range(-size, size, step):
+            draw.polygon(
+                [
+                    (x + offset, 0),
+                    (x + offset + step // 2, 0),
+                    (x + offset + step // 2 + size, size),
+                    (x + offset + size, size),
+                ],
+                fill=stripe,
+            )
+    side = max(8, round(size * cfg.digit_scale * rng.uniform(0.85, 1.15)))
+    x0, y0 = rng.randint(0, size - side), rng.randint(0, size - side)
+    img.paste(Image.new("RGB", (side, side), INKS[ink]), (x0, y0), _digit_mask(images[pick], side))
+    names = list(GRADED_CAPTIONS)
+    relation = rng.choices(names, weights=[GRADED_CAPTIONS[n][0] for n in names])[0]
+    template, named = rng.choice(GRADED_CAPTIONS[relation][1])
+    text = template.format(digit=DIGIT_WORDS[int(digit)], ink=ink, backdrop=backdrop)
+    name = doc_id(cfg, index)
+    values = {"digit": digit, "ink": ink, "backdrop": backdrop}
+    record = {
+        "doc_id": name,
+        "sentences": [text],
+        "images": [f"images/{name}.png"],
+        "links": [[0, 0]],
+        "metadata": {
+            "relations": relation,
+            NAMED_KEY: ",".join(named),
+            "bitmap": str(pick),  # the load_digits index drawn
+            **{ATTRIBUTE_PREFIX + k: v for k, v in values.items()},
+        },
+    }
+    if split is not None:
+        record["split"] = split
+    return record, img
+
+
 def generate_pair(
     cfg: CoherenceSynthConfig, index: int, split: str | None = None
 ) -> tuple[dict, Image.Image]:
     """One pair; depends only on (the options, index, split). ``split`` (from
     ``cfg.assigned_splits()``) is written in the record; with ``train_states="one"`` a training
     pair shows its object in the object's training state, every other draw stays the same."""
+    if cfg.salience == "graded":
+        return generate_graded_pair(cfg, index, split)
     rng = random.Random(f"coherence:{cfg.seed}:{index}")
     bg = tuple(rng.randint(90, 200) for _ in range(3))
     if cfg.objects:
@@ -252,6 +414,11 @@ def generate_pair(
     return record, img
 
 
+def corpus_relations(cfg: CoherenceSynthConfig) -> tuple[str, ...]:
+    """The relation vocabulary of the corpus ``cfg`` describes."""
+    return GRADED_RELATIONS if cfg.salience == "graded" else RELATIONS
+
+
 def write_coherence_corpus(
     out: str | Path, cfg: CoherenceSynthConfig, progress: Callable[[int], None] | None = None
 ) -> Path:
@@ -270,6 +437,9 @@ def write_coherence_corpus(
             fh.write(json.dumps(record, sort_keys=True) + "\n")
             if progress:
                 progress(1)
-    meta = {"format": FORMAT, "relations": list(RELATIONS), **asdict(cfg)}
+    meta = {"format": FORMAT, "relations": list(corpus_relations(cfg)), **asdict(cfg)}
+    if cfg.salience == "none":  # today's corpus.json stays as it was
+        meta.pop("salience")
+        meta.pop("digit_scale")
     (out / "corpus.json").write_text(json.dumps(meta, indent=2))
     return docs_path

@@ -154,6 +154,22 @@ def _relations(value) -> list[str] | None:
     return list(value)
 
 
+# A pair's attribute truth (graded-salience corpora, issue #45): metadata["attr.<name>"] is the
+# value of attribute <name> in the image, metadata["named"] the comma-separated attributes the
+# text names. Written by the generator, read by the per-attribute evaluation.
+ATTRIBUTE_PREFIX = "attr."
+NAMED_KEY = "named"
+
+
+def pair_attributes(metadata: dict | None) -> tuple[dict[str, str], set[str]]:
+    """(attribute -> value in the image, the attributes the text names) of one pair's metadata;
+    ({}, set()) for a pair without attribute truth."""
+    meta = dict(metadata or {})
+    values = {k[len(ATTRIBUTE_PREFIX) :]: str(v) for k, v in meta.items() if k.startswith(ATTRIBUTE_PREFIX)}
+    named = {n for n in str(meta.get(NAMED_KEY) or "").split(",") if n}
+    return values, named & set(values)
+
+
 def pair_relations(metadata_value: str | None, vocabulary: list[str]) -> list[int]:
     """metadata["relations"] of one pair -> 0/1 per vocabulary entry; an unknown name is an error."""
     names = [n for n in (metadata_value or "").split(",") if n]

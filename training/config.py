@@ -40,7 +40,9 @@ SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min", "l
 # a style, and its checkpoint choice by validation loss cannot see that; issue #33: when a
 # document's images share a strong look, the raw image feature and hard negatives from the first
 # step leave the model at chance, so images are also read centred on their document and the
-# first epochs use mean negatives).
+# first epochs use mean negatives). For the retrieval objectives it is Alikhani et al. as published:
+# TrainConfig's core values, a linear image bottleneck, the coherence loss into the shared
+# encoders, instead of their own defaults (``ObjectiveSpec.train_defaults``, issue #45).
 PRESETS: dict[str, dict] = {
     "paper": {
         "text_pooling": "last",
@@ -48,14 +50,21 @@ PRESETS: dict[str, dict] = {
         "image_centring": "none",
         "negatives_warmup": 0,
         "image_dropout": 0.4,
+        # Alikhani et al. (the retrieval objectives; issue #45 changed their defaults)
+        "image_layers": 0,
+        "cam_gradient": "shared",
+        "retrieval_margin": 0.3,
     },
 }
 
 
-def preset_values(name: str | None) -> dict:
-    """The values of preset ``name`` (none for "" or None); a clear error for an unknown one."""
+def preset_values(name: str | None, objective: str | None = None) -> dict:
+    """The values of preset ``name``; for no preset ("" or None), ``objective``'s own training
+    defaults (``ObjectiveSpec.train_defaults``; the paper preset keeps the published settings
+    instead); a clear error for an unknown preset."""
     if not name:
-        return {}
+        spec = get_objective(objective) if objective in objective_names() else None
+        return dict(spec.train_defaults) if spec else {}
     if name not in PRESETS:
         from schemas.errors import MmlinksError
 

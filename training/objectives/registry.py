@@ -106,6 +106,10 @@ class ObjectiveSpec:
     # (manifest, dataset folder) -> what the dataset lacks for this objective (checked before a
     # run is opened, so `mmlinks train` fails in one line instead of inside a Ray worker)
     check_data: Callable[[Any, str], list[str]] | None = None
+    # TrainConfig values this objective trains with where TrainConfig's own defaults (a full run
+    # of Hessel et al.'s linking) do not suit it: applied under the flags and settings given,
+    # and not under --preset paper (``training.config.preset_values``)
+    train_defaults: tuple[tuple[str, Any], ...] = ()
 
     def text(self, cfg: TrainConfig) -> str:
         if self.describe is not None:

@@ -21,7 +21,7 @@ class RetrievalFields:
     """The options of the retrieval objectives and their ``coherence`` backbone."""
 
     # the fields a resumed run must share with its checkpoint (``training.config.MODEL_FIELDS``)
-    MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("relation", "retrieval_pooling", "cam_hidden")
+    MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("relation", "retrieval_pooling", "cam_hidden", "image_layers")
 
     relation: str = option(
         "",
@@ -57,6 +57,29 @@ class RetrievalFields:
         "sides, which a linear layer, a sum of one term per side, cannot)",
         check=lambda v: v >= 0,
         rule=">= 0",
+        group=RETRIEVAL,
+    )
+    image_layers: int = option(
+        0,
+        help="retrieval: ReLU hidden layers (width --d-shared) of the image encoder before its projection "
+        "into the shared space (0 = one linear bottleneck, the paper's)",
+        check=lambda v: 0 <= v <= 4,
+        rule="0 to 4",
+        group=RETRIEVAL,
+    )
+    retrieval_margin: float = option(
+        0.3,
+        help="retrieval: the triplet hinge's margin (paper: 0.3)",
+        check=lambda v: v > 0,
+        rule="> 0",
+        group=RETRIEVAL,
+    )
+    cam_gradient: str = option(
+        "shared",
+        help="cmcm / cmcm-c: shared = the coherence loss trains the text and image encoders too (the "
+        "paper's); stopped = it trains only the Coherence Aware Module, on the retrieval embeddings "
+        "with their gradient stopped (the relation loss cannot pull the encoders away from retrieval)",
+        choices=("shared", "stopped"),
         group=RETRIEVAL,
     )
     refine_lambda: float = option(

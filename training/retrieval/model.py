@@ -42,6 +42,8 @@ class RetrievalConfig:
     # w_c of the coherence loss (1 / positive rate in the training set), one per relation
     relation_weights: tuple[float, ...] = ()
     cam_hidden: int = 0  # 0 = one linear layer (paper)
+    cam_gradient: str = "shared"  # "stopped": the CAM reads detached embeddings (issue #45)
+    image_layers: int = 0  # ReLU hidden layers of the image encoder before its projection (0: paper)
     image_dropout: float = 0.0
     backbone: str = "coherence"  # the backbone registry name (training/backbone.py)
 
@@ -97,6 +99,26 @@ class AttnTextEncoder(nn.Module):
         return (z, alpha) if return_attention else z
 
 
+class DeepImageEncoder(BottleneckImageEncoder):
+    """The bottleneck with ``image_layers`` ReLU layers (width d_shared) before the projection
+    into the shared space: a linear projection can only weigh each feature direction once,
+    which a small object's shape, spread thinly over many directions, may need more than."""
+
+    def __init__(self, cfg: RetrievalConfig):
+        super().__init__(cfg)
+        layers: list[nn.Module] = []
+        width = cfg.image_dim
+        for _ in range(cfg.image_layers):
+            layers += [nn.Linear(width, cfg.d_shared), nn.ReLU()]
+            width = cfg.d_shared
+        self.hidden = nn.Sequential(*layers)
+        self.proj = nn.Linear(width, cfg.d_shared)
+
+    def forward(self, feats: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        x = (feats - self.feature_mean) / self.feature_std
+        return F.normalize(self.proj(self.hidden(self.dropout(x))), dim=-1)
+
+
 class CoherenceAwareModule(nn.Module):
     """concat(text [.., d], image [.., d]) -> relation logits [.., C]."""
 
@@ -131,7 +153,7 @@ class CoherenceRetrieval(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.text = AttnTextEncoder(cfg, embeddings)
-        self.image = BottleneckImageEncoder(cfg)
+        self.image = BottleneckImageEncoder(cfg) if not cfg.image_layers else DeepImageEncoder(cfg)
         if feature_stats is not None:
             self.image.set_feature_stats(*feature_stats)
         self.cam = (
@@ -145,7 +167,11 @@ class CoherenceRetrieval(nn.Module):
         image [B, d], CAM logits of the matched pairs [B, C] or None). The CAM runs inside
         forward so DDP syncs its gradients too."""
         s, v = self.text(batch.tokens, batch.lengths), self.image(batch.features)
-        return s, v, None if self.cam is None else self.cam(s, v)
+        if self.cam is None:
+            return s, v, None
+        if self.cfg.cam_gradient == "stopped":  # the relation loss trains the CAM alone
+            return s, v, self.cam(s.detach(), v.detach())
+        return s, v, self.cam(s, v)
 
     def encode(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         s, v, _ = self(batch)

@@ -5,14 +5,16 @@ training/backbone.py), the Ray Train loop and the experiment.
 - Data: a pair dataset (one sentence, one image per document; docs/architecture.md "Pair
   datasets"). The CAM predicts the manifest's relations (cmcm) or ``--relation`` (cmcm-c);
   their loss weights w_c = 1 / positive rate come from the training shards.
-- Loss: Eq. 3 of Alikhani et al. (``training/retrieval/losses.py``), margin 0.3, lambda_cls
-  ``--lambda-cls``.
+- Loss: Eq. 3 of Alikhani et al. (``training/retrieval/losses.py``), margin ``--retrieval-margin``
+  (0.3), lambda_cls ``--lambda-cls``; ``--cam-gradient stopped`` keeps the coherence loss out of
+  the encoders.
 - Validation: MedR and R@K (text-to-image) over the validation pairs (pools as the test's),
   reported as ``val_medr`` / ``val_r10``; ``--select-by val_medr`` (the paper's best epoch)
   is the retrieval objectives' default.
 - Test: MedR, R@K both ways, with and without selective refinement (the configured lambda and
   T, and the pair chosen on validation by ``tune_refinement``), per relation subset, and the
-  relation AP of the CAM on the true pairs.
+  relation AP of the CAM on the true pairs; on pairs with attribute truth the top-5 match per
+  named attribute and the attribute oracle's MedR (``training/retrieval/attributes.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch
 from schemas.errors import MmlinksError
 from schemas.manifest import pair_relations
 from training.ranking import relation_average_precision, retrieval_metrics
-from training.retrieval.losses import MARGIN, cmcm_loss, selective_refinement
+from training.retrieval.attributes import attribute_metrics
+from training.retrieval.losses import cmcm_loss, selective_refinement
 from training.retrieval.model import CoherenceRetrieval, RetrievalConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,6 +98,8 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
         relation_weights=tuple(weights),
         image_dropout=cfg.image_dropout,
         cam_hidden=cfg.cam_hidden if relations else 0,
+        cam_gradient=cfg.cam_gradient,
+        image_layers=cfg.image_layers,
     ).to_dict()
 
 
@@ -131,9 +136,11 @@ def model_loss(
     s, v, logits = model(batch)
     negatives = negatives_at(cfg, epoch)
     if logits is None:
-        return cmcm_loss(s, v, None, None, None, MARGIN, negatives=negatives)
+        return cmcm_loss(s, v, None, None, None, cfg.retrieval_margin, negatives=negatives)
     labels = batch_labels(batch, net.cfg.relations).to(logits.device)
-    return cmcm_loss(s, v, logits, labels, net.relation_weights, MARGIN, cfg.lambda_cls, negatives)
+    return cmcm_loss(
+        s, v, logits, labels, net.relation_weights, cfg.retrieval_margin, cfg.lambda_cls, negatives
+    )
 
 
 @torch.no_grad()
@@ -216,6 +223,10 @@ def evaluate_pairs(
     common = {"pool_size": cfg.pool_size, "n_pools": cfg.n_pools, "seed": cfg.seed}
     out = retrieval_metrics(theta.numpy(), labels=full, relation_names=vocabulary, **common)
     out["pairs"] = len(s)
+    # graded-salience pairs: the top-5 match per named attribute (unrefined ranking) and the oracle
+    found = attribute_metrics(theta.numpy(), [m for bt in batches for m in bt.metadata], **common)
+    if found is not None:
+        out.update(found)
     if net.cam is not None:
         refined = _refined_scorer(net, s, v, theta, cfg.refine_lambda, cfg.refine_threshold)
         out["t2i_refined"] = retrieval_metrics(n=len(s), score_pool=refined, **common)["t2i"]

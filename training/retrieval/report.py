@@ -4,7 +4,9 @@
   dataset (``objective.evaluate_pairs``: MedR and R@1/5/10 both ways over pools, the refined
   ranking for CMCM, Table 7's per-relation subsets, Table 8's relation AP) plus one row per
   query: its rank among every image of the split (one pool of all, unlike the pooled metrics)
-  and its top-5 images, both by the served ranking (refined for a model with a CAM).
+  and its top-5 images, both by the served ranking (refined for a model with a CAM). On pairs
+  with attribute truth: the top-5 match per named attribute, its linear-probe ceiling and the
+  attribute oracle (``training/retrieval/attributes.py``).
 - ``retrieval_report``: a self-contained HTML page with a metrics table per model and, for a
   few queries, the text, the true image and each model's top-5 images side by side (CMCM next
   to CMCA when both are given), the true image outlined. Images are embedded as data URIs
@@ -89,7 +91,23 @@ def evaluate_retrieval_split(
         **pools, seed=seed, refine_lambda=model.refine_lambda, refine_threshold=model.refine_threshold
     )
     metrics = evaluate_pairs(model.net, batches, cfg, list(manifest.relations or []))
+    if "attributes" in metrics:  # the linear-probe ceiling on the frozen features of this split
+        _probe(metrics, data, manifest, batches)
     return {"metrics": metrics, "per_query": per_query(model, batches)}
+
+
+def _probe(metrics: dict, data, manifest: Manifest, batches) -> None:
+    """Adds each attribute's linear-probe accuracy (fitted on the training split's frozen image
+    features) to ``metrics["attributes"]``."""
+    from schemas.shards import read_table
+    from training.data import features_of
+    from training.retrieval.attributes import add_probe
+
+    train = read_table([str(p) for p in manifest.shard_paths(data, "train")], columns=["images", "metadata"])
+    train_features = np.concatenate(features_of(train)[0])
+    train_meta = [dict(m or []) for m in train.column("metadata").to_pylist()]
+    features = torch.cat([b.features.float().reshape(len(b.doc_ids), -1) for b in batches]).numpy()
+    add_probe(metrics, train_features, train_meta, features, [m for b in batches for m in b.metadata])
 
 
 def per_query(model: LoadedRetrieval, batches) -> list[dict]:

@@ -172,3 +172,37 @@ def test_cmca_has_no_cam_and_hidden_cam_pairs_agree():
     s, v, _ = cmcm(b)
     pair = cmcm.cam.pair_logits(s, v)
     assert torch.allclose(pair[0, 1], cmcm.cam(s[:1], v[1:2])[0], atol=1e-6)
+
+
+def _cfg(**kw) -> RetrievalConfig:
+    return RetrievalConfig(
+        vocab_size=20, word_dim=8, image_dim=6, hidden=5, d_shared=4, relations=("A", "B"), **kw
+    )
+
+
+def _batch(n: int):
+    g = torch.Generator().manual_seed(n)
+    return batch_of(
+        torch.randint(1, 20, (n, 5), generator=g), torch.full((n,), 5), torch.randn(n, 6, generator=g)
+    )
+
+
+def test_a_stopped_cam_gradient_leaves_the_encoders_to_retrieval():
+    """--cam-gradient stopped (issue #45): the coherence loss trains the CAM and nothing of the
+    text or image encoders; shared (the paper's) reaches them."""
+    for mode, reaches in (("stopped", False), ("shared", True)):
+        torch.manual_seed(0)
+        net = CoherenceRetrieval(_cfg(cam_gradient=mode))
+        _, _, logits = net(_batch(3))
+        F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits)).backward()
+        encoders = [p.grad for p in [*net.text.parameters(), *net.image.parameters()] if p.requires_grad]
+        assert any(g is not None and g.abs().sum() > 0 for g in encoders) == reaches, mode
+        assert all(p.grad is not None for p in net.cam.parameters())
+
+
+def test_image_layers_add_hidden_layers_and_keep_unit_vectors():
+    torch.manual_seed(0)
+    net = CoherenceRetrieval(_cfg(image_layers=2), feature_stats=(np.zeros(6), np.ones(6)))
+    assert sum(isinstance(m, torch.nn.Linear) for m in net.image.hidden) == 2
+    _, v, _ = net(_batch(3))
+    assert v.shape == (3, 4) and torch.allclose(v.norm(dim=-1), torch.ones(3), atol=1e-5)

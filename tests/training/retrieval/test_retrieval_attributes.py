@@ -1,0 +1,86 @@
+"""The per-attribute retrieval report (issue #45): top-5 match per named attribute, the attribute
+oracle and the linear-probe ceiling, on made-up scores and features."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from training.retrieval.attributes import add_probe, attribute_metrics, oracle_scores, pair_truth, top_match
+
+
+def _meta(n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        named = ["digit", "ink"] if i % 4 else ["ink"]
+        out.append(
+            {
+                "attr.digit": str(rng.integers(10)),
+                "attr.ink": ["red", "blue"][int(rng.integers(2))],
+                "named": ",".join(named),
+                "relations": "Visible",
+            }
+        )
+    return out
+
+
+def test_a_model_that_ranks_by_ink_alone_leaves_the_digit_at_chance():
+    meta = _meta(400)
+    values, named, names = pair_truth(meta)
+    assert names == ["digit", "ink"]
+    ink = np.asarray([v["ink"] for v in values])
+    rng = np.random.default_rng(1)
+    scores = (ink[:, None] == ink[None, :]).astype(float) + rng.uniform(0, 0.1, (400, 400))
+    out = top_match(scores, values, named, names)
+    assert out["ink"]["top5_match"] == 1.0 and out["ink"]["queries"] == 400
+    assert out["digit"]["queries"] == 300
+    assert abs(out["digit"]["top5_match"] - out["digit"]["chance"]) < 0.05
+    assert abs(out["digit"]["chance"] - 0.1) < 0.03
+
+
+def test_the_oracle_ranks_images_by_the_named_attributes():
+    meta = _meta(200)
+    values, named, _ = pair_truth(meta)
+    scores = oracle_scores(values, named, seed=0)
+    out = top_match(scores, values, named, ["digit", "ink"])
+    assert out["digit"]["top5_match"] > 0.95 and out["ink"]["top5_match"] == 1.0
+    report = attribute_metrics(scores, meta, pool_size=200, n_pools=1, seed=0)
+    assert report["oracle"]["medr"] < 15  # ~200 / 20 images share digit and ink: MedR about 5
+    assert attribute_metrics(scores, [{"relations": "Visible"}] * 200, 200, 1, 0) is None
+
+
+def test_the_probe_finds_what_the_features_carry_and_only_that():
+    """A feature that encodes the ink (and noise for the digit): probe ~1 for the ink, ~chance
+    for the digit; match / probe divides the two."""
+    train_meta, meta = _meta(300, 0), _meta(200, 1)
+    rng = np.random.default_rng(2)
+
+    def features(rows):
+        ink = np.asarray([[float(r["attr.ink"] == "red")] for r in rows])
+        return np.hstack([ink + 0.05 * rng.normal(size=ink.shape), rng.normal(size=(len(rows), 5))])
+
+    report = {"attributes": {"digit": {"top5_match": 0.1}, "ink": {"top5_match": 0.9}}}
+    add_probe(report, features(train_meta), train_meta, features(meta), meta)
+    assert report["attributes"]["ink"]["probe"] > 0.95
+    assert report["attributes"]["digit"]["probe"] < 0.3
+    assert (
+        abs(report["attributes"]["ink"]["match_over_probe"] - 0.9 / report["attributes"]["ink"]["probe"])
+        < 1e-9
+    )
+
+
+def test_evaluate_prints_the_attribute_table(capsys):
+    """`mmlinks evaluate`'s table for a retrieval model with attribute truth (--json carries the
+    same dict)."""
+    from cli.evaluate import show_evaluation
+
+    cells = {"medr": 3.0, "r1": 20.0, "r5": 50.0, "r10": 70.0, "pool_size": 500}
+    attrs = {
+        "digit": {"queries": 400, "top5_match": 0.55, "chance": 0.1, "probe": 0.68, "match_over_probe": 0.81},
+        "ink": {"queries": 500, "top5_match": 0.99, "chance": 0.25, "probe": 1.0, "match_over_probe": 0.99},
+    }
+    m = {"t2i": cells, "i2t": cells, "attributes": attrs, "oracle": {"medr": 4.0}}
+    show_evaluation({"family": "retrieval", "split": "test", "models": {"CMCA": m}})
+    out = capsys.readouterr().out
+    assert "attribute oracle MedR 4.0" in out
+    assert "digit" in out and "55.0" in out and "68.0" in out and "0.81" in out
