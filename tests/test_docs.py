@@ -1,4 +1,4 @@
-"""The docs stay true and short: architecture.md names every module; README and docs pages keep their limits."""
+"""The docs stay true and short: architecture.md names every module; README and pages keep their limits."""
 
 import re
 from pathlib import Path
