@@ -26,7 +26,6 @@ from tests.conftest import free_port, missing_tool
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LOCATION = "mmlinks"
-CODE_LOCATION = ("-m", "orchestration.definitions", "-l", LOCATION)
 MATERIALIZE = (str(BIN / "dagster"), "asset", "materialize", "-m", "orchestration.definitions")
 SPLITS = {"train": 0.6, "val": 0.2, "test": 0.2}
 OBJECTIVE_BOXES = ("model_ap", "evaluation_ap", "model_nostruct", "evaluation_nostruct")
@@ -107,6 +106,7 @@ def ui(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dagster-ui")
     home = tmp / "home"
     home.mkdir()
+    shutil.copy(ROOT / "orchestration" / "dagster-local.yaml", home / "dagster.yaml")  # as `make dagster`
     config = tmp / "dagster.json"
     config.write_text(
         json.dumps(
@@ -141,7 +141,8 @@ def ui(tmp_path_factory):
 
     port = free_port()
     server = subprocess.Popen(
-        [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), *CODE_LOCATION],
+        # no -m: pyproject.toml's [tool.dagster] names the module and the location, as for `make dagster`
+        [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
