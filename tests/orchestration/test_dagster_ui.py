@@ -30,7 +30,8 @@ MATERIALIZE = (str(BIN / "dagster"), "asset", "materialize", "-m", "orchestratio
 SPLITS = {"train": 0.6, "val": 0.2, "test": 0.2}
 OBJECTIVE_BOXES = ("model_ap", "evaluation_ap", "model_nostruct", "evaluation_nostruct")
 
-pytestmark = pytest.mark.slow
+# A Beam build by the real CLI and a webserver start: minutes on a quiet 2-core machine, more under load
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def chromium() -> str:
