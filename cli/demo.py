@@ -8,9 +8,10 @@ from pathlib import Path
 
 from cli.common import EPILOG, add_common, writable_dir
 from cli.models import add_gate_args
-from cli.output import build_log_path, heartbeat, library_output_to, step, table
+from cli.output import heartbeat, step, table
 from cli.train_options import add_registration_args, add_train_args, train_config_from_args
 from schemas import config_fields
+from schemas.library_output import build_log_path, library_output_to
 
 STEPS = 7
 CONFOUNDS = ("style_strength", "topic_words", "topic_position")  # SynthConfig fields the demo offers

@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from cli.output import build_log_path, heartbeat, library_output_to, step, table
+from cli.output import heartbeat, step, table
 from cli.train_options import train_config_from_args
 from schemas import config_fields
+from schemas.library_output import build_log_path, library_output_to
 
 STEPS = 7
 # the two objectives the demo trains and compares (Figure 6: CMCM's top 5 beside CMCA's); the

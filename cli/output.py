@@ -11,12 +11,9 @@ import json
 import math
 import os
 import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 from schemas.progress import polled_progress
-from schemas.secrets import credential_values
 
 _json_out: int | None = None  # the real stdout, kept aside while fd 1 points at stderr
 
@@ -35,86 +32,6 @@ def stdout_to_stderr(enabled: bool) -> Iterator[None]:
         _json_out = os.dup(1)
         os.dup2(2, 1)
     yield
-
-
-@contextlib.contextmanager
-def library_output_to(log_path: Path | None) -> Iterator[Path | None]:
-    """Inside the block, what libraries write goes to ``log_path``; the terminal keeps ours.
-
-    File descriptor 2 is pointed at a pipe whose reader writes to the log file, so Beam's SDK
-    worker processes (started inside the block, they inherit it), C libraries and Python
-    logging's stderr handlers write there: GCS/apitools import warnings,
-    ``semi_persistent_directory``, "Discarding unparseable args". The reader scrubs the
-    environment's credentials (``schemas.secrets``) out of every line first, as the CLI's error
-    line is: a library may log a URL with a password or an echoed ``Authorization`` header.
-    ``sys.stderr`` becomes a stream on the real terminal for the block, so progress bars and
-    messages made inside it still reach the user. ``None``: nothing is redirected.
-    """
-    if log_path is None:
-        yield None
-        return
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    terminal = open(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
-    read_end, write_end = os.pipe()
-    copier = threading.Thread(
-        target=_copy_scrubbed, args=(read_end, open(log_path, "wb")), name="build-log", daemon=True
-    )
-    copier.start()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    previous, sys.stderr = sys.stderr, terminal
-    try:
-        yield log_path
-    finally:
-        terminal.flush()
-        sys.stderr = previous
-        os.dup2(saved, 2)  # our last write end: the copier ends once worker processes have too
-        os.close(saved)
-        terminal.close()
-        copier.join(timeout=2)
-
-
-def _copy_scrubbed(read_end: int, log) -> None:
-    """Copy the pipe to the log, credentials replaced by ``***``, until every writer is gone.
-
-    Whole lines are scrubbed; a line longer than 64 KiB (a progress bar without newlines) is
-    written in parts that keep the last (longest secret - 1) bytes back, so no secret is cut
-    in two across parts.
-    """
-    secrets = [(v.encode(), b"***") for v in credential_values()]
-    keep = max((len(v) for v, _ in secrets), default=1) - 1
-
-    def scrub(data: bytes) -> bytes:
-        for value, mask in secrets:
-            data = data.replace(value, mask)
-        return data
-
-    pending = b""
-    with log:
-        while chunk := os.read(read_end, 65536):
-            pending += chunk
-            cut = pending.rfind(b"\n") + 1
-            if not cut and len(pending) > 65536:
-                pending = scrub(pending)
-                cut = len(pending) - keep
-            if cut:
-                log.write(scrub(pending[:cut]))
-                log.flush()
-                pending = pending[cut:]
-        log.write(scrub(pending))
-    os.close(read_end)
-
-
-def build_log_path(out: str) -> Path:
-    """Where a build's library output goes: ``OUT/build.log`` (the last build's), or a temporary
-    file when OUT is a remote URI."""
-    if "://" in out and not out.startswith("file://"):
-        import tempfile
-
-        return Path(tempfile.gettempdir()) / f"mmlinks-build-{os.getpid()}.log"
-    return Path(out.removeprefix("file://")) / "build.log"
 
 
 def _clean(value):

@@ -19,6 +19,25 @@ DIY = "diy"
 SYNTHETIC = "synthetic"
 CANDIDATE = "candidate"
 
+# The roles of the per-objective assets, in graph order.
+MODEL, EVALUATION, PRODUCTION = "model", "evaluation", "production"
+LINKED, ARCHIVE_INDEX = "linked", "archive_index"
+
+
+def objective_key(role: str, objective: str) -> dg.AssetKey:
+    """``<role>_<objective>`` (``model_ap``, ``evaluation_ap``), one path component: the UI's
+    asset graph labels a box with its key's last component only, so the keys ``["model", "ap"]``
+    and ``["evaluation", "ap"]`` showed two boxes both named ``ap`` (issue #46)."""
+    return dg.AssetKey(f"{role}_{objective}")
+
+
+def objective_of(key: dg.AssetKey, role: str) -> str:
+    """The objective of a per-objective asset key of ``role`` (``evaluation_ap`` -> ``ap``)."""
+    name = key.path[-1]
+    if not name.startswith(f"{role}_"):
+        raise ValueError(f"{key.to_user_string()} is not a {role} asset")
+    return name.removeprefix(f"{role}_")
+
 
 def source_partitions(settings: Settings) -> dg.StaticPartitionsDefinition:
     return dg.StaticPartitionsDefinition(list(settings.sources))

@@ -5,15 +5,15 @@ CLI calls (``pipelines.synthetic_corpus.write_corpus``, ``pipelines.build``, ``d
 from resources. Assets return small JSON-able dicts that point at the data (paths, versions, run
 ids); the data itself stays where the libraries write it.
 
-    diy_submissions[month] ··> raw_snapshot[source] -> dataset[source] -> model/<obj>[source]
-                                                                      \\-> evaluation/<obj>[source]
-                                                                           -> production/<obj>[source]
-                                          dataset[source] + production/<obj> ··> linked/<obj>[source]
-                         news objectives: dataset + production/<obj> -> archive_index/<obj>[source]
+    diy_submissions[month] ··> raw_snapshot[source] -> dataset[source] -> model_<obj>[source]
+                                                                      \\-> evaluation_<obj>[source]
+                                                                           -> production_<obj>[source]
+                                          dataset[source] + production_<obj> ··> linked_<obj>[source]
+                         news objectives: dataset + production_<obj> -> archive_index_<obj>[source]
 
 Retrieval objectives (cmca, cmcm, cmcm-c: ``training/retrieval/``) get the same model ->
 evaluation -> production chain, evaluated and gated on the validation split's MedR / R@10
-(``Settings.split_for``), and no ``linked/<obj>``.
+(``Settings.split_for``), and no ``linked_<obj>``.
 
 Expected failures (a missing input, a refused config or credential, a dataset that fails its
 checks) raise ``dg.Failure`` with the one-line cause and no retry; flaky ones (networks, the

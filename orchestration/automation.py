@@ -4,11 +4,11 @@
     diy_rebuild_sensor:  diy_submissions materialized, no crawl run or backfill still going
                          -> rebuild_job[diy] (raw_snapshot + dataset + its checks)
     training_sensor:     a dataset version landed in a run that succeeded (checks passed)
-                         -> train_job[source] (model/<objective> + evaluation/<objective> + checks)
+                         -> train_job[source] (model_<objective> + evaluation_<objective> + checks)
     promotion_sensor:    an evaluation passed its floor -> promote_job[source] for that objective
                          (training.registry's gate decides; off unless MMLINKS_AUTOMATION=1)
     linking_sensor:      a source's dataset version or an objective's production alias moved
-                         -> link_job[source] for linked/<objective>
+                         -> link_job[source] for linked_<objective>
 
 A sensor advances past a materialization only once the run that made it has finished, so a
 dataset whose checks are still running is not trained on, and one whose checks failed never is.
@@ -23,7 +23,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.asset_support import DIY
+from orchestration.asset_support import DIY, EVALUATION, MODEL, PRODUCTION, objective_key, objective_of
 from orchestration.news_assets import served_objectives, serving_key
 from orchestration.settings import Settings
 
@@ -54,8 +54,8 @@ def build_jobs(settings: Settings) -> dict[str, Any]:
         "train_job": dg.define_asset_job(
             "train_job",
             selection=dg.AssetSelection.assets(
-                *[dg.AssetKey(["model", o]) for o in objectives],
-                *[dg.AssetKey(["evaluation", o]) for o in objectives],
+                *[objective_key(MODEL, o) for o in objectives],
+                *[objective_key(EVALUATION, o) for o in objectives],
             ),
             description="Train and evaluate every configured objective on a source's current dataset.",
         ),
@@ -67,7 +67,7 @@ def build_jobs(settings: Settings) -> dict[str, Any]:
         ),
         "promote_job": dg.define_asset_job(
             "promote_job",
-            selection=dg.AssetSelection.assets(*[dg.AssetKey(["production", o]) for o in objectives]),
+            selection=dg.AssetSelection.assets(*[objective_key(PRODUCTION, o) for o in objectives]),
             description="Move 'production' to each objective's candidate if training.registry's gate passes.",
         ),
     }
@@ -170,11 +170,12 @@ def build_automation(
             settings,
             name="promotion_sensor",
             job=jobs["promote_job"],
-            watched={dg.AssetKey(["evaluation", o]): ["metrics_above_floor"] for o in objectives},
+            watched={objective_key(EVALUATION, o): ["metrics_above_floor"] for o in objectives},
             request=lambda record: dg.RunRequest(
-                run_key=f"promote-{record.asset_key.path[-1]}-{record.partition_key}-{_version(record)}",
+                run_key=f"promote-{objective_of(record.asset_key, EVALUATION)}-{record.partition_key}-"
+                f"{_version(record)}",
                 partition_key=record.partition_key,
-                asset_selection=[dg.AssetKey(["production", record.asset_key.path[-1]])],
+                asset_selection=[objective_key(PRODUCTION, objective_of(record.asset_key, EVALUATION))],
                 tags={"mmlinks/model_version": _version(record)},
             ),
             description="Promote a candidate through the registry's gate once its evaluation passed.",
@@ -185,7 +186,7 @@ def build_automation(
 
 
 def _linking_sensor(settings: Settings, job) -> dg.SensorDefinition:
-    """Polls what linked/<obj> depends on: each source's dataset version (its manifest) and each
+    """Polls what linked_<obj> depends on: each source's dataset version (its manifest) and each
     objective's production version (the registry alias, which promotion and rollback move).
     The cursor remembers the pair last asked for, per (objective, source)."""
     import json

@@ -4,6 +4,8 @@ calls the library (``pipelines.synthetic_corpus``, the Reddit crawl, ``pipelines
 """
 
 import hashlib
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,7 +46,7 @@ def data_assets(
         "says (for diy: the monthly folders diy_submissions fills).",
     )
     def raw_snapshot(context: AssetExecutionContext, storage: StorageResource) -> dg.Output[dict]:
-        return snapshot_source(context.partition_key, settings, storage)
+        return snapshot_source(context.partition_key, settings, storage, log=context.log.info)
 
     @dg.asset(
         partitions_def=sources,
@@ -97,15 +99,20 @@ def diy_month(context: AssetExecutionContext, storage: StorageResource, reddit: 
     return {"month": month, "folder": folder, **meta}
 
 
-def snapshot_source(source: str, settings: Settings, storage: StorageResource) -> dg.Output[dict]:
-    """The raw input of ``source``, fingerprinted (the synthetic corpus is generated first)."""
+def snapshot_source(
+    source: str, settings: Settings, storage: StorageResource, log: Callable[[str], None] = print
+) -> dg.Output[dict]:
+    """The raw input of ``source``, fingerprinted (the synthetic corpus is generated first).
+
+    ``log`` gets progress lines: generating the demo's corpus takes about a minute, and a step
+    that says nothing for a minute looks hung (issue #46)."""
     from pipelines import fileio
 
     extra: dict = {}
     with failures_explained(f"raw {source}"):
         if source == SYNTHETIC and source not in settings.raw_inputs:
             uri = storage.raw_path(source)
-            extra = _synthetic_corpus(uri, settings.synthetic)
+            extra = _synthetic_corpus(uri, settings.synthetic, log)
         else:
             uri = settings.raw_inputs.get(source) or storage.raw_uri(source)
             if fileio.is_local(uri) and not Path(uri).exists():
@@ -119,7 +126,9 @@ def snapshot_source(source: str, settings: Settings, storage: StorageResource) -
 
                 if not list_input_files(uri):
                     raise MmlinksError(f"no r/DIY submission files under {uri}: backfill diy_submissions")
+        log(f"raw {source}: fingerprinting {uri}")
         fp = _fingerprint(uri)
+        log(f"raw {source}: {fp['files']} files, {fp['bytes']} bytes, fingerprint {fp['fingerprint']}")
     if fp["files"] == 0:
         raise dg.Failure(description=f"raw {source}: {uri} holds no files", allow_retries=False)
     snapshot = {"source": source, "uri": uri, **fp, **extra}
@@ -134,6 +143,7 @@ def build_source(
     from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig
     from pipelines.commit import last_build
+    from schemas.library_output import build_log_path, library_output_to
 
     source = context.partition_key
     with failures_explained(f"dataset {source}"):
@@ -147,8 +157,10 @@ def build_source(
         except TypeError as exc:
             raise MmlinksError(f"build_options for {source}: {exc}") from exc
         cfg.check()  # option errors as one line, before Beam starts
-        context.log.info(f"building {source} with Beam ({cfg.runner}) -> {cfg.out}")
-        manifest = build_dataset(cfg)
+        log = build_log_path(cfg.out)  # Beam's workers print their harness INFO: there, as the CLI's
+        context.log.info(f"building {source} with Beam ({cfg.runner}) -> {cfg.out} (Beam's log: {log})")
+        with library_output_to(log):
+            manifest = build_dataset(cfg)
     splits = manifest.counts.get("splits", {})
     dropped = manifest.counts.get("dropped", {})
     ref = {
@@ -177,6 +189,7 @@ def build_source(
         "dead_letter": fileio.join(cfg.out, manifest.dead_letter) if manifest.dead_letter else "",
         "raw_fingerprint": raw_snapshot.get("fingerprint", ""),
         "build_seconds": float(build.get("seconds", 0.0)),
+        "library_log": dg.MetadataValue.path(str(log)),
     }
     return versioned(ref, manifest.dataset_version, metadata)
 
@@ -206,15 +219,32 @@ def _fingerprint(uri: str) -> dict:
     return {"fingerprint": h.hexdigest()[:16], "files": files, "bytes": total}
 
 
-def _synthetic_corpus(path: str, overrides: dict) -> dict:
-    """``mmlinks data synth``: regenerated only when the corpus there was made with other settings."""
+def _synthetic_corpus(path: str, overrides: dict, log: Callable[[str], None]) -> dict:
+    """``mmlinks data synth``: regenerated only when the corpus there was made with other settings,
+    with a progress line every tenth of the documents."""
     from pipelines.synthetic_corpus import SynthConfig, corpus_matches, write_corpus
 
     cfg = from_dict(SynthConfig, overrides, what="synthetic setting")  # validated when made
     reused = corpus_matches(path, cfg)
-    if not reused:
-        write_corpus(path, cfg)
+    if reused:
+        log(f"synthetic corpus: {cfg.docs} documents (seed {cfg.seed}) already at {path}, reused")
+    else:
+        log(f"synthetic corpus: generating {cfg.docs} documents (seed {cfg.seed}) at {path}")
+        write_corpus(path, cfg, progress=_every_tenth(cfg.docs, "synthetic corpus", log))
     return {"generated": not reused, "documents": cfg.docs, "seed": cfg.seed}
+
+
+def _every_tenth(total: int, what: str, log: Callable[[str], None]) -> Callable[[int], None]:
+    """A ``progress(n)`` callback that logs ``what: done of total documents (seconds)`` each tenth."""
+    started, done, step = time.monotonic(), 0, max(1, -(-total // 10))
+
+    def progress(n: int) -> None:
+        nonlocal done
+        before, done = done, done + n
+        if done // step > before // step or done == total:
+            log(f"{what}: {done} of {total} documents ({time.monotonic() - started:.0f} s)")
+
+    return progress
 
 
 def _copy_once(src: str, dst: str) -> dict:

@@ -3,16 +3,21 @@ Kubernetes code-location pod (``dagster api grpc -m orchestration.definitions``)
 
 Settings come from the environment when the module loads (``orchestration/settings.py``),
 resources too (``orchestration/resources.py``); tests call ``build_definitions`` with their own.
+Library logs go to a file before anything imports Beam (``orchestration/library_logs.py``).
 """
 
 import dagster as dg
 
-from orchestration.asset_support import source_partitions
-from orchestration.assets import build_assets
-from orchestration.automation import build_automation, build_jobs
-from orchestration.checks import build_checks
-from orchestration.resources import resources_from_env
-from orchestration.settings import Settings
+from orchestration.library_logs import route_library_logs
+
+route_library_logs()  # first: the imports below load Beam, which logs its optional-dependency checks
+
+from orchestration.asset_support import source_partitions  # noqa: E402
+from orchestration.assets import build_assets  # noqa: E402
+from orchestration.automation import build_automation, build_jobs  # noqa: E402
+from orchestration.checks import build_checks  # noqa: E402
+from orchestration.resources import resources_from_env  # noqa: E402
+from orchestration.settings import Settings  # noqa: E402
 
 
 def build_definitions(settings: Settings | None = None, resources: dict | None = None) -> dg.Definitions:

@@ -1,7 +1,7 @@
-"""Per objective: ``linked/<obj>[source]``, every document of the source's current dataset
+"""Per objective: ``linked_<obj>[source]``, every document of the source's current dataset
 version linked by the objective's production model (``linking.job.link_documents``).
 
-It depends on ``dataset`` and ``production/<obj>`` but reads neither's output: it links what is
+It depends on ``dataset`` and ``production_<obj>`` but reads neither's output: it links what is
 current when it runs (the manifest on disk, the alias resolved once to a version), which is what
 ``linking_sensor`` asks for whenever either moves. The dataset guard runs first, so a dataset
 that fails its checks is never linked.
@@ -10,23 +10,28 @@ that fails its checks is never linked.
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from orchestration.asset_support import current_dataset, failures_explained, versioned
+from orchestration.asset_support import (
+    LINKED,
+    PRODUCTION,
+    current_dataset,
+    failures_explained,
+    objective_key,
+    versioned,
+)
 from orchestration.resources import MlflowResource, StorageResource
 from orchestration.settings import Settings
-
-PRODUCTION = "production"
 
 
 def linked_asset(
     settings: Settings, objective: str, sources: dg.StaticPartitionsDefinition, retry: dg.RetryPolicy
 ) -> dg.AssetsDefinition:
     @dg.asset(
-        key=dg.AssetKey(["linked", objective]),
+        key=objective_key(LINKED, objective),
         partitions_def=sources,
         group_name="linking",
         kinds={"beam", "mlflow", "parquet"},
         retry_policy=retry,
-        deps=[dg.AssetKey("dataset"), dg.AssetKey([PRODUCTION, objective])],
+        deps=[dg.AssetKey("dataset"), objective_key(PRODUCTION, objective)],
         description=f"Every document of the current dataset version linked by the {objective} model's "
         f"'{PRODUCTION}' version (linking.job.link_documents: Beam, RunInference, one-to-one matching by "
         "default), as versioned link shards + manifest under ROOT/linked/<source>/<objective>.",
@@ -47,6 +52,7 @@ def link_current(
     mlflow: MlflowResource,
 ) -> dg.Output[dict]:
     from linking.job import link_documents
+    from schemas.library_output import build_log_path, library_output_to
     from schemas.manifest import Manifest
 
     source = context.partition_key
@@ -62,8 +68,11 @@ def link_current(
             storage.linked_uri(source, objective),
             tracking_uri=mlflow.uri(),
         )
-        context.log.info(f"linking {source} {manifest.dataset_version} with {cfg.model}")
-        result = link_documents(cfg)
+        # Beam's workers print their harness INFO to stderr: beside the link shards, not the run's log
+        log = build_log_path(cfg.out.rstrip("/").rsplit("/", 1)[0], f"{objective}-link.log")
+        context.log.info(f"linking {source} {manifest.dataset_version} with {cfg.model} (Beam's log: {log})")
+        with library_output_to(log):
+            result = link_documents(cfg)
     summary = result.summary()
     model = summary["model"]
     keys = ("documents_read", "documents_linked", "documents_dead_lettered", "images", "images_linked")
@@ -90,5 +99,6 @@ def link_current(
         **{k: int(summary[k]) for k in keys},
         "seconds": float(summary["seconds"]),
         "manifest": dg.MetadataValue.path(summary["manifest"]),
+        "library_log": dg.MetadataValue.path(str(log)),
     }
     return versioned(value, f"{model['version']}@{summary['dataset_version']}", metadata)

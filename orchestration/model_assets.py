@@ -1,5 +1,5 @@
-"""Per objective: ``model/<obj>[source]`` (train + register as candidate) -> ``evaluation/<obj>``
-(the registered version scored on the frozen split) -> ``production/<obj>`` (the gated alias).
+"""Per objective: ``model_<obj>[source]`` (train + register as candidate) -> ``evaluation_<obj>``
+(the registered version scored on the frozen split) -> ``production_<obj>`` (the gated alias).
 Linking and retrieval objectives alike: the library functions dispatch on the model's family
 (``training.registry``), the split comes from ``Settings.split_for``."""
 
@@ -10,9 +10,13 @@ from dagster import AssetExecutionContext
 
 from orchestration.asset_support import (
     CANDIDATE,
+    EVALUATION,
+    MODEL,
+    PRODUCTION,
     alias_version,
     current_dataset,
     failures_explained,
+    objective_key,
     report_links,
     versioned,
 )
@@ -25,8 +29,8 @@ from schemas.errors import MmlinksError
 def objective_assets(
     settings: Settings, objective: str, sources: dg.StaticPartitionsDefinition, retry: dg.RetryPolicy
 ) -> list[dg.AssetsDefinition]:
-    model_key = dg.AssetKey(["model", objective])
-    evaluation_key = dg.AssetKey(["evaluation", objective])
+    model_key = objective_key(MODEL, objective)
+    evaluation_key = objective_key(EVALUATION, objective)
 
     @dg.asset(
         key=model_key,
@@ -68,7 +72,7 @@ def objective_assets(
         return evaluate_model(settings, objective, model, dataset, mlflow)
 
     @dg.asset(
-        key=dg.AssetKey(["production", objective]),
+        key=objective_key(PRODUCTION, objective),
         partitions_def=sources,
         group_name="promotion",
         kinds={"mlflow"},
@@ -117,7 +121,7 @@ def train_model(
             log=context.log.info,
             job_metadata={
                 "dagster_run_id": context.run_id,
-                "asset": f"model/{objective}",
+                "asset": objective_key(MODEL, objective).to_user_string(),
                 "source": source,
             },
         )

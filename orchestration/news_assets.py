@@ -1,8 +1,8 @@
 """Per news objective (an objective whose registry ``packaging`` is "news-archive"):
-``archive_index/<obj>[source]``, the FAISS index of every image of the source's current dataset
+``archive_index_<obj>[source]``, the FAISS index of every image of the source's current dataset
 version under the objective's production model (``training.news.serving.build_model_archive``).
 
-It depends on ``dataset`` and ``production/<obj>``: when either moves, the index is rebuilt, in
+It depends on ``dataset`` and ``production_<obj>``: when either moves, the index is rebuilt, in
 its own folder ``ROOT/archive/<source>/<obj>/<model version>@<dataset version>`` (versioned next
 to the model it came from). The served model picks it up through ``MMLINKS_NEWS_ARCHIVE``.
 The build is streamed and checkpointed in that folder, so a retried run resumes it; the
@@ -12,11 +12,17 @@ metadata carries the index's version, fingerprint, size on disk and withdrawn im
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from orchestration.asset_support import current_dataset, failures_explained, versioned
+from orchestration.asset_support import (
+    ARCHIVE_INDEX,
+    LINKED,
+    PRODUCTION,
+    current_dataset,
+    failures_explained,
+    objective_key,
+    versioned,
+)
 from orchestration.resources import MlflowResource, StorageResource
 from orchestration.settings import Settings
-
-PRODUCTION = "production"
 
 
 def is_news_objective(settings: Settings, objective: str) -> bool:
@@ -27,29 +33,28 @@ def is_news_objective(settings: Settings, objective: str) -> bool:
 
 
 def served_objectives(settings: Settings) -> list[str]:
-    """The objectives whose production model feeds an asset: ``linked/<obj>`` (linking) or
-    ``archive_index/<obj>`` (news); coherence retrieval models feed nothing downstream."""
+    """The objectives whose production model feeds an asset: ``linked_<obj>`` (linking) or
+    ``archive_index_<obj>`` (news); coherence retrieval models feed nothing downstream."""
     links = set(settings.link_objectives())
     return [o for o in settings.objectives if o in links or is_news_objective(settings, o)]
 
 
 def serving_key(settings: Settings, objective: str) -> dg.AssetKey:
-    """What the production model of ``objective`` feeds: ``archive_index/<obj>`` for a news
-    objective, ``linked/<obj>`` otherwise (the link job and sensor materialise it)."""
-    kind = "archive_index" if is_news_objective(settings, objective) else "linked"
-    return dg.AssetKey([kind, objective])
+    """What the production model of ``objective`` feeds: ``archive_index_<obj>`` for a news
+    objective, ``linked_<obj>`` otherwise (the link job and sensor materialise it)."""
+    return objective_key(ARCHIVE_INDEX if is_news_objective(settings, objective) else LINKED, objective)
 
 
 def archive_index_asset(
     settings: Settings, objective: str, sources: dg.StaticPartitionsDefinition, retry: dg.RetryPolicy
 ) -> dg.AssetsDefinition:
     @dg.asset(
-        key=dg.AssetKey(["archive_index", objective]),
+        key=objective_key(ARCHIVE_INDEX, objective),
         partitions_def=sources,
         group_name="news",
         kinds={"faiss", "mlflow"},
         retry_policy=retry,
-        deps=[dg.AssetKey("dataset"), dg.AssetKey([PRODUCTION, objective])],
+        deps=[dg.AssetKey("dataset"), objective_key(PRODUCTION, objective)],
         description=f"The image archive index (FAISS) of the current dataset version under the {objective} "
         f"model's '{PRODUCTION}' version, under ROOT/archive/<source>/{objective}/<version>@<dataset>.",
     )

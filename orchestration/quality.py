@@ -36,8 +36,8 @@ class Thresholds:
     min_auc_over_random: float = 0.0  # candidate AUC minus the Random baseline's
     max_medr: float = 0.0  # retrieval evaluation ceiling: MedR (a rank, lower is better); 0 = none
     min_r10: float = 0.0  # retrieval evaluation floor: R@10
-    max_link_dead_letter_rate: float = 0.05  # linked/<obj>: documents the link job could not link
-    min_link_rate: float = 0.05  # linked/<obj>: linked images per image, bounds of a sane model
+    max_link_dead_letter_rate: float = 0.05  # linked_<obj>: documents the link job could not link
+    min_link_rate: float = 0.05  # linked_<obj>: linked images per image, bounds of a sane model
     max_link_rate: float = 1.0
 
     @classmethod

@@ -72,11 +72,11 @@ class StorageResource(dg.ConfigurableResource):
         return self._join(self.local_root(), "datasets", source)
 
     def linked_uri(self, source: str, objective: str) -> str:
-        """Where linked/<objective>[source] writes its link shards + manifest."""
+        """Where linked_<objective>[source] writes its link shards + manifest."""
         return self._join(self.root, "linked", source, objective)
 
     def archive_path(self, source: str, objective: str) -> str:
-        """Where archive_index/<objective> writes its versioned index folders (local: FAISS
+        """Where archive_index_<objective> writes its versioned index folders (local: FAISS
         writes files)."""
         return self._join(self.local_root(), "archive", source, objective)
 

@@ -45,11 +45,11 @@ class Settings:
     gate: dict = field(default_factory=dict)  # training.gate.Gate overrides of its defaults
     promotion_split: str = "test"  # linking models
     retrieval_promotion_split: str = "val"  # retrieval models gate on validation MedR / R@10 (the paper)
-    link: dict = field(default_factory=dict)  # linking.config.LinkConfig overrides for linked/<obj>
+    link: dict = field(default_factory=dict)  # linking.config.LinkConfig overrides for linked_<obj>
     # The Beam runner of every Beam job (dataset builds, link jobs), under build_options and link:
     # e.g. {"runner": "dask", "dask_address": "tcp://mmlinks-dask-scheduler:8786"}
     beam_runner: dict = field(default_factory=dict)
-    # archive_index/<news objective>: training.news.archive.KINDS ("ivfpq" for millions of images:
+    # archive_index_<news objective>: training.news.archive.KINDS ("ivfpq" for millions of images:
     # compressed, streamed and resumable, memory-mapped when served; issue #38)
     archive_index_kind: str = "flat"
     model_name: str = "mmlinks-{source}-{objective}"
@@ -175,7 +175,7 @@ class Settings:
         return Gate(**self.gate)  # Gate's own defaults, as `mmlinks promote`
 
     def link_config(self, data: str, model: str, out: str, **defaults):
-        """LinkConfig for linked/<obj>: ``defaults`` (resources) < the ``link`` settings."""
+        """LinkConfig for linked_<obj>: ``defaults`` (resources) < the ``link`` settings."""
         from linking.config import LinkConfig
 
         fixed = {"data": data, "model": model, "out": out}
@@ -197,7 +197,7 @@ class Settings:
         return get_objective(self.train_config(objective, data="-").objective).family
 
     def link_objectives(self) -> list[str]:
-        """The entries whose models link documents (they get ``linked/<obj>``; retrieval models
+        """The entries whose models link documents (they get ``linked_<obj>``; retrieval models
         rank images for a text and have no link job)."""
         return [o for o in self.objectives if self.family(o) == "link"]
 

@@ -186,7 +186,7 @@ def test_build_log_is_scrubbed_of_credentials_libraries_print(tmp_path, monkeypa
     import logging
     import sys
 
-    from cli.output import library_output_to
+    from schemas.library_output import library_output_to
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)

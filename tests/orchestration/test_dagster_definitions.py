@@ -22,7 +22,7 @@ from schemas.manifest import Manifest
 from tests.conftest import free_port, tracking_uri
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL, EVALUATION, PRODUCTION = (dg.AssetKey([k, "ap"]) for k in ("model", "evaluation", "production"))
+MODEL, EVALUATION, PRODUCTION = (dg.AssetKey(f"{k}_ap") for k in ("model", "evaluation", "production"))
 DATASET_CHECKS = {
     "schema_version",
     "min_documents",
@@ -134,18 +134,18 @@ def test_definitions_hold_every_asset_check_job_schedule_and_sensor():
         "raw_snapshot",
         "dataset",
         *(
-            f"{kind}/{o}"
+            f"{kind}_{o}"
             for kind in ("model", "evaluation", "production", "linked")
             for o in ("ap", "nostruct")
         ),
     }
     checks = {(c.asset_key.to_user_string(), c.name) for c in defs.resolve_asset_graph().asset_check_keys}
     assert {name for asset, name in checks if asset == "dataset"} == DATASET_CHECKS
-    assert ("evaluation/ap", "metrics_above_floor") in checks and (
-        "evaluation/nostruct",
+    assert ("evaluation_ap", "metrics_above_floor") in checks and (
+        "evaluation_nostruct",
         "metrics_above_floor",
     ) in checks
-    assert ("linked/ap", "link_quality") in checks
+    assert ("linked_ap", "link_quality") in checks
     assert {j.name for j in defs.jobs} >= {
         "diy_crawl_job",
         "rebuild_job",
@@ -165,7 +165,7 @@ def test_definitions_hold_every_asset_check_job_schedule_and_sensor():
     assert dg.AssetKey("diy_submissions") in graph.get(dg.AssetKey("raw_snapshot")).parent_keys
     assert dg.AssetKey("dataset") in graph.get(MODEL).parent_keys
     assert MODEL in graph.get(EVALUATION).parent_keys and EVALUATION in graph.get(PRODUCTION).parent_keys
-    assert graph.get(dg.AssetKey(["linked", "ap"])).parent_keys == {dg.AssetKey("dataset"), PRODUCTION}
+    assert graph.get(dg.AssetKey("linked_ap")).parent_keys == {dg.AssetKey("dataset"), PRODUCTION}
     # training and promotion jobs carry the blocking checks of what they materialize
     train = defs.resolve_job_def("train_job")
     assert (
@@ -174,13 +174,45 @@ def test_definitions_hold_every_asset_check_job_schedule_and_sensor():
     assert all(spec.blocking for checks_def in defs.asset_checks for spec in checks_def.check_specs)
 
 
+def two_objectives() -> dg.Definitions:
+    return build_definitions(
+        settings(objectives={"ap": {"objective": "ap"}, "nostruct": {"objective": "nostruct"}})
+    )
+
+
+def test_the_asset_graph_labels_tell_every_asset_apart():
+    """The UI labels an asset's box with its key's last component only: with keys model/ap and
+    evaluation/ap the training group showed ap, ap, nostruct, nostruct (issue #46)."""
+    labels = [k.path[-1] for k in two_objectives().resolve_asset_graph().get_all_asset_keys()]
+    assert len(labels) == len(set(labels)), sorted(labels)
+    assert {"model_ap", "evaluation_ap", "model_nostruct", "evaluation_nostruct"} <= set(labels)
+
+
+def test_docs_name_every_job_schedule_and_sensor_and_where_the_data_goes():
+    """docs/orchestration.md's "UI on a laptop" names what the UI shows (it promised four jobs and
+    three sensors while there were five and four) and the variable that moves the data."""
+    text = (ROOT / "docs" / "orchestration.md").read_text()
+    laptop = text.split("## The UI on a laptop", 1)[1].split("\n## ", 1)[0]
+    defs = two_objectives()
+    names = [j.name for j in defs.jobs if not j.name.startswith("__")]
+    names += [s.name for s in defs.schedules] + [s.name for s in defs.sensors]
+    missing = [n for n in names if f"`{n}`" not in laptop]
+    assert not missing, f"the UI section does not name {missing}"
+    counts = {"jobs": len(defs.jobs), "sensors": len(defs.sensors)}
+    for kind, n in counts.items():
+        for word, wrong in enumerate(["no", "one", "two", "three", "four", "five", "six", "seven"]):
+            if word != n:
+                assert f"{wrong} {kind}" not in laptop, f"the UI section says {wrong} {kind}; there are {n}"
+    assert "MMLINKS_DATASETS_URI" in laptop
+
+
 def test_module_defs_load_from_the_environment(monkeypatch):
     monkeypatch.setenv("MMLINKS_OBJECTIVES", json.dumps({"dc": {"objective": "dc", "negatives": "mean"}}))
     monkeypatch.setenv("MMLINKS_SOURCES", "synthetic,recipeqa")
     monkeypatch.setenv("MMLINKS_RAY_ADDRESS", "http://ray-head:8265")
     defs = build_definitions()
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert "model/dc" in keys and "model/ap" not in keys
+    assert "model_dc" in keys and "model_ap" not in keys
     assert not defs.schedules  # no diy partition, no DIY schedule
     assert defs.get_job_def("rebuild_job").partitions_def.get_partition_keys() == ["synthetic", "recipeqa"]
 
@@ -246,6 +278,54 @@ def test_dagster_definitions_validate_from_the_repository_root(tmp_path):
     assert "Validation successful for code location mmlinks" in out
 
 
+def test_loading_the_code_location_prints_no_library_warnings(tmp_path):
+    """Beam's optional-dependency checks log at import ("Failed to import GCSFileSystem", "apitools
+    not found"); every process that loads the code location printed them, 11 times a run (issue
+    #46). They go to DAGSTER_HOME/mmlinks-libraries.log instead."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MMLINKS_", "DAGSTER_"))}
+    env.update(DAGSTER_HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import orchestration.definitions"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "" and proc.stderr.strip() == "", proc.stderr[-3000:]
+    log = (tmp_path / "mmlinks-libraries.log").read_text()
+    assert "apache_beam" in log, log
+
+
+def test_raw_snapshot_says_what_it_does_while_it_generates(tmp_path):
+    """Generating the demo's corpus takes a minute: the step logs its progress (issue #46)."""
+    defs = build_definitions(settings(synthetic={"docs": 12, "seed": 3, "image_size": 48}))
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        wanted = (dg.AssetKey("raw_snapshot"), dg.AssetKey("diy_submissions"))
+        raw = [a for a in defs.assets if a.key in wanted]
+        result = dg.materialize(
+            raw,
+            selection=[dg.AssetKey("raw_snapshot")],
+            partition_key="synthetic",
+            instance=instance,
+            resources={
+                "storage": StorageResource(root=str(tmp_path / "data")),
+                "reddit": RedditResource(dumps=str(tmp_path / "dumps"), api_base="http://127.0.0.1:9"),
+                "io_manager": dg.FilesystemIOManager(base_dir=str(tmp_path / "io")),
+            },
+            raise_on_error=False,
+        )
+        assert result.success, failures(result)
+        messages = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    progress = [m for m in messages if m.startswith("synthetic corpus: ")]
+    assert progress[0].startswith("synthetic corpus: generating 12 documents")
+    assert any(m.startswith("synthetic corpus: 12 of 12 documents") for m in progress), progress
+    assert len(progress) >= 5  # a line each tenth (12 documents: every 2)
+    assert any(m.startswith("raw synthetic: ") and "fingerprint" in m for m in messages), messages
+
+
 # ------------------------------------------------------------------------- the pipeline path
 
 
@@ -259,10 +339,25 @@ def pipeline(env):
     return {"defs": defs, "result": result, "cursor_before": before}
 
 
+def test_the_six_dataset_checks_run_as_one_step(pipeline):
+    """Six check steps were six processes under the multiprocess executor, each loading the code
+    location again (150 s of wall time for ~10 s of work, issue #46): one step now yields all six."""
+    result = pipeline["result"]
+    steps = {
+        e.step_key
+        for e in result.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        and e.asset_check_evaluation_data.asset_key == dg.AssetKey("dataset")
+    }
+    assert steps == {"dataset_checks"}
+    checks = result.get_asset_check_evaluations()
+    assert {c.check_name for c in checks if c.asset_key == dg.AssetKey("dataset")} == DATASET_CHECKS
+
+
 def test_synth_build_train_evaluate_promote_in_process(env, pipeline):
     result = pipeline["result"]
     assert result.success, failures(result)
-    assert materialized(result) == {"raw_snapshot", "dataset", "model/ap", "evaluation/ap", "production/ap"}
+    assert materialized(result) == {"raw_snapshot", "dataset", "model_ap", "evaluation_ap", "production_ap"}
     checks = result.get_asset_check_evaluations()
     assert {c.check_name for c in checks if c.asset_key == dg.AssetKey("dataset")} == DATASET_CHECKS
     assert all(c.passed for c in checks), [(c.check_name, c.description) for c in checks if not c.passed]
@@ -278,18 +373,18 @@ def test_synth_build_train_evaluate_promote_in_process(env, pipeline):
     assert meta["dataset"]["documents"].value == sum(manifest.counts["splits"].values()) > 0
     assert meta["raw_snapshot"]["files"].value > 30  # documents.jsonl + images
 
-    model = result.output_for_node("model__ap")
+    model = result.output_for_node("model_ap")
     assert model["dataset_version"] == manifest.dataset_version
     client = MlflowClient(env["resources"]["mlflow"].tracking_uri)
-    run = client.get_run(meta["model/ap"]["mlflow_run_id"].value)
+    run = client.get_run(meta["model_ap"]["mlflow_run_id"].value)
     assert run.data.params["dataset_version"] == manifest.dataset_version
-    assert meta["model/ap"]["model_name"].value == "mmlinks-synthetic-ap"
-    assert Path(meta["model/ap"]["report"].value).is_file()  # the HTML report the link points at
-    evaluation = result.output_for_node("evaluation__ap")
+    assert meta["model_ap"]["model_name"].value == "mmlinks-synthetic-ap"
+    assert Path(meta["model_ap"]["report"].value).is_file()  # the HTML report the link points at
+    evaluation = result.output_for_node("evaluation_ap")
     assert 0 <= evaluation["auc"] <= 100 and evaluation["n_docs"] > 0
     production = client.get_model_version_by_alias("mmlinks-synthetic-ap", "production")
     assert (
-        str(production.version) == model["model_version"] == meta["production/ap"]["candidate_version"].value
+        str(production.version) == model["model_version"] == meta["production_ap"]["candidate_version"].value
     )
 
     # A new dataset version landed in a run whose checks passed: the sensor asks for training.
@@ -318,7 +413,7 @@ def test_failing_check_blocks_downstream_in_the_run_and_later(env, pipeline):
     assert set(failed) == {"min_documents"}
     assert "< 10000" in failed["min_documents"].description
     assert materialized(result) == {"dataset"}  # nothing downstream ran
-    assert not {"model__ap", "evaluation__ap", "production__ap"} & {
+    assert not {"model_ap", "evaluation_ap", "production_ap"} & {
         e.step_key for e in result.get_step_success_events()
     }
     assert len(client.search_runs([client.get_experiment_by_name("mmlinks").experiment_id])) == runs_before
@@ -329,7 +424,7 @@ def test_failing_check_blocks_downstream_in_the_run_and_later(env, pipeline):
     # ...and a training run started by hand refuses it too, naming the rule.
     later = materialize(env, strict, [MODEL], "synthetic")
     assert not later.success
-    text = failures(later)["model__ap"]
+    text = failures(later)["model_ap"]
     assert "model ap on synthetic" in text and "fails its checks: min_documents" in text
 
 
@@ -345,8 +440,8 @@ def test_misconfigured_ray_address_fails_the_model_asset_with_the_cause(env, pip
     )
     assert not result.success
     fails = failures(result)
-    assert set(fails) == {"model__ap"}  # evaluation and promotion never started
-    assert f"cannot reach the Ray cluster at {address} (MMLINKS_RAY_ADDRESS)" in fails["model__ap"]
+    assert set(fails) == {"model_ap"}  # evaluation and promotion never started
+    assert f"cannot reach the Ray cluster at {address} (MMLINKS_RAY_ADDRESS)" in fails["model_ap"]
     assert not materialized(result)
 
 
@@ -358,7 +453,7 @@ def test_evaluation_below_the_floor_blocks_promotion(env, pipeline):
     assert not result.success
     [check] = result.get_asset_check_evaluations()
     assert not check.passed and "below the floor 101.00" in check.description
-    assert materialized(result) == {"evaluation/ap"}
+    assert materialized(result) == {"evaluation_ap"}
     assert (
         client.get_model_version_by_alias("mmlinks-synthetic-ap", "production").version == production_before
     )

@@ -1,4 +1,4 @@
-"""linked/<objective> in Dagster: the sensor asks for a link run when a dataset version is there
+"""linked_<objective> in Dagster: the sensor asks for a link run when a dataset version is there
 and again when the production alias moves; the asset links in-process with real Beam and a real
 MLflow SQLite registry, records the model version and counts, and its blocking check holds the
 link rate within bounds."""
@@ -17,7 +17,7 @@ from tests.conftest import tracking_uri
 from tests.linking.conftest import register_model
 from tests.orchestration.test_dagster_definitions import failures, materialize, settings
 
-LINKED = dg.AssetKey(["linked", "ap"])
+LINKED = dg.AssetKey("linked_ap")
 MODEL_NAME = "mmlinks-synthetic-ap"
 
 pytestmark = pytest.mark.slow  # a registered model and a Beam link job per test

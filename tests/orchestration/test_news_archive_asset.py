@@ -1,4 +1,4 @@
-"""archive_index/news in Dagster, in process: the production news model of a real MLflow SQLite
+"""archive_index_news in Dagster, in process: the production news model of a real MLflow SQLite
 registry and the current dataset version give a versioned FAISS index that the served model
 accepts; a news objective gets no linked/ asset or link check. A random model, no Ray fit."""
 
@@ -19,7 +19,7 @@ from training.news.archive import ArchiveIndex
 from training.news.serving import package_news_run
 from training.tracking import configure
 
-ARCHIVE = dg.AssetKey(["archive_index", "news"])
+ARCHIVE = dg.AssetKey("archive_index_news")
 MODEL_NAME = "mmlinks-news-jsonl-news"
 
 
@@ -82,11 +82,11 @@ def test_the_packaged_run_serves_its_whole_dataset_as_the_archive(env):
 def test_the_archive_index_of_the_production_news_model_is_built_and_versioned(env):
     defs = build_definitions(news_settings(), env["resources"])
     keys = {k.to_user_string() for a in defs.assets for k in a.keys}
-    assert "archive_index/news" in keys and "linked/news" not in keys
+    assert "archive_index_news" in keys and "linked_news" not in keys
     assert not [c for c in defs.asset_checks if any(k.name == "link_quality" for k in c.check_keys)]
     result = materialize(env, defs, [ARCHIVE], "news-jsonl")
     assert result.success, failures(result)
-    value = result.output_for_node("archive_index__news")
+    value = result.output_for_node("archive_index_news")
     assert value["images"] == 10 and value["model_version"] == str(env["version"])  # every split's photos
     assert value["run_id"] == env["run_id"] and value["path"].endswith(
         f"{env['version']}@{value['dataset_version']}"
@@ -105,7 +105,7 @@ def test_the_archive_index_of_the_production_news_model_is_built_and_versioned(e
     defs = build_definitions(news_settings(archive_index_kind="ivf"), env["resources"])
     result = materialize(env, defs, [ARCHIVE], "news-jsonl")
     assert result.success, failures(result)
-    assert result.output_for_node("archive_index__news")["kind"] == "ivf"
+    assert result.output_for_node("archive_index_news")["kind"] == "ivf"
     assert ArchiveIndex.load(value["path"]).kind == "ivf" and len(ArchiveIndex.load(value["path"])) == 10
 
 
@@ -117,7 +117,7 @@ def test_without_a_production_model_the_asset_fails_with_the_cause(env):
             env, build_definitions(news_settings(), env["resources"]), [ARCHIVE], "news-jsonl"
         )
         assert not result.success
-        assert "archive_index news on news-jsonl" in failures(result)["archive_index__news"]
+        assert "archive_index news on news-jsonl" in failures(result)["archive_index_news"]
     finally:
         client.set_registered_model_alias(MODEL_NAME, "production", env["version"])
 
@@ -133,11 +133,11 @@ def test_the_asset_builds_the_compressed_kind_and_versions_it_next_to_the_model(
     defs = build_definitions(news_settings(archive_index_kind="ivfpq"), env["resources"])
     result = materialize(env, defs, [ARCHIVE], "news-jsonl")
     assert result.success, failures(result)
-    value = result.output_for_node("archive_index__news")
+    value = result.output_for_node("archive_index_news")
     index = ArchiveIndex.load(value["path"], mmap=True)
     assert value["kind"] == index.kind == "ivfpq" and len(index) == value["images"] == 10
     assert value["index_version"] == index.version == 1 and value["fingerprint"] == index.fingerprint
-    meta = result.asset_materializations_for_node("archive_index__news")[0].metadata
+    meta = result.asset_materializations_for_node("archive_index_news")[0].metadata
     assert meta["index_version"].value == 1 and meta["index_fingerprint"].value == index.fingerprint
     assert meta["deleted_images"].value == 0 and meta["index_size_mb"].value > 0
     uri = env["resources"]["mlflow"].uri()
@@ -165,6 +165,6 @@ def test_the_asset_builds_the_compressed_kind_and_versions_it_next_to_the_model(
 
     again = materialize(env, defs, [ARCHIVE], "news-jsonl")
     assert again.success, failures(again)
-    meta = again.asset_materializations_for_node("archive_index__news")[0].metadata
+    meta = again.asset_materializations_for_node("archive_index_news")[0].metadata
     assert meta["index_version"].value == 2 and meta["deleted_images"].value == 1
     assert meta["images"].value == 9

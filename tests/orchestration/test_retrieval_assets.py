@@ -2,8 +2,8 @@
 gate's evaluation floor as a blocking check and no linked asset; evaluation and promotion run in
 process on a real SQLite MLflow registry (validation MedR / R@10).
 
-The Ray Train fit of ``model/cmcm`` is what ``model/ap`` runs (test_dagster_definitions.py) and
-the CLI's slow test runs for cmcm; here the upstream ``dataset`` and ``model/cmcm`` outputs are
+The Ray Train fit of ``model_cmcm`` is what ``model_ap`` runs (test_dagster_definitions.py) and
+the CLI's slow test runs for cmcm; here the upstream ``dataset`` and ``model_cmcm`` outputs are
 produced by two stand-in assets of the same keys writing what the real ones write (a dataset
 reference and a registered candidate's reference), so no training runs and the test is cheap."""
 
@@ -23,7 +23,7 @@ from orchestration.settings import Settings
 from schemas.manifest import Manifest
 from tests.training.retrieval.test_retrieval_serving import register, write_pair_dataset
 
-EVALUATION, PRODUCTION = (dg.AssetKey([k, "cmcm"]) for k in ("evaluation", "production"))
+EVALUATION, PRODUCTION = (dg.AssetKey(f"{k}_cmcm") for k in ("evaluation", "production"))
 NAME = "mmlinks-synthetic-cmcm"
 
 
@@ -56,7 +56,7 @@ def env(tmp_path_factory):
 
 
 def stand_in_upstream(env, version: str) -> None:
-    """Materialize ``dataset`` and ``model/cmcm`` for partition synthetic as the real assets
+    """Materialize ``dataset`` and ``model_cmcm`` for partition synthetic as the real assets
     would leave them (their output dicts, through the same IO manager)."""
     parts = source_partitions(settings())
     manifest = Manifest.read(env["data"])
@@ -66,7 +66,7 @@ def stand_in_upstream(env, version: str) -> None:
     def dataset() -> dict:
         return ref
 
-    @dg.asset(key=["model", "cmcm"], partitions_def=parts)
+    @dg.asset(key="model_cmcm", partitions_def=parts)
     def model() -> dict:
         return {
             "source": "synthetic",
@@ -105,11 +105,11 @@ def test_retrieval_objectives_get_the_promotion_path_but_no_link_job():
     assert s.link_objectives() == ["ap"]
     defs = build_definitions(s, {})
     keys = {k.to_user_string() for a in defs.assets for k in a.keys}
-    assert {"model/cmcm", "evaluation/cmcm", "production/cmcm", "linked/ap"} <= keys
-    assert "linked/cmcm" not in keys
+    assert {"model_cmcm", "evaluation_cmcm", "production_cmcm", "linked_ap"} <= keys
+    assert "linked_cmcm" not in keys
     checks = {(k.asset_key.to_user_string(), k.name) for c in defs.asset_checks for k in c.check_keys}
-    assert ("evaluation/cmcm", "metrics_above_floor") in checks and (
-        "linked/cmcm",
+    assert ("evaluation_cmcm", "metrics_above_floor") in checks and (
+        "linked_cmcm",
         "link_quality",
     ) not in checks
     [spec] = [c for c in defs.asset_checks if EVALUATION in {k.asset_key for k in c.check_keys}]
@@ -138,7 +138,7 @@ def test_cmcm_is_evaluated_on_validation_and_promoted_and_the_check_blocks(env):
     stand_in_upstream(env, v1)
     result = run(env, build_definitions(settings(), env["resources"]))
     assert result.success
-    evaluation = result.output_for_node("evaluation__cmcm")
+    evaluation = result.output_for_node("evaluation_cmcm")
     assert evaluation["split"] == "val" and evaluation["pairs"] == 14 and 1 <= evaluation["medr"] <= 14
     [check] = result.get_asset_check_evaluations()
     assert check.passed and "medr" in check.description
@@ -166,7 +166,7 @@ def test_cmcm_is_evaluated_on_validation_and_promoted_and_the_check_blocks(env):
 
 
 def test_the_cmcm_model_asset_records_medr_and_recall_as_metadata(env, ray_local):
-    """``model/cmcm`` materialized for real (in-process Ray Train on the session's Ray, one epoch
+    """``model_cmcm`` materialized for real (in-process Ray Train on the session's Ray, one epoch
     on the 40-pair dataset, registered in the SQLite store): its asset metadata carries the test
     split's text-to-image MedR, R@1/5/10 and refined MedR, the MLflow run's own figures."""
     key = "cmcm1"  # its own registered model name, apart from the promotion test's
@@ -189,7 +189,7 @@ def test_the_cmcm_model_asset_records_medr_and_recall_as_metadata(env, ray_local
     upstream = dg.materialize([dataset], partition_key="synthetic", instance=env["instance"], resources=io)
     assert upstream.success
     defs = build_definitions(s, env["resources"])
-    model_key = dg.AssetKey(["model", key])
+    model_key = dg.AssetKey(f"model_{key}")
     result = dg.materialize(
         defs.assets,
         selection=[model_key],
@@ -205,5 +205,5 @@ def test_the_cmcm_model_asset_records_medr_and_recall_as_metadata(env, ray_local
         assert meta[name] == pytest.approx(run.data.metrics[name]), name
     assert 1 <= meta["test_medr"] <= 10 and 0 <= meta["test_r1"] <= meta["test_r5"] <= meta["test_r10"] <= 100
     assert "test_auc" not in meta and meta["model_name"] == f"mmlinks-synthetic-{key}"
-    output = result.output_for_node(f"model__{key}")
+    output = result.output_for_node(f"model_{key}")
     assert output["test"]["t2i"]["medr"] == meta["test_medr"] and output["test"]["t2i"]["pool_size"] == 10

@@ -473,7 +473,7 @@ def build_model_archive(
     """The archive index of dataset ``data`` (every split) under the registered news model
     ``model_uri`` (``models:/NAME@ALIAS`` or ``/VERSION``), saved to
     ``out_root/<model version>@<dataset version>``: what the Dagster asset
-    ``archive_index/<objective>`` materialises. The index carries the model's run id, so the
+    ``archive_index_<objective>`` materialises. The index carries the model's run id, so the
     served model accepts it as ``MMLINKS_NEWS_ARCHIVE``. The build is streamed and
     checkpointed in that folder (``archive_build``): a retried materialisation resumes it, and
     one whose folder already holds the finished index of the same kind returns it. With a

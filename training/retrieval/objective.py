@@ -2,7 +2,7 @@
 into the objective and backbone registries (training/objectives/registry.py,
 training/backbone.py), the Ray Train loop and the experiment.
 
-- Data: a pair dataset (one sentence, one image per document; docs/architecture.md "Pair
+- Data: a pair dataset (one sentence, one image per document; docs/design.md "Pair
   datasets"). The CAM predicts the manifest's relations (cmcm) or ``--relation`` (cmcm-c);
   their loss weights w_c = 1 / positive rate come from the training shards.
 - Loss: Eq. 3 of Alikhani et al. (``training/retrieval/losses.py``), margin ``--retrieval-margin``
