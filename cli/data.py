@@ -24,6 +24,7 @@ def add_parsers(sub) -> None:
     _add_synth(dsub)
     _add_synth_coherence(dsub)
     _add_synth_news(dsub)
+    _add_synth_features(dsub)
     _add_build(dsub)
     _add_import_hessel(dsub)
 
@@ -225,6 +226,44 @@ def cmd_synth_news(args) -> dict:
     with tqdm(total=cfg.articles, desc="synth", unit="article", file=sys.stderr, disable=args.quiet) as bar:
         path = write_news_corpus(args.out, cfg, bar.update)
     return {"corpus": str(path.parent), "documents": cfg.articles, "seed": cfg.seed}
+
+
+def _add_synth_features(dsub) -> None:
+    synth = dsub.add_parser(
+        "synth-features",
+        help="generate a feature-level linking corpus (digits, topics, shared looks) as a dataset",
+        description="Write a dataset (shards + manifest, or the authors' docs.json layout with "
+        "--layout hessel) whose images are real handwritten-digit features and whose sentences name "
+        "their image's digit, with no rendering and no Beam: topics, who shares an image look, how it "
+        "mixes and how strong it is are options (docs/training.md, 'A family of corpora'). Fast enough "
+        "for 1M documents.",
+        epilog=EPILOG,
+    )
+    synth.add_argument("--out", required=True, help="output directory")
+    from pipelines.feature_corpus import FeatureCorpusConfig
+
+    config_fields.add_arguments(synth, FeatureCorpusConfig)
+    synth.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_common(synth)
+    synth.set_defaults(func=cmd_synth_features, show=show_synth_features)
+
+
+def cmd_synth_features(args) -> dict:
+    from tqdm import tqdm
+
+    from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+
+    cfg = config_fields.from_args(FeatureCorpusConfig, args)
+    writable_dir(args.out)
+    total = cfg.docs + cfg.val_docs + cfg.test_docs
+    with tqdm(total=total, desc="synth", unit="doc", file=sys.stderr, disable=args.quiet) as bar:
+        path = write_feature_corpus(args.out, cfg, bar.update)
+    return {"corpus": str(path.parent), "layout": cfg.layout, "documents": total, "seed": cfg.seed}
+
+
+def show_synth_features(result: dict) -> None:
+    what = "dataset" if result["layout"] == "dataset" else "docs.json + features.npy + id2row.json"
+    print(f"wrote {result['documents']} documents ({what}) to {result['corpus']}")
 
 
 def _add_build(dsub) -> None:

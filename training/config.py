@@ -31,7 +31,7 @@ __all__ = [
 
 
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
-SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min"}
+SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min", "last": "max"}
 
 
 # --preset: named bundles of TrainConfig values, under the flags a user gives. "paper" is Hessel
@@ -95,8 +95,10 @@ class CoreFields:
     )
     backbone: str = option(
         DEFAULT_BACKBONE,
-        help="text/image encoders: GRU + projected CNN feature (Hessel 2019); Transformers over words "
-        "and over region features + concept tokens (Li 2021; needs a dataset built with --regions); "
+        help="text/image encoders: GRU + projected CNN feature (Hessel 2019); bag = the simplest model "
+        "(mean word embedding + linear, linear image projection: the baseline every default must "
+        "beat); Transformers over words and over region features + concept tokens (Li 2021; needs a "
+        "dataset built with --regions); "
         "minilm = the pretrained all-MiniLM-L6-v2 sentence encoder + projected CNN feature; clip = CLIP's "
         "text tower + the dataset's CLIP image embeddings (--clip-weights, a clip-vit-b32 dataset)",
         choices=backbone_names,
@@ -112,6 +114,23 @@ class CoreFields:
         help="linear learning-rate warm-up steps from lr/1000 (Li et al. 2021: 3000)",
         check=lambda v: v >= 0,
         rule=">= 0",
+        group=CORE,
+    )
+    batch_sampling: str = option(
+        "random",
+        help="how training batches are drawn: random, or similar = each batch a document and its "
+        "nearest neighbours by mean image feature and words (--near-share of it), the rest random, so "
+        "in-batch negatives share the topic's look and words and only the content tells them apart "
+        "(issue #44, Li et al. 2021's sampling bias)",
+        choices=("random", "similar"),
+        group=CORE,
+    )
+    near_share: float = option(
+        0.5,
+        help="--batch-sampling similar: share of a batch (after its first document) taken from its "
+        "nearest neighbours",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
         group=CORE,
     )
     epochs: int = option(50, help="epochs", check=lambda v: v >= 1, rule=">= 1", group=CORE)
@@ -137,7 +156,7 @@ class CoreFields:
         help="which epoch's checkpoint is the model: val_loss = lowest validation loss (paper); "
         "val_within = widest within-document gap on validation documents (label-free; a model that "
         "only tells documents apart by their style keeps it near 0); val_medr = lowest validation MedR "
-        "(the retrieval objectives' default, Alikhani et al.)",
+        "(the retrieval objectives' default, Alikhani et al.); last = the last epoch",
         choices=lambda: tuple(SELECTION_ORDER),
         group=CORE,
     )

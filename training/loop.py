@@ -24,7 +24,7 @@ import torch
 from training import checkpoints, fault_hooks
 from training.backbone import build_model, needs_regions
 from training.config import SELECTION_ORDER, TrainConfig
-from training.data import TRAINING_COLUMNS, DocBatch, drop_empty, make_batch, nonempty
+from training.data import TRAINING_COLUMNS, DocBatch, drop_empty, features_of, make_batch, nonempty
 from training.metrics import document_metrics, within_document_gap
 from training.objectives.registry import ObjectiveSpec, get_objective, objective_loss
 from training.text import Vocabulary
@@ -58,7 +58,9 @@ def link_scores(model, batch: DocBatch) -> list[np.ndarray]:
     return out
 
 
-def document_batches(shard, batch_docs: int, rng: np.random.Generator) -> Iterator:
+def document_batches(
+    shard, batch_docs: int, rng: np.random.Generator, sampling: str = "random", near_share: float = 0.5
+) -> Iterator:
     """Batches of ``batch_docs`` documents from this worker's share of the training set.
 
     Ray Data hands over chunks of a few hundred documents (prefetched in the background) and
@@ -66,9 +68,22 @@ def document_batches(shard, batch_docs: int, rng: np.random.Generator) -> Iterat
     few milliseconds each, as much as a training step on small documents. Chunks are a
     multiple of the batch size, so every batch but an epoch's last is full. Workers' shares need
     not be equal (Ray's split, empty documents): ``train_epoch`` keeps them in step.
+
+    ``sampling="similar"`` (``--batch-sampling``, issue #44) cuts larger chunks (~2,048
+    documents, so a topic has several documents in one) into batches of near neighbours
+    (``training.batching``), ``near_share`` of each batch after its first document.
     """
-    chunk = batch_docs * max(1, 256 // batch_docs)
+    per_chunk = 256 if sampling == "random" else 2048
+    chunk = batch_docs * max(1, per_chunk // batch_docs)
     for table in shard.iter_batches(batch_size=chunk, batch_format="pyarrow", prefetch_batches=2):
+        if sampling == "similar" and table.num_rows > batch_docs:
+            from training.batching import document_signatures, similar_batches
+
+            feats, _ = features_of(table)
+            sigs = document_signatures(feats, table.column("sentences").to_pylist())
+            for rows in similar_batches(sigs, batch_docs, near_share, rng):
+                yield table.take(pa.array(rows))
+            continue
         table = table.take(pa.array(rng.permutation(table.num_rows)))
         for start in range(0, table.num_rows, batch_docs):
             yield table.slice(start, batch_docs)
@@ -310,7 +325,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
     w.model.train()
     total, steps, docs, skipped, wait, first_wait, padded = 0.0, 0, 0, 0, 0.0, None, 0
     parts_sum: dict[str, float] = {}
-    batches = document_batches(shard, w.cfg.batch_docs, rng)
+    batches = document_batches(shard, w.cfg.batch_docs, rng, w.cfg.batch_sampling, w.cfg.near_share)
     while True:
         tw = time.perf_counter()
         table = next(batches, None)
@@ -432,7 +447,9 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
     # never an epoch of the mean-negatives warm-up when epochs after it follow (its losses and
     # gaps are on another scale than the hard-negative epochs', so they would not compare).
     extra = extra or {}
-    value = {"val_loss": val_loss, "val_within": val_within, **extra}.get(cfg.select_by, float("nan"))
+    value = {"val_loss": val_loss, "val_within": val_within, "last": float(epoch), **extra}.get(
+        cfg.select_by, float("nan")
+    )
     minimise = SELECTION_ORDER[cfg.select_by] == "min"
     worst = checkpoints.UNSELECTABLE if minimise else -checkpoints.UNSELECTABLE
     select_score = worst if warm else value

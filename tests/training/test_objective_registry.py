@@ -53,7 +53,7 @@ def toy_objective():
 
 def test_builtin_objectives_and_backbones_are_registered():
     assert objective_names() == ("nostruct", "dc", "tk", "ap", "li2021", "cmca", "cmcm", "cmcm-c", "news")
-    assert backbone_names() == ("gru", "transformer", "coherence", "news", "minilm", "clip")
+    assert backbone_names() == ("gru", "bag", "transformer", "coherence", "news", "minilm", "clip")
     for name in objective_names():
         spec = get_objective(name)
         assert spec.similarity in SIMILARITIES and spec.summary

@@ -156,6 +156,27 @@ def _gru_build(model_cfg: dict, embeddings=None, feature_stats=None):
     return MulLink(ModelConfig(**model_cfg), embeddings, feature_stats)
 
 
+# ------------------------------------------------------------------------------ bag
+
+
+def _bag_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
+    """The simplest model (issue #44): MulLink with the mean word embedding + one linear layer for
+    text and one linear projection of the standardised feature for images; no GRU, no centring, no
+    dropout, whatever --text-pooling, --image-centring and --image-dropout say."""
+    from training.model import ModelConfig
+
+    return ModelConfig(
+        vocab_size=vocab_size,
+        word_dim=word_dim,
+        image_dim=manifest.feature_extractor.dim,
+        d_multi=cfg.d_multi,
+        image_dropout=0.0,
+        backbone="bag",
+        text_pooling="bag",
+        image_centring="none",
+    ).to_dict()
+
+
 # ---------------------------------------------------------------------- transformer
 
 
@@ -200,6 +221,14 @@ register_backbone(
         name="gru",
         summary="Hessel et al. 2019: GRU sentence encoder, linear image projection (MulLink)",
         model_config=_gru_config,
+        build=_gru_build,
+    )
+)
+register_backbone(
+    BackboneSpec(
+        name="bag",
+        summary="the simplest model: mean word embedding + linear (text), linear projection (image)",
+        model_config=_bag_config,
         build=_gru_build,
     )
 )

@@ -1,0 +1,168 @@
+"""Linking across a family of corpora (issue #44): the default model beside the simplest one.
+
+For each cell of the grid it writes a feature-level corpus (``mmlinks data synth-features``:
+handwritten-digit features, K topics, a look shared per topic or per document, mixed by adding,
+clipping or scaling, at a strength that sets the image ratio), measures its training split's image
+ratio, and trains every row on it through the path of ``mmlinks train --workers 0``
+(``run_experiment``: fit, checkpoint choice, test evaluation), for each seed. Prints one JSON
+object: per cell its ratio and per row test AUC / p@1 per seed and their means, and per cell the
+default's margin over the baseline. docs/benchmarks.md holds the tables and commands.
+
+Cells are ``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS]``, e.g. ``topic:40:clipped:5``; ``--grid
+issue`` is the issue's grid (K 10/40/200 x added/clipped x ratio ~3/~10/>=20, per-document looks,
+no look). Rows are names from ROWS, or ``NAME=JSON`` for a TrainConfig override.
+
+    python benchmarks/link_family.py --grid issue --rows default,bag --seeds 0,1 --jobs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# The demo's width and rate, 10 epochs: the issue's setting. Every other field is TrainConfig's.
+BASE = dict(epochs=10, d_multi=256, lr=1e-3, num_workers=0)
+# The simplest model as the issue's reference trains it: hard negatives from the first step, the
+# last epoch kept.
+BAG = {"backbone": "bag", "negatives_warmup": 0, "select_by": "last"}
+ROWS: dict[str, dict] = {
+    "default": {},
+    "bag": BAG,
+    "bag-glove": {**BAG, "word_vectors": "glove"},
+    "bag-random": {**BAG, "word_vectors": "random"},
+}
+# strength -> image ratio on 600 training documents (K 40): added ~0.25 + 1.2 s^2; clipped lower
+STRENGTHS = {"added": {3: 1.55, 10: 2.85, 20: 4.1}, "clipped": {3: 1.9, 10: 3.6, 20: 5.0}}
+
+
+def issue_grid() -> list[str]:
+    cells = [
+        f"topic:{k}:{mix}:{STRENGTHS[mix][r]}"
+        for k in (10, 40, 200)
+        for mix in ("added", "clipped")
+        for r in (3, 10, 20)
+    ]
+    return [*cells, "document:40:added:4.1", "document:40:clipped:5.0", "none:40:added:0"]
+
+
+def parse_cell(cell: str) -> dict:
+    parts = cell.split(":")
+    if len(parts) not in (4, 5):
+        raise SystemExit(f"bad cell {cell!r}: SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS]")
+    out = {
+        "look_sharing": parts[0],
+        "topics": int(parts[1]),
+        "look_mixing": parts[2],
+        "look_strength": float(parts[3]),
+    }
+    if len(parts) == 5:
+        out["topic_words"] = int(parts[4])
+    return out
+
+
+def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, float]:
+    from pipelines.confounds import dataset_confounds
+    from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+
+    folder = root / f"{cell.replace(':', '_')}-s{seed}-{sizes['docs']}"
+    if not (folder / "manifest.json").exists():
+        write_feature_corpus(folder, FeatureCorpusConfig(**parse_cell(cell), **sizes, seed=seed))
+    ratio = dataset_confounds(folder, ["train"], max_documents=1000)["train"].image_ratio
+    return str(folder), ratio
+
+
+def run_one(data: str, overrides: dict, seed: int) -> dict:
+    import torch
+
+    from training.config import TrainConfig
+    from training.experiment import run_experiment
+
+    torch.set_num_threads(1)
+    cfg = TrainConfig(data=data, **{**BASE, "seed": seed, **overrides})
+    with tempfile.TemporaryDirectory(prefix="link-family-") as wd:
+        t0 = time.perf_counter()
+        r = run_experiment(cfg, f"sqlite:///{wd}/mlflow.db", None, None, report_dir=wd)
+    return {
+        "auc": round(r.test["auc"], 1),
+        "p_at_1": round(r.test["p_at_1"], 1),
+        "best_epoch": r.best_epoch,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _job(args: tuple) -> tuple:
+    cell, row, seed, data, overrides = args
+    import logging
+
+    logging.disable(logging.WARNING)
+    return cell, row, seed, run_one(data, overrides, seed)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--grid", choices=("issue",), help="a named grid of cells")
+    p.add_argument("--cells", default="", help="comma-separated SHARING:K:MIXING:STRENGTH[:WORDS]")
+    p.add_argument("--rows", default="default,bag", help="comma-separated row names or NAME=JSON")
+    p.add_argument("--seeds", default="0,1", help="seeds: corpus and training (one corpus per seed)")
+    p.add_argument("--docs", type=int, default=3000, help="training documents (val and test: a tenth)")
+    p.add_argument("--corpora", default="/tmp/mmlinks-link-family", help="folder caching the corpora")
+    p.add_argument("--jobs", type=int, default=1, help="training runs in parallel (processes)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a BASE field")
+    p.add_argument("--jsonl", help="also append each run's result to this file as it finishes")
+    args = p.parse_args(argv)
+    for item in args.set:
+        field, _, value = item.partition("=")
+        try:
+            BASE[field] = json.loads(value)
+        except json.JSONDecodeError:
+            BASE[field] = value
+    cells = (issue_grid() if args.grid else []) + [c for c in args.cells.split(",") if c]
+    rows: dict[str, dict] = {}
+    for r in args.rows.split(","):
+        name, _, js = r.partition("=")
+        rows[name] = json.loads(js) if js else ROWS[name]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    sizes = {"docs": args.docs, "val_docs": max(50, args.docs // 10), "test_docs": max(50, args.docs // 10)}
+    root = Path(args.corpora)
+    root.mkdir(parents=True, exist_ok=True)
+    out: dict = {"base": BASE, "rows": rows, "seeds": seeds, "sizes": sizes, "cells": {}}
+    jobs = []
+    for cell in cells:
+        entry = out["cells"][cell] = {"ratio": {}, "rows": {r: {} for r in rows}}
+        for seed in seeds:
+            data, ratio = make_corpus(root, cell, sizes, seed)
+            entry["ratio"][seed] = round(ratio, 2)
+            jobs.extend((cell, r, seed, data, rows[r]) for r in rows)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for cell, row, seed, res in pool.map(_job, jobs):
+            out["cells"][cell]["rows"][row][seed] = res
+            if args.jsonl:
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps({"cell": cell, "row": row, "seed": seed, **res}) + "\n")
+            print(f"{cell} {row} seed {seed}: {res}", file=sys.stderr, flush=True)
+    for entry in out["cells"].values():
+        for runs in entry["rows"].values():
+            runs["mean_auc"] = round(
+                statistics.mean(r["auc"] for r in runs.values() if isinstance(r, dict)), 1
+            )
+            runs["mean_p_at_1"] = round(
+                statistics.mean(r["p_at_1"] for r in runs.values() if isinstance(r, dict)), 1
+            )
+        if "default" in entry["rows"] and "bag" in entry["rows"]:
+            entry["default_minus_bag"] = round(
+                entry["rows"]["default"]["mean_auc"] - entry["rows"]["bag"]["mean_auc"], 1
+            )
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

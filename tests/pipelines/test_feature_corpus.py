@@ -1,0 +1,152 @@
+"""The feature-level corpus family (``mmlinks data synth-features``, issues #44 and #47)."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines.confounds import dataset_confounds
+from pipelines.feature_corpus import (
+    DIGIT_WORDS,
+    FeatureCorpusConfig,
+    _world,
+    split_documents,
+    write_feature_corpus,
+)
+from schemas.errors import MmlinksError
+from schemas.manifest import Manifest
+from schemas.shards import read_documents
+
+SMALL = dict(docs=60, val_docs=12, test_docs=12, topics=5, dim=32)
+
+
+def _docs(root):
+    m = Manifest.read(root)
+    return m, {s: read_documents(m.shard_paths(root, s)) for s in ("train", "val", "test")}
+
+
+def test_dataset_layout_links_and_splits(tmp_path):
+    cfg = FeatureCorpusConfig(**SMALL, shard_docs=25, extra_sentences=1)
+    write_feature_corpus(tmp_path / "ds", cfg)
+    m, docs = _docs(tmp_path / "ds")  # shard_paths verifies every shard's size and sha256
+    assert m.counts["splits"] == {"train": 60, "val": 12, "test": 12}
+    assert m.feature_extractor.dim == 32 and m.source == "feature-synth"
+    assert len([s for s in m.shards if s.split == "train"]) == 3  # 25 + 25 + 10
+    assert all(d.split == split for split, ds in docs.items() for d in ds)
+    for d in docs["train"]:
+        assert cfg.images_min <= len(d.images) <= cfg.images_max
+        assert len(d.sentences) == len(d.images) + 1  # one distractor
+        linked = {s for s, _ in d.links}
+        assert sorted(i for _, i in d.links) == list(range(len(d.images)))
+        for s, text in enumerate(d.sentences):
+            named = [w for w in text.split() if w in DIGIT_WORDS]
+            assert len(named) == (1 if s in linked else 0)  # a linked sentence names one digit
+        digits = [next(w for w in d.sentences[s].split() if w in DIGIT_WORDS) for s, _ in d.links]
+        assert len(set(digits)) == len(digits)  # distinct digits: each sentence has one right image
+        assert all(len(im.features) == 32 for im in d.images)
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        write_feature_corpus(tmp_path / name, FeatureCorpusConfig(**SMALL, seed=seed))
+    a, b, c = (Manifest.read(tmp_path / n) for n in "abc")
+    assert a.dataset_version == b.dataset_version != c.dataset_version
+    assert [s.sha256 for s in a.shards] == [s.sha256 for s in b.shards]
+
+
+def test_a_second_write_into_a_dataset_is_refused(tmp_path):
+    write_feature_corpus(tmp_path / "ds", FeatureCorpusConfig(**SMALL))
+    with pytest.raises(MmlinksError, match="already holds a dataset"):
+        write_feature_corpus(tmp_path / "ds", FeatureCorpusConfig(**SMALL))
+
+
+def test_bad_options_are_refused_in_one_line():
+    with pytest.raises(MmlinksError, match="look_sharing"):
+        FeatureCorpusConfig(look_sharing="album")
+    with pytest.raises(MmlinksError, match="images_min"):
+        FeatureCorpusConfig(images_min=6, images_max=4)
+
+
+def test_topic_looks_are_shared_by_a_topic_and_document_looks_are_not():
+    def look_of(sharing):
+        world = _world(FeatureCorpusConfig(**SMALL, look_sharing=sharing, look_strength=4.0))
+        docs = list(split_documents(world, "train", 60))
+        none = list(split_documents(_world(FeatureCorpusConfig(**SMALL, look_sharing="none")), "train", 60))
+        # same draws apart from the look: the mean shift of each document is its look
+        return [(d["topic"], (d["features"] - n["features"]).mean(0)) for d, n in zip(docs, none)]
+
+    def same_topic_cosine(pairs):
+        cos = []
+        for i, (ti, li) in enumerate(pairs):
+            for tj, lj in pairs[i + 1 :]:
+                if ti == tj:
+                    cos.append(li @ lj / (np.linalg.norm(li) * np.linalg.norm(lj)))
+        return float(np.mean(cos))
+
+    assert same_topic_cosine(look_of("topic")) > 0.99
+    assert abs(same_topic_cosine(look_of("document"))) < 0.2
+
+
+@settings(max_examples=6, deadline=None)
+@given(mixing=st.sampled_from(["added", "clipped"]), low=st.floats(0.3, 1.5), gain=st.floats(1.5, 3.0))
+def test_a_stronger_look_gives_a_higher_image_ratio(tmp_path_factory, mixing, low, gain):
+    ratios = []
+    for strength in (low, low * gain):
+        out = tmp_path_factory.mktemp("ratio")
+        cfg = FeatureCorpusConfig(**{**SMALL, "docs": 150}, look_mixing=mixing, look_strength=strength)
+        write_feature_corpus(out / "ds", cfg)
+        ratios.append(dataset_confounds(out / "ds", ["train"])["train"].image_ratio)
+    assert ratios[1] > ratios[0]
+
+
+def test_clipped_features_are_never_negative_and_added_ones_can_be():
+    for mixing, negative in (("clipped", False), ("added", True)):
+        world = _world(FeatureCorpusConfig(**SMALL, look_mixing=mixing, look_strength=3.0))
+        feats = np.concatenate([d["features"] for d in split_documents(world, "train", 30)])
+        assert bool((feats < 0).any()) is negative
+
+
+def test_test_bitmaps_are_never_seen_in_training():
+    world = _world(FeatureCorpusConfig(**SMALL))
+    train = {int(r) for rows in world.pools["train"].values() for r in rows}
+    test = {int(r) for rows in world.pools["test"].values() for r in rows}
+    assert train and test and not train & test
+
+
+def test_hessel_layout_is_what_import_hessel_reads(tmp_path):
+    cfg = FeatureCorpusConfig(**SMALL, layout="hessel")
+    write_feature_corpus(tmp_path / "raw", cfg)
+    docs = json.loads((tmp_path / "raw" / "docs.json").read_text())
+    id2row = json.loads((tmp_path / "raw" / "id2row.json").read_text())
+    feats = np.load(tmp_path / "raw" / "features.npy")
+    assert {k: len(v) for k, v in docs.items()} == {"train": 60, "val": 12, "test": 12}
+    assert feats.shape == (len(id2row), 32)
+    images, sentences, meta = docs["train"][0]
+    assert meta.startswith("topic-")
+    for image_id, s in images:  # the image side names its sentence, the sentence side its image
+        assert sentences[s][1] == [i for i, _ in images].index(image_id)
+
+
+@pytest.mark.slow
+def test_cli_writes_a_dataset_that_import_hessel_and_inspect_read(tmp_path):
+    from cli.main import main
+
+    raw = tmp_path / "raw"
+    args = ["--docs", "40", "--val-docs", "10", "--test-docs", "10", "--topics", "4", "--dim", "16"]
+    assert main(["data", "synth-features", "--out", str(raw), "--layout", "hessel", "--quiet", *args]) == 0
+    ds = tmp_path / "ds"
+    assert (
+        main(
+            [
+                "data", "import-hessel", "--docs", str(raw / "docs.json"),
+                "--features", str(raw / "features.npy"), "--id2row", str(raw / "id2row.json"),
+                "--out", str(ds),
+            ]
+        )
+        == 0
+    )  # fmt: skip
+    m, docs = _docs(ds)
+    assert m.counts["splits"] == {"train": 40, "val": 10, "test": 10}
+    assert all(d.links for d in docs["test"])
