@@ -53,11 +53,13 @@ def role(proc: psutil.Process, top: int) -> str:
         cmd = " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return "other"
+    exe = cmd.split(" ", 1)[0]
+    if exe.endswith(("/raylet", "/gcs_server")):
+        return exe.rsplit("/", 1)[1]
     for key, name in (
         ("RayTrainWorker", "train_worker"),
         ("ray::", "ray_task"),
-        ("raylet", "raylet"),
-        ("gcs_server", "gcs"),
+        ("default_worker.py", "ray_task"),
         ("dask", "dask"),
         ("distributed", "dask"),
         ("beam", "beam_worker"),
@@ -102,7 +104,9 @@ class TreeMonitor:
                     self.cpu[p.pid] = t.user + t.system  # a reaped child's is its own entry
                 self.private[p.pid] = max(self.private.get(p.pid, 0), rss - info.shared)
                 known = self.peaks.get(p.pid)
-                name = known[0] if known and known[0] != "other" else role(p, self.pid)
+                # a Ray worker starts as default_worker.py (--raylet-name=...) and takes its ray::
+                # title later: its role is decided again until it is a training worker
+                name = known[0] if known and known[0] == "train_worker" else role(p, self.pid)
                 self.peaks[p.pid] = (name, max(rss, known[1] if known else 0))
             self.shm_peak = max(self.shm_peak, _shm_used() - self.shm0)
             self._stop.wait(self.poll_s)
