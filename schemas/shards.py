@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -279,6 +279,23 @@ def read_table(paths: Iterable[str | Path], columns: list[str] | None = None) ->
     if not tables:
         return document_schema().empty_table() if columns is None else pa.table({})
     return pa.concat_tables(tables)
+
+
+def iter_tables(
+    paths: Iterable[str | Path], batch_rows: int, columns: list[str] | None = None
+) -> Iterator[pa.Table]:
+    """``read_table``'s rows, ``batch_rows`` at a time, shard by shard in file order: what a
+    reader of a whole split uses when the split need not fit in memory (the test split of a
+    large corpus), since only one batch is decoded at a time. Same checks, same layout."""
+    for p in paths:
+        check_shards([p])
+        try:
+            shard = pq.ParquetFile(p)
+            meta = shard.schema_arrow.metadata  # the stored feature dtype; a record batch lacks it
+            for rb in shard.iter_batches(batch_size=batch_rows, columns=columns):
+                yield decode_features(pa.Table.from_batches([rb]).replace_schema_metadata(meta))
+        except (OSError, pa.ArrowInvalid, MmlinksError) as exc:  # the last: damaged feature bytes
+            raise MmlinksError(f"cannot read shard {p}: {exc}") from exc
 
 
 def read_documents(paths: Iterable[str | Path]) -> list[Document]:

@@ -18,11 +18,11 @@ import torch
 
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
-from schemas.shards import read_table
+from schemas.shards import iter_tables
 from training.backbone import needs_regions
 from training.data import TRAINING_COLUMNS, make_batch
 from training.loop import link_scores
-from training.metrics import DocMetrics, document_metrics, random_baseline, summarize
+from training.metrics import document_metrics, random_baseline, summarize
 from training.text import Vocabulary
 
 
@@ -51,32 +51,32 @@ def evaluate(
             f"the model takes {image_dim}-d image features, but {data} has "
             f"{manifest.feature_extractor.dim}-d {manifest.feature_extractor.name} features"
         )
-    table = read_table(paths, columns=TRAINING_COLUMNS).sort_by("doc_id")
     model_cfg = getattr(model, "cfg", None)
     regions = model_cfg is not None and needs_regions(model_cfg.to_dict())  # the Li 2021 transformer
     max_regions = int(getattr(model_cfg, "max_regions", 36))
     model.eval()
-    per_doc: list[DocMetrics] = []
-    shapes, predictions = [], []
+    # Shard by shard, ``batch_docs`` rows at a time: the split's features are never in memory
+    # together (a 100K-document test split of 1280-d features is ~3 GB), only each document's
+    # small results. They are put in doc-id order at the end, as a sorted read gave them (the
+    # Random baseline draws in that order).
+    rows: list[tuple[str, np.ndarray, list | None]] = []  # (doc_id, scores, links)
     with torch.no_grad():
-        for start in range(0, table.num_rows, batch_docs):
-            batch = make_batch(table.slice(start, batch_docs), vocab, max_tokens, None, regions, max_regions)
+        for table in iter_tables(paths, batch_docs, TRAINING_COLUMNS):
+            batch = make_batch(table, vocab, max_tokens, None, regions, max_regions)
             for doc_id, scores, links in zip(
                 batch.doc_ids, link_scores(model, batch), batch.links, strict=True
             ):
-                shapes.append((doc_id, *scores.shape, links))
-                predictions.append({"doc_id": doc_id, "scores": np.round(scores, 4).tolist()})
-                m = document_metrics(doc_id, scores, links)
-                if m is not None:
-                    per_doc.append(m)
+                rows.append((doc_id, scores, links))
+    rows.sort(key=lambda r: r[0])
+    per_doc = [m for m in (document_metrics(d, s, lk) for d, s, lk in rows) if m is not None]
     if not per_doc:
         raise MmlinksError(f"no labelled {split} document to evaluate (links are null or trivial)")
     return {
         "model": summarize(per_doc),
-        "random": random_baseline(shapes, seed),
+        "random": random_baseline([(d, *s.shape, lk) for d, s, lk in rows], seed),
         "per_doc": [dict(m.__dict__) for m in per_doc],
-        "predictions": predictions,
-        "n_skipped": table.num_rows - len(per_doc),
+        "predictions": [{"doc_id": d, "scores": np.round(s, 4).tolist()} for d, s, _ in rows],
+        "n_skipped": len(rows) - len(per_doc),
     }
 
 

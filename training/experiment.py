@@ -17,7 +17,7 @@ import mlflow
 
 from schemas.manifest import Manifest
 from schemas.progress import polled_progress
-from schemas.shards import check_shards, read_table
+from schemas.shards import check_shards, iter_tables, read_table
 from training import tracking
 from training.backbone import get_backbone
 from training.config import TrainConfig
@@ -29,6 +29,7 @@ from training.objectives.registry import check_objective_data, get_objective
 from training.packaging import example_document, log_link_model
 
 EXPERIMENT = "mmlinks"
+LABEL_SCAN_ROWS = 4096  # rows of links read at a time by ``has_labels``
 
 
 @dataclass
@@ -98,10 +99,14 @@ class ExperimentResult:
 
 def has_labels(paths: list) -> bool:
     """Whether any document of these shards has ground-truth links to score against."""
-    if not paths:
-        return False
-    links = read_table(paths, ["links"]).column("links")
-    return any(lk for lk in links.to_pylist())
+    import pyarrow.compute as pc
+
+    # batch by batch, stopping at the first labelled one: a split's links are never all in
+    # memory as Python objects (one list per document)
+    for table in iter_tables(paths, LABEL_SCAN_ROWS, ["links"]):
+        if pc.max(pc.fill_null(pc.list_value_length(table.column("links")), 0)).as_py() or 0:
+            return True
+    return False
 
 
 def objective_text(cfg: TrainConfig) -> str:

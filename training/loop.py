@@ -25,13 +25,14 @@ import torch
 from training import checkpoints, fault_hooks
 from training.backbone import build_model, needs_regions
 from training.config import SELECTION_ORDER, TrainConfig
-from training.data import TRAINING_COLUMNS, DocBatch, drop_empty, features_of, make_batch
+from training.data import TRAINING_COLUMNS, DocBatch, drop_empty, features_of, make_batch, nonempty
 from training.metrics import document_metrics, within_document_gap
 from training.objectives.registry import ObjectiveSpec, get_objective, objective_loss
 from training.text import Vocabulary
 
 # --select-by val_within keeps the latest epoch within this share of the widest gap so far.
 WITHIN_TOLERANCE = 0.1
+VAL_READ_ROWS = 1024  # rows decoded at a time while the fixed validation batches are gathered
 
 
 def plateau_on_within(cfg: TrainConfig) -> bool:
@@ -99,15 +100,76 @@ def validation_batches(
     tail joins the previous batch, so none has fewer than 2 documents), and batch i goes to
     worker i % world. The loss is then averaged per document, not per batch.
     """
-    from schemas.shards import read_table
+    return fixed_batches(paths, batch_docs, lambda i: i % world == rank, extra_columns)
 
-    table, _ = drop_empty(read_table(paths, columns=[*TRAINING_COLUMNS, *extra_columns]).sort_by("doc_id"))
-    starts = list(range(0, table.num_rows, batch_docs))
-    if len(starts) > 1 and table.num_rows - starts[-1] < 2:
+
+def spare_batch(paths: list[str], batch_docs: int, extra_columns: tuple[str, ...] = ()):
+    """The first fixed validation batch (every worker's, ``Worker.zero_step``), or None."""
+    first = fixed_batches(paths, batch_docs, lambda i: i == 0, extra_columns)
+    return first[0] if first else None
+
+
+def fixed_batches(paths: list[str], batch_docs: int, chosen, extra_columns: tuple[str, ...] = ()) -> list:
+    """The fixed batches ``i`` with ``chosen(i)`` (``validation_batches``' order and cuts).
+
+    Two passes over the shards, so a worker holds only the documents of its own batches (and
+    one read batch), never the whole split: a 1M-document corpus has 100K validation documents,
+    and every worker read them all (twice: its share and the spare batch) before issue #47.
+    The first pass reads the ids and the sentence and image counts (no feature); the order and
+    the cuts come from them; the second reads the chosen rows' columns."""
+    import pyarrow.compute as pc
+
+    from schemas.shards import iter_tables
+
+    light = ["doc_id", "sentences", "images.list.element.content_id"]
+    ids, shard_of, row_of = [], [], []
+    for k, p in enumerate(paths):
+        offset = 0
+        for t in iter_tables([p], VAL_READ_ROWS, light):
+            keep = nonempty(t)
+            rows = np.flatnonzero(np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool))
+            ids.extend(pc.filter(t.column("doc_id"), keep).to_pylist())
+            shard_of.append(np.full(len(rows), k, np.int64))
+            row_of.append(rows + offset)
+            offset += t.num_rows
+    n = len(ids)
+    order = np.argsort(np.array(ids, dtype=object), kind="stable") if n else np.zeros(0, np.int64)
+    starts = list(range(0, n, batch_docs))
+    if len(starts) > 1 and n - starts[-1] < 2:
         starts.pop()
-    bounds = [*starts[1:], table.num_rows]
-    batches = [table.slice(s, e - s) for s, e in zip(starts, bounds, strict=True)]
-    return [b for i, b in enumerate(batches) if i % world == rank and b.num_rows >= 2]
+    bounds = [*starts[1:], n]
+    picked = [(s, e) for i, (s, e) in enumerate(zip(starts, bounds, strict=True)) if chosen(i) and e - s >= 2]
+    if not picked:
+        return []
+    shard_of = np.concatenate(shard_of)[order]
+    row_of = np.concatenate(row_of)[order]
+    wanted = np.concatenate([np.arange(s, e) for s, e in picked])  # sorted positions
+    parts, position = [], []  # the wanted rows as read, and each one's sorted position
+    for k, p in enumerate(paths):
+        mine = wanted[shard_of[wanted] == k]
+        if not len(mine):
+            continue
+        rows = row_of[mine]
+        by_row = np.argsort(rows)
+        rows, mine = rows[by_row], mine[by_row]
+        offset = 0
+        for t in iter_tables([p], VAL_READ_ROWS, [*TRAINING_COLUMNS, *extra_columns]):
+            inside = (rows >= offset) & (rows < offset + t.num_rows)
+            if inside.any():
+                parts.append(t.take(pa.array(rows[inside] - offset)))
+                position.append(mine[inside])
+            offset += t.num_rows
+    # One chunk (a take over many chunks of nested lists would concatenate them on the side),
+    # the read parts dropped, then each batch taken in sorted order: about twice the share at
+    # the peak, one batch's worth of transient buffers.
+    table = pa.concat_tables(parts).combine_chunks()
+    del parts
+    row_at = np.argsort(np.concatenate(position), kind="stable")  # k-th wanted position's row
+    out, at = [], 0
+    for s, e in picked:
+        out.append(table.take(pa.array(row_at[at : at + e - s])))
+        at += e - s
+    return out
 
 
 # A worker's state before each step of an epoch (``agree_step``): its share is used up, its next
@@ -557,11 +619,11 @@ def run_epochs(w: Worker, config: dict, train_shard, report) -> None:
         wait_for_sqlite_locks()
         mlflow_client = MlflowClient(tracking_uri=config["mlflow_tracking_uri"])
     columns = w.objective.columns
-    every_val = validation_batches(config["val_paths"], cfg.batch_docs, 0, 1, columns)
-    val_batches = validation_batches(config["val_paths"], cfg.batch_docs, rank, world, columns)
-    w.spare = every_val[0] if every_val else None
+    val_paths = config["val_paths"]
+    val_batches = validation_batches(val_paths, cfg.batch_docs, rank, world, columns)
+    w.spare = spare_batch(val_paths, cfg.batch_docs, columns)
     # every validation pair on every worker (the retrieval objectives' MedR), else none
-    all_val = every_val if w.objective.val_metrics else []
+    all_val = validation_batches(val_paths, cfg.batch_docs, 0, 1, columns) if w.objective.val_metrics else []
     for epoch in range(w.state.start, cfg.epochs):
         seed = epoch_seed(cfg, rank, epoch)
         rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)

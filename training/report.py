@@ -182,21 +182,30 @@ def document_cards(
     model, vocab, data: str | Path, split: str, max_tokens: int, per_doc: list[dict], limit: int = 8
 ) -> list[str]:
     """Cards for the best and worst documents by AUC (half each), as the paper shows both."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import torch
 
     from schemas.manifest import Manifest
-    from schemas.shards import read_table
+    from schemas.shards import iter_tables
     from training.data import make_batch
     from training.loop import link_scores
 
     by_auc = sorted(per_doc, key=lambda d: d["auc"])
     chosen = {d["doc_id"]: d["auc"] for d in by_auc[-(limit - limit // 2) :] + by_auc[: limit // 2]}
     manifest = Manifest.read(data)
-    table = read_table(manifest.shard_paths(data, split), columns=["doc_id", "sentences", "images", "links"])
-    keep = [i for i, d in enumerate(table.column("doc_id").to_pylist()) if d in chosen]
-    if not keep:
+    # the chosen few rows, kept batch by batch: the split itself is never read whole
+    wanted = pa.array(sorted(chosen), pa.string())
+    parts = [
+        t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
+        for t in iter_tables(
+            manifest.shard_paths(data, split), 1024, ["doc_id", "sentences", "images", "links"]
+        )
+    ]
+    parts = [t for t in parts if t.num_rows]
+    if not parts:
         return []
-    table = table.take(keep).sort_by("doc_id")
+    table = pa.concat_tables(parts).sort_by("doc_id")
     batch = make_batch(
         table,
         vocab,
