@@ -147,6 +147,7 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
         datasets,
         tracking_uri(getattr(args, "workdir", ".")),
         max_concurrent=getattr(args, "max_concurrent_trials", None),
+        report_dir=Path(getattr(args, "workdir", ".")) / "reports",
         b_values=parse_b_values(getattr(args, "grid_b", None)),
         progress=True,
         **grid_selection(args),

@@ -11,6 +11,8 @@ from cli.common import EPILOG, add_common, existing_dir, writable_dir
 from schemas import config_fields
 from schemas.errors import MmlinksError
 
+LINK_LOG = "link.log"
+
 
 def add_parsers(sub) -> None:
     from linking.config import LinkConfig
@@ -52,10 +54,14 @@ def cmd_link(args) -> dict:
     beam = [*(args.beam_arg or []), *[a for a in (args.beam_options or []) if a != "--"]]
     cfg = config_fields.from_args(LinkConfig, args, beam_args=beam)
     where = cfg.data if cfg.data is not None else f"{cfg.input} ({cfg.source})"
-    print(f"linking {where} with {cfg.model} ({cfg.runner}) -> {cfg.out}", file=sys.stderr)
-    from cli.output import heartbeat
+    # Beam's workers log INFO/WARNING lines by the dozen: to WORKDIR/link.log (the last link
+    # job's), as the build sends them to its build.log; --debug leaves them on the terminal
+    log_path = None if args.debug else Path(cfg.workdir) / LINK_LOG
+    shown = f" (library logs: {log_path})" if log_path else ""
+    print(f"linking {where} with {cfg.model} ({cfg.runner}) -> {cfg.out}{shown}", file=sys.stderr)
+    from cli.output import heartbeat, library_output_to
 
-    with heartbeat("beam link"):
+    with library_output_to(log_path), heartbeat("beam link"):
         result = link_documents(cfg)
     return result.summary()
 

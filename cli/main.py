@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"mmlinks: error: {scrub_credentials(str(exc))}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         print("mmlinks: interrupted", file=sys.stderr)
         return 130

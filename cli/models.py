@@ -91,7 +91,7 @@ def cmd_promote(args) -> dict:
     gate = config_fields.from_args(Gate, args)
     name = _model_name(args, client, args.data)
     result = promote(client, name, args.data, gate, args.split).to_dict()
-    if not result["promoted"]:
+    if not result["promoted"] and not result["already_production"]:
         args.exit_code = 1
     return result
 
@@ -135,15 +135,36 @@ def show_promote(result: dict) -> None:
     if result.get("rolled_back"):
         moved = f"{result['from_version']} to {result['to_version']}"
         print(f"{result['name']}: production moved back from {moved}")
+    elif result.get("already_production"):
+        print(
+            f"{result['name']}: version {result['candidate_version']} is already production (another "
+            "promotion moved it there while this one ran); nothing changed"
+        )
     elif result["promoted"]:
+        was = result["production_version"]
         print(
             f"{result['name']}: production -> version {result['candidate_version']} "
-            f"(was {result['production_version']}); candidate {result['candidate_metrics']}"
+            f"({'replacing version ' + was if was else 'the first production version'})"
         )
+        print(f"  candidate:  {_metrics_text(result['candidate_metrics'])}")
+        if result["production_metrics"]:
+            print(f"  production: {_metrics_text(result['production_metrics'])}")
     else:
         print(f"{result['name']}: promotion of version {result['candidate_version']} refused:")
         for reason in result["failures"]:
             print(f"  - {reason}")
+
+
+def _metrics_text(metrics: dict) -> str:
+    """``{"auc": 61.23, "p_at_1": 40.0, "n_docs": 12}`` -> ``AUC 61.2, p@1 40.0 (12 documents)``."""
+    names = {"auc": "AUC", "p_at_1": "p@1", "p_at_5": "p@5", "medr": "MedR", "r10": "R@10", "r1": "R@1"}
+    parts = [
+        f"{names.get(k, k)} {v:.1f}"
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and not k.startswith("n_")
+    ]
+    counts = [f"{v} {k[2:]}" for k, v in metrics.items() if k.startswith("n_") and isinstance(v, int)]
+    return ", ".join(parts) + (f" ({', '.join(counts)})" if counts else "")
 
 
 def show_report(result: dict) -> None:

@@ -8,6 +8,7 @@ the MLflow work directory and the registration.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from cli.common import EPILOG, add_common, add_workdir, existing_dir
 from cli.train_options import add_registration_args, add_train_args, train_config_from_args
@@ -64,7 +65,12 @@ def cmd_train(args) -> dict:
     default_name = default_model_name(cfg.objective, cfg.relation)
     model_name = default_name if args.model_name is None else args.model_name
     res = run_experiment(
-        cfg, tracking_uri(args.workdir), model_name or None, args.alias or None, progress=True
+        cfg,
+        tracking_uri(args.workdir),
+        model_name or None,
+        args.alias or None,
+        progress=True,
+        report_dir=Path(args.workdir) / "reports",  # with the store, never the current folder
     )
     return res.to_dict()
 
@@ -79,6 +85,14 @@ def show_train(result: dict) -> None:
         return
     for warning in result.get("warnings") or []:
         print(f"warning: {warning}", file=sys.stderr)
+    if result.get("already_finished"):
+        version = f"version {result['model_version']}" if result["model_version"] else "no registered version"
+        print(
+            f"this training run already finished (MLflow run {result['run_id']}, {version}); "
+            "nothing was trained and no model version was registered"
+        )
+        print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
+        return
     if result["test"] is None:
         print(f"best epoch {result['best_epoch']}; the test split has no labelled document: not evaluated")
         print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")

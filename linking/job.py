@@ -76,11 +76,16 @@ def link_documents(cfg: LinkConfig) -> LinkResult:
     if cfg.data is not None:
         manifest = Manifest.read(cfg.data)
         job["shards"] = _shards(cfg, manifest)
+        # every shard against its manifest (size, sha256) before the graph: a flipped byte would
+        # otherwise be linked as the version the manifest names, and a truncated or missing one
+        # would surface as a worker's traceback; this is the check the other readers make
+        manifest.shard_paths(cfg.data, None if cfg.split == ALL_SPLITS else cfg.split)
     else:
         manifest, job["build"] = _raw_input(cfg, model, uri)
     check_model_fits(model, manifest)
     job["dim"] = _check_width(model, uri, manifest, cfg.device)
     options = cfg.pipeline_options()
+    made_out = not fileio.exists(cfg.out)
     staging = commit.open_staging(cfg.out)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     try:
@@ -98,8 +103,12 @@ def link_documents(cfg: LinkConfig) -> LinkResult:
         evaluation = _evaluation(staging) if cfg.eval else None
         links = _manifest(cfg, model, manifest, shards, counts, evaluation)
         commit.commit_files(cfg.out, staging, links.link_version, [s.path for s in shards], links.to_json())
-    finally:
+    except BaseException:
         fileio.delete_tree(staging)
+        if made_out and not fileio.list_files(cfg.out, include_temp=True):
+            fileio.delete_tree(cfg.out)  # a failed job leaves no empty output folder it made
+        raise
+    fileio.delete_tree(staging)
     return LinkResult(links, cfg.out, time.time() - started)
 
 

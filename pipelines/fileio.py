@@ -143,6 +143,27 @@ def open_read_arrow(uri: str):
     return open_read(uri)
 
 
+def line_number(uri: str, line: bytes) -> int | None:
+    """The 1-based number of the first line of ``uri`` equal to ``line`` (line ends ignored), or
+    None (no such line, or the file cannot be read).
+
+    Beam's ``ReadFromText`` splits a file into byte ranges and gives no line numbers; a dead
+    letter of a bad line still has to say where the line is. One streaming pass over the file,
+    made only for a bad line (callers bound how many they look up): two identical bad lines are
+    both named by the first one's number."""
+    target = line.rstrip(b"\r\n")
+    try:
+        with open_read(uri) as fh:
+            n = 0
+            while raw := fh.readline():
+                n += 1
+                if raw.rstrip(b"\r\n") == target:
+                    return n
+    except OSError:  # Beam's BeamIOError too
+        return None
+    return None
+
+
 def read_text(uri: str, encoding: str = "utf-8") -> str:
     return read_bytes(uri).decode(encoding)
 

@@ -3,7 +3,7 @@
 Layout under ``root`` (a local path or any Beam FileSystems URI, e.g. ``gs://bucket/images``)::
 
     blobs/<sha[:2]>/<sha256>          raw bytes of every image that decoded
-    info/<sha[:2]>/<sha256>.json      decode facts {"content_id","width","height","phash"}
+    info/<sha[:2]>/<sha256>.json      decode facts {"content_id","width","height","phash","source"}
                                       or a decode rejection {"content_id","rejected","detail"}
     uris/<h[:2]>/<h>.json             h = sha256(source uri): {"uri","content_id","final_uri"}
                                       or a fetch rejection {"uri","rejected","detail"}
@@ -17,6 +17,11 @@ every other rejection is.
 Every file is written through a temporary name and a rename, and the JSON is canonical, so
 workers that process the same image at once write identical bytes and readers never see half a
 record. Write order is blob -> info -> uri record: a uri record implies its info (and blob).
+
+A blob is checked against its name (its sha256) whenever it is read: a damaged blob (a bad disk,
+a partial copy) is fetched again from the source its info record names (``source``: the URI it
+was first fetched from) and rewritten, so it never turns a good image into a dead letter that
+blames the intact source; when that cannot be done, ``DamagedBlobError`` names the blob.
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ _CID_RE = re.compile(r"^[0-9a-f]{64}$")
 # Reasons raised here in addition to those of features.images (undecodable, animated, ...) and
 # of the fetchers (pipelines.image_fetch: too_large, fetch_failed, not_found).
 GIF, PLACEHOLDER, BLANK = "gif", "placeholder", "blank"
+
+
+class DamagedBlobError(OSError):
+    """A stored blob whose bytes are not the ones its name (their sha256) says, and which could not
+    be fetched again from its source. It names the blob, not the source (which may be intact)."""
 
 
 def _hamming(a: int, b: int) -> int:
@@ -220,13 +230,46 @@ class ImageStore:
         return fileio.exists(self.blob_uri(content_id))
 
     def get_bytes(self, content_id: str) -> bytes:
-        """The stored bytes of an image; KeyError if the store does not have them."""
+        """The stored bytes of an image, checked against their content id; KeyError if the store
+        does not have them. Damaged bytes are fetched again from the image's source (``repair``)."""
         if not _CID_RE.match(content_id):
             raise KeyError(f"not a sha256 content id: {content_id!r}")
         try:
-            return fileio.read_bytes(self.blob_uri(content_id))
+            data = fileio.read_bytes(self.blob_uri(content_id))
         except FileNotFoundError:
             raise KeyError(f"image {content_id} is not in {self.root}") from None
+        if _sha256(data) == content_id:
+            return data
+        return self.repair(content_id, f"its sha256 is {_sha256(data)[:12]}")
+
+    def repair(self, content_id: str, why: str) -> bytes:
+        """Fetch a damaged blob's image again from the source its info record names and rewrite
+        the blob; its bytes. ``DamagedBlobError`` (naming the blob) when there is no source on
+        record (stores written before sources were recorded), the fetch fails, or the source now
+        holds other bytes."""
+        blob = self.blob_uri(content_id)
+        info = self.info(content_id) or {}
+        source = info.get("source")
+        if not source:
+            raise DamagedBlobError(
+                f"stored image blob {blob} is damaged ({why}) and its info record names no source to "
+                "fetch it from again; delete the blob and its info record, then rebuild"
+            )
+        try:
+            got = self._fetcher_for(source).fetch(source, self.max_bytes)
+        except InvalidImage as exc:
+            raise DamagedBlobError(
+                f"stored image blob {blob} is damaged ({why}) and fetching it again from {source} "
+                f"failed ({exc.reason}: {exc.detail})"
+            ) from None
+        if _sha256(got.data) != content_id:
+            raise DamagedBlobError(
+                f"stored image blob {blob} is damaged ({why}) and its source {source} now holds other "
+                "bytes; delete the blob and its info record, then rebuild"
+            )
+        fileio.write_bytes_atomic(blob, got.data)
+        log.warning("stored image blob %s was damaged (%s): fetched again from %s", blob, why, source)
+        return got.data
 
     # ---- the key operation
     def _fetcher_for(self, uri: str) -> Fetcher:
@@ -274,7 +317,7 @@ class ImageStore:
         cid = _sha256(got.data)
         info = self.info(cid)
         if info is None:
-            info = self._decode_and_store(cid, got.data)
+            info = self._decode_and_store(cid, got.data, uri)
         record = {"uri": uri, "content_id": cid, "final_uri": got.final_uri}
         if stamp is not None:
             record["stamp"] = stamp
@@ -282,7 +325,7 @@ class ImageStore:
         fault_hooks.reached("fetch")
         return self._accept(uri, info, cached=False, final_uri=got.final_uri, data=got.data)
 
-    def _decode_and_store(self, cid: str, data: bytes) -> dict:
+    def _decode_and_store(self, cid: str, data: bytes, source: str) -> dict:
         try:
             if data[:6] in GIF_MAGIC:
                 raise InvalidImage(GIF, "GIF images are dropped")
@@ -290,7 +333,9 @@ class ImageStore:
         except InvalidImage as exc:
             info = {"content_id": cid, "rejected": exc.reason, "detail": exc.detail[:500]}
         else:
+            # the source: where a damaged blob is fetched from again (``repair``)
             info = {"content_id": cid, "width": meta.width, "height": meta.height, "phash": meta.phash}
+            info["source"] = source
             if not self.contains(cid):
                 fileio.write_bytes_atomic(self.blob_uri(cid), data)
         fileio.write_bytes_atomic(self.info_uri(cid), _canonical(info))
@@ -327,6 +372,7 @@ class ImageStore:
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "DamagedBlobError",
     "ImageStore",
     "Placeholders",
     "StoredImage",

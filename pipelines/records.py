@@ -44,3 +44,22 @@ def dead_letter(kind: str, source_id: str, reason: str, detail: str = "") -> bea
 
 def count(name: str, n: int = 1) -> None:
     beam.metrics.Metrics.counter(COUNTS_NAMESPACE, name).inc(n)
+
+
+class LineLocator:
+    """Names a bad line of a text file for its dead letter: ``PATH:N``, the line's number looked
+    up in the file (``fileio.line_number``: Beam's text reads give none), for at most ``lookups``
+    bad lines per worker (each is one pass over the file), then ``PATH`` alone. Picklable: each
+    worker counts its own look-ups."""
+
+    def __init__(self, path: str, lookups: int = 100):
+        self.path, self.left = path, lookups
+
+    def __call__(self, raw: bytes) -> str:
+        from pipelines import fileio
+
+        if self.left <= 0:
+            return self.path
+        self.left -= 1
+        n = fileio.line_number(self.path, raw)
+        return self.path if n is None else f"{self.path}:{n}"

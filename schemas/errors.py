@@ -1,5 +1,15 @@
-"""The one exception type the CLI turns into a one-line message (no traceback)."""
+"""The exception types the CLI turns into a one-line message (no traceback) and an exit code."""
 
 
 class MmlinksError(Exception):
-    """A user-facing failure: bad input, missing path, unsupported schema version."""
+    """A user-facing failure: bad input, missing path, unsupported schema version (exit 2)."""
+
+    exit_code = 2
+
+
+class RetryLaterError(MmlinksError):
+    """A failure that says nothing about the input: something else holds what this command needs
+    (a promotion lock held past the wait); the same command can succeed later. Its own exit code
+    (75, sysexits' EX_TEMPFAIL) lets a scheduler retry it without retrying bad input."""
+
+    exit_code = 75

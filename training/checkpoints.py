@@ -153,6 +153,21 @@ def saved_train_config(storage: str, run_name: str) -> dict | None:
     return None
 
 
+def saved_epoch(storage: str, run_name: str) -> int | None:
+    """The epoch of the newest readable checkpoint of a local run directory (what a rerun of the
+    run resumes after), if any."""
+    root = Path(storage) / run_name
+    if "://" in storage or not root.is_dir():
+        return None
+    epochs = []
+    for meta in root.glob("checkpoint_*/meta.json"):
+        try:
+            epochs.append(int(json.loads(meta.read_text())["epoch"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return max(epochs, default=None)
+
+
 def run_storage(cfg: TrainConfig) -> str:
     """Where a run's checkpoints go: ``--storage-path``, else ``ray_results`` next to the dataset
     (as ``training.driver.check_inputs`` decides)."""

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +48,13 @@ class ExperimentResult:
     warnings: list[str] = dataclasses.field(default_factory=list)  # e.g. a flat within-document signal
     # a staged run's parent run (run_id is then its last stage's, the one that registered the model)
     parent_run_id: str | None = None
+    # the run named by --run-name had already finished: nothing was trained or registered
+    already_finished: bool = False
 
     def to_dict(self) -> dict:
         """What ``mmlinks train --json`` prints and the Dagster asset records (no per-doc list)."""
         return {
+            "already_finished": self.already_finished,
             "run_id": self.run_id,
             "model_uri": self.model_uri,
             "model_version": self.model_version,
@@ -176,6 +180,74 @@ def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str 
         yield run
 
 
+def _resume_key(cfg: TrainConfig) -> str:
+    """The tag value naming Ray Train run ``cfg.run_name`` (its name and storage) across commands."""
+    from training.checkpoints import run_storage
+
+    storage = run_storage(cfg)
+    if "://" not in storage:
+        storage = str(Path(storage).resolve())
+    return tracking.resume_key(cfg.run_name, storage)
+
+
+def _finished_run(cfg: TrainConfig, tracking_uri: str) -> ExperimentResult | None:
+    """The result of an earlier command that finished training run ``cfg.run_name`` (same name,
+    storage and epochs), or None. A retried pipeline step reruns the same command: it must not
+    train zero epochs and register a copy of the model as a new version."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    if exp is None:
+        return None
+    found = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`{tracking.RESUME_KEY_TAG}` = '{_resume_key(cfg)}' "
+        f"and attributes.status = 'FINISHED' and params.epochs = '{cfg.epochs}'",
+        order_by=["attributes.end_time DESC"],
+        max_results=1,
+    )
+    if not found:
+        return None
+    run = found[0]
+    versions = sorted(
+        client.search_model_versions(f"run_id = '{run.info.run_id}'"), key=lambda v: int(v.version)
+    )
+    model_uri, version = f"runs:/{run.info.run_id}/model", None
+    if versions:
+        version = str(versions[-1].version)
+        model_uri = f"models:/{versions[-1].name}/{version}"
+    best = run.data.metrics.get("best_epoch")
+    return ExperimentResult(
+        run.info.run_id,
+        model_uri,
+        version,
+        -1 if best is None else int(best),
+        None,
+        None,
+        tracking_uri,
+        already_finished=True,
+    )
+
+
+def _say_resume(cfg: TrainConfig) -> None:
+    """One line on stderr when ``--run-name`` names a run with checkpoints: from which epoch the
+    run goes on (epochs count from 0, as the history and "best epoch" do)."""
+    from training.checkpoints import run_storage, saved_epoch
+
+    last = saved_epoch(run_storage(cfg), cfg.run_name)
+    if last is not None:
+        left = range(last + 1, cfg.epochs)
+        rest = {0: "no epoch left", 1: f"epoch {last + 1} left"}.get(
+            len(left), f"epochs {left[0]} to {left[-1]} left"
+        )
+        print(
+            f"resuming training run {cfg.run_name!r} from its checkpoint of epoch {last}: {rest}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _claim_training_run(cfg: TrainConfig, run, tracking_uri: str) -> None:
     """Tag ``run`` as the current command of Ray Train run ``cfg.run_name`` (with its driver's
     host and pid), and mark ``KILLED`` the earlier commands' MLflow runs of it left ``RUNNING``
@@ -185,12 +257,7 @@ def _claim_training_run(cfg: TrainConfig, run, tracking_uri: str) -> None:
 
     from mlflow.tracking import MlflowClient
 
-    from training.checkpoints import run_storage
-
-    storage = run_storage(cfg)
-    if "://" not in storage:
-        storage = str(Path(storage).resolve())
-    key = tracking.resume_key(cfg.run_name, storage)
+    key = _resume_key(cfg)
     host, pid = tracking.DRIVER_TAGS
     mlflow.set_tags({tracking.RESUME_KEY_TAG: key, host: platform.node(), pid: str(os.getpid())})
     tracking.close_abandoned_runs(MlflowClient(tracking_uri), run, key)
@@ -308,6 +375,12 @@ def run_experiment(
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
     check_objective_data(cfg, manifest)
+    if cfg.run_name:
+        done = _finished_run(cfg, tracking_uri)
+        if done is not None:
+            return done  # the same command again: nothing to train, nothing new to register
+        if progress:
+            _say_resume(cfg)
     with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
             result = _fit(cfg, run.info.run_id, tracking_uri)

@@ -57,5 +57,16 @@ class Gate:
         group=GATE_GROUP,
     )
 
+    # not a threshold: how long a promotion waits for another one of the same model to finish
+    # (promotions are serialised by a lock, ``training.registry.PromotionLock``)
+    lock_wait_s: float = option(
+        120.0,
+        help="seconds to wait for another promotion of the same model to finish before giving up "
+        "(exit code 75: run it again later)",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group="promotion",
+    )
+
     def __post_init__(self) -> None:
         validate(self, "promotion gate")

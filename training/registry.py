@@ -7,14 +7,17 @@ when every gate holds, and records why (metrics, the previous production version
 
 Concurrent promotions of one model are serialised by a lock that is itself a registered model
 (``<name>.promotion-lock``): registered-model names are unique in every MLflow store, so
-creating it is an atomic compare-and-set on SQLite, PostgreSQL or a tracking server alike. After
-taking the lock the production alias is re-read; if it moved since the evaluation, the
-promotion is refused instead of overwriting someone else's decision.
+creating it is an atomic compare-and-set on SQLite, PostgreSQL or a tracking server alike. A
+promotion that finds the lock held waits for it (``Gate.lock_wait_s``; past that, a
+``RetryLaterError``). After taking the lock the production alias is re-read; if it moved since
+the evaluation, the candidate is scored against the new production and gated again, never
+judged against a decision someone else has replaced.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -25,7 +28,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from schemas.document import same_features
-from schemas.errors import MmlinksError
+from schemas.errors import MmlinksError, RetryLaterError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from training.data import TRAINING_COLUMNS, iter_documents
@@ -47,6 +50,8 @@ REPLACED_TAG = "mmlinks.replaced_version"
 ROLLBACK_TAG = "mmlinks.rollback"
 LOCK_SUFFIX = ".promotion-lock"
 LOCK_TTL_S = 600.0
+LOCK_POLL_S = 0.5  # how often a waiting promotion looks at the lock again
+PRODUCTION_MOVES = 5  # re-gates against a production that moved before giving up
 
 
 @dataclass
@@ -58,6 +63,9 @@ class PromotionResult:
     candidate_metrics: dict
     production_metrics: dict | None
     failures: list[str] = field(default_factory=list)
+    # another promotion made the candidate production while this one evaluated or waited:
+    # nothing was changed and nothing is wrong (a retried promotion step)
+    already_production: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -178,9 +186,16 @@ class PromotionLock:
     small, and a lock that vanished in between is simply taken again.
     """
 
-    def __init__(self, client: MlflowClient, name: str, ttl_s: float = LOCK_TTL_S, attempts: int = 5):
+    def __init__(
+        self,
+        client: MlflowClient,
+        name: str,
+        ttl_s: float = LOCK_TTL_S,
+        attempts: int = 5,
+        wait_s: float = 0.0,
+    ):
         self.client, self.lock_name, self.ttl_s = client, name + LOCK_SUFFIX, ttl_s
-        self.token, self.attempts = uuid.uuid4().hex, attempts
+        self.token, self.attempts, self.wait_s = uuid.uuid4().hex, attempts, wait_s
 
     def _try_create(self) -> bool:
         try:
@@ -200,7 +215,12 @@ class PromotionLock:
             raise MmlinksError(f"cannot take the promotion lock: {exc.message}") from exc
 
     def __enter__(self) -> PromotionLock:
-        for _ in range(self.attempts):
+        """Take the lock, waiting up to ``wait_s`` while another holder has it (polling every
+        ``LOCK_POLL_S``); a lock older than ``ttl_s`` is a crashed holder's and is broken."""
+        deadline = time.monotonic() + self.wait_s
+        tries, said = 0, False
+        while tries < self.attempts:
+            tries += 1
             if self._try_create():
                 return self
             try:
@@ -211,9 +231,22 @@ class PromotionLock:
                 raise MmlinksError(f"cannot read the promotion lock: {exc.message}") from exc
             age = time.time() - float(holder.tags.get("acquired_at", "0"))
             if age <= self.ttl_s:
-                raise MmlinksError(
-                    f"another promotion of this model is in progress "
-                    f"(lock {self.lock_name!r}, held {age:.0f} s)"
+                if time.monotonic() < deadline:
+                    if not said:  # a wait of up to minutes must not look like a hang
+                        said = True
+                        print(
+                            f"waiting up to {self.wait_s:.0f} s for another promotion of this model "
+                            f"to finish (lock {self.lock_name!r}, held {age:.0f} s)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    time.sleep(LOCK_POLL_S)
+                    tries = 0  # a live holder: waiting is not a failed attempt
+                    continue
+                waited = f"; waited {self.wait_s:.0f} s" if self.wait_s else ""
+                raise RetryLaterError(
+                    f"another promotion of this model is in progress (lock {self.lock_name!r}, "
+                    f"held {age:.0f} s{waited}); run the same command again once it has finished"
                 )
             try:  # a crashed promotion left it behind; break it only if it is still that one
                 if self.client.get_registered_model(self.lock_name).tags.get("token") == holder.tags.get(
@@ -344,8 +377,10 @@ def promote(
     """Evaluate candidate vs production on ``data``/``split`` and move production if gates hold.
     ``split`` None: "test" for linking models, "val" (validation MedR / R@10, as the paper
     selects) for retrieval models. A refused promotion also takes the promotion lock briefly
-    (to record its verdict), so while another promotion of the model runs it ends with that
-    one-line "in progress" refusal instead of its gate failures."""
+    (to record its verdict). Promotions of one model are serialised: one that finds the lock
+    held waits up to ``gate.lock_wait_s`` (then ``RetryLaterError``), and one whose production
+    moved meanwhile is gated again against the new production; one whose candidate another
+    promotion made production returns ``already_production`` and changes nothing."""
     cand_v = _version_by_alias(client, name, CANDIDATE)
     if cand_v is None:
         raise MmlinksError(f"model {name!r} has no {CANDIDATE!r} version to promote")
@@ -353,57 +388,76 @@ def promote(
     if prod_v == cand_v:
         raise MmlinksError(f"version {cand_v} of {name!r} is already {PRODUCTION}")
     manifest = Manifest.read(data)
-    families = {
-        v: model_family(check_compatible(client, name, v, manifest)) for v in filter(None, (cand_v, prod_v))
-    }
-    if len(set(families.values())) > 1:
-        raise MmlinksError(
-            f"version {cand_v} of {name!r} is a {families[cand_v]} model but production (version "
-            f"{prod_v}) is a {families[prod_v]} model; their metrics cannot be compared"
-        )
+    family = model_family(check_compatible(client, name, cand_v, manifest))
+    _check_same_family(client, name, manifest, cand_v, family, prod_v)  # before minutes of scoring
     if split is None:
-        split = "val" if families[cand_v] == "retrieval" else "test"
+        split = "val" if family == "retrieval" else "test"
     uri = client.tracking_uri
     cand_m = evaluate_model_uri(f"models:/{name}/{cand_v}", data, split, uri)
-    prod_m = evaluate_model_uri(f"models:/{name}/{prod_v}", data, split, uri) if prod_v else None
-    failures = check_gate(cand_m, prod_m, gate)
-    result = PromotionResult(not failures, name, cand_v, prod_v, cand_m, prod_m, failures)
-    record = {
-        "candidate": cand_m,
-        "production": prod_m,
-        "production_version": prod_v,
-        "gate": asdict(gate),
-        "failures": failures,
-        "data": str(data),
-        "dataset_version": manifest.dataset_version,
-        "split": split,
-    }
-    # The verdict is written under the lock, once production is known not to have moved: a
-    # refused promotion racing one that passed (another gate, other data) must not overwrite
-    # the verdict of the version the other just made production. The evaluation above stays
-    # outside the lock (it takes minutes).
-    with PromotionLock(client, name):
-        now = _version_by_alias(client, name, PRODUCTION)
-        if now != prod_v:
-            raise MmlinksError(
-                f"production of {name!r} moved from {prod_v} to {now} during this promotion; run it again"
-            )
-        client.set_model_version_tag(name, cand_v, "mmlinks.promotion_check", json.dumps(record)[:5000])
-        if failures:
-            return result
-        # What the candidate replaces, on the candidate and as the pair, then the alias moves
-        # (see ROLLBACK_TAG; both are harmless if the move never happens).
-        client.set_model_version_tag(name, cand_v, REPLACED_TAG, prod_v or "")
-        client.set_registered_model_tag(
-            name, ROLLBACK_TAG, json.dumps({"production": cand_v, "previous": prod_v})
+    checked = prod_v
+    for _ in range(PRODUCTION_MOVES):
+        if prod_v != checked:  # a production another promotion made meanwhile
+            _check_same_family(client, name, manifest, cand_v, family, prod_v)
+            checked = prod_v
+        prod_m = evaluate_model_uri(f"models:/{name}/{prod_v}", data, split, uri) if prod_v else None
+        failures = check_gate(cand_m, prod_m, gate)
+        result = PromotionResult(not failures, name, cand_v, prod_v, cand_m, prod_m, failures)
+        record = {
+            "candidate": cand_m,
+            "production": prod_m,
+            "production_version": prod_v,
+            "gate": asdict(gate),
+            "failures": failures,
+            "data": str(data),
+            "dataset_version": manifest.dataset_version,
+            "split": split,
+        }
+        # The verdict is written under the lock, once production is known not to have moved: a
+        # refused promotion racing one that passed (another gate, other data) must not overwrite
+        # the verdict of the version the other just made production. The evaluation above stays
+        # outside the lock (it takes minutes); a promotion that finds the lock held waits for it.
+        with PromotionLock(client, name, wait_s=gate.lock_wait_s):
+            now = _version_by_alias(client, name, PRODUCTION)
+            if now == cand_v:  # another promotion of this candidate got there first
+                return PromotionResult(False, name, cand_v, now, cand_m, None, already_production=True)
+            if now == prod_v:
+                _record_and_move(client, name, cand_v, prod_v, record, failures)
+                return result
+        prod_v = now  # production moved while this one evaluated or waited: gate against it
+    raise RetryLaterError(
+        f"production of {name!r} moved {PRODUCTION_MOVES} times during this promotion; run it again"
+    )
+
+
+def _check_same_family(client, name: str, manifest: Manifest, cand_v: str, family: str, prod_v) -> None:
+    """Refuse to compare the candidate with a production version of another model family."""
+    if prod_v is None:
+        return
+    other = model_family(check_compatible(client, name, prod_v, manifest))
+    if other != family:
+        raise MmlinksError(
+            f"version {cand_v} of {name!r} is a {family} model but production (version "
+            f"{prod_v}) is a {other} model; their metrics cannot be compared"
         )
-        client.set_registered_model_alias(name, PRODUCTION, cand_v)
-        if prod_v is not None:
-            client.set_registered_model_tag(name, PREVIOUS_TAG, prod_v)
-        if _version_by_alias(client, name, CANDIDATE) == cand_v:  # not a newer candidate
-            client.delete_registered_model_alias(name, CANDIDATE)
-        client.set_model_version_tag(name, cand_v, "mmlinks.promoted_at", str(time.time()))
-    return result
+
+
+def _record_and_move(client, name: str, cand_v: str, prod_v, record: dict, failures: list[str]) -> None:
+    """Under the lock: the verdict on the candidate, then (when it passed) the production move."""
+    client.set_model_version_tag(name, cand_v, "mmlinks.promotion_check", json.dumps(record)[:5000])
+    if failures:
+        return
+    # What the candidate replaces, on the candidate and as the pair, then the alias moves
+    # (see ROLLBACK_TAG; both are harmless if the move never happens).
+    client.set_model_version_tag(name, cand_v, REPLACED_TAG, prod_v or "")
+    client.set_registered_model_tag(
+        name, ROLLBACK_TAG, json.dumps({"production": cand_v, "previous": prod_v})
+    )
+    client.set_registered_model_alias(name, PRODUCTION, cand_v)
+    if prod_v is not None:
+        client.set_registered_model_tag(name, PREVIOUS_TAG, prod_v)
+    if _version_by_alias(client, name, CANDIDATE) == cand_v:  # not a newer candidate
+        client.delete_registered_model_alias(name, CANDIDATE)
+    client.set_model_version_tag(name, cand_v, "mmlinks.promoted_at", str(time.time()))
 
 
 def previous_production(client: MlflowClient, name: str, current: str) -> str | None:
@@ -425,9 +479,10 @@ def previous_production(client: MlflowClient, name: str, current: str) -> str | 
     return tags.get(PREVIOUS_TAG)  # a registry promoted before these tags existed
 
 
-def rollback(client: MlflowClient, name: str) -> tuple[str, str]:
-    """Point production back at the version it replaced; returns (from, to)."""
-    with PromotionLock(client, name):
+def rollback(client: MlflowClient, name: str, wait_s: float = Gate.lock_wait_s) -> tuple[str, str]:
+    """Point production back at the version it replaced; returns (from, to). Waits up to
+    ``wait_s`` for a promotion of the model that holds the lock."""
+    with PromotionLock(client, name, wait_s=wait_s):
         current = _version_by_alias(client, name, PRODUCTION)
         previous = previous_production(client, name, current) if current is not None else None
         if not previous or current is None or previous == current:

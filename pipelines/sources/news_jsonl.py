@@ -44,7 +44,7 @@ import numpy as np
 from apache_beam import coders
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, LineLocator, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, policy_from_context
 from pipelines.sources.jsonstream import loads, repaired
@@ -160,8 +160,12 @@ class ParseArticleLines(beam.DoFn):
     ``parse`` turns one decoded line into RawDocuments and (source id, reason, detail) tuples:
     ``parse_article`` here, a format's own reader elsewhere (``nytimes800k.parse_line``)."""
 
-    def __init__(self, parse: Callable[[str], Iterable[RawDocument | tuple[str, str, str]]]):
+    def __init__(
+        self, parse: Callable[[str], Iterable[RawDocument | tuple[str, str, str]]], path: str | None = None
+    ):
         self.parse = parse
+        # the file read: a bad line's dead letter is named PATH:N (else by its first 80 characters)
+        self.where = LineLocator(path) if path else None
 
     def process(self, raw: bytes):
         if not raw.strip():
@@ -169,15 +173,22 @@ class ParseArticleLines(beam.DoFn):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
+            start = raw[:80].decode("utf-8", "replace")
+            where = self.where(raw) if self.where else start
+            yield dead_letter("line", where, "not_utf8", f"{exc}; the line starts {start!r}")
             return
         count("articles_in")
         for item in self.parse(line):
             if isinstance(item, RawDocument):
                 count("documents_in")
                 yield item
+            elif item[1] == "malformed_record":
+                where, reason, detail = item
+                if self.where is not None:
+                    where, detail = self.where(raw), f"{detail}; the line starts {line[:80]!r}"
+                yield dead_letter("line", where, reason, detail)
             else:
-                yield dead_letter("line" if item[1] == "malformed_record" else "document", *item)
+                yield dead_letter("document", *item)
 
 
 def _lines(path: str) -> Iterator[str]:
@@ -255,7 +266,7 @@ class ReadNewsJsonl(beam.PTransform):
                 | f"Parse{n}"
                 >> beam.ParDo(
                     ParseArticleLines(
-                        partial(parse_article, root=root, rule=self.rule, languages=self.languages)
+                        partial(parse_article, root=root, rule=self.rule, languages=self.languages), path
                     )
                 ).with_outputs(DEAD_LETTER, main="documents")
             )

@@ -169,7 +169,7 @@ class ReadNYTimes800k(beam.PTransform):
             | "Parse"
             >> beam.ParDo(
                 ParseArticleLines(
-                    partial(parse_line, root=self.root, images_dir=self.images_dir, rule=self.rule)
+                    partial(parse_line, root=self.root, images_dir=self.images_dir, rule=self.rule), self.path
                 )
             ).with_outputs(DEAD_LETTER, main="documents")
         )

@@ -14,7 +14,7 @@ import apache_beam as beam
 from apache_beam import coders
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, LineLocator, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceSpec
 from pipelines.sources.jsonstream import loads, repaired
 from schemas.errors import MmlinksError
@@ -23,9 +23,13 @@ SOURCE = "synthetic"
 SPLITS = ("train", "val", "test")
 
 
+CORPUS_FILE = "documents.jsonl"
+
+
 class ParseSyntheticLine(beam.DoFn):
     def __init__(self, root: str):
         self.root = root
+        self.where = LineLocator(FileSystems.join(root, CORPUS_FILE))  # a bad line's PATH:N
 
     def process(self, raw: bytes):
         if not raw.strip():
@@ -34,7 +38,8 @@ class ParseSyntheticLine(beam.DoFn):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            yield dead_letter("line", raw[:80].decode("utf-8", "replace"), "not_utf8", str(exc))
+            start = raw[:80].decode("utf-8", "replace")
+            yield dead_letter("line", self.where(raw), "not_utf8", f"{exc}; the line starts {start!r}")
             return
         try:
             rec = repaired(loads(line))  # escaped lone surrogates: Beam's coder cannot encode them
@@ -54,7 +59,8 @@ class ParseSyntheticLine(beam.DoFn):
             if split is not None and split not in SPLITS:
                 raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
         except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: int(inf), a link 1e400
-            yield dead_letter("line", line[:80], "malformed_record", f"{type(exc).__name__}: {exc}")
+            detail = f"{type(exc).__name__}: {exc}; the line starts {line[:80]!r}"
+            yield dead_letter("line", self.where(raw), "malformed_record", detail)
             return
         count("documents_in")
         yield RawDocument(
@@ -82,9 +88,7 @@ class ReadSyntheticCorpus(beam.PTransform):
             pbegin
             # Bytes, not str: one non-UTF-8 line must become a dead letter, not fail the read.
             | "ReadLines"
-            >> beam.io.ReadFromText(
-                FileSystems.join(self.input_dir, "documents.jsonl"), coder=coders.BytesCoder()
-            )
+            >> beam.io.ReadFromText(FileSystems.join(self.input_dir, CORPUS_FILE), coder=coders.BytesCoder())
             | "Parse"
             >> beam.ParDo(ParseSyntheticLine(self.input_dir)).with_outputs(DEAD_LETTER, main="documents")
         )

@@ -211,7 +211,7 @@ def test_tracking_server_killed_mid_promotion_leaves_a_consistent_registry(
     assert sorted(str(v.version) for v in client.search_model_versions(f"name='{NAME}'")) == versions
     # The dead promotion's lock blocks others with a clear error until its TTL passes.
     with pytest.raises(MmlinksError, match="another promotion of this model is in progress"):
-        rollback(client, NAME)
+        rollback(client, NAME, wait_s=0)
     _age_lock(client)
     assert rollback(client, NAME) == (v2, v1)  # to the version v2 really replaced
     assert str(client.get_model_version_by_alias(NAME, PRODUCTION).version) == v1
@@ -333,7 +333,7 @@ def test_tracking_server_killed_after_each_step_of_a_promotion(store, dataset, m
         assert held == (lock_taken <= at < lock_released), step
         if held:  # refused with a clear error until the TTL says the holder is dead
             with pytest.raises(MmlinksError, match="another promotion of this model is in progress"):
-                rollback(client, name)
+                rollback(client, name, wait_s=0)
             _age_lock(client, name)
         if not moved:  # run it again: the good candidate goes through, the bad one does not
             again = promote(client, name, dataset, gate)

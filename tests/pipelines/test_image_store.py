@@ -193,6 +193,7 @@ def test_good_images_load_once_then_come_from_the_store(tmp_path, server, decode
         "width": 64,
         "height": 64,
         "phash": first["/good.png"].phash,
+        "source": server.url + "/good.png",  # where a damaged blob is fetched from again
     }
 
     # A rebuild (a fresh store object on the same root): no request, no decode.
@@ -255,6 +256,40 @@ def test_concurrent_loads_of_one_uri_are_idempotent(tmp_path, server):
     assert len(files) == 3 and not [f for f in files if fileio.is_temp(f)]  # blob, info, uri record
     cid = results[0].content_id
     assert ImageStore(str(tmp_path)).get_bytes(cid) == GOOD_JPG
+
+
+def test_a_damaged_blob_is_fetched_again_from_its_source(tmp_path, server):
+    """A blob whose bytes no longer match its name (issue #46) is not decoded as if it were the
+    image: it is fetched again from the source its info record names and rewritten; when that
+    cannot be done, the error names the damaged blob, not the (intact) source."""
+    from pathlib import Path
+
+    from pipelines.image_store import DamagedBlobError
+
+    uri = server.url + "/good.png"
+    cid = make_store(tmp_path).load(uri).content_id
+    blob = Path(make_store(tmp_path).blob_uri(cid))
+
+    def damage() -> None:
+        body = bytearray(blob.read_bytes())
+        body[len(body) // 2] ^= 0x01
+        blob.write_bytes(bytes(body))
+
+    damage()
+    hits = server.hits["/good.png"]
+    again = make_store(tmp_path).load(uri)  # a rebuild: the records say it is stored
+    assert again.cached and again.read_bytes() == GOOD_PNG  # the image, not the damaged bytes
+    assert server.hits["/good.png"] == hits + 1 and blob.read_bytes() == GOOD_PNG  # rewritten
+    assert make_store(tmp_path).get_bytes(cid) == GOOD_PNG and server.hits["/good.png"] == hits + 1
+
+    damage()  # and an info record from before sources were recorded: nothing to fetch from
+    info_path = Path(make_store(tmp_path).info_uri(cid))
+    info = json.loads(info_path.read_text())
+    del info["source"]
+    info_path.write_text(json.dumps(info))
+    with pytest.raises(DamagedBlobError, match=f"blob {blob} is damaged") as err:
+        make_store(tmp_path).get_bytes(cid)
+    assert uri not in str(err.value)
 
 
 # ---------------------------------------------------------------- rejections

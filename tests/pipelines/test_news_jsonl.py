@@ -150,6 +150,11 @@ def test_read_news_jsonl_graph(tmp_path):
         ]
         assert_that(ids, equal_to(want), label="docs")
         assert_that(reasons, equal_to(["language_filtered", "malformed_record", "not_utf8"]), label="dead")
+        lines_dead = (
+            out[DEAD_LETTER] | beam.Filter(lambda d: d.kind == "line") | beam.Map(lambda d: d.source_id)
+        )
+        path = str(tmp_path / "export.jsonl")
+        assert_that(lines_dead, equal_to([f"{path}:3", f"{path}:4"]), label="where")  # file and line
     assert NEWS_SOURCES == ("headline", "lead", "body", "caption")
 
 

@@ -96,3 +96,24 @@ def test_the_style_confound_makes_a_documents_images_alike():
     before, _ = generate_document(plain, 1)
     again, _ = generate_document(SynthConfig(seed=2, image_size=48, style_strength=0.0), 1)
     assert before == again
+
+
+def test_a_bad_line_is_dead_lettered_with_its_file_and_line_number(tmp_path):
+    """Beam reads the file in byte ranges without line numbers; the dead letter still says where
+    the line is (issue #46: it named neither the file nor the line)."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from pipelines.records import DEAD_LETTER
+    from pipelines.sources.synthetic import ReadSyntheticCorpus
+
+    good = {"doc_id": "d1", "sentences": ["a"], "images": ["a.png"]}
+    lines = [json.dumps(good), "{oops", json.dumps({**good, "doc_id": "d2"}), '{"doc_id": "x"}']
+    (tmp_path / "documents.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe\n")
+    path = str(tmp_path / "documents.jsonl")
+    with TestPipeline() as p:
+        out = p | ReadSyntheticCorpus(str(tmp_path))
+        dead = out[DEAD_LETTER] | beam.Map(lambda d: (d.source_id, d.reason, "the line starts" in d.detail))
+        want = [(f"{path}:2", "malformed_record", True), (f"{path}:4", "malformed_record", True)]
+        assert_that(dead, equal_to([*want, (f"{path}:5", "not_utf8", True)]))
