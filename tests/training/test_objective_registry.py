@@ -66,7 +66,7 @@ def test_builtin_objectives_and_backbones_are_registered():
         "cmca": "cmca",
         "cmcm": "cmcm",
         "cmcm-c": "cmcm-c-Action",
-        "news": "news-headline+lead+body+caption-attention-vse",
+        "news": "news-headline+lead+body+caption-attention-drop0.3-vse",
     }
     relation = {"cmcm-c": "Action"}  # cmcm-c trains one relation
     got = {o: TrainConfig(objective=o, relation=relation.get(o, "")).label for o in objective_names()}
