@@ -50,6 +50,7 @@ PRESETS: dict[str, dict] = {
         "image_centring": "none",
         "negatives_warmup": 0,
         "image_dropout": 0.4,
+        "batch_sampling": "random",
         # Alikhani et al. (the retrieval objectives; issue #45 changed their defaults)
         "image_layers": 0,
         "cam_gradient": "shared",
@@ -127,12 +128,13 @@ class CoreFields:
         group=CORE,
     )
     batch_sampling: str = option(
-        "random",
+        "auto",
         help="how training batches are drawn: random, or similar = each batch a document and its "
         "nearest neighbours by mean image feature and words (--near-share of it), the rest random, so "
         "in-batch negatives share the topic's look and words and only the content tells them apart "
-        "(issue #44, Li et al. 2021's sampling bias)",
-        choices=("random", "similar"),
+        "(issue #44, Li et al. 2021's sampling bias: AUC 60 -> 98 where 200 topics share a clipped "
+        "look, unchanged elsewhere); auto = similar for the link objectives, random for the others",
+        choices=("auto", "random", "similar"),
         group=CORE,
     )
     near_share: float = option(
@@ -268,6 +270,8 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
         # the link default, has no meaning for pairs.
         if self.select_by == "val_within" and self._family() == "retrieval":
             self.select_by = "val_medr"
+        if self.batch_sampling == "auto":
+            self.batch_sampling = "similar" if self._family() == "link" else "random"
         if self.image_dropout == -1:
             self.image_dropout = 0.0 if self._family() == "link" else 0.4
         if self.word_vectors == "auto":
