@@ -59,7 +59,8 @@ def cmd_link(args) -> dict:
     log_path = None if args.debug else Path(cfg.workdir) / LINK_LOG
     shown = f" (library logs: {log_path})" if log_path else ""
     print(f"linking {where} with {cfg.model} ({cfg.runner}) -> {cfg.out}{shown}", file=sys.stderr)
-    from cli.output import heartbeat, library_output_to
+    from cli.output import heartbeat
+    from schemas.library_output import library_output_to
 
     with library_output_to(log_path), heartbeat("beam link"):
         result = link_documents(cfg)
