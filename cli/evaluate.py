@@ -60,8 +60,9 @@ def _add_evaluate(sub) -> None:
     )
     ev.add_argument(
         "--word-vectors",
-        default=config_fields.default_value(TrainConfig, "word_vectors"),
-        help="sentence vectors for --spread: 'glove' (offline GloVe 6B 50-d) or a word2vec/GloVe text file",
+        default="glove",  # a measurement of word spread, not a model's start (TrainConfig's 'auto')
+        help="sentence vectors for --spread: 'glove' (offline GloVe 6B 50-d, the default) or a "
+        "word2vec/GloVe text file",
     )
     ev.add_argument(
         "--seed",

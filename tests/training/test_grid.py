@@ -147,9 +147,15 @@ def test_grid_command_arguments(dataset, tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run_grid(name, base, datasets, uri, max_concurrent, b_values, progress):
+    def fake_run_grid(name, base, datasets, uri, max_concurrent, b_values, progress, report_dir):
         seen.update(
-            name=name, base=base, datasets=datasets, uri=uri, max_concurrent=max_concurrent, b=b_values
+            name=name,
+            base=base,
+            datasets=datasets,
+            uri=uri,
+            max_concurrent=max_concurrent,
+            b=b_values,
+            reports=report_dir,
         )
         spec = GRIDS[name]
         trials = [
@@ -176,6 +182,7 @@ def test_grid_command_arguments(dataset, tmp_path, monkeypatch, capsys):
     args.workdir = str(tmp_path)
     out = grid_command.cmd_train_grid(args, base_cfg=small_train_config(dataset, tmp_path))
     assert seen["b"] == [10] and seen["max_concurrent"] == 2 and seen["uri"].endswith("mlflow.db")
+    assert seen["reports"] == tmp_path / "reports"  # reports land in WORKDIR/reports (issue #46)
     assert out["parent_run_id"] == "parent" and len(out["trials"]) == 2 and out["table"]["blocks"]
     assert "98.7" in out["table_text"] and args.exit_code == 1  # one trial failed
     json.dumps(out)

@@ -374,6 +374,7 @@ class NewsRetrieval(nn.Module):
         use = keep & present
         x = torch.zeros(B, S, self.cfg.d, device=keep.device)
         mask = torch.arange(tokens.shape[1], device=keep.device)[None, :] < lengths.clamp(min=1)[:, None]
+        embedded = False
         for j, name in enumerate(self.cfg.sources):
             sel = (slots == j) & use[rows, slots]
             enc = self.encoders[name]
@@ -382,6 +383,7 @@ class NewsRetrieval(nn.Module):
                     # step: a source absent from this worker's batch joins the graph with 0
                     x = x + 0.0 * sum(p.sum() for p in enc.parameters())
                 continue
+            embedded = True
             if self.embed is None:  # CHAIN reads characters
                 x[rows[sel], j] = enc(tokens[sel])
                 continue
@@ -393,6 +395,10 @@ class NewsRetrieval(nn.Module):
             t = int(lengths[sel].max().clamp(min=1))
             g = ngrams[sel][:, :t] if ngrams is not None else None
             x[rows[sel], j] = enc(self.embed(tokens[sel][:, :t], g), mask[sel][:, :t])
+        if not embedded and self.embed is not None and torch.is_grad_enabled():
+            # a batch with no sentence left (a worker's share of empty articles): the word
+            # embedding joins the graph with 0 too, or DDP waits for its gradient forever
+            x = x + 0.0 * sum(p.sum() for p in self.embed.parameters())
         if fuser_only:  # divide and conquer's warm-up: the loaded encoders get zero gradients
             x = zero_grad(x)
         some = use.any(1)

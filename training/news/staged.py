@@ -7,7 +7,8 @@ corpora: 80.8 / 85.8 / 88.7 vs 78.8 / 82.3 / 80.1; issue #46's: 89.8 / 89.9 vs 8
 fused model without ``--init-from`` or a multilingual recipe trains in stages (``--news-recipe
 staged``, the default; ``training.news.config.staged_recipe``):
 
-1. one single-source model per source (``--epochs`` each, complete inputs), caption first;
+1. one single-source model per source some training article has (``--epochs`` each, complete
+   inputs), caption first;
 2. the fused model from their encoders (``--init-from caption=DIR,...``: word embeddings and
    image tower from the caption model, the fuser fresh), the fuser alone for
    ``--fuser-warmup-epochs`` (auto: 1), then everything, with ``--random-drop`` (auto: 0.3).
@@ -38,10 +39,25 @@ if TYPE_CHECKING:  # pragma: no cover
 RECIPE_TAG, STAGE_TAG = "mmlinks.news.recipe", "mmlinks.news.stage"
 
 
-def stage_order(cfg: TrainConfig) -> list[str]:
+def stage_order(cfg: TrainConfig, present: set[str] | None = None) -> list[str]:
     """The single-source stages: caption first (divide and conquer takes the word embeddings and
-    the image tower from the first listed; the paper's best single source), then as given."""
-    return sorted(parse_sources(cfg.news_sources), key=lambda s: s != "caption")
+    the image tower from the first listed; the paper's best single source), then as given; only
+    the sources in ``present`` (the ones some training article has) when given."""
+    order = sorted(parse_sources(cfg.news_sources), key=lambda s: s != "caption")
+    return [s for s in order if present is None or s in present]
+
+
+def sources_in_data(data: str, manifest) -> set[str]:
+    """The sources some training article has (its metadata's ``news_sources``), from the metadata
+    column of every train shard: a source no article has would train a single-source model on
+    nothing (a dataset built from headline + caption, under the four-source default)."""
+    from schemas.news import SOURCES_KEY
+    from schemas.shards import read_table
+
+    found: set[str] = set()
+    for meta in read_table(manifest.shard_paths(data, "train"), columns=["metadata"]).column("metadata"):
+        found.update(s.strip() for s in str(dict(meta.as_py() or {}).get(SOURCES_KEY, "")).split(","))
+    return found - {""}
 
 
 def _stage_name(cfg: TrainConfig, stage: str) -> str:
@@ -64,11 +80,12 @@ def single_stage(cfg: TrainConfig, source: str) -> TrainConfig:
 
 def fusion_stage(cfg: TrainConfig, checkpoints: dict[str, str]) -> TrainConfig:
     """Stage 2's config: the fused model from the single-source checkpoints (in ``stage_order``),
-    the fuser alone first, random_drop on."""
+    the fuser alone first, random_drop on. A source without a checkpoint (none in the data)
+    keeps a fresh encoder."""
     warmup = cfg.fuser_warmup_epochs if cfg.fuser_warmup_epochs >= 0 else 1
     return dataclasses.replace(
         cfg,
-        init_from=",".join(f"{s}={checkpoints[s]}" for s in stage_order(cfg)),
+        init_from=",".join(f"{s}={checkpoints[s]}" for s in stage_order(cfg) if s in checkpoints),
         random_drop=drop_rate(cfg),
         fuser_warmup_epochs=warmup,
         news_recipe="joint",
@@ -76,7 +93,9 @@ def fusion_stage(cfg: TrainConfig, checkpoints: dict[str, str]) -> TrainConfig:
     )
 
 
-def _open_parent(client, cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None) -> str:
+def _open_parent(
+    client, cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None, stages: list[str]
+) -> str:
     from mlflow.entities import Param
 
     from training import tracking
@@ -90,7 +109,7 @@ def _open_parent(client, cfg: TrainConfig, manifest, tracking_uri: str, parent_r
     params = {
         **cfg.public_dict(),
         "dataset_version": manifest.dataset_version,
-        "stages": ",".join([*stage_order(cfg), "fusion"]),
+        "stages": ",".join([*stages, "fusion"]),
     }
     client.log_batch(run.info.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
     return run.info.run_id
@@ -122,13 +141,18 @@ def run_staged(
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
     check_objective_data(cfg, manifest)
+    stages = stage_order(cfg, sources_in_data(cfg.data, manifest))
+    if not stages:
+        from schemas.errors import MmlinksError
+
+        raise MmlinksError(f"no training article of {cfg.data} has any of --news-sources {cfg.news_sources}")
     client = MlflowClient(tracking_uri)
-    parent = _open_parent(client, cfg, manifest, tracking_uri, parent_run_id)
+    parent = _open_parent(client, cfg, manifest, tracking_uri, parent_run_id, stages)
     status = "FAILED"
     try:
         with tempfile.TemporaryDirectory(prefix="news-staged-") as tmp:
             checkpoints = {}
-            for source in stage_order(cfg):
+            for source in stages:
                 res = run_experiment(
                     single_stage(cfg, source), tracking_uri, None, None, progress, report_dir, parent
                 )

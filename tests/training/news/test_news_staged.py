@@ -52,6 +52,25 @@ def test_the_default_news_recipe_is_staged_with_random_drop():
     fused.validate()
 
 
+def test_the_stages_are_the_sources_some_training_article_has(tmp_path):
+    """Under the four-source default, a dataset of headline + caption articles trains two
+    single-source stages, not four (a lead model would train on nothing); the fused model's
+    lead and body encoders start fresh."""
+    from schemas.manifest import Manifest
+    from training.config import TrainConfig
+    from training.news.staged import fusion_stage, sources_in_data, stage_order
+
+    data, _ = write_news_dataset(tmp_path / "ds")
+    cfg = TrainConfig(objective="news", data=str(data))
+    present = sources_in_data(str(data), Manifest.read(data))
+    assert present == {"headline", "caption"}
+    assert stage_order(cfg) == ["caption", "headline", "lead", "body"]
+    assert stage_order(cfg, present) == ["caption", "headline"]
+    fused = fusion_stage(cfg, {"caption": "/c/caption", "headline": "/c/headline"})
+    assert fused.init_from == "caption=/c/caption,headline=/c/headline"
+    fused.validate()
+
+
 def test_default_news_train_runs_the_stages_under_one_parent_run_and_registers_once(tmp_path, ray_local):
     from mlflow.tracking import MlflowClient
 
