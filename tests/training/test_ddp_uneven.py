@@ -340,8 +340,9 @@ def test_each_family_trains_on_two_workers_and_registers(objective, tmp_path, ra
     """Real Ray Train, 2 workers, a training split of 13 (odd) in batches of 4 of which 6 are
     empty, 2 epochs, to the end: the workers' own batch counts differ (some steps are padding
     steps, ``uneven_steps``), both take the same optimizer steps with the same weights after
-    each (in each of news's staged runs), and the model is registered. The retrieval objectives refuse documents that are not
-    pairs, so cmcm's split stays even here (its uneven shares: the gloo test above)."""
+    each (in each of news's staged runs), and the model is registered. The retrieval objectives
+    refuse documents that are not pairs, so cmcm's split stays even here (its uneven shares:
+    the gloo test above)."""
     from mlflow.tracking import MlflowClient
 
     from training.config import TrainConfig
