@@ -133,8 +133,8 @@ class CoreFields:
         "nearest neighbours by mean image feature and words (--near-share of it), the rest random, so "
         "in-batch negatives share the topic's look and words and only the content tells them apart "
         "(issue #44, Li et al. 2021's sampling bias: AUC 60 -> 98 where 200 topics share a clipped "
-        "look, unchanged elsewhere); auto = random for now (issue #44 open: similar batches, random "
-        "vectors and dropout 0 together left #33's 600-document corpus at AUC 56)",
+        "look); auto = similar for the link objectives, random for --backbone bag (the plain baseline) "
+        "and the other families",
         choices=("auto", "random", "similar"),
         group=CORE,
     )
@@ -159,11 +159,10 @@ class CoreFields:
     )
     word_vectors: str = option(
         "auto",
-        help="'auto' = glove for now (issue #44 open; random for the link objectives would follow: "
-        "GloVe starts the words that tell a document's "
-        "images apart, numbers, tools, colours, nearly parallel: on corpora whose topics share a look "
-        "and words the default model stayed at AUC 63 with GloVe and reached 98 with random vectors, "
-        "issue #44, docs/benchmarks.md) and glove for the other families; "
+        help="the words' starting vectors: auto = random for the link objectives, glove for the "
+        "others (GloVe starts the words that tell a document's images apart, numbers, tools, "
+        "colours, nearly parallel: where topics share a look and words the link default stayed at "
+        "AUC 63 with GloVe and reached 98 with random vectors, issue #44, docs/benchmarks.md); "
         "'glove' (offline GloVe 6B 50-d), 'random', or a file: word2vec/GloVe/fastText text, word2vec "
         "binary (.bin) or a fastText model (.bin); force a format with text:, word2vec-bin: or fasttext:; "
         "several files comma-separated (aligned vectors, one per language; an earlier file wins a word)",
@@ -179,13 +178,11 @@ class CoreFields:
         group=CORE,
     )
     image_dropout: float = option(
-        -1.0,
-        help="dropout on the image feature; -1 = auto: 0.4 for now (issue #44 open; 0 for the link "
-        "objectives: 0.4, the paper's, "
-        "kept a 600-document corpus whose topics share a clipped look at AUC 55 where 0 reached 94 "
-        "and the bag baseline 93: issue #44, docs/benchmarks.md), 0.4 for the other families",
+        0.4,
+        help="dropout on the image feature (the paper's 0.4; 0 left issue #33's per-document looks at "
+        "AUC 68 where 0.4 reached 90, docs/benchmarks.md); -1 (the old auto) reads as 0.4",
         check=lambda v: 0 <= v < 1 or v == -1,
-        rule="in [0, 1), or -1 (auto)",
+        rule="in [0, 1), or -1 (= 0.4)",
         flag="",
         group=CORE,
     )
@@ -273,12 +270,16 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
         # the link default, has no meaning for pairs.
         if self.select_by == "val_within" and self._family() == "retrieval":
             self.select_by = "val_medr"
+        # issue #44: the link family starts its words random and draws batches of similar
+        # documents (docs/benchmarks.md, "Linking across a family of corpora")
+        link = self._family() == "link"
         if self.batch_sampling == "auto":
-            self.batch_sampling = "random"  # similar for link regressed #33's 600-doc corpus (AUC 56)
+            # the bag backbone is the floor the default may not fall below: trained plainly
+            self.batch_sampling = "similar" if link and self.backbone != "bag" else "random"
         if self.image_dropout == -1:
-            self.image_dropout = 0.4  # 0 for link regressed #33's 600-doc corpus (with the rest)
+            self.image_dropout = 0.4
         if self.word_vectors == "auto":
-            self.word_vectors = "glove"  # random for link regressed #33's 600-doc corpus (with the rest)
+            self.word_vectors = "random" if link else "glove"
         self.validate()
 
     def _family(self) -> str:

@@ -135,9 +135,10 @@ register_objective(
 
 
 def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-    from training.link.mean_weight import image_mean_weight
+    from training.link.image_side import image_side
     from training.model import ModelConfig
 
+    centring, mean_weight = image_side(cfg, train_paths)
     return ModelConfig(
         vocab_size=vocab_size,
         word_dim=word_dim,
@@ -145,8 +146,8 @@ def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, trai
         d_multi=cfg.d_multi,
         image_dropout=cfg.image_dropout,
         text_pooling=cfg.text_pooling,
-        image_centring=cfg.image_centring,
-        image_mean_weight=image_mean_weight(cfg, train_paths),
+        image_centring=centring,
+        image_mean_weight=mean_weight,
     ).to_dict()
 
 
