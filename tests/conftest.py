@@ -240,25 +240,27 @@ def ray_local(tmp_path_factory):
     ray.shutdown()
 
 
-_SESSION_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
-
-
 @pytest.fixture(autouse=True)
 def fresh_tracking_uri():
-    """Each test starts with the session's MLflow tracking URI: ``mlflow.set_tracking_uri`` also
-    exports ``MLFLOW_TRACKING_URI`` (for subprocesses), which ``training.tracking.tracking_uri``
-    reads before ``--workdir``; one test's store would otherwise become the next test's default
-    (a model registered in the wrong store, only in some test orders)."""
-    yield
+    """Each test ends with the MLflow tracking URI it started with (a module fixture's store
+    stays set for the module): ``mlflow.set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI``
+    (for subprocesses), which ``training.tracking.tracking_uri`` reads before ``--workdir``, so
+    one test's store would otherwise become the next test's default (a model registered in the
+    wrong store, only in some test orders)."""
     import sys
 
-    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
-    if utils is not None and utils._tracking_uri != _SESSION_TRACKING_URI:
-        utils.set_tracking_uri(_SESSION_TRACKING_URI)
-    if _SESSION_TRACKING_URI is None:
+    def utils():
+        return sys.modules.get("mlflow.tracking._tracking_service.utils")
+
+    before = utils()._tracking_uri if utils() is not None else None
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if utils() is not None and utils()._tracking_uri != before:
+        utils().set_tracking_uri(before)
+    if env is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
-        os.environ["MLFLOW_TRACKING_URI"] = _SESSION_TRACKING_URI
+        os.environ["MLFLOW_TRACKING_URI"] = env
 
 
 @pytest.fixture(autouse=True)
