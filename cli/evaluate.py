@@ -303,7 +303,10 @@ def cmd_baseline(args) -> dict:
     if args.method == "random":
         out = random_scores_baseline(args.data, args.split, opts.seed)
     elif args.method == "object-detection":
-        out = object_detection_baseline(args.data, args.split, args.k_max, opts.word_vectors, args.weights)
+        # class names against sentences need pretrained vectors: auto is GloVe here (random
+        # vectors, the link training default, would make every similarity noise)
+        words = "glove" if getattr(args, "word_vectors", "auto") == "auto" else opts.word_vectors
+        out = object_detection_baseline(args.data, args.split, args.k_max, words, args.weights)
     elif args.method == "clip-zero-shot":
         from training.link.zero_shot import clip_zero_shot_baseline
 

@@ -51,6 +51,7 @@ PRESETS: dict[str, dict] = {
         "negatives_warmup": 0,
         "image_dropout": 0.4,
         "batch_sampling": "random",
+        "word_vectors": "glove",  # pretrained vectors (the papers': word2vec; GloVe offline here)
         # Alikhani et al. (the retrieval objectives; issue #45 changed their defaults)
         "image_layers": 0,
         "cam_gradient": "shared",

@@ -19,7 +19,7 @@ def test_the_defaults_deviate_from_the_paper_only_where_the_preset_says():
     assert changed == {k for k, v in PRESETS["paper"].items() if getattr(default, k) != v}
     assert paper.text_pooling == "last" and paper.select_by == "val_loss"
     assert paper.image_centring == "none" and paper.negatives_warmup == 0  # issue #33's image side
-    assert default.image_centring == "balanced" and default.negatives_warmup == 3
+    assert default.image_centring == "auto" and default.negatives_warmup == 3
 
 
 def test_a_flag_given_beside_the_preset_wins():
