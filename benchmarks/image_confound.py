@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -104,7 +105,11 @@ def run_row(data: str, overrides: dict, seed: int, constants: dict | None = None
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="a built dataset (e.g. from mmlinks data confound)")
-    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
+    p.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help=f"comma-separated, of: {', '.join(ROWS)}; or NAME=JSON, TrainConfig overrides",
+    )
     p.add_argument("--seeds", default="0", help="comma-separated training seeds; one run per row and seed")
     p.add_argument(
         "--set",
@@ -116,7 +121,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     from pipelines.confounds import dataset_confounds
 
-    names = [r for r in args.rows.split(",") if r]
+    names = []
+    for row in re.split(r",(?![^{]*})", args.rows):  # commas outside a NAME={...} row's JSON
+        name, eq, overrides = row.partition("=")
+        if eq:
+            ROWS[name] = json.loads(overrides)  # a row of TrainConfig overrides: NAME={"field": value}
+        if name:
+            names.append(name)
     unknown = [r for r in names if r not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
