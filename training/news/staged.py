@@ -51,12 +51,16 @@ def sources_in_data(data: str, manifest) -> set[str]:
     """The sources some training article has (its metadata's ``news_sources``), from the metadata
     column of every train shard: a source no article has would train a single-source model on
     nothing (a dataset built from headline + caption, under the four-source default)."""
-    from schemas.news import SOURCES_KEY
+    from schemas.news import NEWS_SOURCES, SOURCES_KEY
     from schemas.shards import read_table
 
+    wanted = set(NEWS_SOURCES)
     found: set[str] = set()
-    for meta in read_table(manifest.shard_paths(data, "train"), columns=["metadata"]).column("metadata"):
-        found.update(s.strip() for s in str(dict(meta.as_py() or {}).get(SOURCES_KEY, "")).split(","))
+    for path in manifest.shard_paths(data, "train"):  # one shard at a time; stop once all are seen
+        for meta in read_table([path], columns=["metadata"]).column("metadata"):
+            found.update(s.strip() for s in str(dict(meta.as_py() or {}).get(SOURCES_KEY, "")).split(","))
+        if wanted <= found:
+            break
     return found - {""}
 
 

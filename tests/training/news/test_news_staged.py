@@ -113,3 +113,19 @@ def test_news_recipe_joint_is_one_run_from_scratch(tmp_path, ray_local):
     runs = client.search_runs([client.get_run(res.run_id).info.experiment_id])
     assert res.parent_run_id is None and [r.info.run_id for r in runs] == [res.run_id]
     assert runs[0].data.params["init_from"] == "" and runs[0].data.params["random_drop"] == "0.0"
+
+
+def test_sources_no_training_article_has_are_refused_in_one_line_before_a_run(tmp_path):
+    """--news-sources lead,body on headline + caption articles: one clear error, no MLflow run."""
+    import pytest
+    from mlflow.tracking import MlflowClient
+
+    from schemas.errors import MmlinksError
+    from training.experiment import run_experiment
+
+    data, _ = write_news_dataset(tmp_path / "ds")
+    uri = tracking_uri(tmp_path)
+    with pytest.raises(MmlinksError, match=r"no training article .* has any of --news-sources lead,body"):
+        run_experiment(_cfg(data, tmp_path / "ray", news_sources="lead,body"), uri, model_name="none")
+    client = MlflowClient(uri)
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
