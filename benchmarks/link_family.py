@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--jobs", type=int, default=1, help="training runs in parallel (processes)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a BASE field")
     p.add_argument("--jsonl", help="also append each run's result to this file as it finishes")
+    p.add_argument("--markdown", action="store_true", help="also print docs/benchmarks.md's table (stderr)")
     args = p.parse_args(argv)
     for item in args.set:
         field, _, value = item.partition("=")
@@ -164,7 +165,29 @@ def main(argv: list[str] | None = None) -> dict:
                 entry["rows"]["default"]["mean_auc"] - entry["rows"]["bag"]["mean_auc"], 1
             )
     print(json.dumps(out, indent=1))
+    if args.markdown:
+        print(markdown_table(out), file=sys.stderr)
     return out
+
+
+def markdown_table(out: dict) -> str:
+    """The grid as docs/benchmarks.md shows it: per cell the training ratio (mean over seeds), each
+    row's test AUC / p@1 per seed, and the default's margin over the bag on the seeds' means."""
+    rows, seeds = list(out["rows"]), out["seeds"]
+    head = ["cell", "train ratio", *rows]
+    if "default" in rows and "bag" in rows:
+        head.append("default - bag (mean)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell, entry in out["cells"].items():
+        ratio = statistics.mean(entry["ratio"].values())
+        cols = [f"`{cell}`", f"{ratio:.1f}"]
+        for row in rows:
+            runs = entry["rows"][row]
+            cols.append(", ".join(f"{runs[s]['auc']} / {runs[s]['p_at_1']}" for s in seeds if s in runs))
+        if "default_minus_bag" in entry:
+            cols.append(f"{entry['default_minus_bag']:+.1f}")
+        lines.append("| " + " | ".join(cols) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

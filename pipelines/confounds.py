@@ -57,11 +57,15 @@ class SplitConfounds:
         ) >= STRONG_TEXT_SHARE
 
 
-def image_ratio(docs_features: Sequence[np.ndarray]) -> tuple[float | None, int]:
+def image_ratio(docs_features: Sequence[np.ndarray], drop_directions: int = 0) -> tuple[float | None, int]:
     """(ratio, documents it averages over) for per-document feature matrices ``[n_i, dim]``.
 
     Standardised over every image given (documents with one image count in the standardisation,
-    not in the ratio); a dimension with zero spread is left out."""
+    not in the ratio); a dimension with zero spread is left out. ``drop_directions`` r > 0: the
+    ratio left once the r principal directions of the document means are projected out of every
+    vector (the *residual* ratio, issue #44): a look shared by a few topics lies in a few such
+    directions, which one linear map can drop, so its residual falls to an unconfounded corpus's;
+    a look per document, or per one of hundreds of topics, spreads over many and stays."""
     mats = [np.asarray(m, dtype=np.float64) for m in docs_features if len(m)]
     if not mats:
         return None, 0
@@ -70,11 +74,16 @@ def image_ratio(docs_features: Sequence[np.ndarray]) -> tuple[float | None, int]
     keep = std > 1e-12
     if not keep.any():
         return None, 0
+    multi = [m for m in mats if len(m) >= 2]
+    basis = None  # [r, dim]: one document at a time, so no second copy of the features is held
+    if multi and drop_directions > 0:
+        centres = np.stack([((m[:, keep] - mean[keep]) / std[keep]).mean(0) for m in multi])
+        basis = np.linalg.svd(centres, full_matrices=False)[2][:drop_directions]
     between, within = [], []
-    for m in mats:
-        if len(m) < 2:
-            continue
+    for m in multi:
         z = (m[:, keep] - mean[keep]) / std[keep]
+        if basis is not None:
+            z = z - (z @ basis.T) @ basis
         centre = z.mean(0)
         between.append(float((centre**2).sum()))
         within.append(float(((z - centre) ** 2).sum(1).mean()))

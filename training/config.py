@@ -179,11 +179,13 @@ class CoreFields:
         group=CORE,
     )
     image_dropout: float = option(
-        0.4,
-        help="dropout on the image feature (the paper's 0.4; 0 left issue #33's per-document looks at "
-        "AUC 68 where 0.4 reached 90, docs/benchmarks.md); -1 (the old auto) reads as 0.4",
+        -1.0,
+        help="dropout on the image feature; -1 = auto: the paper's 0.4, but 0 where the gru backbone's "
+        "--image-centring auto reads the bag's image side (a strong look a few topics share: dropout on "
+        "a feature that is mostly look is mostly noise, issue #44); 0 left issue #33's per-document "
+        "looks at AUC 68 where 0.4 reached 90 (docs/benchmarks.md)",
         check=lambda v: 0 <= v < 1 or v == -1,
-        rule="in [0, 1), or -1 (= 0.4)",
+        rule="in [0, 1), or -1 (auto)",
         flag="",
         group=CORE,
     )
@@ -277,7 +279,8 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
         if self.batch_sampling == "auto":
             # the bag backbone is the floor the default may not fall below: trained plainly
             self.batch_sampling = "similar" if link and self.backbone != "bag" else "random"
-        if self.image_dropout == -1:
+        split_decides = link and self.backbone == "gru" and self.image_centring == "auto"
+        if self.image_dropout == -1 and not split_decides:  # else training/link/image_side.py
             self.image_dropout = 0.4
         if self.word_vectors == "auto":
             self.word_vectors = "random" if link else "glove"

@@ -77,3 +77,36 @@ def test_a_split_with_single_image_documents_has_no_ratio():
     doc = Document("d", "s", "train", ["a b"], [ImageRecord("c", "u", 1, 1, 0, [1.0, 2.0])])
     figures = split_confounds([doc, doc])
     assert figures.image_ratio is None and figures.image_documents == 0 and figures.documents == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 6), st.floats(3, 10))
+def test_the_residual_ratio_drops_a_look_a_few_topics_share_but_not_one_per_document(seed, topics, strength):
+    """issue #44: a look shared by K <= r topics lies in K directions of the document means, so
+    dropping r principal directions leaves about the unconfounded corpus's ratio; a look per
+    document spreads over every direction and stays."""
+    rng = np.random.default_rng(seed)
+    dim, r = 48, 8
+    content = [rng.normal(size=(int(rng.integers(3, 7)), dim)) for _ in range(120)]
+    looks = strength * rng.normal(size=(topics, dim))
+    shared = [c + looks[i % topics] for i, c in enumerate(content)]
+    own = [c + strength * rng.normal(size=dim) for c in content]
+    plain = image_ratio(content)[0]
+    assert image_ratio(shared, drop_directions=0) == image_ratio(shared)
+    assert image_ratio(shared)[0] > 5 * plain
+    assert image_ratio(shared, drop_directions=r)[0] < 1.5 * plain + 0.05
+    assert image_ratio(own, drop_directions=r)[0] > 0.6 * image_ratio(own)[0]
+
+
+def test_the_residual_ratio_is_the_ratio_of_the_projected_features():
+    """The oracle: project the standardised features off the top principal directions of the
+    document means, then the ratio's definition on what is left (documents with >= 2 images)."""
+    rng = np.random.default_rng(3)
+    docs = [rng.normal(size=(int(rng.integers(1, 6)), 6)) + rng.normal(size=6) for _ in range(30)]
+    allx = np.concatenate(docs)
+    z = [(d - allx.mean(0)) / allx.std(0) for d in docs if len(d) >= 2]
+    _, _, vt = np.linalg.svd(np.stack([m.mean(0) for m in z]), full_matrices=False)
+    left = [m - m @ vt[:2].T @ vt[:2] for m in z]
+    between = np.mean([np.sum(m.mean(0) ** 2) for m in left])
+    within = np.mean([np.mean(np.sum((m - m.mean(0)) ** 2, 1)) for m in left])
+    assert image_ratio(docs, drop_directions=2)[0] == pytest.approx(between / within, rel=1e-9)

@@ -1,7 +1,8 @@
-"""``--image-centring auto`` and ``--image-mean-weight -1`` (issues #33, #44): the image side
-follows the training split's image ratio, measured on the real split's shards: below 5 the
-images are read as they are (none), at or above it balanced centring with the document-mean
-part at weight 1."""
+"""``--image-centring auto``, ``--image-mean-weight -1`` and ``--image-dropout -1`` (issues #33,
+#44): the image side follows the training split's image ratio, measured on the real split's
+shards: below 5 the images are read as they are (none, dropout 0.4); at or above it, a look a few
+topics share (residual ratio < 1) gets the bag's image side (none, no dropout), any other look
+balanced centring with the document-mean part at weight 1 (dropout 0.4)."""
 
 from pathlib import Path
 
@@ -10,7 +11,15 @@ import pytest
 from pipelines.confounds import dataset_confounds
 from schemas.manifest import Manifest
 from training.config import TrainConfig
-from training.link.image_side import AUTO_RATIO, AUTO_WEIGHTS, image_side
+from training.link.image_side import (
+    AUTO_RATIO,
+    AUTO_WEIGHTS,
+    LINEAR_RESIDUAL,
+    LOOK_DIRECTIONS,
+    ImageSide,
+    image_side,
+    training_image_ratios,
+)
 
 
 def _train_paths(data: Path) -> list[str]:
@@ -32,22 +41,60 @@ def test_auto_follows_the_training_splits_image_ratio(dataset, looked):
     assert plain < AUTO_RATIO <= strong, (plain, strong)
     cfg = TrainConfig(data=str(dataset))
     assert cfg.image_mean_weight == -1 and cfg.image_centring == "auto"  # the defaults
-    assert image_side(cfg, _train_paths(dataset)) == ("none", AUTO_WEIGHTS[0])
-    assert image_side(TrainConfig(data=str(looked)), _train_paths(looked)) == ("balanced", 1.0)
+    assert cfg.image_dropout == -1  # the split decides
+    assert image_side(cfg, _train_paths(dataset)) == ImageSide("none", AUTO_WEIGHTS[0], 0.4)
+    assert image_side(TrainConfig(data=str(looked)), _train_paths(looked)) == ImageSide("balanced", 1.0, 0.4)
     balanced = TrainConfig(data=str(dataset), image_centring="balanced")
-    assert image_side(balanced, _train_paths(dataset)) == ("balanced", 0.5)  # the weight alone: auto
+    assert balanced.image_dropout == 0.4  # only auto centring leaves the dropout to the split
+    assert image_side(balanced, _train_paths(dataset)) == ImageSide("balanced", 0.5, 0.4)  # weight: auto
 
 
 def test_a_choice_given_is_kept_and_an_unused_weight_is_the_old_default(looked):
     paths = _train_paths(looked)
     for weight in (0.7, 0.0):
         cfg = TrainConfig(data=str(looked), image_centring="balanced", image_mean_weight=weight)
-        assert image_side(cfg, paths) == ("balanced", weight)
-    assert image_side(TrainConfig(data=str(looked), image_centring="none"), paths) == ("none", 0.5)
-    assert image_side(TrainConfig(data=str(looked), image_centring="doc"), paths) == ("doc", 0.5)
+        assert image_side(cfg, paths) == ImageSide("balanced", weight, 0.4)
+    assert image_side(TrainConfig(data=str(looked), image_centring="none"), paths) == ImageSide(
+        "none", 0.5, 0.4
+    )
+    assert image_side(TrainConfig(data=str(looked), image_centring="doc"), paths) == ImageSide(
+        "doc", 0.5, 0.4
+    )
+    chosen = TrainConfig(data=str(looked), image_dropout=0.1)
+    assert image_side(chosen, paths).dropout == 0.1
 
 
 @pytest.mark.parametrize("bad", [-0.5, -2.0])
 def test_a_negative_weight_other_than_auto_is_refused(bad):
     with pytest.raises(Exception, match=r"image_mean_weight|image-mean-weight"):
         TrainConfig(data="x", image_mean_weight=bad)
+
+
+def _family_corpus(root: Path, topics: int) -> Path:
+    from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+
+    out = root / f"k{topics}"
+    cfg = FeatureCorpusConfig(
+        docs=400, val_docs=20, test_docs=20, topics=topics, look_mixing="clipped", look_strength=5.0, dim=128
+    )
+    write_feature_corpus(out, cfg)
+    return out
+
+
+def test_a_strong_look_a_few_topics_share_gets_the_bag_image_side(tmp_path):
+    """issue #44: 8 topics' clipped looks (ratio >= 5) lie in a few directions: none, no dropout
+    (balanced stayed ~1 AUC below the bag there, none with dropout 0.4 ~3.6 below); 200 topics'
+    looks do not: balanced, as for a look per document."""
+    few, many = _family_corpus(tmp_path, 8), _family_corpus(tmp_path, 200)
+    ratio, residual = training_image_ratios(_train_paths(few))
+    assert ratio >= AUTO_RATIO and residual < LINEAR_RESIDUAL, (ratio, residual)
+    assert image_side(TrainConfig(data=str(few)), _train_paths(few)) == ImageSide(
+        "none", AUTO_WEIGHTS[0], 0.0
+    )
+    ratio, residual = training_image_ratios(_train_paths(many))
+    assert ratio >= AUTO_RATIO and residual >= LINEAR_RESIDUAL, (ratio, residual)
+    assert image_side(TrainConfig(data=str(many)), _train_paths(many)) == ImageSide("balanced", 1.0, 0.4)
+    # a choice given is kept: the bag's image side is auto's alone
+    none = TrainConfig(data=str(few), image_centring="none")
+    assert image_side(none, _train_paths(few)) == ImageSide("none", 0.5, 0.4)
+    assert LOOK_DIRECTIONS > 8

@@ -93,9 +93,11 @@ class LinkFields:
         "document-mean part, each standardised over the training split, the mean part weighted by "
         "--image-mean-weight, so a look all of a document's images share (a room, a light, a camera) "
         "cannot drown what tells them apart; doc = the within-document part alone; doc+raw = it and "
-        "the raw feature, concatenated (separate weights: unstable, docs/training.md); auto = balanced "
-        "when the training split's image ratio (data inspect --confounds) is >= 5, else none (below it "
-        "balanced cost ~1 AUC, above it none fell to 53-72 where balanced reached 98: issue #44)",
+        "the raw feature, concatenated (separate weights: unstable, docs/training.md); auto = none when "
+        "the training split's image ratio (data inspect --confounds) is below 5; at or above it none "
+        "without dropout when the look lies in a few directions one linear map drops (a few topics' "
+        "looks: residual ratio < 1), else balanced (issue #44: balanced cost ~1 AUC at low ratios and "
+        "with 10 topics' looks; none fell to 53-72 with many looks, where balanced reached 98)",
         choices=("auto", "none", "doc", "doc+raw", "balanced"),
         group=LINK,
     )

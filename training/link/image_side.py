@@ -1,18 +1,29 @@
 """The GRU backbone's image side resolved from the training split (issue #33, issue #44):
-``--image-centring auto`` and ``--image-mean-weight -1`` (auto) read the training split's image
-ratio (``pipelines.confounds.image_ratio``: how much of an image's feature its document shares).
+``--image-centring auto``, ``--image-mean-weight -1`` and ``--image-dropout -1`` (auto) read the
+training split's image ratio (``pipelines.confounds.image_ratio``: how much of an image's feature
+its document shares) and, when it is strong, its *residual* ratio (the same once the
+LOOK_DIRECTIONS principal directions of the document means are dropped).
 
-Below AUTO_RATIO the images are read as they are (``none``); at or above it, ``balanced``
-centring with the document-mean part at weight 1. Measured (docs/benchmarks.md): at ratio 12.5
-two #33 corpora link only with balanced centring at weight 1 (test AUC 90 / 97.6 against 62 / 77
-at 0.5); on issue #44's family, balanced centring cost 1.0-1.2 AUC at ratios 0.2-3 against
-``none`` (98.6 vs 99.7 at ratio 2.7, 10 topics), while at ratios >= 20 ``none`` fell to 53 (200
-topics, clipped) and 72 (per-document looks) where balanced reached 98.
+- ratio below AUTO_RATIO: the images as they are (``none``), dropout 0.4.
+- ratio at or above it, residual below LINEAR_RESIDUAL (a look shared by a few topics: it lies in
+  a few directions that one linear map drops): the bag baseline's image side, ``none`` with no
+  dropout.
+- otherwise (a look per document, or per one of many topics): ``balanced`` centring with the
+  document-mean part at weight 1, dropout 0.4.
+
+Measured (docs/benchmarks.md, "Linking across a family of corpora"): at ratio 12.5 two #33
+corpora link only with balanced centring at weight 1 (test AUC 90 / 97.6 against 62 / 77 at 0.5);
+on issue #44's family balanced cost ~1 AUC at ratios 0.2-3 against ``none``; at ratios >= 20
+``none`` fell to 53 (200 topics, clipped) and 72 (per-document looks) where balanced reached 98;
+with 10 topics at ratio 8-16 (residual 0.2) balanced stayed at 98.4-98.5 and ``none`` with dropout
+0.4 fell to 95.7 where ``none`` without dropout reached the bag's 99.3-99.7 (dropout on a feature
+that is mostly look is mostly noise).
 
 Its own module because it reads shards (the registration module stays free of data reading)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,10 +32,24 @@ if TYPE_CHECKING:  # pragma: no cover
 AUTO_RATIO = 5.0
 AUTO_WEIGHTS = (0.5, 1.0)  # --image-mean-weight auto below AUTO_RATIO, at or above it
 AUTO_SAMPLE = 5000  # training documents read to measure the ratio
+LOOK_DIRECTIONS = 16  # principal directions of the document means dropped for the residual ratio
+LINEAR_RESIDUAL = 1.0  # residual below it: the look lies in those directions (10 topics: 0.2)
+MIN_DIM = 4 * LOOK_DIRECTIONS  # narrower features: every look fits in LOOK_DIRECTIONS; no residual
+AUTO_DROPOUT = 0.4  # --image-dropout auto, except on the bag's image side (0)
 
 
-def training_image_ratio(train_paths: list[str]) -> float | None:
-    """The image ratio of the first AUTO_SAMPLE training documents (None: too few images)."""
+@dataclass(frozen=True)
+class ImageSide:
+    """What the GRU backbone's image encoder reads: ``ModelConfig``'s three image fields."""
+
+    centring: str
+    mean_weight: float
+    dropout: float
+
+
+def training_image_ratios(train_paths: list[str]) -> tuple[float | None, float | None]:
+    """(ratio, residual ratio) of the first AUTO_SAMPLE training documents (None: too few
+    images; the residual is None too for features narrower than MIN_DIM)."""
     from pipelines.confounds import image_ratio
     from schemas.shards import read_documents
 
@@ -34,21 +59,27 @@ def training_image_ratio(train_paths: list[str]) -> float | None:
         if len(docs) >= AUTO_SAMPLE:
             break
     feats = [[im.features for im in d.images if im.features is not None] for d in docs[:AUTO_SAMPLE]]
-    ratio, _ = image_ratio([f for f in feats if f])
-    return ratio
+    feats = [f for f in feats if f]
+    ratio, _ = image_ratio(feats)
+    if ratio is None or ratio < AUTO_RATIO or len(feats[0][0]) < MIN_DIM:
+        return ratio, None  # the residual decides only between strong looks
+    return ratio, image_ratio(feats, drop_directions=LOOK_DIRECTIONS)[0]
 
 
-def image_side(cfg: TrainConfig, train_paths: list[str]) -> tuple[str, float]:
-    """(``image_centring``, ``image_mean_weight``) with ``auto`` / -1 resolved from the training
-    split; the ratio is read only when one of them is auto. A weight that is unused (centring
-    other than balanced) is 0.5, the old default, so the saved config stays readable."""
-    centring, weight = cfg.image_centring, cfg.image_mean_weight
-    strong = None
+def image_side(cfg: TrainConfig, train_paths: list[str]) -> ImageSide:
+    """``cfg``'s image side with ``auto`` / -1 resolved from the training split; the split is read
+    only when something is auto. A weight that is unused (centring other than balanced) is 0.5,
+    the old default, so the saved config stays readable."""
+    centring, weight, dropout = cfg.image_centring, cfg.image_mean_weight, cfg.image_dropout
+    strong = linear = False
     if centring == "auto" or (centring == "balanced" and weight < 0):
-        ratio = training_image_ratio(train_paths)
+        ratio, residual = training_image_ratios(train_paths)
         strong = ratio is not None and ratio >= AUTO_RATIO
+        linear = strong and residual is not None and residual < LINEAR_RESIDUAL
     if centring == "auto":
-        centring = "balanced" if strong else "none"
+        centring = "none" if linear or not strong else "balanced"
+    if dropout < 0:
+        dropout = 0.0 if linear and cfg.image_centring == "auto" else AUTO_DROPOUT
     if centring != "balanced":
-        return centring, AUTO_WEIGHTS[0] if weight < 0 else weight
-    return centring, weight if weight >= 0 else AUTO_WEIGHTS[bool(strong)]
+        return ImageSide(centring, AUTO_WEIGHTS[0] if weight < 0 else weight, dropout)
+    return ImageSide(centring, weight if weight >= 0 else AUTO_WEIGHTS[bool(strong)], dropout)

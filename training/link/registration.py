@@ -138,16 +138,16 @@ def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, trai
     from training.link.image_side import image_side
     from training.model import ModelConfig
 
-    centring, mean_weight = image_side(cfg, train_paths)
+    side = image_side(cfg, train_paths)
     return ModelConfig(
         vocab_size=vocab_size,
         word_dim=word_dim,
         image_dim=manifest.feature_extractor.dim,
         d_multi=cfg.d_multi,
-        image_dropout=cfg.image_dropout,
+        image_dropout=side.dropout,
         text_pooling=cfg.text_pooling,
-        image_centring=centring,
-        image_mean_weight=mean_weight,
+        image_centring=side.centring,
+        image_mean_weight=side.mean_weight,
     ).to_dict()
 
 
