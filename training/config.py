@@ -186,7 +186,6 @@ class CoreFields:
         "looks at AUC 68 where 0.4 reached 90 (docs/benchmarks.md)",
         check=lambda v: 0 <= v < 1 or v == -1,
         rule="in [0, 1), or -1 (auto)",
-        flag="",
         group=CORE,
     )
     max_regions: int = option(
