@@ -11,6 +11,7 @@ new one and the one it replaced are pruned; each build appends a line to ``build
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -92,13 +93,17 @@ def commit_files(out: str, staging: str, version: str, shard_names: list[str], m
     Commits into one local folder are serialised (``output_lock``): two builds racing into the
     same output both commit, one after the other, and neither prunes or replaces the version the
     other is moving. A rerun of the committed version (same bytes, so the same version manifest)
-    leaves its folder in place instead of deleting what readers of the current manifest read. A
-    commit that fails before the manifest is written removes the version folder it was filling.
+    leaves its folder in place instead of deleting what readers of the current manifest read,
+    unless a file of it no longer holds the staged bytes (a shard damaged or lost since its commit):
+    then the folder is rewritten from the staging. A commit that fails before the manifest is
+    written removes the version folder it was filling.
     """
     target = fileio.join(out, version_dir(version))
     version_manifest = fileio.join(target, MANIFEST_NAME)
     with output_lock(out):
-        if not _same_bytes(version_manifest, manifest_json):
+        staged = [(fileio.join(staging, "shards", n), fileio.join(target, n)) for n in shard_names]
+        staged.append((fileio.join(staging, DEAD_LETTER_FILE), fileio.join(target, DEAD_LETTER_FILE)))
+        if not _same_bytes(version_manifest, manifest_json) or not all(_same_file(a, b) for a, b in staged):
             fileio.delete_tree(target)  # a same-version leftover (e.g. an interrupted earlier commit)
             try:
                 fileio.mkdirs(target)
@@ -113,6 +118,22 @@ def commit_files(out: str, staging: str, version: str, shard_names: list[str], m
         previous = _current_version(out)
         fileio.write_bytes_atomic(fileio.join(out, MANIFEST_NAME), manifest_json.encode())  # commit
         _prune_versions(out, keep={version, previous} - {None})
+
+
+def _same_file(staged: str, committed: str) -> bool:
+    """Whether ``committed`` holds ``staged``'s bytes (compared by sha256, streamed)."""
+    try:
+        return fileio.exists(committed) and _sha256(staged) == _sha256(committed)
+    except OSError:
+        return False
+
+
+def _sha256(uri: str) -> str:
+    h = hashlib.sha256()
+    with fileio.open_read(uri) as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _same_bytes(uri: str, text: str) -> bool:
