@@ -403,6 +403,10 @@ def fit(
     # run_name and storage_path explicitly to resume after a crash.
     run_name = cfg.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     loop_config, vocab = worker_loop_config(inp, run_name, mlflow_run_id, mlflow_tracking_uri)
+    if mlflow_run_id and mlflow_tracking_uri:
+        from training import tracking  # mlflow: the driver's, not every worker's import
+
+        tracking.log_model_params(mlflow_run_id, mlflow_tracking_uri, loop_config["model"])
     if cfg.num_workers:  # --workers 0 reads its shards itself (LocalShards): no Ray to start
         connect_ray(cfg)
         data_ctx = ray.data.DataContext.get_current()

@@ -189,6 +189,22 @@ def log_training_params(cfg: TrainConfig, manifest: Manifest, data_dir: str | Pa
     mlflow.log_input(dataset, context="training")
 
 
+def log_model_params(run_id: str, tracking_uri: str, model_cfg: dict) -> None:
+    """The model config as resolved from the training split, as ``model.<field>`` params: the
+    user's options are logged as given (``image_centring auto``, ``image_dropout -1``); these say
+    what ``auto`` chose on this dataset (issue #44). Scalars only (vocabulary size, widths, the
+    image side); nested values stay in the checkpoint's config."""
+    from mlflow.entities import Param
+
+    params = [
+        Param(f"model.{k}", str(v)[:500])
+        for k, v in model_cfg.items()
+        if isinstance(v, (str, int, float, bool)) or v is None
+    ]
+    if params:
+        MlflowClient(tracking_uri).log_batch(run_id, params=params)
+
+
 def register(model_uri: str, name: str, alias: str | None, uri: str, attempts: int = 5) -> str:
     """Register ``model_uri`` under ``name`` and point ``alias`` at the new version.
 
