@@ -520,12 +520,21 @@ def show_confounds(confounds: dict) -> None:
         return "-" if v is None else f"{v:.2f}"
 
     rows = [
-        [s, str(c["documents"]), fmt(c["image_ratio"]), str(c["image_documents"]), fmt(c["text_share"])]
+        [
+            s,
+            str(c["documents"]),
+            fmt(c["image_ratio"]),
+            fmt(c.get("image_residual")),
+            str(c["image_documents"]),
+            fmt(c["text_share"]),
+        ]
         for s, c in confounds.items()
     ]
-    print(table(rows, ["split", "documents", "image ratio", "docs >= 2 images", "text share"]))
+    print(table(rows, ["split", "documents", "image ratio", "residual", "docs >= 2 images", "text share"]))
     print(
         "image ratio: ~0.2-0.5 photos of unrelated objects, >= 3 strongly confounded (a shared look); "
+        "residual: the ratio without the look's 16 main directions, < 1 when a few topics share the "
+        "look (train --image-centring auto then reads images as they are); "
         "text share: >= 0.2 topic words in most sentences"
     )
 

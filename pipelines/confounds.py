@@ -35,6 +35,13 @@ CONTENT_MAX_DF = 0.25
 # Above these, `mmlinks train` and the training report call the split strongly confounded.
 STRONG_IMAGE_RATIO = 3.0
 STRONG_TEXT_SHARE = 0.2
+# The residual image ratio (issue #44): the ratio once this many principal directions of the
+# document means are dropped, on features at least RESIDUAL_MIN_DIM wide (narrower ones: every
+# look fits in that many directions, no residual), over a split's first RESIDUAL_SAMPLE documents
+# (one SVD of their means; `mmlinks train --image-centring auto` reads the same sample).
+RESIDUAL_DIRECTIONS = 16
+RESIDUAL_MIN_DIM = 4 * RESIDUAL_DIRECTIONS
+RESIDUAL_SAMPLE = 5000
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,10 @@ class SplitConfounds:
     image_documents: int  # documents with >= 2 images (those the ratio averages over)
     text_share: float | None  # share of content tokens that occur in most of their doc's sentences
     text_documents: int  # documents with >= 2 sentences
+    # the image ratio once the look's main directions are dropped: near the unconfounded ~0.2-0.5
+    # when a few topics share the look (one linear map drops it), high when each document has
+    # its own (None: narrower features than RESIDUAL_MIN_DIM, or no ratio)
+    image_residual: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,9 +140,13 @@ def split_confounds(documents: Iterable) -> SplitConfounds:
         vecs = [im.features for im in doc.images if im.features is not None]
         feats.append(np.asarray(vecs, dtype=np.float32) if vecs else np.zeros((0, 0), np.float32))
         sents.append(doc.sentences)
-    ratio, n_img = image_ratio([f for f in feats if f.size])
+    feats = [f for f in feats if f.size]
+    ratio, n_img = image_ratio(feats)
+    residual = None
+    if ratio is not None and feats[0].shape[1] >= RESIDUAL_MIN_DIM:
+        residual, _ = image_ratio(feats[:RESIDUAL_SAMPLE], drop_directions=RESIDUAL_DIRECTIONS)
     share, n_txt = text_share(sents)
-    return SplitConfounds(n, ratio, n_img, share, n_txt)
+    return SplitConfounds(n, ratio, n_img, share, n_txt, residual)
 
 
 def dataset_confounds(

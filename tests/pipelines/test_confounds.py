@@ -79,6 +79,37 @@ def test_a_split_with_single_image_documents_has_no_ratio():
     assert figures.image_ratio is None and figures.image_documents == 0 and figures.documents == 2
 
 
+def test_a_split_reports_the_residual_ratio_on_wide_features_only():
+    from pipelines.confounds import RESIDUAL_DIRECTIONS, RESIDUAL_MIN_DIM
+    from schemas.document import Document, ImageRecord
+
+    rng = np.random.default_rng(0)
+
+    def docs(dim: int) -> list:
+        looks = rng.normal(size=(3, dim)) * 4  # three topics' looks
+        return [
+            Document(
+                f"d{i}",
+                "s",
+                "train",
+                ["a b"],
+                [
+                    ImageRecord(f"c{i}{k}", "u", 1, 1, k, list(looks[i % 3] + rng.normal(size=dim)))
+                    for k in range(4)
+                ],
+            )
+            for i in range(60)
+        ]
+
+    wide = docs(RESIDUAL_MIN_DIM)
+    figures = split_confounds(wide)
+    feats = [np.array([im.features for im in d.images]) for d in wide]
+    assert figures.image_residual == pytest.approx(image_ratio(feats, drop_directions=RESIDUAL_DIRECTIONS)[0])
+    assert figures.image_residual < 1 < figures.image_ratio  # three looks: dropped with their directions
+    narrow = split_confounds(docs(RESIDUAL_MIN_DIM - 1))
+    assert narrow.image_ratio > 1 and narrow.image_residual is None
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.integers(2, 6), st.floats(3, 10))
 def test_the_residual_ratio_drops_a_look_a_few_topics_share_but_not_one_per_document(seed, topics, strength):

@@ -26,15 +26,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pipelines.confounds import RESIDUAL_DIRECTIONS, RESIDUAL_MIN_DIM, RESIDUAL_SAMPLE
+
 if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
 
 AUTO_RATIO = 5.0
 AUTO_WEIGHTS = (0.5, 1.0)  # --image-mean-weight auto below AUTO_RATIO, at or above it
-AUTO_SAMPLE = 5000  # training documents read to measure the ratio
-LOOK_DIRECTIONS = 16  # principal directions of the document means dropped for the residual ratio
+AUTO_SAMPLE = RESIDUAL_SAMPLE  # training documents read to measure the ratio
+LOOK_DIRECTIONS = RESIDUAL_DIRECTIONS  # principal directions of the document means dropped
 LINEAR_RESIDUAL = 1.0  # residual below it: the look lies in those directions (10 topics: 0.2)
-MIN_DIM = 4 * LOOK_DIRECTIONS  # narrower features: every look fits in LOOK_DIRECTIONS; no residual
+MIN_DIM = RESIDUAL_MIN_DIM  # narrower features: every look fits in LOOK_DIRECTIONS; no residual
 AUTO_DROPOUT = 0.4  # --image-dropout auto, except on the bag's image side (0)
 
 
