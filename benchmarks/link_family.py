@@ -18,6 +18,7 @@ no look). Rows are names from ROWS, or ``NAME=JSON`` for a TrainConfig override.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import statistics
@@ -69,15 +70,26 @@ def parse_cell(cell: str) -> dict:
     return out
 
 
-def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, float]:
-    from pipelines.confounds import dataset_confounds
+def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, dict]:
+    """(the cell's corpus folder, written once per size and seed; its training split's figures:
+    image ratio, residual ratio and the image side ``--image-centring auto`` picks there)."""
     from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+    from schemas.manifest import Manifest
+    from training.config import TrainConfig
+    from training.link.image_side import image_side, training_image_ratios
 
     folder = root / f"{cell.replace(':', '_')}-s{seed}-{sizes['docs']}-d{sizes['dim']}"
     if not (folder / "manifest.json").exists():
         write_feature_corpus(folder, FeatureCorpusConfig(**parse_cell(cell), **sizes, seed=seed))
-    ratio = dataset_confounds(folder, ["train"], max_documents=1000)["train"].image_ratio
-    return str(folder), ratio
+    train = [str(p) for p in Manifest.read(folder).shard_paths(folder, "train")]
+    ratio, residual = training_image_ratios(train)
+    side = image_side(TrainConfig(data=str(folder)), train)
+    figures = {
+        "ratio": round(ratio, 2) if ratio is not None else None,
+        "residual": round(residual, 2) if residual is not None else None,
+        "auto": f"{side.centring}, dropout {side.dropout:g}",
+    }
+    return str(folder), figures
 
 
 def run_one(data: str, overrides: dict, seed: int) -> dict:
@@ -140,13 +152,15 @@ def main(argv: list[str] | None = None) -> dict:
     out: dict = {"base": BASE, "rows": rows, "seeds": seeds, "sizes": sizes, "cells": {}}
     jobs = []
     for cell in cells:
-        entry = out["cells"][cell] = {"ratio": {}, "rows": {r: {} for r in rows}}
+        entry = out["cells"][cell] = {"ratio": {}, "residual": {}, "auto": {}, "rows": {r: {} for r in rows}}
         for seed in seeds:
-            data, ratio = make_corpus(root, cell, sizes, seed)
-            entry["ratio"][seed] = round(ratio, 2)
+            data, figures = make_corpus(root, cell, sizes, seed)
+            for key, value in figures.items():
+                entry[key][seed] = value
             jobs.extend((cell, r, seed, data, rows[r]) for r in rows)
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for cell, row, seed, res in pool.map(_job, jobs):
+    # --jobs 1 runs in this process (no pool: nothing to pickle, and --set reaches the runs as is)
+    with ProcessPoolExecutor(max_workers=args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
+        for cell, row, seed, res in (pool.map if pool else map)(_job, jobs):
             out["cells"][cell]["rows"][row][seed] = res
             if args.jsonl:
                 with open(args.jsonl, "a") as f:
@@ -171,16 +185,24 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def markdown_table(out: dict) -> str:
-    """The grid as docs/benchmarks.md shows it: per cell the training ratio (mean over seeds), each
-    row's test AUC / p@1 per seed, and the default's margin over the bag on the seeds' means."""
+    """The grid as docs/benchmarks.md shows it: per cell the training ratio and residual (means
+    over seeds; "-" where there is none), the image side auto picks (each seed's, once where they
+    agree), each row's test AUC / p@1 per seed, and the default's margin over the bag on the
+    seeds' means."""
     rows, seeds = list(out["rows"]), out["seeds"]
-    head = ["cell", "train ratio", *rows]
+    head = ["cell", "train ratio", "residual", "auto picks", *rows]
     if "default" in rows and "bag" in rows:
         head.append("default - bag (mean)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def mean(values) -> str:
+        known = [v for v in values if v is not None]
+        return f"{statistics.mean(known):.1f}" if known else "-"
+
     for cell, entry in out["cells"].items():
-        ratio = statistics.mean(entry["ratio"].values())
-        cols = [f"`{cell}`", f"{ratio:.1f}"]
+        picks = list(dict.fromkeys(entry.get("auto", {}).values()))
+        cols = [f"`{cell}`", mean(entry["ratio"].values()), mean(entry.get("residual", {}).values())]
+        cols.append(" / ".join(picks) or "-")
         for row in rows:
             runs = entry["rows"][row]
             cols.append(", ".join(f"{runs[s]['auc']} / {runs[s]['p_at_1']}" for s in seeds if s in runs))

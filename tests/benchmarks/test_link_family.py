@@ -1,0 +1,86 @@
+"""``benchmarks/link_family.py`` (issue #44): the grid's cells, one real run of a tiny cell through
+the training path, and the table docs/benchmarks.md shows (ratio, residual, what auto picks)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import pytest
+
+# by path: an installed dependency ships a top-level ``benchmarks`` package of its own
+_SPEC = importlib.util.spec_from_file_location(
+    "link_family", Path(__file__).resolve().parents[2] / "benchmarks" / "link_family.py"
+)
+link_family = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(link_family)
+
+
+def test_the_issue_grid_is_the_issues_cells():
+    cells = link_family.issue_grid()
+    assert len(cells) == 21 and len(set(cells)) == 21
+    topic = [link_family.parse_cell(c) for c in cells if c.startswith("topic:")]
+    assert {(c["topics"], c["look_mixing"]) for c in topic} == {
+        (k, m) for k in (10, 40, 200) for m in ("added", "clipped")
+    }
+    assert link_family.parse_cell("topic:40:clipped:5:0") == {
+        "look_sharing": "topic",
+        "topics": 40,
+        "look_mixing": "clipped",
+        "look_strength": 5.0,
+        "topic_words": 0,
+    }
+    with pytest.raises(SystemExit, match="bad cell"):
+        link_family.parse_cell("topic:40")
+
+
+@pytest.mark.slow
+def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(link_family, "BASE", dict(link_family.BASE))  # --set changes a module dict
+    silenced = logging.root.manager.disable  # each run silences warnings: not this process's later tests
+    try:
+        out = link_family.main(
+            [
+                "--cells",
+                "topic:4:added:3",
+                "--rows",
+                "default,bag",
+                "--seeds",
+                "0",
+                "--docs",
+                "60",
+                "--dim",
+                "64",
+                "--corpora",
+                str(tmp_path),
+                "--set",
+                "epochs=1",
+                "--markdown",
+            ]
+        )
+    finally:
+        logging.disable(silenced)
+    entry = out["cells"]["topic:4:added:3"]
+    # four topics' looks at strength 3: strong, and in a few directions (the bag's image side)
+    assert entry["ratio"][0] >= 5 and entry["residual"][0] < 1
+    assert entry["auto"][0] == "none, dropout 0"
+    for row in ("default", "bag"):
+        run = entry["rows"][row][0]
+        assert 0 <= run["auc"] <= 100 and 0 <= run["p_at_1"] <= 100
+    assert entry["default_minus_bag"] == pytest.approx(
+        entry["rows"]["default"]["mean_auc"] - entry["rows"]["bag"]["mean_auc"], abs=0.11
+    )
+    table = capsys.readouterr().err.strip().splitlines()[-3:]
+    assert table[0].startswith("| cell | train ratio | residual | auto picks | default | bag |")
+    cols = [c.strip() for c in table[2].strip("|").split("|")]
+    d, b = entry["rows"]["default"][0], entry["rows"]["bag"][0]
+    assert cols == [
+        "`topic:4:added:3`",
+        f"{entry['ratio'][0]:.1f}",
+        f"{entry['residual'][0]:.1f}",
+        "none, dropout 0",
+        f"{d['auc']} / {d['p_at_1']}",
+        f"{b['auc']} / {b['p_at_1']}",
+        f"{entry['default_minus_bag']:+.1f}",
+    ]
