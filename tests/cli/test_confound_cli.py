@@ -20,8 +20,9 @@ def test_inspect_measures_the_confounds_of_every_split(capfd, dataset):
     for split, figures in out["confounds"].items():
         assert figures["documents"] == splits[split]
         assert figures == dataset_confounds(dataset, [split])[split].to_dict()
-        # the residual ratio (issue #44) that --image-centring auto reads: at most the ratio
-        assert 0 <= figures["image_residual"] <= figures["image_ratio"]
+        # the residual ratio (issue #44) that --image-centring auto reads: none on a split this
+        # small (too few documents for 16 directions; tests/pipelines/test_confounds.py has one)
+        assert figures["image_residual"] is None
     human = run_here(capfd, "data", "inspect", str(dataset), "--confounds").stdout
     assert "image ratio" in human and "residual" in human and "text share" in human
 

@@ -79,13 +79,22 @@ def test_a_split_with_single_image_documents_has_no_ratio():
     assert figures.image_ratio is None and figures.image_documents == 0 and figures.documents == 2
 
 
-def test_a_split_reports_the_residual_ratio_on_wide_features_only():
-    from pipelines.confounds import RESIDUAL_DIRECTIONS, RESIDUAL_MIN_DIM
+def test_the_residual_drops_up_to_48_directions_a_quarter_of_the_width_and_of_the_documents():
+    from pipelines.confounds import residual_directions
+
+    assert residual_directions(1280, 5000) == 48
+    assert residual_directions(128, 5000) == 32  # a quarter of the width
+    assert residual_directions(1280, 101) == 25  # a quarter of the 100 directions 101 means span
+    assert residual_directions(63, 5000) == 0 and residual_directions(1280, 64) == 0  # under 16
+
+
+def test_a_split_reports_the_residual_ratio_where_there_are_directions_to_drop():
+    from pipelines.confounds import residual_directions
     from schemas.document import Document, ImageRecord
 
     rng = np.random.default_rng(0)
 
-    def docs(dim: int) -> list:
+    def docs(dim: int, n: int = 200) -> list:
         looks = rng.normal(size=(3, dim)) * 4  # three topics' looks
         return [
             Document(
@@ -98,16 +107,19 @@ def test_a_split_reports_the_residual_ratio_on_wide_features_only():
                     for k in range(4)
                 ],
             )
-            for i in range(60)
+            for i in range(n)
         ]
 
-    wide = docs(RESIDUAL_MIN_DIM)
+    wide = docs(192)
     figures = split_confounds(wide)
     feats = [np.array([im.features for im in d.images]) for d in wide]
-    assert figures.image_residual == pytest.approx(image_ratio(feats, drop_directions=RESIDUAL_DIRECTIONS)[0])
+    r = residual_directions(192, len(wide))
+    assert r == 48
+    assert figures.image_residual == pytest.approx(image_ratio(feats, drop_directions=r)[0])
     assert figures.image_residual < 1 < figures.image_ratio  # three looks: dropped with their directions
-    narrow = split_confounds(docs(RESIDUAL_MIN_DIM - 1))
+    narrow, few = split_confounds(docs(63)), split_confounds(docs(192, n=60))
     assert narrow.image_ratio > 1 and narrow.image_residual is None
+    assert few.image_ratio > 1 and few.image_residual is None
 
 
 @settings(max_examples=40, deadline=None)

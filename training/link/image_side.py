@@ -1,13 +1,13 @@
 """The GRU backbone's image side resolved from the training split (issue #33, issue #44):
 ``--image-centring auto``, ``--image-mean-weight -1`` and ``--image-dropout -1`` (auto) read the
 training split's image ratio (``pipelines.confounds.image_ratio``: how much of an image's feature
-its document shares) and, when it is strong, its *residual* ratio (the same once the
-LOOK_DIRECTIONS principal directions of the document means are dropped).
+its document shares) and, when it is strong, its *residual* ratio (the same once up to 48
+principal directions of the document means are dropped: ``pipelines.confounds.residual_ratio``).
 
 - ratio below AUTO_RATIO: the images as they are (``none``), dropout 0.4.
-- ratio at or above it, residual below LINEAR_RESIDUAL (a look shared by a few topics: it lies in
-  a few directions that one linear map drops): the bag baseline's image side, ``none`` with no
-  dropout.
+- ratio at or above it, residual below LINEAR_RESIDUAL (a look shared by a few dozen topics at
+  most: it lies in a few directions that one linear map drops): the bag baseline's image side,
+  ``none`` with no dropout.
 - otherwise (a look per document, or per one of many topics): ``balanced`` centring with the
   document-mean part at weight 1, dropout 0.4.
 
@@ -17,7 +17,9 @@ on issue #44's family balanced cost ~1 AUC at ratios 0.2-3 against ``none``; at 
 ``none`` fell to 53 (200 topics, clipped) and 72 (per-document looks) where balanced reached 98;
 with 10 topics at ratio 8-16 (residual 0.2) balanced stayed at 98.4-98.5 and ``none`` with dropout
 0.4 fell to 95.7 where ``none`` without dropout reached the bag's 99.3-99.7 (dropout on a feature
-that is mostly look is mostly noise).
+that is mostly look is mostly noise); with 40 topics at ratio 10-20 (residual 0.2 at 48
+directions; 4.6-9 at 16) ``none`` without dropout reached 99.0-99.5 where balanced stayed at
+98.4-98.5 (bag 98.5-99.2).
 
 Its own module because it reads shards (the registration module stays free of data reading)."""
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipelines.confounds import RESIDUAL_DIRECTIONS, RESIDUAL_MIN_DIM, RESIDUAL_SAMPLE
+from pipelines.confounds import RESIDUAL_SAMPLE
 
 if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
@@ -34,9 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 AUTO_RATIO = 5.0
 AUTO_WEIGHTS = (0.5, 1.0)  # --image-mean-weight auto below AUTO_RATIO, at or above it
 AUTO_SAMPLE = RESIDUAL_SAMPLE  # training documents read to measure the ratio
-LOOK_DIRECTIONS = RESIDUAL_DIRECTIONS  # principal directions of the document means dropped
-LINEAR_RESIDUAL = 1.0  # residual below it: the look lies in those directions (10 topics: 0.2)
-MIN_DIM = RESIDUAL_MIN_DIM  # narrower features: every look fits in LOOK_DIRECTIONS; no residual
+LINEAR_RESIDUAL = 1.0  # residual below it: the look lies in those directions (10-40 topics: 0.2)
 AUTO_DROPOUT = 0.4  # --image-dropout auto, except on the bag's image side (0)
 
 
@@ -51,8 +51,8 @@ class ImageSide:
 
 def training_image_ratios(train_paths: list[str]) -> tuple[float | None, float | None]:
     """(ratio, residual ratio) of the first AUTO_SAMPLE training documents (None: too few
-    images; the residual is None too for features narrower than MIN_DIM)."""
-    from pipelines.confounds import image_ratio
+    images; the residual is None below AUTO_RATIO and where ``residual_directions`` is 0)."""
+    from pipelines.confounds import image_ratio, residual_ratio
     from schemas.shards import read_documents
 
     docs = []
@@ -63,9 +63,9 @@ def training_image_ratios(train_paths: list[str]) -> tuple[float | None, float |
     feats = [[im.features for im in d.images if im.features is not None] for d in docs[:AUTO_SAMPLE]]
     feats = [f for f in feats if f]
     ratio, _ = image_ratio(feats)
-    if ratio is None or ratio < AUTO_RATIO or len(feats[0][0]) < MIN_DIM:
+    if ratio is None or ratio < AUTO_RATIO:
         return ratio, None  # the residual decides only between strong looks
-    return ratio, image_ratio(feats, drop_directions=LOOK_DIRECTIONS)[0]
+    return ratio, residual_ratio(feats)
 
 
 def image_side(cfg: TrainConfig, train_paths: list[str]) -> ImageSide:
