@@ -118,6 +118,11 @@ def inprocess_fit(cfg):
     def batches(table, rng):
         order = rng.permutation(table.num_rows) if rng is not None else np.arange(table.num_rows)
         chunks = [order[i : i + cfg.batch_docs] for i in range(0, len(order), cfg.batch_docs)]
+        if rng is not None and cfg.batch_sampling == "similar":  # the loop's rule, on the whole split
+            from training.batching import document_signatures, similar_batches
+
+            sigs = document_signatures(features_of(table)[0], table.column("sentences").to_pylist())
+            chunks = similar_batches(sigs, cfg.batch_docs, cfg.near_share, rng)
         return [make_batch(table.take(c), vocab, cfg.max_tokens) for c in chunks if len(c) >= 2]
 
     val = batches(tables["val"], None)

@@ -42,3 +42,15 @@ def test_dagster_settings_take_the_preset_under_their_overrides():
     assert s.train_config("ap", data="-").select_by == "val_loss"
     with pytest.raises(MmlinksError, match="unknown preset"):
         Settings.from_dict({"train_preset": "nope"})
+
+
+@pytest.mark.parametrize(
+    ("objective", "words"),
+    [("ap", "random"), ("cmca", "random"), ("cmcm", "random"), ("cmcm-c", "random"), ("news", "glove")],
+)
+def test_auto_word_vectors_are_random_for_link_and_retrieval_and_the_paper_keeps_glove(objective, words):
+    """issues #44 and #45: GloVe starts digits, colours and tools nearly parallel; the link and
+    retrieval defaults start their words random, the paper preset keeps pretrained vectors."""
+    extra = ("--relation", "Visible") if objective == "cmcm-c" else ()
+    assert _config("--objective", objective, *extra).word_vectors == words
+    assert _config("--objective", objective, *extra, "--preset", "paper").word_vectors == "glove"

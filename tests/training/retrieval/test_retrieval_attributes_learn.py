@@ -1,10 +1,10 @@
 """CMCA learns the weak attribute (issue #45): on a small built graded-salience corpus (a small
 handwritten digit in one of 4 inks on one of 3 backdrops; `synth-coherence --salience graded`),
 trained through the real training loop (``training.driver.fit``, ``--workers 0``) with the
-objective's own defaults (``ObjectiveSpec.train_defaults``, shortened), the top 5 images of the
-texts that name the digit show that digit at least twice as often as chance, not only the ink and
-backdrop that dominate the features (docs/benchmarks.md, "Coherence retrieval: fine-grained
-attributes"). Skipped until its bar is calibrated by a finished run."""
+objective's defaults at the retrieval demo's rate and batch, shortened), the top 5 images of the
+texts that name the digit show that digit 2.75x as often as chance, not only the ink and backdrop
+that dominate the features (docs/benchmarks.md, "Coherence retrieval: fine-grained attributes").
+With GloVe's starting vectors, the default before, it fails (2.1x)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,6 @@ def attribute_report(net, data: Path, cfg, vocab) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.skip(
-    reason="issue #45: bar not yet calibrated (no run finished on the shared machine); see the report"
-)
 def test_cmca_learns_the_small_digit_not_only_the_colours(graded_dataset, tmp_path):
     import torch
 
@@ -68,6 +65,8 @@ def test_cmca_learns_the_small_digit_not_only_the_colours(graded_dataset, tmp_pa
         "objective": "cmca",
         "epochs": 12,
         "d_shared": 64,
+        "lr": 3e-3,  # the retrieval demo's rate and batch (cli/demo.py): minutes, not an hour
+        "batch_docs": 16,
         "num_workers": 0,
         "storage_path": str(tmp_path / "ray"),
         "n_pools": 1,
@@ -80,8 +79,10 @@ def test_cmca_learns_the_small_digit_not_only_the_colours(graded_dataset, tmp_pa
     print({a: (round(m["top5_match"], 3), round(m["chance"], 3)) for a, m in attrs.items()}, out["t2i"])
     assert attrs["digit"]["queries"] >= 150
     assert attrs["ink"]["top5_match"] >= 0.8 and attrs["backdrop"]["top5_match"] >= 0.8
-    # the weak attribute: well above chance (about 0.1), not at it
-    assert attrs["digit"]["top5_match"] >= 2 * attrs["digit"]["chance"], attrs["digit"]
+    # the weak attribute: well above chance (about 0.1). Measured: 0.353 with the default random
+    # word vectors, 0.224 with GloVe (the default before issue #45), which starts the digit
+    # words nearly parallel
+    assert attrs["digit"]["top5_match"] >= 2.75 * attrs["digit"]["chance"], attrs["digit"]
     # the bar is out of an untrained model's reach
     torch.manual_seed(0)
     fresh = attribute_report(build(res.model_config), graded_dataset, cfg, res.vocab)["attributes"]
