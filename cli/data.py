@@ -533,7 +533,7 @@ def show_confounds(confounds: dict) -> None:
     print(table(rows, ["split", "documents", "image ratio", "residual", "docs >= 2 images", "text share"]))
     print(
         "image ratio: ~0.2-0.5 photos of unrelated objects, >= 3 strongly confounded (a shared look); "
-        "residual: the ratio without the look's 16 main directions, < 1 when a few topics share the "
+        "residual: the ratio without the look's 48 main directions, < 1 when a few dozen topics share the "
         "look (train --image-centring auto then reads images as they are); "
         "text share: >= 0.2 topic words in most sentences"
     )
