@@ -55,6 +55,7 @@ PRESETS: dict[str, dict] = {
         # Alikhani et al. (the retrieval objectives; issue #45 changed their defaults)
         "image_layers": 0,
         "cam_gradient": "shared",
+        "cam_hidden": 0,
         "retrieval_margin": 0.3,
     },
 }

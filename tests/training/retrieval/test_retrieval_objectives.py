@@ -204,6 +204,9 @@ def test_cam_hidden_flag_reaches_the_model(tmp_path):
     assert net.cam.out is not None and net.cam.out.in_features == 8 and net.cam.out.out_features == 3
     assert net.cam.text_part.out_features == 8
     cfg, net = net_for("--objective", "cmcm-c", "--relation", "Action", "--d-shared", "10")
+    assert cfg.cam_hidden == 256 and net.cam.out.in_features == 256  # the default (issue #45)
+    paper = ("--preset", "paper")
+    cfg, net = net_for("--objective", "cmcm-c", "--relation", "Action", "--d-shared", "10", *paper)
     assert cfg.cam_hidden == 0 and net.cam.out is None and net.cam.text_part.out_features == 1
     _, net = net_for("--objective", "cmca", "--cam-hidden", "8", "--d-shared", "10")
     assert net.cam is None and net.cfg.cam_hidden == 0  # CMCA has no CAM to widen
