@@ -49,7 +49,7 @@ def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkey
                 "--seeds",
                 "0",
                 "--docs",
-                "60",
+                "80",  # >= 65 documents: enough for the residual's 16 directions
                 "--dim",
                 "64",
                 "--corpora",
