@@ -11,7 +11,7 @@ the shape `mmlinks train` gives by default (TrainConfig's backbone config: d_mul
 pooling, the offline GloVe's 50-d word vectors, 20 tokens), packaged and registered as a training
 run would be; its quality does not change its speed. ``--d-multi 256`` is the demo's smaller
 model: the job's own per-document work (decoding the Parquet features, Beam) is the same for any
-model, so the ratio is lowest for the cheapest model (docs/benchmarks.md gives both).
+model, so the ratio is lowest for the cheapest model (docs/benchmarks-scale.md gives both).
 
 Reported (medians of ``--repeats`` repetitions; each repetition runs the bare loop, then the job
 on a small copy and on the whole dataset, so both sides see the same neighbours):

@@ -45,14 +45,17 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNERS = {"direct": ["--runner", "DirectRunner"], "dask": ["--runner", "dask"]}
 
 
-def role(proc: psutil.Process, top: int) -> str:
-    """A process's part in the run, from its command line (Ray names its workers ``ray::...``)."""
+def role(proc: psutil.Process, top: int) -> str | None:
+    """A process's part in the run, from its command line (Ray names its workers ``ray::...``);
+    None when the command line cannot be read (an exiting process: its last role stands)."""
     if proc.pid == top:
         return "driver"
     try:
         cmd = " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return "other"
+        return None
+    if not cmd:  # a zombie's command line is empty
+        return None
     exe = cmd.split(" ", 1)[0]
     if exe.endswith(("/raylet", "/gcs_server")):
         return exe.rsplit("/", 1)[1]
@@ -106,7 +109,9 @@ class TreeMonitor:
                 known = self.peaks.get(p.pid)
                 # a Ray worker starts as default_worker.py (--raylet-name=...) and takes its ray::
                 # title later: its role is decided again until it is a training worker
+                # (before #47's 100K run an exiting worker fell to "other" with its peak)
                 name = known[0] if known and known[0] == "train_worker" else role(p, self.pid)
+                name = name or (known[0] if known else "other")
                 self.peaks[p.pid] = (name, max(rss, known[1] if known else 0))
             self.shm_peak = max(self.shm_peak, _shm_used() - self.shm0)
             self._stop.wait(self.poll_s)
@@ -255,6 +260,7 @@ def build_point(size: int, work: Path, runner: str, args) -> dict:
     raw = work / f"raw-{size}"
     if not raw.exists():
         synth = ["data", "synth", "--out", str(raw), "--docs", str(size), "--seed", str(args.seed), "--quiet"]
+        synth += args.build_synth_arg
         res, _, _ = run_cli(synth, args.poll_s)
         if "error" in res:
             return {"error": res["error"]}
@@ -364,6 +370,12 @@ def main() -> None:
     ap.add_argument("--train-arg", action="append", default=[], help="extra `mmlinks train` argument")
     ap.add_argument("--runners", default="direct,dask", help="link and build runners")
     ap.add_argument("--build-sizes", default="", help="image builds (e.g. 1000,5000,20000); none by default")
+    ap.add_argument(
+        "--build-synth-arg",
+        action="append",
+        default=[],
+        help="extra `data synth` argument for the build's raw corpora (e.g. --images-max=2)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--poll-s", type=float, default=0.5, help="process tree polling interval")
     ap.add_argument("--workdir", default="")

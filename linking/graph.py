@@ -20,6 +20,7 @@ from linking.model import LinkModelHandler
 from linking.steps import (
     EVAL,
     Chunk,
+    EvalTotals,
     LinkChunk,
     ReadChunks,
     WriteLinkShards,
@@ -57,8 +58,14 @@ def link_pipeline(p: beam.Pipeline, cfg: LinkConfig, job: dict, staging: str) ->
         SHARD_INDEX_FILE: ([write_links(linked.rows, staging)], None),
         DEAD_LETTER_FILE: (dead, lambda r: r.to_json()),
     }
-    if cfg.eval:
-        small[EVAL_FILE] = ([linked[EVAL]], lambda r: json.dumps(r, sort_keys=True))
+    if cfg.eval:  # totals combined by key (no global combine's default stage), one line
+        totals = (
+            linked[EVAL]
+            | "EvalKey" >> beam.Map(lambda r: (EVAL, r))
+            | "EvalTotals" >> beam.CombinePerKey(EvalTotals())
+            | "EvalValues" >> beam.Values()
+        )
+        small[EVAL_FILE] = ([totals], lambda r: json.dumps(r, sort_keys=True))
     write_small(small, staging)
 
 

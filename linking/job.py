@@ -227,17 +227,15 @@ def _shard_index(staging: str) -> list[ShardInfo]:
 
 
 def _evaluation(staging: str) -> dict:
-    """Link P/R/F1 and the per-document score metrics, from the sorted evaluation records."""
-    from training.metrics import DocMetrics, link_prf, summarize
+    """Link P/R/F1 and the per-document score metrics: the one line of totals the job combined
+    (``linking.steps.EvalTotals``); no labelled document wrote none."""
+    from linking.steps import EvalTotals
 
     path = fileio.join(staging, EVAL_FILE)
     lines = fileio.read_bytes(path).decode().splitlines() if fileio.exists(path) else []
-    records = [json.loads(x) for x in lines if x.strip()]
-    per_doc = [DocMetrics(**r["metrics"]) for r in records if r["metrics"] is not None]
-    sums = [sum(r[k] for r in records) for k in ("tp", "predicted", "gold")]
-    return _finite(
-        {"labelled_documents": len(records), "links": link_prf(*sums), "scores": summarize(per_doc)}
-    )
+    totals = [json.loads(x) for x in lines if x.strip()]
+    fn = EvalTotals()
+    return _finite(totals[0] if totals else fn.extract_output(fn.create_accumulator()))
 
 
 def _finite(value):

@@ -14,6 +14,7 @@ import pickle
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from fractions import Fraction
 
 import apache_beam as beam
 import numpy as np
@@ -365,6 +366,44 @@ def eval_record(doc: dict, scores: np.ndarray, row: dict) -> dict:
         "gold": n_gold,
         "metrics": None if m is None else dict(m.__dict__),
     }
+
+
+class EvalTotals(beam.CombineFn):
+    """Evaluation records -> the job's evaluation totals, combined where they are made: one
+    process never holds a record per document (the corpus-scale issue #47). Accumulator:
+    (documents, tp, predicted, gold, scored documents, [sum auc, sum p@1, sum p@5]); the sums
+    are exact ``Fraction``s of the floats, so the totals do not depend on how a runner bundled
+    or merged them and a rerun writes the same manifest bytes."""
+
+    def create_accumulator(self):
+        return (0, 0, 0, 0, 0, (Fraction(0), Fraction(0), Fraction(0)))
+
+    def add_input(self, acc, record: dict):
+        n, tp, pred, gold, scored, sums = acc
+        m = record["metrics"]
+        if m is not None:
+            scored += 1
+            sums = tuple(s + Fraction(m[k]) for s, k in zip(sums, ("auc", "p_at_1", "p_at_5"), strict=True))
+        return (n + 1, tp + record["tp"], pred + record["predicted"], gold + record["gold"], scored, sums)
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        ints = [sum(a[i] for a in accs) for i in range(5)]
+        sums = tuple(sum((a[5][k] for a in accs), Fraction(0)) for k in range(3))
+        return (*ints, sums)
+
+    def extract_output(self, acc) -> dict:
+        """``labelled_documents``, ``links`` (``training.metrics.link_prf``) and ``scores``
+        (``training.metrics.summarize``'s keys: macro averages x100, NaN without a scored one)."""
+        from training.metrics import link_prf
+
+        n, tp, pred, gold, scored, sums = acc
+        means = [100 * float(s / scored) if scored else float("nan") for s in sums]
+        return {
+            "labelled_documents": n,
+            "links": link_prf(tp, pred, gold),
+            "scores": {"auc": means[0], "p_at_1": means[1], "p_at_5": means[2], "n_docs": scored},
+        }
 
 
 def rows_of_block(block: bytes) -> list[dict]:

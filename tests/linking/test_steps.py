@@ -10,12 +10,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from apache_beam.ml.inference.base import PredictionResult
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linking.config import LinkConfig
 from linking.steps import (
     EVAL,
     Chunk,
     ChunkCoder,
+    EvalTotals,
     LinkChunk,
     ReadChunks,
     WriteLinkShards,
@@ -28,6 +31,7 @@ from linking.steps import (
 )
 from schemas.errors import MmlinksError
 from schemas.links import read_links
+from training.metrics import DocMetrics, link_prf, summarize
 
 
 def doc(doc_id: str, n: int = 2, m: int = 3, dim: int = 4, links=None, split: str = "test") -> dict:
@@ -194,6 +198,52 @@ def test_link_chunk_rows_and_evaluation_records():
     assert (record["tp"], record["predicted"], record["gold"]) == (0, 2, 1)
     # the true cell (0, 1) scores 0.1: it ties one of the five negatives and loses to the rest
     assert record["metrics"]["auc"] == pytest.approx(0.1)
+
+
+_unit = st.floats(0, 1, allow_nan=False)
+_record = st.builds(
+    lambda i, tp, extra, miss, m: {
+        "doc_id": f"d{i}",
+        "tp": tp,
+        "predicted": tp + extra,
+        "gold": tp + miss,
+        "metrics": None if m is None else {"doc_id": f"d{i}", "auc": m[0], "p_at_1": m[1], "p_at_5": m[2]},
+    },
+    st.integers(0, 10**6),
+    st.integers(0, 5),
+    st.integers(0, 5),
+    st.integers(0, 5),
+    st.none() | st.tuples(_unit, _unit, _unit),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_record, max_size=40), st.randoms(use_true_random=False))
+def test_eval_totals_match_the_per_document_oracle_in_any_grouping(records, rnd):
+    """The combined totals equal ``summarize`` / ``link_prf`` over every record held at once
+    (the job's evaluation before #47), and are the same bytes whatever the bundling."""
+    fn = EvalTotals()
+
+    def combine(recs):
+        parts = [recs[i::3] for i in range(3)]  # three bundles, merged
+        accs = []
+        for part in parts:
+            acc = fn.create_accumulator()
+            for r in part:
+                acc = fn.add_input(acc, r)
+            accs.append(acc)
+        return fn.extract_output(fn.merge_accumulators(accs))
+
+    got = combine(records)
+    shuffled = list(records)
+    rnd.shuffle(shuffled)
+    assert json.dumps(combine(shuffled), sort_keys=True) == json.dumps(got, sort_keys=True)
+    per_doc = [DocMetrics(**r["metrics"]) for r in records if r["metrics"] is not None]
+    want_links = link_prf(*(sum(r[k] for r in records) for k in ("tp", "predicted", "gold")))
+    want_scores = summarize(per_doc)
+    assert got["labelled_documents"] == len(records)
+    assert got["links"] == pytest.approx(want_links, nan_ok=True)
+    assert got["scores"] == pytest.approx(want_scores, nan_ok=True, abs=1e-9)
 
 
 def test_chunk_coder_round_trips_and_sizes_without_encoding(monkeypatch):
