@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import pickle
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -383,14 +384,16 @@ class EvalTotals(beam.CombineFn):
         m = record["metrics"]
         if m is not None:
             scored += 1
-            sums = tuple(s + Fraction(m[k]) for s, k in zip(sums, ("auc", "p_at_1", "p_at_5"), strict=True))
+            sums = tuple(_add_exact(s, m[k]) for s, k in zip(sums, ("auc", "p_at_1", "p_at_5"), strict=True))
         return (n + 1, tp + record["tp"], pred + record["predicted"], gold + record["gold"], scored, sums)
 
     def merge_accumulators(self, accs):
         accs = list(accs)
         ints = [sum(a[i] for a in accs) for i in range(5)]
-        sums = tuple(sum((a[5][k] for a in accs), Fraction(0)) for k in range(3))
-        return (*ints, sums)
+        sums = [Fraction(0)] * 3
+        for a in accs:
+            sums = [None if x is None or y is None else x + y for x, y in zip(sums, a[5], strict=True)]
+        return (*ints, tuple(sums))
 
     def extract_output(self, acc) -> dict:
         """``labelled_documents``, ``links`` (``training.metrics.link_prf``) and ``scores``
@@ -398,12 +401,20 @@ class EvalTotals(beam.CombineFn):
         from training.metrics import link_prf
 
         n, tp, pred, gold, scored, sums = acc
-        means = [100 * float(s / scored) if scored else float("nan") for s in sums]
+        means = [100 * float(s / scored) if scored and s is not None else float("nan") for s in sums]
         return {
             "labelled_documents": n,
             "links": link_prf(tp, pred, gold),
             "scores": {"auc": means[0], "p_at_1": means[1], "p_at_5": means[2], "n_docs": scored},
         }
+
+
+def _add_exact(total: Fraction | None, value: float) -> Fraction | None:
+    """``total + value`` exactly; None (the mean is NaN, as ``np.mean`` gives) once a value is
+    not finite: ``Fraction`` refuses NaN and infinities, and a job must not die on one document."""
+    if total is None or not math.isfinite(value):
+        return None
+    return total + Fraction(value)
 
 
 def rows_of_block(block: bytes) -> list[dict]:

@@ -2,6 +2,7 @@
 the per-document scores of training.loop.link_scores."""
 
 import json
+import math
 import pickle
 from types import SimpleNamespace
 
@@ -244,6 +245,17 @@ def test_eval_totals_match_the_per_document_oracle_in_any_grouping(records, rnd)
     assert got["labelled_documents"] == len(records)
     assert got["links"] == pytest.approx(want_links, nan_ok=True)
     assert got["scores"] == pytest.approx(want_scores, nan_ok=True, abs=1e-9)
+
+
+def test_eval_totals_take_a_non_finite_metric_as_nan_not_a_crash():
+    """``Fraction`` refuses NaN: a diverged document makes that mean NaN (as ``summarize`` gives)."""
+    fn = EvalTotals()
+    good = {"tp": 1, "predicted": 1, "gold": 2, "metrics": {"auc": 0.5, "p_at_1": 1.0, "p_at_5": 0.2}}
+    bad = {"tp": 0, "predicted": 1, "gold": 1, "metrics": {"auc": float("nan"), "p_at_1": 0.0, "p_at_5": 0.0}}
+    accs = [fn.add_input(fn.create_accumulator(), r) for r in (good, bad)]
+    out = fn.extract_output(fn.merge_accumulators(accs))
+    assert math.isnan(out["scores"]["auc"]) and out["scores"]["p_at_1"] == pytest.approx(50.0)
+    assert out["labelled_documents"] == 2 and out["links"]["true_positives"] == 1
 
 
 def test_chunk_coder_round_trips_and_sizes_without_encoding(monkeypatch):
