@@ -67,6 +67,15 @@ from schemas.errors import MmlinksError
 RUNNER_PATH = f"{__name__}.DaskRunner"  # what --runner names for Beam
 METRICS_TAG = "__mmlinks_metrics__"
 MAIN = None  # the main output's tag
+# A Read's bundles hold at most this many bytes of its source, so a stage's partitions grow with
+# the input instead of staying at twice the task slots: a Dask task holds its partition whole, and
+# a worker cannot take over part of another's. At 4 partitions a 20,000-document build's feature
+# stage ran 4 tasks of ~9,000 images on 2 workers, the last alone while the other worker idled.
+# (`data synth`'s corpus is ~280 bytes of JSON a document: ~930 documents a bundle.)
+READ_BUNDLE_BYTES = 256 << 10
+# A grouping's partitions stop at this many per task slot: a task shuffle of N partitions makes
+# about N x min(N, 32) tasks, so a 1M-document build keeps a graph the scheduler can hold.
+MAX_PARTITIONS_PER_SLOT = 16
 
 # Per worker process: the current job's set-up DoFns by ParDo id. A long-lived cluster runs job
 # after job: the first bundle of a new job tears the previous job's DoFns down (and lets go of
@@ -206,7 +215,9 @@ class _Translator(PipelineVisitor):
     "Dask runner"), and a build makes fewer tasks."""
 
     def __init__(self, partitions: int, readers: dict[pvalue.PCollection, int] | None = None):
-        self.partitions = partitions
+        self.partitions = partitions  # at least this many per stage: twice the task slots
+        self.widest = partitions  # a grouping's partitions: the most any Read was cut into
+        self.most = partitions * MAX_PARTITIONS_PER_SLOT // 2  # partitions count two per slot
         self.readers = readers or {}
         self.bags: dict[pvalue.PCollection, Any] = {}
         self.made_by: dict[pvalue.PCollection, tuple[_Stage, int, Any]] = {}  # fused, not yet bags
@@ -256,16 +267,19 @@ class _Translator(PipelineVisitor):
         elif isinstance(t, beam.Impulse):
             bag = db.from_sequence([b""], npartitions=1)
         elif isinstance(t, _Read):
-            # about one bundle per task slot, so the stages after a read start spread out
+            # one bundle per task slot at least, so the stages after a read start spread out, and
+            # bundles of at most READ_BUNDLE_BYTES, so a task's partition does not grow with the input
             size = t.source.estimate_size() or 0
-            bundles = list(t.source.split(desired_bundle_size=max(1 << 10, -(-size // self.partitions))))
+            per = max(1 << 10, min(-(-size // self.partitions), READ_BUNDLE_BYTES))
+            bundles = list(t.source.split(desired_bundle_size=per))
+            self.widest = max(self.widest, min(len(bundles), self.most))
             bag = db.from_sequence(bundles, npartitions=max(1, len(bundles))).map_partitions(_read_bundles)
         elif isinstance(t, _Flatten):
             bag = db.concat(mains) if mains else db.from_sequence([], npartitions=1)
         elif isinstance(t, _Reshuffle):
             bag = _spread(mains[0], self.partitions)
         elif isinstance(t, _GroupByKeyOnly):
-            bag = _group_by_key(mains[0], self.partitions)
+            bag = _group_by_key(mains[0], self.widest)
         elif isinstance(t, _GroupAlsoByWindow):
             bag = mains[0]  # values were grouped in the one global window
         elif isinstance(t, beam.WindowInto):
@@ -299,7 +313,7 @@ class _Translator(PipelineVisitor):
 
 def task_name(label: str) -> str:
     """A ParDo's tasks' key prefix: its Beam label, so Dask's dashboard and task stream say which
-    step a task runs (``CNNInference/BeamML_RunInference/...``), not ``_run_bundle``."""
+    step a task runs (``CNNInference/BeamML_RunInference/...``), not ``_run_stage``."""
     return re.sub(r"[^A-Za-z0-9_./()+]+", "_", label)
 
 
@@ -353,7 +367,9 @@ def _narrowed(bag, partitions: int):
 
 
 def _group_by_key(bag, partitions: int):
-    """(k, v) pairs -> (k, [v, ...]); keys go to partitions by ``stable_hash``."""
+    """(k, v) pairs -> (k, [v, ...]) in ``partitions`` partitions (the translation's widest Read:
+    what a Read cut by size keeps small, a grouping after it keeps small too); keys go to
+    partitions by ``stable_hash``."""
     bag = _narrowed(bag, partitions)
     grouped = bag.groupby(lambda kv: stable_hash(kv[0]) % partitions, npartitions=partitions)
     return grouped.map_partitions(_regroup)
@@ -383,13 +399,28 @@ class _Collect(Receiver):
         self.out.append((self.tag, _unwindowed(windowed_value)))
 
 
+class _Forward(Receiver):
+    """A Receiver that hands each output straight to the fused member that reads it."""
+
+    def __init__(self, bundle: _Bundle):
+        self.bundle = bundle
+
+    def receive(self, windowed_value):
+        self.bundle.process(_unwindowed(windowed_value))
+
+
 class _Receivers(dict):
-    def __init__(self, out: list):
+    """Per output tag: forward to the member that reads it (``readers``) or collect into ``out``."""
+
+    def __init__(self, out: list, index: int, readers: dict):
         super().__init__()
-        self.out = out
+        self.out, self.index, self.readers = out, index, readers
 
     def __missing__(self, tag):
-        self[tag] = receiver = _Collect(self.out, tag)
+        reader = self.readers.get((self.index, tag))
+        self[tag] = receiver = (
+            _Forward(reader) if reader is not None else _Collect(self.out, (self.index, tag))
+        )
         return receiver
 
 
@@ -404,91 +435,118 @@ def _forget_dofns(job: str) -> None:
 
 
 def _run_stage(items, members, *side_values, views):
-    """One partition through a fused stage: each member's DoFn runs it as one Beam bundle over
-    its source's outputs (the first member over ``items``, with the side inputs); returns every
-    member's outputs that no later member reads as ((member index, tag), value) and, last, all
-    counters under METRICS_TAG."""
+    """One partition through a fused stage, element by element, as a Beam SDK worker runs fused
+    steps: each member's DoFn runs the partition as one bundle, and what a member emits goes
+    straight into the member that reads it (``finish_bundle`` outputs too, before that member
+    finishes). So a task holds its input, the outputs no member reads and one element in flight,
+    not every member's outputs at once: run member after member, a 20,000-document build's
+    feature stage kept each member's full output list alive (one Dask worker peaked at 6.7 GB).
+    Returns those outputs as ((member index, tag), value) and, last, all counters under
+    METRICS_TAG."""
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
     out: list = []
-    outputs: list[list] = []
-    counters: dict = {}
-    internal = {source for _, source in members if source is not None}  # read inside only
-    for index, (spec, source) in enumerate(members):
-        if source is None:
-            inputs = items
-        else:
-            inputs = [v for t, v in outputs[source[0]] if t == source[1]]
-        produced, counted = _run_bundle(
-            inputs, spec, *(side_values if index == 0 else ()), views=views if index == 0 else []
+    readers: dict = {}
+    bundles: list[_Bundle] = []
+    # Readers first (a member reads an earlier one), so each receiver knows its bundle.
+    for index in reversed(range(len(members))):
+        spec, source = members[index]
+        first = index == 0
+        bundle = _Bundle(
+            spec,
+            _Receivers(out, index, readers),
+            side_values if first else (),
+            views if first else [],
         )
-        outputs.append(produced)
-        out.extend(((index, t), v) for t, v in produced if (index, t) not in internal)
-        counters.update(counted)
+        if source is not None:
+            readers[source] = bundle
+        bundles.insert(0, bundle)
+    # A sampler per task: a sampler keeps the first container it was given for a state name.
+    previous = statesampler.get_current_tracker()
+    sampler = statesampler.StateSampler("dask", CounterFactory())
+    statesampler.set_current_tracker(sampler)
+    try:
+        for bundle in reversed(bundles):  # a reader is ready before anything reaches it
+            bundle.start(sampler)
+        for item in items:
+            bundles[0].process(item)
+        for bundle in bundles:  # a member's finish_bundle outputs reach its reader first
+            bundle.finish()
+    finally:
+        statesampler.set_current_tracker(previous)
+    counters: dict = {}
+    for bundle in bundles:
+        counters.update(bundle.counters())
     out.append((METRICS_TAG, counters))
     return out
 
 
-def _run_bundle(items, spec, *side_values, views):
-    """One partition as one Beam bundle of ``spec``'s DoFn: start, process each, finish; returns
-    its outputs as (tag, value) and its counters."""
-    from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
-    from apache_beam.runners.worker import statesampler
-    from apache_beam.transforms.core import DoFn
-    from apache_beam.transforms.sideinputs import SideInputMap
-    from apache_beam.transforms.window import GlobalWindow, GlobalWindows
-    from apache_beam.utils.counters import CounterFactory
-    from apache_beam.utils.windowed_value import WindowedValue
+class _Bundle:
+    """One member's DoFn over one partition as one Beam bundle: start, process each, finish, with
+    its outputs handed to ``receivers`` and its counters in its own MetricsContainer."""
 
-    job, key, label, fn, args, kwargs = spec
-    if _dofns_job[0] != job:
-        _forget_dofns(job)
-    fresh = key not in _dofns
-    fn = _dofns.setdefault(key, fn)
-    out: list = []
-    receivers = _Receivers(out)
-    handler = _OutputHandler(
-        window_fn=GlobalWindows(),
-        main_receivers=receivers[MAIN],
-        tagged_receivers=receivers,
-        per_element_output_counter=None,
-        output_batch_converter=None,
-        process_yields_batches=False,
-        process_batch_yields_elements=False,
-    )
-    sides = [
-        SideInputMap(kind, view, [WindowedValue(v, 0, (GlobalWindow(),)) for v in values])
-        for (kind, view), values in zip(views, side_values, strict=True)
-    ]
-    invoker = DoFnInvoker.create_invoker(
-        DoFnSignature(fn),
-        handler,
-        context=DoFnContext(label, state=None),
-        side_inputs=sides,
-        input_args=args,
-        input_kwargs=kwargs,
-        user_state_context=None,
-        bundle_finalizer_param=DoFn.BundleFinalizerParam(),
-    )
-    # A sampler per bundle: a sampler keeps the first container it was given for a state name.
-    previous = statesampler.get_current_tracker()
-    sampler = statesampler.StateSampler("dask", CounterFactory())
-    statesampler.set_current_tracker(sampler)
-    container = MetricsContainer(label)
-    try:
-        with sampler.scoped_state(label, "process", metrics_container=container):
-            if fresh:
-                invoker.invoke_setup()  # once per worker process, as on a Beam SDK worker
-            invoker.invoke_start_bundle()
-            for item in items:
-                invoker.invoke_process(WindowedValue(item, 0, (GlobalWindow(),)))
-            invoker.invoke_finish_bundle()
-    finally:
-        statesampler.set_current_tracker(previous)
-    counters = {
-        (label, k.metric.namespace, k.metric.name): int(v)
-        for k, v in container.get_cumulative().counters.items()
-        if v
-    }
-    return out, counters
+    def __init__(self, spec, receivers: _Receivers, side_values, views):
+        from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
+        from apache_beam.transforms.core import DoFn
+        from apache_beam.transforms.sideinputs import SideInputMap
+        from apache_beam.transforms.window import GlobalWindow, GlobalWindows
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        job, key, label, fn, args, kwargs = spec
+        if _dofns_job[0] != job:
+            _forget_dofns(job)
+        self.fresh = key not in _dofns
+        fn = _dofns.setdefault(key, fn)
+        self.label, self.window = label, (GlobalWindow(),)
+        self.wrap = WindowedValue
+        handler = _OutputHandler(
+            window_fn=GlobalWindows(),
+            main_receivers=receivers[MAIN],
+            tagged_receivers=receivers,
+            per_element_output_counter=None,
+            output_batch_converter=None,
+            process_yields_batches=False,
+            process_batch_yields_elements=False,
+        )
+        sides = [
+            SideInputMap(kind, view, [WindowedValue(v, 0, (GlobalWindow(),)) for v in values])
+            for (kind, view), values in zip(views, side_values, strict=True)
+        ]
+        self.invoker = DoFnInvoker.create_invoker(
+            DoFnSignature(fn),
+            handler,
+            context=DoFnContext(label, state=None),
+            side_inputs=sides,
+            input_args=args,
+            input_kwargs=kwargs,
+            user_state_context=None,
+            bundle_finalizer_param=DoFn.BundleFinalizerParam(),
+        )
+        self.container = MetricsContainer(label)
+        self.state = None
+
+    def start(self, sampler) -> None:
+        self.state = sampler.scoped_state(self.label, "process", metrics_container=self.container)
+        with self.state:
+            if self.fresh:
+                self.invoker.invoke_setup()  # once per worker process, as on a Beam SDK worker
+            self.invoker.invoke_start_bundle()
+
+    def process(self, item) -> None:
+        with self.state:  # counters of this member's DoFn, also when called from another's
+            self.invoker.invoke_process(self.wrap(item, 0, self.window))
+
+    def finish(self) -> None:
+        with self.state:
+            self.invoker.invoke_finish_bundle()
+
+    def counters(self) -> dict:
+        return {
+            (self.label, k.metric.namespace, k.metric.name): int(v)
+            for k, v in self.container.get_cumulative().counters.items()
+            if v
+        }
 
 
 __all__ = ["RUNNER_PATH", "DaskPipelineResult", "DaskRunner", "stable_hash", "task_name"]

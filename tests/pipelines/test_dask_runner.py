@@ -316,3 +316,97 @@ def test_one_reader_chains_of_pardos_run_fused_in_one_task_named_by_their_labels
         counters = _sum_counters(everything.compute())
     assert counters == {("Double it", "t", "seen"): 10}
     assert task_name("CNN/BeamML RunInference/ParDo(x)") == "CNN/BeamML_RunInference/ParDo(x)"
+
+
+def test_a_fused_stage_streams_each_element_through_its_members():
+    """A fused chain runs element by element, as a Beam SDK worker runs fused steps: ``Inflate``'s
+    1 MB output per element is read by ``Shrink`` before the next element is inflated, so one task
+    over 200 elements holds about one megabyte in flight, not 200 (run member after member over
+    the whole partition, it held every member's output list: a 20,000-document build's Dask
+    worker reached 6.7 GB). ``finish_bundle`` outputs still reach the reader before it finishes.
+    No cluster: one partition, computed with dask's synchronous scheduler, peak traced."""
+    import tracemalloc
+
+    import dask
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    from pipelines.dask_runner import _Translator, consumers
+
+    class Inflate(beam.DoFn):
+        def process(self, x):
+            yield x, bytes(1 << 20)
+
+        def finish_bundle(self):
+            yield beam.transforms.window.GlobalWindows.windowed_value((-1, b"last"))
+
+    class Shrink(beam.DoFn):
+        def start_bundle(self):
+            self.seen = 0
+
+        def process(self, kv):
+            self.seen += 1
+            yield kv[0], len(kv[1])
+
+        def finish_bundle(self):
+            yield beam.transforms.window.GlobalWindows.windowed_value(("seen", self.seen))
+
+    p = beam.Pipeline()
+    shrunk = (
+        p
+        | beam.Create(list(range(200)))
+        | "Inflate" >> beam.ParDo(Inflate())
+        | "Shrink" >> beam.ParDo(Shrink())
+    )
+    p.replace_all(dask_overrides())
+    translator = _Translator(partitions=1, readers=consumers(p))
+    p.visit(translator)
+    bag = translator.bag(shrunk)
+    tracemalloc.start()
+    try:
+        with dask.config.set(scheduler="sync"):
+            got = bag.compute()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sorted(got, key=str) == sorted(
+        [(x, 1 << 20) for x in range(200)] + [(-1, 4), ("seen", 201)], key=str
+    )
+    assert peak < 40 << 20, f"{peak >> 20} MiB traced at peak"  # member after member: > 200 MiB
+
+
+def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path):
+    """A Read is cut into bundles of at most READ_BUNDLE_BYTES and a GroupByKey after it keeps
+    that many partitions (up to MAX_PARTITIONS_PER_SLOT a slot), so a task's partition stays
+    small as the corpus grows (cut into twice the task slots whatever the size, a 20,000-document
+    build gave each task a quarter of the corpus, the last one run alone). The values are the
+    same either way. No cluster: dask's synchronous scheduler."""
+    import dask
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    from pipelines.dask_runner import MAX_PARTITIONS_PER_SLOT, READ_BUNDLE_BYTES, _Translator, consumers
+
+    lines = [f"{i % 7} {'x' * 90}" for i in range(50_000)]  # ~4.4 MiB
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    wanted = -(-(tmp_path / "in.txt").stat().st_size // READ_BUNDLE_BYTES)
+
+    def translated(slots: int):
+        p = beam.Pipeline()
+        read = p | beam.io.ReadFromText(str(tmp_path / "in.txt"))
+        keyed = read | beam.Map(lambda line: (line.split()[0], line))
+        grouped = keyed | beam.GroupByKey() | "Sorted" >> beam.MapTuple(lambda k, v: (k, sorted(v)))
+        copied = keyed | "Copy" >> beam.Map(lambda kv: kv[1])  # keyed has two readers: a bag
+        p.replace_all(dask_overrides())
+        translator = _Translator(partitions=2 * slots, readers=consumers(p))
+        p.visit(translator)
+        return [translator.bag(pc) for pc in (keyed, grouped, copied)]
+
+    keyed, grouped, copied = translated(slots=2)
+    assert keyed.npartitions >= wanted >= 16  # twice the 2 slots before: 4
+    assert grouped.npartitions == keyed.npartitions
+    with dask.config.set(scheduler="sync"):
+        assert sorted(copied.compute()) == sorted(lines)
+        assert dict(grouped.compute()) == {
+            str(k): sorted(x for x in lines if x.startswith(f"{k} ")) for k in range(7)
+        }
+    keyed, grouped, _ = translated(slots=1)  # a grouping stops at its cap, a read does not
+    assert grouped.npartitions == MAX_PARTITIONS_PER_SLOT < wanted <= keyed.npartitions
