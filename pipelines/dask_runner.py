@@ -68,11 +68,11 @@ RUNNER_PATH = f"{__name__}.DaskRunner"  # what --runner names for Beam
 METRICS_TAG = "__mmlinks_metrics__"
 MAIN = None  # the main output's tag
 # A Read's bundles hold at most this many bytes of its source, so a stage's partitions grow with
-# the input instead of staying at twice the task slots: a Dask task holds its partition whole, and
-# a worker cannot take over part of another's. At 4 partitions a 20,000-document build's feature
-# stage ran 4 tasks of ~9,000 images on 2 workers, the last alone while the other worker idled.
-# (`data synth`'s corpus is ~280 bytes of JSON a document: ~930 documents a bundle.)
-READ_BUNDLE_BYTES = 256 << 10
+# a big input instead of staying at twice the task slots (a Dask task holds its partition whole).
+# Not smaller: on 2 cores every extra partition costs a task per shuffle partner, and 22 partitions
+# made a 20,000-document build (5.4 MB of `data synth` JSON lines, 4 bundles at this size) slower
+# than 4 (docs/benchmarks-scale.md).
+READ_BUNDLE_BYTES = 4 << 20
 # A grouping's partitions stop at this many per task slot: a task shuffle of N partitions makes
 # about N x min(N, 32) tasks, so a 1M-document build keeps a graph the scheduler can hold.
 MAX_PARTITIONS_PER_SLOT = 16

@@ -374,7 +374,7 @@ def test_a_fused_stage_streams_each_element_through_its_members():
     assert peak < 40 << 20, f"{peak >> 20} MiB traced at peak"  # member after member: > 200 MiB
 
 
-def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path):
+def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path, monkeypatch):
     """A Read is cut into bundles of at most READ_BUNDLE_BYTES and a GroupByKey after it keeps
     that many partitions (up to MAX_PARTITIONS_PER_SLOT a slot), so a task's partition stays
     small as the corpus grows (cut into twice the task slots whatever the size, a 20,000-document
@@ -383,8 +383,11 @@ def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path):
     import dask
     from apache_beam.runners.dask.overrides import dask_overrides
 
-    from pipelines.dask_runner import MAX_PARTITIONS_PER_SLOT, READ_BUNDLE_BYTES, _Translator, consumers
+    from pipelines import dask_runner
+    from pipelines.dask_runner import MAX_PARTITIONS_PER_SLOT, _Translator, consumers
 
+    READ_BUNDLE_BYTES = 256 << 10  # a small corpus stands for a big one: smaller bundles
+    monkeypatch.setattr(dask_runner, "READ_BUNDLE_BYTES", READ_BUNDLE_BYTES)
     lines = [f"{i % 7} {'x' * 90}" for i in range(50_000)]  # ~4.4 MiB
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     wanted = -(-(tmp_path / "in.txt").stat().st_size // READ_BUNDLE_BYTES)
