@@ -439,10 +439,10 @@ def _run_stage(items, members, *side_values, views):
     steps: each member's DoFn runs the partition as one bundle, and what a member emits goes
     straight into the member that reads it (``finish_bundle`` outputs too, before that member
     finishes). So a task holds its input, the outputs no member reads and one element in flight,
-    not every member's outputs at once: run member after member, a 20,000-document build's
-    feature stage kept each member's full output list alive (one Dask worker peaked at 6.7 GB).
-    Returns those outputs as ((member index, tag), value) and, last, all counters under
-    METRICS_TAG."""
+    not every member's outputs at once (run member after member, a 20,000-document build's
+    RunInference member grew its worker by ~300 MB, its outputs held until the next member ran;
+    what else a feature task holds is not known: docs/benchmarks-scale.md).
+    Returns those outputs as ((member index, tag), value) and, last, all counters under METRICS_TAG."""
     from apache_beam.runners.worker import statesampler
     from apache_beam.utils.counters import CounterFactory
 
