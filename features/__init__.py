@@ -17,6 +17,7 @@ _FROM_BASE = (
     "FORWARD_CHUNK",
     "Extractor",
     "GlobalExtractor",
+    "HeapTrim",
     "ImageFeatures",
     "extractor_options",
     "fixed_chunk_forward",

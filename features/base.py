@@ -218,6 +218,60 @@ def tune_cpu_malloc(threshold: int = 1 << 30) -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, value)) and bool(mallopt(_M_TRIM_THRESHOLD, value))
 
 
+HEAP_TRIM_SLACK = 256 << 20  # bytes a process may grow between two trims (HeapTrim)
+
+
+def _resident_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+class HeapTrim:
+    """Gives the glibc heap's free pages back to the OS whenever the process has grown by
+    ``slack`` bytes since the last time (``malloc_trim(0)``), so a worker's RSS stays near what it
+    holds instead of growing with every image it ever decoded.
+
+    Why: with :func:`tune_cpu_malloc`'s thresholds freed buffers stay in the heap, and decode,
+    resize and activation buffers of varying sizes fragment it: the build's feature workers grew
+    by ~270 KB an image (one process, 1,600 images of a `data synth` build: 899 -> 1,324 MiB),
+    ~4 GB over a 20K-document Dask task, all of it memory malloc had free. A trim after every
+    batch kept RSS flat but cost ~15% of the forward time (the working set page-faults back in);
+    trimming only after ``slack`` bytes of growth costs one such refault every ~1,000 images.
+    Called after each batch; ``rss`` and ``trim`` are the process's (tests pass their own). A
+    no-op where there is no ``malloc_trim`` (not glibc) or the tuning is off."""
+
+    def __init__(self, slack: int = HEAP_TRIM_SLACK, rss=_resident_bytes, trim=None):
+        self.slack, self._rss, self.trims = slack, rss, 0
+        self._trim = trim if trim is not None else _malloc_trim()
+        self._floor: int | None = None
+
+    def __call__(self) -> bool:
+        """After a batch: trims when RSS is ``slack`` above what it was after the last trim (or
+        the first call); returns whether it trimmed."""
+        if self._trim is None:
+            return False
+        rss = self._rss()
+        if self._floor is None or rss < self._floor:
+            self._floor = rss
+            return False
+        if rss - self._floor < self.slack:
+            return False
+        self._trim(0)
+        self.trims += 1
+        self._floor = self._rss()
+        return True
+
+
+def _malloc_trim():
+    if os.environ.get(MALLOC_TUNING_ENV, "1") == "0":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
 def _cat(parts: list[Any]) -> Any:
     if isinstance(parts[0], dict):
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

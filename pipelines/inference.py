@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 
-from features.base import Extractor, int_option, resolve_device, tune_cpu_malloc
+from features.base import Extractor, HeapTrim, int_option, resolve_device, tune_cpu_malloc
 from features.images import decode
 from pipelines.image_store import ImageStore
 from pipelines.runners import tune_worker_process
@@ -33,10 +33,12 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
         self._extractor = extractor
         self._device = device
         self._model_id = f"{extractor.name}@{extractor.version}"
+        self._trim = None
 
     def load_model(self) -> torch.nn.Module:
         if self._device == "cpu":
             tune_cpu_malloc()  # once per worker process; see its docstring
+            self._trim = HeapTrim()  # and what that tuning keeps, given back now and then
             if self._cpu_threads:
                 torch.set_num_threads(self._cpu_threads)
         return self._extractor.load_model(self._device)
@@ -48,7 +50,13 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
         inference_args: dict[str, Any] | None = None,
     ) -> list[PredictionResult]:
         outs = self._extractor.forward(model, batch, self._device)
+        self.trim_heap()
         return [PredictionResult(x, out, self._model_id) for x, out in zip(batch, outs, strict=True)]
+
+    def trim_heap(self) -> None:
+        """After each batch on the CPU: :class:`~features.base.HeapTrim`."""
+        if self._trim is not None:
+            self._trim()
 
     def get_num_bytes(self, batch: Sequence[torch.Tensor]) -> int:
         # the default pickles the whole batch just to measure it
@@ -89,11 +97,15 @@ class StoredImageModelHandler(ExtractorModelHandler):
         inference_args: dict[str, Any] | None = None,
     ) -> list[PredictionResult]:
         images = [decode(self._store.get_bytes(content_id)) for content_id in batch]
+        sizes = [img.size for img in images]
         tensors = [self._extractor.preprocess(img) for img in images]
+        del images  # decoded pixels go before the forward's activations are allocated
         outs = self._extractor.forward(model, tensors, self._device)
+        del tensors  # and the inputs before the heap is trimmed
+        self.trim_heap()
         return [
-            PredictionResult((content_id, img.size), out, self._model_id)
-            for content_id, img, out in zip(batch, images, outs, strict=True)
+            PredictionResult((content_id, size), out, self._model_id)
+            for content_id, size, out in zip(batch, sizes, outs, strict=True)
         ]
 
     def get_num_bytes(self, batch: Sequence[str]) -> int:

@@ -13,6 +13,8 @@ import re
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from skimage import data
 
@@ -114,6 +116,80 @@ def test_cpu_malloc_tuning_can_be_turned_off(monkeypatch):
     monkeypatch.delenv(F.base.MALLOC_TUNING_ENV)
     if platform.libc_ver()[0] == "glibc":
         assert F.tune_cpu_malloc() is True
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    slack=st.integers(1, 50),
+    steps=st.lists(st.tuples(st.integers(-30, 60), st.integers(0, 40)), max_size=40),
+)
+def test_the_heap_is_trimmed_exactly_when_rss_grew_by_the_slack_since_the_last_trim(slack, steps):
+    """HeapTrim against a plain oracle: each step the process grows by ``delta`` and a trim
+    gives back ``freed`` (never below what it started with); a trim happens exactly when RSS is
+    ``slack`` or more above the lowest RSS seen since the last trim (or the start)."""
+    rss, gives = [1000], [0]
+    trims: list[int] = []
+
+    def trim(_pad: int) -> None:
+        trims.append(rss[0])
+        rss[0] = max(1000, rss[0] - gives[0])
+
+    heap = F.HeapTrim(slack=slack, rss=lambda: rss[0], trim=trim)
+    floor, want = None, 0
+    for delta, freed in steps:
+        rss[0], gives[0] = max(0, rss[0] + delta), freed
+        before = rss[0]
+        trimmed = heap()
+        due = floor is not None and before >= floor and before - floor >= slack
+        assert trimmed is due
+        if due:
+            want += 1
+            floor = rss[0]
+        elif floor is None or before < floor:
+            floor = before
+    assert heap.trims == len(trims) == want
+
+
+TRIM_CHILD = """
+import ctypes, json
+import psutil
+from features.base import HeapTrim, tune_cpu_malloc
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+assert tune_cpu_malloc()  # as a feature worker: freed buffers stay in the heap
+rss = lambda: psutil.Process().memory_info().rss >> 20
+heap = HeapTrim(slack=64 << 20)
+heap()
+start = rss()
+blocks = []
+for i in range(3000):  # 64-128 KB buffers, as decode and resize leave them
+    p = libc.malloc(65536 + 16 * (i % 4096))
+    ctypes.memset(p, 1, 65536)
+    blocks.append(p)
+for i, p in enumerate(blocks):
+    if i % 100:  # every 100th stays: the heap cannot shrink from its top
+        libc.free(p)
+grown = rss()
+trimmed = heap()
+print(json.dumps({"start": start, "grown": grown, "after": rss(), "trimmed": trimmed}))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_a_trim_gives_the_heaps_free_pages_back_to_the_os():
+    """With tune_cpu_malloc's thresholds, ~190 MiB of freed buffers stay resident; HeapTrim gives
+    them back once the process is its slack above where it started (a fresh process: pytest's
+    own heap is not this test's)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["grown"] - got["start"] > 150, got  # freed, but still resident
+    assert got["trimmed"] is True
+    assert got["after"] - got["start"] < 40, got
 
 
 def test_a_new_backbone_is_one_small_registered_class(monkeypatch):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from features import get_extractor
+from features import HeapTrim, get_extractor
 from pipelines.image_store import ImageStore
-from pipelines.inference import model_handler, stored_image_handler
+from pipelines.inference import ExtractorModelHandler, model_handler, stored_image_handler
 
 
 def _stored_images(tmp_path, n: int) -> tuple[ImageStore, list[str], list[Image.Image]]:
@@ -55,3 +55,21 @@ def test_an_id_the_store_lacks_fails_its_batch_with_the_reason(tmp_path):
     model = handler.load_model()
     with pytest.raises(KeyError, match="is not in"):
         handler.run_inference([ids[0], "0" * 64], model)
+
+
+def test_each_cpu_batch_ends_with_a_heap_trim_check(tmp_path):
+    """The handler checks the heap after every batch (features.base.HeapTrim: a feature worker
+    grew ~270 KB an image without it), the stored-image handler after its pixels are freed."""
+    store, ids, _ = _stored_images(tmp_path, 3)
+    ext = get_extractor("efficientnet-lite0")
+    for handler, batches in (
+        (stored_image_handler(ext, store.root, batch_size=8), [ids[:2], ids[2:]]),
+        (ExtractorModelHandler(ext, "cpu", 8), [[ext.preprocess(Image.new("RGB", (30, 20)))]] * 2),
+    ):
+        model = handler.load_model()
+        assert isinstance(handler._trim, HeapTrim)
+        calls = []
+        handler._trim = lambda calls=calls: calls.append(1)
+        for batch in batches:
+            handler.run_inference(batch, model)
+        assert len(calls) == 2
