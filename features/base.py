@@ -205,7 +205,9 @@ def tune_cpu_malloc(threshold: int = 1 << 30) -> bool:
     32 MiB; EfficientNet-Lite0 on a chunk of 8 has 38 MiB ones) are mmapped and unmapped on every
     forward and page-fault on every reuse; on the 2-core dev machine that was about half the
     forward time spent in the kernel. Raising the mmap and trim thresholds keeps them in the heap
-    (1.5-2x images/s there). Process-wide; the cost is that RSS stays at its peak. Returns
+    (1.5-2x images/s there). Process-wide; the cost is memory malloc keeps: freed buffers of
+    varying sizes fragment the heap and RSS grows with the images run, which
+    :class:`HeapTrim` gives back. Returns
     whether it was applied (glibc only; ``MMLINKS_CPU_MALLOC_TUNING=0`` turns it off).
     """
     if os.environ.get(MALLOC_TUNING_ENV, "1") == "0":

@@ -441,7 +441,7 @@ def _run_stage(items, members, *side_values, views):
     finishes). So a task holds its input, the outputs no member reads and one element in flight,
     not every member's outputs at once (run member after member, a 20,000-document build's
     RunInference member grew its worker by ~300 MB, its outputs held until the next member ran;
-    what else a feature task holds is not known: docs/benchmarks-scale.md).
+    the rest of a feature worker's growth was heap malloc kept, now trimmed: features.base.HeapTrim).
     Returns those outputs as ((member index, tag), value) and, last, all counters under METRICS_TAG."""
     from apache_beam.runners.worker import statesampler
     from apache_beam.utils.counters import CounterFactory

@@ -229,6 +229,15 @@ def test_a_local_cluster_is_started_for_the_job_and_stopped_after_it():
         address = opts.get_all_options()["address"]
         with Client(address, timeout=30) as client:
             assert len(client.nthreads()) == 1
+            # no dashboard, so no profiler or disk monitor in its workers (LOCAL_CLUSTER_CONFIG):
+            # with them, a 0.5 s task left 50 profile samples
+            client.submit(time.sleep, 0.5).result()
+            seen = client.run(
+                lambda dask_worker: (dask_worker.profile_recent, list(dask_worker.monitor.quantities))
+            )
+            ((recent, watched),) = seen.values()
+            assert recent.get("count", 0) == 0
+            assert "host_disk_io.read_bps" not in watched and "cpu" in watched
     assert opts.get_all_options()["address"] is None
     with pytest.raises(OSError):
         Client(address, timeout=2)
