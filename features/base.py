@@ -224,9 +224,13 @@ HEAP_TRIM_SLACK = 256 << 20  # bytes a process may grow between two trims (HeapT
 
 
 def _resident_bytes() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
+    """This process's RSS from /proc (where glibc's malloc_trim exists, /proc does; psutil is not
+    a runtime dependency); 0 elsewhere, so nothing is ever trimmed there."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class HeapTrim:
