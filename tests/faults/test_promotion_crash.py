@@ -17,6 +17,7 @@ here (the ``trained`` fixture's model is logged twice, once with its scores flip
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import threading
@@ -429,12 +430,24 @@ def test_concurrent_registrations_and_promotions_of_one_name(store, dataset, mon
     assert len(set(numbers)) == n * rounds and _versions(client, name) == sorted([first, *numbers], key=int)
     assert holders["peak"] == 1 and not _lock_held(client, name), holders
     bad = {v for v, kind in registered.values() if kind == "bad"}
-    moved = sorted(
-        (r for r in outcomes.values() if not isinstance(r, str) and r.promoted),
-        key=lambda r: float(client.get_model_version(name, r.candidate_version).tags["mmlinks.promoted_at"]),
-    )
-    chain = [first, *(r.candidate_version for r in moved)]
-    assert [r.production_version for r in moved] == chain[:-1], outcomes  # serialised, none lost
+    # Serialised, none lost: the moves, in some order, form one chain from the first production,
+    # each replacing the version the one before it left. Found among the orders (<= 4 moves), not
+    # sorted by the versions' ``promoted_at`` tags: a version can be made production twice (two
+    # promotions read the same candidate; the second, gated again after a newer version moved in,
+    # moved production back to it: 1 -> 10 -> 11 -> 10), and its second move overwrote the tag.
+    moves = [
+        (r.production_version, r.candidate_version)
+        for r in outcomes.values()
+        if not isinstance(r, str) and r.promoted
+    ]
+    moved = len(moves)
+    chains = [
+        [first, *(to for _, to in order)]
+        for order in itertools.permutations(moves)
+        if [fro for fro, _ in order] == [first, *(to for _, to in order)][:-1]
+    ]
+    assert chains, (moves, outcomes)
+    chain = chains[0]  # every chain through the same moves from one start ends at the same version
     prod = _version_by_alias(client, name, PRODUCTION)
     assert prod == chain[-1] and prod not in bad and _verdict(client, name, prod) == []
     if moved:
