@@ -20,8 +20,15 @@ _SPEC.loader.exec_module(pipeline_scale)
 
 
 def test_role_is_read_from_the_command_line_and_unknown_once_the_process_is_gone():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "ray::RayTrainWorker"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)", "ray::RayTrainWorker"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        # Popen returns before the child has exec'd; until then its command line is not the child's
+        # (the suite under load read it empty once). The child's first line says it is running.
+        assert child.stdout.readline().strip() == "up"
         proc = psutil.Process(child.pid)
         assert pipeline_scale.role(proc, top=-1) == "train_worker"
         assert pipeline_scale.role(psutil.Process(), top=psutil.Process().pid) == "driver"
@@ -30,6 +37,8 @@ def test_role_is_read_from_the_command_line_and_unknown_once_the_process_is_gone
         assert pipeline_scale.role(proc, top=-1) is None  # reaped: no command line to read
     finally:
         child.kill()
+        child.wait()
+        child.stdout.close()
 
 
 def test_the_monitor_keeps_a_workers_role_and_peak_after_it_exits():
