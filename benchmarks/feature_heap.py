@@ -16,7 +16,6 @@ each batch (the memory floor, and what that costs in time).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -48,14 +47,9 @@ def main() -> None:
         raise SystemExit(f"{args.store} holds no images")
     torch.set_num_threads(1)
     ext = get_extractor(args.extractor)
-    handler = stored_image_handler(ext, args.store, "cpu", args.batch, 1)
+    slack = {"slack": base.HEAP_TRIM_SLACK, "off": None, "every-batch": 0}[args.trim]
+    handler = stored_image_handler(ext, args.store, "cpu", args.batch, 1, trim_slack=slack)
     model = handler.load_model()  # applies tune_cpu_malloc and makes the handler's HeapTrim
-    trim = handler._trim
-    if args.trim == "off":
-        handler._trim = None
-    elif args.trim == "every-batch":
-        libc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        handler._trim = lambda: libc_trim(0)
     proc = psutil.Process()
     kept, samples = [], []
     start = time.perf_counter()
@@ -72,7 +66,7 @@ def main() -> None:
                 "images": len(ids),
                 "seconds": round(seconds, 1),
                 "images_per_s": round(len(ids) / seconds, 1),
-                "trims": trim.trims if args.trim == "slack" and trim is not None else None,
+                "trims": handler.heap_trims,
                 "rss_mib_first_batch": samples[0][1],
                 "rss_mib_peak_sampled": max(s[1] for s in samples),
                 "rss_mib_last": samples[-1][1],

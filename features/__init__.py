@@ -24,6 +24,7 @@ _FROM_BASE = (
     "get_extractor",
     "register",
     "resolve_device",
+    "tune_cpu_heap",
     "tune_cpu_malloc",
 )
 

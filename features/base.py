@@ -198,6 +198,20 @@ def find_weights(
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 
 
+def _tunable_libc() -> ctypes.CDLL | None:
+    """glibc, where the CPU malloc tuning applies: None on another libc or with
+    ``MMLINKS_CPU_MALLOC_TUNING=0`` (then neither :func:`tune_cpu_malloc` nor :class:`HeapTrim`
+    touches malloc)."""
+    if os.environ.get(MALLOC_TUNING_ENV, "1") == "0":
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt, libc.malloc_trim  # noqa: B018 - both are glibc's; musl lacks malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
 def tune_cpu_malloc(threshold: int = 1 << 30) -> bool:
     """Keep freed activation buffers in the (glibc) heap instead of unmapping them.
 
@@ -207,17 +221,14 @@ def tune_cpu_malloc(threshold: int = 1 << 30) -> bool:
     forward time spent in the kernel. Raising the mmap and trim thresholds keeps them in the heap
     (1.5-2x images/s there). Process-wide; the cost is memory malloc keeps: freed buffers of
     varying sizes fragment the heap and RSS grows with the images run, which
-    :class:`HeapTrim` gives back. Returns
-    whether it was applied (glibc only; ``MMLINKS_CPU_MALLOC_TUNING=0`` turns it off).
+    :class:`HeapTrim` gives back (:func:`tune_cpu_heap` does both). Returns whether it was
+    applied (glibc only; ``MMLINKS_CPU_MALLOC_TUNING=0`` turns it off).
     """
-    if os.environ.get(MALLOC_TUNING_ENV, "1") == "0":
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    libc = _tunable_libc()
+    if libc is None:
         return False
     value = ctypes.c_int(min(threshold, 2**31 - 1))
-    return bool(mallopt(_M_MMAP_THRESHOLD, value)) and bool(mallopt(_M_TRIM_THRESHOLD, value))
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, value)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, value))
 
 
 HEAP_TRIM_SLACK = 256 << 20  # bytes a process may grow between two trims (HeapTrim)
@@ -250,7 +261,10 @@ class HeapTrim:
 
     def __init__(self, slack: int = HEAP_TRIM_SLACK, rss=_resident_bytes, trim=None):
         self.slack, self._rss, self.trims = slack, rss, 0
-        self._trim = trim if trim is not None else _malloc_trim()
+        if trim is None:
+            libc = _tunable_libc()
+            trim = libc.malloc_trim if libc is not None else None
+        self._trim = trim
         self._floor: int | None = None
 
     def __call__(self) -> bool:
@@ -270,13 +284,14 @@ class HeapTrim:
         return True
 
 
-def _malloc_trim():
-    if os.environ.get(MALLOC_TUNING_ENV, "1") == "0":
+def tune_cpu_heap(slack: int | None = HEAP_TRIM_SLACK) -> HeapTrim | None:
+    """For a CPU worker, once per process: :func:`tune_cpu_malloc`, and the :class:`HeapTrim` to
+    call after each batch to give back what that tuning keeps (None where the tuning did not
+    apply, so there is nothing to give back, or where ``slack`` is None: never trim; ``slack=0``
+    trims after every batch)."""
+    if not tune_cpu_malloc() or slack is None:
         return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
+    return HeapTrim(slack)
 
 
 def _cat(parts: list[Any]) -> Any:

@@ -152,14 +152,17 @@ class LinkModelHandler(ModelHandler[Chunk, PredictionResult, LinkScorer]):
         super().__init__(min_batch_size=1, max_batch_size=1)
         self._load_uri, self._tracking_uri = load_uri, tracking_uri
         self._device, self._cpu_threads = device, cpu_threads
+        self._trim = None
 
     def load_model(self) -> LinkScorer:
         import torch
 
         if self._device == "cpu":
-            from features.base import tune_cpu_malloc
+            from features.base import tune_cpu_heap
 
-            tune_cpu_malloc()  # keep freed activations in the heap (see its docstring); once per worker
+            # once per worker: freed activations stay in the heap (see its docstring), and what
+            # it keeps is given back after each chunk once the worker has grown by the slack
+            self._trim = tune_cpu_heap()
             if self._cpu_threads:
                 torch.set_num_threads(self._cpu_threads)
         return load_scorer(self._load_uri, self._tracking_uri, self._device)
@@ -168,10 +171,13 @@ class LinkModelHandler(ModelHandler[Chunk, PredictionResult, LinkScorer]):
         self, batch: Sequence[Chunk], model: LinkScorer, inference_args: dict[str, Any] | None = None
     ) -> list[PredictionResult]:
         # the scored chunk goes on without its features: Beam would size them again downstream
-        return [
+        out = [
             PredictionResult(chunk.without_features(), model.score(chunk.docs), self._load_uri)
             for chunk in batch
         ]
+        if self._trim is not None:
+            self._trim()
+        return out
 
     def get_num_bytes(self, batch: Sequence[Chunk]) -> int:
         return sum(int(d["features"].nbytes) for chunk in batch for d in chunk.docs)

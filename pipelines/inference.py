@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 
-from features.base import Extractor, HeapTrim, int_option, resolve_device, tune_cpu_malloc
+from features.base import HEAP_TRIM_SLACK, Extractor, int_option, resolve_device, tune_cpu_heap
 from features.images import decode
 from pipelines.image_store import ImageStore
 from pipelines.runners import tune_worker_process
@@ -27,9 +27,16 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
     timing; the batch size only changes how many chunks one call runs, never the outputs.
     """
 
-    def __init__(self, extractor, device: str, batch_size: int, cpu_threads: int | None = None):
+    def __init__(
+        self,
+        extractor,
+        device: str,
+        batch_size: int,
+        cpu_threads: int | None = None,
+        trim_slack: int | None = HEAP_TRIM_SLACK,
+    ):
         super().__init__(min_batch_size=batch_size, max_batch_size=batch_size)
-        self._cpu_threads = cpu_threads
+        self._cpu_threads, self._trim_slack = cpu_threads, trim_slack
         self._extractor = extractor
         self._device = device
         self._model_id = f"{extractor.name}@{extractor.version}"
@@ -37,8 +44,8 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
 
     def load_model(self) -> torch.nn.Module:
         if self._device == "cpu":
-            tune_cpu_malloc()  # once per worker process; see its docstring
-            self._trim = HeapTrim()  # and what that tuning keeps, given back now and then
+            # once per worker process: freed buffers stay in the heap, given back now and then
+            self._trim = tune_cpu_heap(self._trim_slack)
             if self._cpu_threads:
                 torch.set_num_threads(self._cpu_threads)
         return self._extractor.load_model(self._device)
@@ -57,6 +64,11 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
         """After each batch on the CPU: :class:`~features.base.HeapTrim`."""
         if self._trim is not None:
             self._trim()
+
+    @property
+    def heap_trims(self) -> int:
+        """How many times this worker gave its heap's free pages back (0 on a GPU, or untuned)."""
+        return self._trim.trims if self._trim is not None else 0
 
     def get_num_bytes(self, batch: Sequence[torch.Tensor]) -> int:
         # the default pickles the whole batch just to measure it
@@ -79,9 +91,15 @@ class StoredImageModelHandler(ExtractorModelHandler):
     extractors report boxes in original pixels."""
 
     def __init__(
-        self, extractor, store_root: str, device: str, batch_size: int, cpu_threads: int | None = None
+        self,
+        extractor,
+        store_root: str,
+        device: str,
+        batch_size: int,
+        cpu_threads: int | None = None,
+        trim_slack: int | None = HEAP_TRIM_SLACK,
     ):
-        super().__init__(extractor, device, batch_size, cpu_threads)
+        super().__init__(extractor, device, batch_size, cpu_threads, trim_slack)
         self._store_root = store_root
         self._store = None
 
@@ -126,13 +144,16 @@ def stored_image_handler(
     device: str = "cpu",
     batch_size: int = 32,
     cpu_threads: int | None = None,
+    trim_slack: int | None = HEAP_TRIM_SLACK,
 ) -> StoredImageModelHandler:
     """A Beam ModelHandler over content ids of the image store at ``store_root`` ->
     PredictionResult(example=(content id, (width, height)), inference=raw output); batching,
-    model sharing and threads as :func:`model_handler`."""
+    model sharing and threads as :func:`model_handler`. ``trim_slack``: a CPU worker gives its
+    heap's free pages back after that much growth (``features.base.tune_cpu_heap``; None never,
+    0 after every batch)."""
     device = resolve_device(device)
     return StoredImageModelHandler(
-        extractor, store_root, device, _batch_size(extractor, device, batch_size), cpu_threads
+        extractor, store_root, device, _batch_size(extractor, device, batch_size), cpu_threads, trim_slack
     )
 
 

@@ -110,12 +110,17 @@ def test_cuda_request_without_cuda_is_a_clear_error():
         model_handler(get_extractor("efficientnet-lite0"), device="cuda")
 
 
-def test_cpu_malloc_tuning_can_be_turned_off(monkeypatch):
+def test_cpu_malloc_tuning_can_be_turned_off_and_then_nothing_is_trimmed(monkeypatch):
     monkeypatch.setenv(F.base.MALLOC_TUNING_ENV, "0")
     assert F.tune_cpu_malloc() is False
+    assert F.tune_cpu_heap() is None  # untuned: malloc gives back by itself
+    assert F.HeapTrim(slack=0, rss=lambda: 1 << 40)() is False  # and a HeapTrim never trims
     monkeypatch.delenv(F.base.MALLOC_TUNING_ENV)
     if platform.libc_ver()[0] == "glibc":
         assert F.tune_cpu_malloc() is True
+        heap = F.tune_cpu_heap(slack=123)
+        assert isinstance(heap, F.HeapTrim) and heap.slack == 123
+        assert F.tune_cpu_heap(slack=None) is None  # never trim
 
 
 @settings(max_examples=200, deadline=None)

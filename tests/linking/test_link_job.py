@@ -245,3 +245,34 @@ def test_an_imported_hessel_dataset_links_end_to_end(tmp_path):
         assert all(s is None or 0 <= s < r["n_sentences"] for s in r["sentence"])
         assert all(x is None or x >= -0.5 for x in r["score"])
     shutil.rmtree(tmp_path / "published")
+
+
+def _features(doc) -> np.ndarray:
+    return np.stack([np.asarray(im.features, dtype=np.float32) for im in doc.images])
+
+
+def test_a_cpu_link_worker_checks_its_heap_after_each_chunk(dataset, link_workdir):
+    """The link handler tunes malloc as a feature worker does, so it gives back what that keeps
+    the same way (features.base.HeapTrim, checked after every scored chunk)."""
+    import platform
+
+    from features.base import HeapTrim
+    from linking.model import LinkModelHandler
+    from linking.steps import Chunk
+
+    uri = f"sqlite:///{link_workdir / 'mlflow.db'}"
+    handler = LinkModelHandler(PRODUCTION, uri, "cpu", 1)
+    scorer = handler.load_model()
+    if platform.libc_ver()[0] == "glibc":
+        assert isinstance(handler._trim, HeapTrim)
+    calls = []
+    handler._trim = lambda: calls.append(1)
+    docs = read_documents(Manifest.read(dataset).shard_paths(dataset, "test"))[:4]
+    chunks = [
+        Chunk(f"c{i}", [{"doc_id": d.doc_id, "sentences": d.sentences, "features": _features(d)}])
+        for i, d in enumerate(docs)
+    ]
+    for chunk in chunks[:2], chunks[2:]:
+        out = handler.run_inference(chunk, scorer)
+        assert [r.example.key for r in out] == [c.key for c in chunk]
+    assert len(calls) == 2
