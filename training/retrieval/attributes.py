@@ -13,6 +13,9 @@ corpus of ``mmlinks data synth-coherence --salience graded``):
   so top-5 match / probe says how much of it the model uses.
 - attribute oracle: a ranking by the number of named attributes an image matches (ties broken at
   random), scored over the same pools as the model: the MedR an attribute-perfect model reaches.
+- probe oracle (``probe_oracle_scores``): the same with each image's attributes read by the
+  linear probes (their probabilities): the MedR a model reaches whose image side is as good as
+  a linear read-out of the frozen features and whose text side is perfect.
 """
 
 from __future__ import annotations
@@ -71,6 +74,22 @@ def oracle_scores(values: list[dict], named: list[set], seed: int = 0) -> np.nda
     return out
 
 
+def _probes(train_features: np.ndarray, train_values: list[dict], names: list[str]) -> dict:
+    """{attribute: logistic regression on standardised features, fitted on the training pairs}
+    (attributes with fewer than 2 training values left out)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    out = {}
+    for a in names:
+        y_train = np.asarray([v.get(a, "") for v in train_values])
+        if len(set(y_train)) >= 2:
+            probe = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=2000))
+            out[a] = probe.fit(train_features, y_train)
+    return out
+
+
 def linear_probe(
     train_features: np.ndarray,
     train_values: list[dict],
@@ -80,20 +99,37 @@ def linear_probe(
 ) -> dict[str, float | None]:
     """{attribute: accuracy} of a logistic regression on standardised frozen image features,
     fitted on the training pairs and scored on ``features`` (None: fewer than 2 values)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
+    probes = _probes(train_features, train_values, names)
     out: dict[str, float | None] = {}
     for a in names:
-        y_train = np.asarray([v.get(a, "") for v in train_values])
         y = np.asarray([v.get(a, "") for v in values])
-        if len(set(y_train)) < 2 or not len(y):
-            out[a] = None
-            continue
-        probe = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=2000))
-        probe.fit(train_features, y_train)
-        out[a] = float(probe.score(features, y))
+        out[a] = float(probes[a].score(features, y)) if a in probes and len(y) else None
+    return out
+
+
+def probe_oracle_scores(
+    train_features: np.ndarray,
+    train_values: list[dict],
+    features: np.ndarray,
+    values: list[dict],
+    named: list[set],
+    seed: int = 0,
+) -> np.ndarray:
+    """[Q, Q]: the attribute oracle with its image side read from the frozen features: text i
+    against image j scores the summed probability, by the linear probes, that image j shows each
+    value text i names (a tie-break far below one probability step).
+
+    Why: the oracle knows every image's attributes; a model sees only the features. This ranks
+    as well as the features allow a linear read-out to (with a perfect text side), so a model's
+    MedR between the two oracles' says how much of the gap is the features' (issue #45)."""
+    names = sorted({a for v in train_values for a in v})
+    out = np.random.default_rng(seed).uniform(0, 1e-6, size=(len(values), len(values)))
+    for a, probe in _probes(np.asarray(train_features), train_values, names).items():
+        classes = list(probe.classes_)
+        proba = probe.predict_proba(np.asarray(features))  # [images, classes]
+        col = np.asarray([classes.index(v[a]) if v.get(a) in classes else -1 for v in values])
+        names_it = np.asarray([a in s and c >= 0 for s, c in zip(named, col, strict=True)])
+        out += names_it[:, None] * proba[:, col.clip(0)].T  # [text i, image j] = p_j(value of i)
     return out
 
 

@@ -96,18 +96,30 @@ def evaluate_retrieval_split(
     return {"metrics": metrics, "per_query": per_query(model, batches)}
 
 
+def training_truth(data, manifest: Manifest) -> tuple[np.ndarray, list[dict]]:
+    """(frozen image features [M, D], metadata rows) of the training split: what the linear
+    probes are fitted on."""
+    from schemas.shards import read_table
+    from training.data import features_of
+
+    train = read_table([str(p) for p in manifest.shard_paths(data, "train")], columns=["images", "metadata"])
+    metadata = [dict(m or []) for m in train.column("metadata").to_pylist()]
+    return np.concatenate(features_of(train)[0]), metadata
+
+
+def batch_features(batches) -> np.ndarray:
+    """[M, D] frozen image features of every pair in ``batches``, in order."""
+    return torch.cat([b.features.float().reshape(len(b.doc_ids), -1) for b in batches]).numpy()
+
+
 def _probe(metrics: dict, data, manifest: Manifest, batches) -> None:
     """Adds each attribute's linear-probe accuracy (fitted on the training split's frozen image
     features) to ``metrics["attributes"]``."""
-    from schemas.shards import read_table
-    from training.data import features_of
     from training.retrieval.attributes import add_probe
 
-    train = read_table([str(p) for p in manifest.shard_paths(data, "train")], columns=["images", "metadata"])
-    train_features = np.concatenate(features_of(train)[0])
-    train_meta = [dict(m or []) for m in train.column("metadata").to_pylist()]
-    features = torch.cat([b.features.float().reshape(len(b.doc_ids), -1) for b in batches]).numpy()
-    add_probe(metrics, train_features, train_meta, features, [m for b in batches for m in b.metadata])
+    train_features, train_meta = training_truth(data, manifest)
+    metadata = [m for b in batches for m in b.metadata]
+    add_probe(metrics, train_features, train_meta, batch_features(batches), metadata)
 
 
 def per_query(model: LoadedRetrieval, batches) -> list[dict]:
