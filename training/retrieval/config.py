@@ -69,8 +69,10 @@ class RetrievalFields:
         group=RETRIEVAL,
     )
     retrieval_margin: float = option(
-        0.3,
-        help="retrieval: the triplet hinge's margin (paper: 0.3)",
+        0.5,
+        help="retrieval: the triplet hinge's margin (paper: 0.3; 0.5 ranks by what a caption names "
+        "more often: on the graded corpus the small digit matched in the top 5 0.62 vs 0.57 of the "
+        "time, MedR 9.0 vs 10.1 over 4 seeds, issue #45)",
         check=lambda v: v > 0,
         rule="> 0",
         group=RETRIEVAL,

@@ -139,11 +139,11 @@ def _model_and_batch(relations, n: int = 12):
 
 def test_cmcm_loss_through_the_registry_matches_the_equation():
     model, batch = _model_and_batch(VOCAB)
-    cfg = TrainConfig(objective="cmcm", lambda_cls=0.5)
+    cfg = TrainConfig(objective="cmcm", lambda_cls=0.5, retrieval_margin=0.7)
     loss, parts = objective_loss(model, batch, cfg)
     s, v, logits = model(batch)
     labels = torch.tensor([[float(r in (m["relations"].split(","))) for r in VOCAB] for m in batch.metadata])
-    expected, _ = cmcm_loss(s, v, logits, labels, torch.full((3,), 2.0), 0.3, 0.5)
+    expected, _ = cmcm_loss(s, v, logits, labels, torch.full((3,), 2.0), 0.7, 0.5)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
     assert set(parts) == {"ret", "cls"}
     loss.backward()
