@@ -25,7 +25,7 @@ import os
 import re
 
 OUT_ENV = "MMLINKS_TASK_STREAM_OUT"
-_KEY = re.compile(r"\('([^']+?)-[0-9a-f]{32}")
+_KEY = re.compile(r"^\('([^']+?)-[0-9a-f]{32}|^([^'(]+?)-[0-9a-f]{32}$")
 
 
 def dask_setup(scheduler) -> None:  # the preload hook dask.distributed calls
@@ -51,9 +51,10 @@ def dask_setup(scheduler) -> None:  # the preload hook dask.distributed calls
 
 
 def stage_of(key: str) -> str:
-    """``('Read+Validate-<32 hex>', 3)`` -> ``Read+Validate``."""
+    """``('Read+Validate-<32 hex>', 3)`` -> ``Read+Validate``; ``side-input-<32 hex>`` ->
+    ``side-input``."""
     m = _KEY.match(key)
-    return m.group(1) if m else key
+    return (m.group(1) or m.group(2)) if m else key
 
 
 def summarise(records: list, window: float = 20.0) -> dict:

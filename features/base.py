@@ -269,9 +269,13 @@ class HeapTrim:
 
     def __call__(self) -> bool:
         """After a batch: trims when RSS is ``slack`` above what it was after the last trim (or
-        the first call); returns whether it trimmed."""
+        the first call), or always when ``slack`` <= 0; returns whether it trimmed."""
         if self._trim is None:
             return False
+        if self.slack <= 0:  # every batch (the memory floor, and what it costs: feature_heap.py)
+            self._trim(0)
+            self.trims += 1
+            return True
         rss = self._rss()
         if self._floor is None or rss < self._floor:
             self._floor = rss

@@ -53,6 +53,13 @@ def test_a_clusters_tasks_are_recorded_by_stage_with_their_compute_time(tmp_path
     assert max(w["busy"][0] for w in got["windows"]) > 0.5
 
 
+def test_stage_names_come_from_tuple_and_plain_keys():
+    h = "0123456789abcdef" * 2
+    assert dask_task_stream.stage_of(f"('Read+Validate-{h}', 3)") == "Read+Validate"
+    assert dask_task_stream.stage_of(f"side-input-{h}") == "side-input"
+    assert dask_task_stream.stage_of("finalize") == "finalize"
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     tasks=st.lists(

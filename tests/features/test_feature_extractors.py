@@ -155,6 +155,13 @@ def test_the_heap_is_trimmed_exactly_when_rss_grew_by_the_slack_since_the_last_t
     assert heap.trims == len(trims) == want
 
 
+def test_a_zero_slack_trims_after_every_batch_the_first_included():
+    trims = []
+    heap = F.HeapTrim(slack=0, rss=lambda: 100, trim=trims.append)
+    assert [heap() for _ in range(3)] == [True, True, True]
+    assert heap.trims == len(trims) == 3
+
+
 TRIM_CHILD = """
 import ctypes, json
 import psutil

@@ -4,8 +4,8 @@
 - Retrieval (Eq. 1, VSE++): for each matched pair i of the batch, the hardest in-batch negative
   image of text i and the hardest negative text of image i,
   ``max(0, m - s(t_i, v_i) + max_{j != i} s(t_i, v_j)) + max(0, m - s(t_i, v_i) + max_{j != i} s(t_j, v_i))``,
-  margin m = 0.3 (``--retrieval-margin``: 0.5 by default, issue #45); averaged over the batch
-  (Eq. 3's 1/N). The paper prints the hinge as
+  margin m (the paper's 0.3; ``--retrieval-margin``, 0.5 by default since issue #45, which the
+  objective always passes); averaged over the batch (Eq. 3's 1/N). The paper prints the hinge as
   ``min{0, trip}`` with ``trip = s(a, p) - s(a, n) - alpha``: a sign slip, the hinge written here
   is the one a triplet loss means.
 - Warm-up: from random weights the hardest-negative hinge collapses the embeddings (measured

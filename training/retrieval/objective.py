@@ -6,8 +6,8 @@ training/backbone.py), the Ray Train loop and the experiment.
   datasets"). The CAM predicts the manifest's relations (cmcm) or ``--relation`` (cmcm-c);
   their loss weights w_c = 1 / positive rate come from the training shards.
 - Loss: Eq. 3 of Alikhani et al. (``training/retrieval/losses.py``), margin ``--retrieval-margin``
-  (0.3), lambda_cls ``--lambda-cls``; ``--cam-gradient stopped`` keeps the coherence loss out of
-  the encoders.
+  (0.5; the paper's 0.3 under ``--preset paper``), lambda_cls ``--lambda-cls``;
+  ``--cam-gradient stopped`` keeps the coherence loss out of the encoders.
 - Validation: MedR and R@K (text-to-image) over the validation pairs (pools as the test's),
   reported as ``val_medr`` / ``val_r10``; ``--select-by val_medr`` (the paper's best epoch)
   is the retrieval objectives' default.

@@ -79,8 +79,8 @@ def test_cmca_learns_the_small_digit_not_only_the_colours(graded_dataset, tmp_pa
     print({a: (round(m["top5_match"], 3), round(m["chance"], 3)) for a, m in attrs.items()}, out["t2i"])
     assert attrs["digit"]["queries"] >= 150
     assert attrs["ink"]["top5_match"] >= 0.8 and attrs["backdrop"]["top5_match"] >= 0.8
-    # the weak attribute: well above chance (about 0.1). Measured: 0.353 with the default random
-    # word vectors, 0.224 with GloVe (the default before issue #45), which starts the digit
+    # the weak attribute: well above chance (about 0.1). Measured at margin 0.3: 0.353 with random
+    # word vectors (the default), 0.224 with GloVe (the default before issue #45), which starts the digit
     # words nearly parallel
     assert attrs["digit"]["top5_match"] >= 2.75 * attrs["digit"]["chance"], attrs["digit"]
     # the bar is out of an untrained model's reach

@@ -300,3 +300,10 @@ def test_refinement_tuned_on_validation():
     assert out["t2i_refined_tuned"]["refine_lambda"] == tuned["refine_lambda"]
     cmca, batch = _model_and_batch([])
     assert tune_refinement(cmca, [batch], TrainConfig(objective="cmca")) is None
+
+
+def test_the_margin_is_0_5_by_default_and_the_papers_0_3_under_its_preset():
+    from training.config import preset_values
+
+    assert TrainConfig(objective="cmca").retrieval_margin == 0.5
+    assert TrainConfig(objective="cmcm", **preset_values("paper", "cmcm")).retrieval_margin == 0.3
