@@ -98,21 +98,12 @@ def test_the_probe_oracle_is_the_oracle_where_the_features_carry_everything_and_
     def medr(scores):
         return retrieval_metrics(scores, pool_size=200, n_pools=1, seed=0)["t2i"]["medr"]
 
+    def probe_oracle(digit: bool):
+        train, test = (_attribute_features(rows, rng, digit) for rows in (train_meta, meta))
+        return probe_oracle_scores(train, train_values, test, values, named)
+
     oracle = medr(oracle_scores(values, named, seed=0))
-    full = probe_oracle_scores(
-        _attribute_features(train_meta, rng, True),
-        train_values,
-        _attribute_features(meta, rng, True),
-        values,
-        named,
-    )
-    ink_only = probe_oracle_scores(
-        _attribute_features(train_meta, rng, False),
-        train_values,
-        _attribute_features(meta, rng, False),
-        values,
-        named,
-    )
+    full, ink_only = probe_oracle(True), probe_oracle(False)
     assert full.shape == (200, 200)
     assert abs(medr(full) - oracle) <= 1  # images that match all named values tie: order by chance
     assert medr(ink_only) > 2 * oracle
