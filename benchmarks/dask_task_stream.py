@@ -97,8 +97,11 @@ def main() -> None:
     ap.add_argument("stream", help="the JSON the preload wrote ($MMLINKS_TASK_STREAM_OUT)")
     ap.add_argument("--window", type=float, default=20.0, help="seconds per busy-fraction window")
     args = ap.parse_args()
-    with open(args.stream) as f:
-        records = json.load(f)
+    try:
+        with open(args.stream) as f:
+            records = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"cannot read a task stream from {args.stream}: {e}") from None
     if not records:
         raise SystemExit(f"{args.stream} holds no tasks")
     print(json.dumps(summarise(records, args.window)))

@@ -79,3 +79,17 @@ def test_each_workers_windows_add_up_to_its_compute_time(tasks, window):
         total = sum(length for w, _, length in tasks if f"tcp://w{w}" == worker)
         busy = sum(x["busy"][i] for x in got["windows"]) * window
         assert abs(busy - total) <= 0.005 * window * len(got["windows"]) + 1e-6  # rounded to 0.01 a window
+
+
+def test_a_missing_empty_or_damaged_stream_is_a_one_line_error(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "empty.json").write_text("[]")
+    (tmp_path / "bad.json").write_text("[[")
+    cases = (("missing.json", "cannot read"), ("bad.json", "cannot read"), ("empty.json", "no tasks"))
+    for name, says in cases:
+        cmd = [sys.executable, str(SCRIPT), str(tmp_path / name)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode != 0 and says in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
