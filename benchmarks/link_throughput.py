@@ -269,13 +269,13 @@ def bare_setup(data: Path, model: str, workdir: Path, batch_docs: int, threads: 
     """The bare side: the model loaded once, the same chunks read before any clock starts."""
     import torch
 
-    from features.base import tune_cpu_malloc
+    from features.base import tune_cpu_heap
     from linking.model import load_scorer, resolve_model
     from linking.steps import LINK_COLUMNS, documents_of_table, shard_tables
     from schemas.manifest import Manifest
     from training.tracking import tracking_uri
 
-    tune_cpu_malloc()  # as the job's handler does in each worker
+    trim = tune_cpu_heap()  # as the job's handler does in each worker, trimming after each chunk
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     scorer = load_scorer(resolve_model(model, tracking_uri(workdir)).load_uri, tracking_uri(workdir))
@@ -285,12 +285,12 @@ def bare_setup(data: Path, model: str, workdir: Path, batch_docs: int, threads: 
         with open(path, "rb") as fh:
             chunks += [documents_of_table(t, path.name) for t in shard_tables(fh, batch_docs, LINK_COLUMNS)]
     scorer.score(chunks[0])  # warm-up, as the job's steady state starts after its first chunk
-    return scorer, chunks, load_s
+    return scorer, chunks, load_s, trim
 
 
-def bare_round(scorer, chunks: list[list[dict]], assign: bool) -> tuple[float, float]:
+def bare_round(scorer, chunks: list[list[dict]], assign: bool, trim=None) -> tuple[float, float]:
     """(docs/s, docs per CPU-s) of one pass over the chunks in a loop: score, and with
-    ``assign`` also the matching (the work the job does per chunk)."""
+    ``assign`` also the matching, then the heap trim (the work the job does per chunk)."""
     from linking.assign import assign_links, pad_scores
 
     n = sum(len(c) for c in chunks)
@@ -300,6 +300,8 @@ def bare_round(scorer, chunks: list[list[dict]], assign: bool) -> tuple[float, f
         if assign:
             padded, rows, cols = pad_scores(scores)
             assign_links(padded, rows, cols, "matching", float("-inf"))
+        if trim is not None:
+            trim()
     return n / (time.perf_counter() - t0), n / max(cpu_s() - c0, 1e-9)
 
 
@@ -338,14 +340,14 @@ def main() -> None:
     small_n = min(args.docs, 2 * args.batch_docs)
     small = small_copy(data, work / "ds-small", small_n)
     threads = os.cpu_count() or 1
-    scorer, chunks, load_s = bare_setup(data, model, work, args.batch_docs, threads)
+    scorer, chunks, load_s, trim = bare_setup(data, model, work, args.batch_docs, threads)
     time_chunks()
     in_process = (args.direct_workers or os.cpu_count() or 1) == 1
     worker_log = None if in_process else hook_workers(work)
     reps = []
     for _ in range(args.repeats):  # interleaved, so both sides see the same neighbours
-        score = bare_round(scorer, chunks, assign=False)
-        score_assign = bare_round(scorer, chunks, assign=True)
+        score = bare_round(scorer, chunks, assign=False, trim=trim)
+        score_assign = bare_round(scorer, chunks, assign=True, trim=trim)
         small_run = beam_run(small, work / "links-small", model, work, args, worker_log)
         full = beam_run(data, work / "links", model, work, args, worker_log)
         reps.append({"score": score, "score_assign": score_assign, "small": small_run, "full": full})
