@@ -112,6 +112,21 @@ def test_the_probe_oracle_is_the_oracle_where_the_features_carry_everything_and_
     assert out["digit"]["top5_match"] > 0.95 and out["ink"]["top5_match"] > 0.98
 
 
+def test_the_probe_oracle_is_oriented_text_by_image():
+    """Row i is text i, column j image j: a text that names nothing scores every image at the
+    tie-break alone, while its image still scores against the texts naming what it shows (a
+    transposed matrix swaps the two)."""
+    train_meta, meta = _meta(400, 0), _meta(40, 1)
+    train_values, _, _ = pair_truth(train_meta)
+    values, named, _ = pair_truth(meta)
+    named = [set(), *named[1:]]  # text 0 names nothing
+    rng = np.random.default_rng(4)
+    train, test = (_attribute_features(rows, rng, digit=True) for rows in (train_meta, meta))
+    out = probe_oracle_scores(train, train_values, test, values, named)
+    assert out[0].max() < 1e-5
+    assert out[1:, 0].max() > 0.5
+
+
 def test_evaluate_prints_the_attribute_table(capsys):
     """`mmlinks evaluate`'s table for a retrieval model with attribute truth (--json carries the
     same dict)."""
