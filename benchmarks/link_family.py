@@ -6,7 +6,7 @@ clipping or scaling, at a strength that sets the image ratio), measures its trai
 ratio, and trains every row on it through the path of ``mmlinks train --workers 0``
 (``run_experiment``: fit, checkpoint choice, test evaluation), for each seed. Prints one JSON
 object: per cell its ratio and per row test AUC / p@1 per seed and their means, and per cell the
-default's margin over the baseline. docs/benchmarks.md holds the tables and commands.
+default's margin over the baseline. docs/benchmarks-linking.md holds the tables and commands.
 
 Cells are ``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS]``, e.g. ``topic:40:clipped:5``; ``--grid
 issue`` is the issue's grid (K 10/40/200 x added/clipped x ratio ~3/~10/>=20, per-document looks,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--jobs", type=int, default=1, help="training runs in parallel (processes)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a BASE field")
     p.add_argument("--jsonl", help="also append each run's result to this file as it finishes")
-    p.add_argument("--markdown", action="store_true", help="also print docs/benchmarks.md's table (stderr)")
+    p.add_argument("--markdown", action="store_true", help="also print the docs' table (stderr)")
     args = p.parse_args(argv)
     for item in args.set:
         field, _, value = item.partition("=")
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def markdown_table(out: dict) -> str:
-    """The grid as docs/benchmarks.md shows it: per cell the training ratio and residual (means
+    """The grid as docs/benchmarks-linking.md shows it: per cell the training ratio and residual (means
     over seeds; "-" where there is none), the image side auto picks (each seed's, once where they
     agree), each row's test AUC / p@1 per seed, and the default's margin over the bag on the
     seeds' means."""

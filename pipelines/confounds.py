@@ -113,7 +113,7 @@ def residual_directions(dim: int, documents: int) -> int:
 
 def residual_ratio(docs_features: Sequence[np.ndarray]) -> float | None:
     """The image ratio once ``residual_directions`` principal directions of the document means
-    are dropped (None where that is 0). Measured (docs/benchmarks.md, issue #44; 256-d, 1,500
+    are dropped (None where that is 0). Measured (docs/benchmarks-linking.md, issue #44; 256-d, 1,500
     documents) as a share of the ratio, dropping 16 / 32 / 48 directions: 40 topics' looks 0.46 /
     0.12 / 0.02, 10 topics' 0.02 throughout, 200 topics' 0.81 / 0.66 / 0.53, a look per document
     0.96 / 0.93 / 0.89, #33's looks cut from a few photos (1280-d, 400 documents) 0.50 / 0.37 /

@@ -1,5 +1,5 @@
 """``benchmarks/link_family.py`` (issue #44): the grid's cells, one real run of a tiny cell through
-the training path, and the table docs/benchmarks.md shows (ratio, residual, what auto picks)."""
+the training path, and the table docs/benchmarks-linking.md shows (ratio, residual, what auto picks)."""
 
 from __future__ import annotations
 

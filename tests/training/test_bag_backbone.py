@@ -88,7 +88,7 @@ def test_the_default_does_not_fall_below_the_bag_baseline_when_topics_share_a_lo
     image ratio ~13) and the topic's words; the default model, trained beside the simplest one on
     the same corpus at the demo's settings, must stay within a few points of it (benchmarks'
     grid cell `topic:10:clipped:5.0`). Before the fix (GloVe vectors, random batches) the default
-    stayed at AUC 63 on a corpus of this structure where the bag reached 99 (docs/benchmarks.md).
+    stayed at AUC 63 on a corpus of this structure where the bag reached 99 (docs/benchmarks-linking.md).
     On a smaller corpus (600 documents, 6 epochs, d_multi 64) the default still learns more
     slowly than the bag."""
     data = tmp_path / "ds"

@@ -11,7 +11,7 @@ principal directions of the document means are dropped: ``pipelines.confounds.re
 - otherwise (a look per document, or per one of many topics): ``balanced`` centring with the
   document-mean part at weight 1, dropout 0.4.
 
-Measured (docs/benchmarks.md, "Linking across a family of corpora"): at ratio 12.5 two #33
+Measured (docs/benchmarks-linking.md): at ratio 12.5 two #33
 corpora link only with balanced centring at weight 1 (test AUC 90 / 97.6 against 62 / 77 at 0.5);
 on issue #44's family balanced cost ~1 AUC at ratios 0.2-3 against ``none``; at ratios >= 20
 ``none`` fell to 53 (200 topics, clipped) and 72 (per-document looks) where balanced reached 98;
