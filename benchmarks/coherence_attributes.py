@@ -116,6 +116,7 @@ def inprocess_fit(cfg):
     from schemas.manifest import Manifest
     from schemas.shards import read_table
     from training.data import features_of, make_batch
+    from training.loop import optimizer_groups
     from training.retrieval.objective import build, model_config, model_loss, val_metrics
     from training.text import Vocabulary, embedding_matrix
 
@@ -130,7 +131,7 @@ def inprocess_fit(cfg):
     torch.manual_seed(cfg.seed)
     model_cfg = model_config(cfg, manifest, len(vocab), emb.shape[1], paths["train"])
     model = build(model_cfg, emb, (feats.mean(0), feats.std(0)))
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.Adam(optimizer_groups(model, cfg.lr), lr=cfg.lr)  # the loop's groups
 
     def batches(table, rng):
         order = rng.permutation(table.num_rows) if rng is not None else np.arange(table.num_rows)

@@ -307,3 +307,19 @@ def test_the_margin_is_0_5_by_default_and_the_papers_0_3_under_its_preset():
 
     assert TrainConfig(objective="cmca").retrieval_margin == 0.5
     assert TrainConfig(objective="cmcm", **preset_values("paper", "cmcm")).retrieval_margin == 0.3
+
+
+@pytest.mark.parametrize(
+    ("objective", "sampling"),
+    [("cmca", "similar"), ("cmcm", "similar"), ("cmcm-c", "similar"), ("ap", "similar"), ("news", "random")],
+)
+def test_auto_batches_are_similar_for_coherence_retrieval_and_linking(objective, sampling):
+    """Batches of alike pairs rank better (issue #45); the news family keeps random batches, and
+    the paper preset random ones everywhere; a value given is kept."""
+    from training.config import preset_values
+
+    given = {"relation": "Visible"} if objective == "cmcm-c" else {}
+    assert TrainConfig(objective=objective, **given).batch_sampling == sampling
+    paper = preset_values("paper", objective)
+    assert TrainConfig(objective=objective, **given, **paper).batch_sampling == "random"
+    assert TrainConfig(objective=objective, **given, batch_sampling="similar").batch_sampling == "similar"
