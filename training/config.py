@@ -280,9 +280,9 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
         # documents (docs/benchmarks-linking.md)
         link = self._family() == "link"
         if self.batch_sampling == "auto":
-            # the bag backbone is the floor the default may not fall below: trained plainly;
-            # coherence retrieval too (issue #45: CMCA MedR 9.0 -> 8.1, CMCM 9.1 -> 8.5, at a
-            # cost to CMCM's relation head: mAP 0.98 -> 0.78, docs/benchmarks.md)
+            # similar for linking and coherence retrieval (issue #45: CMCA MedR 9.0 -> 8.1, CMCM
+            # 9.4 -> 8.5, at a cost to CMCM's relation head: mAP 0.94 -> 0.78, docs/benchmarks.md);
+            # the bag backbone is the floor the default may not fall below: trained plainly
             coherence = self.model_backbone == "coherence"
             self.batch_sampling = "similar" if (link and self.backbone != "bag") or coherence else "random"
         split_decides = link and self.backbone == "gru" and self.image_centring == "auto"

@@ -322,4 +322,10 @@ def test_auto_batches_are_similar_for_coherence_retrieval_and_linking(objective,
     assert TrainConfig(objective=objective, **given).batch_sampling == sampling
     paper = preset_values("paper", objective)
     assert TrainConfig(objective=objective, **given, **paper).batch_sampling == "random"
+    assert TrainConfig(objective=objective, **given, batch_sampling="random").batch_sampling == "random"
     assert TrainConfig(objective=objective, **given, batch_sampling="similar").batch_sampling == "similar"
+
+
+def test_auto_batches_stay_random_for_the_bag_baseline():
+    """The floor the default may not fall below is trained plainly (issue #44)."""
+    assert TrainConfig(objective="ap", backbone="bag").batch_sampling == "random"
