@@ -11,7 +11,7 @@ generated from the joined class, with ``--help`` grouped core first, then family
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from schemas.config_fields import option
 from training.backbone import DEFAULT_BACKBONE, backbone_names
@@ -32,6 +32,9 @@ __all__ = [
 
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
 SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min", "last": "max"}
+
+# Options whose "auto" value ``TrainConfig.__post_init__`` resolves by objective and backbone.
+AUTO_VALUES: dict[str, Any] = {"batch_sampling": "auto", "word_vectors": "auto", "image_dropout": -1}
 
 
 # --preset: named bundles of TrainConfig values, under the flags a user gives. "paper" is Hessel
@@ -79,11 +82,13 @@ CORE = "training, every family (defaults: Hessel et al. 2019 unless noted)"
 SHARED = "the shared text-image space and its ranking pools (coherence retrieval and news)"
 RAY = "Ray Train"
 # The core's fields a resumed run must share with its checkpoint: they define the model or the
-# loss (each family's own are its fields class's MODEL_FIELDS).
+# loss, or which negatives the loss sees (the batches); each family's own are its fields class's
+# MODEL_FIELDS.
 CORE_MODEL_FIELDS = (
     "data",
     "objective",
     "backbone",
+    "batch_sampling",
     "max_tokens",
     "min_word_count",
     "word_vectors",
@@ -272,6 +277,11 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
     MODEL_FIELDS: ClassVar[tuple[str, ...]] = MODEL_FIELDS  # all of them, not one family's
 
     def __post_init__(self) -> None:
+        # the fields resolved below from their "auto" value, by objective: ``given_dict`` puts
+        # them back, so a grid trial of another objective resolves them for its own
+        self._resolved: dict[str, Any] = {
+            name: auto for name, auto in AUTO_VALUES.items() if getattr(self, name) == auto
+        }
         # The retrieval objectives pick the epoch by validation MedR (the paper); val_within,
         # the link default, has no meaning for pairs.
         if self.select_by == "val_within" and self._family() == "retrieval":
@@ -334,6 +344,12 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def given_dict(self) -> dict:
+        """``to_dict`` with the fields this config resolved from "auto" (``AUTO_VALUES``) as
+        given: the base of a grid's trials, each of which names its own objective, so the news
+        rows start from GloVe and random batches, not from what ``ap`` resolved them to."""
+        return {**asdict(self), **getattr(self, "_resolved", {})}
 
     def public_dict(self) -> dict:
         """The config minus fields that may carry hosts or credentials (cluster address, a

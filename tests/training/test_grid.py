@@ -266,3 +266,20 @@ def test_grid_end_to_end_with_ray_tune_and_mlflow(dataset, tmp_path, ray_local):
     text = format_table(res)
     assert "NoStruct" in text and "AP + hard neg" in text
     print(f"\n{text}grid of 2 trials: {elapsed:.0f} s (trials {[t.seconds for t in res.trials]} s)")
+
+
+def test_a_grid_trial_resolves_auto_for_its_own_objective():
+    """A grid's base is resolved for the command's objective (ap by default); each trial names its
+    own, so a news trial still starts from GloVe and random batches, a coherence trial from random
+    vectors and similar batches; a value the user gave stays."""
+    from training.grid.retrieval import _config
+
+    base = TrainConfig(objective="ap")
+    assert base.word_vectors == "random" and base.batch_sampling == "similar"
+    news = TrainConfig.from_dict({**base.given_dict(), "objective": "news"})
+    assert news.word_vectors == "glove" and news.batch_sampling == "random"
+    given = TrainConfig(objective="ap", batch_sampling="similar", word_vectors="random")
+    kept = TrainConfig.from_dict({**given.given_dict(), "objective": "news"})
+    assert kept.batch_sampling == "similar" and kept.word_vectors == "random"
+    coherence = _config({"objective": "cmca"}, TrainConfig(objective="news"))
+    assert coherence.word_vectors == "random" and coherence.batch_sampling == "similar"

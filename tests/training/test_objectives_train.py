@@ -92,6 +92,22 @@ def test_resume_refuses_a_config_that_changes_the_model():
     check_resumable(legacy, TrainConfig(data="d", objective="ap", d_multi=32, run_name="r"))
 
 
+def test_resume_refuses_a_checkpoint_trained_before_a_default_changed():
+    """A cmca run started with random batches and margin 0.3 (the defaults before issue #45) is
+    not continued under today's: its next epoch would not be the one it would have trained."""
+    saved = TrainConfig(
+        data="d", objective="cmca", batch_sampling="random", retrieval_margin=0.3, run_name="r"
+    ).public_dict()
+    with pytest.raises(IncompatibleResumeError, match=r"batch_sampling='random' \(asked 'similar'\)"):
+        check_resumable(saved, TrainConfig(data="d", objective="cmca", run_name="r"))
+    with pytest.raises(IncompatibleResumeError, match=r"retrieval_margin=0.3 \(asked 0.5\)"):
+        check_resumable(saved, TrainConfig(data="d", objective="cmca", batch_sampling="random", run_name="r"))
+    check_resumable(
+        saved,
+        TrainConfig(data="d", objective="cmca", batch_sampling="random", retrieval_margin=0.3, run_name="r"),
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",

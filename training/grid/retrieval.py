@@ -76,7 +76,7 @@ def expand_points(points: Sequence[dict], base: TrainConfig, relations: Sequence
 
 
 def _config(point: dict, base: TrainConfig) -> TrainConfig:
-    return TrainConfig.from_dict({**base.to_dict(), **point})
+    return TrainConfig.from_dict({**base.given_dict(), **point})
 
 
 def row_key(point: dict, base: TrainConfig) -> str:

@@ -172,7 +172,7 @@ def _check_inputs(
             check_base(spec.name, LAYOUTS[spec.name], base, points)
         for point in points:  # before the keys: a bad objective name is a config error
             init = (inits or {}).get(name, {})
-            TrainConfig.from_dict({**base.to_dict(), **spec.base_overrides, **init, **point}).validate()
+            TrainConfig.from_dict({**base.given_dict(), **spec.base_overrides, **init, **point}).validate()
         keys = [_keys(spec, p, base)[0] for p in points]
         if len(set(keys)) != len(keys):
             raise MmlinksError(
@@ -417,7 +417,7 @@ def run_grid(
             client.log_dict(parent_id, inits, "grid/init_from_grid.json")
         trainable = tune.with_parameters(
             _grid_trial,
-            base={**base_cfg.to_dict(), "run_name": ""},
+            base={**base_cfg.given_dict(), "run_name": ""},
             tracking_uri=tracking_uri,
             parent_run_id=parent_id,
             grid=spec.name,

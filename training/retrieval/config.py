@@ -21,7 +21,13 @@ class RetrievalFields:
     """The options of the retrieval objectives and their ``coherence`` backbone."""
 
     # the fields a resumed run must share with its checkpoint (``training.config.MODEL_FIELDS``)
-    MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("relation", "retrieval_pooling", "cam_hidden", "image_layers")
+    MODEL_FIELDS: ClassVar[tuple[str, ...]] = (
+        "relation",
+        "retrieval_pooling",
+        "cam_hidden",
+        "image_layers",
+        "retrieval_margin",
+    )
 
     relation: str = option(
         "",
