@@ -33,8 +33,14 @@ __all__ = [
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
 SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min", "last": "max"}
 
-# Options whose "auto" value ``TrainConfig.__post_init__`` resolves by objective and backbone.
-AUTO_VALUES: dict[str, Any] = {"batch_sampling": "auto", "word_vectors": "auto", "image_dropout": -1}
+# Options whose "auto" value ``TrainConfig.__post_init__`` resolves by objective and backbone
+# (select_by's default, val_within, becomes val_medr for the retrieval objectives).
+AUTO_VALUES: dict[str, Any] = {
+    "batch_sampling": "auto",
+    "word_vectors": "auto",
+    "image_dropout": -1,
+    "select_by": "val_within",
+}
 
 
 # --preset: named bundles of TrainConfig values, under the flags a user gives. "paper" is Hessel

@@ -283,3 +283,8 @@ def test_a_grid_trial_resolves_auto_for_its_own_objective():
     assert kept.batch_sampling == "similar" and kept.word_vectors == "random"
     coherence = _config({"objective": "cmca"}, TrainConfig(objective="news"))
     assert coherence.word_vectors == "random" and coherence.batch_sampling == "similar"
+    # a retrieval base picks epochs by validation MedR; a link trial from it by the within gap
+    assert coherence.select_by == "val_medr"
+    link = TrainConfig.from_dict({**coherence.given_dict(), "objective": "ap"})
+    assert link.select_by == "val_within"
+    link.validate()  # val_medr would be refused for a link objective
