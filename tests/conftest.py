@@ -437,13 +437,16 @@ def tracking_uri(folder: Path, name: str = "mlflow.db") -> str:
     """A SQLite tracking URI in ``folder``; its database starts as a copy of an empty one made
     once per test process. MLflow creates a database by running ~130 Alembic migrations (~5 CPU-s
     each time) and the suite opens dozens; the CLI tests' own databases still go through them."""
+    import atexit
     import sqlite3
     import tempfile
 
     if not _EMPTY_TRACKING_DB:
         from mlflow.tracking import MlflowClient
 
-        empty = Path(tempfile.mkdtemp(prefix="mmlinks-empty-mlflow-")) / "mlflow.db"
+        folder_of_empty = tempfile.mkdtemp(prefix="mmlinks-empty-mlflow-")
+        atexit.register(shutil.rmtree, folder_of_empty, True)  # not left in /tmp by each process
+        empty = Path(folder_of_empty) / "mlflow.db"
         MlflowClient(f"sqlite:///{empty}").search_experiments()  # creates and migrates the tables
         _EMPTY_TRACKING_DB.append(empty)
     folder = Path(folder).resolve()
