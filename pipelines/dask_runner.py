@@ -37,6 +37,8 @@ case); any other WindowFn is refused by name.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import pickle
 import re
 import uuid
@@ -76,6 +78,8 @@ READ_BUNDLE_BYTES = 4 << 20
 # A grouping's partitions stop at this many per task slot: a task shuffle of N partitions makes
 # about N x min(N, 32) tasks, so a 1M-document build keeps a graph the scheduler can hold.
 MAX_PARTITIONS_PER_SLOT = 16
+# Dask's user priority of the translation's own small tasks (``_layer_bag``); a ParDo's is 0.
+PLUMBING_PRIORITY = 1
 
 # Per worker process: the current job's set-up DoFns by ParDo id. A long-lived cluster runs job
 # after job: the first bundle of a new job tears the previous job's DoFns down (and lets go of
@@ -192,13 +196,85 @@ def consumers(pipeline) -> dict[pvalue.PCollection, int]:
 _NOT_PARDOS = (_Create, _Read, _Flatten, _Reshuffle, _GroupByKeyOnly, _GroupAlsoByWindow, beam.WindowInto)
 
 
+WHOLE = "__mmlinks_whole_partition__"  # a source read whole, not one tag of a fused stage's output
+
+
+class _Parts:
+    """A PCollection before it is a bag: per partition, its sources as (dask key, tag), the tag
+    being a fused stage's ``(member index, output tag)`` or ``WHOLE``, with the collections those
+    keys come from. A task that reads a PCollection selects its tag itself (``_gather``), so a
+    fused stage's output, a Flatten of outputs and a narrowing before a grouping cost no task of
+    their own: a 1,000-document Dask build had 1,697 tasks, 514 of them selecting a tag and 334
+    concatenating (docs/benchmarks-scale.md), and the local scheduler thread spent ~3.5 ms of
+    CPU a task on the driver's two cores."""
+
+    def __init__(self, sources: list[list[tuple[Any, Any]]], deps: list):
+        self.sources, self.deps = sources, deps
+
+    @classmethod
+    def of(cls, bag, tag: Any = WHOLE) -> _Parts:
+        return cls([[((bag.name, i), tag)] for i in range(bag.npartitions)], [bag])
+
+    def uniform(self):
+        """``(bag, tag)`` where each partition is the same partition of one bag under one tag
+        (a stage reads it with ``map_partitions``); else None."""
+        (bag, *more) = self.deps
+        if more or len(self.sources) != bag.npartitions:
+            return None
+        tags = {tag for part in self.sources for _, tag in part}
+        keys = [part[0][0] if len(part) == 1 else None for part in self.sources]
+        if len(tags) != 1 or keys != [(bag.name, i) for i in range(bag.npartitions)]:
+            return None
+        return bag, tags.pop()
+
+    def narrowed(self, partitions: int) -> _Parts:
+        """At most ``partitions`` partitions, adjacent ones joined in order. A shuffle of N
+        partitions into M makes N x M tasks, and a Flatten adds its inputs' partitions up:
+        unchecked, the build's joins grew an 8-document build's graph to 109,196 tasks."""
+        n = len(self.sources)
+        if n <= partitions:
+            return self
+        cuts = [n * i // partitions for i in range(partitions + 1)]
+        return _Parts(
+            [[s for part in self.sources[a:b] for s in part] for a, b in itertools.pairwise(cuts)], self.deps
+        )
+
+
+def _layer_bag(name: str, layer: dict, deps: list, npartitions: int):
+    """A bag of the translation's own tasks (gathering, grouping, counters), which do no work of
+    their own but make other tasks ready: they run first on a worker (``PLUMBING_PRIORITY``).
+    At the default priority a worker started a 6-second feature task before the millisecond
+    ``getitem`` that the next feature task waited for, and the other worker idled for 6 s."""
+    import dask
+    from dask.bag import Bag
+    from dask.highlevelgraph import HighLevelGraph
+
+    with dask.annotate(priority=PLUMBING_PRIORITY):
+        graph = HighLevelGraph.from_collections(name, layer, dependencies=deps)
+    return Bag(graph, name, npartitions)
+
+
+def _realized(parts: _Parts):
+    """``parts`` as a bag: the bag itself where it is one bag read whole, else a task per
+    partition that gathers its sources' tags."""
+    uniform = parts.uniform()
+    if uniform is not None and uniform[1] == WHOLE:
+        return uniform[0]
+    name = f"gather-{uuid.uuid4().hex}"
+    layer = {
+        (name, i): (_gather, [key for key, _ in part], [tag for _, tag in part])
+        for i, part in enumerate(parts.sources)
+    }
+    return _layer_bag(name, layer, parts.deps, len(parts.sources))
+
+
 class _Stage:
     """ParDos fused into one task per partition: each member reads the main output or a tagged
     output of an earlier member (``source``: (member index, tag)) or, the first, the stage's
-    input bag, and no member but the first has side inputs."""
+    input (``parts``), and no member but the first has side inputs."""
 
-    def __init__(self, bag, first: tuple, sides: list):
-        self.bag, self.members, self.sides, self.tagged = bag, [(first, None)], sides, None
+    def __init__(self, parts: _Parts, first: tuple, sides: list):
+        self.parts, self.members, self.sides, self.tagged = parts, [(first, None)], sides, None
 
     def add(self, spec: tuple, source: tuple[int, Any]) -> int:
         self.members.append((spec, source))
@@ -212,7 +288,8 @@ class _Translator(PipelineVisitor):
     output runs as one task per partition (``_Stage``), as Flink and Dataflow fuse it: the
     expensive step's task then depends on the shuffle's output, which Dask places by the bytes
     each worker holds, not on a cheap step that happened to run on one worker (docs/benchmarks.md,
-    "Dask runner"), and a build makes fewer tasks."""
+    "Dask runner"), and a build makes fewer tasks. What reads a stage's output selects its tag
+    itself, and a Flatten is only a list of its inputs' partitions (``_Parts``)."""
 
     def __init__(self, partitions: int, readers: dict[pvalue.PCollection, int] | None = None):
         self.partitions = partitions  # at least this many per stage: twice the task slots
@@ -220,6 +297,7 @@ class _Translator(PipelineVisitor):
         self.most = partitions * MAX_PARTITIONS_PER_SLOT // 2  # partitions count two per slot
         self.readers = readers or {}
         self.bags: dict[pvalue.PCollection, Any] = {}
+        self.parts: dict[pvalue.PCollection, _Parts] = {}  # outputs of stages and Flattens
         self.made_by: dict[pvalue.PCollection, tuple[_Stage, int, Any]] = {}  # fused, not yet bags
         self.stages: list[_Stage] = []
         self.job = uuid.uuid4().hex
@@ -231,23 +309,41 @@ class _Translator(PipelineVisitor):
         tagged = [self._tagged(stage) for stage in self.stages]
         if not tagged:
             return db.from_sequence([], npartitions=1)
-        return db.concat([b.map_partitions(_select, METRICS_TAG) for b in tagged])
+        name = f"counters-{uuid.uuid4().hex}"
+        keys = [(bag.name, i) for bag in tagged for i in range(bag.npartitions)]
+        layer = {(name, j): (_gather, [key], [METRICS_TAG]) for j, key in enumerate(keys)}
+        return _layer_bag(name, layer, tagged, len(keys))
+
+    def view(self, pc: pvalue.PCollection) -> _Parts:
+        """What reads ``pc`` reads these partitions; a fused stage's output is final once read."""
+        if pc in self.made_by:
+            stage, index, tag = self.made_by.pop(pc)
+            self.parts[pc] = _Parts.of(self._tagged(stage), (index, tag))
+        if pc in self.parts:
+            return self.parts[pc]
+        return _Parts.of(self.bags[pc])
 
     def bag(self, pc: pvalue.PCollection):
-        """The bag of ``pc``; a fused stage's output becomes a bag (its tasks) when first asked."""
+        """The bag of ``pc`` (for Dask's own operations and the tests)."""
         if pc not in self.bags:
-            stage, index, tag = self.made_by.pop(pc)
-            self.bags[pc] = self._tagged(stage).map_partitions(_select, (index, tag))
+            self.bags[pc] = _realized(self.view(pc))
         return self.bags[pc]
 
     def _tagged(self, stage: _Stage):
         if stage.tagged is None:
             labels = dict.fromkeys(spec[2].split("/")[0] for spec, _ in stage.members)
-            stage.tagged = stage.bag.map_partitions(
+            uniform = stage.parts.uniform()
+            # a Flatten's many partitions (the dead letters of every step) joined first: a
+            # stage task per input partition, and one more reading its counters, cost more
+            # than the few elements each holds
+            joined = stage.parts.narrowed(self.widest)
+            bag, tag = uniform if uniform is not None else (_realized(joined), WHOLE)
+            stage.tagged = bag.map_partitions(
                 _run_stage,
                 list(stage.members),
                 *[side[2] for side in stage.sides],
                 views=[side[:2] for side in stage.sides],
+                tag=tag,
                 token=task_name("+".join(labels)),
             )
         return stage.tagged
@@ -259,8 +355,15 @@ class _Translator(PipelineVisitor):
         if isinstance(t, beam.ParDo) and not isinstance(t, _NOT_PARDOS):
             self._pardo(node)
             return
-        mains = [self.bag(p) for p in node.main_inputs.values() if isinstance(p, pvalue.PCollection)]
+        mains = [p for p in node.main_inputs.values() if isinstance(p, pvalue.PCollection)]
         outs = list(node.outputs.values())
+        if isinstance(t, _Flatten) and mains:
+            views = [self.view(p) for p in mains]
+            deps = list({id(d): d for v in views for d in v.deps}.values())
+            flat = _Parts([s for v in views for s in v.sources], deps)
+            for out in outs:
+                self.parts[out] = flat
+            return
         if isinstance(t, _Create):
             values = list(t.values)
             bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions)))
@@ -275,17 +378,20 @@ class _Translator(PipelineVisitor):
             self.widest = max(self.widest, min(len(bundles), self.most))
             bag = db.from_sequence(bundles, npartitions=max(1, len(bundles))).map_partitions(_read_bundles)
         elif isinstance(t, _Flatten):
-            bag = db.concat(mains) if mains else db.from_sequence([], npartitions=1)
+            bag = db.from_sequence([], npartitions=1)
         elif isinstance(t, _Reshuffle):
-            bag = _spread(mains[0], self.partitions)
+            bag = _spread(self.bag(mains[0]), self.partitions)
         elif isinstance(t, _GroupByKeyOnly):
-            bag = _group_by_key(mains[0], self.widest)
-        elif isinstance(t, _GroupAlsoByWindow):
-            bag = mains[0]  # values were grouped in the one global window
-        elif isinstance(t, beam.WindowInto):
-            if not isinstance(t.get_windowing(None).windowfn, beam.window.GlobalWindows):
+            bag = _group_by_key(self.view(mains[0]), self.widest)
+        elif isinstance(t, (_GroupAlsoByWindow, beam.WindowInto)):
+            if isinstance(t, beam.WindowInto) and not isinstance(
+                t.get_windowing(None).windowfn, beam.window.GlobalWindows
+            ):
                 raise MmlinksError(f"the Dask runner supports global windows only, not {node.full_label}")
-            bag = mains[0]
+            # values were grouped in the one global window: the input's partitions, as they are
+            for out in outs:
+                self.parts[out] = self.view(mains[0])
+            return
         else:
             raise MmlinksError(
                 f"the Dask runner cannot run {type(t).__name__} ({node.full_label}): no translation"
@@ -303,9 +409,9 @@ class _Translator(PipelineVisitor):
             index = stage.add(spec, (index, tag))
         else:
             sides = [
-                (type(si), si._view_options(), _materialized(self.bag(si.pvalue))) for si in node.side_inputs
+                (type(si), si._view_options(), _materialized(self.view(si.pvalue))) for si in node.side_inputs
             ]
-            stage, index = _Stage(self.bag(main), spec, sides), 0
+            stage, index = _Stage(self.view(main), spec, sides), 0
             self.stages.append(stage)
         for tag, out in node.outputs.items():
             self.made_by[out] = (stage, index, None if tag in (None, "None") else tag)
@@ -317,28 +423,33 @@ def task_name(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_./()+]+", "_", label)
 
 
-def _materialized(bag):
-    """A side input: the bag's values as one list, in partition order, computed once: one task
-    over the bag's partitions. Not ``dask.delayed(_concat)(bag.to_delayed())``, the same task
-    built through a Delayed per partition, each merged with the whole upstream graph: 74 s of
-    driver time for one FinalizeWrite of an 8-document build."""
+def _materialized(parts: _Parts):
+    """A side input: its values as one list, in partition order, computed once: one task over
+    the partitions. Not ``dask.delayed(_concat)(bag.to_delayed())``, the same task built through
+    a Delayed per partition, each merged with the whole upstream graph: 74 s of driver time for
+    one FinalizeWrite of an 8-document build."""
+    import dask
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
 
     name = f"side-input-{uuid.uuid4().hex}"
-    task = (_concat, [(bag.name, i) for i in range(bag.npartitions)])
-    return Delayed(name, HighLevelGraph.from_collections(name, {name: task}, dependencies=[bag]))
+    sources = [s for part in parts.sources for s in part]
+    task = (_gather, [key for key, _ in sources], [tag for _, tag in sources])
+    with dask.annotate(priority=PLUMBING_PRIORITY):
+        graph = HighLevelGraph.from_collections(name, {name: task}, dependencies=parts.deps)
+    return Delayed(name, graph)
 
 
 # --- what the tasks run (in the worker processes) ------------------------------------------------
 
 
-def _concat(parts):
-    return [v for part in parts for v in part]
+def _selected(part, tag):
+    return part if tag == WHOLE else (v for t, v in part if t == tag)
 
 
-def _select(part, tag):
-    return [v for t, v in part if t == tag]
+def _gather(parts, tags):
+    """The values of each partition (a fused stage's: those of its tag), in order, as one list."""
+    return [v for part, tag in zip(parts, tags, strict=True) for v in _selected(part, tag)]
 
 
 def _read_bundles(bundles):
@@ -358,27 +469,38 @@ def stable_hash(key) -> int:
     return zlib.crc32(pickle.dumps(key, protocol=4))
 
 
-def _narrowed(bag, partitions: int):
-    """At most ``partitions`` partitions (adjacent ones joined, order kept). A task shuffle of
-    N partitions into M makes about N x M tasks, and a Flatten adds its inputs' partitions up:
-    unchecked, the build's joins grew an 8-document build's graph to 109,196 tasks (115 MB, ~2
-    min of driver time before the first task ran)."""
-    return bag.repartition(npartitions=partitions) if bag.npartitions > partitions else bag
-
-
-def _group_by_key(bag, partitions: int):
+def _group_by_key(parts: _Parts, partitions: int):
     """(k, v) pairs -> (k, [v, ...]) in ``partitions`` partitions (the translation's widest Read:
     what a Read cut by size keeps small, a grouping after it keeps small too); keys go to
-    partitions by ``stable_hash``."""
-    bag = _narrowed(bag, partitions)
-    grouped = bag.groupby(lambda kv: stable_hash(kv[0]) % partitions, npartitions=partitions)
-    return grouped.map_partitions(_regroup)
+    partitions by ``stable_hash``. A shuffle of its own, not ``Bag.groupby``'s task shuffle (40
+    tasks for 4 partitions into 4, on top of the tasks selecting a stage's tag): per input
+    partition one task selects and splits it by hash, one ``getitem`` a target takes its piece
+    (only that piece moves between workers), and per target one task groups: N + N x M + M."""
+    parts = parts.narrowed(partitions)
+    n, m = len(parts.sources), partitions
+    token = uuid.uuid4().hex
+    split, piece, name = f"groupby-split-{token}", f"groupby-piece-{token}", f"groupby-{token}"
+    layer: dict = {}
+    for i, part in enumerate(parts.sources):
+        layer[(split, i)] = (_split_by_key, [key for key, _ in part], [tag for _, tag in part], m)
+        for j in range(m):
+            layer[(piece, i * m + j)] = (operator.getitem, (split, i), j)
+    for j in range(m):
+        layer[(name, j)] = (_regroup, [(piece, i * m + j) for i in range(n)])
+    return _layer_bag(name, layer, parts.deps, m)
 
 
-def _regroup(part):
+def _split_by_key(parts, tags, partitions: int) -> list[list]:
+    pieces: list[list] = [[] for _ in range(partitions)]
+    for kv in _gather(parts, tags):
+        pieces[stable_hash(kv[0]) % partitions].append(kv)
+    return pieces
+
+
+def _regroup(pieces):
     groups: dict = {}
-    for _, kvs in part:
-        for k, v in kvs:
+    for piece in pieces:
+        for k, v in piece:
             groups.setdefault(k, []).append(_unwindowed(v))
     return list(groups.items())
 
@@ -434,7 +556,7 @@ def _forget_dofns(job: str) -> None:
     _dofns_job[0] = job
 
 
-def _run_stage(items, members, *side_values, views):
+def _run_stage(items, members, *side_values, views, tag=WHOLE):
     """One partition through a fused stage, element by element, as a Beam SDK worker runs fused
     steps: each member's DoFn runs the partition as one bundle, and what a member emits goes
     straight into the member that reads it (``finish_bundle`` outputs too, before that member
@@ -469,7 +591,7 @@ def _run_stage(items, members, *side_values, views):
     try:
         for bundle in reversed(bundles):  # a reader is ready before anything reaches it
             bundle.start(sampler)
-        for item in items:
+        for item in _selected(items, tag):
             bundles[0].process(item)
         for bundle in bundles:  # a member's finish_bundle outputs reach its reader first
             bundle.finish()

@@ -276,12 +276,12 @@ def test_joins_and_side_inputs_keep_the_graph_linear_in_partitions():
     import dask
     import dask.bag as db
 
-    from pipelines.dask_runner import _group_by_key, _materialized
+    from pipelines.dask_runner import _group_by_key, _materialized, _Parts
 
     wide = db.concat([db.from_sequence([(i % 5, i) for i in range(k, 400, 40)]) for k in range(40)])
     n = wide.npartitions
     assert n >= 40
-    grouped = _group_by_key(wide, partitions=4)
+    grouped = _group_by_key(_Parts.of(wide), partitions=4)
     assert grouped.npartitions == 4
     added = len(dict(grouped.__dask_graph__())) - len(dict(wide.__dask_graph__()))
     assert added < 64  # narrowed first: a shuffle of 4 into 4, whatever n; unnarrowed here: 410
@@ -290,7 +290,7 @@ def test_joins_and_side_inputs_keep_the_graph_linear_in_partitions():
         assert {k: sorted(v) for k, v in groups.items()} == {
             k: [i for i in range(400) if i % 5 == k] for k in range(5)
         }
-        side = _materialized(db.from_sequence(range(100), npartitions=7))
+        side = _materialized(_Parts.of(db.from_sequence(range(100), npartitions=7)))
         assert len(dict(side.__dask_graph__())) == 7 + 1  # the partitions and one task over them
         assert side.compute() == list(range(100))
 
@@ -422,3 +422,85 @@ def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path, monk
         }
     keyed, grouped, _ = translated(slots=1)  # a grouping stops at its cap, a read does not
     assert grouped.npartitions == MAX_PARTITIONS_PER_SLOT < wanted <= keyed.npartitions
+
+
+def test_reading_a_stages_output_or_a_flatten_costs_no_task_of_its_own(dask_cluster):
+    """What reads a fused stage's tagged output selects its tag itself, a Flatten is only a list
+    of its inputs' partitions and a grouping runs its own shuffle (N + N x M + M tasks), so a
+    graph of two tagged outputs, a Flatten and a GroupByKey holds the stages' tasks, the
+    grouping's and one counters task per stage partition, no more (Beam's labels plus Dask's
+    select, concat, repartition and task shuffle: 1,697 tasks for a 1,000-document build, 702
+    after). The translation's own tasks run first on a worker (Dask priority, read back from a
+    real scheduler); the values are the unfused ones."""
+    import collections
+
+    import dask
+    from apache_beam.runners.dask.overrides import dask_overrides
+    from dask.distributed import Client
+    from dask.utils import key_split
+
+    from pipelines.dask_runner import PLUMBING_PRIORITY, _Translator, consumers
+
+    class Split(beam.DoFn):
+        def process(self, x):
+            yield beam.pvalue.TaggedOutput("odd", x) if x % 2 else x
+
+    p = beam.Pipeline()
+    parts = p | beam.Create(list(range(40))) | beam.ParDo(Split()).with_outputs("odd", main="even")
+    tens = parts.even | "Tens" >> beam.Map(lambda x: (x // 10, x))
+    ones = parts.odd | "Ones" >> beam.Map(lambda x: (x % 10, x))
+    both = (tens, ones) | beam.Flatten()
+    grouped = both | beam.GroupByKey() | "Sorted" >> beam.MapTuple(lambda k, v: (k, sorted(v)))
+    evens = parts.even | "Count" >> beam.Map(lambda x: x)  # parts.even has two readers
+    p.replace_all(dask_overrides())
+    translator = _Translator(partitions=2, readers=consumers(p))
+    p.visit(translator)
+    everything = translator.everything()
+    graph = dict(everything.__dask_graph__())
+    prefixes = [key_split(k) for k in graph]
+    # Create 2; Split, Tens, Ones, Count, Sorted: 2 each, 2 counters each; groupby 2 + 4 + 2
+    # Create 2; Split, Tens, Ones, GroupByKey's own ParDo, Sorted, Count: 2 each and 2 counters
+    # each; the Flatten gathered for that ParDo 2; the grouping 2 + 2 x 2 + 2
+    assert len(graph) == 2 + 6 * 2 + 6 * 2 + 2 + 8, collections.Counter(prefixes)
+    assert collections.Counter(prefixes)["gather"] == 2
+    assert not {"_select", "concat", "repartition"} & set(prefixes)
+    want = {
+        k: sorted([x for x in range(0, 40, 2) if x // 10 == k] + [x for x in range(1, 40, 2) if x % 10 == k])
+        for k in range(10)
+    }
+    with dask.config.set(scheduler="sync"):
+        assert {k: v for k, v in translator.bag(grouped).compute()} == {k: v for k, v in want.items() if v}
+        assert sorted(translator.bag(evens).compute()) == list(range(0, 40, 2))
+    with Client(dask_cluster) as client:  # its scheduler runs in this process (LocalCluster)
+        client.run_on_scheduler(_record_priorities)
+        try:
+            client.compute(everything, optimize_graph=False).result()
+        finally:
+            client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.remove_plugin(name="test-priorities")
+            )
+    priorities = dict(_PRIORITIES)
+    by_prefix: dict[str, set] = {}
+    for key, priority in priorities.items():
+        by_prefix.setdefault(key_split(key), set()).add(priority)
+    assert by_prefix["groupby-split"] == by_prefix["groupby-piece"] == {-PLUMBING_PRIORITY}
+    assert by_prefix["counters"] == {-PLUMBING_PRIORITY}
+    assert by_prefix["Ones"] == by_prefix["Tens"] == {0}
+
+
+_PRIORITIES: dict[str, int] = {}  # written by the scheduler's plugin (same process), read by the test
+
+
+def _record_priorities(dask_scheduler) -> None:
+    """Record each task's Dask priority (its user part) as it starts processing."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class Priorities(SchedulerPlugin):
+        name = "test-priorities"
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "processing":
+                _PRIORITIES[str(key)] = dask_scheduler.tasks[key].priority[0]
+
+    _PRIORITIES.clear()
+    dask_scheduler.add_plugin(Priorities())
