@@ -41,7 +41,9 @@ def dask_setup(scheduler) -> None:  # the preload hook dask.distributed calls
             if start == "processing" and finish in ("memory", "erred"):
                 done = kwargs.get("startstops") or []
                 spans = [[d["start"], d["stop"]] for d in done if d["action"] == "compute"]
-                self.spans.append([str(key), kwargs.get("worker"), spans])
+                # fetching its inputs from other workers, before it could run
+                fetched = [[d["start"], d["stop"]] for d in done if d["action"] == "transfer"]
+                self.spans.append([str(key), kwargs.get("worker"), spans, fetched])
 
         async def close(self):
             with open(self.path, "w") as f:
@@ -58,9 +60,14 @@ def stage_of(key: str) -> str:
 
 
 def summarise(records: list, window: float = 20.0) -> dict:
-    """Records ``[key, worker, [[start, stop], ...]]`` -> per stage (tasks, compute seconds, first
-    start and last end from the job's first start) and per window each worker's busy fraction."""
-    spans = [(stage_of(k), w, a, b) for k, w, ss in records for a, b in ss]
+    """Records ``[key, worker, [[start, stop], ...], [[start, stop], ...]]`` (compute spans, then
+    the spans spent fetching inputs from other workers; older records lack these) -> per stage
+    (tasks, compute seconds, fetch seconds, first start and last end from the job's first start)
+    and per window each worker's busy fraction."""
+    spans = [(stage_of(r[0]), r[1], a, b) for r in records for a, b in r[2]]
+    fetches: dict[str, float] = collections.defaultdict(float)
+    for r in records:
+        fetches[stage_of(r[0])] += sum(b - a for a, b in (r[3] if len(r) > 3 else []))
     if not spans:
         return {"stages": {}, "windows": [], "workers": []}
     t0 = min(a for _, _, a, _ in spans)
@@ -85,8 +92,9 @@ def summarise(records: list, window: float = 20.0) -> dict:
         {"from_s": k * window, "busy": [round(x / window, 2) for x in busy[k]]}
         for k in range(int(end // window) + 1)
     ]
-    for s in stages.values():
-        for f in ("compute_s", "first_s", "last_s"):
+    for name, s in stages.items():
+        s["fetch_s"] = fetches[name]
+        for f in ("compute_s", "fetch_s", "first_s", "last_s"):
             s[f] = round(s[f], 2)
     order = dict(sorted(stages.items(), key=lambda kv: kv[1]["first_s"]))
     return {"span_s": round(end, 2), "workers": workers, "stages": order, "windows": windows}

@@ -49,6 +49,7 @@ def test_a_clusters_tasks_are_recorded_by_stage_with_their_compute_time(tmp_path
     got = dask_task_stream.summarise(json.loads(out.read_text()), window=0.25)
     nap = got["stages"]["_nap"]
     assert nap["tasks"] == 3 and 0.6 <= nap["compute_s"] < 1.5, nap
+    assert nap["fetch_s"] == 0.0  # one worker: nothing fetched from another
     assert len(got["workers"]) == 1
     assert max(w["busy"][0] for w in got["windows"]) > 0.5
 

@@ -233,11 +233,16 @@ def test_a_local_cluster_is_started_for_the_job_and_stopped_after_it():
             # with them, a 0.5 s task left 50 profile samples
             client.submit(time.sleep, 0.5).result()
             seen = client.run(
-                lambda dask_worker: (dask_worker.profile_recent, list(dask_worker.monitor.quantities))
+                lambda dask_worker: (
+                    dask_worker.profile_recent,
+                    list(dask_worker.monitor.quantities),
+                    dask_worker.periodic_callbacks["monitor"].callback_time,
+                )
             )
-            ((recent, watched),) = seen.values()
+            ((recent, watched, monitor_ms),) = seen.values()
             assert recent.get("count", 0) == 0
             assert "host_disk_io.read_bps" not in watched and "cpu" in watched
+            assert monitor_ms == 2000  # the system monitor wakes every 2 s, not 0.5
     assert opts.get_all_options()["address"] is None
     with pytest.raises(OSError):
         Client(address, timeout=2)

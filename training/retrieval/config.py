@@ -52,8 +52,9 @@ class RetrievalFields:
     )
     retrieval_pooling: str = option(
         "attention",
-        help="text pooling of the retrieval backbone: word attention (paper) or mean / last (NoAttn)",
-        choices=("attention", "mean", "last"),
+        help="text pooling of the retrieval backbone: word attention (paper), mean / last (NoAttn), or "
+        "bag: the mean of the word embeddings, no LSTM (the simplest model, a floor to compare with)",
+        choices=("attention", "mean", "last", "bag"),
         group=RETRIEVAL,
     )
     cam_hidden: int = option(

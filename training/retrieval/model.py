@@ -4,7 +4,8 @@ plus CMCM's Coherence Aware Module (CAM). Pure torch.
 - Text: word embeddings (initialised from pretrained word vectors, ``training/word_vectors.py``
   via ``training/text.py``) -> one-layer bidirectional LSTM -> word attention (a learned query
   scores each LSTM state, softmax over the real tokens) -> linear -> L2. ``pooling`` "mean" or
-  "last" replaces the attention (the paper's NoAttn variant).
+  "last" replaces the attention (the paper's NoAttn variant); "bag" is the simplest model, the
+  floor the others are measured against: the mean of the word embeddings -> linear -> L2 (no LSTM).
 - Image: a CNN feature (e.g. EfficientNet-Lite0 1280-d) standardised with the training set's
   mean/std (buffers, as ``training/model.py``; the paper's extra batch norm) -> linear
   bottleneck -> L2.
@@ -27,7 +28,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from training.joint_space import BottleneckImageEncoder
 
-POOLINGS = ("attention", "mean", "last")
+POOLINGS = ("attention", "mean", "last", "bag")
 
 
 @dataclass
@@ -72,6 +73,10 @@ class AttnTextEncoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=0)
         if embeddings is not None:
             self.embed.weight.data.copy_(torch.from_numpy(np.asarray(embeddings, dtype=np.float32)))
+        if self.pooling == "bag":  # no recurrent layer: the embeddings' mean goes to the projection
+            self.lstm = self.attn = None
+            self.proj = nn.Linear(cfg.word_dim, cfg.d_shared)
+            return
         self.lstm = nn.LSTM(cfg.word_dim, cfg.hidden, batch_first=True, bidirectional=True)
         self.attn = nn.Linear(2 * cfg.hidden, 1)  # the word score: a learned query . h_t
         self.proj = nn.Linear(2 * cfg.hidden, cfg.d_shared)
@@ -82,6 +87,10 @@ class AttnTextEncoder(nn.Module):
         T = tokens.shape[1]
         lengths = lengths.clamp(min=1)
         mask = torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]  # [N, T]
+        if self.pooling == "bag":
+            alpha = mask.float() / mask.sum(1, keepdim=True)  # [N, T]
+            z = F.normalize(self.proj((alpha[..., None] * self.embed(tokens)).sum(1)), dim=-1)
+            return (z, alpha) if return_attention else z
         packed = pack_padded_sequence(
             self.embed(tokens), lengths.cpu(), batch_first=True, enforce_sorted=False
         )

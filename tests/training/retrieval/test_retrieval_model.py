@@ -120,7 +120,7 @@ def batch_of(tokens, lengths, features):
     return SimpleNamespace(tokens=tokens, lengths=lengths, features=features)
 
 
-@pytest.mark.parametrize("pooling", ["attention", "mean", "last"])
+@pytest.mark.parametrize("pooling", ["attention", "mean", "last", "bag"])
 def test_model_shapes_padding_and_pair_logits(pooling):
     torch.manual_seed(0)
     cfg = RetrievalConfig(
@@ -152,6 +152,19 @@ def test_model_shapes_padding_and_pair_logits(pooling):
         for j in range(3):
             assert torch.allclose(pair[i, j], model.cam(s[i : i + 1], v[j : j + 1])[0], atol=1e-6)
     assert model.relation_probs(s, v).shape == (3, 3, 3)
+
+
+def test_the_bag_pooling_is_the_mean_of_the_word_embeddings_through_one_linear_map():
+    """The simplest retrieval model (``--retrieval-pooling bag``): no LSTM; against its formula."""
+    torch.manual_seed(0)
+    cfg = RetrievalConfig(vocab_size=20, word_dim=8, image_dim=6, hidden=5, d_shared=7, pooling="bag")
+    model = CoherenceRetrieval(cfg).eval()
+    assert model.text.lstm is None
+    tokens, lengths = torch.tensor([[3, 4, 5, 0], [6, 0, 0, 0]]), torch.tensor([3, 1])
+    s = model.text(tokens, lengths)
+    E, P = model.text.embed.weight, model.text.proj
+    want = torch.stack([P(E[[3, 4, 5]].mean(0)), P(E[6])])
+    assert torch.allclose(s, torch.nn.functional.normalize(want, dim=-1), atol=1e-6)
 
 
 def test_cmca_has_no_cam_and_hidden_cam_pairs_agree():
