@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import pickle
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,19 @@ class Hit(NamedTuple):
     t: float  # server-side arrival, time.monotonic()
 
 
+# What a handler sees when the client hung up first (over TLS: an EOF in the middle of a record)
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hung up is what the timeout tests make happen, not an error worth a
+    traceback on the suite's output (socketserver prints one for each)."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], CLIENT_GONE):
+            super().handle_error(request, client_address)
+
+
 class FixtureServer:
     """A ThreadingHTTPServer on 127.0.0.1 whose GET handler is ``app(handler)``; records hits."""
 
@@ -77,13 +91,13 @@ class FixtureServer:
                     )
                 try:
                     app(self)
-                except (BrokenPipeError, ConnectionResetError):
+                except CLIENT_GONE:
                     pass  # the client gave up (timeout tests)
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
         if tls:  # the handshake runs in accept(), on the serving thread
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
