@@ -254,12 +254,39 @@ def _layer_bag(name: str, layer: dict, deps: list, npartitions: int):
     return Bag(graph, name, npartitions)
 
 
+def _selected_first(parts: _Parts) -> _Parts:
+    """Where a task joins several partitions, each tagged one is first reduced to its tag by a
+    task of its own, next to it: else the joining task would fetch (and hold) whole fused
+    partitions, documents and all, to take the few dead letters of one tag."""
+    if all(len(part) == 1 for part in parts.sources):
+        return parts
+    name = f"select-{uuid.uuid4().hex}"
+    layer: dict = {}
+    sources: list[list[tuple[Any, Any]]] = []
+    for part in parts.sources:
+        if len(part) == 1:
+            sources.append(part)
+            continue
+        joined = []
+        for key, tag in part:
+            if tag == WHOLE:
+                joined.append((key, tag))
+            else:
+                layer[(name, len(layer))] = (_gather, [key], [tag])
+                joined.append(((name, len(layer) - 1), WHOLE))
+        sources.append(joined)
+    if not layer:
+        return parts
+    return _Parts(sources, [*parts.deps, _layer_bag(name, layer, parts.deps, len(layer))])
+
+
 def _realized(parts: _Parts):
     """``parts`` as a bag: the bag itself where it is one bag read whole, else a task per
     partition that gathers its sources' tags."""
     uniform = parts.uniform()
     if uniform is not None and uniform[1] == WHOLE:
         return uniform[0]
+    parts = _selected_first(parts)
     name = f"gather-{uuid.uuid4().hex}"
     layer = {
         (name, i): (_gather, [key for key, _ in part], [tag for _, tag in part])
@@ -476,7 +503,7 @@ def _group_by_key(parts: _Parts, partitions: int):
     tasks for 4 partitions into 4, on top of the tasks selecting a stage's tag): per input
     partition one task selects and splits it by hash, one ``getitem`` a target takes its piece
     (only that piece moves between workers), and per target one task groups: N + N x M + M."""
-    parts = parts.narrowed(partitions)
+    parts = _selected_first(parts.narrowed(partitions))
     n, m = len(parts.sources), partitions
     token = uuid.uuid4().hex
     split, piece, name = f"groupby-split-{token}", f"groupby-piece-{token}", f"groupby-{token}"

@@ -463,11 +463,11 @@ def test_reading_a_stages_output_or_a_flatten_costs_no_task_of_its_own(dask_clus
     everything = translator.everything()
     graph = dict(everything.__dask_graph__())
     prefixes = [key_split(k) for k in graph]
-    # Create 2; Split, Tens, Ones, Count, Sorted: 2 each, 2 counters each; groupby 2 + 4 + 2
     # Create 2; Split, Tens, Ones, GroupByKey's own ParDo, Sorted, Count: 2 each and 2 counters
-    # each; the Flatten gathered for that ParDo 2; the grouping 2 + 2 x 2 + 2
-    assert len(graph) == 2 + 6 * 2 + 6 * 2 + 2 + 8, collections.Counter(prefixes)
-    assert collections.Counter(prefixes)["gather"] == 2
+    # each; the Flatten's 4 partitions for that ParDo, joined into 2: each selected next to its
+    # stage's output first (4), then gathered (2); the grouping 2 + 2 x 2 + 2
+    assert len(graph) == 2 + 6 * 2 + 6 * 2 + 4 + 2 + 8, collections.Counter(prefixes)
+    assert collections.Counter(prefixes)["gather"] == 2 and collections.Counter(prefixes)["select"] == 4
     assert not {"_select", "concat", "repartition"} & set(prefixes)
     want = {
         k: sorted([x for x in range(0, 40, 2) if x // 10 == k] + [x for x in range(1, 40, 2) if x % 10 == k])
