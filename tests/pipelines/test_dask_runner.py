@@ -436,8 +436,8 @@ def test_reading_a_stages_output_or_a_flatten_costs_no_task_of_its_own(dask_clus
     grouping's and one counters task per stage partition, no more (Beam's labels plus Dask's
     select, concat, repartition and task shuffle: 1,697 tasks for a 1,000-document build, 781
     after). Where a task joins several partitions, each tagged one is selected next to it first,
-    so no whole fused partition moves for one tag. The translation's own tasks run first on a worker (Dask priority, read back from a
-    real scheduler); the values are the unfused ones."""
+    so no whole fused partition moves for one tag. The translation's own tasks run first on a
+    worker (Dask priority, read back from a real scheduler); the values are the unfused ones."""
     import collections
 
     import dask
