@@ -360,11 +360,12 @@ class _Translator(PipelineVisitor):
         if stage.tagged is None:
             labels = dict.fromkeys(spec[2].split("/")[0] for spec, _ in stage.members)
             uniform = stage.parts.uniform()
-            # a Flatten's many partitions (the dead letters of every step) joined first: a
-            # stage task per input partition, and one more reading its counters, cost more
-            # than the few elements each holds
-            joined = stage.parts.narrowed(self.widest)
-            bag, tag = uniform if uniform is not None else (_realized(joined), WHOLE)
+            if uniform is None:
+                # a Flatten's many partitions (the dead letters of every step) joined first: a
+                # stage task per input partition, and one more reading its counters, cost more
+                # than the few elements each holds
+                uniform = (_realized(stage.parts.narrowed(self.widest)), WHOLE)
+            bag, tag = uniform
             stage.tagged = bag.map_partitions(
                 _run_stage,
                 list(stage.members),

@@ -54,7 +54,7 @@ class RetrievalFields:
         "attention",
         help="text pooling of the retrieval backbone: word attention (paper), mean / last (NoAttn), or "
         "bag: the mean of the word embeddings, no LSTM (the simplest model, a floor to compare with)",
-        choices=("attention", "mean", "last", "bag"),
+        choices=lambda: _poolings(),
         group=RETRIEVAL,
     )
     cam_hidden: int = option(
@@ -109,3 +109,9 @@ class RetrievalFields:
         rule=">= 0",
         group=RETRIEVAL,
     )
+
+
+def _poolings() -> tuple[str, ...]:
+    from training.retrieval.model import POOLINGS  # the model's list, read when a value is checked
+
+    return POOLINGS

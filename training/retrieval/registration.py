@@ -37,7 +37,8 @@ def _retrieval_check(cfg: TrainConfig) -> list[str]:
 
 
 def _retrieval_label(cfg: TrainConfig) -> str:
-    pooling = "" if cfg.retrieval_pooling == "attention" else "-noattn"
+    # the paper's NoAttn rows, and the bag baseline by its own name
+    pooling = {"attention": "", "bag": "-bag"}.get(cfg.retrieval_pooling, "-noattn")
     return f"{cfg.objective}{'-' + cfg.relation if cfg.relation else ''}{pooling}"
 
 

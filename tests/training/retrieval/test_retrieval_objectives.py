@@ -88,6 +88,7 @@ def test_registry_and_config_rules():
     assert TrainConfig(objective="ap").select_by == "val_within"
     assert TrainConfig(objective="cmcm-c", relation="Action").label == "cmcm-c-Action"
     assert TrainConfig(objective="cmca", retrieval_pooling="mean").label == "cmca-noattn"
+    assert TrainConfig(objective="cmca", retrieval_pooling="bag").label == "cmca-bag"
     for bad, match in (
         ({"objective": "cmcm-c"}, "relation"),
         ({"objective": "cmcm", "relation": "Action"}, "relation"),
@@ -210,6 +211,10 @@ def test_cam_hidden_flag_reaches_the_model(tmp_path):
     assert cfg.cam_hidden == 0 and net.cam.out is None and net.cam.text_part.out_features == 1
     _, net = net_for("--objective", "cmca", "--cam-hidden", "8", "--d-shared", "10")
     assert net.cam is None and net.cfg.cam_hidden == 0  # CMCA has no CAM to widen
+    cfg, net = net_for("--objective", "cmca", "--retrieval-pooling", "bag", "--d-shared", "10")
+    assert net.text.lstm is None and net.text.proj.in_features == net.cfg.word_dim  # the bag baseline
+    with pytest.raises(SystemExit):  # an unknown pooling is refused where the flag enters
+        net_for("--objective", "cmca", "--retrieval-pooling", "bags")
     with pytest.raises(MmlinksError, match="cam_hidden"):
         TrainConfig(objective="cmcm", cam_hidden=-1).validate()
 
