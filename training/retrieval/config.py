@@ -14,6 +14,9 @@ from typing import ClassVar
 from schemas.config_fields import option
 
 RETRIEVAL = "coherence retrieval (Alikhani et al.; --objective cmca|cmcm|cmcm-c)"
+# The text poolings of the coherence backbone (training/retrieval/model.py reads them from here:
+# building the CLI parser must not import torch)
+POOLINGS = ("attention", "mean", "last", "bag")
 
 
 @dataclass
@@ -54,7 +57,7 @@ class RetrievalFields:
         "attention",
         help="text pooling of the retrieval backbone: word attention (paper), mean / last (NoAttn), or "
         "bag: the mean of the word embeddings, no LSTM (the simplest model, a floor to compare with)",
-        choices=lambda: _poolings(),
+        choices=POOLINGS,
         group=RETRIEVAL,
     )
     cam_hidden: int = option(
@@ -109,9 +112,3 @@ class RetrievalFields:
         rule=">= 0",
         group=RETRIEVAL,
     )
-
-
-def _poolings() -> tuple[str, ...]:
-    from training.retrieval.model import POOLINGS  # the model's list, read when a value is checked
-
-    return POOLINGS

@@ -27,8 +27,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from training.joint_space import BottleneckImageEncoder
-
-POOLINGS = ("attention", "mean", "last", "bag")
+from training.retrieval.config import POOLINGS  # torch-free there: the CLI's choices read it
 
 
 @dataclass
