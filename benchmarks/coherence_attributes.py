@@ -179,6 +179,9 @@ def run_one(data: str, fields: dict, seed: int, storage: str, loop: str = "fit")
     else:
         model, vocab, best_epoch = inprocess_fit(cfg)
     train_s = time.perf_counter() - t0
+    from training.retrieval.query_bank import fill_query_bank
+
+    fill_query_bank(model, data, Manifest.read(data), vocab, cfg.max_tokens)  # as finish_run does
     batches = test_batches(data, vocab, cfg.max_tokens)
     out = evaluate_pairs(model, batches, cfg, list(Manifest.read(data).relations or []))
     return {

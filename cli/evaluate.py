@@ -189,7 +189,14 @@ def _load_any(args, uri: str | None, checkpoint: str | None):
     if checkpoint:
         existing_dir(checkpoint)
         model, vocab, max_tokens = load_checkpoint(checkpoint, args.vocab)
-        return model, vocab, max_tokens, _retrieval_model(Path(checkpoint).name, model, vocab, max_tokens)
+        found = _retrieval_model(Path(checkpoint).name, model, vocab, max_tokens)
+        if found is not None and not len(getattr(model, "query_bank", [None])):
+            # a training checkpoint: its query bank is drawn when the run ends, as finish_run does
+            from schemas.manifest import Manifest
+            from training.retrieval.query_bank import fill_query_bank
+
+            fill_query_bank(model, args.data, Manifest.read(args.data), vocab, max_tokens)
+        return model, vocab, max_tokens, found
     linker = load_linker(uri, tracking_uri(args.workdir))
     if not all(hasattr(linker, a) for a in ("model", "vocab", "max_tokens")):
         raise MmlinksError(f"{uri} is not an mmlinks model")

@@ -129,6 +129,15 @@ def write(
     vocab.save(folder / "vocab.json")  # a checkpoint folder evaluates on its own
 
 
+def store_model_buffer(folder: str | Path, name: str, value: torch.Tensor) -> None:
+    """Set buffer ``name`` of the model state in checkpoint ``folder`` (a copy being packaged):
+    what a run computes after its last epoch (a retrieval model's query bank) travels with it."""
+    path = Path(folder) / CHECKPOINT_FILE
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state["model"][name] = value.detach().cpu().clone()
+    torch.save(state, path)
+
+
 def load_checkpoint_model(path: str | Path) -> tuple[torch.nn.Module, dict]:
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())

@@ -66,6 +66,7 @@ PRESETS: dict[str, dict] = {
         "cam_gradient": "shared",
         "cam_hidden": 0,
         "retrieval_margin": 0.3,
+        "query_bank": 0,
     },
 }
 

@@ -60,7 +60,8 @@ def finish_run(
     ``model_name`` as ``alias`` when a name is given."""
     from training.data import make_batch
     from training.loop import validation_batches
-    from training.retrieval.objective import evaluate_pairs, tune_refinement
+    from training.retrieval.objective import _net, evaluate_pairs, tune_refinement
+    from training.retrieval.query_bank import fill_query_bank
 
     test_paths = [str(p) for p in manifest.shard_paths(cfg.data, "test")]
     tables = validation_batches(test_paths, cfg.batch_docs, 0, 1, ("metadata",))
@@ -70,6 +71,8 @@ def finish_run(
         make_batch(t, result.vocab, cfg.max_tokens)
         for t in validation_batches(val_paths, cfg.batch_docs, 0, 1, ("metadata",))
     ]
+    # the bank of training captions the scores are normalised by, before anything ranks
+    fill_query_bank(_net(result.model), cfg.data, manifest, result.vocab, cfg.max_tokens)
     tuned = tune_refinement(result.model, val, cfg) if val else None
     scores = evaluate_pairs(result.model, batches, cfg, list(manifest.relations or []), tuned)
     mlflow.log_metrics(flat_retrieval_metrics(scores))
@@ -109,11 +112,13 @@ def _package_pairs(
     ckpt_dir, cfg: TrainConfig, manifest, run, result, test_paths: list[str], refine: dict
 ) -> str:
     """The "pairs" pyfunc: a text -> the test split's images ranked (``training/retrieval/serving.py``)."""
+    from training.retrieval.objective import _net
     from training.retrieval.serving import log_retrieval_model, split_pairs
 
     fe = manifest.feature_extractor
     ids, _, feats = split_pairs(test_paths)
-    return log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version)
+    bank = getattr(_net(result.model), "query_bank", None)
+    return log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version, bank)
 
 
 def _package_retrieval(

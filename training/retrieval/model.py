@@ -18,6 +18,7 @@ plus CMCM's Coherence Aware Module (CAM). Pure torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -45,6 +46,9 @@ class RetrievalConfig:
     cam_gradient: str = "shared"  # "stopped": the CAM reads detached embeddings (issue #45)
     image_layers: int = 0  # ReLU hidden layers of the image encoder before its projection (0: paper)
     image_dropout: float = 0.0
+    # training captions kept to normalise image scores (training/retrieval/query_bank.py; 0: off)
+    query_bank: int = 0
+    bank_temperature: float = 0.1
     backbone: str = "coherence"  # the backbone registry name (training/backbone.py)
 
     def __post_init__(self) -> None:
@@ -169,6 +173,21 @@ class CoherenceRetrieval(nn.Module):
         )
         # w_c of the coherence loss: a buffer, so it travels with the checkpoint
         self.register_buffer("relation_weights", torch.tensor(cfg.relation_weights, dtype=torch.float32))
+        # [Q, d] embeddings of training captions, filled after training (``set_query_bank``);
+        # empty = rank by the plain cosine
+        self.register_buffer("query_bank", torch.zeros(0, cfg.d_shared))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "query_bank"
+        if key in state_dict:  # the bank's size is the checkpoint's, not the config's
+            self.query_bank = torch.empty_like(state_dict[key])
+        else:  # a checkpoint from before the bank: the plain cosine
+            state_dict[key] = self.query_bank
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def set_query_bank(self, texts: torch.Tensor) -> None:
+        """Keep ``texts`` [Q, d] (unit caption embeddings) as the bank ``score`` normalises by."""
+        self.query_bank = texts.detach().to(self.query_bank.device, torch.float32).clone()
 
     def forward(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """A batch of pairs (``DocBatch`` of one-sentence, one-image documents) -> (text [B, d],
@@ -186,9 +205,21 @@ class CoherenceRetrieval(nn.Module):
         return s, v
 
     def score(self, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """texts [Q, d] x images [N, d] -> [Q, N] cosines (the unrefined ranking score; the news
-        model's ``score`` is ORDER's order violation where it trains one)."""
-        return s @ v.T
+        """texts [Q, d] x images [N, d] -> [Q, N]: the cosine minus each image's ``image_bias``
+        (the unrefined ranking score; the news model's ``score`` is ORDER's order violation
+        where it trains one)."""
+        return s @ v.T - self.image_bias(v)[None, :]
+
+    def image_bias(self, v: torch.Tensor) -> torch.Tensor:
+        """images [N, d] -> [N]: the soft maximum of each image's cosines to the query bank,
+        t * log(mean_q exp(cos(q, v) / t)) at temperature t = ``bank_temperature`` (zeros
+        with an empty bank). Subtracted from every text's cosine, it is querybank
+        normalisation's inverted softmax (training/retrieval/query_bank.py)."""
+        if not len(self.query_bank):
+            return v.new_zeros(len(v))
+        t = self.cfg.bank_temperature
+        logits = (self.query_bank.to(v.dtype) @ v.T) / t  # [Q, N]
+        return t * (torch.logsumexp(logits, dim=0) - math.log(len(self.query_bank)))
 
     @torch.no_grad()
     def relation_probs(self, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:

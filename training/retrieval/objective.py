@@ -100,6 +100,8 @@ def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, tra
         cam_hidden=cfg.cam_hidden if relations else 0,
         cam_gradient=cfg.cam_gradient,
         image_layers=cfg.image_layers,
+        query_bank=cfg.query_bank,
+        bank_temperature=cfg.query_bank_temperature,
     ).to_dict()
 
 

@@ -88,6 +88,8 @@ for _name, _summary, _table, _ablations, _cam, _per_relation in (
                 "cam_gradient",
                 "image_layers",
                 "retrieval_margin",
+                "query_bank",
+                "query_bank_temperature",
             ),
             parts=(lambda cfg: ("ret", "cls") if get_objective(cfg.objective).cam else ("ret",)),
             check=_retrieval_check,

@@ -223,14 +223,21 @@ def log_retrieval_model(
     refine: dict,
     extractor: str | None = None,
     extractor_version: str | None = None,
+    query_bank: torch.Tensor | None = None,
 ) -> str:
     """Log the pyfunc retrieval model into the active run; returns its model URI. ``refine``:
-    {"refine_lambda", "refine_threshold"} used when a request asks for refinement."""
+    {"refine_lambda", "refine_threshold"} used when a request asks for refinement;
+    ``query_bank`` (the trained net's, filled after its last epoch) goes into the packaged
+    checkpoint's model state."""
+    from training.checkpoints import store_model_buffer
+
     ids = np.asarray([str(i) for i in gallery_ids[:GALLERY_MAX]])
     feats = np.asarray(gallery_features, dtype=np.float32)[:GALLERY_MAX]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         shutil.copytree(checkpoint_dir, root / "checkpoint")
+        if query_bank is not None:
+            store_model_buffer(root / "checkpoint", "query_bank", query_bank)
         vocab.save(root / "vocab.json")
         np.savez(root / "gallery.npz", ids=ids, features=feats)
         (root / "refine.json").write_text(

@@ -219,3 +219,58 @@ def test_image_layers_add_hidden_layers_and_keep_unit_vectors():
     assert sum(isinstance(m, torch.nn.Linear) for m in net.image.hidden) == 2
     _, v, _ = net(_batch(3))
     assert v.shape == (3, 4) and torch.allclose(v.norm(dim=-1), torch.ones(3), atol=1e-5)
+
+
+def _bank_model(d: int = 4, temperature: float = 0.1) -> CoherenceRetrieval:
+    cfg = RetrievalConfig(
+        vocab_size=5, word_dim=4, image_dim=3, hidden=2, d_shared=d, bank_temperature=temperature
+    )
+    return CoherenceRetrieval(cfg).eval()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 5),
+    st.integers(1, 5),
+    st.sampled_from([0.05, 0.1, 1.0]),
+    st.integers(0, 999),
+)
+def test_the_query_bank_subtracts_each_images_soft_maximum_over_it(Q, N, S, t, seed):
+    """score = cosine - t * log(mean_q exp(cos(q, v) / t)), per image, written out pair by pair."""
+    g = torch.Generator().manual_seed(seed)
+    bank, v, s = (unit(torch.randn(n, 4, generator=g)) for n in (Q, N, S))
+    model = _bank_model(temperature=t)
+    assert torch.equal(model.score(s, v), s @ v.T)  # empty bank: the plain cosine
+    model.set_query_bank(bank)
+    got = model.score(s, v)
+    for i in range(S):
+        for j in range(N):
+            soft = t * math.log(sum(math.exp(float(bank[q] @ v[j]) / t) for q in range(Q)) / Q)
+            assert abs(float(got[i, j]) - (float(s[i] @ v[j]) - soft)) < 1e-4
+
+
+def test_the_query_bank_demotes_an_image_near_every_caption():
+    """A hub (an image every caption is near) ranks first for a text it does not answer by the
+    cosine, and below that text's own image once the bank is in."""
+    model = _bank_model(d=3)
+    own, hub = unit(torch.tensor([[1.0, 0.0, 0.0]])), unit(torch.tensor([[0.6, 0.6, 0.5]]))
+    text = unit(torch.tensor([[0.8, 0.55, 0.2]]))  # nearer the hub than its own image
+    v = torch.cat([own, hub])
+    assert model.score(text, v).argmax() == 1
+    model.set_query_bank(unit(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.1, 0.7, 0.7]])))
+    assert model.score(text, v).argmax() == 0
+
+
+def test_the_query_bank_travels_in_the_state_dict_and_old_checkpoints_load():
+    model = _bank_model()
+    model.set_query_bank(unit(torch.randn(7, 4)))
+    fresh = _bank_model()
+    fresh.load_state_dict(model.state_dict())  # the bank's size comes from the checkpoint
+    assert torch.equal(fresh.query_bank, model.query_bank)
+    old = {k: v for k, v in model.state_dict().items() if k != "query_bank"}  # before the bank
+    plain = _bank_model()
+    plain.load_state_dict(old)
+    assert plain.query_bank.shape == (0, 4)
+    s, v = unit(torch.randn(2, 4)), unit(torch.randn(3, 4))
+    assert torch.equal(plain.score(s, v), s @ v.T)

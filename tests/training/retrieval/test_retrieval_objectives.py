@@ -266,8 +266,20 @@ def test_cmcm_trains_registers_and_is_promoted(tmp_path, ray_local, capfd):
     metrics = MlflowClient(uri).get_run(res.run_id).data.metrics
     assert {"test_medr", "test_refined_medr", "test_ap_Action", "val_medr"} <= set(metrics)
     mlflow.set_tracking_uri(uri)
-    out = mlflow.pyfunc.load_model(res.model_uri).predict(pd.DataFrame([{"text": "a red circle"}]))
+    served = mlflow.pyfunc.load_model(res.model_uri)
+    out = served.predict(pd.DataFrame([{"text": "a red circle"}]))
     assert len(out.iloc[0]["candidates"]) == 10 and len(out.iloc[0]["relation_probs"][0]) == len(VOCAB)
+    # the packaged model carries the query bank drawn from the training captions (all of them
+    # here) and ranks by the cosine minus each image's soft maximum over it (brute force)
+    impl = served.unwrap_python_model()
+    bank = impl.model.query_bank
+    assert bank.shape == (manifest.counts["splits"]["train"], 16)
+    req = pd.DataFrame([{"text": "a red circle"}])
+    got = served.predict(req, params={"top_k": 0, "refine": False}).iloc[0]
+    s, v = impl.encode_texts(["a red circle"]), impl.encode_images(impl.gallery)
+    t = impl.model.cfg.bank_temperature
+    want = (s @ v.T)[0] - t * torch.log(torch.exp(bank @ v.T / t).mean(0))
+    np.testing.assert_allclose(got["scores"], np.sort(want.numpy())[::-1], rtol=1e-4, atol=1e-5)
     capfd.readouterr()
     rc = main(
         [
@@ -314,6 +326,20 @@ def test_the_margin_is_0_5_by_default_and_the_papers_0_3_under_its_preset():
     assert TrainConfig(objective="cmcm", **preset_values("paper", "cmcm")).retrieval_margin == 0.3
 
 
+def test_the_query_bank_is_on_by_default_and_off_under_the_paper_preset(tmp_path):
+    from training.config import preset_values
+    from training.retrieval.objective import model_config
+
+    data = write_pair_dataset(tmp_path / "ds")
+    manifest = Manifest.read(data)
+    paths = [str(p) for p in manifest.shard_paths(data, "train")]
+    on = model_config(TrainConfig(objective="cmca"), manifest, 10, 8, paths)
+    off = model_config(
+        TrainConfig(objective="cmca", **preset_values("paper", "cmca")), manifest, 10, 8, paths
+    )
+    assert (on["query_bank"], on["bank_temperature"], off["query_bank"]) == (2000, 0.1, 0)
+
+
 @pytest.mark.parametrize(
     ("objective", "sampling"),
     [("cmca", "similar"), ("cmcm", "similar"), ("cmcm-c", "similar"), ("ap", "similar"), ("news", "random")],
@@ -334,3 +360,20 @@ def test_auto_batches_are_similar_for_coherence_retrieval_and_linking(objective,
 def test_auto_batches_stay_random_for_the_bag_baseline():
     """The floor the default may not fall below is trained plainly (issue #44)."""
     assert TrainConfig(objective="ap", backbone="bag").batch_sampling == "random"
+
+
+def test_the_query_bank_is_drawn_from_the_training_captions(tmp_path):
+    from training.retrieval.query_bank import bank_captions, encode_captions, fill_query_bank
+
+    data = write_pair_dataset(tmp_path / "ds")
+    manifest = Manifest.read(data)
+    train = [s for d in pair_docs(40, seed=3)[:8] for s in d.sentences]
+    assert bank_captions(data, manifest, 100) == train  # all of them, in split order
+    three = bank_captions(data, manifest, 3)
+    assert len(three) == 3 and set(three) <= set(train) and three == bank_captions(data, manifest, 3)
+    assert bank_captions(data, manifest, 0) == []
+    vocab = Vocabulary.build(train, 1)
+    net = build({**_model_and_batch([])[0].cfg.to_dict(), "vocab_size": len(vocab), "query_bank": 5})
+    assert fill_query_bank(net, data, manifest, vocab, 20) == 5
+    want = encode_captions(net, vocab, 20, bank_captions(data, manifest, 5))
+    assert net.query_bank.shape == (5, 10) and torch.allclose(net.query_bank, want)

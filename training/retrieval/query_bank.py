@@ -1,0 +1,62 @@
+"""The query bank of a coherence retrieval model: embeddings of training captions kept with the
+model, so that an image's score for a text is its cosine minus its soft-maximum cosine to those
+captions (``CoherenceRetrieval.image_bias``).
+
+Why: a model trained on the hardest in-batch negative leaves a few images near many captions
+(hubs); they crowd the top ranks of queries they do not answer. Subtracting each image's
+log-mean-exp cosine over a bank of training captions ranks an image by how much better it fits
+this text than texts in general: the inverted softmax of querybank normalisation (Bogolin et
+al., "Cross Modal Retrieval with Querybank Normalisation", CVPR 2022). It is one term per image,
+so it changes text -> image rankings only (image -> text rankings are untouched), it costs one
+[Q, d] x [d, N] product per set of candidates, and it needs no test data: the bank is drawn
+from the training split when the run ends, stored in the model's state (the ``query_bank``
+buffer) and packaged with it. Graded corpus (issue #45, docs/benchmarks.md): CMCA MedR
+8.0 / 7.5 / 8.0 / 9.0 -> 7.0 on each of 4 seeds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from training.data import encode_sentences
+from training.text import Vocabulary
+
+ENCODE_CHUNK = 512  # captions per forward of the text encoder
+
+
+def bank_captions(data, manifest, size: int, seed: int = 0) -> list[str]:
+    """Up to ``size`` sentences of the training split, drawn without replacement (seeded), in
+    their split order."""
+    from schemas.shards import read_table
+
+    paths = [str(p) for p in manifest.shard_paths(data, "train")]
+    if size <= 0 or not paths:
+        return []
+    docs = read_table(paths, columns=["sentences"]).column("sentences").to_pylist()
+    sentences = [s for doc in docs for s in doc]
+    if len(sentences) > size:
+        keep = np.sort(np.random.default_rng(seed).choice(len(sentences), size, replace=False))
+        sentences = [sentences[i] for i in keep]
+    return sentences
+
+
+@torch.no_grad()
+def encode_captions(net, vocab: Vocabulary, max_tokens: int, captions: list[str]) -> torch.Tensor:
+    """captions -> [Q, d] unit text embeddings of ``net``'s text encoder (eval mode)."""
+    net.eval()
+    out = [torch.zeros(0, net.cfg.d_shared)]
+    for i in range(0, len(captions), ENCODE_CHUNK):
+        tokens, lengths = encode_sentences([captions[i : i + ENCODE_CHUNK]], vocab, max_tokens)
+        out.append(net.text(tokens, lengths).float().cpu())
+    return torch.cat(out)
+
+
+def fill_query_bank(net, data, manifest, vocab: Vocabulary, max_tokens: int, seed: int = 0) -> int:
+    """Fill ``net``'s query bank with ``net.cfg.query_bank`` training captions of ``data``
+    (none when that is 0); the number of captions kept (0 for a model without a bank: news)."""
+    if not hasattr(net, "set_query_bank"):
+        return 0
+    captions = bank_captions(data, manifest, int(getattr(net.cfg, "query_bank", 0)), seed)
+    net.set_query_bank(encode_captions(net, vocab, max_tokens, captions))
+    return len(captions)
