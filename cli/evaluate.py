@@ -181,6 +181,22 @@ def _retrieval_model(name: str, model, vocab, max_tokens: int, linker=None):
     return LoadedRetrieval(name, model, vocab, max_tokens, lam, threshold)
 
 
+def _fill_bank(model, checkpoint: str, data: str, vocab, max_tokens: int) -> None:
+    """A training checkpoint's query bank, drawn as ``finish_run`` draws it when the run ends:
+    from its training dataset's train split (``--data``'s when that dataset is gone)."""
+    import json
+    import sys
+
+    from schemas.manifest import Manifest
+    from training.retrieval.query_bank import fill_query_bank
+
+    meta = json.loads((Path(checkpoint) / "meta.json").read_text())
+    trained_on = (meta.get("train") or {}).get("data")
+    source = trained_on if trained_on and (Path(trained_on) / "manifest.json").is_file() else data
+    if not fill_query_bank(model, source, Manifest.read(source), vocab, max_tokens) and model.cfg.query_bank:
+        print(f"note: {source} has no training captions for the query bank: plain cosine", file=sys.stderr)
+
+
 def _load_any(args, uri: str | None, checkpoint: str | None):
     """(model, vocab, max_tokens, the LoadedRetrieval or None) of a model URI or checkpoint."""
     from training.evaluate import load_checkpoint, load_linker
@@ -191,11 +207,7 @@ def _load_any(args, uri: str | None, checkpoint: str | None):
         model, vocab, max_tokens = load_checkpoint(checkpoint, args.vocab)
         found = _retrieval_model(Path(checkpoint).name, model, vocab, max_tokens)
         if found is not None and not len(getattr(model, "query_bank", [None])):
-            # a training checkpoint: its query bank is drawn when the run ends, as finish_run does
-            from schemas.manifest import Manifest
-            from training.retrieval.query_bank import fill_query_bank
-
-            fill_query_bank(model, args.data, Manifest.read(args.data), vocab, max_tokens)
+            _fill_bank(model, checkpoint, args.data, vocab, max_tokens)
         return model, vocab, max_tokens, found
     linker = load_linker(uri, tracking_uri(args.workdir))
     if not all(hasattr(linker, a) for a in ("model", "vocab", "max_tokens")):

@@ -179,9 +179,12 @@ class CoherenceRetrieval(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "query_bank"
+        here = self.query_bank
         if key in state_dict:  # the bank's size is the checkpoint's, not the config's
-            self.query_bank = torch.empty_like(state_dict[key])
+            if state_dict[key].shape != here.shape:
+                self.query_bank = torch.empty(state_dict[key].shape, device=here.device, dtype=here.dtype)
         else:  # a checkpoint from before the bank: the plain cosine
+            self.query_bank = here.new_zeros(0, here.shape[1])
             state_dict[key] = self.query_bank
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -218,7 +221,7 @@ class CoherenceRetrieval(nn.Module):
         if not len(self.query_bank):
             return v.new_zeros(len(v))
         t = self.cfg.bank_temperature
-        logits = (self.query_bank.to(v.dtype) @ v.T) / t  # [Q, N]
+        logits = (self.query_bank.to(v) @ v.T) / t  # [Q, N]
         return t * (torch.logsumexp(logits, dim=0) - math.log(len(self.query_bank)))
 
     @torch.no_grad()

@@ -274,6 +274,10 @@ def test_cmcm_trains_registers_and_is_promoted(tmp_path, ray_local, capfd):
     impl = served.unwrap_python_model()
     bank = impl.model.query_bank
     assert bank.shape == (manifest.counts["splits"]["train"], 16)
+    from training.retrieval.query_bank import bank_captions, encode_captions
+
+    captions = bank_captions(tmp_path / "ds", manifest, 2000)
+    assert torch.allclose(bank, encode_captions(impl.model, impl.vocab, impl.max_tokens, captions), atol=1e-6)
     req = pd.DataFrame([{"text": "a red circle"}])
     got = served.predict(req, params={"top_k": 0, "refine": False}).iloc[0]
     s, v = impl.encode_texts(["a red circle"]), impl.encode_images(impl.gallery)

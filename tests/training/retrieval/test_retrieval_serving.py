@@ -284,3 +284,53 @@ def test_pyfunc_ranks_raw_candidate_images_through_the_recorded_extractor(store)
         mlflow.pyfunc.load_model(f"models:/coh-other/{other}").predict(
             pd.DataFrame([{"text": "x", "images": images[:1]}])
         )
+
+
+def test_evaluating_a_training_checkpoint_draws_its_query_bank(store, tmp_path, capfd):
+    """A training checkpoint (its bank still empty) is scored as ``finish_run`` scores the run:
+    with the bank drawn from its training dataset's captions (ranks against brute force)."""
+    from cli.main import main
+    from training.checkpoints import load_checkpoint_model
+    from training.retrieval.query_bank import bank_captions, encode_captions
+
+    _, data, _, _ = store
+    torch.manual_seed(5)
+    vocab = Vocabulary(["<pad>", "<unk>", *WORDS])
+    cfg = RetrievalConfig(
+        vocab_size=len(vocab),
+        word_dim=8,
+        image_dim=6,
+        hidden=8,
+        d_shared=10,
+        query_bank=8,
+        bank_temperature=0.02,
+    )
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.save(
+        {"model": build(cfg.to_dict()).state_dict(), "epoch": 0, "val_loss": 0.0, "best_epoch": 0},
+        ckpt / "state.pt",
+    )
+    meta = {"model": cfg.to_dict(), "train": {"max_tokens": 20, "data": str(data)}}
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    vocab.save(ckpt / "vocab.json")
+    per_doc = tmp_path / "q.jsonl"
+    capfd.readouterr()
+    argv = ["evaluate", "--data", str(data), "--checkpoint", str(ckpt), "--workdir", str(tmp_path)]
+    assert main([*argv, "--per-doc-out", str(per_doc), "--json"]) == 0
+    got = sorted(json.loads(line)["rank"] for line in per_doc.read_text().splitlines())
+    net = load_checkpoint_model(ckpt)[0]
+    _, texts, feats = split_pairs(Manifest.read(data).shard_paths(data, "test"))
+    s = encode_captions(net, vocab, 20, texts)
+    with torch.no_grad():
+        v = net.image(torch.as_tensor(feats, dtype=torch.float32))
+    bank = encode_captions(net, vocab, 20, bank_captions(data, Manifest.read(data), 8))
+    assert len(bank) == 8
+    plain = (s @ v.T).numpy()
+    banked = plain - (0.02 * torch.log(torch.exp(bank @ v.T / 0.02).mean(0))).numpy()[None, :]
+
+    def ranks(m):
+        return sorted(int(1 + (m[i] >= m[i, i]).sum() - 1) for i in range(len(m)))
+
+    assert ranks(banked) != ranks(plain)  # the bank changes this model's ranking
+    assert got == ranks(banked)
