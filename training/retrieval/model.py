@@ -207,11 +207,11 @@ class CoherenceRetrieval(nn.Module):
         s, v, _ = self(batch)
         return s, v
 
-    def score(self, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def score(self, s: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """texts [Q, d] x images [N, d] -> [Q, N]: the cosine minus each image's ``image_bias``
-        (the unrefined ranking score; the news model's ``score`` is ORDER's order violation
-        where it trains one)."""
-        return s @ v.T - self.image_bias(v)[None, :]
+        (``bias`` [N]: computed before, e.g. for a served gallery) (the unrefined ranking score;
+        the news model's ``score`` is ORDER's order violation where it trains one)."""
+        return s @ v.T - (self.image_bias(v) if bias is None else bias)[None, :]
 
     def image_bias(self, v: torch.Tensor) -> torch.Tensor:
         """images [N, d] -> [N]: the soft maximum of each image's cosines to the query bank,

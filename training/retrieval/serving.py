@@ -70,11 +70,14 @@ GALLERY_MAX = 5_000  # packaged test-split images
 
 
 @torch.no_grad()
-def ranking_scores(net, s: torch.Tensor, v: torch.Tensor, lam: float, threshold: float) -> torch.Tensor:
-    """texts [Q, d] x images [N, d] -> [Q, N]: the cosine, with the selective refinement of
-    lambda ``lam`` and gap ``threshold`` for a model with a CAM (``lam`` 0: the plain cosine; a
-    news ORDER model: its negative order violation, ``net.score``)."""
-    theta = net.score(s, v)
+def ranking_scores(
+    net, s: torch.Tensor, v: torch.Tensor, lam: float, threshold: float, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """texts [Q, d] x images [N, d] -> [Q, N]: ``net.score`` (the cosine less the query bank's
+    image term, ``bias`` [N] when computed before), with the selective refinement of lambda
+    ``lam`` and gap ``threshold`` for a model with a CAM (``lam`` 0: unrefined; a news ORDER
+    model: its negative order violation)."""
+    theta = net.score(s, v) if bias is None else net.score(s, v, bias)
     if lam == 0 or net.cam is None or theta.shape[1] < 2:
         return theta
     return selective_refinement(theta, net.relation_probs(s, v), lam, threshold)[0]
@@ -109,10 +112,22 @@ class RetrievalModel(mlflow.pyfunc.PythonModel):
         """[N, image_dim] CNN features -> [N, d] unit vectors."""
         return self.model.image(torch.as_tensor(np.asarray(features, dtype=np.float32)))
 
-    def score(self, s: torch.Tensor, v: torch.Tensor, refine: bool = True) -> torch.Tensor:
-        """texts [Q, d] x images [N, d] -> [Q, N]: cosine, refined for CMCM's difficult queries."""
+    def score(
+        self, s: torch.Tensor, v: torch.Tensor, refine: bool = True, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """texts [Q, d] x images [N, d] -> [Q, N]: cosine (less the query bank's image term),
+        refined for CMCM's difficult queries."""
         lam = self.refine_lambda if refine else 0.0
-        return ranking_scores(self.model, s, v, lam, self.refine_threshold)
+        return ranking_scores(self.model, s, v, lam, self.refine_threshold, bias)
+
+    @torch.no_grad()
+    def gallery_side(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gallery embeddings [N, d], their query-bank term [N]), computed once: every bare-text
+        query ranks the same packaged gallery."""
+        if getattr(self, "_gallery_side", None) is None:
+            v = self.encode_images(self.gallery)
+            self._gallery_side = (v, self.model.image_bias(v))
+        return self._gallery_side
 
     def _candidates(self, row: int, feats, ids, images=None) -> tuple[np.ndarray, list[str]]:
         width = self.model.cfg.image_dim
@@ -160,8 +175,12 @@ class RetrievalModel(mlflow.pyfunc.PythonModel):
             if not isinstance(text, str) or not text.strip():
                 raise _bad_request(f"query {row}: text must be a non-empty string")
             feats, ids = self._candidates(row, feats, ids, images)
-            s, v = self.encode_texts([text]), self.encode_images(feats)
-            scores = self.score(s, v, refine)[0]
+            s, bias = self.encode_texts([text]), None
+            if feats is self.gallery:
+                v, bias = self.gallery_side()
+            else:
+                v = self.encode_images(feats)
+            scores = self.score(s, v, refine, bias)[0]
             k = len(ids) if top_k <= 0 else min(top_k, len(ids))
             best = torch.topk(scores, k).indices
             probs = [] if self.model.cam is None else self.model.relation_probs(s, v[best])[0].tolist()
