@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import multiprocessing
 import re
 import statistics
 import sys
@@ -92,31 +94,86 @@ def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, dic
     return str(folder), figures
 
 
-def run_one(data: str, overrides: dict, seed: int) -> dict:
+def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
+    """Train one row on one corpus and score it on the test split. ``loop``: ``experiment`` is
+    ``mmlinks train --workers 0`` (``run_experiment``: MLflow run, registry, report); ``fit`` is
+    the same training and checkpoint choice (``fit``) and test scoring (``evaluate``) without
+    MLflow, for a machine that has none (the GPU image; ``settings`` with ``use_gpu`` trains on
+    this process's GPU)."""
     import torch
 
     from training.config import TrainConfig
-    from training.experiment import run_experiment
 
     torch.set_num_threads(1)
-    cfg = TrainConfig(data=data, **{**BASE, "seed": seed, **overrides})
-    with tempfile.TemporaryDirectory(prefix="link-family-") as wd:
-        t0 = time.perf_counter()
-        r = run_experiment(cfg, f"sqlite:///{wd}/mlflow.db", None, None, report_dir=wd)
+    cfg = TrainConfig(data=data, **settings)
+    t0 = time.perf_counter()
+    if loop == "fit":
+        _ray_stand_in()
+        from training.driver import fit
+        from training.evaluate import evaluate
+
+        with tempfile.TemporaryDirectory(prefix="link-family-") as wd:
+            result = fit(dataclasses.replace(cfg, storage_path=wd))
+            scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
+        test = scores["model"]
+        best_epoch = result.best_epoch
+    else:
+        from training.experiment import run_experiment
+
+        with tempfile.TemporaryDirectory(prefix="link-family-") as wd:
+            r = run_experiment(cfg, f"sqlite:///{wd}/mlflow.db", None, None, report_dir=wd)
+        test, best_epoch = r.test, r.best_epoch
     return {
-        "auc": round(r.test["auc"], 1),
-        "p_at_1": round(r.test["p_at_1"], 1),
-        "best_epoch": r.best_epoch,
+        "auc": round(test["auc"], 1),
+        "p_at_1": round(test["p_at_1"], 1),
+        "best_epoch": best_epoch,
         "seconds": round(time.perf_counter() - t0, 1),
+        "device": "cuda" if settings.get("use_gpu") else "cpu",
     }
 
 
+def _ray_stand_in() -> None:
+    """Where Ray is not installed (the GPU image has none, and its wheel is over what a device
+    call may carry), the two Ray names an in-process run touches: ``ray.data`` (imported, unused
+    with ``--workers 0``) and ``ray.train.Checkpoint`` (a folder). Not a mock of Ray's behaviour:
+    no Ray code runs in an in-process run."""
+    try:
+        import ray.train
+
+        return
+    except ImportError:
+        pass
+    import types
+
+    class Checkpoint:
+        def __init__(self, path: str):
+            self.path = path
+
+        @classmethod
+        def from_directory(cls, path: str) -> Checkpoint:
+            return cls(path)
+
+        @contextlib.contextmanager
+        def as_directory(self):
+            yield self.path
+
+    ray = types.ModuleType("ray")
+    ray.data, ray.train = types.ModuleType("ray.data"), types.ModuleType("ray.train")
+    ray.train.Checkpoint = Checkpoint
+    sys.modules.update({"ray": ray, "ray.data": ray.data, "ray.train": ray.train})
+
+
 def _job(args: tuple) -> tuple:
-    cell, row, seed, data, overrides = args
+    cell, row, seed, data, settings, loop = args
     import logging
 
     logging.disable(logging.WARNING)
-    return cell, row, seed, run_one(data, overrides, seed)
+    return cell, row, seed, run_one(data, settings, loop)
+
+
+def _corpus_job(args: tuple) -> tuple:
+    root, cell, sizes, seed = args
+    return cell, seed, make_corpus(root, cell, sizes, seed)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -130,7 +187,22 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--corpora", default="/tmp/mmlinks-link-family", help="folder caching the corpora")
     p.add_argument("--jobs", type=int, default=1, help="training runs in parallel (processes)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a BASE field")
-    p.add_argument("--jsonl", help="also append each run's result to this file as it finishes")
+    p.add_argument(
+        "--jsonl",
+        help="append each run's result to this file as it finishes; runs already in it are not run again",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: every row trains on this machine's GPU",
+    )
+    p.add_argument(
+        "--loop",
+        choices=("experiment", "fit"),
+        default="experiment",
+        help="experiment: mmlinks train's path (MLflow); fit: the same training and scoring without MLflow",
+    )
     p.add_argument("--markdown", action="store_true", help="also print the docs' table (stderr)")
     args = p.parse_args(argv)
     for item in args.set:
@@ -150,22 +222,40 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path(args.corpora)
     root.mkdir(parents=True, exist_ok=True)
     out: dict = {"base": BASE, "rows": rows, "seeds": seeds, "sizes": sizes, "cells": {}}
-    jobs = []
+    done = {}
+    if args.jsonl and Path(args.jsonl).exists():  # a rerun goes on where the last one stopped
+        for line in Path(args.jsonl).read_text().splitlines():
+            rec = json.loads(line)
+            done[rec.pop("cell"), rec.pop("row"), rec.pop("seed")] = rec
+    pairs = [(cell, seed) for seed in seeds for cell in cells]
     for cell in cells:
-        entry = out["cells"][cell] = {"ratio": {}, "residual": {}, "auto": {}, "rows": {r: {} for r in rows}}
-        for seed in seeds:
-            data, figures = make_corpus(root, cell, sizes, seed)
+        out["cells"][cell] = {"ratio": {}, "residual": {}, "auto": {}, "rows": {r: {} for r in rows}}
+    # spawn, not fork: a CUDA process cannot fork; the workers get BASE with each job
+    ctx = multiprocessing.get_context("spawn" if args.device == "cuda" else None)
+    pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else None
+    with pool or contextlib.nullcontext():
+        corpus_jobs = [(root, cell, sizes, seed) for cell, seed in pairs]
+        for cell, seed, (data, figures) in (pool.map if pool else map)(_corpus_job, corpus_jobs):
             for key, value in figures.items():
-                entry[key][seed] = value
-            jobs.extend((cell, r, seed, data, rows[r]) for r in rows)
-    # --jobs 1 runs in this process (no pool: nothing to pickle, and --set reaches the runs as is)
-    with ProcessPoolExecutor(max_workers=args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
+                out["cells"][cell][key][seed] = value
+            out["cells"][cell].setdefault("data", {})[seed] = data
+        settings = {**BASE, **({"use_gpu": True} if args.device == "cuda" else {})}
+        jobs = []
+        for cell, seed in pairs:  # seed by seed: a run cut short has whole seeds
+            for r in rows:
+                if (cell, r, seed) in done:
+                    out["cells"][cell]["rows"][r][seed] = done[cell, r, seed]
+                    continue
+                data = out["cells"][cell]["data"][seed]
+                jobs.append((cell, r, seed, data, {**settings, "seed": seed, **rows[r]}, args.loop))
         for cell, row, seed, res in (pool.map if pool else map)(_job, jobs):
             out["cells"][cell]["rows"][row][seed] = res
             if args.jsonl:
                 with open(args.jsonl, "a") as f:
                     f.write(json.dumps({"cell": cell, "row": row, "seed": seed, **res}) + "\n")
             print(f"{cell} {row} seed {seed}: {res}", file=sys.stderr, flush=True)
+    for entry in out["cells"].values():
+        entry.pop("data", None)
     for entry in out["cells"].values():
         for runs in entry["rows"].values():
             runs["mean_auc"] = round(

@@ -239,7 +239,12 @@ class CoreFields:
         rule=">= 0",
         group=RAY,
     )
-    use_gpu: bool = option(False, help="one GPU per worker", flag="--gpu", group=RAY)
+    use_gpu: bool = option(
+        False,
+        help="one GPU per worker (with --workers 0: this process trains on its first GPU)",
+        flag="--gpu",
+        group=RAY,
+    )
     threads_per_worker: int = option(1, help="torch threads per worker", flag="", group=RAY)
     max_failures: int = option(
         0,
@@ -397,7 +402,10 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
         if self.select_by == "val_medr" and self._family() != "retrieval":
             bad.append("select_by (val_medr: only the retrieval objectives report it)")
         if self.num_workers == 0 and self.use_gpu:
-            bad.append("use_gpu (--gpu needs --workers >= 1: --workers 0 runs on this process's CPU)")
+            import torch
+
+            if not torch.cuda.is_available():
+                bad.append("use_gpu (--gpu with --workers 0 trains on this process's GPU: none is visible)")
         if self.num_workers == 0 and "://" in (self.storage_path or ""):
             bad.append("storage_path (--workers 0 keeps its checkpoints on local disk, not at a URI)")
         if self.model_backbone in backbone_names():

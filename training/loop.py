@@ -325,7 +325,10 @@ def make_worker(
     torch.set_num_threads(cfg.threads_per_worker)
     torch.manual_seed(cfg.seed)  # identical initial weights on every worker
     model = build_model(config["model"], config.get("embeddings"), config.get("feature_stats"))
-    model = prepare_model(model) if prepare_model is not None else model
+    if prepare_model is not None:
+        model = prepare_model(model)
+    elif device is not None:  # an in-process run on a GPU (``--workers 0 --gpu``)
+        model = model.to(device)
     opt = torch.optim.Adam(optimizer_groups(model, cfg.lr), lr=cfg.lr)
     # torch lowers the rate once num_bad_epochs > patience; the paper's rule is "after
     # plateau_patience epochs without improvement", hence the - 1.
@@ -600,8 +603,13 @@ def train_in_process(config: dict, dataset) -> None:
     import ray.train
 
     latest = checkpoints.latest_local(Path(config["local_run_dir"]))
+    device = torch.device("cuda", 0) if config["train"].get("use_gpu") else None  # ``--gpu``
     w = make_worker(
-        config, 0, 1, checkpoint=ray.train.Checkpoint.from_directory(str(latest)) if latest else None
+        config,
+        0,
+        1,
+        device=device,
+        checkpoint=ray.train.Checkpoint.from_directory(str(latest)) if latest else None,
     )
     run_epochs(w, config, dataset, keep_epoch)
 

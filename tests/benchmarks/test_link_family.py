@@ -84,3 +84,31 @@ def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkey
         f"{b['auc']} / {b['p_at_1']}",
         f"{entry['default_minus_bag']:+.1f}",
     ]
+
+
+@pytest.mark.slow
+def test_the_fit_loop_trains_the_experiments_model_and_a_rerun_resumes_from_its_jsonl(tmp_path, monkeypatch):
+    """``--loop fit`` (no MLflow: the GPU image's path) scores the same model as ``mmlinks train
+    --workers 0``; a rerun with the same ``--jsonl`` trains nothing and reports what it recorded."""
+    monkeypatch.setattr(link_family, "BASE", dict(link_family.BASE))
+    jsonl = tmp_path / "runs.jsonl"
+    args = ["--cells", "topic:4:added:3", "--rows", "default", "--seeds", "0", "--docs", "80", "--dim", "64"]
+    args += ["--corpora", str(tmp_path / "corpora"), "--set", "epochs=1"]
+    silenced = logging.root.manager.disable
+    try:
+        fit = link_family.main([*args, "--loop", "fit", "--jsonl", str(jsonl)])
+        experiment = link_family.main(args)
+
+        def no_training(*_a, **_k):
+            raise AssertionError("a recorded run was trained again")
+
+        monkeypatch.setattr(link_family, "run_one", no_training)
+        again = link_family.main([*args, "--loop", "fit", "--jsonl", str(jsonl)])
+    finally:
+        logging.disable(silenced)
+    run = fit["cells"]["topic:4:added:3"]["rows"]["default"][0]
+    other = experiment["cells"]["topic:4:added:3"]["rows"]["default"][0]
+    for key in ("auc", "p_at_1", "best_epoch"):
+        assert run[key] == other[key]
+    assert again["cells"]["topic:4:added:3"]["rows"]["default"][0] == run
+    assert len(jsonl.read_text().splitlines()) == 1

@@ -108,6 +108,23 @@ def test_matching_value_equals_brute_force(w, data):
 
 
 @settings(max_examples=100, deadline=None)
+@given(matrices, st.data())
+def test_without_lapjv_the_matching_is_as_good(w, data):
+    """Where lapjv is not installed (the GPU image) the reference solver falls back to SciPy's:
+    still k edges, one per row and column, of the brute-force optimum."""
+    from unittest import mock
+
+    k = data.draw(st.integers(0, min(w.shape)))
+    with mock.patch("training.objectives.assignment._have_lapjv", return_value=False):
+        with mock.patch.dict("sys.modules", {"lapjv": None}):  # an import of lapjv now fails
+            rows, cols = max_weight_matching(w, k)
+    assert len(rows) == len(cols) == k
+    assert len(set(rows.tolist())) == k and len(set(cols.tolist())) == k
+    if k:
+        assert w[rows, cols].sum() == pytest.approx(brute_force_best(w, k), abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
 @given(
     st.tuples(st.integers(1, 12), st.integers(1, 12)).flatmap(
         lambda s: arrays(np.float64, s, elements=st.floats(-1, 1, allow_nan=False, width=32))
