@@ -286,14 +286,9 @@ def test_pyfunc_ranks_raw_candidate_images_through_the_recorded_extractor(store)
         )
 
 
-def test_evaluating_a_training_checkpoint_draws_its_query_bank(store, tmp_path, capfd):
-    """A training checkpoint (its bank still empty) is scored as ``finish_run`` scores the run:
-    with the bank drawn from its training dataset's captions (ranks against brute force)."""
-    from cli.main import main
-    from training.checkpoints import load_checkpoint_model
-    from training.retrieval.query_bank import bank_captions, encode_captions
-
-    _, data, _, _ = store
+def _bank_checkpoint(folder: Path, trained_on: str) -> Vocabulary:
+    """An untrained training checkpoint of a model with a 8-caption bank (still empty), as the
+    loop writes it, naming ``trained_on`` as its training data; vocab.json beside state.pt."""
     torch.manual_seed(5)
     vocab = Vocabulary(["<pad>", "<unk>", *WORDS])
     cfg = RetrievalConfig(
@@ -305,32 +300,79 @@ def test_evaluating_a_training_checkpoint_draws_its_query_bank(store, tmp_path, 
         query_bank=8,
         bank_temperature=0.02,
     )
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
+    folder.mkdir()
     torch.save(
         {"model": build(cfg.to_dict()).state_dict(), "epoch": 0, "val_loss": 0.0, "best_epoch": 0},
-        ckpt / "state.pt",
+        folder / "state.pt",
     )
-    meta = {"model": cfg.to_dict(), "train": {"max_tokens": 20, "data": str(data)}}
-    (ckpt / "meta.json").write_text(json.dumps(meta))
-    vocab.save(ckpt / "vocab.json")
+    meta = {"model": cfg.to_dict(), "train": {"max_tokens": 20, "data": trained_on}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    vocab.save(folder / "vocab.json")
+    return vocab
+
+
+def _test_ranks(net, vocab, data: Path, bank: torch.Tensor | None) -> list[int]:
+    """Each test caption's rank of its own image among the test images, by brute force: the
+    cosine, less the bank's term per image where ``bank`` is given (temperature 0.02)."""
+    from training.retrieval.query_bank import encode_captions
+
+    _, texts, feats = split_pairs(Manifest.read(data).shard_paths(data, "test"))
+    s = encode_captions(net, vocab, 20, texts)
+    with torch.no_grad():
+        v = net.image(torch.as_tensor(feats, dtype=torch.float32))
+    m = (s @ v.T).numpy()
+    if bank is not None:
+        m = m - (0.02 * torch.log(torch.exp(bank @ v.T / 0.02).mean(0))).numpy()[None, :]
+    return sorted(int((m[i] >= m[i, i]).sum()) for i in range(len(m)))
+
+
+def test_evaluating_a_training_checkpoint_draws_its_query_bank(store, tmp_path, capfd):
+    """A training checkpoint (its bank still empty) is scored as ``finish_run`` scores the run:
+    with the bank drawn from its training dataset's captions (ranks against brute force)."""
+    from cli.main import main
+    from training.checkpoints import load_checkpoint_model
+    from training.retrieval.query_bank import bank_captions, encode_captions
+
+    _, data, _, _ = store
+    ckpt = tmp_path / "ckpt"
+    vocab = _bank_checkpoint(ckpt, str(data))
     per_doc = tmp_path / "q.jsonl"
     capfd.readouterr()
     argv = ["evaluate", "--data", str(data), "--checkpoint", str(ckpt), "--workdir", str(tmp_path)]
     assert main([*argv, "--per-doc-out", str(per_doc), "--json"]) == 0
     got = sorted(json.loads(line)["rank"] for line in per_doc.read_text().splitlines())
     net = load_checkpoint_model(ckpt)[0]
-    _, texts, feats = split_pairs(Manifest.read(data).shard_paths(data, "test"))
-    s = encode_captions(net, vocab, 20, texts)
-    with torch.no_grad():
-        v = net.image(torch.as_tensor(feats, dtype=torch.float32))
     bank = encode_captions(net, vocab, 20, bank_captions(data, Manifest.read(data), 8))
     assert len(bank) == 8
-    plain = (s @ v.T).numpy()
-    banked = plain - (0.02 * torch.log(torch.exp(bank @ v.T / 0.02).mean(0))).numpy()[None, :]
+    assert _test_ranks(net, vocab, data, bank) != _test_ranks(net, vocab, data, None)  # the bank matters
+    assert got == _test_ranks(net, vocab, data, bank)
+    assert "no training captions" not in capfd.readouterr().err
 
-    def ranks(m):
-        return sorted(int(1 + (m[i] >= m[i, i]).sum() - 1) for i in range(len(m)))
 
-    assert ranks(banked) != ranks(plain)  # the bank changes this model's ranking
-    assert got == ranks(banked)
+def test_a_checkpoint_without_training_captions_ranks_by_the_cosine_and_says_so(store, tmp_path, capfd):
+    """Its training data gone and ``--data`` without a train split: no bank to draw, so the plain
+    cosine ranks (brute force), and a note on stderr says why."""
+    import dataclasses
+    import shutil
+
+    from cli.main import main
+    from training.checkpoints import load_checkpoint_model
+
+    _, data, _, _ = store
+    held = tmp_path / "test-only"
+    manifest = Manifest.read(data)
+    kept = [s for s in manifest.shards if s.split != "train"]
+    for shard in kept:
+        (held / shard.path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(data / shard.path, held / shard.path)
+    dataclasses.replace(manifest, shards=kept).write(held)
+    ckpt = tmp_path / "ckpt"
+    vocab = _bank_checkpoint(ckpt, str(tmp_path / "gone"))
+    per_doc = tmp_path / "q.jsonl"
+    capfd.readouterr()
+    argv = ["evaluate", "--data", str(held), "--checkpoint", str(ckpt), "--workdir", str(tmp_path)]
+    assert main([*argv, "--per-doc-out", str(per_doc), "--json"]) == 0
+    got = sorted(json.loads(line)["rank"] for line in per_doc.read_text().splitlines())
+    assert got == _test_ranks(load_checkpoint_model(ckpt)[0], vocab, held, None)
+    err = capfd.readouterr().err
+    assert f"note: {held} has no training captions for the query bank: plain cosine" in err
