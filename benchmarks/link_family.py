@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import multiprocessing
 import re
@@ -163,6 +164,13 @@ def _ray_stand_in() -> None:
     sys.modules.update({"ray": ray, "ray.data": ray.data, "ray.train": ray.train})
 
 
+def run_key(sizes: dict, run: dict) -> str:
+    """What makes two runs the same run (corpus sizes, every setting but the device: a GPU and
+    a CPU train the same model), as a short digest: ``--jsonl`` reuses only a run of this key."""
+    same = {"sizes": sizes, "run": {k: v for k, v in sorted(run.items()) if k != "use_gpu"}}
+    return hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def _job(args: tuple) -> tuple:
     cell, row, seed, data, settings, loop = args
     import logging
@@ -225,8 +233,10 @@ def main(argv: list[str] | None = None) -> dict:
     done = {}
     if args.jsonl and Path(args.jsonl).exists():  # a rerun goes on where the last one stopped
         for line in Path(args.jsonl).read_text().splitlines():
-            rec = json.loads(line)
-            done[rec.pop("cell"), rec.pop("row"), rec.pop("seed")] = rec
+            with contextlib.suppress(ValueError, KeyError, AttributeError):  # a line cut short
+                rec = json.loads(line)
+                done[rec.pop("cell"), rec.pop("row"), rec.pop("seed"), rec.pop("same_as")] = rec
+    cells = list(dict.fromkeys(cells))  # a cell named twice is one corpus, written once
     pairs = [(cell, seed) for seed in seeds for cell in cells]
     for cell in cells:
         out["cells"][cell] = {"ratio": {}, "residual": {}, "auto": {}, "rows": {r: {} for r in rows}}
@@ -240,19 +250,21 @@ def main(argv: list[str] | None = None) -> dict:
                 out["cells"][cell][key][seed] = value
             out["cells"][cell].setdefault("data", {})[seed] = data
         settings = {**BASE, **({"use_gpu": True} if args.device == "cuda" else {})}
-        jobs = []
+        jobs, same_as = [], {}
         for cell, seed in pairs:  # seed by seed: a run cut short has whole seeds
             for r in rows:
-                if (cell, r, seed) in done:
-                    out["cells"][cell]["rows"][r][seed] = done[cell, r, seed]
+                run = {**settings, "seed": seed, **rows[r]}
+                same_as[cell, r, seed] = run_key(sizes, run)
+                if (cell, r, seed, same_as[cell, r, seed]) in done:
+                    out["cells"][cell]["rows"][r][seed] = done[cell, r, seed, same_as[cell, r, seed]]
                     continue
-                data = out["cells"][cell]["data"][seed]
-                jobs.append((cell, r, seed, data, {**settings, "seed": seed, **rows[r]}, args.loop))
+                jobs.append((cell, r, seed, out["cells"][cell]["data"][seed], run, args.loop))
         for cell, row, seed, res in (pool.map if pool else map)(_job, jobs):
             out["cells"][cell]["rows"][row][seed] = res
             if args.jsonl:
+                rec = {"cell": cell, "row": row, "seed": seed, "same_as": same_as[cell, row, seed], **res}
                 with open(args.jsonl, "a") as f:
-                    f.write(json.dumps({"cell": cell, "row": row, "seed": seed, **res}) + "\n")
+                    f.write(json.dumps(rec) + "\n")
             print(f"{cell} {row} seed {seed}: {res}", file=sys.stderr, flush=True)
     for entry in out["cells"].values():
         entry.pop("data", None)

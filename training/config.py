@@ -401,11 +401,6 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
         bad = problems(self)
         if self.select_by == "val_medr" and self._family() != "retrieval":
             bad.append("select_by (val_medr: only the retrieval objectives report it)")
-        if self.num_workers == 0 and self.use_gpu:
-            import torch
-
-            if not torch.cuda.is_available():
-                bad.append("use_gpu (--gpu with --workers 0 trains on this process's GPU: none is visible)")
         if self.num_workers == 0 and "://" in (self.storage_path or ""):
             bad.append("storage_path (--workers 0 keeps its checkpoints on local disk, not at a URI)")
         if self.model_backbone in backbone_names():

@@ -290,6 +290,10 @@ def check_inputs(cfg: TrainConfig) -> RunInputs:
     from schemas.shards import check_shards, read_table
 
     cfg.validate()
+    if cfg.num_workers == 0 and cfg.use_gpu and not torch.cuda.is_available():
+        # here, not in validate: a config is valid on a machine without a GPU (a checkpoint's, to
+        # resume elsewhere; a grid's, built on the driver), only training it here is not
+        raise MmlinksError("--gpu with --workers 0 trains on this process's GPU: none is visible")
     if "://" not in cfg.data:  # Ray workers may run in another directory (or on another node)
         cfg = dataclasses.replace(cfg, data=str(Path(cfg.data).resolve()))
     manifest = Manifest.read(cfg.data)

@@ -104,6 +104,11 @@ def test_the_fit_loop_trains_the_experiments_model_and_a_rerun_resumes_from_its_
 
         monkeypatch.setattr(link_family, "run_one", no_training)
         again = link_family.main([*args, "--loop", "fit", "--jsonl", str(jsonl)])
+        with open(jsonl, "a") as f:
+            f.write('{"cell": "topic:4:ad')  # a line cut short by a killed run
+        again = link_family.main([*args, "--loop", "fit", "--jsonl", str(jsonl)])
+        monkeypatch.setattr(link_family, "run_one", lambda *a, **k: {"auc": -1.0, "p_at_1": -1.0})
+        changed = link_family.main([*args[:-1], "epochs=2", "--loop", "fit", "--jsonl", str(jsonl)])
     finally:
         logging.disable(silenced)
     run = fit["cells"]["topic:4:added:3"]["rows"]["default"][0]
@@ -111,4 +116,5 @@ def test_the_fit_loop_trains_the_experiments_model_and_a_rerun_resumes_from_its_
     for key in ("auc", "p_at_1", "best_epoch"):
         assert run[key] == other[key]
     assert again["cells"]["topic:4:added:3"]["rows"]["default"][0] == run
-    assert len(jsonl.read_text().splitlines()) == 1
+    # another setting is another run: not reused
+    assert changed["cells"]["topic:4:added:3"]["rows"]["default"][0]["auc"] == -1.0

@@ -288,3 +288,14 @@ def test_a_grid_trial_resolves_auto_for_its_own_objective():
     link = TrainConfig.from_dict({**coherence.given_dict(), "objective": "ap"})
     assert link.select_by == "val_within"
     link.validate()  # val_medr would be refused for a link objective
+
+
+def test_an_in_process_gpu_trial_reserves_a_gpu():
+    """``--grid --workers 0 --gpu``: each trial trains on a GPU of its own (Ray sets its
+    CUDA_VISIBLE_DEVICES only where it reserved one); trials with Ray workers reserve CPUs only
+    (their workers reserve the GPUs)."""
+    from training.grid.tune_driver import trial_resources
+
+    assert trial_resources(TrainConfig(num_workers=0, use_gpu=True), 1.0) == {"cpu": 1.0, "gpu": 1}
+    assert trial_resources(TrainConfig(num_workers=0), 0.5) == {"cpu": 0.5}
+    assert trial_resources(TrainConfig(num_workers=2, use_gpu=True), 1.0) == {"cpu": 1.0}

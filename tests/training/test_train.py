@@ -34,6 +34,34 @@ def test_fit_keeps_the_lowest_validation_loss_checkpoint(trained):
     assert not np.allclose(res.model.image.feature_mean.numpy(), 0)
 
 
+def test_an_in_process_gpu_run_trains_on_the_first_gpu(dataset, tmp_path, monkeypatch):
+    """``--workers 0 --gpu``: the config is valid anywhere (a checkpoint's, resumed on another
+    machine); the run hands ``cuda:0`` to its worker, which moves the model there before its
+    optimizer is built (on the ``meta`` device here: no GPU on this machine)."""
+    import training.loop
+    from schemas.errors import MmlinksError
+    from training.driver import check_inputs, worker_loop_config
+
+    cfg = small_cfg(dataset, tmp_path, num_workers=0, use_gpu=True)
+    assert TrainConfig.from_dict(cfg.to_dict()).use_gpu  # no GPU needed to hold the config
+    seen = []
+
+    def recording(config, rank, world, prepare_model=None, device=None, checkpoint=None):
+        seen.append(device)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(training.loop, "make_worker", recording)
+    with pytest.raises(MmlinksError, match="stop here"):
+        fit(cfg)
+    assert seen == [torch.device("cuda", 0)]
+    monkeypatch.undo()
+    config, _ = worker_loop_config(check_inputs(small_cfg(dataset, tmp_path, num_workers=0)), "meta-run")
+    w = training.loop.make_worker(config, 0, 1, device=torch.device("meta"))
+    assert {p.device.type for p in w.model.parameters()} == {"meta"}
+    assert {p.device.type for g in w.opt.param_groups for p in g["params"]} == {"meta"}
+
+
 def test_invalid_config_is_refused(dataset, tmp_path):
     from schemas.errors import MmlinksError
 
@@ -42,7 +70,7 @@ def test_invalid_config_is_refused(dataset, tmp_path):
     with pytest.raises(MmlinksError, match="objectives"):
         fit(small_cfg(dataset, tmp_path, objective="li2021", objectives="I+D"))
     if not torch.cuda.is_available():  # --workers 0 --gpu trains on this process's GPU: none here
-        with pytest.raises(MmlinksError, match=r"use_gpu .*none is visible"):
+        with pytest.raises(MmlinksError, match=r"--gpu with --workers 0 .*none is visible"):
             fit(small_cfg(dataset, tmp_path, num_workers=0, use_gpu=True))
     with pytest.raises(MmlinksError, match="storage_path"):  # its checkpoints stay on local disk
         fit(small_cfg(dataset, tmp_path, num_workers=0, storage_path="s3://bucket/runs"))

@@ -199,6 +199,15 @@ def default_max_concurrent(base: TrainConfig, trial_cpus: float = TRIAL_DRIVER_C
     return max(1, n)
 
 
+def trial_resources(base: TrainConfig, trial_cpus: float) -> dict:
+    """What one trial reserves: its driver's CPUs, and a GPU where it trains in its own process
+    on one (``--workers 0 --gpu``): Ray then sets the trial's CUDA_VISIBLE_DEVICES, so each
+    trial's ``cuda:0`` is its own GPU, not every trial's the node's first."""
+    if base.num_workers == 0 and base.use_gpu:
+        return {"cpu": trial_cpus, "gpu": 1}
+    return {"cpu": trial_cpus}
+
+
 @contextlib.contextmanager
 def _ray_session(base: TrainConfig) -> Iterator[None]:
     """Reuse a running Ray, else start one the way ``fit`` does (shut down again afterwards)."""
@@ -343,7 +352,7 @@ def _tune(
             )
         limits["on_concurrency"](concurrent)
         tuner = tune.Tuner(
-            tune.with_resources(trainable, {"cpu": limits["trial_cpus"]}),
+            tune.with_resources(trainable, trial_resources(base_cfg, limits["trial_cpus"])),
             param_space={"trial": tune.grid_search(specs)},
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=concurrent,
