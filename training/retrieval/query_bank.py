@@ -23,22 +23,38 @@ from training.data import encode_sentences
 from training.text import Vocabulary
 
 ENCODE_CHUNK = 512  # captions per forward of the text encoder
+SHARD_ROWS = 50_000  # documents decoded at a time while drawing the bank
 
 
 def bank_captions(data, manifest, size: int, seed: int = 0) -> list[str]:
     """Up to ``size`` sentences of the training split, drawn without replacement (seeded), in
-    their split order."""
-    from schemas.shards import read_table
+    their split order. Streamed: one pass counts the split's sentences, a second keeps the drawn
+    ones, shard by shard, so only one shard's sentence column and the bank are ever in memory
+    (a 1M-pair split's text is ~100 MB; the bank's is a few hundred kB)."""
+    import pyarrow.compute as pc
+
+    from schemas.shards import iter_tables
 
     paths = [str(p) for p in manifest.shard_paths(data, "train")]
     if size <= 0 or not paths:
         return []
-    docs = read_table(paths, columns=["sentences"]).column("sentences").to_pylist()
-    sentences = [s for doc in docs for s in doc]
-    if len(sentences) > size:
-        keep = np.sort(np.random.default_rng(seed).choice(len(sentences), size, replace=False))
-        sentences = [sentences[i] for i in keep]
-    return sentences
+
+    def columns():
+        for table in iter_tables(paths, SHARD_ROWS, columns=["sentences"]):
+            yield pc.list_flatten(table.column("sentences"))
+
+    total = sum(len(flat) for flat in columns())
+    if total <= size:
+        return [s for flat in columns() for s in flat.to_pylist()]
+    keep = np.sort(np.random.default_rng(seed).choice(total, size, replace=False))
+    out: list[str] = []
+    start = 0
+    for flat in columns():
+        lo, hi = np.searchsorted(keep, [start, start + len(flat)])
+        if hi > lo:
+            out.extend(flat.take(keep[lo:hi] - start).to_pylist())
+        start += len(flat)
+    return out
 
 
 @torch.no_grad()

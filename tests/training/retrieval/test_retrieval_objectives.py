@@ -381,3 +381,46 @@ def test_the_query_bank_is_drawn_from_the_training_captions(tmp_path):
     assert fill_query_bank(net, data, manifest, vocab, 20) == 5
     want = encode_captions(net, vocab, 20, bank_captions(data, manifest, 5))
     assert net.query_bank.shape == (5, 10) and torch.allclose(net.query_bank, want)
+
+
+@pytest.mark.parametrize(
+    "shards,per_doc,size,shard_rows", [(1, 1, 5, 50_000), (3, 3, 7, 2), (4, 2, 100, 3), (2, 1, 13, 1)]
+)
+def test_the_streamed_bank_draw_is_the_whole_split_draw(
+    tmp_path, shards, per_doc, size, shard_rows, monkeypatch
+):
+    """The bank is drawn shard by shard (``SHARD_ROWS`` documents decoded at a time), yet keeps
+    exactly the captions a draw over the whole split's sentence list keeps (the brute force)."""
+    import training.retrieval.query_bank as qb
+
+    docs = pair_docs(24, seed=5)
+    for i, d in enumerate(docs):
+        d.sentences = [f"{s} {j}" for j in range(1 + i % per_doc) for s in d.sentences[:1]]
+        d.split = "train"
+    infos = []
+    for k in range(shards):
+        rel = f"shards/train-{k:05d}.parquet"
+        rows, nbytes, sha = write_shard(tmp_path / rel, docs[k::shards])
+        infos.append(ShardInfo(rel, "train", rows, nbytes, sha))
+    manifest = Manifest(
+        SCHEMA_VERSION,
+        "v",
+        "synthetic",
+        {"splits": {"train": 24}, "dropped": {}},
+        FeatureExtractorInfo(*EXTRACTOR),
+        infos,
+    )
+    manifest.write(tmp_path)
+    every = [s for k in range(shards) for d in docs[k::shards] for s in d.sentences]
+    want = (
+        every
+        if len(every) <= size
+        else [every[i] for i in np.sort(np.random.default_rng(3).choice(len(every), size, replace=False))]
+    )
+    monkeypatch.setattr(qb, "SHARD_ROWS", shard_rows)
+
+    def whole_split(*_a, **_k):
+        raise AssertionError("the whole split's sentences read at once")
+
+    monkeypatch.setattr("schemas.shards.read_table", whole_split)
+    assert qb.bank_captions(tmp_path, Manifest.read(tmp_path), size, seed=3) == want
