@@ -8,7 +8,7 @@ ratio, and trains every row on it through the path of ``mmlinks train --workers 
 object: per cell its ratio and per row test AUC / p@1 per seed and their means, and per cell the
 default's margin over the baseline. docs/benchmarks-linking.md holds the tables and commands.
 
-Cells are ``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS]``, e.g. ``topic:40:clipped:5``; ``--grid
+Cells are ``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]]``, e.g. ``topic:40:clipped:5``; ``--grid
 issue`` is the issue's grid (K 10/40/200 x added/clipped x ratio ~3/~10/>=20, per-document looks,
 no look). Rows are names from ROWS, or ``NAME=JSON`` for a TrainConfig override.
 
@@ -60,16 +60,18 @@ def issue_grid() -> list[str]:
 
 def parse_cell(cell: str) -> dict:
     parts = cell.split(":")
-    if len(parts) not in (4, 5):
-        raise SystemExit(f"bad cell {cell!r}: SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS]")
+    if len(parts) not in (4, 5, 6):
+        raise SystemExit(f"bad cell {cell!r}: SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]]")
     out = {
         "look_sharing": parts[0],
         "topics": int(parts[1]),
         "look_mixing": parts[2],
         "look_strength": float(parts[3]),
     }
-    if len(parts) == 5:
+    if len(parts) >= 5:
         out["topic_words"] = int(parts[4])
+    if len(parts) == 6:
+        out["topic_skew"] = float(parts[5])
     return out
 
 
@@ -187,7 +189,7 @@ def _corpus_job(args: tuple) -> tuple:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", choices=("issue",), help="a named grid of cells")
-    p.add_argument("--cells", default="", help="comma-separated SHARING:K:MIXING:STRENGTH[:WORDS]")
+    p.add_argument("--cells", default="", help="comma-separated SHARING:K:MIXING:STRENGTH[:WORDS[:SKEW]]")
     p.add_argument("--rows", default="default,bag", help="comma-separated row names or NAME=JSON")
     p.add_argument("--seeds", default="0,1", help="seeds: corpus and training (one corpus per seed)")
     p.add_argument("--docs", type=int, default=3000, help="training documents (val and test: a tenth)")

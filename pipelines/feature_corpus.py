@@ -84,7 +84,14 @@ class FeatureCorpusConfig:
     images_min: int = option(4, help="min images per document", check=lambda v: 2 <= v <= 10, rule="2 to 10")
     images_max: int = option(7, help="max images per document", check=lambda v: 2 <= v <= 10, rule="2 to 10")
     topics: int = option(
-        40, help="number of topics K (documents draw one uniformly)", check=lambda v: v >= 1, rule=">= 1"
+        40, help="number of topics K (documents draw one: --topic-skew)", check=lambda v: v >= 1, rule=">= 1"
+    )
+    topic_skew: float = option(
+        0.0,
+        help="how unequal the topics' sizes are: a topic of rank r is drawn with weight (r + 1) ** -skew "
+        "(0 = uniform, 1 = Zipf's law, as in real forums)",
+        check=lambda v: 0 <= v <= 4,
+        rule="0 to 4",
     )
     look_sharing: str = option(
         "topic",
@@ -214,8 +221,14 @@ def split_documents(world: _World, split: str, n: int) -> Iterator[dict]:
     """The documents of one split, in order: {doc_id, topic, sentences, features [n_img, D], links}."""
     cfg = world.cfg
     rng = np.random.default_rng([cfg.seed, 2, ("train", "val", "test").index(split)])
+    weights = np.arange(1, cfg.topics + 1, dtype=np.float64) ** -cfg.topic_skew
     for i in range(n):
-        topic = int(rng.integers(cfg.topics))
+        # uniform: the draw of every corpus written before the skew existed (byte-identical)
+        topic = (
+            int(rng.integers(cfg.topics))
+            if cfg.topic_skew == 0
+            else int(rng.choice(cfg.topics, p=weights / weights.sum()))
+        )
         n_img = int(rng.integers(cfg.images_min, cfg.images_max + 1))
         digits = rng.choice(10, size=n_img, replace=False)
         rows = [int(rng.choice(world.pools[split][int(d)])) for d in digits]
@@ -289,6 +302,8 @@ def write_dataset(out: Path, cfg: FeatureCorpusConfig, progress: Callable[[int],
         raise MmlinksError(f"{out} already holds a dataset; choose another --out")
     world = _world(cfg)
     params = {"feature_corpus": asdict(cfg)}
+    if cfg.topic_skew == 0:  # as before the option existed: the same corpus keeps its version id
+        del params["feature_corpus"]["topic_skew"]
     staging = out / "versions" / "_writing"
     staging.mkdir(parents=True, exist_ok=True)
     shards: list[ShardInfo] = []

@@ -56,6 +56,30 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
     assert [s.sha256 for s in a.shards] == [s.sha256 for s in b.shards]
 
 
+def test_corpora_written_before_the_topic_skew_are_byte_identical(tmp_path):
+    """The skew's default draws topics as before it existed: the dataset versions of two corpora
+    written by the code before it (issue #44's rule: today's corpora stay byte-identical)."""
+    write_feature_corpus(tmp_path / "a", FeatureCorpusConfig(**SMALL, seed=3))
+    write_feature_corpus(
+        tmp_path / "b",
+        FeatureCorpusConfig(**SMALL, seed=3, look_sharing="topic+document", look_mixing="clipped"),
+    )
+    assert Manifest.read(tmp_path / "a").dataset_version == "ecac981991b44bc0"
+    assert Manifest.read(tmp_path / "b").dataset_version == "227751d1d3eb476b"
+
+
+def test_a_topic_skew_gives_zipf_sized_topics():
+    """``--topic-skew 1``: topic r's share of documents follows 1 / (r + 1), as in forums where a
+    few project types hold most posts; 0 keeps them equal."""
+    cfg = dict(SMALL, topics=10, docs=6000)
+    for skew in (0.0, 1.0):
+        world = _world(FeatureCorpusConfig(**cfg, topic_skew=skew))
+        topics = [d["topic"] for d in split_documents(world, "train", 6000)]
+        share = np.bincount(topics, minlength=10) / 6000
+        want = np.arange(1, 11, dtype=float) ** -skew
+        assert np.abs(share - want / want.sum()).max() < 0.02
+
+
 def test_a_second_write_into_a_dataset_is_refused(tmp_path):
     write_feature_corpus(tmp_path / "ds", FeatureCorpusConfig(**SMALL))
     with pytest.raises(MmlinksError, match="already holds a dataset"):
