@@ -167,8 +167,9 @@ def _ray_stand_in() -> None:
 
 
 def run_key(sizes: dict, run: dict) -> str:
-    """What makes two runs the same run (corpus sizes, every setting but the device: a GPU and
-    a CPU train the same model), as a short digest: ``--jsonl`` reuses only a run of this key."""
+    """What makes two runs the same run (corpus sizes, every setting but the device: a GPU run
+    is the CPU run's configuration, its arithmetic differing in rounding only), as a short
+    digest: ``--jsonl`` reuses only a run of this key."""
     same = {"sizes": sizes, "run": {k: v for k, v in sorted(run.items()) if k != "use_gpu"}}
     return hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
