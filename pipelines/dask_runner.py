@@ -272,12 +272,28 @@ def _selected_first(parts: _Parts) -> _Parts:
             if tag == WHOLE:
                 joined.append((key, tag))
             else:
-                layer[(name, len(layer))] = (_gather, [key], [tag])
-                joined.append(((name, len(layer) - 1), WHOLE))
+                select = _beside(name, len(layer))
+                layer[select] = (_gather, [key], [tag])
+                joined.append((select, WHOLE))
         sources.append(joined)
     if not layer:
         return parts
     return _Parts(sources, [*parts.deps, _layer_bag(name, layer, parts.deps, len(layer))])
+
+
+def _beside(name: str, index: int) -> tuple[str, int]:
+    """The key of a task that must run where its one input is (a shuffle's piece, a tag's
+    selection), in a Dask task group of its own.
+
+    Dask's scheduler calls a group of more than twice the cluster's task slots that hangs off
+    fewer than five tasks "root-ish" and places its tasks without looking at where their input
+    is. A shuffle of 4 partitions into 4 made 16 pieces from 4 splits: root-ish on 2 slots, so
+    a piece often ran on the other worker and fetched the whole split (all four pieces, 40 MB of
+    feature vectors at 20,000 documents) to keep a quarter of it: 2-2.5 s each, with both
+    workers idle, in a traced 20,000-document build (docs/benchmarks-scale.md). A group of one
+    task is never root-ish, so the scheduler puts it where its input is. (``key_split`` of the
+    name still gives the stage's prefix, so durations are learnt across groups.)"""
+    return (f"{name}-{index}", 0)
 
 
 def _realized(parts: _Parts):
@@ -471,17 +487,41 @@ def _materialized(parts: _Parts):
 # --- what the tasks run (in the worker processes) ------------------------------------------------
 
 
+class Partition(list):
+    """What every task of the translation returns: a list that travels between workers as one
+    pickle, in one frame.
+
+    Dask serializes a plain list element by element when its first element has a Dask serializer
+    (a str, a tuple of them): 15,002 frames, each written to the socket on its own, for a
+    partition of 7,500 feature vectors, ~0.5 s between two local workers; one pickle of it moves
+    in ~0.1 s (docs/benchmarks-scale.md). A 5,000-document build's workers spent ~6 CPU-s each
+    serializing and sending partitions that way, beside their feature forward. Pickled with
+    Dask's own ``dumps`` (cloudpickle where plain pickle cannot), arrays in band: one copy of a
+    partition's bytes, a fraction of the per-frame cost."""
+
+    def __reduce__(self):
+        from distributed.protocol.pickle import dumps
+
+        return _partition_from, (dumps(list(self)),)
+
+
+def _partition_from(data: bytes) -> Partition:
+    from distributed.protocol.pickle import loads
+
+    return Partition(loads(data))
+
+
 def _selected(part, tag):
     return part if tag == WHOLE else (v for t, v in part if t == tag)
 
 
 def _gather(parts, tags):
     """The values of each partition (a fused stage's: those of its tag), in order, as one list."""
-    return [v for part, tag in zip(parts, tags, strict=True) for v in _selected(part, tag)]
+    return Partition(v for part, tag in zip(parts, tags, strict=True) for v in _selected(part, tag))
 
 
 def _read_bundles(bundles):
-    out = []
+    out = Partition()
     for b in bundles:
         out.extend(b.source.read(b.source.get_range_tracker(b.start_position, b.stop_position)))
     return out
@@ -512,14 +552,14 @@ def _group_by_key(parts: _Parts, partitions: int):
     for i, part in enumerate(parts.sources):
         layer[(split, i)] = (_split_by_key, [key for key, _ in part], [tag for _, tag in part], m)
         for j in range(m):
-            layer[(piece, i * m + j)] = (operator.getitem, (split, i), j)
+            layer[_beside(piece, i * m + j)] = (operator.getitem, (split, i), j)
     for j in range(m):
-        layer[(name, j)] = (_regroup, [(piece, i * m + j) for i in range(n)])
+        layer[(name, j)] = (_regroup, [_beside(piece, i * m + j) for i in range(n)])
     return _layer_bag(name, layer, parts.deps, m)
 
 
-def _split_by_key(parts, tags, partitions: int) -> list[list]:
-    pieces: list[list] = [[] for _ in range(partitions)]
+def _split_by_key(parts, tags, partitions: int) -> list[Partition]:
+    pieces = [Partition() for _ in range(partitions)]
     for kv in _gather(parts, tags):
         pieces[stable_hash(kv[0]) % partitions].append(kv)
     return pieces
@@ -530,7 +570,7 @@ def _regroup(pieces):
     for piece in pieces:
         for k, v in piece:
             groups.setdefault(k, []).append(_unwindowed(v))
-    return list(groups.items())
+    return Partition(groups.items())
 
 
 def _unwindowed(v):
@@ -596,7 +636,7 @@ def _run_stage(items, members, *side_values, views, tag=WHOLE):
     from apache_beam.runners.worker import statesampler
     from apache_beam.utils.counters import CounterFactory
 
-    out: list = []
+    out = Partition()
     readers: dict = {}
     bundles: list[_Bundle] = []
     # Readers first (a member reads an earlier one), so each receiver knows its bundle.
