@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
                     out["cells"][cell]["rows"][r][seed] = done[cell, r, seed, same_as[cell, r, seed]]
                     continue
                 jobs.append((cell, r, seed, out["cells"][cell]["data"][seed], run, args.loop))
-        for cell, row, seed, res in (pool.map if pool else map)(_job, jobs):
+        for cell, row, seed, res in completed(pool, _job, jobs):
             out["cells"][cell]["rows"][row][seed] = res
             if args.jsonl:
                 rec = {"cell": cell, "row": row, "seed": seed, "same_as": same_as[cell, row, seed], **res}
@@ -287,6 +287,17 @@ def main(argv: list[str] | None = None) -> dict:
     if args.markdown:
         print(markdown_table(out), file=sys.stderr)
     return out
+
+
+def completed(pool: Executor | None, fn, jobs: list):
+    """``fn`` of each job, as each finishes (in this process where there is no pool): a run that
+    is killed keeps, in its ``--jsonl``, every run that finished, not only those ahead of the
+    slowest in submission order (``pool.map``)."""
+    if pool is None:
+        yield from map(fn, jobs)
+        return
+    for future in as_completed([pool.submit(fn, job) for job in jobs]):
+        yield future.result()
 
 
 def markdown_table(out: dict) -> str:

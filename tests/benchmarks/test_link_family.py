@@ -118,3 +118,24 @@ def test_the_fit_loop_trains_the_experiments_model_and_a_rerun_resumes_from_its_
     assert again["cells"]["topic:4:added:3"]["rows"]["default"][0] == run
     # another setting is another run: not reused
     assert changed["cells"]["topic:4:added:3"]["rows"]["default"][0]["auc"] == -1.0
+
+
+def test_runs_are_read_as_they_finish_not_in_submission_order():
+    """The first job waits until the second's result was read: in submission order (``pool.map``)
+    that never happens, and a killed run lost every finished run behind a slow one."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    second_read = threading.Event()
+
+    def job(i: int) -> tuple[int, bool]:
+        return i, second_read.wait(timeout=30) if i == 0 else True
+
+    order = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for i, ok in link_family.completed(pool, job, [0, 1]):
+            order.append((i, ok))
+            if i == 1:
+                second_read.set()
+    assert order == [(1, True), (0, True)]
+    assert list(link_family.completed(None, lambda i: i * 2, [1, 2, 3])) == [2, 4, 6]

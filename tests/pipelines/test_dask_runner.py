@@ -573,13 +573,14 @@ def test_a_partition_crosses_between_workers_as_one_pickle():
     from distributed.protocol import dumps, loads, to_serialize
 
     from features import ImageFeatures
-    from pipelines.dask_runner import Partition, _gather, _regroup, _split_by_key
+    from pipelines.dask_runner import WHOLE, Partition, _gather, _regroup, _split_by_key
 
     rng = np.random.default_rng(0)
-    pairs = [(f"{i:064x}", ImageFeatures(features=rng.normal(size=16).astype(np.float32))) for i in range(1_000)]
+    vectors = rng.normal(size=(1_000, 16)).astype(np.float32)
+    pairs = [(f"{i:064x}", ImageFeatures(features=v)) for i, v in enumerate(vectors)]
     outputs = {
-        "gather": _gather([pairs], ["__mmlinks_whole_partition__"]),
-        "piece": _split_by_key([pairs], ["__mmlinks_whole_partition__"], 3)[1],
+        "gather": _gather([pairs], [WHOLE]),
+        "piece": _split_by_key([pairs], [WHOLE], 3)[1],
         "regroup": _regroup([pairs[:10], pairs[5:20]]),
     }
     for name, part in outputs.items():
