@@ -296,8 +296,13 @@ def completed(pool: Executor | None, fn, jobs: list):
     if pool is None:
         yield from map(fn, jobs)
         return
-    for future in as_completed([pool.submit(fn, job) for job in jobs]):
-        yield future.result()
+    futures = [pool.submit(fn, job) for job in jobs]
+    try:
+        for future in as_completed(futures):
+            yield future.result()
+    finally:  # a failed run or Ctrl-C: the queued runs are dropped, not waited for (as pool.map does)
+        for future in futures:
+            future.cancel()
 
 
 def markdown_table(out: dict) -> str:

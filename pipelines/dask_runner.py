@@ -272,28 +272,31 @@ def _selected_first(parts: _Parts) -> _Parts:
             if tag == WHOLE:
                 joined.append((key, tag))
             else:
-                select = _beside(name, len(layer))
+                select = (f"{name}-{len(layer)}", 0)  # a task group of its own: see _piece
                 layer[select] = (_gather, [key], [tag])
                 joined.append((select, WHOLE))
         sources.append(joined)
     if not layer:
         return parts
+    # This bag only carries the selections' layer as a dependency: its keys are not (name, i), so
+    # nothing reads it as a bag (_Parts.uniform looks at the first dependency only).
     return _Parts(sources, [*parts.deps, _layer_bag(name, layer, parts.deps, len(layer))])
 
 
-def _beside(name: str, index: int) -> tuple[str, int]:
-    """The key of a task that must run where its one input is (a shuffle's piece, a tag's
-    selection), in a Dask task group of its own.
+def _piece(name: str, source: int, target: int) -> tuple[str, int]:
+    """The key of a shuffle's piece: ``source``'s split, the part for ``target``, in one Dask task
+    group per target (its pieces from every split), so the scheduler runs it where its split is.
 
     Dask's scheduler calls a group of more than twice the cluster's task slots that hangs off
     fewer than five tasks "root-ish" and places its tasks without looking at where their input
-    is. A shuffle of 4 partitions into 4 made 16 pieces from 4 splits: root-ish on 2 slots, so
-    a piece often ran on the other worker and fetched the whole split (all four pieces, 40 MB of
-    feature vectors at 20,000 documents) to keep a quarter of it: 2-2.5 s each, with both
-    workers idle, in a traced 20,000-document build (docs/benchmarks-scale.md). A group of one
-    task is never root-ish, so the scheduler puts it where its input is. (``key_split`` of the
-    name still gives the stage's prefix, so durations are learnt across groups.)"""
-    return (f"{name}-{index}", 0)
+    is. One group of all pieces, 16 off 4 splits, was root-ish on 2 slots: a piece often ran on
+    the other worker and fetched the whole split (all four pieces, 40 MB of feature vectors at
+    20,000 documents) to keep a quarter of it, 2-2.5 s each with both workers idle in a traced
+    20,000-document build (docs/benchmarks-scale.md). A group per target holds N pieces off N
+    splits: root-ish would need N > 2 x slots and N < 5, never on 2 slots or more. A tag's
+    selection (``_selected_first``) is a group of its own for the same reason. ``key_split`` of
+    either still gives one prefix, so Dask learns their durations across groups."""
+    return (f"{name}-{target}", source)
 
 
 def _realized(parts: _Parts):
@@ -489,7 +492,7 @@ def _materialized(parts: _Parts):
 
 class Partition(list):
     """What every task of the translation returns: a list that travels between workers as one
-    pickle, in one frame.
+    pickle (its bytes one frame, out of band), not element by element.
 
     Dask serializes a plain list element by element when its first element has a Dask serializer
     (a str, a tuple of them): 15,002 frames, each written to the socket on its own, for a
@@ -499,10 +502,12 @@ class Partition(list):
     Dask's own ``dumps`` (cloudpickle where plain pickle cannot), arrays in band: one copy of a
     partition's bytes, a fraction of the per-frame cost."""
 
-    def __reduce__(self):
+    def __reduce_ex__(self, protocol):
         from distributed.protocol.pickle import dumps
 
-        return _partition_from, (dumps(list(self)),)
+        data = dumps(list(self))
+        # out of band where the pickler can take it (Dask's comm: a frame of its own, not copied)
+        return _partition_from, (pickle.PickleBuffer(data) if protocol >= 5 else data,)
 
 
 def _partition_from(data: bytes) -> Partition:
@@ -552,9 +557,9 @@ def _group_by_key(parts: _Parts, partitions: int):
     for i, part in enumerate(parts.sources):
         layer[(split, i)] = (_split_by_key, [key for key, _ in part], [tag for _, tag in part], m)
         for j in range(m):
-            layer[_beside(piece, i * m + j)] = (operator.getitem, (split, i), j)
+            layer[_piece(piece, i, j)] = (operator.getitem, (split, i), j)
     for j in range(m):
-        layer[(name, j)] = (_regroup, [_beside(piece, i * m + j) for i in range(n)])
+        layer[(name, j)] = (_regroup, [_piece(piece, i, j) for i in range(n)])
     return _layer_bag(name, layer, parts.deps, m)
 
 

@@ -310,13 +310,18 @@ def job_workers(runner: str, direct_workers: int | None, dask_address, dask_work
 # loops' latency check (every 20 ms), memory monitor (100 ms) and system monitor (500 ms) wake
 # less often: an idle 2-worker cluster spent 1.3 % of a core per worker and 2.5 % in the
 # command's scheduler, 0.2 % and 0.6 % so (a worker past its memory limit is still stopped, a
-# second later at most). A cluster that names its scheduler keeps its own configuration.
+# second later at most). The Dask runner's shuffle pieces and tag selections are known to take
+# microseconds: the scheduler's work stealing would otherwise take them for 0.5 s tasks until the
+# first one finished, and move one (and the whole split it reads) to an idle worker. A cluster
+# that names its scheduler keeps its own configuration (infra/k8s/dask sets the same durations).
 LOCAL_CLUSTER_CONFIG = {
     "distributed.worker.profile.enabled": False,
     "distributed.admin.system-monitor.disk": False,
     "distributed.admin.tick.interval": "1s",
     "distributed.worker.memory.monitor-interval": "1s",
     "distributed.admin.system-monitor.interval": "2s",
+    "distributed.scheduler.default-task-durations.groupby-piece": "1us",
+    "distributed.scheduler.default-task-durations.select": "1us",
 }
 
 

@@ -139,3 +139,24 @@ def test_runs_are_read_as_they_finish_not_in_submission_order():
                 second_read.set()
     assert order == [(1, True), (0, True)]
     assert list(link_family.completed(None, lambda i: i * 2, [1, 2, 3])) == [2, 4, 6]
+
+
+def test_a_failed_run_drops_the_queued_ones():
+    """A run that raises ends the grid at once: the runs still queued are cancelled, not run."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    ran, release = [], threading.Event()
+
+    def job(i: int) -> int:
+        if i == 0:
+            raise RuntimeError("run 0 failed")
+        ran.append(i)
+        release.wait(timeout=30)  # a slow run: the one started beside the failure
+        return i
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with pytest.raises(RuntimeError, match="run 0 failed"):
+            list(link_family.completed(pool, job, list(range(50))))
+        release.set()
+    assert len(ran) <= 1  # at most the run that had started (uncancelled, all 49 ran)

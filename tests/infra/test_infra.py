@@ -619,6 +619,28 @@ def dask_objects(docs) -> dict[tuple[str, str], dict]:
     }
 
 
+def scheduler_duration_problems(container: dict) -> list[str]:
+    """The scheduler knows the Dask runner's plumbing tasks take microseconds, as a local cluster
+    does (pipelines.runners.LOCAL_CLUSTER_CONFIG), read the way Dask reads its environment."""
+    import copy
+
+    import dask
+    import distributed  # noqa: F401 - its defaults (the scheduler's durations) join dask.config
+
+    from pipelines.runners import LOCAL_CLUSTER_CONFIG
+
+    prefix = "distributed.scheduler.default-task-durations."
+    want = {k.removeprefix(prefix): v for k, v in LOCAL_CLUSTER_CONFIG.items() if k.startswith(prefix)}
+    env = {e["name"]: e.get("value") for e in container.get("env") or []}
+    raw = env.get("DASK_DISTRIBUTED__SCHEDULER__DEFAULT_TASK_DURATIONS")
+    got = dask.config.collect_env({"DASK_DISTRIBUTED__SCHEDULER__DEFAULT_TASK_DURATIONS": raw}) if raw else {}
+    config = dask.config.update(copy.deepcopy(dask.config.config), got)  # keys as Dask spells them
+    durations = dask.config.get("distributed.scheduler.default-task-durations", config=config)
+    if {k: durations.get(k) for k in want} != want:
+        return [f"the scheduler's default task durations {durations} lack {want}"]
+    return []
+
+
 def dask_cluster_problems(objs: dict[tuple[str, str], dict]) -> list[str]:
     """The Dask scheduler Service and the workers that reach it, in the beam-worker image."""
     problems = []
@@ -642,6 +664,7 @@ def dask_cluster_problems(objs: dict[tuple[str, str], dict]) -> list[str]:
         problems.append("a worker runs more than one thread (torch threads are --cpu-threads)")
     if containers(sched)[0]["command"][:2] != ["dask", "scheduler"]:
         problems.append("the scheduler Deployment does not run `dask scheduler`")
+    problems += scheduler_duration_problems(containers(sched)[0])
     return problems
 
 
