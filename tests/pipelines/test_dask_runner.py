@@ -5,6 +5,7 @@ feed the manifest, and one-line errors for a scheduler that cannot be reached.""
 from __future__ import annotations
 
 import hashlib
+import pickle
 import time
 from pathlib import Path
 
@@ -547,6 +548,10 @@ def test_a_shuffles_pieces_run_where_their_split_is(dask_cluster):
     splits = {k: w for k, w in ran.items() if key_split(k) == "groupby-split"}
     pieces = {k: w for k, w in ran.items() if key_split(k) == "groupby-piece"}
     assert len(splits) == 4 and len(pieces) == 16
+    # the scheduler knows their durations by these prefixes only (LOCAL_CLUSTER_CONFIG, infra/k8s/dask);
+    # "select" is the selections' prefix (test_reading_a_stages_output_or_a_flatten_costs_no_task_of_its_own)
+    known = {k.rsplit(".", 1)[1] for k in LOCAL_CLUSTER_CONFIG if ".default-task-durations." in k}
+    assert {key_split(k) for k in pieces} | {"select"} <= known
     assert len(set(splits.values())) == 2  # each split ran where its input partition was pinned
     for key, worker in pieces.items():
         (split,) = _DEPENDENCIES[key]
@@ -603,3 +608,5 @@ def test_a_partition_crosses_between_workers_as_one_pickle():
                 v1, v2 = v1[0], v2[0]
             np.testing.assert_array_equal(v1.features, v2.features)
     assert len(dumps({"data": to_serialize(list(pairs))})) > 1_000  # a plain list: frames per element
+    again = pickle.loads(pickle.dumps(outputs["gather"], protocol=4))  # no out-of-band buffers: in band
+    assert type(again) is Partition and [k for k, _ in again] == [k for k, _ in pairs]
