@@ -5,10 +5,13 @@ handwritten-digit features, K topics, a look shared per topic or per document, m
 clipping or scaling, at a strength that sets the image ratio), measures its training split's image
 ratio, and trains every row on it through the path of ``mmlinks train --workers 0``
 (``run_experiment``: fit, checkpoint choice, test evaluation), for each seed. Prints one JSON
-object: per cell its ratio and per row test AUC / p@1 per seed and their means, and per cell the
-default's margin over the baseline. docs/benchmarks-linking.md holds the tables and commands.
+object: per cell its ratio, the image side the old threshold rule picked, and per row test
+AUC / p@1 per seed and their means (the default row also what it measured: its pick and each
+candidate's score, issue #60), and per cell the default's margin over the baseline.
+docs/benchmarks-linking.md holds the tables and commands.
 
-Cells are ``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]]``, e.g. ``topic:40:clipped:5``; ``--grid
+Cells are ``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE...]``, e.g.
+``topic:40:clipped:5`` or ``topic:40:added:4.1:looks=3:images=2-3``; ``--grid
 issue`` is the issue's grid (K 10/40/200 x added/clipped x ratio ~3/~10/>=20, per-document looks,
 no look). Rows are names from ROWS, or ``NAME=JSON`` for a TrainConfig override.
 
@@ -58,10 +61,19 @@ def issue_grid() -> list[str]:
     return [*cells, "document:40:added:4.1", "document:40:clipped:5.0", "none:40:added:0"]
 
 
+# A cell's optional KEY=VALUE parts (issue #60's structures), e.g. ``topic:15:added:4.1:images=2-3``.
+CELL_KEYS = {"looks": "looks_per_topic", "share": "look_share", "noise": "feature_noise"}
+
+
 def parse_cell(cell: str) -> dict:
-    parts = cell.split(":")
+    """``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE...]`` -> corpus options;
+    keys: ``images=A-B`` (images per document), ``looks=L``, ``share=F``, ``noise=S``."""
+    keyed = [p for p in cell.split(":") if "=" in p]
+    parts = [p for p in cell.split(":") if "=" not in p]
     if len(parts) not in (4, 5, 6):
-        raise SystemExit(f"bad cell {cell!r}: SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]]")
+        raise SystemExit(
+            f"bad cell {cell!r}: SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE]"
+        )
     out = {
         "look_sharing": parts[0],
         "topics": int(parts[1]),
@@ -72,27 +84,46 @@ def parse_cell(cell: str) -> dict:
         out["topic_words"] = int(parts[4])
     if len(parts) == 6:
         out["topic_skew"] = float(parts[5])
+    for item in keyed:
+        key, _, value = item.partition("=")
+        if key == "images":
+            low, _, high = value.partition("-")
+            out["images_min"], out["images_max"] = int(low), int(high or low)
+        elif key in CELL_KEYS:
+            out[CELL_KEYS[key]] = int(value) if key == "looks" else float(value)
+        else:
+            raise SystemExit(f"bad cell {cell!r}: unknown key {key!r} (images, {', '.join(CELL_KEYS)})")
     return out
+
+
+def old_rule(ratio: float | None, residual: float | None) -> str:
+    """The image side the threshold rule that issue #60 replaced picked (ratio 5, residual 1):
+    kept here only to show, beside the measured choice, what it would have done."""
+    if ratio is None or ratio < 5:
+        return "none+dropout"
+    return "none" if residual is not None and residual < 1 else "balanced+dropout"
 
 
 def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, dict]:
     """(the cell's corpus folder, written once per size and seed; its training split's figures:
-    image ratio, residual ratio and the image side ``--image-centring auto`` picks there)."""
+    image ratio, residual ratio and the image side the old threshold rule picked there)."""
+    from pipelines.confounds import RESIDUAL_SAMPLE, image_ratio, residual_ratio
     from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
     from schemas.manifest import Manifest
-    from training.config import TrainConfig
-    from training.link.image_side import image_side, training_image_ratios
+    from schemas.shards import read_documents
 
     folder = root / f"{cell.replace(':', '_')}-s{seed}-{sizes['docs']}-d{sizes['dim']}"
     if not (folder / "manifest.json").exists():
         write_feature_corpus(folder, FeatureCorpusConfig(**parse_cell(cell), **sizes, seed=seed))
     train = [str(p) for p in Manifest.read(folder).shard_paths(folder, "train")]
-    ratio, residual = training_image_ratios(train)
-    side = image_side(TrainConfig(data=str(folder)), train)
+    docs = read_documents(train)[:RESIDUAL_SAMPLE]
+    feats = [[im.features for im in d.images] for d in docs]
+    ratio = image_ratio(feats)[0]
+    residual = residual_ratio(feats) if ratio is not None and ratio >= 5 else None
     figures = {
         "ratio": round(ratio, 2) if ratio is not None else None,
         "residual": round(residual, 2) if residual is not None else None,
-        "auto": f"{side.centring}, dropout {side.dropout:g}",
+        "old_rule": old_rule(ratio, residual),
     }
     return str(folder), figures
 
@@ -120,18 +151,20 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
             scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
         test = scores["model"]
         best_epoch = result.best_epoch
+        choice = result.choice.to_dict() if result.choice is not None else None
     else:
         from training.experiment import run_experiment
 
         with tempfile.TemporaryDirectory(prefix="link-family-") as wd:
             r = run_experiment(cfg, f"sqlite:///{wd}/mlflow.db", None, None, report_dir=wd)
-        test, best_epoch = r.test, r.best_epoch
+        test, best_epoch, choice = r.test, r.best_epoch, r.choice
     return {
         "auc": round(test["auc"], 1),
         "p_at_1": round(test["p_at_1"], 1),
         "best_epoch": best_epoch,
         "seconds": round(time.perf_counter() - t0, 1),
         "device": "cuda" if settings.get("use_gpu") else "cpu",
+        **({"choice": choice["name"], "scores": choice["scores"]} if choice else {}),
     }
 
 
@@ -242,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
     cells = list(dict.fromkeys(cells))  # a cell named twice is one corpus, written once
     pairs = [(cell, seed) for seed in seeds for cell in cells]
     for cell in cells:
-        out["cells"][cell] = {"ratio": {}, "residual": {}, "auto": {}, "rows": {r: {} for r in rows}}
+        out["cells"][cell] = {"ratio": {}, "residual": {}, "old_rule": {}, "rows": {r: {} for r in rows}}
     # spawn, not fork: a CUDA process cannot fork; the workers get BASE with each job
     ctx = multiprocessing.get_context("spawn" if args.device == "cuda" else None)
     pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else None
@@ -307,11 +340,11 @@ def completed(pool: Executor | None, fn, jobs: list):
 
 def markdown_table(out: dict) -> str:
     """The grid as docs/benchmarks-linking.md shows it: per cell the training ratio and residual (means
-    over seeds; "-" where there is none), the image side auto picks (each seed's, once where they
-    agree), each row's test AUC / p@1 per seed, and the default's margin over the bag on the
-    seeds' means."""
+    over seeds; "-" where there is none), the image side the old threshold rule picked and the one
+    the default measured (each seed's, once where they agree), each row's test AUC / p@1 per seed,
+    and the default's margin over the bag on the seeds' means."""
     rows, seeds = list(out["rows"]), out["seeds"]
-    head = ["cell", "train ratio", "residual", "auto picks", *rows]
+    head = ["cell", "train ratio", "residual", "old rule", "measured pick", *rows]
     if "default" in rows and "bag" in rows:
         head.append("default - bag (mean)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -320,10 +353,16 @@ def markdown_table(out: dict) -> str:
         known = [v for v in values if v is not None]
         return f"{statistics.mean(known):.1f}" if known else "-"
 
+    def once(values) -> str:
+        return " / ".join(dict.fromkeys(v for v in values if v)) or "-"
+
     for cell, entry in out["cells"].items():
-        picks = list(dict.fromkeys(entry.get("auto", {}).values()))
         cols = [f"`{cell}`", mean(entry["ratio"].values()), mean(entry.get("residual", {}).values())]
-        cols.append(" / ".join(picks) or "-")
+        default = entry["rows"].get("default", {})
+        cols += [
+            once(entry.get("old_rule", {}).values()),
+            once(default.get(s, {}).get("choice") for s in seeds),
+        ]
         for row in rows:
             runs = entry["rows"][row]
             cols.append(", ".join(f"{runs[s]['auc']} / {runs[s]['p_at_1']}" for s in seeds if s in runs))

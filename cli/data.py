@@ -144,8 +144,18 @@ def _add_listings(dsub) -> None:
         "--confounds",
         action="store_true",
         help="also measure, per split, how much a document's images look alike (image ratio: between- / "
-        "within-document variance of the image features) and how much its sentences share words (text "
-        "share); reads every shard (docs/training.md, 'Confounded documents')",
+        "within-document variance of the image features, plain and corrected for images per document; "
+        "similarity gap: same- minus other-document cosine, which sees a look of any form) and how much "
+        "its sentences share words (text share); reads every shard (docs/training.md, 'Confounded "
+        "documents')",
+    )
+    inspect.add_argument(
+        "--choose",
+        action="store_true",
+        help="also run the choice `mmlinks train` makes by default (--image-centring auto): train each "
+        "image-side candidate briefly at the demo's settings (d_multi 256, lr 1e-3, 10 epochs) and print "
+        "every candidate's within-document score and the pick (about a minute per 1,000 training "
+        "documents on 2 cores; docs/training.md, 'The image side')",
     )
     add_common(inspect)
     inspect.set_defaults(func=cmd_inspect, show=show_manifest)
@@ -491,7 +501,25 @@ def cmd_inspect(args) -> dict:
         from pipelines.confounds import dataset_confounds
 
         out["confounds"] = {s: c.to_dict() for s, c in dataset_confounds(args.dir).items()}
+    if getattr(args, "choose", False):
+        out["image_side_choice"] = preview_choice(args.dir)
     return out
+
+
+def preview_choice(data: str) -> dict:
+    """What ``mmlinks train``'s default image side picks on ``data``, at the demo's settings."""
+    from training.config import TrainConfig
+    from training.driver import check_inputs, choose_settings
+
+    inp = check_inputs(
+        TrainConfig(data=str(Path(data).resolve()), epochs=10, d_multi=256, lr=1e-3, num_workers=0)
+    )
+    choice = choose_settings(inp)
+    if choice is None:
+        raise MmlinksError(
+            f"{data}: nothing to choose (the default backbone's image side is measured only for linking)"
+        )
+    return {**choice.to_dict(), "summary": choice.summary()}
 
 
 def cmd_confound(args) -> dict:
@@ -524,18 +552,23 @@ def show_confounds(confounds: dict) -> None:
             s,
             str(c["documents"]),
             fmt(c["image_ratio"]),
+            fmt(c.get("image_ratio_corrected")),
             fmt(c.get("image_residual")),
+            fmt(c.get("image_similarity_gap")),
             str(c["image_documents"]),
             fmt(c["text_share"]),
         ]
         for s, c in confounds.items()
     ]
-    print(table(rows, ["split", "documents", "image ratio", "residual", "docs >= 2 images", "text share"]))
+    head = ["split", "documents", "image ratio", "corrected", "residual", "similarity gap"]
+    print(table(rows, [*head, "docs >= 2 images", "text share"]))
     print(
         "image ratio: ~0.2-0.5 photos of unrelated objects, >= 3 strongly confounded (a shared look); "
-        "residual: the ratio without the look's 48 main directions, < 1 when a few dozen topics share the "
-        "look (train --image-centring auto then reads images as they are); "
-        "text share: >= 0.2 topic words in most sentences"
+        "corrected: the same with each document mean's sampling spread taken out (compares corpora of "
+        "2 and of 15 images per document); residual: the ratio without the look's 48 main directions, < 1 "
+        "when a few dozen topics share the look; similarity gap: same- minus other-document cosine of the "
+        "images, > 0.1 for a look of any form (a gain, one of several looks per image); text share: >= 0.2 "
+        "topic words in most sentences. train's default measures its image side by training (--choose)"
     )
 
 
@@ -607,3 +640,5 @@ def show_manifest(m: dict) -> None:
     print(f"dead letters: {m.get('dead_letter')}; all fields: --json")
     if "confounds" in m:
         show_confounds(m["confounds"])
+    if "image_side_choice" in m:
+        print(f"image side train's default picks: {m['image_side_choice']['summary']}")

@@ -58,6 +58,14 @@ class SplitConfounds:
     # when a few topics share the look (one linear map drops it), high when each document has
     # its own (None: too narrow features or too few documents for RESIDUAL_MIN_DIRECTIONS, or no ratio)
     image_residual: float | None = None
+    # issue #60: the ratio with each document mean's share of its own images' spread taken out
+    # (a mean of n images carries 1/n of their within-document variance: the plain ratio of one look
+    # reads 3.9 at 4-7 images and 7.1 at 2), so corpora of few and of many images per document compare
+    image_ratio_corrected: float | None = None
+    # issue #60: mean cosine of two images of one document minus that of two of different documents
+    # (standardised features): sees a look of any form (a gain per channel, one of a topic's several
+    # looks per image, a look on some images only) where the variance ratio may stay near 1
+    image_similarity_gap: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,6 +110,59 @@ def image_ratio(docs_features: Sequence[np.ndarray], drop_directions: int = 0) -
     if not between or sum(within) <= 0:
         return None, len(between)
     return float(np.mean(between) / np.mean(within)), len(between)
+
+
+def corrected_image_ratio(docs_features: Sequence[np.ndarray]) -> float | None:
+    """The image ratio with the sampling spread of each document mean removed: per document of n
+    images, within = the unbiased within-document variance (sum of squares / (n - 1)) and between
+    = |mean|^2 - within / n (a mean of n draws spreads by within / n around the look), both on
+    standardised features; ratio = mean(between) / mean(within). The same look reads the same
+    at 2 images per document as at 15 (the plain ratio grows as n falls)."""
+    mats = [np.asarray(m, dtype=np.float64) for m in docs_features if len(m)]
+    if not mats:
+        return None
+    allx = np.concatenate(mats)
+    mean, std = allx.mean(0), allx.std(0)
+    keep = std > 1e-12
+    between, within = [], []
+    for m in mats:
+        if len(m) < 2:
+            continue
+        z = (m[:, keep] - mean[keep]) / std[keep]
+        centre = z.mean(0)
+        w = float(((z - centre) ** 2).sum() / (len(z) - 1))
+        between.append(float((centre**2).sum()) - w / len(z))
+        within.append(w)
+    if not within or sum(within) <= 0:
+        return None
+    return float(np.mean(between) / np.mean(within))
+
+
+def similarity_gap(docs_features: Sequence[np.ndarray], pairs: int = 20_000, seed: int = 0) -> float | None:
+    """Mean cosine of two images of one document minus that of two images of different documents,
+    on features standardised over the split (``pairs`` random pairs of each kind); None without
+    two documents of >= 2 images. Near 0 for unrelated photos, up to 1 when a look dominates."""
+    mats = [np.asarray(m, dtype=np.float64) for m in docs_features if len(m)]
+    multi = [i for i, m in enumerate(mats) if len(m) >= 2]
+    if len(multi) < 2:
+        return None
+    allx = np.concatenate(mats)
+    mean, std = allx.mean(0), allx.std(0)
+    keep = std > 1e-12
+    unit = []
+    for m in mats:
+        z = (m[:, keep] - mean[keep]) / std[keep]
+        unit.append(z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12))
+    rng = np.random.default_rng(seed)
+    same, other = [], []
+    for _ in range(pairs):
+        d = unit[multi[rng.integers(len(multi))]]
+        a, b = rng.choice(len(d), size=2, replace=False)
+        same.append(float(d[a] @ d[b]))
+        i, j = rng.choice(len(multi), size=2, replace=False)
+        da, db = unit[multi[i]], unit[multi[j]]
+        other.append(float(da[rng.integers(len(da))] @ db[rng.integers(len(db))]))
+    return float(np.mean(same) - np.mean(other))
 
 
 def residual_directions(dim: int, documents: int) -> int:
@@ -167,7 +228,9 @@ def split_confounds(documents: Iterable) -> SplitConfounds:
     if ratio is not None:
         residual = residual_ratio(feats[:RESIDUAL_SAMPLE])
     share, n_txt = text_share(sents)
-    return SplitConfounds(n, ratio, n_img, share, n_txt, residual)
+    return SplitConfounds(
+        n, ratio, n_img, share, n_txt, residual, corrected_image_ratio(feats), similarity_gap(feats)
+    )
 
 
 def dataset_confounds(

@@ -21,6 +21,20 @@ What varies (the family, issue #44):
 - **topic words** (``topic_words``): each sentence names its document's topic with this many of
   the topic's words, 0 = off. Topics exist for the words even when the look is per document.
 
+Issue #60 widened it; each option's default leaves every earlier corpus byte-identical (its draws
+come from a random stream of their own, and the manifest records it only when it is set):
+
+- **images per document** (``images_min`` .. ``images_max``, 2 to 15): above 10 images the digits
+  repeat (each at most twice), so a sentence may name a digit two images show;
+- **looks per topic** (``looks_per_topic`` L): each image takes one of its topic's L looks, so the
+  images of one document differ in look (one project type photographed in a few rooms and lights);
+- **look share** (``look_share``): the share of images that carry the look (the rest show their
+  content alone: a look on some images only);
+- **feature noise** (``feature_noise``): Gaussian noise per image and channel, in units of the
+  content's spread (a camera's sensor, a re-encode), before the look mixes in.
+
+``scaled`` mixing is the per-channel gain (``v * exp(s l / 2)``).
+
 Digit bitmaps are split between train, val and test (no test bitmap is seen in training), and
 a document's images show distinct digits, so each sentence has one right image.
 
@@ -50,6 +64,10 @@ LOOK_SHARING = ("none", "document", "topic", "topic+document")
 LOOK_MIXING = ("added", "clipped", "scaled")
 LAYOUTS = ("dataset", "hessel")
 SPLIT_SHARE = {"train": 0.7, "val": 0.15, "test": 0.15}  # of the 1,797 digit bitmaps
+MAX_IMAGES = 15  # per document: above 10 a digit repeats (at most twice)
+# Options added after corpora were published (issue #47, #60): the manifest names one only when it
+# differs from this value, so a corpus written without it keeps its bytes and version id.
+LATER_DEFAULTS = {"topic_skew": 0.0, "looks_per_topic": 1, "look_share": 1.0, "feature_noise": 0.0}
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # Real English nouns (in GloVe): a topic is two of them, so 500 topics need no invented words.
@@ -81,8 +99,15 @@ class FeatureCorpusConfig:
     docs: int = option(3000, help="training documents", check=lambda v: v >= 1, rule=">= 1")
     val_docs: int = option(300, help="validation documents", check=lambda v: v >= 1, rule=">= 1")
     test_docs: int = option(300, help="test documents", check=lambda v: v >= 1, rule=">= 1")
-    images_min: int = option(4, help="min images per document", check=lambda v: 2 <= v <= 10, rule="2 to 10")
-    images_max: int = option(7, help="max images per document", check=lambda v: 2 <= v <= 10, rule="2 to 10")
+    images_min: int = option(
+        4, help="min images per document", check=lambda v: 2 <= v <= MAX_IMAGES, rule=f"2 to {MAX_IMAGES}"
+    )
+    images_max: int = option(
+        7,
+        help="max images per document (above 10 the digits repeat: a digit at most twice)",
+        check=lambda v: 2 <= v <= MAX_IMAGES,
+        rule=f"2 to {MAX_IMAGES}",
+    )
     topics: int = option(
         40, help="number of topics K (documents draw one: --topic-skew)", check=lambda v: v >= 1, rule=">= 1"
     )
@@ -110,6 +135,24 @@ class FeatureCorpusConfig:
         help="the look's spread per channel in units of the content's (s); 0 = no look",
         check=lambda v: v >= 0,
         rule=">= 0",
+    )
+    looks_per_topic: int = option(
+        1,
+        help="looks per topic: each image takes one of its topic's looks (1 = the whole topic one look)",
+        check=lambda v: 1 <= v <= 16,
+        rule="1 to 16",
+    )
+    look_share: float = option(
+        1.0,
+        help="share of the images that carry the look (the others show their content alone)",
+        check=lambda v: 0 < v <= 1,
+        rule="in (0, 1]",
+    )
+    feature_noise: float = option(
+        0.0,
+        help="Gaussian noise per image and channel, in units of the content's spread (0 = none)",
+        check=lambda v: 0 <= v <= 10,
+        rule="0 to 10",
     )
     topic_words: int = option(
         2,
@@ -192,6 +235,13 @@ class _World:
     topic_words: list[tuple[str, str]]
     topic_looks: np.ndarray  # [K, D]
     scale: np.ndarray  # [D]
+    more_looks: np.ndarray | None = None  # [K, L - 1, D]: a topic's looks after its first
+
+    @property
+    def varied(self) -> bool:
+        """Whether an option of issue #60 is set (its draws come from a stream of their own)."""
+        c = self.cfg
+        return c.looks_per_topic > 1 or c.look_share < 1 or c.feature_noise > 0 or c.images_max > 10
 
 
 def _world(cfg: FeatureCorpusConfig) -> _World:
@@ -207,7 +257,41 @@ def _world(cfg: FeatureCorpusConfig) -> _World:
     words = [pairs[i] for i in chosen]
     looks = rng.normal(0, 1, (cfg.topics, cfg.dim))
     scale = content_features(pixels[parts["train"]], cfg.dim).std(0) + 1e-3
-    return _World(cfg, pixels, labels, pools, words, looks, scale)
+    more = None
+    if cfg.looks_per_topic > 1:  # a stream of its own: the first look of each topic is as before
+        more = np.random.default_rng([cfg.seed, 4]).normal(
+            0, 1, (cfg.topics, cfg.looks_per_topic - 1, cfg.dim)
+        )
+    return _World(cfg, pixels, labels, pools, words, looks, scale, more)
+
+
+def _digits(rng: np.random.Generator, n_img: int) -> np.ndarray:
+    """n_img digits, distinct up to 10 (the draw of every earlier corpus), then each at most twice."""
+    if n_img <= 10:
+        return rng.choice(10, size=n_img, replace=False)
+    return np.concatenate([rng.permutation(10), rng.choice(10, size=n_img - 10, replace=False)])
+
+
+def _image_looks(
+    world: _World, extra: np.random.Generator, topic: int, own: np.ndarray, n_img: int
+) -> np.ndarray:
+    """The look of each of a document's images [n_img, D]: its topic's (one of the topic's looks
+    per image), its document's own or both, zero on the images ``look_share`` leaves plain."""
+    cfg = world.cfg
+    look = np.zeros((n_img, cfg.dim))
+    if cfg.look_sharing in ("topic", "topic+document"):
+        if world.more_looks is None:
+            look = look + world.topic_looks[topic]
+        else:
+            choices = np.vstack([world.topic_looks[topic][None], world.more_looks[topic]])
+            look = look + choices[extra.integers(cfg.looks_per_topic, size=n_img)]
+    if cfg.look_sharing in ("document", "topic+document"):
+        look = look + own
+    if cfg.look_sharing == "topic+document":
+        look = look / np.sqrt(2.0)
+    if cfg.look_share < 1:
+        look = look * (extra.random(n_img) < cfg.look_share)[:, None]
+    return look
 
 
 def _sentence(rng: np.random.Generator, digit: int | None, topic: tuple[str, str], n_topic: int) -> str:
@@ -222,6 +306,8 @@ def split_documents(world: _World, split: str, n: int) -> Iterator[dict]:
     cfg = world.cfg
     rng = np.random.default_rng([cfg.seed, 2, ("train", "val", "test").index(split)])
     weights = np.arange(1, cfg.topics + 1, dtype=np.float64) ** -cfg.topic_skew
+    # issue #60's draws (looks per image, who carries the look, noise): a stream of their own
+    extra = np.random.default_rng([cfg.seed, 3, ("train", "val", "test").index(split)])
     for i in range(n):
         # uniform: the draw of every corpus written before the skew existed (byte-identical)
         topic = (
@@ -230,19 +316,15 @@ def split_documents(world: _World, split: str, n: int) -> Iterator[dict]:
             else int(rng.choice(cfg.topics, p=weights / weights.sum()))
         )
         n_img = int(rng.integers(cfg.images_min, cfg.images_max + 1))
-        digits = rng.choice(10, size=n_img, replace=False)
+        digits = _digits(rng, n_img)
         rows = [int(rng.choice(world.pools[split][int(d)])) for d in digits]
         v = content_features(world.pixels[rows], cfg.dim)
-        look = np.zeros((1, cfg.dim))
-        if cfg.look_sharing in ("topic", "topic+document"):
-            look = look + world.topic_looks[topic]
         own = rng.normal(0, 1, cfg.dim)  # drawn always, so sharing does not shift later draws
-        if cfg.look_sharing in ("document", "topic+document"):
-            look = look + own
-        if cfg.look_sharing == "topic+document":
-            look = look / np.sqrt(2.0)
+        if cfg.feature_noise > 0:
+            v = v + cfg.feature_noise * world.scale * extra.normal(0, 1, v.shape)
         if cfg.look_sharing != "none":
-            v = mix_look(v, np.broadcast_to(look, v.shape), cfg.look_mixing, cfg.look_strength, world.scale)
+            look = _image_looks(world, extra, topic, own, n_img)
+            v = mix_look(v, look, cfg.look_mixing, cfg.look_strength, world.scale)
         sentences = [_sentence(rng, int(d), world.topic_words[topic], cfg.topic_words) for d in digits]
         links = [(k, k) for k in range(n_img)]
         for _ in range(cfg.extra_sentences):
@@ -301,9 +383,12 @@ def write_dataset(out: Path, cfg: FeatureCorpusConfig, progress: Callable[[int],
     if (out / "manifest.json").exists():
         raise MmlinksError(f"{out} already holds a dataset; choose another --out")
     world = _world(cfg)
-    params = {"feature_corpus": asdict(cfg)}
-    if cfg.topic_skew == 0:  # as before the option existed: the same corpus keeps its version id
-        del params["feature_corpus"]["topic_skew"]
+    # an option at its value from before it existed is left out: the same corpus keeps its version id
+    params = {
+        "feature_corpus": {
+            k: v for k, v in asdict(cfg).items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]
+        }
+    }
     staging = out / "versions" / "_writing"
     staging.mkdir(parents=True, exist_ok=True)
     shards: list[ShardInfo] = []

@@ -49,6 +49,7 @@ class TrainResult:
     checkpoint_path: str  # where Ray stored it (a path or a URI under storage_path)
     checkpoint: object  # the ray.train.Checkpoint; use .as_directory() to read it anywhere
     history: list[dict]
+    choice: object | None = None  # what the backbone chose by measuring (BackboneSpec.choose)
 
 
 def training_feature_stats(paths: list[str], centred: bool = False) -> tuple[np.ndarray, ...]:
@@ -159,18 +160,24 @@ class LocalShards:
     to start (~5-10 s and a dozen processes on 2 cores) and never more than one shard plus one
     batch in memory, whatever the dataset's size."""
 
-    def __init__(self, paths: list[str], extra_columns: tuple[str, ...] = ()):
+    def __init__(self, paths: list[str], extra_columns: tuple[str, ...] = (), limit: int | None = None):
         self.paths = list(paths)
         self.columns = [*TRAINING_COLUMNS, *extra_columns]
+        self.limit = limit  # the first documents only (a candidate's brief run)
 
     def iter_batches(self, batch_size: int, batch_format: str = "pyarrow", prefetch_batches: int = 0):
         import pyarrow as pa
 
         from schemas.shards import read_table
 
-        carry = None
+        carry, left = None, self.limit
         for path in self.paths:
+            if left is not None and left <= 0:
+                break
             table = read_table([path], columns=self.columns)
+            if left is not None:
+                table = table.slice(0, left)
+                left -= table.num_rows
             if carry is not None:
                 table = pa.concat_tables([carry, table])
             whole = table.num_rows - table.num_rows % batch_size
@@ -281,6 +288,7 @@ class RunInputs:
     train_paths: list[str]
     val_paths: list[str]
     storage: str
+    train_limit: int | None = None  # --workers 0 reads only the first training documents
 
 
 def check_inputs(cfg: TrainConfig) -> RunInputs:
@@ -308,6 +316,10 @@ def check_inputs(cfg: TrainConfig) -> RunInputs:
     storage = cfg.storage_path or str(Path(cfg.data).resolve().parent / "ray_results")
     if cfg.run_name:
         saved = saved_train_config(storage, cfg.run_name)
+        choose = get_backbone(cfg.model_backbone).choose
+        kept = choose(cfg, train_paths, val_paths, None, saved) if saved is not None and choose else None
+        if kept is not None:  # a resumed run keeps what it chose
+            cfg = dataclasses.replace(cfg, **kept.overrides)
         if saved is not None:
             try:
                 check_resumable(saved, cfg)
@@ -375,7 +387,7 @@ def run_in_process(inp: RunInputs, loop_config: dict, run_dir: Path):
     from training.loop import train_in_process
 
     cfg = inp.cfg
-    dataset = LocalShards(inp.train_paths, get_objective(cfg.objective).columns)
+    dataset = LocalShards(inp.train_paths, get_objective(cfg.objective).columns, inp.train_limit)
     threads = torch.get_num_threads()  # the loop sets this process's own
     try:
         train_in_process({**loop_config, "local_run_dir": str(run_dir)}, dataset)
@@ -401,6 +413,9 @@ def fit(
     import ray.data
 
     inp = check_inputs(cfg)
+    choice = choose_settings(inp)
+    if choice is not None:
+        inp = dataclasses.replace(inp, cfg=dataclasses.replace(inp.cfg, **choice.overrides))
     cfg = inp.cfg
     # A fresh name per run: Ray resumes any run whose name already exists under storage, so
     # reusing a fixed name would silently continue (or re-register) an old run. Pass the same
@@ -411,6 +426,8 @@ def fit(
         from training import tracking  # mlflow: the driver's, not every worker's import
 
         tracking.log_model_params(mlflow_run_id, mlflow_tracking_uri, loop_config["model"])
+        if choice is not None:
+            tracking.log_choice(mlflow_run_id, mlflow_tracking_uri, choice)
     if cfg.num_workers:  # --workers 0 reads its shards itself (LocalShards): no Ray to start
         connect_ray(cfg)
         data_ctx = ray.data.DataContext.get_current()
@@ -432,7 +449,35 @@ def fit(
         checkpoint_path=best.path,
         checkpoint=best,
         history=history_of(latest, meta),
+        choice=choice,
     )
+
+
+def choose_settings(inp: RunInputs):
+    """What the backbone chooses by measuring the corpus (``BackboneSpec.choose``: the gru
+    backbone's image side, issue #60), its candidates trained here by ``train_trial``; None when
+    the config names everything."""
+    choose = get_backbone(inp.cfg.model_backbone).choose
+    if choose is None:
+        return None
+    logger = logging.getLogger("mmlinks.train")
+    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, lambda *a: train_trial(inp, *a))
+    if choice is not None:
+        logger.info("image side: %s", choice.summary())
+    return choice
+
+
+def train_trial(inp: RunInputs, cfg: TrainConfig, limit: int, run_dir: str) -> tuple:
+    """(model, vocabulary) of a candidate's brief run (``BackboneSpec.choose``): ``cfg`` trained
+    in this process on the first ``limit`` training documents, on its GPU where ``--gpu`` asks
+    for one and this process sees one, the last epoch kept."""
+    gpu = cfg.use_gpu and torch.cuda.is_available()
+    trial = dataclasses.replace(inp, cfg=dataclasses.replace(cfg, use_gpu=gpu), train_limit=limit)
+    loop_config, vocab = worker_loop_config(trial, Path(run_dir).name)
+    _, best = run_in_process(trial, loop_config, Path(run_dir))
+    with best.as_directory() as d:
+        model, _ = load_checkpoint_model(d)
+    return model, vocab
 
 
 def worker_loop_config(

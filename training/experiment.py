@@ -50,6 +50,8 @@ class ExperimentResult:
     parent_run_id: str | None = None
     # the run named by --run-name had already finished: nothing was trained or registered
     already_finished: bool = False
+    # what the backbone chose by measuring the corpus (the gru image side, issue #60), as a dict
+    choice: dict | None = None
 
     def to_dict(self) -> dict:
         """What ``mmlinks train --json`` prints and the Dagster asset records (no per-doc list)."""
@@ -64,6 +66,7 @@ class ExperimentResult:
             "tracking_uri": self.tracking_uri,
             "report": self.report_path,
             "warnings": self.warnings,
+            **({"choice": self.choice} if self.choice else {}),
             **({"parent_run_id": self.parent_run_id} if self.parent_run_id else {}),
         }
 
@@ -84,6 +87,7 @@ class ExperimentResult:
                 per_doc=list(data.get("per_doc") or []),
                 warnings=list(data.get("warnings") or []),
                 parent_run_id=data.get("parent_run_id"),
+                choice=data.get("choice"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             from schemas.errors import MmlinksError
@@ -336,6 +340,8 @@ def _report(cfg, manifest, run, result, scores, report_dir, warnings: list[str],
         ratio = "-" if confounds.image_ratio is None else f"{confounds.image_ratio:.2f}"
         share = "-" if confounds.text_share is None else f"{confounds.text_share:.2f}"
         info["training confounds"] = f"image ratio {ratio}, text share {share} (docs/training.md)"
+    if getattr(result, "choice", None) is not None:
+        info["image side (measured)"] = result.choice.summary()
     cards = document_cards(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, scores["per_doc"])
     html = render_report(
         f"mmlinks evaluation: {run.info.run_name}",
@@ -423,4 +429,5 @@ def run_experiment(
         report_path=report_path,
         per_doc=scores["per_doc"],
         warnings=warnings,
+        choice=result.choice.to_dict() if result.choice is not None else None,
     )

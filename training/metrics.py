@@ -180,6 +180,36 @@ def within_document_gap(scores: np.ndarray) -> float | None:
     return float(scores[rows, cols].mean() - scores.mean())
 
 
+def link_structure(scores: np.ndarray, rng: np.random.Generator, shuffles: int = 8) -> float | None:
+    """How much one-to-one structure a document's scores hold beyond chance (label-free, issue #60).
+
+    The n x m scores are double-centred (a sentence's or an image's offset, a document-wide
+    style, says nothing about which goes with which), and the mean of the cells of their
+    maximum-weight matching is taken in units of their spread: the same number for the raw
+    cells shuffled (``shuffles`` draws: the chance level of a model with these cosines) is
+    subtracted, so a model that scores a document flat, or at random, lands near 0 whatever n
+    and m are, and one that links inside it stands above. Scale-free, unlike
+    ``within_document_gap``, so models whose cosines spread differently (the
+    GRU and the bag backbone) compare. None where min(n, m) < 2 or a score is not finite."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if min(scores.shape, default=0) < 2 or not np.isfinite(scores).all():
+        return None
+
+    def peak(s: np.ndarray) -> float:
+        from training.objectives.assignment import max_weight_matching
+
+        c = s - s.mean(1, keepdims=True) - s.mean(0, keepdims=True) + s.mean()
+        sd = c.std()
+        if sd <= 1e-12:
+            return 0.0
+        rows, cols = max_weight_matching(c)
+        return float(c[rows, cols].mean() / sd)
+
+    flat = scores.ravel()  # the raw cells shuffled: what chance gives a model with these cosines
+    chance = np.mean([peak(rng.permutation(flat).reshape(scores.shape)) for _ in range(shuffles)])
+    return peak(scores) - float(chance)
+
+
 # Below this mean within-document gap (cosine units, validation documents) in every epoch, a
 # run has not learned to link inside documents (docs/benchmarks.md "Confounded documents": runs
 # that stay near chance stay at 0.02-0.06; runs that link end at 0.17-0.49).

@@ -14,6 +14,7 @@ import platform
 import re
 import shutil
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -203,6 +204,27 @@ def log_model_params(run_id: str, tracking_uri: str, model_cfg: dict) -> None:
     ]
     if params:
         MlflowClient(tracking_uri).log_batch(run_id, params=params)
+
+
+def log_choice(run_id: str, tracking_uri: str, choice) -> None:
+    """What the backbone chose by measuring the corpus (issue #60): ``choice.<field>`` params, the
+    pick as ``choice``, and each candidate's criterion as ``choice_score.<candidate>`` metrics,
+    so a user sees what was chosen and why (``choice.json`` holds the whole record)."""
+    from mlflow.entities import Metric, Param
+
+    client = MlflowClient(tracking_uri)
+    params = [
+        Param("choice", choice.name),
+        *(Param(f"choice.{k}", str(v)) for k, v in choice.overrides.items()),
+    ]
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric(f"choice_score.{k.replace('+', '_')}", float(v), now, 0)
+        for k, v in choice.scores.items()
+        if v is not None
+    ]
+    client.log_batch(run_id, params=params, metrics=metrics)
+    client.log_dict(run_id, choice.to_dict(), "choice.json")
 
 
 def register(model_uri: str, name: str, alias: str | None, uri: str, attempts: int = 5) -> str:

@@ -1,5 +1,6 @@
 """``benchmarks/link_family.py`` (issue #44): the grid's cells, one real run of a tiny cell through
-the training path, and the table docs/benchmarks-linking.md shows (ratio, residual, what auto picks)."""
+the training path, and the table docs/benchmarks-linking.md shows (ratio, residual, the old
+rule's and the measured pick)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ def test_the_issue_grid_is_the_issues_cells():
     }
     with pytest.raises(SystemExit, match="bad cell"):
         link_family.parse_cell("topic:40")
+    # issue #60's structures as KEY=VALUE parts
+    assert link_family.parse_cell("topic:40:added:4.1:looks=3:images=2-3:share=0.5:noise=1") == {
+        "look_sharing": "topic",
+        "topics": 40,
+        "look_mixing": "added",
+        "look_strength": 4.1,
+        "looks_per_topic": 3,
+        "images_min": 2,
+        "images_max": 3,
+        "look_share": 0.5,
+        "feature_noise": 1.0,
+    }
+    with pytest.raises(SystemExit, match="unknown key"):
+        link_family.parse_cell("topic:40:added:4:colour=red")
 
 
 @pytest.mark.slow
@@ -64,7 +79,9 @@ def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkey
     entry = out["cells"]["topic:4:added:3"]
     # four topics' looks at strength 3: strong, and in a few directions (the bag's image side)
     assert entry["ratio"][0] >= 5 and entry["residual"][0] < 1
-    assert entry["auto"][0] == "none, dropout 0"
+    assert entry["old_rule"][0] == "none"  # the threshold rule issue #60 replaced, for comparison
+    measured = entry["rows"]["default"][0]
+    assert measured["choice"] in measured["scores"] and len(measured["scores"]) == 4
     for row in ("default", "bag"):
         run = entry["rows"][row][0]
         assert 0 <= run["auc"] <= 100 and 0 <= run["p_at_1"] <= 100
@@ -72,14 +89,15 @@ def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkey
         entry["rows"]["default"]["mean_auc"] - entry["rows"]["bag"]["mean_auc"], abs=0.11
     )
     table = capsys.readouterr().err.strip().splitlines()[-3:]
-    assert table[0].startswith("| cell | train ratio | residual | auto picks | default | bag |")
+    assert table[0].startswith("| cell | train ratio | residual | old rule | measured pick | default | bag |")
     cols = [c.strip() for c in table[2].strip("|").split("|")]
     d, b = entry["rows"]["default"][0], entry["rows"]["bag"][0]
     assert cols == [
         "`topic:4:added:3`",
         f"{entry['ratio'][0]:.1f}",
         f"{entry['residual'][0]:.1f}",
-        "none, dropout 0",
+        "none",
+        measured["choice"],
         f"{d['auc']} / {d['p_at_1']}",
         f"{b['auc']} / {b['p_at_1']}",
         f"{entry['default_minus_bag']:+.1f}",

@@ -25,6 +25,24 @@ def test_inspect_measures_the_confounds_of_every_split(capfd, dataset):
         assert figures["image_residual"] is None
     human = run_here(capfd, "data", "inspect", str(dataset), "--confounds").stdout
     assert "image ratio" in human and "residual" in human and "text share" in human
+    assert "corrected" in human and "similarity gap" in human  # issue #60: a look of any form
+
+
+@pytest.mark.slow
+def test_inspect_choose_runs_the_image_side_choice_train_makes(capfd, tmp_path):
+    """``--choose`` trains the default's candidates briefly and names the pick with every score."""
+    from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+
+    data = tmp_path / "ds"
+    write_feature_corpus(data, FeatureCorpusConfig(docs=60, val_docs=12, test_docs=12, topics=4, dim=16))
+    proc = run_here(capfd, "data", "inspect", str(data), "--confounds", "--choose", "--json")
+    assert proc.returncode == 0, proc.stderr
+    choice = json.loads(proc.stdout)["image_side_choice"]
+    assert set(choice["scores"]) == {"none", "balanced", "balanced+dropout", "bag"}
+    best = max(v for v in choice["scores"].values() if v is not None)
+    assert choice["scores"][choice["name"]] == best and choice["trial_docs"] == 60
+    human = run_here(capfd, "data", "inspect", str(data), "--choose").stdout
+    assert "image side train's default picks: " in human
 
 
 @pytest.mark.slow

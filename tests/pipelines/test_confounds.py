@@ -153,3 +153,45 @@ def test_the_residual_ratio_is_the_ratio_of_the_projected_features():
     between = np.mean([np.sum(m.mean(0) ** 2) for m in left])
     within = np.mean([np.mean(np.sum((m - m.mean(0)) ** 2, 1)) for m in left])
     assert image_ratio(docs, drop_directions=2)[0] == pytest.approx(between / within, rel=1e-9)
+
+
+def _look_corpus(n_docs: int, n_img: int, strength: float, seed: int = 0) -> list[np.ndarray]:
+    """Documents whose images share a look of their own (``strength`` x the content's spread)."""
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(n_img, 16)) + strength * rng.normal(size=16) for _ in range(n_docs)]
+
+
+def test_the_corrected_ratio_reads_one_look_alike_at_two_and_at_fifteen_images():
+    """The plain ratio of one look grows as documents hold fewer images (a mean of n images
+    carries 1/n of their spread); the corrected one stays (issue #60)."""
+    from pipelines.confounds import corrected_image_ratio
+
+    few, many = _look_corpus(3000, 2, 1.0), _look_corpus(400, 15, 1.0)
+    assert image_ratio(few)[0] > 1.3 * image_ratio(many)[0]
+    a, b = corrected_image_ratio(few), corrected_image_ratio(many)
+    assert abs(a - b) < 0.15 * b and 0.8 < b < 1.2  # the look's variance / the content's: 1
+    assert abs(corrected_image_ratio(_look_corpus(2000, 3, 0.0))) < 0.05  # no look: 0
+    assert corrected_image_ratio([np.ones((1, 4))]) is None
+
+
+def test_the_similarity_gap_sees_a_gain_look_the_ratio_barely_sees():
+    """A look that multiplies the channels (a gain, issue #60's held-out structure) moves the
+    variance ratio little but makes a document's images alike; unrelated images give ~0."""
+    from pipelines.confounds import similarity_gap
+
+    rng = np.random.default_rng(1)
+    content = [np.abs(rng.normal(size=(5, 32))) for _ in range(400)]
+    gained = [c * np.exp(1.5 * rng.normal(size=32)) for c in content]
+    assert abs(similarity_gap(content)) < 0.05
+    assert similarity_gap(gained) > 0.2
+    assert similarity_gap([np.ones((1, 4)), np.ones((2, 4))]) is None
+    figures = split_confounds([_Doc(f) for f in gained[:50]])
+    assert figures.image_similarity_gap > 0.2 and figures.image_ratio_corrected is not None
+
+
+class _Doc:
+    """The two fields ``split_confounds`` reads of a ``schemas.document.Document``."""
+
+    def __init__(self, feats):
+        self.images = [type("Image", (), {"features": f})() for f in feats]
+        self.sentences = ["a b", "c d"]

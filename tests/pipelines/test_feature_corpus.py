@@ -174,3 +174,66 @@ def test_cli_writes_a_dataset_that_import_hessel_and_inspect_read(tmp_path):
     m, docs = _docs(ds)
     assert m.counts["splits"] == {"train": 40, "val": 10, "test": 10}
     assert all(d.links for d in docs["test"])
+
+
+def test_the_options_of_issue_60_leave_earlier_corpora_byte_identical(tmp_path):
+    """Each new option at its old value draws nothing new and is not named in the manifest: the
+    corpus keeps its bytes and version id."""
+    base = dict(SMALL, seed=5, look_mixing="clipped")
+    write_feature_corpus(tmp_path / "a", FeatureCorpusConfig(**base))
+    write_feature_corpus(
+        tmp_path / "b", FeatureCorpusConfig(**base, looks_per_topic=1, look_share=1.0, feature_noise=0.0)
+    )
+    a, b = Manifest.read(tmp_path / "a"), Manifest.read(tmp_path / "b")
+    assert a.dataset_version == b.dataset_version
+    assert "looks_per_topic" not in a.build_params["feature_corpus"]
+    write_feature_corpus(tmp_path / "c", FeatureCorpusConfig(**base, looks_per_topic=3))
+    c = Manifest.read(tmp_path / "c")
+    assert c.dataset_version != a.dataset_version and c.build_params["feature_corpus"]["looks_per_topic"] == 3
+
+
+def _plain_and(cfg_kw: dict, n: int = 40) -> tuple[list[dict], list[dict]]:
+    """The documents of the same corpus without a look and with ``cfg_kw``'s."""
+    plain = _world(FeatureCorpusConfig(**SMALL, look_sharing="none"))
+    looked = _world(FeatureCorpusConfig(**SMALL, **cfg_kw))
+    return list(split_documents(plain, "train", n)), list(split_documents(looked, "train", n))
+
+
+def test_several_looks_per_topic_give_the_images_of_one_document_different_looks():
+    plain, looked = _plain_and(dict(look_strength=4.0, looks_per_topic=3))
+    differs = 0
+    for p, d in zip(plain, looked, strict=True):
+        look = d["features"] - p["features"]  # added mixing: the look itself
+        kinds = {tuple(np.round(row, 2)) for row in look}
+        assert 1 <= len(kinds) <= 3  # one of the topic's three looks per image
+        differs += len(kinds) > 1
+    assert differs > len(looked) / 2  # most documents mix looks
+
+
+def test_a_look_share_leaves_some_images_plain_and_noise_spreads_every_image():
+    plain, shared = _plain_and(dict(look_strength=4.0, look_share=0.5), n=60)
+    carried = [
+        bool(np.abs(d["features"][k] - p["features"][k]).max() > 0)
+        for p, d in zip(plain, shared)
+        for k in range(len(d["features"]))
+    ]
+    assert 0.35 < np.mean(carried) < 0.65
+    _, noisy = _plain_and(dict(look_sharing="none", feature_noise=1.0), n=60)
+    for p, d in zip(plain, noisy, strict=True):
+        assert not np.allclose(p["features"], d["features"])
+        assert [s for s in p["sentences"]] == d["sentences"]  # the noise's own stream: same text
+
+
+@given(st.integers(11, 15), st.integers(0, 10))
+@settings(max_examples=10, deadline=None)
+def test_above_ten_images_a_digit_repeats_at_most_twice(n_img, seed):
+    world = _world(FeatureCorpusConfig(**{**SMALL, "docs": 3}, images_min=n_img, images_max=n_img, seed=seed))
+    for d in split_documents(world, "train", 3):
+        digits = [next(w for w in d["sentences"][s].split() if w in DIGIT_WORDS) for s, _ in d["links"]]
+        assert len(digits) == n_img and max(digits.count(x) for x in digits) <= 2
+        assert len(set(digits)) == 10
+
+
+def test_images_per_document_beyond_fifteen_are_refused():
+    with pytest.raises(MmlinksError, match="images_max"):
+        FeatureCorpusConfig(images_max=16)

@@ -1,8 +1,6 @@
-"""``--image-centring auto``, ``--image-mean-weight -1`` and ``--image-dropout -1`` (issues #33,
-#44): the image side follows the training split's image ratio, measured on the real split's
-shards: below 5 the images are read as they are (none, dropout 0.4); at or above it, a look a few
-topics share (residual ratio < 1) gets the bag's image side (none, no dropout), any other look
-balanced centring with the document-mean part at weight 1 (dropout 0.4)."""
+"""The GRU backbone's image side (issues #33, #44, #60): ``--image-centring auto`` trains each
+candidate briefly and keeps the one whose validation scores hold the most within-document link
+structure; a side given by hand is kept, and a resumed run keeps what it chose."""
 
 from pathlib import Path
 
@@ -11,13 +9,16 @@ import pytest
 from pipelines.confounds import dataset_confounds
 from schemas.manifest import Manifest
 from training.config import TrainConfig
+from training.link import image_side as side_mod
 from training.link.image_side import (
     AUTO_RATIO,
     AUTO_WEIGHTS,
-    LINEAR_RESIDUAL,
+    CANDIDATES,
     ImageSide,
+    choose,
     image_side,
-    training_image_ratios,
+    pick,
+    trial_config,
 )
 
 
@@ -34,33 +35,24 @@ def looked(dataset, tmp_path_factory):
     return out
 
 
-def test_auto_follows_the_training_splits_image_ratio(dataset, looked):
+def test_a_side_given_by_hand_is_kept_and_a_balanced_weight_follows_the_ratio(dataset, looked):
     plain = dataset_confounds(dataset, ["train"])["train"].image_ratio
     strong = dataset_confounds(looked, ["train"])["train"].image_ratio
     assert plain < AUTO_RATIO <= strong, (plain, strong)
     cfg = TrainConfig(data=str(dataset))
-    assert cfg.image_mean_weight == -1 and cfg.image_centring == "auto"  # the defaults
-    assert cfg.image_dropout == -1  # the split decides
-    assert image_side(cfg, _train_paths(dataset)) == ImageSide("none", AUTO_WEIGHTS[0], 0.4)
-    assert image_side(TrainConfig(data=str(looked)), _train_paths(looked)) == ImageSide("balanced", 1.0, 0.4)
-    balanced = TrainConfig(data=str(dataset), image_centring="balanced")
-    assert balanced.image_dropout == 0.4  # only auto centring leaves the dropout to the split
-    assert image_side(balanced, _train_paths(dataset)) == ImageSide("balanced", 0.5, 0.4)  # weight: auto
-
-
-def test_a_choice_given_is_kept_and_an_unused_weight_is_the_old_default(looked):
+    assert cfg.image_mean_weight == -1 and cfg.image_centring == "auto" and cfg.image_dropout == -1
+    for data, weight in ((dataset, AUTO_WEIGHTS[0]), (looked, AUTO_WEIGHTS[1])):
+        balanced = TrainConfig(data=str(data), image_centring="balanced")
+        assert balanced.image_dropout == 0.4  # only auto leaves the dropout to the choice
+        assert image_side(balanced, _train_paths(data)) == ImageSide("balanced", weight, 0.4)
     paths = _train_paths(looked)
     for weight in (0.7, 0.0):
         cfg = TrainConfig(data=str(looked), image_centring="balanced", image_mean_weight=weight)
         assert image_side(cfg, paths) == ImageSide("balanced", weight, 0.4)
-    assert image_side(TrainConfig(data=str(looked), image_centring="none"), paths) == ImageSide(
-        "none", 0.5, 0.4
-    )
-    assert image_side(TrainConfig(data=str(looked), image_centring="doc"), paths) == ImageSide(
-        "doc", 0.5, 0.4
-    )
-    chosen = TrainConfig(data=str(looked), image_dropout=0.1)
-    assert image_side(chosen, paths).dropout == 0.1
+    none = TrainConfig(data=str(looked), image_centring="none", image_dropout=0.1)
+    assert image_side(none, paths) == ImageSide("none", 0.5, 0.1)
+    # auto that was never chosen (a model config built outside training.driver.fit): the paper's
+    assert image_side(TrainConfig(data=str(looked)), paths) == ImageSide("none", 0.5, 0.4)
 
 
 @pytest.mark.parametrize("bad", [-0.5, -2.0])
@@ -69,48 +61,66 @@ def test_a_negative_weight_other_than_auto_is_refused(bad):
         TrainConfig(data="x", image_mean_weight=bad)
 
 
-def _family_corpus(root: Path, topics: int, dim: int = 128, sharing: str = "topic") -> Path:
-    from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+def test_pick_takes_the_highest_criterion_the_earlier_on_a_tie_and_none_without_a_measure():
+    assert pick({"none": 0.1, "balanced": 0.3, "balanced+dropout": 0.2, "bag": -0.1}) == "balanced"
+    assert pick({"none": -0.2, "balanced": -0.3, "balanced+dropout": -0.25, "bag": -0.1}) == "bag"
+    assert pick({"none": 0.2, "balanced": 0.2, "bag": 0.2}) == "none"
+    assert pick({"none": None, "balanced": float("nan"), "bag": 0.0}) == "bag"
+    assert pick({"none": None, "bag": None}) == "none"
 
-    out = root / f"{sharing}{topics}-d{dim}"
-    cfg = FeatureCorpusConfig(
-        docs=400,
-        val_docs=20,
-        test_docs=20,
-        topics=topics,
-        look_sharing=sharing,
-        look_mixing="clipped",
-        look_strength=5.0,
-        dim=dim,
+
+def test_a_trial_is_the_candidate_briefly_in_this_process_the_last_epoch_kept(tmp_path):
+    cfg = TrainConfig(data=str(tmp_path), epochs=10, num_workers=2, run_name="mine", select_by="val_within")
+    bag = trial_config(cfg, "bag")
+    assert (bag.backbone, bag.negatives_warmup, bag.batch_sampling) == ("bag", 0, "random")
+    assert (bag.epochs, bag.select_by, bag.num_workers, bag.run_name) == (3, "last", 0, "")
+    balanced = trial_config(cfg, "balanced+dropout")
+    assert (balanced.image_centring, balanced.image_dropout, balanced.image_mean_weight) == (
+        "balanced",
+        0.4,
+        1.0,
     )
-    write_feature_corpus(out, cfg)
-    return out
+    assert balanced.negatives_warmup == 1 and balanced.backbone == "gru"  # warm-up scaled: 3 of 10 -> 1 of 3
+    assert trial_config(TrainConfig(data="x", epochs=50), "none").epochs == 15
+    assert trial_config(TrainConfig(data="x", epochs=2), "none").epochs == 2  # never more than the run
 
 
-@pytest.mark.parametrize(
-    ("sharing", "topics", "dim", "side"),
-    [
-        ("topic", 8, 128, ImageSide("none", AUTO_WEIGHTS[0], 0.0)),
-        ("topic", 40, 256, ImageSide("none", AUTO_WEIGHTS[0], 0.0)),
-        ("topic", 200, 256, ImageSide("balanced", 1.0, 0.4)),
-        ("document", 40, 256, ImageSide("balanced", 1.0, 0.4)),
-    ],
-)
-def test_a_strong_look_a_few_dozen_topics_share_gets_the_bag_image_side(tmp_path, sharing, topics, dim, side):
-    """issue #44: 8 or 40 topics' clipped looks (ratio >= 5) lie in a few directions: none, no
-    dropout (balanced stayed ~1 AUC below the bag there, none with dropout 0.4 ~3.6 below); 200
-    topics' looks and a look per document do not: balanced."""
-    data = _family_corpus(tmp_path, topics, dim, sharing)
-    ratio, residual = training_image_ratios(_train_paths(data))
-    assert ratio >= AUTO_RATIO and (residual < LINEAR_RESIDUAL) == (side.centring == "none"), (
-        ratio,
-        residual,
-    )
-    assert image_side(TrainConfig(data=str(data)), _train_paths(data)) == side
+def test_choose_trains_every_candidate_and_keeps_the_best(dataset, monkeypatch):
+    cfg = TrainConfig(data=str(dataset), epochs=10)
+    trained, measured = [], iter([0.1, 0.4, 0.3, 0.2])  # in CANDIDATES order: balanced wins
+
+    def trial(trial_cfg, limit, folder):
+        trained.append((trial_cfg.backbone, trial_cfg.image_centring, trial_cfg.image_dropout, limit))
+        return "model", "vocab"
+
+    monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
+    choice = choose(cfg, _train_paths(dataset), [], trial)
+    n_train = Manifest.read(dataset).counts["splits"]["train"]
+    assert [t[:3] for t in trained[:3]] == [
+        ("gru", "none", 0.0),
+        ("gru", "balanced", 0.0),
+        ("gru", "balanced", 0.4),
+    ]
+    assert trained[3][0] == "bag" and all(t[3] == min(side_mod.TRIAL_DOCS, n_train) for t in trained)
+    assert choice.name == "balanced" and choice.overrides == CANDIDATES["balanced"]
+    assert choice.scores == {"none": 0.1, "balanced": 0.4, "balanced+dropout": 0.3, "bag": 0.2}
+    assert "balanced, by within-document link structure" in choice.summary()
+    assert "none 0.100" in choice.summary() and choice.trial_epochs == 3
+    # nothing to choose: a side given by hand, or another backbone
+    assert choose(TrainConfig(data=str(dataset), image_centring="none"), [], [], trial) is None
+    assert choose(TrainConfig(data=str(dataset), backbone="bag"), [], [], trial) is None
+    assert len(trained) == 4
 
 
-def test_a_choice_given_is_kept_on_a_few_topics_look(tmp_path):
-    few = _family_corpus(tmp_path, 8)
-    # a choice given is kept: the bag's image side is auto's alone
-    none = TrainConfig(data=str(few), image_centring="none")
-    assert image_side(none, _train_paths(few)) == ImageSide("none", 0.5, 0.4)
+def test_a_resumed_run_keeps_what_it_chose_without_training():
+    cfg = TrainConfig(data="x")
+    saved = TrainConfig(data="x", **CANDIDATES["balanced+dropout"]).to_dict()
+
+    def trial(*a):
+        raise AssertionError("a resumed run trains no candidate")
+
+    kept = choose(cfg, [], [], trial, saved=saved)
+    assert kept.name == "balanced+dropout" and kept.overrides["image_dropout"] == 0.4
+    bag_saved = TrainConfig(data="x", **CANDIDATES["bag"]).to_dict()
+    assert choose(cfg, [], [], trial, saved=bag_saved).overrides["backbone"] == "bag"
+    assert choose(cfg, [], [], None, saved=None) is None  # nothing saved and no trial: nothing chosen

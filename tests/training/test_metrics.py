@@ -101,3 +101,31 @@ def test_the_flat_within_warning_names_a_strongly_confounded_training_split():
     assert "strongly confounded (image ratio 21.3, text share 0.05" in warning
     assert "confounded" not in flat_within_warning(flat, confounds=plain)
     assert flat_within_warning([{"val_within": 0.3}], confounds=looked) is None  # it learned: no warning
+
+
+def test_link_structure_is_near_zero_for_flat_or_random_scores_and_high_for_links():
+    from training.metrics import link_structure
+
+    rng = np.random.default_rng(0)
+    assert link_structure(np.full((3, 4), 0.4), rng) == pytest.approx(0.0)
+    assert (
+        link_structure(np.ones((1, 5)), rng) is None
+        and link_structure(np.array([[np.nan, 1], [0, 1]]), rng) is None
+    )
+    noise = [link_structure(rng.normal(size=(4, 5)), rng) for _ in range(300)]
+    assert abs(np.mean(noise)) < 0.05
+    linked = [link_structure(np.eye(5) + 0.1 * rng.normal(size=(5, 5)), rng) for _ in range(50)]
+    assert np.mean(linked) > 0.4
+
+
+@given(st.integers(2, 6), st.integers(2, 6), st.integers(0, 1000), st.floats(0.1, 10), st.floats(-3, 3))
+@settings(max_examples=30, deadline=None)
+def test_link_structure_ignores_the_cosines_scale_and_offset(n, m, seed, scale, shift):
+    """A model whose cosines spread wider, or sit higher, links no better: the criterion
+    compares the GRU and the bag backbone (issue #60)."""
+    from training.metrics import link_structure
+
+    scores = np.random.default_rng(seed).normal(size=(n, m))
+    a = link_structure(scores, np.random.default_rng(1))
+    b = link_structure(scale * scores + shift, np.random.default_rng(1))
+    assert a == pytest.approx(b, abs=1e-9)

@@ -11,12 +11,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from schemas.manifest import Manifest
 from tests.conftest import param_digests, small_train_config, tracking_uri
 from training.config import TrainConfig
 from training.driver import fit
 from training.experiment import run_experiment
-from training.link.image_side import image_side
+from training.link.image_side import CANDIDATES
 
 
 def small_cfg(dataset, tmp_path, **kw) -> TrainConfig:
@@ -129,9 +128,12 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
     assert [d.dataset.digest for d in run.inputs.dataset_inputs] == [run.data.params["dataset_version"]]
     # The options as given (auto: -1) and what they resolved to on this dataset (issue #44).
     assert run.data.params["image_centring"] == "auto" and run.data.params["image_dropout"] == "-1.0"
-    side = image_side(cfg, [str(p) for p in Manifest.read(dataset).shard_paths(dataset, "train")])
-    assert run.data.params["model.image_centring"] == side.centring != "auto"
-    assert float(run.data.params["model.image_dropout"]) == side.dropout >= 0
+    # issue #60: what the default chose by training its candidates, and each one's score
+    chosen = CANDIDATES[run.data.params["choice"]]
+    bag = chosen.get("backbone") == "bag"
+    assert run.data.params["model.image_centring"] == ("none" if bag else chosen["image_centring"])
+    assert float(run.data.params["model.image_dropout"]) == (0.0 if bag else chosen["image_dropout"])
+    assert {f"choice_score.{k.replace('+', '_')}" for k in CANDIDATES} <= set(run.data.metrics)
     assert run.data.params["model.d_multi"] == str(cfg.d_multi)
     # Credentials from the environment (or inside a URI) never reach params, tags or artifacts.
     assert secret not in json.dumps(run.data.params) + json.dumps(run.data.tags)

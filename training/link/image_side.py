@@ -1,43 +1,191 @@
-"""The GRU backbone's image side resolved from the training split (issue #33, issue #44):
-``--image-centring auto``, ``--image-mean-weight -1`` and ``--image-dropout -1`` (auto) read the
-training split's image ratio (``pipelines.confounds.image_ratio``: how much of an image's feature
-its document shares) and, when it is strong, its *residual* ratio (the same once up to 48
-principal directions of the document means are dropped: ``pipelines.confounds.residual_ratio``).
+"""The GRU backbone's image side, chosen by measuring the corpus at hand (issue #60).
 
-- ratio below AUTO_RATIO: the images as they are (``none``), dropout 0.4.
-- ratio at or above it, residual below LINEAR_RESIDUAL (a look shared by a few dozen topics at
-  most: it lies in a few directions that one linear map drops): the bag baseline's image side,
-  ``none`` with no dropout.
-- otherwise (a look per document, or per one of many topics): ``balanced`` centring with the
-  document-mean part at weight 1, dropout 0.4.
+``--image-centring auto`` (the default) trains each candidate of ``CANDIDATES`` briefly, on the
+first ``TRIAL_DOCS`` training documents for ``trial_epochs`` epochs, scores it on the validation
+split by a label-free within-document criterion (``training.metrics.link_structure``: how much
+one-to-one structure its scores hold inside a document beyond chance), and the run trains the best
+one. The bag baseline is a candidate, so the choice has the simplest model's floor whenever the
+criterion ranks it right (docs/benchmarks-linking.md measures how often it does).
 
-Measured (docs/benchmarks-linking.md): at ratio 12.5 two #33
-corpora link only with balanced centring at weight 1 (test AUC 90 / 97.6 against 62 / 77 at 0.5);
-on issue #44's family balanced cost ~1 AUC at ratios 0.2-3 against ``none``; at ratios >= 20
-``none`` fell to 53 (200 topics, clipped) and 72 (per-document looks) where balanced reached 98;
-with 10 topics at ratio 8-16 (residual 0.2) balanced stayed at 98.4-98.5 and ``none`` with dropout
-0.4 fell to 95.7 where ``none`` without dropout reached the bag's 99.3-99.7 (dropout on a feature
-that is mostly look is mostly noise); with 40 topics at ratio 10-20 (residual 0.2 at 48
-directions; 4.6-9 at 16) ``none`` without dropout reached 99.0-99.5 where balanced stayed at
-98.4-98.5 (bag 98.5-99.2).
+Why measured, not a rule: the rule it replaces read the training split's image ratio and a
+residual ratio against thresholds (5, 1) that sat in gaps of one generator's grid; on corpora of
+2-3 images per document, or whose topics have several looks, it picked the image side that lost
+6-12 AUC to the bag. A look's form (added, a gain, one of several per topic, on some images only)
+decides which image side links, and the training run itself is the one measure that sees every
+form.
 
-Its own module because it reads shards (the registration module stays free of data reading)."""
+Its own module because it trains (the registration module only declares)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipelines.confounds import RESIDUAL_SAMPLE
+import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
 
+# name -> the TrainConfig fields it sets. none: each image's feature as it is (the bag's image side);
+# balanced: the image minus its document's mean plus the mean at weight 1 (issue #44's looks of
+# hundreds of topics or of each document: none stayed at 51-72 there); +dropout: the paper's 0.4 on
+# the image feature (issue #33's photo-crop looks linked at 92.7 with it, 68.3 without). The
+# paper's none with dropout 0.4 is no candidate: it was never the best of these (issue #60's grid)
+# and fell to 77-80 where each image takes one of its topic's looks.
+CANDIDATES: dict[str, dict] = {
+    "none": {"image_centring": "none", "image_dropout": 0.0, "image_mean_weight": 0.5},
+    "balanced": {"image_centring": "balanced", "image_dropout": 0.0, "image_mean_weight": 1.0},
+    "balanced+dropout": {"image_centring": "balanced", "image_dropout": 0.4, "image_mean_weight": 1.0},
+    # the simplest model, trained as the issue's reference trains it
+    "bag": {"backbone": "bag", "negatives_warmup": 0, "select_by": "last", "batch_sampling": "random"},
+}
+# What a choice may set: a resumed run takes these from its checkpoint's config instead of choosing.
+CHOICE_FIELDS = tuple(dict.fromkeys(k for c in CANDIDATES.values() for k in c))
+# A candidate trains on the first TRIAL_DOCS training documents for TRIAL_SHARE of the run's
+# epochs, at least TRIAL_MIN_EPOCHS: a model learns to link only after some hundreds of steps (on
+# 1,500 documents of a topic-looks corpus at lr 1e-3 the none candidate's validation AUC was 59
+# after 2 epochs, 67 after 3, and no criterion can rank what has not started to link).
+TRIAL_DOCS = 2000
+TRIAL_SHARE = 0.3
+TRIAL_MIN_EPOCHS = 3
+VAL_DOCS = 1000  # validation documents the criterion reads
+# --image-centring balanced with --image-mean-weight -1 (given by hand): weight 1 at training image
+# ratios >= AUTO_RATIO, else 0.5 (issue #33: a ratio-12.5 corpus linked only at 1; unconfounded ones
+# and the demo best at 0.5)
 AUTO_RATIO = 5.0
-AUTO_WEIGHTS = (0.5, 1.0)  # --image-mean-weight auto below AUTO_RATIO, at or above it
-AUTO_SAMPLE = RESIDUAL_SAMPLE  # training documents read to measure the ratio
-LINEAR_RESIDUAL = 1.0  # residual below it: the look lies in those directions (10-40 topics: 0.2)
-AUTO_DROPOUT = 0.4  # --image-dropout auto, except on the bag's image side (0)
+AUTO_WEIGHTS = (0.5, 1.0)
+
+# (trial config, training-document limit, run folder) -> (model, vocabulary): the driver's
+# in-process training (``training.driver.train_trial``), passed in so the family never imports
+# the driver.
+Trial = Callable[["TrainConfig", int, str], tuple]
+
+
+@dataclass
+class Choice:
+    """What was chosen and why: every candidate's criterion (None where it gave none)."""
+
+    name: str
+    overrides: dict
+    scores: dict[str, float | None] = field(default_factory=dict)
+    seconds: float = 0.0
+    trial_docs: int = 0
+    trial_epochs: int = 0
+
+    def summary(self) -> str:
+        """One line for a log, the report and the CLI: the pick, then every candidate's score."""
+        if not self.scores:
+            return f"{self.name} (the resumed run's)"
+        ranked = sorted(self.scores.items(), key=lambda kv: -(kv[1] if kv[1] is not None else -math.inf))
+        parts = ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in ranked)
+        return (
+            f"{self.name}, by within-document link structure on validation after "
+            f"{self.trial_epochs} epochs on {self.trial_docs} documents: {parts} ({self.seconds:.0f} s)"
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def needs_choice(cfg: TrainConfig) -> bool:
+    """The GRU backbone of a link objective with ``--image-centring auto``."""
+    return (
+        cfg.model_backbone == "gru" and cfg.image_centring == "auto" and cfg.objective_spec.family == "link"
+    )
+
+
+def trial_epochs(epochs: int) -> int:
+    return min(epochs, max(TRIAL_MIN_EPOCHS, math.ceil(TRIAL_SHARE * epochs)))
+
+
+def trial_config(cfg: TrainConfig, name: str) -> TrainConfig:
+    """Candidate ``name``'s brief run: its fields, ``trial_epochs`` epochs, the warm-up scaled
+    with them, the last epoch kept, in this process."""
+    epochs = trial_epochs(cfg.epochs)
+    values = {**CANDIDATES[name]}
+    warmup = values.get("negatives_warmup", cfg.negatives_warmup)
+    values["negatives_warmup"] = min(warmup, round(warmup * epochs / cfg.epochs))
+    values.update(epochs=epochs, select_by="last", num_workers=0, run_name="", max_failures=0)
+    return dataclasses.replace(cfg, **values)
+
+
+def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) -> float | None:
+    """Mean ``link_structure`` over the first ``VAL_DOCS`` validation documents (no labels read)."""
+    import torch
+
+    from schemas.shards import iter_tables
+    from training.data import TRAINING_COLUMNS, make_batch
+    from training.loop import link_scores
+    from training.metrics import link_structure
+
+    rng = np.random.default_rng(seed)
+    values: list[float] = []
+    seen = 0
+    model.eval()
+    with torch.no_grad():
+        for table in iter_tables(val_paths, 64, TRAINING_COLUMNS):
+            batch = make_batch(table, vocab, max_tokens, None)
+            for scores in link_scores(model, batch):
+                value = link_structure(scores, rng)
+                if value is not None:
+                    values.append(value)
+            seen += table.num_rows
+            if seen >= VAL_DOCS:
+                break
+    return float(np.mean(values)) if values else None
+
+
+def pick(scores: dict[str, float | None]) -> str:
+    """The candidate with the highest criterion (the earlier in ``CANDIDATES`` on a tie); the
+    image side of the rule it replaced on strong looks where no validation document could be measured."""
+    known = {k: v for k, v in scores.items() if v is not None and np.isfinite(v)}
+    if not known:
+        return "none"
+    return max(known, key=lambda k: (known[k], -list(CANDIDATES).index(k)))
+
+
+def choose(
+    cfg: TrainConfig,
+    train_paths: list[str],
+    val_paths: list[str],
+    trial: Trial | None,
+    saved: dict | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Choice | None:
+    """The image side of ``cfg``'s run, or None when the config names it (nothing to choose).
+
+    ``saved``: a resumed run's checkpoint config, whose choice is kept (no trials). ``trial``
+    trains a candidate; None only with ``saved``."""
+    if not needs_choice(cfg):
+        return None
+    if saved is not None and (saved.get("image_centring") != "auto" or saved.get("backbone") != "gru"):
+        overrides = {k: saved[k] for k in CHOICE_FIELDS if k in saved}
+        same = (n for n, c in CANDIDATES.items() if all(overrides.get(k) == v for k, v in c.items()))
+        return Choice(next(same, "resumed"), overrides)
+    if trial is None:
+        return None
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    docs = min(TRIAL_DOCS, sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths))
+    scores: dict[str, float | None] = {}
+    with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-") as tmp:
+        for name in CANDIDATES:
+            if progress:
+                progress(f"image side: training candidate {name}")
+            trial_cfg = trial_config(cfg, name)
+            model, vocab = trial(trial_cfg, docs, f"{tmp}/{name}")
+            scores[name] = criterion(model, vocab, val_paths, cfg.max_tokens, cfg.seed)
+    name = pick(scores)
+    return Choice(
+        name, dict(CANDIDATES[name]), scores, time.perf_counter() - t0, docs, trial_epochs(cfg.epochs)
+    )
 
 
 @dataclass(frozen=True)
@@ -49,39 +197,28 @@ class ImageSide:
     dropout: float
 
 
-def training_image_ratios(train_paths: list[str]) -> tuple[float | None, float | None]:
-    """(ratio, residual ratio) of the first AUTO_SAMPLE training documents (None: too few
-    images; the residual is None below AUTO_RATIO and where ``residual_directions`` is 0)."""
-    from pipelines.confounds import image_ratio, residual_ratio
+def training_image_ratio(train_paths: list[str]) -> float | None:
+    """The image ratio of the first ``RESIDUAL_SAMPLE`` training documents (None: too few images)."""
+    from pipelines.confounds import RESIDUAL_SAMPLE, image_ratio
     from schemas.shards import read_documents
 
     docs = []
     for path in train_paths:
         docs.extend(read_documents([path]))
-        if len(docs) >= AUTO_SAMPLE:
+        if len(docs) >= RESIDUAL_SAMPLE:
             break
-    feats = [[im.features for im in d.images if im.features is not None] for d in docs[:AUTO_SAMPLE]]
-    feats = [f for f in feats if f]
-    ratio, _ = image_ratio(feats)
-    if ratio is None or ratio < AUTO_RATIO:
-        return ratio, None  # the residual decides only between strong looks
-    return ratio, residual_ratio(feats)
+    feats = [[im.features for im in d.images if im.features is not None] for d in docs[:RESIDUAL_SAMPLE]]
+    return image_ratio([f for f in feats if f])[0]
 
 
 def image_side(cfg: TrainConfig, train_paths: list[str]) -> ImageSide:
-    """``cfg``'s image side with ``auto`` / -1 resolved from the training split; the split is read
-    only when something is auto. A weight that is unused (centring other than balanced) is 0.5,
-    the old default, so the saved config stays readable."""
+    """``cfg``'s image side once chosen (``choose``): its three fields, a balanced weight of -1
+    resolved from the training split's image ratio (read only then). ``auto`` that reaches here
+    (a model config built without ``training.driver.fit``) is the paper's image side."""
     centring, weight, dropout = cfg.image_centring, cfg.image_mean_weight, cfg.image_dropout
-    strong = linear = False
-    if centring == "auto" or (centring == "balanced" and weight < 0):
-        ratio, residual = training_image_ratios(train_paths)
-        strong = ratio is not None and ratio >= AUTO_RATIO
-        linear = strong and residual is not None and residual < LINEAR_RESIDUAL
     if centring == "auto":
-        centring = "none" if linear or not strong else "balanced"
-    if dropout < 0:
-        dropout = 0.0 if linear and cfg.image_centring == "auto" else AUTO_DROPOUT
-    if centring != "balanced":
-        return ImageSide(centring, AUTO_WEIGHTS[0] if weight < 0 else weight, dropout)
-    return ImageSide(centring, weight if weight >= 0 else AUTO_WEIGHTS[bool(strong)], dropout)
+        centring, dropout = "none", 0.4 if dropout < 0 else dropout
+    if centring == "balanced" and weight < 0:
+        ratio = training_image_ratio(train_paths)
+        weight = AUTO_WEIGHTS[ratio is not None and ratio >= AUTO_RATIO]
+    return ImageSide(centring, AUTO_WEIGHTS[0] if weight < 0 else weight, 0.4 if dropout < 0 else dropout)

@@ -151,6 +151,12 @@ def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, trai
     ).to_dict()
 
 
+def _gru_choose(cfg: TrainConfig, train_paths, val_paths, trial, saved=None):
+    from training.link.image_side import choose
+
+    return choose(cfg, train_paths, val_paths, trial, saved)
+
+
 def _gru_build(model_cfg: dict, embeddings=None, feature_stats=None):
     from training.model import ModelConfig, MulLink
 
@@ -223,6 +229,7 @@ register_backbone(
         summary="Hessel et al. 2019: GRU sentence encoder, linear image projection (MulLink)",
         model_config=_gru_config,
         build=_gru_build,
+        choose=_gru_choose,
     )
 )
 register_backbone(
