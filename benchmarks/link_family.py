@@ -46,6 +46,11 @@ ROWS: dict[str, dict] = {
     "bag": BAG,
     "bag-glove": {**BAG, "word_vectors": "glove"},
     "bag-random": {**BAG, "word_vectors": "random"},
+    # the default's image-side candidates trained in full (issue #60; training/link/image_side.py)
+    "none": {"image_centring": "none", "image_dropout": 0},
+    "balanced": {"image_centring": "balanced", "image_mean_weight": 1, "image_dropout": 0},
+    "balanced+dropout": {"image_centring": "balanced", "image_mean_weight": 1, "image_dropout": 0.4},
+    "none+dropout": {"image_centring": "none", "image_dropout": 0.4},
 }
 # strength -> image ratio on 600 training documents (K 40): added ~0.25 + 1.2 s^2; clipped lower
 STRENGTHS = {"added": {3: 1.55, 10: 2.85, 20: 4.1}, "clipped": {3: 1.9, 10: 3.6, 20: 5.0}}
@@ -312,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
             runs["mean_p_at_1"] = round(
                 statistics.mean(r["p_at_1"] for r in runs.values() if isinstance(r, dict)), 1
             )
+        entry["rank_correlation"] = rank_correlation(entry["rows"], seeds)
         if "default" in entry["rows"] and "bag" in entry["rows"]:
             entry["default_minus_bag"] = round(
                 entry["rows"]["default"]["mean_auc"] - entry["rows"]["bag"]["mean_auc"], 1
@@ -319,6 +325,23 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(out, indent=1))
     if args.markdown:
         print(markdown_table(out), file=sys.stderr)
+    return out
+
+
+def rank_correlation(rows: dict, seeds: list[int]) -> dict:
+    """Per seed, Spearman's rho between the default's criterion for each image-side candidate (its
+    measured scores) and that candidate's test AUC trained in full (a row of the candidate's name);
+    only where every candidate has both."""
+    from scipy.stats import spearmanr
+
+    out = {}
+    for seed in seeds:
+        scores = rows.get("default", {}).get(seed, {}).get("scores") or {}
+        pairs = [
+            (v, rows[k][seed]["auc"]) for k, v in scores.items() if v is not None and seed in rows.get(k, {})
+        ]
+        if scores and len(pairs) == len(scores) >= 3:
+            out[seed] = round(float(spearmanr(*zip(*pairs, strict=True)).statistic), 2)
     return out
 
 
@@ -347,6 +370,9 @@ def markdown_table(out: dict) -> str:
     head = ["cell", "train ratio", "residual", "old rule", "measured pick", *rows]
     if "default" in rows and "bag" in rows:
         head.append("default - bag (mean)")
+    ranked = any(entry.get("rank_correlation") for entry in out["cells"].values())
+    if ranked:
+        head.append("rho (criterion, AUC)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def mean(values) -> str:
@@ -368,6 +394,8 @@ def markdown_table(out: dict) -> str:
             cols.append(", ".join(f"{runs[s]['auc']} / {runs[s]['p_at_1']}" for s in seeds if s in runs))
         if "default_minus_bag" in entry:
             cols.append(f"{entry['default_minus_bag']:+.1f}")
+        if ranked:
+            cols.append(", ".join(str(entry["rank_correlation"].get(s, "-")) for s in seeds))
         lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines)
 

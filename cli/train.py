@@ -85,6 +85,13 @@ def show_train(result: dict) -> None:
         return
     for warning in result.get("warnings") or []:
         print(f"warning: {warning}", file=sys.stderr)
+    if result.get("choice"):  # what --image-centring auto measured (issue #60)
+        scores = result["choice"].get("scores") or {}
+        measured = ", ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None)
+        print(
+            f"image side: {result['choice']['name']}"
+            + (f" (within-document link structure: {measured})" if measured else "")
+        )
     if result.get("already_finished"):
         version = f"version {result['model_version']}" if result["model_version"] else "no registered version"
         print(

@@ -47,10 +47,10 @@ class BackboneSpec:
     # that take it (the retrieval family's, training/retrieval/experiment.py)
     run_warnings: Callable[[Any], list[str]] | None = None
     # settings this backbone chooses by measuring the corpus before the run (the gru backbone's
-    # image side, issue #60): (cfg, train paths, val paths, trial, saved config) -> an object
+    # image side, issue #60): (cfg, train paths, val paths, trial, saved config, jobs) -> an object
     # with ``overrides`` (TrainConfig fields), ``summary()`` and ``to_dict()``, or None when the
     # config names them; ``trial`` trains a candidate briefly (``training.driver.train_trial``),
-    # ``saved`` is a resumed run's config, whose choice is kept
+    # ``saved`` is a resumed run's config, whose choice is kept; ``jobs`` candidates train at once
     choose: Callable[..., Any] | None = None
 
 

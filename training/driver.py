@@ -10,6 +10,7 @@ checkpoint rules and the test-only fault hooks live in ``training/loop.py``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -453,6 +454,9 @@ def fit(
     )
 
 
+TRIAL_JOBS = 4  # candidates trained at once, one process (one core) each, by choose_settings
+
+
 def choose_settings(inp: RunInputs):
     """What the backbone chooses by measuring the corpus (``BackboneSpec.choose``: the gru
     backbone's image side, issue #60), its candidates trained here by ``train_trial``; None when
@@ -461,7 +465,8 @@ def choose_settings(inp: RunInputs):
     if choose is None:
         return None
     logger = logging.getLogger("mmlinks.train")
-    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, lambda *a: train_trial(inp, *a))
+    jobs = min(TRIAL_JOBS, os.cpu_count() or 1)
+    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, functools.partial(train_trial, inp), jobs=jobs)
     if choice is not None:
         logger.info("image side: %s", choice.summary())
     return choice

@@ -27,6 +27,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
 from features.registry import DEFAULT_EXTRACTOR
+from training import integrity
 from training.data import make_batch
 from training.objectives.assignment import max_weight_matching
 from training.text import Vocabulary
@@ -210,6 +211,7 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         from training.backbone import needs_regions
         from training.checkpoints import load_checkpoint_model
 
+        integrity.verify_artifacts(context.artifacts, context.model_config)
         self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
         self.regions = needs_regions(meta["model"])
         self.max_regions = int(meta["train"].get("max_regions", 36))
@@ -364,6 +366,7 @@ def log_link_model(
             name="model",
             python_model=LinkModel(),
             artifacts=artifacts,
+            model_config=integrity.model_config(artifacts),  # verified by every load (issue #62)
             signature=SIGNATURE,
             input_example=pd.DataFrame([example]) if example else None,
             pip_requirements=pip_requirements(),

@@ -394,13 +394,14 @@ def promote(
         split = "val" if family == "retrieval" else "test"
     uri = client.tracking_uri
     cand_m = evaluate_model_uri(f"models:/{name}/{cand_v}", data, split, uri)
+    disagrees = check_reevaluation(client, name, cand_v, manifest, split, cand_m) if family == "link" else []
     checked = prod_v
     for _ in range(PRODUCTION_MOVES):
         if prod_v != checked:  # a production another promotion made meanwhile
             _check_same_family(client, name, manifest, cand_v, family, prod_v)
             checked = prod_v
         prod_m = evaluate_model_uri(f"models:/{name}/{prod_v}", data, split, uri) if prod_v else None
-        failures = check_gate(cand_m, prod_m, gate)
+        failures = disagrees + check_gate(cand_m, prod_m, gate)
         result = PromotionResult(not failures, name, cand_v, prod_v, cand_m, prod_m, failures)
         record = {
             "candidate": cand_m,
@@ -427,6 +428,37 @@ def promote(
     raise RetryLaterError(
         f"production of {name!r} moved {PRODUCTION_MOVES} times during this promotion; run it again"
     )
+
+
+# How far the gate's re-evaluation of a linking model may sit from the test AUC its own run logged
+# on the same dataset version and split: the same weights on the same documents score the same up
+# to float rounding (the run's batched scoring vs the pyfunc's per document), far below this. The
+# issue's damaged model re-scored 46.5 where its run logged 50.3 (issue #62).
+REEVALUATION_TOLERANCE = 0.5
+
+
+def check_reevaluation(
+    client: MlflowClient, name: str, version: str, manifest: Manifest, split: str, metrics: dict
+) -> list[str]:
+    """A gate failure when the candidate's re-evaluated AUC disagrees with what its training run
+    logged on the same data (dataset version and split): its weights are not those the run
+    scored. Nothing to compare for another dataset or split, or a run that logged none."""
+    if split != "test":
+        return []
+    try:
+        run = client.get_run(client.get_model_version(name, version).run_id)
+    except MlflowException:
+        return []
+    logged = run.data.metrics.get("test_auc")
+    if logged is None or run.data.params.get("dataset_version") != manifest.dataset_version:
+        return []
+    if abs(metrics["auc"] - logged) <= REEVALUATION_TOLERANCE:
+        return []
+    return [
+        f"auc re-evaluated {metrics['auc']:.2f} differs from the {logged:.2f} its training run logged on "
+        f"the same data (dataset {manifest.dataset_version}, {split}) by more than "
+        f"{REEVALUATION_TOLERANCE:g}: the registered files are not the weights the run scored"
+    ]
 
 
 def _check_same_family(client, name: str, manifest: Manifest, cand_v: str, family: str, prod_v) -> None:

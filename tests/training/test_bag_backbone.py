@@ -117,7 +117,7 @@ def test_the_default_does_not_fall_below_the_bag_baseline_when_topics_share_a_lo
             "two-three-images",
             dict(topics=15, look_sharing="topic+document", look_strength=5.5, images_min=2, images_max=3),
         ),
-        ("three-looks", dict(topics=40, look_strength=4.1, looks_per_topic=3)),
+        ("three-looks", dict(docs=1500, topics=40, look_strength=4.1, looks_per_topic=3)),
     ],
 )
 def test_the_measured_default_stays_with_the_bag_on_every_structure(tmp_path, name, structure):
@@ -127,7 +127,9 @@ def test_the_measured_default_stays_with_the_bag_on_every_structure(tmp_path, na
     import mlflow
 
     data = tmp_path / "ds"
-    write_feature_corpus(data, FeatureCorpusConfig(docs=1000, val_docs=100, test_docs=100, **structure))
+    write_feature_corpus(
+        data, FeatureCorpusConfig(**{"docs": 1000, "val_docs": 100, "test_docs": 100, **structure})
+    )
     bag = _test_auc(data, tmp_path, "bag", backbone="bag", negatives_warmup=0, select_by="last")
     default = _run(data, tmp_path, "default")
     assert bag > 80, f"the corpus must be learnable by the simplest model (bag AUC {bag:.1f})"

@@ -93,20 +93,21 @@ class LinkFields:
         "document-mean part, each standardised over the training split, the mean part weighted by "
         "--image-mean-weight, so a look all of a document's images share (a room, a light, a camera) "
         "cannot drown what tells them apart; doc = the within-document part alone; doc+raw = it and "
-        "the raw feature, concatenated (separate weights: unstable, docs/training.md); auto = none when "
-        "the training split's image ratio (data inspect --confounds) is below 5; at or above it none "
-        "without dropout when the look lies in a few directions one linear map drops (a few topics' "
-        "looks: residual ratio < 1), else balanced (issue #44: balanced cost ~1 AUC at low ratios and "
-        "with 10 topics' looks; none fell to 53-72 with many looks, where balanced reached 98)",
+        "the raw feature, concatenated (separate weights: unstable, docs/training.md); auto = measured on "
+        "the corpus: none, balanced and balanced with dropout 0.4 (gru) and the bag backbone are each "
+        "trained briefly, and the one whose validation scores hold the most within-document link "
+        "structure is trained (no labels read; issue #60: a threshold rule on the image ratio lost 6-12 "
+        "AUC to the bag on 2-3 images per document and on topics with several looks)",
         choices=("auto", "none", "doc", "doc+raw", "balanced"),
         group=LINK,
     )
     image_mean_weight: float = option(
         -1.0,
         help="--image-centring balanced: weight of the document-mean part beside the within-document "
-        "part (0 = doc); -1 = auto: 1 when the training split's image ratio (data inspect --confounds) "
-        "is >= 5, else 0.5 (a 600-document ratio-12.5 corpus stayed at chance at 0.5 and linked at 1; "
-        "unconfounded corpora and the demo link best at 0.5: docs/benchmarks.md)",
+        "part (0 = doc); -1 = auto: 1 with --image-centring auto's balanced candidates; with balanced "
+        "given by hand, 1 when the training split's image ratio (data inspect --confounds) is >= 5, else "
+        "0.5 (a 600-document ratio-12.5 corpus stayed at chance at 0.5 and linked at 1; unconfounded "
+        "corpora and the demo link best at 0.5: docs/benchmarks.md)",
         check=lambda v: v >= 0 or v == -1,
         rule=">= 0, or -1 (auto)",
         group=LINK,

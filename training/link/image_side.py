@@ -139,6 +139,41 @@ def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) ->
     return float(np.mean(values)) if values else None
 
 
+def scored_trial(trial: Trial, trial_cfg: TrainConfig, docs: int, folder: str, val_paths, max_tokens, seed):
+    """One candidate's criterion: its brief run, then ``criterion`` on validation."""
+    model, vocab = trial(trial_cfg, docs, folder)
+    return criterion(model, vocab, val_paths, max_tokens, seed)
+
+
+def _in_process_of_its_own(args: tuple) -> float | None:
+    """``scored_trial(*args)`` in a Python process of its own (``python -m
+    training.link.image_side ARGS``). Not multiprocessing: its spawn re-imports the caller's main
+    script, which breaks a user's script without a ``__main__`` guard, and a fork would inherit
+    this process's torch threads."""
+    import json
+    import os
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from schemas.errors import MmlinksError
+
+    path = Path(f"{args[3]}.args.pickle")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(args))
+    root = str(Path(__file__).resolve().parents[2])  # the project, importable from anywhere
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "training.link.image_side", str(path)], capture_output=True, text=True, env=env
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise MmlinksError(f"image side: training candidate {args[1].label} failed: {why}")
+    return json.loads(lines[-1])["score"]
+
+
 def pick(scores: dict[str, float | None]) -> str:
     """The candidate with the highest criterion (the earlier in ``CANDIDATES`` on a tie); the
     image side of the rule it replaced on strong looks where no validation document could be measured."""
@@ -154,12 +189,14 @@ def choose(
     val_paths: list[str],
     trial: Trial | None,
     saved: dict | None = None,
-    progress: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> Choice | None:
     """The image side of ``cfg``'s run, or None when the config names it (nothing to choose).
 
     ``saved``: a resumed run's checkpoint config, whose choice is kept (no trials). ``trial``
-    trains a candidate; None only with ``saved``."""
+    trains a candidate; None only with ``saved``. ``jobs`` > 1 trains that many candidates at
+    once, each in a process of its own (``trial`` must then pickle): the trials are one-thread
+    loops, so on 2 cores two at a time halve their wall time."""
     if not needs_choice(cfg):
         return None
     if saved is not None and (saved.get("image_centring") != "auto" or saved.get("backbone") != "gru"):
@@ -174,14 +211,20 @@ def choose(
 
     t0 = time.perf_counter()
     docs = min(TRIAL_DOCS, sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths))
-    scores: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-") as tmp:
-        for name in CANDIDATES:
-            if progress:
-                progress(f"image side: training candidate {name}")
-            trial_cfg = trial_config(cfg, name)
-            model, vocab = trial(trial_cfg, docs, f"{tmp}/{name}")
-            scores[name] = criterion(model, vocab, val_paths, cfg.max_tokens, cfg.seed)
+        jobs_args = {
+            name: (trial, trial_config(cfg, name), docs, f"{tmp}/{name}", val_paths, cfg.max_tokens, cfg.seed)
+            for name in CANDIDATES
+        }
+        jobs = max(1, min(jobs, len(CANDIDATES)))
+        if jobs == 1:
+            scores = {name: scored_trial(*a) for name, a in jobs_args.items()}
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(jobs) as pool:  # threads that only wait on their processes
+                futures = {name: pool.submit(_in_process_of_its_own, a) for name, a in jobs_args.items()}
+                scores = {name: f.result() for name, f in futures.items()}
     name = pick(scores)
     return Choice(
         name, dict(CANDIDATES[name]), scores, time.perf_counter() - t0, docs, trial_epochs(cfg.epochs)
@@ -222,3 +265,15 @@ def image_side(cfg: TrainConfig, train_paths: list[str]) -> ImageSide:
         ratio = training_image_ratio(train_paths)
         weight = AUTO_WEIGHTS[ratio is not None and ratio >= AUTO_RATIO]
     return ImageSide(centring, AUTO_WEIGHTS[0] if weight < 0 else weight, 0.4 if dropout < 0 else dropout)
+
+
+if __name__ == "__main__":  # one candidate's trial, in a process of its own (_in_process_of_its_own)
+    import json
+    import pickle
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    torch.set_num_threads(1)
+    print(json.dumps({"score": scored_trial(*pickle.loads(Path(sys.argv[1]).read_bytes()))}))

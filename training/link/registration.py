@@ -151,10 +151,10 @@ def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, trai
     ).to_dict()
 
 
-def _gru_choose(cfg: TrainConfig, train_paths, val_paths, trial, saved=None):
+def _gru_choose(cfg: TrainConfig, train_paths, val_paths, trial, saved=None, jobs: int = 1):
     from training.link.image_side import choose
 
-    return choose(cfg, train_paths, val_paths, trial, saved)
+    return choose(cfg, train_paths, val_paths, trial, saved, jobs)
 
 
 def _gru_build(model_cfg: dict, embeddings=None, feature_stats=None):

@@ -40,6 +40,7 @@ from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec
 from schemas.errors import MmlinksError
 from schemas.news import NEWS_SOURCES, SOURCES_KEY, sources_of
 from schemas.text import has_tokens
+from training import integrity
 from training.data import encode_sentences
 from training.news.archive import ArchiveIndex
 from training.news.archive_build import build_archive_index
@@ -145,6 +146,7 @@ class NewsModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from training.checkpoints import load_checkpoint_model
 
+        integrity.verify_artifacts(context.artifacts, context.model_config)
         self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
         self.vocab = Vocabulary.load(context.artifacts["vocab"])
         self.max_tokens = int(meta["train"]["max_tokens"])
@@ -344,6 +346,7 @@ def _model_kwargs(
     return {
         "python_model": NewsModel(),
         "artifacts": artifacts,
+        "model_config": integrity.model_config(artifacts),  # verified by every load (issue #62)
         "signature": SIGNATURE,
         "input_example": pd.DataFrame([{"language": languages[0], "headline": "an example headline"}]),
         "pip_requirements": [*pip_requirements(), "faiss-cpu"],

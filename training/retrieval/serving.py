@@ -39,6 +39,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
 from schemas.errors import MmlinksError
+from training import integrity
 from training.data import encode_sentences, features_of
 from training.packaging import ImageFeaturizer, _bad_request, _empty, pip_requirements
 from training.ranking import GATE_POOL_SIZE, GATE_POOLS, retrieval_metrics
@@ -89,6 +90,7 @@ class RetrievalModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from training.checkpoints import load_checkpoint_model
 
+        integrity.verify_artifacts(context.artifacts, context.model_config)
         self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
         self.vocab = Vocabulary.load(context.artifacts["vocab"])
         self.max_tokens = int(meta["train"]["max_tokens"])
@@ -278,6 +280,7 @@ def log_retrieval_model(
             name="model",
             python_model=RetrievalModel(),
             artifacts=artifacts,
+            model_config=integrity.model_config(artifacts),  # verified by every load (issue #62)
             signature=SIGNATURE,
             input_example=example,
             pip_requirements=pip_requirements(),

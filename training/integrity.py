@@ -1,0 +1,71 @@
+"""Digests of a packaged model's artifact files, recorded when it is logged and verified on every
+load (issue #62).
+
+A model file damaged in place (zeros or NaNs written over part of ``state.pt``, a file cut short or
+deleted) may still load and score, at chance: without a digest nothing tells it from the model the
+run trained, and ``promote`` moved ``production`` to such a version. Each family's ``log_model``
+records the sha256 of every file of every artifact in the pyfunc's ``model_config`` (stored in the
+model's MLmodel file, handed back as ``context.model_config``), and each ``load_context`` checks them
+first, so every loader (serving, ``link``, ``evaluate``, ``promote``'s gate, Dagster) refuses a
+damaged model in one line naming the file. Versions logged before the digests existed have none
+and load as before. hashlib, not a library: the dataset shards are checked the same way."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from schemas.errors import MmlinksError
+
+DIGESTS_KEY = "mmlinks_artifact_sha256"  # the pyfunc model_config key holding the digests
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> dict[str, Path]:
+    """Relative path -> file, for an artifact that is one file ("") or a folder."""
+    if root.is_file():
+        return {"": root}
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def artifact_digests(artifacts: dict[str, str]) -> dict[str, dict[str, str]]:
+    """{artifact name: {relative path ("" for a single file): sha256}} of every file under each
+    artifact path, as ``mlflow.pyfunc.log_model(artifacts=...)`` is about to copy them."""
+    return {
+        name: {rel: file_sha256(p) for rel, p in _files(Path(path)).items()}
+        for name, path in artifacts.items()
+    }
+
+
+def model_config(artifacts: dict[str, str]) -> dict:
+    """The ``model_config`` a family's ``log_model`` passes: the artifacts' digests."""
+    return {DIGESTS_KEY: artifact_digests(artifacts)}
+
+
+def verify_artifacts(artifacts: dict[str, str], model_config: dict | None) -> None:
+    """Refuse, naming the file, an artifact file that is missing or whose sha256 differs from the
+    one recorded when the model was logged; nothing to check for a model logged without them."""
+    recorded = (model_config or {}).get(DIGESTS_KEY)
+    if not recorded:
+        return
+    for name, files in recorded.items():
+        if name not in artifacts:
+            raise MmlinksError(f"damaged model: its artifact {name!r} is missing")
+        root = Path(artifacts[name])
+        for rel, digest in files.items():
+            path = root / rel if rel else root
+            shown = f"{name}/{rel}" if rel else name
+            if not path.is_file():
+                raise MmlinksError(f"damaged model: {shown} is missing ({path})")
+            if file_sha256(path) != digest:
+                raise MmlinksError(
+                    f"damaged model: {shown} differs from the file registered with it (sha256 mismatch: "
+                    f"{path}); re-register the model from its run or restore the file"
+                )
