@@ -61,12 +61,14 @@ def test_a_negative_weight_other_than_auto_is_refused(bad):
         TrainConfig(data="x", image_mean_weight=bad)
 
 
-def test_pick_takes_the_highest_criterion_the_earlier_on_a_tie_and_none_without_a_measure():
+def test_pick_takes_the_highest_criterion_the_bag_when_none_beats_chance_and_none_without_a_measure():
     assert pick({"none": 0.1, "balanced": 0.3, "balanced+dropout": 0.2, "bag": -0.1}) == "balanced"
-    assert pick({"none": -0.2, "balanced": -0.3, "balanced+dropout": -0.25, "bag": -0.1}) == "bag"
     assert pick({"none": 0.2, "balanced": 0.2, "bag": 0.2}) == "none"
-    assert pick({"none": None, "balanced": float("nan"), "bag": 0.0}) == "bag"
+    assert pick({"none": None, "balanced": float("nan"), "bag": 0.1}) == "bag"
     assert pick({"none": None, "bag": None}) == "none"
+    # no trial linked beyond chance: nothing favours a GRU side, the bag (the floor)
+    assert pick({"none": -0.2, "balanced": -0.05, "balanced+dropout": -0.25, "bag": -0.1}) == "bag"
+    assert pick({"none": 0.0, "balanced": -0.3, "bag": -0.4}) == "bag"
 
 
 def test_a_trial_is_the_candidate_briefly_in_this_process_the_last_epoch_kept(tmp_path):
