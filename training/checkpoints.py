@@ -147,16 +147,17 @@ def load_checkpoint_model(path: str | Path) -> tuple[torch.nn.Module, dict]:
     return model.eval(), {**meta, **{k: state[k] for k in ("epoch", "val_loss", "best_epoch")}}
 
 
-def saved_train_config(storage: str, run_name: str) -> dict | None:
-    """The train config of the newest readable checkpoint of a local run directory, if any (a
-    checkpoint cut short by a full disk may hold a truncated ``meta.json``: the next one is used)."""
+def saved_train_config(storage: str, run_name: str, part: str = "train") -> dict | None:
+    """The train config (``part="model"``: the model config) of the newest readable checkpoint of
+    a local run directory, if any (a checkpoint cut short by a full disk may hold a truncated
+    ``meta.json``: the next one is used)."""
     root = Path(storage) / run_name
     if "://" in storage or not root.is_dir():
         return None
     metas = sorted(root.glob("checkpoint_*/meta.json"), key=lambda p: p.stat().st_mtime)
     for meta in reversed(metas):
         try:
-            return json.loads(meta.read_text())["train"]
+            return json.loads(meta.read_text())[part]
         except (OSError, ValueError, KeyError):
             continue
     return None

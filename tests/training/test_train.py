@@ -109,6 +109,7 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
         epochs=2,
         batch_docs=3,
         storage_path=f"{tmp_path}/ray-{secret}",
+        image_centring="auto",  # the default: chosen by training candidates in the driver (issue #60)
     )
     with param_digests(ray_local, tmp_path / "digests") as digests:
         res = run_experiment(cfg, uri, model_name="test-model", alias="production")

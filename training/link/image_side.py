@@ -34,8 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
 # balanced: the image minus its document's mean plus the mean at weight 1 (issue #44's looks of
 # hundreds of topics or of each document: none stayed at 51-72 there); +dropout: the paper's 0.4 on
 # the image feature (issue #33's photo-crop looks linked at 92.7 with it, 68.3 without). The
-# paper's none with dropout 0.4 is no candidate: it was never the best of these (issue #60's grid)
-# and fell to 77-80 where each image takes one of its topic's looks.
+# paper's none with dropout 0.4 is no candidate: trained in full beside none without dropout it was
+# behind on both corpora tried (98.6 vs 98.7 at 2-3 images per document; 76.6 vs 97.7 where each
+# image takes one of its topic's three looks).
 CANDIDATES: dict[str, dict] = {
     "none": {"image_centring": "none", "image_dropout": 0.0, "image_mean_weight": 0.5},
     "balanced": {"image_centring": "balanced", "image_dropout": 0.0, "image_mean_weight": 1.0},
@@ -53,6 +54,9 @@ TRIAL_DOCS = 2000
 TRIAL_SHARE = 0.3
 TRIAL_MIN_EPOCHS = 3
 VAL_DOCS = 1000  # validation documents the criterion reads
+# Below this many document-epochs a trial takes a few seconds, less than a process of its own
+# costs to start (~2 s importing torch and the project on 2 cores): the trials then run here, in turn.
+PARALLEL_MIN_DOC_EPOCHS = 600
 # --image-centring balanced with --image-mean-weight -1 (given by hand): weight 1 at training image
 # ratios >= AUTO_RATIO, else 0.5 (issue #33: a ratio-12.5 corpus linked only at 1; unconfounded ones
 # and the demo best at 0.5)
@@ -223,7 +227,7 @@ def choose(
             for name in CANDIDATES
         }
         jobs = max(1, min(jobs, len(CANDIDATES)))
-        if jobs == 1:
+        if jobs == 1 or docs * trial_epochs(cfg.epochs) < PARALLEL_MIN_DOC_EPOCHS:
             scores = {name: scored_trial(*a) for name, a in jobs_args.items()}
         else:
             from concurrent.futures import ThreadPoolExecutor
