@@ -4,6 +4,7 @@ structure; a side given by hand is kept, and a resumed run keeps what it chose."
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines.confounds import dataset_confounds
@@ -61,14 +62,25 @@ def test_a_negative_weight_other_than_auto_is_refused(bad):
         TrainConfig(data="x", image_mean_weight=bad)
 
 
-def test_pick_takes_the_highest_criterion_the_bag_when_none_beats_chance_and_none_without_a_measure():
-    assert pick({"none": 0.1, "balanced": 0.3, "balanced+dropout": 0.2, "bag": -0.1}) == "balanced"
-    assert pick({"none": 0.2, "balanced": 0.2, "bag": 0.2}) == "none"
-    assert pick({"none": None, "balanced": float("nan"), "bag": 0.1}) == "bag"
-    assert pick({"none": None, "bag": None}) == "none"
+def _docs(mean: float, n: int = 60, spread: float = 0.3, seed: int = 0) -> list[float]:
+    return list(mean + spread * np.random.default_rng(seed).normal(size=n))
+
+
+def test_pick_takes_the_best_unless_a_simpler_side_is_within_noise_and_the_bag_below_chance():
+    # a clear lead: the best
+    assert pick(
+        {"none": _docs(0.1), "balanced": _docs(0.4), "balanced+dropout": _docs(0.3), "bag": _docs(0.2)}
+    ) == ("balanced")
+    # the same documents score every candidate: a small lead that every document shows is real
+    assert pick({"none": _docs(0.30), "balanced": _docs(0.32), "bag": _docs(0.1, seed=1)}) == "balanced"
+    # a lead the documents cannot tell from noise: the simpler side (PREFERENCE)
+    tied = {"none": _docs(0.30, seed=2), "balanced": _docs(0.31, seed=3), "bag": _docs(0.0, seed=4)}
+    assert pick(tied) == "none"
+    assert pick({"bag": _docs(0.5, seed=5), "none": _docs(0.5, seed=6)}) == "bag"
     # no trial linked beyond chance: nothing favours a GRU side, the bag (the floor)
-    assert pick({"none": -0.2, "balanced": -0.05, "balanced+dropout": -0.25, "bag": -0.1}) == "bag"
-    assert pick({"none": 0.0, "balanced": -0.3, "bag": -0.4}) == "bag"
+    assert pick({"none": _docs(-0.2), "balanced": _docs(-0.05), "bag": _docs(-0.1)}) == "bag"
+    assert pick({"none": [None, float("nan")], "bag": [None, None]}) == "none"  # nothing measured
+    assert pick({"none": [None, 0.3, 0.4], "bag": [0.1, None, 0.1]}) == "none"
 
 
 def test_a_trial_is_the_candidate_briefly_in_this_process_the_last_epoch_kept(tmp_path):
@@ -89,7 +101,8 @@ def test_a_trial_is_the_candidate_briefly_in_this_process_the_last_epoch_kept(tm
 
 def test_choose_trains_every_candidate_and_keeps_the_best(dataset, monkeypatch):
     cfg = TrainConfig(data=str(dataset), epochs=10)
-    trained, measured = [], iter([0.1, 0.4, 0.3, 0.2])  # in CANDIDATES order: balanced wins
+    trained = []  # in CANDIDATES order: balanced wins by a lead every document shows
+    measured = iter([_docs(m) for m in (0.1, 0.4, 0.3, 0.2)])
 
     def trial(trial_cfg, limit, folder):
         trained.append((trial_cfg.backbone, trial_cfg.image_centring, trial_cfg.image_dropout, limit))
@@ -105,9 +118,10 @@ def test_choose_trains_every_candidate_and_keeps_the_best(dataset, monkeypatch):
     ]
     assert trained[3][0] == "bag" and all(t[3] == min(side_mod.TRIAL_DOCS, n_train) for t in trained)
     assert choice.name == "balanced" and choice.overrides == CANDIDATES["balanced"]
-    assert choice.scores == {"none": 0.1, "balanced": 0.4, "balanced+dropout": 0.3, "bag": 0.2}
+    means = {k: float(np.mean(_docs(m))) for k, m in zip(CANDIDATES, (0.1, 0.4, 0.3, 0.2), strict=True)}
+    assert choice.scores == pytest.approx(means)
     assert "balanced, by within-document link structure" in choice.summary()
-    assert "none 0.100" in choice.summary() and choice.trial_epochs == 3
+    assert f"none {means['none']:.3f}" in choice.summary() and choice.trial_epochs == 3
     # nothing to choose: a side given by hand, or another backbone
     assert choose(TrainConfig(data=str(dataset), image_centring="none"), [], [], trial) is None
     assert choose(TrainConfig(data=str(dataset), backbone="bag"), [], [], trial) is None
@@ -126,3 +140,20 @@ def test_a_resumed_run_keeps_what_it_chose_without_training():
     bag_saved = TrainConfig(data="x", **CANDIDATES["bag"]).to_dict()
     assert choose(cfg, [], [], trial, saved=bag_saved).overrides["backbone"] == "bag"
     assert choose(cfg, [], [], None, saved=None) is None  # nothing saved and no trial: nothing chosen
+
+
+def test_a_run_resumed_from_before_the_choice_keeps_the_side_its_checkpoint_was_built_with(dataset, tmp_path):
+    """A checkpoint written before issue #60 recorded ``auto``; its model config holds what the
+    threshold rule resolved it to, and the resumed run keeps that instead of choosing again."""
+    import json
+
+    from training.driver import check_inputs
+
+    cfg = TrainConfig(data=str(dataset), storage_path=str(tmp_path), run_name="old", num_workers=0)
+    ckpt = tmp_path / "old" / "checkpoint_000001"
+    ckpt.mkdir(parents=True)
+    model = {"image_centring": "balanced", "image_dropout": 0.4, "image_mean_weight": 1.0}
+    (ckpt / "meta.json").write_text(json.dumps({"epoch": 1, "train": cfg.to_dict(), "model": model}))
+    kept = check_inputs(cfg).cfg
+    assert (kept.image_centring, kept.image_dropout, kept.image_mean_weight) == ("balanced", 0.4, 1.0)
+    assert not side_mod.needs_choice(kept)

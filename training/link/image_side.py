@@ -57,6 +57,9 @@ VAL_DOCS = 1000  # validation documents the criterion reads
 # Below this many document-epochs a trial takes a few seconds, less than a process of its own
 # costs to start (~2 s importing torch and the project on 2 cores): the trials then run here, in turn.
 PARALLEL_MIN_DOC_EPOCHS = 600
+# Simplest first: on a tie (a lead within TIE_SE paired standard errors) the simpler side wins.
+PREFERENCE = ("bag", "none", "balanced", "balanced+dropout")
+TIE_SE = 2.0
 # --image-centring balanced with --image-mean-weight -1 (given by hand): weight 1 at training image
 # ratios >= AUTO_RATIO, else 0.5 (issue #33: a ratio-12.5 corpus linked only at 1; unconfounded ones
 # and the demo best at 0.5)
@@ -117,8 +120,9 @@ def trial_config(cfg: TrainConfig, name: str) -> TrainConfig:
     return dataclasses.replace(cfg, **values)
 
 
-def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) -> float | None:
-    """Mean ``link_structure`` over the first ``VAL_DOCS`` validation documents (no labels read)."""
+def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) -> list[float | None]:
+    """``link_structure`` of each of the first ``VAL_DOCS`` validation documents, in order (None
+    where a document has no value: fewer than two sentences or images); no labels read."""
     import torch
 
     from schemas.shards import iter_tables
@@ -127,29 +131,26 @@ def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) ->
     from training.metrics import link_structure
 
     rng = np.random.default_rng(seed)
-    values: list[float] = []
+    values: list[float | None] = []
     seen = 0
     model.eval()
     with torch.no_grad():
         for table in iter_tables(val_paths, 64, TRAINING_COLUMNS):
             batch = make_batch(table, vocab, max_tokens, None)
-            for scores in link_scores(model, batch):
-                value = link_structure(scores, rng)
-                if value is not None:
-                    values.append(value)
+            values.extend(link_structure(scores, rng) for scores in link_scores(model, batch))
             seen += table.num_rows
             if seen >= VAL_DOCS:
                 break
-    return float(np.mean(values)) if values else None
+    return values[:VAL_DOCS]
 
 
 def scored_trial(trial: Trial, trial_cfg: TrainConfig, docs: int, folder: str, val_paths, max_tokens, seed):
-    """One candidate's criterion: its brief run, then ``criterion`` on validation."""
+    """One candidate's per-document criterion: its brief run, then ``criterion`` on validation."""
     model, vocab = trial(trial_cfg, docs, folder)
     return criterion(model, vocab, val_paths, max_tokens, seed)
 
 
-def _in_process_of_its_own(args: tuple) -> float | None:
+def _in_process_of_its_own(args: tuple) -> list[float | None]:
     """``scored_trial(*args)`` in a Python process of its own (``python -m
     training.link.image_side ARGS``). Not multiprocessing: its spawn re-imports the caller's main
     script, which breaks a user's script without a ``__main__`` guard, and a fork would inherit
@@ -175,22 +176,47 @@ def _in_process_of_its_own(args: tuple) -> float | None:
     if done.returncode != 0 or not lines:
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         raise MmlinksError(f"image side: training candidate {args[1].label} failed: {why}")
-    return json.loads(lines[-1])["score"]
+    return json.loads(lines[-1])["values"]
 
 
-def pick(scores: dict[str, float | None]) -> str:
-    """The candidate with the highest criterion (the earlier in ``CANDIDATES`` on a tie). Where no
-    candidate's scores hold more structure than chance (every criterion <= 0: no trial linked
-    inside documents, as on 8-15-image documents at the demo's settings, where every model stays
-    near chance), nothing measured favours a GRU image side: the bag, the floor. The bag's image
-    side (``none``) where no validation document could be measured (none has two sentences and
-    two images)."""
-    known = {k: v for k, v in scores.items() if v is not None and np.isfinite(v)}
+def mean_score(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.mean(known)) if known else None
+
+
+def pick(per_doc: dict[str, list[float | None]]) -> str:
+    """The candidate whose validation documents hold the most link structure on average, unless a
+    simpler one (``PREFERENCE``) is within ``TIE_SE`` standard errors of it, paired document by
+    document (the same documents score every candidate): a difference the validation split
+    cannot tell from noise is no evidence for the more complex side. Where no candidate beats
+    chance (every mean <= 0: no trial linked inside documents, as on 8-15-image documents at the
+    demo's settings, where every model stays near chance), nothing measured favours a GRU side:
+    the bag, the floor. ``none`` (the bag's image side) where nothing could be measured (no
+    validation document has two sentences and two images)."""
+    means = {k: mean_score(v) for k, v in per_doc.items()}
+    known = {k: m for k, m in means.items() if m is not None}
     if not known:
         return "none"
-    if max(known.values()) <= 0 and "bag" in CANDIDATES:
+    if max(known.values()) <= 0 and "bag" in known:
         return "bag"
-    return max(known, key=lambda k: (known[k], -list(CANDIDATES).index(k)))
+    best = max(known, key=lambda k: (known[k], -PREFERENCE.index(k)))
+    for k in PREFERENCE:
+        if k == best:
+            return best
+        if k in known and _tied(per_doc[best], per_doc[k]):
+            return k
+    return best
+
+
+def _tied(best: list[float | None], other: list[float | None]) -> bool:
+    """Whether ``best``'s lead over ``other`` is within TIE_SE standard errors of its paired mean."""
+    d = np.array(
+        [a - b for a, b in zip(best, other, strict=True) if a is not None and b is not None], dtype=np.float64
+    )
+    d = d[np.isfinite(d)]
+    if len(d) < 2:
+        return False
+    return float(d.mean()) <= TIE_SE * float(d.std(ddof=1)) / np.sqrt(len(d))
 
 
 def choose(
@@ -228,14 +254,15 @@ def choose(
         }
         jobs = max(1, min(jobs, len(CANDIDATES)))
         if jobs == 1 or docs * trial_epochs(cfg.epochs) < PARALLEL_MIN_DOC_EPOCHS:
-            scores = {name: scored_trial(*a) for name, a in jobs_args.items()}
+            per_doc = {name: scored_trial(*a) for name, a in jobs_args.items()}
         else:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(jobs) as pool:  # threads that only wait on their processes
                 futures = {name: pool.submit(_in_process_of_its_own, a) for name, a in jobs_args.items()}
-                scores = {name: f.result() for name, f in futures.items()}
-    name = pick(scores)
+                per_doc = {name: f.result() for name, f in futures.items()}
+    name = pick(per_doc)
+    scores = {k: mean_score(v) for k, v in per_doc.items()}
     return Choice(
         name, dict(CANDIDATES[name]), scores, time.perf_counter() - t0, docs, trial_epochs(cfg.epochs)
     )
@@ -286,4 +313,5 @@ if __name__ == "__main__":  # one candidate's trial, in a process of its own (_i
     import torch
 
     torch.set_num_threads(1)
-    print(json.dumps({"score": scored_trial(*pickle.loads(Path(sys.argv[1]).read_bytes()))}))
+    values = scored_trial(*pickle.loads(Path(sys.argv[1]).read_bytes()))
+    print(json.dumps({"values": [v if v is not None and np.isfinite(v) else None for v in values]}))
