@@ -2,7 +2,8 @@
 
 Every command prints human-readable output by default and exactly one JSON object on stdout
 with ``--json``. Expected failures (missing paths, bad manifests, unknown schema versions) end
-with a one-line ``mmlinks: error: ...`` and exit code 2; ``--debug`` shows the traceback.
+with a one-line ``mmlinks: error: ...`` and exit code 2 (with ``--json``, stdout's object is then
+``{"error": ..., "exit_code": ...}``); ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     except MmlinksError as exc:
         if args.debug:
             raise
-        print(f"mmlinks: error: {scrub_credentials(str(exc))}", file=sys.stderr)
+        message = scrub_credentials(str(exc))
+        print(f"mmlinks: error: {message}", file=sys.stderr)
+        if args.json:  # --json promises one object on stdout, a failure's too (issue #62)
+            emit_json({"error": message, "exit_code": exc.exit_code})
         return exc.exit_code
     except KeyboardInterrupt:
         print("mmlinks: interrupted", file=sys.stderr)

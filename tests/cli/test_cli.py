@@ -69,6 +69,25 @@ def test_synth_json_output_is_one_object(tmp_path):
     assert len((tmp_path / "c" / "documents.jsonl").read_text().splitlines()) == 3
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["data", "inspect", "/nonexistent/ds", "--json"],
+        ["data", "build", "--source", "synthetic", "--input", "/nonexistent/raw", "--out", "OUT", "--json"],
+        ["link", "--data", "/nonexistent/ds", "--model", "models:/m@production", "--out", "OUT", "--json"],
+    ],
+    ids=["inspect", "build", "link"],
+)
+def test_a_failure_with_json_prints_one_error_object(capfd, tmp_path, args):
+    """``--json`` promises one JSON object on stdout, a failure's too (issue #62)."""
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    proc = run_here(capfd, *args)
+    assert proc.returncode == 2
+    out = json.loads(proc.stdout)
+    assert out["exit_code"] == 2 and "nonexistent" in out["error"]
+    assert proc.stderr.strip().splitlines()[-1] == f"mmlinks: error: {out['error']}"
+
+
 def test_inspect_prints_the_manifest(dataset):
     proc = run("data", "inspect", str(dataset), "--json")
     assert proc.returncode == 0, proc.stderr
