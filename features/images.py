@@ -48,19 +48,45 @@ def decode(data: bytes) -> Image.Image:
             img.load()
     except InvalidImage:
         raise
-    except (
-        UnidentifiedImageError,
-        OSError,
-        SyntaxError,
-        ValueError,
-        Image.DecompressionBombError,
-        Image.DecompressionBombWarning,
-    ) as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        # PIL's own bomb check (at 89M pixels) runs inside open(), before ours can: the same reason
+        raise InvalidImage("too_many_pixels", _OBJECT_AT.sub(">", str(exc))[:200]) from exc
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         # PIL names its buffer object by address (``<_io.BytesIO object at 0x7f...>``): dropped, so
         # a dead letter's text is the same in every process and a rebuild's file is byte-identical
         raise InvalidImage("undecodable", _OBJECT_AT.sub(">", str(exc))[:200]) from exc
     if min(img.size) < MIN_SIDE:
         raise InvalidImage("too_small", f"{img.width}x{img.height}")
+    return as_seen(img)
+
+
+def as_seen(img: Image.Image) -> Image.Image:
+    """The RGB image a person sees (issue #62): turned as its EXIF orientation says; 16- and
+    32-bit greyscale scaled to 8 bits (PIL's ``convert`` clips them: a 16-bit PNG came out 99.6 %
+    white); transparency (RGBA, LA, a palette's transparent index) laid over white, as a page
+    shows it; CMYK and other modes through PIL's conversion."""
+    from PIL import ImageOps
+
+    try:
+        img = ImageOps.exif_transpose(img)
+    except (OSError, ValueError, SyntaxError):  # a damaged EXIF block: the pixels as stored
+        pass
+    if img.mode.startswith("I;16"):
+        img = Image.fromarray((np.asarray(img, dtype=np.uint32) // 257).astype(np.uint8), "L")
+    elif img.mode in ("I", "F"):
+        a = np.asarray(img, dtype=np.float64)
+        top = (
+            65535.0
+            if img.mode == "I" and a.max() > 255
+            else (1.0 if img.mode == "F" and a.max() <= 1 else 255.0)
+        )
+        img = Image.fromarray(np.clip(a * (255.0 / top), 0, 255).round().astype(np.uint8), "L")
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        page = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(page, rgba).convert("RGB")
     return img.convert("RGB")
 
 

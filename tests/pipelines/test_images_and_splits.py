@@ -1,6 +1,7 @@
 import io
 
 import imagehash
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,6 +66,69 @@ def test_animated_gif_is_rejected():
     with pytest.raises(InvalidImage) as exc:
         inspect_image(buf.getvalue())
     assert exc.value.reason == "animated"
+
+
+def _encoded(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+_pixels = st.builds(
+    lambda seed, w, h: np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8),
+    st.integers(0, 10_000),
+    st.integers(16, 40),
+    st.integers(16, 40),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_pixels)
+def test_every_mode_decodes_to_what_a_person_sees(rgb):
+    """Issue #62: 16-bit greyscale, palette with a transparent index, RGBA and LA over a page,
+    EXIF orientation and CMYK decode to the RGB a person sees (a 16-bit PNG came out 99.6 % white)."""
+    from features.images import decode
+
+    grey = rgb[..., 0]
+    # 16-bit greyscale: the same picture at 8 bits (PIL's own convert clipped it to white)
+    deep = Image.fromarray(grey.astype(np.uint16) * 257)
+    out = np.asarray(decode(_encoded(deep)))
+    assert np.abs(out.astype(int) - grey[..., None]).max() <= 1
+    # transparency over white: an alpha of 0 is the page, 255 the pixel
+    alpha = np.where(grey > 127, 255, 0).astype(np.uint8)
+    rgba = np.dstack([rgb, alpha])
+    out = np.asarray(decode(_encoded(Image.fromarray(rgba, "RGBA"))))
+    assert (out[alpha == 0] == 255).all() and (out[alpha == 255] == rgb[alpha == 255]).all()
+    la = Image.fromarray(np.dstack([grey, alpha]), "LA")
+    out = np.asarray(decode(_encoded(la)))
+    assert (out[alpha == 0] == 255).all() and (out[alpha == 255][:, 0] == grey[alpha == 255]).all()
+    # a palette whose index 0 is transparent
+    pal = Image.fromarray((grey > 127).astype(np.uint8), "P")
+    pal.putpalette([10, 20, 30, 200, 100, 50] + [0] * 762)
+    out = np.asarray(decode(_encoded(pal, transparency=0)))
+    assert (out[grey <= 127] == 255).all() and (out[grey > 127] == (200, 100, 50)).all()
+    # EXIF orientation 6: shown turned 90 degrees clockwise
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = np.asarray(decode(_encoded(Image.fromarray(rgb), exif=exif)))
+    assert (out == np.rot90(rgb, k=-1)).all()
+    # CMYK: PIL's conversion (K = 0 keeps the colour's complement)
+    cmyk = Image.fromarray(np.dstack([255 - rgb, np.zeros_like(grey)]), "CMYK")
+    out = np.asarray(decode(_encoded(cmyk, "TIFF")))
+    assert (out == rgb).all()
+
+
+def test_a_decompression_bomb_is_refused_by_the_projects_own_bound():
+    """PIL refuses an image of over 178M pixels inside ``open``, before the project's 50M check:
+    either way the reason is ``too_many_pixels`` (issue #62)."""
+    huge = _encoded(Image.new("1", (14_000, 14_000)), "PNG")  # 196M pixels of one bit each
+    with pytest.raises(InvalidImage) as exc:
+        inspect_image(huge)
+    assert exc.value.reason == "too_many_pixels"
+    mid = _encoded(Image.new("1", (8_000, 8_000)), "PNG")  # 64M: over the project's bound only
+    with pytest.raises(InvalidImage) as exc:
+        inspect_image(mid)
+    assert exc.value.reason == "too_many_pixels" and "8000x8000" in str(exc.value)
 
 
 def test_phash64_is_unsigned_and_stable():
