@@ -34,8 +34,11 @@ def quiet_libraries() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("apache_beam", "root", "alembic", "mlflow", "ray"):
+    for name in ("apache_beam", "root", "alembic", "ray"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # MLflow logs its store's failures (a locked SQLite database, an unreachable server) with their
+    # tracebacks at ERROR before raising them; the CLI says them in one line (cli/failures.py)
+    logging.getLogger("mlflow").setLevel(logging.CRITICAL)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

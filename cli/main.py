@@ -55,6 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mmlinks: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # the machine around the command: a full disk, a lost server, a lock
+        from cli.failures import explain
+
+        known = explain(exc)
+        if known is None or args.debug:
+            raise
+        print(f"mmlinks: error: {scrub_credentials(str(known))}", file=sys.stderr)
+        if args.json:
+            emit_json({"error": scrub_credentials(str(known)), "exit_code": known.exit_code})
+        return known.exit_code
     if args.json:
         emit_json(result)
     elif args.show is not None:
