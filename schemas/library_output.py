@@ -61,7 +61,8 @@ def _copy_scrubbed(read_end: int, log) -> None:
 
     Whole lines are scrubbed; a line longer than 64 KiB (a progress bar without newlines) is
     written in parts that keep the last (longest secret - 1) bytes back, so no secret is cut
-    in two across parts.
+    in two across parts. A log that cannot be written (its disk full) stops being written; the
+    pipe is still drained, so the writers never block.
     """
     secrets = [(v.encode(), b"***") for v in credential_values()]
     keep = max((len(v) for v, _ in secrets), default=1) - 1
@@ -72,18 +73,30 @@ def _copy_scrubbed(read_end: int, log) -> None:
         return data
 
     pending = b""
-    with log:
-        while chunk := os.read(read_end, 65536):
-            pending += chunk
-            cut = pending.rfind(b"\n") + 1
-            if not cut and len(pending) > 65536:
-                pending = scrub(pending)
-                cut = len(pending) - keep
-            if cut:
-                log.write(scrub(pending[:cut]))
-                log.flush()
-                pending = pending[cut:]
-        log.write(scrub(pending))
+    writable = True  # until the log's disk is full: then the pipe is drained and nothing written
+
+    def write(data: bytes) -> None:
+        nonlocal writable
+        if not writable:
+            return
+        try:
+            log.write(data)
+            log.flush()
+        except OSError:  # ENOSPC (issue #62): the command's own error says it; no thread traceback
+            writable = False
+
+    while chunk := os.read(read_end, 65536):
+        pending += chunk
+        cut = pending.rfind(b"\n") + 1
+        if not cut and len(pending) > 65536:
+            pending = scrub(pending)
+            cut = len(pending) - keep
+        if cut:
+            write(scrub(pending[:cut]))
+            pending = pending[cut:]
+    write(scrub(pending))
+    with contextlib.suppress(OSError):
+        log.close()
     os.close(read_end)
 
 

@@ -213,3 +213,21 @@ def test_build_log_is_scrubbed_of_credentials_libraries_print(tmp_path, monkeypa
     assert "x" * 65530 + "***" + "y" * 40000 in text
     assert not _leaks(text), _leaks(text)
     fault_stats.add(faults_injected=6, invariant_checks=len(FORBIDDEN))
+
+
+def test_a_full_disk_under_the_build_log_stops_the_log_without_a_thread_traceback(monkeypatch):
+    """``/dev/full`` answers every write with ENOSPC: the copier stops writing, keeps draining the
+    pipe (a writer never blocks) and raises nothing (issue #62: it printed a 17-line thread
+    traceback before the build's own one-line error)."""
+    import os
+    import threading
+    from pathlib import Path
+
+    from schemas.library_output import library_output_to
+
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    with library_output_to(Path("/dev/full")):
+        for _ in range(64):  # 4 MiB: far past the pipe's buffer, so a stalled copier would block
+            os.write(2, b"x" * 65535 + b"\n")
+    assert raised == []
