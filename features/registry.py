@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from schemas.errors import MmlinksError
-
 
 @dataclass(frozen=True)
 class ExtractorSpec:
@@ -90,13 +88,6 @@ def global_extractor_names() -> list[str]:
 
 def region_extractor_names() -> list[str]:
     return [n for n, s in BUILTIN_EXTRACTORS.items() if s.kind == "regions"]
-
-
-def get_extractor_spec(name: str) -> ExtractorSpec:
-    spec = BUILTIN_EXTRACTORS.get(name)
-    if spec is None:
-        raise MmlinksError(f"unknown feature extractor {name!r}; known: {', '.join(BUILTIN_EXTRACTORS)}")
-    return spec
 
 
 def load_builtin(spec: ExtractorSpec) -> type:

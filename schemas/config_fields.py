@@ -107,12 +107,6 @@ def default_value(cls, name: str) -> Any:
     return default_of(options_of(cls)[name][0])
 
 
-def choices_of(cls, name: str) -> tuple:
-    """The allowed values of one field (what ``--help`` and the Dagster settings show)."""
-    _, info = options_of(cls)[name]
-    return info.allowed()
-
-
 def problems(obj) -> list[str]:
     """Every field of ``obj`` whose value breaks its choices or rule, as ``name (what is allowed)``."""
     bad = []

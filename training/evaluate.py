@@ -152,11 +152,3 @@ def load_linker(model_uri: str, tracking_uri: str | None = None):
     except Exception as exc:  # a corrupt or missing artifact surfaces from load_context as anything
         raise MmlinksError(f"cannot load {model_uri}: {type(exc).__name__}: {exc}") from exc
     return linker
-
-
-def load_model_uri(model_uri: str, tracking_uri: str | None = None) -> tuple[object, Vocabulary, int]:
-    """(model, vocabulary, max_tokens) of a logged or registered pyfunc model."""
-    linker = load_linker(model_uri, tracking_uri)
-    if not all(hasattr(linker, a) for a in ("model", "vocab", "max_tokens")):
-        raise MmlinksError(f"{model_uri} is not an mmlinks link model")
-    return linker.model, linker.vocab, int(linker.max_tokens)

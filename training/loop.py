@@ -45,10 +45,6 @@ class DivergedError(RuntimeError):
     """The loss became NaN or infinite: training stops, the last good checkpoint stays."""
 
 
-def batch_loss(model, batch: DocBatch, cfg: TrainConfig) -> torch.Tensor:
-    return objective_loss(model, batch, cfg)[0]
-
-
 def link_scores(model, batch: DocBatch) -> list[np.ndarray]:
     """Per-document sentence x image cosine matrices."""
     s, v = model.encode(batch)

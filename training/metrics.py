@@ -120,14 +120,6 @@ def summarize(per_doc: list[DocMetrics]) -> dict[str, float]:
     }
 
 
-def score_documents(
-    docs: list[tuple[str, np.ndarray, list[tuple[int, int]] | None]],
-) -> list[DocMetrics]:
-    """Metrics of every scorable (doc_id, scores, links) document, in input order."""
-    out = [document_metrics(d, s, lk) for d, s, lk in docs]
-    return [m for m in out if m is not None]
-
-
 def random_per_doc(
     docs: list[tuple[str, int, int, list[tuple[int, int]] | None]], seed: int = 0
 ) -> list[DocMetrics]:

@@ -393,14 +393,6 @@ def package_news_run(
     return log_news_model(checkpoint_dir, vocab, index, languages, run_id)
 
 
-def loaded_news_model(model_uri: str) -> NewsModel:
-    """A registered news model, loaded (its Python object, for the archive asset)."""
-    model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
-    if not isinstance(model, NewsModel):
-        raise MmlinksError(f"{model_uri} is not a news image selection model")
-    return model
-
-
 def news_split_metrics(
     net: NewsRetrieval,
     vocab: Vocabulary,
