@@ -84,6 +84,7 @@ def test_the_packaged_model_scores_raw_images_through_its_recorded_extractor(tin
     class is loaded from its artifacts as MLflow does; test_clip_towers.py goes through MLflow.)"""
     from types import SimpleNamespace
 
+    from training import integrity
     from training.backbone import build_model
     from training.packaging import LinkModel
     from training.text import Vocabulary
@@ -106,7 +107,10 @@ def test_the_packaged_model_scores_raw_images_through_its_recorded_extractor(tin
         k: str(tmp_path / f)
         for k, f in [("checkpoint", "ckpt"), ("vocab", "vocab.json"), ("extractor", "extractor.json")]
     }
-    served.load_context(SimpleNamespace(artifacts=artifacts))
+    logged = SimpleNamespace(
+        artifacts=artifacts, model_config=integrity.model_config(artifacts)
+    )  # as log_model
+    served.load_context(logged)
     images = [_png(0), _png(1)]
     ext = get_extractor(CLIP, weights=str(weights), model=TINY)
     feats = [ext.extract([Image.open(io.BytesIO(base64.b64decode(b)))])[0].features.tolist() for b in images]
@@ -116,7 +120,7 @@ def test_the_packaged_model_scores_raw_images_through_its_recorded_extractor(tin
     # the file moved away and none in the lookup: a one-line refusal, features still served
     (tmp_path / "extractor.json").write_text(json.dumps({**record, "weights": "/nowhere/tiny.pt"}))
     again = LinkModel()
-    again.load_context(SimpleNamespace(artifacts=artifacts))
+    again.load_context(SimpleNamespace(artifacts=artifacts, model_config=integrity.model_config(artifacts)))
     with pytest.raises(MlflowException, match="cannot load"):
         again.predict(None, pd.DataFrame([{"sentences": sentences, "images": images}]))
     assert len(again.predict(None, pd.DataFrame([{"sentences": sentences, "image_features": feats}]))) == 1
