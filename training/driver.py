@@ -485,6 +485,7 @@ def train_trial(inp: RunInputs, cfg: TrainConfig, limit: int, run_dir: str) -> t
     gpu = cfg.use_gpu and torch.cuda.is_available()
     trial = dataclasses.replace(inp, cfg=dataclasses.replace(cfg, use_gpu=gpu), train_limit=limit)
     loop_config, vocab = worker_loop_config(trial, Path(run_dir).name)
+    loop_config["test_kill"] = None  # a fault test's kill is for the run, not its candidates
     _, best = run_in_process(trial, loop_config, Path(run_dir))
     with best.as_directory() as d:
         model, _ = load_checkpoint_model(d)

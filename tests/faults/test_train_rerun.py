@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ARGS = [
     "--epochs", "2", "--d-multi", "16", "--workers", "0", "--min-word-count", "1",
     "--batch-docs", "2", "--select-by", "val_loss", "--run-name", "r",
+    "--image-centring", "none",  # the fixture's side: no image-side trials (issue #60)
 ]  # fmt: skip
 MODEL = "mmlinks-ap"
 
