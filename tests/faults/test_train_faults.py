@@ -209,7 +209,8 @@ def uninterrupted(data: Path, ref: Path) -> tuple[dict, list[dict]]:
     from training.experiment import run_experiment
 
     cfg = TrainConfig(data=str(data), storage_path=str(ref / "ray"), epochs=3, d_multi=16, num_workers=0,
-                      min_word_count=1, batch_docs=2, select_by="val_loss", run_name="r")  # fmt: skip
+                      min_word_count=1, batch_docs=2, select_by="val_loss", run_name="r",
+                      image_centring="none")  # fmt: skip
     res = run_experiment(cfg, tracking_uri(ref), model_name=None, alias=None, report_dir=ref)
     history = json.loads((latest_local(ref / "ray" / "r") / "meta.json").read_text())["history"]
     return res.to_dict(), history

@@ -109,10 +109,10 @@ def trial_epochs(epochs: int) -> int:
     return min(epochs, max(TRIAL_MIN_EPOCHS, math.ceil(TRIAL_SHARE * epochs)))
 
 
-def trial_config(cfg: TrainConfig, name: str) -> TrainConfig:
-    """Candidate ``name``'s brief run: its fields, ``trial_epochs`` epochs, the warm-up scaled
-    with them, the last epoch kept, in this process."""
-    epochs = trial_epochs(cfg.epochs)
+def trial_config(cfg: TrainConfig, name: str, epochs: int | None = None) -> TrainConfig:
+    """Candidate ``name``'s brief run: its fields, ``epochs`` epochs (``trial_epochs``), the
+    warm-up scaled with them, the last epoch kept, in this process."""
+    epochs = epochs or trial_epochs(cfg.epochs)
     values = {**CANDIDATES[name]}
     warmup = values.get("negatives_warmup", cfg.negatives_warmup)
     values["negatives_warmup"] = min(warmup, round(warmup * epochs / cfg.epochs))
@@ -247,25 +247,43 @@ def choose(
 
     t0 = time.perf_counter()
     docs = min(TRIAL_DOCS, sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths))
+    # A first round of trial_epochs; where no candidate links beyond chance yet (a small corpus:
+    # 400 documents of issue #33's looks linked nothing in 3 epochs), the same runs go on to the
+    # run's own epochs before the floor (the bag) is taken: too few steps are not evidence.
+    rounds = dict.fromkeys([trial_epochs(cfg.epochs), cfg.epochs])
     with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-") as tmp:
-        jobs_args = {
-            name: (trial, trial_config(cfg, name), docs, f"{tmp}/{name}", val_paths, cfg.max_tokens, cfg.seed)
-            for name in CANDIDATES
-        }
-        jobs = max(1, min(jobs, len(CANDIDATES)))
-        if jobs == 1 or docs * trial_epochs(cfg.epochs) < PARALLEL_MIN_DOC_EPOCHS:
-            per_doc = {name: scored_trial(*a) for name, a in jobs_args.items()}
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(jobs) as pool:  # threads that only wait on their processes
-                futures = {name: pool.submit(_in_process_of_its_own, a) for name, a in jobs_args.items()}
-                per_doc = {name: f.result() for name, f in futures.items()}
+        for epochs in rounds:
+            jobs_args = {
+                name: (
+                    trial,
+                    trial_config(cfg, name, epochs),
+                    docs,
+                    f"{tmp}/{name}",  # the second round resumes the first's checkpoints
+                    val_paths,
+                    cfg.max_tokens,
+                    cfg.seed,
+                )
+                for name in CANDIDATES
+            }
+            per_doc = _run_trials(jobs_args, jobs, docs * epochs)
+            if max((m for m in map(mean_score, per_doc.values()) if m is not None), default=0.0) > 0:
+                break
     name = pick(per_doc)
     scores = {k: mean_score(v) for k, v in per_doc.items()}
-    return Choice(
-        name, dict(CANDIDATES[name]), scores, time.perf_counter() - t0, docs, trial_epochs(cfg.epochs)
-    )
+    return Choice(name, dict(CANDIDATES[name]), scores, time.perf_counter() - t0, docs, epochs)
+
+
+def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[float | None]]:
+    """Every candidate's per-document criterion: here in turn, or ``jobs`` at a time in
+    processes of their own when the trials are long enough to pay for one."""
+    jobs = max(1, min(jobs, len(jobs_args)))
+    if jobs == 1 or doc_epochs < PARALLEL_MIN_DOC_EPOCHS:
+        return {name: scored_trial(*a) for name, a in jobs_args.items()}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(jobs) as pool:  # threads that only wait on their processes
+        futures = {name: pool.submit(_in_process_of_its_own, a) for name, a in jobs_args.items()}
+        return {name: f.result() for name, f in futures.items()}
 
 
 @dataclass(frozen=True)
