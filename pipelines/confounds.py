@@ -153,15 +153,23 @@ def similarity_gap(docs_features: Sequence[np.ndarray], pairs: int = 20_000, see
     for m in mats:
         z = (m[:, keep] - mean[keep]) / std[keep]
         unit.append(z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12))
+    # one array of every image and each document's row offset: the pairs are drawn at once, not in
+    # a Python loop (training logs these figures on every run)
+    allu = np.concatenate(unit)
+    starts = np.cumsum([0] + [len(u) for u in unit])[:-1]
+    sizes = np.array([len(u) for u in unit])
+    multi_a = np.array(multi)
     rng = np.random.default_rng(seed)
-    same, other = [], []
-    for _ in range(pairs):
-        d = unit[multi[rng.integers(len(multi))]]
-        a, b = rng.choice(len(d), size=2, replace=False)
-        same.append(float(d[a] @ d[b]))
-        i, j = rng.choice(len(multi), size=2, replace=False)
-        da, db = unit[multi[i]], unit[multi[j]]
-        other.append(float(da[rng.integers(len(da))] @ db[rng.integers(len(db))]))
+    d = multi_a[rng.integers(len(multi_a), size=pairs)]
+    a = rng.integers(sizes[d])
+    b = (a + 1 + rng.integers(sizes[d] - 1)) % sizes[d]  # another image of the same document
+    same = np.einsum("ij,ij->i", allu[starts[d] + a], allu[starts[d] + b])
+    i, j = multi_a[rng.integers(len(multi_a), size=pairs)], multi_a[rng.integers(len(multi_a), size=pairs)]
+    ok = i != j
+    i, j = i[ok], j[ok]
+    other = np.einsum(
+        "ij,ij->i", allu[starts[i] + rng.integers(sizes[i])], allu[starts[j] + rng.integers(sizes[j])]
+    )
     return float(np.mean(same) - np.mean(other))
 
 
