@@ -18,7 +18,7 @@ I/D)``, renormalised), ``random`` (a fresh random unit vector), ``articles`` (tr
 fused text vectors of ``--data``'s articles, the served model's real queries).
 
 The oracle is the exact top k over all N, chunk by chunk (a running top k), kept beside a cached
-index. The index is built by ``training.news.archive_build.build_streamed`` into
+index. The index is built by ``archive.build.build_streamed`` into
 ``--index-cache`` (checkpointed, so a killed build resumes; reused when it was built for the same
 N, D, seed, vectors and kind); ``--build-only`` stops after that and reports the build's time,
 CPU time and peak resident memory. Latency is timed one query at a time on ``--threads`` FAISS
@@ -83,7 +83,7 @@ class Database:
         if self.kind == "trained":
             from schemas.manifest import Manifest
             from training.checkpoints import load_checkpoint_model
-            from training.news.archive import archive_images
+            from archive.build import archive_images
 
             self.net = load_checkpoint_model(Path(args.model) / "checkpoint")[0]
             self.dim = self.net.cfg.d
@@ -101,7 +101,7 @@ class Database:
         if self.kind == "random":
             x = rng.standard_normal((rows, self.dim), dtype=np.float32)
             return x / np.linalg.norm(x, axis=1, keepdims=True)
-        from training.news.archive import embed_images
+        from archive.build import embed_images
 
         return embed_images(self.net, self.mixture.sample(rng, rows))
 
@@ -115,7 +115,7 @@ class Database:
 
     def source(self):
         """The build's source: chunk c from position c."""
-        from training.news.archive_build import ArchiveChunk
+        from archive.build import ArchiveChunk
 
         def source(start: int):
             for c in range(start, self.chunks()):
@@ -203,7 +203,7 @@ def folder_mb(folder: Path) -> dict:
 
 def build(db: Database, args) -> tuple[dict, object]:
     """Build (or resume, or reuse) the index; its report and the built ArchiveIndex."""
-    from training.news.archive_build import build_streamed
+    from archive.build import build_streamed
 
     key = {"n": db.n, "dim": db.dim, "seed": args.seed, "vectors": args.vectors, "db_chunk": DB_CHUNK}
     if args.vectors == "trained":
@@ -290,7 +290,7 @@ def _share_worker(folder: str, mmap: bool, q: np.ndarray, conn) -> None:
     """A process that loads the index, runs the queries, reports, and waits to be measured."""
     import faiss
 
-    from training.news.archive import ArchiveIndex
+    from archive.index import ArchiveIndex
 
     faiss.omp_set_num_threads(1)
     before = rss_mb()
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> dict:
     import faiss
     import torch
 
-    from training.news.archive import ArchiveIndex
+    from archive.index import ArchiveIndex
 
     cores = os.cpu_count() or 1
     faiss.omp_set_num_threads(cores)

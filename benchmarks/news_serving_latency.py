@@ -86,7 +86,7 @@ def news_checkpoint(folder: Path, words: int, dim: int, max_tokens: int, seed: i
 def archive(args):
     """The ArchiveIndex to package: the cached one, or a flat index of random vectors (16 of
     them with ``--archive-env``: the served archive is that folder)."""
-    from training.news.archive import ArchiveIndex
+    from archive.index import ArchiveIndex
 
     if args.index_cache:
         return ArchiveIndex.load(args.index_cache)

@@ -49,7 +49,7 @@ class Settings:
     # The Beam runner of every Beam job (dataset builds, link jobs), under build_options and link:
     # e.g. {"runner": "dask", "dask_address": "tcp://mmlinks-dask-scheduler:8786"}
     beam_runner: dict = field(default_factory=dict)
-    # archive_index_<news objective>: training.news.archive.KINDS ("ivfpq" for millions of images:
+    # archive_index_<news objective>: archive.index.KINDS ("ivfpq" for millions of images:
     # compressed, streamed and resumable, memory-mapped when served; issue #38)
     archive_index_kind: str = "flat"
     model_name: str = "mmlinks-{source}-{objective}"
@@ -142,7 +142,7 @@ class Settings:
         from_dict(SynthConfig, self.synthetic, what="synthetic setting")
         from_dict(Gate, self.gate, what="gate")
         self.link_config("-", "-", "-")  # unknown or bad link options fail here
-        from training.news.archive import KINDS
+        from archive.index import KINDS
 
         if self.archive_index_kind not in KINDS:
             raise MmlinksError(

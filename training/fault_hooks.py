@@ -62,7 +62,7 @@ _archive_calls: dict[str, int] = {}
 
 def archive_build_reached(stage: str) -> None:
     """SIGKILL this process at the N-th ``stage`` of a streamed archive index build
-    (``training.news.archive_build``) when ``$MMLINKS_TEST_KILL_ARCHIVE_AT`` is ``STAGE:N``:
+    (``archive.build``) when ``$MMLINKS_TEST_KILL_ARCHIVE_AT`` is ``STAGE:N``:
     ``added`` (a chunk is in the index, not yet checkpointed), ``checkpoint`` (one was
     written) or ``finish`` (the final files written, build.json not yet removed), so the resume
     test kills a real build at a known point. Unset: one look-up."""

@@ -15,7 +15,7 @@ from orchestration.resources import MlflowResource, RedditResource, StorageResou
 from schemas.manifest import Manifest
 from tests.orchestration.test_dagster_definitions import failures, materialize, settings
 from tests.training.news.helpers import news_checkpoint, write_news_dataset
-from training.news.archive import ArchiveIndex
+from archive.index import ArchiveIndex
 from training.news.serving import package_news_run
 from training.tracking import configure
 

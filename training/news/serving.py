@@ -13,7 +13,7 @@ archive's images for an article.
   (its vocabulary and embeddings do not cover it, so its ranking would be noise), an article
   without any source the model reads, a bad ``top_k``.
 
-The archive is an ``ArchiveIndex`` (``training/news/archive.py``) packaged with the model: every
+The archive is an ``ArchiveIndex`` (``archive/index.py``) packaged with the model: every
 distinct image of the training dataset, embedded by this model's image tower. The environment
 variable ``MMLINKS_NEWS_ARCHIVE`` names a newer index folder built for the same model (the
 Dagster asset ``news_archive_index`` writes one when the archive grows); it must have been built
@@ -42,8 +42,8 @@ from schemas.news import NEWS_SOURCES, SOURCES_KEY, sources_of
 from schemas.text import has_tokens
 from training import integrity
 from training.data import encode_sentences
-from training.news.archive import ArchiveIndex
-from training.news.archive_build import build_archive_index
+from archive.index import ArchiveIndex
+from archive.build import build_archive_index
 from training.news.model import NewsRetrieval, sentence_slots
 from training.packaging import _bad_request, pip_requirements
 from training.text import Vocabulary

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from training.config import TrainConfig
-from training.news.archive import ArchiveIndex
+from archive.index import ArchiveIndex
 from training.news.chain import SPACE, UNKNOWN, CharConvEncoder, char_id, char_sequences, char_table
 from training.news.losses import EMPTY_ORDER_SCORE, news_loss, order_scores
 from training.news.model import NewsConfig, NewsRetrieval

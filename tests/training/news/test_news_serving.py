@@ -23,7 +23,7 @@ from schemas.errors import MmlinksError
 from tests.conftest import free_port
 from tests.training.news.helpers import news_checkpoint, write_news_dataset
 from training.checkpoints import load_checkpoint_model
-from training.news.archive_build import build_archive_index
+from archive.build import build_archive_index
 from training.news.serving import (
     ARCHIVE_ENV,
     SERVE_THREADS,
@@ -66,7 +66,7 @@ def test_an_article_ranks_every_distinct_archive_image_as_brute_force_does(news_
 
 
 def _archive_features(paths):
-    from training.news.archive import archive_images
+    from archive.build import archive_images
 
     return archive_images(paths)[2]
 

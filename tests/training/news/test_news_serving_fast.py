@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from schemas.errors import MmlinksError
 from schemas.text import _TOKEN_RE, first_tokens, has_tokens, tokenize
-from training.news.archive import PQ_REFINE_FACTOR, ArchiveIndex, back_with_huge_pages
+from archive.index import PQ_REFINE_FACTOR, ArchiveIndex, back_with_huge_pages
 from training.news.model import NewsConfig, NewsRetrieval
 from training.news.serving import encode_article, encode_articles
 from training.text import Vocabulary

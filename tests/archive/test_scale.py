@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import MmlinksError
-from training.news.archive import ArchiveIndex
-from training.news.archive_build import build_streamed, vectors_source
-from training.news.archive_store import (
+from archive.index import ArchiveIndex
+from archive.build import build_streamed, vectors_source
+from archive.store import (
     IdLookup,
     StringTable,
     VectorFile,
@@ -302,7 +302,7 @@ def test_the_streamed_build_skips_ids_seen_before_and_trains_on_its_first_vector
 
 BUILD_SCRIPT = """
 import sys, numpy as np
-from training.news.archive_build import build_streamed, vectors_source
+from archive.build import build_streamed, vectors_source
 rng = np.random.default_rng(11)
 x = rng.standard_normal((3000, 16)).astype(np.float32)
 x /= np.linalg.norm(x, axis=1, keepdims=True)
@@ -379,8 +379,8 @@ def _shards(folder: Path, featureless: bool) -> list[str]:
 
 @pytest.mark.parametrize("featureless", [False, True])
 def test_the_shard_source_streams_every_distinct_image_once_and_resumes_at_a_position(tmp_path, featureless):
-    from training.news.archive import archive_images
-    from training.news.archive_build import shard_source
+    from archive.build import archive_images
+    from archive.build import shard_source
 
     paths = _shards(tmp_path, featureless)
     source = shard_source(paths, batch_rows=7, chunk_images=10)

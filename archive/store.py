@@ -6,7 +6,7 @@ strings is two flat files beside the index, ``NAME.bin`` (every row's UTF-8 byte
 and ``NAME.offsets`` (little-endian int64, rows + 1 of them, the first 0), memory-mapped and
 decoded one row at a time when a hit is named: a served model pays for the ten rows it returns,
 and several serving processes share the pages. Both files are append-only, so the streamed
-build (``training.news.archive``) appends a chunk's names and, resuming after a kill, cuts them
+build (``archive.index``) appends a chunk's names and, resuming after a kill, cuts them
 back to the last checkpoint's row count.
 
 An id -> row look-up (``IdLookup``, for ``delete`` and the duplicate checks of ``add`` and the
@@ -268,7 +268,7 @@ class VectorFile:
     ``os.pread``, then the rows appended since (in memory, written by ``write``). ``pread``
     rather than a memory map: the pages a query reads stay in the OS page cache, not in the
     serving process's resident memory, so a 10 GB file at 10M images costs the process only
-    the few rows of each query (ivfpq's final exact re-rank, ``training.news.archive``)."""
+    the few rows of each query (ivfpq's final exact re-rank, ``archive.index``)."""
 
     def __init__(self, d: int, rows: np.ndarray | None = None) -> None:
         self.d = d

@@ -3,7 +3,7 @@ model's image tower, searchable by an article's fused text vector.
 
 FAISS does the search (a library, not hand-written code); the kinds (``flat``, ``hnsw``,
 ``ivf``, ``pq`` and, for tens of millions of images, ``ivfpq``) are described and made in
-``training/news/archive_faiss.py``. Archive images are named by their ``content_id`` (the
+``archive/faiss_kinds.py``. Archive images are named by their ``content_id`` (the
 SHA-256 of the image bytes the build stores), so an agency photo that recurs across articles
 is one archive entry. Ties are broken by FAISS (lower position first for the flat index).
 
@@ -17,12 +17,14 @@ The folder holds ``index.faiss`` (ivfpq: its re-rank store apart, ``index.refine
 its float32 vectors, ``vectors.f32``); ``index.json`` (kind, dimension, rows, live size,
 version, fingerprint, search settings and their calibration, provenance); the names as
 memory-mappable string tables (``ids.bin`` / ``ids.offsets``, ``uris.bin`` / ``uris.offsets``:
-``archive_store``, with the id look-up's hash column ``ids.hash.npy`` / ``ids.hash_rows.npy``);
+``archive.store``, with the id look-up's hash column ``ids.hash.npy`` / ``ids.hash_rows.npy``);
 ``deleted.npy`` (the withdrawn rows). Folders written before issue #38 (``ids.json``) still
-load. ``load(mmap=True)`` maps the re-rank store from its file, so that serving workers share it.
+load (``archive/folder.py`` reads a folder back). ``load(mmap=True)`` maps the re-rank store
+from its file, so that serving workers share it. An ivfpq index's search settings are measured
+(``calibrate``: ``archive/calibration.py``).
 
 The streamed build (``build_streamed``) makes an index of any size in bounded memory, from
-chunks of (ids, vectors, uris), checkpointed and resumable: ``training/news/archive_build.py``.
+chunks of (ids, vectors, uris), checkpointed and resumable: ``archive/build.py``.
 """
 
 from __future__ import annotations
@@ -33,9 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from schemas.errors import MmlinksError
-from training.news.archive_faiss import (
-    HNSW_EF_SEARCH,
+from archive.calibration import CALIBRATION_QUERIES, TARGET_RECALL, calibrate
+from archive.faiss_kinds import (
     IVFPQ_STORE,
     KINDS,
     PQ_MAX_REFINE_FACTOR,
@@ -51,12 +52,12 @@ from training.news.archive_faiss import (
     ivfpq_cells,
     new_index,
     pq_subquantizers,
-    read_index_files,
     selector_supported,
     train,
     write_index_files,
 )
-from training.news.archive_store import (
+from archive.folder import FORMAT, read_folder
+from archive.store import (
     IdLookup,
     StringTable,
     VectorFile,
@@ -65,6 +66,7 @@ from training.news.archive_store import (
     save_npy_atomic,
     write_json_atomic,
 )
+from schemas.errors import MmlinksError
 
 __all__ = [
     "KINDS",
@@ -75,21 +77,6 @@ __all__ = [
     "ivf_nprobe",
     "pq_subquantizers",
 ]
-
-FORMAT = 2  # 1: ids.json (issue #18); 2: string tables, tombstones, version, fingerprint
-# index.json keys that are the index's own state, not provenance (``info``)
-STATE_KEYS = ("kind", "dim", "size", "rows", "deleted", "version", "fingerprint", "search")
-STATE_KEYS += ("refine_factor", "format", "build", "calibration")
-# ivfpq's nprobe and re-rank factor are measured at build time (``calibrate``): the cheapest
-# whose recall@10 against exact search reaches this on the calibration queries. One fixed
-# setting cannot serve both ends: random vectors need every cell probed for 0.95 at 1M, a
-# trained model's embeddings ~3 % of them (docs/benchmarks.md, issue #38)
-TARGET_RECALL = 0.97
-CALIBRATION_QUERIES = 200
-CALIBRATION_NOISE = 0.5  # query = vector + noise * N(0, I/d): a near neighbour, not the vector
-# re-rank factors tried: at 1M a trained model's clustered embeddings need 300 for 0.97 on
-# noisy queries, random vectors 50-100 (docs/benchmarks.md, issue #38)
-CALIBRATION_FACTORS = (100, 300, 1000)
 
 
 def _faiss():
@@ -382,7 +369,7 @@ class ArchiveIndex:
 
     def hold_resident(self) -> dict:
         """A memory-mapped index (``load(mmap=True)``, as served): read what every query touches
-        at random into memory now and keep it there (``archive_faiss.hold_resident``: mlock, else
+        at random into memory now and keep it there (``archive.faiss_kinds.hold_resident``: mlock, else
         populate): the mapped re-rank store and the name tables. A query of a just-loaded (or
         long idle) server otherwise pays a disk read for each page it touches first: the first
         200 served articles at 1M, FAISS search p50 / p99 3.9 / 22 ms instead of 0.4 / 0.5
@@ -438,47 +425,10 @@ class ArchiveIndex:
         count: int = CALIBRATION_QUERIES,
         seed: int = 0,
     ) -> dict:
-        """Choose an ivfpq index's nprobe and re-rank factor by measurement: for each factor of
-        ``CALIBRATION_FACTORS`` (ascending), the fewest cells (1, 2, 4, ... or all) whose
-        recall@10 against ``exact_search_rows`` reaches ``target``; the first factor that gets
-        there wins (else the best recall seen). ``queries``: the vectors the served model will
-        search with (a news archive: its articles' text vectors, ``build_model_archive``);
-        default ``count`` of its own vectors plus noise (seeded). A factor stops climbing the
-        probes once two doublings gained under 0.002 (the re-rank, not the cells, limits it).
-        What it measured is saved in index.json."""
-        if self.kind != "ivfpq" or not len(self):
-            return {}
-        rng = np.random.default_rng(seed)
-        source = "given"
-        if queries is None or not len(queries):
-            rows = np.sort(rng.choice(self.live_rows(), size=min(count, len(self)), replace=False))
-            noise = rng.standard_normal((len(rows), self.dim)).astype(np.float32) / np.sqrt(self.dim)
-            queries, source = self.vectors(rows) + CALIBRATION_NOISE * noise, "noisy database vectors"
-        q = np.ascontiguousarray(queries, dtype=np.float32)
-        q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
-        k = min(10, len(self))
-        truth = self.exact_search_rows(q, k)
-        cells = int(_faiss().downcast_index(self.index.base_index).nlist)
-        ladder = sorted({min(cells, 1 << i) for i in range(cells.bit_length() + 1)})
-        measured, best = {}, None
-        for factor in CALIBRATION_FACTORS:
-            gains = []
-            for nprobe in ladder:
-                self.set_search(nprobe=nprobe, k_factor=factor)
-                got = self.search_rows(q, k)[1]
-                r = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got, truth, strict=True)]))
-                measured[f"nprobe={nprobe} k_factor={factor}"] = round(r, 4)
-                if best is None or r > best[0] + 1e-9:
-                    best = (r, nprobe, factor)
-                gains.append(r)
-                if r >= target or (len(gains) >= 3 and gains[-1] - gains[-3] < 0.002):
-                    break
-            if best[0] >= target:
-                break
-        self.set_search(nprobe=best[1], k_factor=best[2])
-        self.calibration = {"target": target, "queries": len(q), "query_source": source, "seed": seed}
-        self.calibration.update(recall=round(best[0], 4), measured=measured)
-        return self.calibration
+        """Choose an ivfpq index's nprobe and re-rank factor by measurement on ``queries``
+        (default: ``count`` of its own vectors plus noise): ``archive.calibration.calibrate``.
+        What it measured, also saved in index.json."""
+        return calibrate(self, target, queries, count, seed)
 
     def live_rows(self) -> np.ndarray:
         """Every live row, ascending."""
@@ -519,114 +469,16 @@ class ArchiveIndex:
 
     @classmethod
     def load(cls, folder: str | Path, huge_pages: bool = False, mmap: bool = False) -> ArchiveIndex:
-        """``mmap``: map the index's big arrays from ``index.faiss`` (``archive_faiss.read_index``)
+        """``mmap``: map the index's big arrays from ``index.faiss`` (``archive.faiss_kinds.read_index``)
         and the names from their tables, so that several serving processes share one copy in
         the page cache; such an index cannot ``add``. ``huge_pages``: back the index's vectors
-        and codes with 2 MB pages (``back_with_huge_pages``; not for a mapped index)."""
+        and codes with 2 MB pages (``back_with_huge_pages``; not for a mapped index). The folder
+        is read and checked by ``archive.folder.read_folder``."""
         folder = Path(folder)
-        if not (folder / "index.faiss").is_file() or not (folder / "index.json").is_file():
-            unfinished = (folder / "build.json").is_file()
-            why = "an unfinished build: run it again to resume" if unfinished else "index.faiss missing"
-            raise MmlinksError(f"no archive index in {folder} ({why})")
-        meta = json.loads((folder / "index.json").read_text())
-        kind = meta.get("kind", "flat")
-        index = read_index_files(kind, folder, "index", mmap)
-        state = {key: meta.pop(key) for key in STATE_KEYS if key in meta}
-        if (folder / "ids.json").is_file():  # issue #18's folders
-            names = json.loads((folder / "ids.json").read_text())
-            ids, uris = names["ids"], names["uris"]
-        else:
-            ids = StringTable.open(folder, "ids", int(index.ntotal))
-            uris = StringTable.open(folder, "uris", int(index.ntotal))
-        deleted = np.load(folder / "deleted.npy") if (folder / "deleted.npy").is_file() else None
-        _check_folder(folder, kind, index, state, deleted)
-        exact = None
-        if kind == "ivfpq" and (folder / "vectors.f32").is_file():
-            exact = VectorFile.open(folder, "vectors", int(index.d), int(index.ntotal))
-        elif kind == "ivfpq" and int(state.get("search", {}).get("exact_factor", 0)):
-            raise MmlinksError(
-                f"archive index {folder}: vectors.f32 is missing (its search re-ranks on it; copy the "
-                "whole folder)"
-            )
-        if kind == "hnsw":
-            index.hnsw.efSearch = HNSW_EF_SEARCH
-        elif kind == "ivf":
-            index.nprobe = ivf_nprobe(int(index.nlist))
-        elif kind == "pq":  # indexes saved before the factor was saved: the old default
-            index.k_factor = int(state.get("refine_factor", PQ_REFINE_FACTOR))
-        out = cls(
-            index,
-            ids,
-            uris,
-            kind,
-            meta,
-            deleted=np.zeros(0, np.int64) if deleted is None else deleted.astype(np.int64),
-            version=int(state.get("version", 1)),
-            fingerprint=str(state.get("fingerprint", "")),
-            search_settings=dict(state.get("search", {})),
-            mmapped=mmap,
-            build_settings=dict(state.get("build", {})),
-            exact=exact,
-            calibration=dict(state.get("calibration", {})),
-        )
-        if not isinstance(ids, list):
+        args, legacy = read_folder(folder, mmap)
+        out = cls(**args)
+        if not legacy:
             out._lookup = IdLookup.load(folder, out.rows)  # None (built on first use) if stale
         if huge_pages and not mmap:
-            back_with_huge_pages(index)
+            back_with_huge_pages(out.index)
         return out
-
-
-def _check_folder(folder: Path, kind: str, index, state: dict, deleted: np.ndarray | None) -> None:
-    """Refuse a folder whose files do not belong together (a save or copy cut short): the rows
-    index.json counts, the IVF codes' and the re-rank store's rows, the withdrawn rows."""
-    rows = int(index.ntotal)
-    problems = []
-    if "rows" in state and int(state["rows"]) != rows:
-        problems.append(f"index.json counts {state['rows']} rows, index.faiss holds {rows}")
-    base, store = (
-        (int(index.base_index.ntotal), int(index.refine_index.ntotal)) if kind == "ivfpq" else (0, 0)
-    )
-    if base != store:
-        problems.append(f"index.faiss holds {base} rows, index.refine.faiss {store}")
-    if deleted is not None and len(deleted):
-        if "deleted" in state and int(state["deleted"]) != len(deleted):
-            problems.append(
-                f"index.json counts {state['deleted']} withdrawn rows, deleted.npy {len(deleted)}"
-            )
-        if int(np.max(deleted)) >= rows:
-            problems.append("deleted.npy names rows past the end")
-    if problems:
-        raise MmlinksError(
-            f"archive index {folder} is inconsistent: {'; '.join(problems)} (rebuild or re-copy it)"
-        )
-
-
-def archive_images(paths: list) -> tuple[list[str], list[str], np.ndarray]:
-    """(content ids, uris, CNN features [N, D]) of every distinct image of these shards (the
-    first occurrence of a content id wins: a recurring agency photo is one archive image), all
-    in memory: small archives and tests (``archive_build.shard_source`` streams them)."""
-    from schemas.shards import read_table
-
-    table = read_table(paths, columns=["doc_id", "images"]).sort_by("doc_id")
-    ids, uris, feats, seen = [], [], [], set()
-    for images in table.column("images").to_pylist():
-        for im in images:
-            if im["content_id"] in seen or not im.get("features"):
-                continue
-            seen.add(im["content_id"])
-            ids.append(im["content_id"])
-            uris.append(im.get("uri") or "")
-            feats.append(np.asarray(im["features"], dtype=np.float32))
-    return ids, uris, (np.stack(feats) if feats else np.zeros((0, 0), np.float32))
-
-
-def embed_images(net, features: np.ndarray, batch: int = 4096) -> np.ndarray:
-    """[N, D] CNN features -> [N, d] unit vectors through the news model's image tower."""
-    import torch
-
-    net.eval()
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(features), batch):
-            out.append(net.image(torch.as_tensor(features[i : i + batch])).float().numpy())
-    return np.concatenate(out) if out else np.zeros((0, net.cfg.d), np.float32)

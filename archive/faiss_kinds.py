@@ -18,7 +18,7 @@ Kinds (``KINDS``; issue #18 for the first four, issue #38 for ``ivfpq``):
   cells keep a query from scanning all of them. Why these parameters (cells, code size,
   store, probes, re-rank factor): the sweep in docs/benchmarks.md, issue #38.
 
-Deleted rows (tombstones, ``training.news.archive``) are skipped inside the search through an
+Deleted rows (tombstones, ``archive.index``) are skipped inside the search through an
 ``IDSelector`` (``flat``, ``hnsw``, ``ivf``; ``ivfpq`` through its base index's IVF parameters,
 so its re-rank only sees live candidates). ``IndexPQFastScan`` refuses a selector, so ``pq``
 over-fetches ``k + deleted`` and filters (``selector_supported``).

@@ -5,7 +5,7 @@
 the first ``train_size`` vectors, then adds the rest chunk by chunk; only one chunk (and the
 training sample) is ever in memory besides the index itself (~3.3 GB for ivfpq at 10M x 256).
 With a ``folder`` it checkpoints: the names are appended to their string tables as they come
-(``archive_store``), and after every ``checkpoint_rows`` rows the FAISS index is written to
+(``archive.store``), and after every ``checkpoint_rows`` rows the FAISS index is written to
 ``build-<rows>.faiss`` and then ``build.json`` (rows, source position, fingerprint) is renamed
 into place, so a kill at any point leaves the last complete checkpoint. Run again with the same
 source and settings, the build cuts the tables back to the checkpoint's rows, reloads its index
@@ -32,10 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from schemas.errors import MmlinksError
-from training.fault_hooks import archive_build_reached
-from training.news.archive import TARGET_RECALL, ArchiveIndex, embed_images
-from training.news.archive_faiss import (
+from archive.calibration import TARGET_RECALL
+from archive.faiss_kinds import (
     IVFPQ_STORE,
     TRAIN_SIZE,
     TRAINED_KINDS,
@@ -43,7 +41,8 @@ from training.news.archive_faiss import (
     read_index_files,
     write_index_files,
 )
-from training.news.archive_store import (
+from archive.index import ArchiveIndex
+from archive.store import (
     IdLookup,
     StringTable,
     VectorFile,
@@ -55,6 +54,8 @@ from training.news.archive_store import (
     truncate_vectors,
     write_json_atomic,
 )
+from schemas.errors import MmlinksError
+from training.fault_hooks import archive_build_reached
 
 CHECKPOINT_ROWS = 1_000_000  # rows between checkpoints: at 10M, ~10 writes of the growing index
 CHUNK_IMAGES = 65_536  # images per chunk of shard_source (~0.5 GB of 2048-d float32 features)
@@ -450,3 +451,34 @@ def build_archive_index(
         if str(exc) == "the archive has no image to index":
             raise MmlinksError("the archive has no image with features") from None
         raise
+
+
+def archive_images(paths: list) -> tuple[list[str], list[str], np.ndarray]:
+    """(content ids, uris, CNN features [N, D]) of every distinct image of these shards (the
+    first occurrence of a content id wins: a recurring agency photo is one archive image), all
+    in memory: small archives and tests (``shard_source`` streams them)."""
+    from schemas.shards import read_table
+
+    table = read_table(paths, columns=["doc_id", "images"]).sort_by("doc_id")
+    ids, uris, feats, seen = [], [], [], set()
+    for images in table.column("images").to_pylist():
+        for im in images:
+            if im["content_id"] in seen or not im.get("features"):
+                continue
+            seen.add(im["content_id"])
+            ids.append(im["content_id"])
+            uris.append(im.get("uri") or "")
+            feats.append(np.asarray(im["features"], dtype=np.float32))
+    return ids, uris, (np.stack(feats) if feats else np.zeros((0, 0), np.float32))
+
+
+def embed_images(net, features: np.ndarray, batch: int = 4096) -> np.ndarray:
+    """[N, D] CNN features -> [N, d] unit vectors through the news model's image tower."""
+    import torch
+
+    net.eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(features), batch):
+            out.append(net.image(torch.as_tensor(features[i : i + batch])).float().numpy())
+    return np.concatenate(out) if out else np.zeros((0, net.cfg.d), np.float32)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import MmlinksError
-from training.news.archive import (
+from archive.index import (
     KINDS,
     PQ_REFINE_FACTOR,
     ArchiveIndex,
