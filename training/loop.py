@@ -514,6 +514,7 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
         "data_wait_frac": tr["wait"] / max(train_time - first_wait, 1e-9),
         "epoch_start_s": first_wait,
         "step_s": (train_time - tr["wait"] - first_wait) / max(steps, 1),
+        "val_s": tr.get("val_time", 0.0),  # the validation pass (issue #63's time split)
         "skipped_docs": int(sums[4]),
         # steps some worker joined with a padding step (its share had no batch left to train)
         "uneven_steps": tr.get("uneven", 0),
@@ -633,8 +634,11 @@ def run_epochs(w: Worker, config: dict, train_shard, report) -> None:
         rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout masks
         tr = train_epoch(w, train_shard, epoch, rng, gen)
+        tv = time.perf_counter()
         sums = validate_epoch(w, val_batches, tr["skipped"])
-        metrics = epoch_metrics(w, epoch, tr, sums, extra_val_metrics(w, all_val))
+        extra = extra_val_metrics(w, all_val)
+        tr["val_time"] = time.perf_counter() - tv
+        metrics = epoch_metrics(w, epoch, tr, sums, extra)
         w.state.history.append(metrics)
         if mlflow_client is not None:
             log_metrics(mlflow_client, config["mlflow_run_id"], metrics, epoch)
