@@ -65,8 +65,8 @@ CONSTANTS: dict[str, dict] = {
 def run_row(data: str, overrides: dict, seed: int, constants: dict | None = None) -> dict:
     import importlib
 
+    from models.experiment import run_experiment
     from training.config import TrainConfig
-    from training.experiment import run_experiment
 
     cfg = TrainConfig(data=data, **{**BASE, "seed": seed, **overrides})
     targets = {}

@@ -158,7 +158,7 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
         best_epoch = result.best_epoch
         choice = result.choice.to_dict() if result.choice is not None else None
     else:
-        from training.experiment import run_experiment
+        from models.experiment import run_experiment
 
         with tempfile.TemporaryDirectory(prefix="link-family-") as wd:
             r = run_experiment(cfg, f"sqlite:///{wd}/mlflow.db", None, None, report_dir=wd)

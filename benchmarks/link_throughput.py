@@ -91,10 +91,10 @@ def register(workdir: Path, data: Path, d_multi: int, word_dim: int, seed: int) 
     import torch
     from mlflow.tracking import MlflowClient
 
+    from models.packaging import log_link_model
     from schemas.manifest import Manifest
     from training.backbone import build_model, get_backbone
     from training.config import TrainConfig
-    from training.packaging import log_link_model
     from training.text import Vocabulary
     from training.tracking import configure, tracking_uri
 

@@ -81,9 +81,9 @@ class Database:
         self.n, self.dim, self.seed, self.kind = args.n, args.dim, args.seed, args.vectors
         self.net = self.mixture = None
         if self.kind == "trained":
+            from archive.build import archive_images
             from schemas.manifest import Manifest
             from training.checkpoints import load_checkpoint_model
-            from archive.build import archive_images
 
             self.net = load_checkpoint_model(Path(args.model) / "checkpoint")[0]
             self.dim = self.net.cfg.d
@@ -132,7 +132,7 @@ def article_queries(args, net, count: int, splits=("test", "val", "train")) -> n
     from schemas.manifest import Manifest
     from schemas.news import sources_of
     from schemas.shards import read_table
-    from training.news.serving import encode_articles
+    from training.news.encode import encode_articles
     from training.text import Vocabulary
 
     vocab = Vocabulary.load(Path(args.model) / "vocab.json")

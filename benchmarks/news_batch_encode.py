@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> dict:
     import news_serving_latency as bench
     import torch
 
+    from training.news.encode import encode_article, encode_articles
     from training.news.model import NewsConfig, NewsRetrieval
-    from training.news.serving import encode_article, encode_articles
 
     torch.set_num_threads(1)
     words, max_tokens = 50_000, 100

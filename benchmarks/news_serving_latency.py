@@ -146,7 +146,8 @@ def in_process(model_path: Path, arts: list[dict], as_served: bool = False) -> d
     import mlflow
     import pandas as pd
 
-    from training.news.serving import SCORING_SERVER_ENV, encode_article, serving_threads
+    from models.news_threads import SCORING_SERVER_ENV, serving_threads
+    from training.news.encode import encode_article
 
     before = rss_mb(os.getpid())
     t0 = time.perf_counter()
@@ -204,7 +205,7 @@ def served_recall(model, arts: list[dict]) -> dict:
     the same archive vectors, for this run's articles (the served queries): what a smaller
     ``--refine-factor`` gives up. The exact oracle is the ``pq`` index's own full vectors (its
     re-rank store), an ``ivfpq`` folder's float32 vectors, or the index itself when exact."""
-    from training.news.serving import encode_article
+    from training.news.encode import encode_article
 
     q = np.concatenate([encode_article(model.model, model.vocab, model.max_tokens, a).numpy() for a in arts])
     got = model.archive.search_rows(q, 10)[1]
@@ -300,7 +301,8 @@ def encoder_check(model_path: Path, arts: list[dict]) -> dict:
     import mlflow
     import torch
 
-    from training.news.serving import encode_articles, serving_threads
+    from models.news_threads import serving_threads
+    from training.news.encode import encode_articles
 
     model = mlflow.pyfunc.load_model(str(model_path)).unwrap_python_model()
     net, vocab, T = model.model.eval(), model.vocab, model.max_tokens
@@ -372,7 +374,7 @@ def floor_model(folder: Path) -> Path:
     import mlflow
     from mlflow.models import ModelSignature
 
-    from training.news.serving import SIGNATURE
+    from models.news_serving import SIGNATURE
 
     class NoOp(mlflow.pyfunc.PythonModel):
         def predict(self, context, model_input, params=None):
@@ -424,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--threads",
         default=None,
         help="packaging: ENCODE,SEARCH torch and FAISS threads per request, or 'default' for the "
-        "libraries' defaults (default: training.news.serving.SERVE_THREADS)",
+        "libraries' defaults (default: models.news_threads.SERVE_THREADS)",
     )
     ap.add_argument(
         "--refine-factor",
@@ -478,7 +480,7 @@ def main(argv: list[str] | None = None) -> dict:
             return out
         arts = articles(args.queries, args.vocab, args.seed, args.data)
         if args.archive_env:
-            from training.news.serving import ARCHIVE_ENV
+            from models.news_serving import ARCHIVE_ENV
 
             os.environ[ARCHIVE_ENV] = str(Path(args.archive_env).resolve())  # also the server's
             out["archive_env"] = os.environ[ARCHIVE_ENV]
@@ -508,7 +510,8 @@ def finish(out: dict) -> dict:
 
 
 def package(args, work: Path, out: dict) -> Path:
-    from training.news.serving import SERVE_THREADS, save_news_model
+    from models.news_packaging import save_news_model
+    from models.news_threads import SERVE_THREADS
 
     t0 = time.perf_counter()
     index = archive(args)
@@ -519,8 +522,8 @@ def package(args, work: Path, out: dict) -> Path:
     out["archive"]["load_or_build_s"] = round(time.perf_counter() - t0, 1)
     languages = ["en"]
     if args.trained:
+        from models.news_packaging import train_languages
         from schemas.manifest import Manifest
-        from training.news.serving import train_languages
         from training.text import Vocabulary
 
         ckpt, vocab = Path(args.trained) / "checkpoint", Vocabulary.load(Path(args.trained) / "vocab.json")

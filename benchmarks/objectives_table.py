@@ -81,8 +81,8 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated row names to run (default: all)")
     args = ap.parse_args()
 
+    from models.experiment import run_experiment
     from training.config import TrainConfig
-    from training.experiment import run_experiment
     from training.tracking import tracking_uri
 
     work = Path(args.workdir).resolve()

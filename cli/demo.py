@@ -113,7 +113,7 @@ def query_production(uri: str, model_uri: str, dataset: Path) -> dict:
 
 
 def run_demo(args) -> dict:
-    from training.experiment import run_experiment
+    from models.experiment import run_experiment
     from training.tracking import tracking_uri
 
     t0 = time.perf_counter()
@@ -219,8 +219,8 @@ def _promote_and_query(args, uri: str, name: str, dataset: Path, version: str | 
     """The gate, then (if there is a production model) one query the way a downstream job makes it."""
     from mlflow.tracking import MlflowClient
 
-    from training.gate import Gate
-    from training.registry import promote
+    from models.gate import Gate
+    from models.registry import promote
 
     promotion = promote(MlflowClient(uri), name, dataset, config_fields.from_args(Gate, args))
     model_uri = f"models:/{name}@production"

@@ -51,7 +51,7 @@ def _query(uri: str, model_uri: str, dataset: Path) -> dict:
     import pandas as pd
 
     from schemas.manifest import Manifest
-    from training.retrieval.serving import split_pairs
+    from training.retrieval.pairs import split_pairs
 
     ids, texts, _ = split_pairs(Manifest.read(dataset).shard_paths(dataset, "test"))
     mlflow.set_tracking_uri(uri)
@@ -63,10 +63,10 @@ def _query(uri: str, model_uri: str, dataset: Path) -> dict:
 def run_retrieval_demo(args) -> dict:
     from mlflow.tracking import MlflowClient
 
-    from training.experiment import run_experiment
-    from training.gate import Gate
+    from models.experiment import run_experiment
+    from models.gate import Gate
+    from models.registry import promote
     from training.objectives.registry import default_model_name
-    from training.registry import promote
     from training.report import write_report
     from training.retrieval.report import evaluate_retrieval_split, load_registered, retrieval_report
     from training.tracking import tracking_uri

@@ -255,7 +255,7 @@ def _evaluate_news(args, model, vocab, max_tokens: int) -> dict:
     the per-sample file."""
     from schemas.manifest import Manifest
     from training.evaluate import write_per_doc
-    from training.news.serving import news_split_metrics
+    from training.news.evaluation import news_split_metrics
 
     if args.compare_uri or args.report or args.spread:
         raise MmlinksError("--compare-uri, --report and --spread are not available for news models")
@@ -342,8 +342,8 @@ def cmd_baseline(args) -> dict:
 def _nostruct_baseline(args, cfg) -> dict:
     """Train the NoStruct objective (one random sentence and image per document) and score it
     on the test split, tracked in MLflow like any training run but not registered."""
+    from models.experiment import run_experiment
     from schemas.manifest import Manifest
-    from training.experiment import run_experiment
     from training.tracking import tracking_uri
 
     if args.split != "test":

@@ -133,6 +133,7 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
     compared, not shipped, so nothing is registered (--model-name/--alias do not apply). Exit
     code 1 when any trial failed (its cell reads "failed"; the reason is in "trials").
     """
+    from models.experiment import package_run
     from training.grid import format_table, run_grid
     from training.tracking import tracking_uri
 
@@ -151,6 +152,7 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
         b_values=parse_b_values(getattr(args, "grid_b", None)),
         progress=True,
         **grid_selection(args),
+        package=package_run,  # each trial's model logged to its run (not registered)
     )
     if len(result.failed) == len(result.trials):
         first = result.failed[0].error if result.failed else "no trial ran"

@@ -11,7 +11,7 @@ from schemas.errors import MmlinksError
 
 def add_gate_args(p, **defaults) -> None:
     """The promotion gate's flags, from ``Gate``'s fields (``defaults``: the command's own)."""
-    from training.gate import Gate
+    from models.gate import Gate
 
     config_fields.add_arguments(p, Gate, defaults=defaults)
 
@@ -76,8 +76,8 @@ def add_parsers(sub) -> None:
 def cmd_promote(args) -> dict:
     from mlflow.tracking import MlflowClient
 
-    from training.gate import Gate
-    from training.registry import promote, rollback
+    from models.gate import Gate
+    from models.registry import promote, rollback
     from training.tracking import tracking_uri
 
     client = MlflowClient(tracking_uri(args.workdir))
@@ -99,9 +99,9 @@ def cmd_promote(args) -> dict:
 def _model_name(args, client, data) -> str:
     """--model-name, else the default name of --objective/--relation (the objective registry's
     rule), else the one default-named model of the dataset's family holding the alias."""
+    from models.registry import CANDIDATE, PRODUCTION, infer_model_name
     from schemas.manifest import Manifest
     from training.objectives.registry import default_model_name, relation_objectives, relation_problems
-    from training.registry import CANDIDATE, PRODUCTION, infer_model_name
 
     if args.model_name:
         return args.model_name

@@ -58,7 +58,7 @@ def cmd_train(args) -> dict:
     cfg = train_config_from_args(args)
     cfg.validate()  # config and dataset errors in one line, before torch / Ray / MLflow load
     check_objective_data(cfg, manifest)
-    from training.experiment import run_experiment
+    from models.experiment import run_experiment
     from training.objectives.registry import default_model_name
     from training.tracking import tracking_uri
 

@@ -144,9 +144,9 @@ def _raw_input(cfg: LinkConfig, model: ResolvedModel, tracking_uri: str):
     from mlflow.exceptions import MlflowException
 
     from features import get_extractor
+    from models.packaging import served_extractor_options
     from pipelines.build_config import BuildConfig
     from schemas.document import SCHEMA_VERSION
-    from training.packaging import served_extractor_options
 
     images = getattr(load_linker_at(model.load_uri, tracking_uri), "images", None)
     if images is None or not images.name:

@@ -1,7 +1,7 @@
 """The link model inside Beam: resolve the MLflow model once, check it fits the data, score
 padded batches of documents in a ``RunInference`` ModelHandler loaded once per worker.
 
-The registered pyfunc model (``training/packaging.py``) is loaded through ``load_linker``; its
+The registered pyfunc model (``models/packaging.py``) is loaded through ``load_linker``; its
 torch model encodes a whole batch at once (sentences of every document as one token tensor,
 images as one feature tensor, ``training.data``), and the sentence x image cosines of all the
 batch's documents come from one padded batched product, not a Python loop over documents.
@@ -66,7 +66,7 @@ def resolve_model(uri: str, tracking_uri: str) -> ResolvedModel:
 
 def check_model_fits(model: ResolvedModel, manifest: Manifest) -> None:
     """Refuse, before any work, a model trained on another feature extractor or schema version."""
-    from training.registry import check_run_params
+    from models.registry import check_run_params
 
     what = f"{model.info.uri} (version {model.info.version})" if model.info.version else model.info.uri
     check_run_params(model.params, manifest, what)

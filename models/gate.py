@@ -2,7 +2,7 @@
 lower is better, and R@10) (``mmlinks promote``, the demo, Dagster's promotion).
 
 Its own module, with no MLflow or torch, so that building the CLI's parser (the gate's flags are
-generated from these fields) stays cheap; ``training.registry`` applies it.
+generated from these fields) stays cheap; ``models.registry`` applies it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Gate:
     )
 
     # not a threshold: how long a promotion waits for another one of the same model to finish
-    # (promotions are serialised by a lock, ``training.registry.PromotionLock``)
+    # (promotions are serialised by a lock, ``models.registry.PromotionLock``)
     lock_wait_s: float = option(
         120.0,
         help="seconds to wait for another promotion of the same model to finish before giving up "

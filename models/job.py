@@ -1,10 +1,10 @@
 """Job entry point: one tracked experiment from a config file, its result as one JSON line.
 
-    python -m training.job --config train.json [--tracking-uri URI] [--model-name N] [--alias A]
-    python -m training.job --config '{"data": "...", "objective": "ap", ...}'   (Ray Jobs submit this)
+    python -m models.job --config train.json [--tracking-uri URI] [--model-name N] [--alias A]
+    python -m models.job --config '{"data": "...", "objective": "ap", ...}'   (Ray Jobs submit this)
 
 ``train.json`` is a ``TrainConfig`` dict (``TrainConfig.to_dict()``; unknown keys are ignored).
-The command runs ``training.experiment.run_experiment`` and prints ``ExperimentResult.to_dict()``
+The command runs ``models.experiment.run_experiment`` and prints ``ExperimentResult.to_dict()``
 as the last line of stdout (everything else, Ray's and MLflow's chatter included, goes to
 stderr); ``ExperimentResult.from_json`` reads it back. A cluster job (Ray Jobs) submits this
 instead of rebuilding a CLI command line. Errors: one ``mmlinks: error: ...`` line on stderr,
@@ -28,7 +28,7 @@ from schemas.errors import MmlinksError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m training.job", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m models.job", description=__doc__.splitlines()[0])
     p.add_argument(
         "--config",
         required=True,
@@ -68,7 +68,7 @@ def load_config(source: str):
 
 def run(args: argparse.Namespace):
     """The ExperimentResult of the job's arguments."""
-    from training.experiment import run_experiment
+    from models.experiment import run_experiment
     from training.tracking import tracking_uri
 
     if args.alias == "production":

@@ -27,7 +27,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
 from features.registry import DEFAULT_EXTRACTOR
-from training import integrity
+from models import integrity
 from training.data import make_batch
 from training.objectives.assignment import max_weight_matching
 from training.text import Vocabulary
@@ -154,7 +154,7 @@ class ImageFeaturizer:
     """Images in a request -> the CNN features the training data was built with: the extractor
     named by the model's ``extractor.json`` artifact, refused when this machine's weights version
     differs, loaded on the first request that sends images. Shared by the linking pyfunc and the
-    retrieval pyfunc (``training/retrieval/serving.py``).
+    retrieval pyfunc (``models/retrieval_serving.py``).
 
     An item is base64 bytes, a ``data:`` URI, or (only when ``MMLINKS_IMAGE_ROOT`` is set) a
     file path inside that folder; an unreadable one is a 400 naming the item."""
@@ -374,15 +374,10 @@ def log_link_model(
     return info.model_uri
 
 
-def example_document(sentences: list[str], features: list[list[float]]) -> dict:
-    return {"sentences": list(sentences), "image_features": [list(map(float, f)) for f in features]}
-
-
 __all__ = [
     "SIGNATURE",
     "ImageFeaturizer",
     "LinkModel",
-    "example_document",
     "log_link_model",
     "pip_requirements",
     "served_extractor",

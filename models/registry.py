@@ -6,9 +6,9 @@ when every gate holds, and records why (metrics, the previous production version
 ``rollback`` can restore the previous version and a refused promotion names the failing metric.
 
 Concurrent promotions of one model are serialised by a lock that is itself a registered model
-(``<name>.promotion-lock``): registered-model names are unique in every MLflow store, so
-creating it is an atomic compare-and-set on SQLite, PostgreSQL or a tracking server alike. A
-promotion that finds the lock held waits for it (``Gate.lock_wait_s``; past that, a
+(``<name>.promotion-lock``, ``models/promotion_lock.py``): registered-model names are unique in
+every MLflow store, so creating it is an atomic compare-and-set on SQLite, PostgreSQL or a
+tracking server alike. A promotion that finds the lock held waits for it (``Gate.lock_wait_s``; past that, a
 ``RetryLaterError``). After taking the lock the production alias is re-read; if it moved since
 the evaluation, the candidate is scored against the new production and gated again, never
 judged against a decision someone else has replaced.
@@ -17,9 +17,7 @@ judged against a decision someone else has replaced.
 from __future__ import annotations
 
 import json
-import sys
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,13 +25,13 @@ import numpy as np
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from models.gate import Gate
+from models.promotion_lock import PromotionLock
 from schemas.document import same_features
 from schemas.errors import MmlinksError, RetryLaterError
 from schemas.manifest import Manifest
 from schemas.shards import read_table
 from training.data import TRAINING_COLUMNS, iter_documents
-from training.family_hooks import served_evaluation
-from training.gate import Gate
 from training.metrics import document_metrics, summarize
 
 CANDIDATE, PRODUCTION = "candidate", "production"
@@ -45,12 +43,9 @@ PREVIOUS_TAG = "mmlinks.previous_production"
 # version's own tag: whichever step a crash (or a dead tracking server) interrupts, rollback goes
 # to the version production really replaced. (Written after the move, two promotions dying there
 # left a stale pair, and a rollback dying between the pair and the move lost what the restored
-# version had replaced: tests/training/test_registry.py has both.)
+# version had replaced: tests/models/test_registry.py has both.)
 REPLACED_TAG = "mmlinks.replaced_version"
 ROLLBACK_TAG = "mmlinks.rollback"
-LOCK_SUFFIX = ".promotion-lock"
-LOCK_TTL_S = 600.0
-LOCK_POLL_S = 0.5  # how often a waiting promotion looks at the lock again
 PRODUCTION_MOVES = 5  # re-gates against a production that moved before giving up
 
 
@@ -88,10 +83,9 @@ def evaluate_model_uri(
     A linking model: AUC, p@1, p@5 over the split's labelled documents. The serving limits
     (documents of at most 200 sentences/images) do not apply here: a dataset's long documents
     must not make promotion impossible. A model of another family, by its pyfunc's ``family``,
-    as that family's hook says (``training.family_hooks.served_evaluation``): a retrieval model
-    ("retrieval"), MedR and R@K over the gate's fixed pools of the split's pairs
-    (``training/retrieval/serving.py``); a news model ("news") the same over the split's news
-    samples (``training/news/serving.py``).
+    as ``served_evaluation`` says: a retrieval model ("retrieval"), MedR and R@K over the gate's
+    fixed pools of the split's pairs (``models/retrieval_serving.py``); a news model ("news") the
+    same over the split's news samples (``models/news_serving.py``).
     """
 
     manifest = Manifest.read(data)
@@ -101,7 +95,6 @@ def evaluate_model_uri(
     from training.evaluate import load_linker
 
     linker = load_linker(model_uri, tracking_uri)
-    # the family's own metrics (training.family_hooks: retrieval and news register theirs)
     evaluate_served = served_evaluation(getattr(linker, "family", "link"))
     if evaluate_served is not None:
         return evaluate_served(linker, paths)
@@ -114,6 +107,20 @@ def evaluate_model_uri(
     if not per_doc:
         raise MmlinksError(f"no labelled {split} document in {data} to evaluate on")
     return summarize(per_doc)
+
+
+def served_evaluation(family: str):
+    """The promotion gate's metrics of a served model whose pyfunc's ``family`` is ``family``:
+    ``evaluate(linker, paths) -> dict``; None: a link model's (AUC, p@k, ``evaluate_model_uri``)."""
+    if family == "retrieval":
+        from models.retrieval_serving import evaluate_retrieval
+
+        return evaluate_retrieval
+    if family == "news":
+        from models.news_serving import evaluate_news
+
+        return evaluate_news
+    return None
 
 
 def check_gate(cand: dict, prod: dict | None, gate: Gate) -> list[str]:
@@ -172,99 +179,6 @@ def check_retrieval_gate(cand: dict, prod: dict | None, gate: Gate) -> list[str]
                 f"production's {prod['r10']:.1f}"
             )
     return failures
-
-
-def _is_missing(exc: MlflowException) -> bool:
-    return "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower()
-
-
-class PromotionLock:
-    """An exclusive lock held as a registered model named ``<name>.promotion-lock``.
-
-    Creation is the atomic step (names are unique). Breaking a stale lock is not atomic in
-    MLflow's API: the holder's token is re-read right before the delete to keep the window
-    small, and a lock that vanished in between is simply taken again.
-    """
-
-    def __init__(
-        self,
-        client: MlflowClient,
-        name: str,
-        ttl_s: float = LOCK_TTL_S,
-        attempts: int = 5,
-        wait_s: float = 0.0,
-    ):
-        self.client, self.lock_name, self.ttl_s = client, name + LOCK_SUFFIX, ttl_s
-        self.token, self.attempts, self.wait_s = uuid.uuid4().hex, attempts, wait_s
-
-    def _try_create(self) -> bool:
-        try:
-            self.client.create_registered_model(
-                self.lock_name,
-                tags={"token": self.token, "acquired_at": str(time.time())},
-                description="held while a promotion runs; safe to delete if stale",
-            )
-            return True
-        except MlflowException as exc:
-            if "already exists" in str(exc).lower() or "RESOURCE_ALREADY_EXISTS" in str(exc):
-                return False
-            if _is_missing(exc):
-                # SQL stores answer a create that lost the race against a holder who already
-                # released with "not found" (the store re-reads the conflicting row): contention.
-                return False
-            raise MmlinksError(f"cannot take the promotion lock: {exc.message}") from exc
-
-    def __enter__(self) -> PromotionLock:
-        """Take the lock, waiting up to ``wait_s`` while another holder has it (polling every
-        ``LOCK_POLL_S``); a lock older than ``ttl_s`` is a crashed holder's and is broken."""
-        deadline = time.monotonic() + self.wait_s
-        tries, said = 0, False
-        while tries < self.attempts:
-            tries += 1
-            if self._try_create():
-                return self
-            try:
-                holder = self.client.get_registered_model(self.lock_name)
-            except MlflowException as exc:
-                if _is_missing(exc):
-                    continue  # released between our create and this read: try again
-                raise MmlinksError(f"cannot read the promotion lock: {exc.message}") from exc
-            age = time.time() - float(holder.tags.get("acquired_at", "0"))
-            if age <= self.ttl_s:
-                if time.monotonic() < deadline:
-                    if not said:  # a wait of up to minutes must not look like a hang
-                        said = True
-                        print(
-                            f"waiting up to {self.wait_s:.0f} s for another promotion of this model "
-                            f"to finish (lock {self.lock_name!r}, held {age:.0f} s)",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                    time.sleep(LOCK_POLL_S)
-                    tries = 0  # a live holder: waiting is not a failed attempt
-                    continue
-                waited = f"; waited {self.wait_s:.0f} s" if self.wait_s else ""
-                raise RetryLaterError(
-                    f"another promotion of this model is in progress (lock {self.lock_name!r}, "
-                    f"held {age:.0f} s{waited}); run the same command again once it has finished"
-                )
-            try:  # a crashed promotion left it behind; break it only if it is still that one
-                if self.client.get_registered_model(self.lock_name).tags.get("token") == holder.tags.get(
-                    "token"
-                ):
-                    self.client.delete_registered_model(self.lock_name)
-            except MlflowException as exc:
-                if not _is_missing(exc):
-                    raise MmlinksError(f"cannot break the stale promotion lock: {exc.message}") from exc
-        raise MmlinksError(f"could not take the promotion lock {self.lock_name!r}; try again")
-
-    def __exit__(self, *exc) -> None:
-        try:
-            holder = self.client.get_registered_model(self.lock_name)
-            if holder.tags.get("token") == self.token:
-                self.client.delete_registered_model(self.lock_name)
-        except MlflowException:
-            pass  # already broken as stale by someone else; nothing of ours to release
 
 
 def check_compatible(client: MlflowClient, name: str, version: str, manifest: Manifest) -> dict:

@@ -5,7 +5,7 @@ ranks candidate images for a text, and the evaluation promotion applies to it.
   ``image_features`` (their CNN feature vectors, same extractor as the training data) or
   ``images`` (base64 bytes or ``data:`` URIs, run through the extractor the training data was
   built with, recorded with the model and refused when this machine's weights differ, as the
-  linking pyfunc does: ``training.packaging.ImageFeaturizer``), with ``candidate_ids`` (their
+  linking pyfunc does: ``models.packaging.ImageFeaturizer``), with ``candidate_ids`` (their
   names; default "0", "1", ...). A row may not send both. Without candidates the query
   ranks the packaged gallery: the image features of the training dataset's test split (at most
   ``GALLERY_MAX`` of them, named by document id), so a served model answers a bare text.
@@ -18,7 +18,7 @@ ranks candidate images for a text, and the evaluation promotion applies to it.
   query depends only on its own row (its top-2 gap and the CAM on its pairs), so a query is
   ranked the same alone as in a batch.
 
-Promotion (``training/registry.py``) scores a version through ``evaluate_retrieval``: MedR and
+Promotion (``models/registry.py``) scores a version through ``evaluate_retrieval``: MedR and
 R@K over fixed pools (``GATE_POOL_SIZE`` x ``GATE_POOLS``, seed 0), so the candidate and the
 production version are measured on the same pools of the same split, whatever their training
 configs said.
@@ -38,12 +38,12 @@ import torch
 from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
+from models import integrity
+from models.packaging import ImageFeaturizer, _bad_request, _empty, pip_requirements
 from schemas.errors import MmlinksError
-from training import integrity
-from training.data import encode_sentences, features_of
-from training.packaging import ImageFeaturizer, _bad_request, _empty, pip_requirements
+from training.data import encode_sentences
 from training.ranking import GATE_POOL_SIZE, GATE_POOLS, retrieval_metrics
-from training.retrieval.losses import selective_refinement
+from training.retrieval.pairs import ranking_scores, split_pairs
 from training.text import Vocabulary
 
 SIGNATURE = ModelSignature(
@@ -68,20 +68,6 @@ SIGNATURE = ModelSignature(
 MAX_CANDIDATES = 10_000  # per query in a request; beyond it the request is refused (HTTP 400)
 MAX_IMAGES = 200  # raw candidate images per query (each runs the CNN on the server)
 GALLERY_MAX = 5_000  # packaged test-split images
-
-
-@torch.no_grad()
-def ranking_scores(
-    net, s: torch.Tensor, v: torch.Tensor, lam: float, threshold: float, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """texts [Q, d] x images [N, d] -> [Q, N]: ``net.score`` (the cosine less the query bank's
-    image term, ``bias`` [N] when computed before), with the selective refinement of lambda
-    ``lam`` and gap ``threshold`` for a model with a CAM (``lam`` 0: unrefined; a news ORDER
-    model: its negative order violation)."""
-    theta = net.score(s, v) if bias is None else net.score(s, v, bias)
-    if lam == 0 or net.cam is None or theta.shape[1] < 2:
-        return theta
-    return selective_refinement(theta, net.relation_probs(s, v), lam, threshold)[0]
 
 
 class RetrievalModel(mlflow.pyfunc.PythonModel):
@@ -196,24 +182,6 @@ class RetrievalModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=["candidates", "scores", "relation_probs"])
 
 
-def split_pairs(paths: list) -> tuple[list[str], list[str], np.ndarray]:
-    """(doc ids, texts, image features [M, D]) of a pair dataset's shards, by doc id; refuses
-    documents that are not one sentence and one image."""
-    from schemas.shards import read_table
-
-    table = read_table(paths, columns=["doc_id", "sentences", "images"]).sort_by("doc_id")
-    sentences = table.column("sentences").to_pylist()
-    feats, n_img = features_of(table)
-    bad = sum(1 for s, m in zip(sentences, n_img, strict=True) if len(s) != 1 or m != 1)
-    if bad:
-        raise MmlinksError(
-            f"retrieval models are evaluated on pair datasets (one sentence and one image per "
-            f"document); {bad} document(s) are not pairs"
-        )
-    features = np.concatenate(feats) if feats else np.zeros((0, 0), np.float32)
-    return table.column("doc_id").to_pylist(), [s[0] for s in sentences], features
-
-
 def evaluate_retrieval(model: RetrievalModel, paths: list, refine: bool = True) -> dict:
     """MedR, R@1/5/10 text-to-image (and i2t_medr, i2t_r10) of a loaded retrieval model on the
     pairs of ``paths``, over the gate's fixed pools."""
@@ -288,4 +256,11 @@ def log_retrieval_model(
     return info.model_uri
 
 
-__all__ = ["SIGNATURE", "RetrievalModel", "evaluate_retrieval", "log_retrieval_model", "split_pairs"]
+__all__ = [
+    "SIGNATURE",
+    "RetrievalModel",
+    "evaluate_retrieval",
+    "log_retrieval_model",
+    "ranking_scores",
+    "split_pairs",
+]

@@ -1,7 +1,7 @@
 """The asset graph: raw snapshots -> dataset versions -> per-objective models -> evaluations ->
 the production alias. Each asset is a small function of its upstream assets that calls what the
 CLI calls (``pipelines.synthetic_corpus.write_corpus``, ``pipelines.build``, ``data crawl diy``,
-``training.experiment.run_experiment``, ``training.registry``); I/O and external systems come
+``training.experiment.run_experiment``, ``models.registry``); I/O and external systems come
 from resources. Assets return small JSON-able dicts that point at the data (paths, versions, run
 ids); the data itself stays where the libraries write it.
 

@@ -6,7 +6,7 @@
     training_sensor:     a dataset version landed in a run that succeeded (checks passed)
                          -> train_job[source] (model_<objective> + evaluation_<objective> + checks)
     promotion_sensor:    an evaluation passed its floor -> promote_job[source] for that objective
-                         (training.registry's gate decides; off unless MMLINKS_AUTOMATION=1)
+                         (models.registry's gate decides; off unless MMLINKS_AUTOMATION=1)
     linking_sensor:      a source's dataset version or an objective's production alias moved
                          -> link_job[source] for linked_<objective>
 
@@ -68,7 +68,7 @@ def build_jobs(settings: Settings) -> dict[str, Any]:
         "promote_job": dg.define_asset_job(
             "promote_job",
             selection=dg.AssetSelection.assets(*[objective_key(PRODUCTION, o) for o in objectives]),
-            description="Move 'production' to each objective's candidate if training.registry's gate passes.",
+            description="Move 'production' to each objective's candidate if models.registry's gate passes.",
         ),
     }
 

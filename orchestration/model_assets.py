@@ -1,7 +1,7 @@
 """Per objective: ``model_<obj>[source]`` (train + register as candidate) -> ``evaluation_<obj>``
 (the registered version scored on the frozen split) -> ``production_<obj>`` (the gated alias).
 Linking and retrieval objectives alike: the library functions dispatch on the model's family
-(``training.registry``), the split comes from ``Settings.split_for``."""
+(``models.registry``), the split comes from ``Settings.split_for``."""
 
 from dataclasses import asdict
 
@@ -59,7 +59,7 @@ def objective_assets(
         kinds={"mlflow"},
         ins={"model": dg.AssetIn(model_key), "dataset": dg.AssetIn("dataset")},
         description=f"The registered {objective} version scored through its pyfunc model on the frozen "
-        f"{settings.split_for(objective)} split (training.registry.evaluate_model_uri, what promotion uses)"
+        f"{settings.split_for(objective)} split (models.registry.evaluate_model_uri, what promotion uses)"
         + (
             ": MedR and R@1/5/10 over fixed pools of 500."
             if settings.family(objective) == "retrieval"
@@ -78,7 +78,7 @@ def objective_assets(
         kinds={"mlflow"},
         ins={"evaluation": dg.AssetIn(evaluation_key), "dataset": dg.AssetIn("dataset")},
         description=f"The 'production' alias of the {objective} model: moved to the candidate only "
-        "through training.registry.promote's gate (candidate vs production on the same split, "
+        "through models.registry.promote's gate (candidate vs production on the same split, "
         + (
             "MedR rise and R@10 drop, MedR ceiling"
             if settings.family(objective) == "retrieval"
@@ -184,7 +184,7 @@ def evaluate_model(
     settings: Settings, objective: str, model: dict, dataset: dict, mlflow: MlflowResource
 ) -> dg.Output[dict]:
     """The registered version scored through its pyfunc on the promotion split."""
-    from training.registry import evaluate_model_uri
+    from models.registry import evaluate_model_uri
 
     split = settings.split_for(objective)
     with failures_explained(f"evaluation {objective} on {dataset['source']}"):
@@ -220,7 +220,7 @@ def promote_model(
     settings: Settings, objective: str, evaluation: dict, dataset: dict, mlflow: MlflowResource
 ) -> dg.Output[dict]:
     """Move production to the evaluated candidate through the gate, or fail with the reasons."""
-    from training.registry import promote
+    from models.registry import promote
 
     name = evaluation["model_name"]
     client = mlflow.client()

@@ -1,6 +1,6 @@
 """Per news objective (an objective whose registry ``packaging`` is "news-archive"):
 ``archive_index_<obj>[source]``, the FAISS index of every image of the source's current dataset
-version under the objective's production model (``training.news.serving.build_model_archive``).
+version under the objective's production model (``models.news_archive.build_model_archive``).
 
 It depends on ``dataset`` and ``production_<obj>``: when either moves, the index is rebuilt, in
 its own folder ``ROOT/archive/<source>/<obj>/<model version>@<dataset version>`` (versioned next
@@ -73,8 +73,8 @@ def build_current_archive(
     storage: StorageResource,
     mlflow: MlflowResource,
 ) -> dg.Output[dict]:
+    from models.news_archive import build_model_archive
     from schemas.manifest import Manifest
-    from training.news.serving import build_model_archive
 
     source = context.partition_key
     name = settings.registered_model_name(source, objective)

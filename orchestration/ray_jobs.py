@@ -1,6 +1,6 @@
 """Training on a Ray cluster through the Ray Jobs API.
 
-The job runs the training entry point ``python -m training.job --config '<TrainConfig JSON>'``
+The job runs the training entry point ``python -m models.job --config '<TrainConfig JSON>'``
 (with ``ray_address: auto``, so the driver joins the cluster it runs on): this module submits
 it with a runtime environment, streams the driver's log back while it runs, and returns the
 job's JSON result (run id, model URI, metrics). A job that ends FAILED or STOPPED raises
@@ -140,7 +140,7 @@ def connect(address: str):
 
 
 def train_command(cfg, model_name: str | None, alias: str | None, python: str = "python") -> list[str]:
-    """``python -m training.job --config '{...}'``: the config itself travels as JSON.
+    """``python -m models.job --config '{...}'``: the config itself travels as JSON.
 
     Every field goes into the JSON, so the job trains exactly ``cfg`` (nothing is re-derived
     from CLI defaults); the job's driver joins the cluster it runs on (``ray_address: auto``).
@@ -154,7 +154,7 @@ def train_command(cfg, model_name: str | None, alias: str | None, python: str = 
     return [
         python,
         "-m",
-        "training.job",
+        "models.job",
         "--config",
         config,
         "--model-name",
@@ -292,7 +292,7 @@ def submit_training(
     submission_id: str | None = None,
     metadata: dict[str, str] | None = None,
 ) -> TrainingOutcome:
-    """Train ``cfg`` as a Ray job (``python -m training.job``); its typed result and job id."""
+    """Train ``cfg`` as a Ray job (``python -m models.job``); its typed result and job id."""
     entrypoint = shlex.join(train_command(cfg, model_name, alias, settings.python))
     runtime_env = _runtime_env(settings, tracking_uri)
     client = connect(settings.address)

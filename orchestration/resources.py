@@ -191,7 +191,7 @@ class TrainingResource(dg.ConfigurableResource):
                 on_log=log,
                 metadata=job_metadata,
             )
-        from training.experiment import run_experiment
+        from models.experiment import run_experiment
 
         res = run_experiment(cfg, tracking_uri, model_name, alias, progress=False, report_dir=report_dir)
         return TrainingOutcome(res)

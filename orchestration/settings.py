@@ -42,7 +42,7 @@ class Settings:
     raw_inputs: dict[str, str] = field(default_factory=dict)  # source -> input (default ROOT/raw/<source>)
     synthetic: dict = field(default_factory=dict)  # SynthConfig overrides for the synthetic source
     thresholds: dict = field(default_factory=dict)  # orchestration.quality.Thresholds overrides
-    gate: dict = field(default_factory=dict)  # training.gate.Gate overrides of its defaults
+    gate: dict = field(default_factory=dict)  # models.gate.Gate overrides of its defaults
     promotion_split: str = "test"  # linking models
     retrieval_promotion_split: str = "val"  # retrieval models gate on validation MedR / R@10 (the paper)
     link: dict = field(default_factory=dict)  # linking.config.LinkConfig overrides for linked_<obj>
@@ -133,8 +133,8 @@ class Settings:
             if not re.fullmatch(r"[A-Za-z0-9_]+", name):
                 raise MmlinksError(f"objective name {name!r}: use letters, digits and '_' (it names assets)")
             self.train_config(name, data="-").validate()
+        from models.gate import Gate
         from orchestration.quality import Thresholds
-        from training.gate import Gate
 
         Thresholds.from_dict(self.thresholds)
         from pipelines.synthetic_corpus import SynthConfig
@@ -170,7 +170,7 @@ class Settings:
         return TrainConfig.from_dict(values)
 
     def gate_config(self):
-        from training.gate import Gate
+        from models.gate import Gate
 
         return Gate(**self.gate)  # Gate's own defaults, as `mmlinks promote`
 

@@ -374,7 +374,7 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
     def from_dict(cls, data: dict, *, strict: bool = False) -> TrainConfig:
         """A config from its dict. Saved configs (checkpoints, an older version's run) are read
         leniently: keys this version no longer has are dropped. ``strict`` is for a config given
-        to ``python -m training.job --config`` (a hand-written file, a job submitted by hand): an
+        to ``python -m models.job --config`` (a hand-written file, a job submitted by hand): an
         unknown key there is a typo, refused by name, not a setting silently left at its
         default. A Ray job that ``orchestration.ray_jobs`` submits sends every field of the
         submitter's TrainConfig, so a cluster running an older mmlinks than the submitter's

@@ -1,6 +1,9 @@
 """One tracked experiment: train with Ray, evaluate the best checkpoint, log and register it.
 
-This is what ``mmlinks train`` and the demo call; an orchestrator calls the same function.
+The model is packaged and registered by the layer above: ``run_experiment`` is handed a
+``Packager`` (``models.experiment.package_run``) and calls it once, inside the run, with the best
+checkpoint; training never imports ``models/``. ``mmlinks train``, the demo and the Ray job call
+``models.experiment.run_experiment``, which hands it over; an orchestrator calls the same.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import math
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +31,17 @@ from training.evaluate import evaluate
 from training.family_hooks import run_finish, run_plan
 from training.metrics import flat_within_warning
 from training.objectives.registry import check_objective_data, get_objective
-from training.packaging import example_document, log_link_model
 
 EXPERIMENT = "mmlinks"
 LABEL_SCAN_ROWS = 4096  # rows of links read at a time by ``has_labels``
+
+# How a finished run's model is packaged as an MLflow pyfunc and registered (the layer above
+# provides it: ``models.experiment.package_run``): ``package(packaging, ckpt_dir, cfg, manifest,
+# run, result, model_name, alias, tracking_uri, **details) -> (model URI, registered version or
+# None)``, called inside the run's MLflow run. ``packaging`` is the objective's
+# ``ObjectiveSpec.packaging`` ("link", "pairs", "news-archive"); ``details``: a link run's input
+# ``example``, a retrieval run's ``test_paths`` and ``refine``.
+Packager = Callable[..., tuple[str, str | None]]
 
 
 @dataclass
@@ -96,7 +107,7 @@ class ExperimentResult:
 
     @classmethod
     def from_json(cls, text: str) -> ExperimentResult:
-        """From the JSON line ``python -m training.job`` prints (the last JSON line of ``text``)."""
+        """From the JSON line ``python -m models.job`` prints (the last JSON line of ``text``)."""
         lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("{")]
         if not lines:
             from schemas.errors import MmlinksError
@@ -267,22 +278,17 @@ def _claim_training_run(cfg: TrainConfig, run, tracking_uri: str) -> None:
     tracking.close_abandoned_runs(MlflowClient(tracking_uri), run, key)
 
 
-def _log_model(result, manifest, example, model_name, alias, tracking_uri) -> tuple[str, str | None]:
-    """Log vocabulary, history and the packaged model; register it when ``model_name`` is given.
-    (model URI, registered version or None)."""
+def _log_model(
+    cfg, manifest, run, result, example, model_name, alias, tracking_uri, package: Packager
+) -> tuple[str, str | None]:
+    """Log vocabulary, history and, through ``package``, the packaged model, registered when
+    ``model_name`` is given. (model URI, registered version or None)."""
     mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
     mlflow.log_dict({"history": result.history}, "training_history.json")
     with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
-        fe = manifest.feature_extractor
-        # the build's extractor options (a CLIP architecture, ...; never the weight path), so the
-        # served model runs the same extractor on raw images
-        options = dict(manifest.build_params.get("extractor_options") or {})
-        model_uri = log_link_model(ckpt_dir, result.vocab, example, fe.name, fe.version, options)
-    version = None
-    if model_name:
-        version = tracking.register(model_uri, model_name, alias, tracking_uri)
-        model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
-    return model_uri, version
+        return package(
+            "link", ckpt_dir, cfg, manifest, run, result, model_name, alias, tracking_uri, example=example
+        )
 
 
 def _log_scores(scores: dict, best_epoch: int) -> None:
@@ -298,16 +304,17 @@ def _log_scores(scores: dict, best_epoch: int) -> None:
         mlflow.log_artifact(str(preds))
 
 
-def _example(cfg: TrainConfig, manifest):
+def _example(cfg: TrainConfig, manifest) -> dict | None:
     """A packaged model's input example: the first test document, for backbones that serve
-    feature-only requests (a transformer model refuses them, training/packaging.py)."""
+    feature-only requests (a transformer model refuses them, models/packaging.py)."""
     if not get_backbone(cfg.backbone).feature_only_requests:
         return None
     first = read_table(manifest.shard_paths(cfg.data, "test")[:1], ["sentences", "images"]).slice(0, 1)
-    return example_document(
-        first.column("sentences")[0].as_py(),
-        [im["features"] for im in first.column("images")[0].as_py()],
-    )
+    features = [im["features"] for im in first.column("images")[0].as_py()]
+    return {
+        "sentences": list(first.column("sentences")[0].as_py()),
+        "image_features": [list(map(float, f)) for f in features],
+    }
 
 
 # Documents of the training split the confound figures read (a bounded read of a large corpus).
@@ -366,15 +373,19 @@ def run_experiment(
     progress: bool = False,
     report_dir: str | Path | None = None,
     parent_run_id: str | None = None,
+    *,
+    package: Packager,
 ) -> ExperimentResult:
     """Train, evaluate, log, register; the HTML report goes to MLflow and to ``report_dir``
     (default: ``reports/`` next to the dataset). ``parent_run_id`` nests the run under a parent
-    (a grid's trials). An objective whose run plan (``training.family_hooks.run_plan``) takes
-    the config trains it in stages, each a run of its own nested under one parent run (the news
-    family's staged recipe); the result is then the last stage's, with ``parent_run_id`` set."""
+    (a grid's trials). ``package`` logs and registers the model (``Packager``; what
+    ``models.experiment.run_experiment`` hands over). An objective whose run plan
+    (``training.family_hooks.run_plan``) takes the config trains it in stages, each a run of its
+    own nested under one parent run (the news family's staged recipe); the result is then the
+    last stage's, with ``parent_run_id`` set."""
     plan = run_plan(cfg.objective)
     if plan is not None:
-        staged = plan(cfg, tracking_uri, model_name, alias, progress, report_dir, parent_run_id)
+        staged = plan(cfg, tracking_uri, model_name, alias, progress, report_dir, parent_run_id, package)
         if staged is not None:
             return staged
     manifest = Manifest.read(cfg.data)
@@ -392,7 +403,7 @@ def run_experiment(
             result = _fit(cfg, run.info.run_id, tracking_uri)
         finish = run_finish(get_objective(cfg.objective).family)
         if finish is not None:  # the family's own end of a run (retrieval and news)
-            return finish(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir)
+            return finish(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir, package)
         confounds = _log_confounds(cfg)
         warnings = [w for w in [flat_within_warning(result.history, confounds=confounds)] if w]
         if warnings:
@@ -402,7 +413,9 @@ def run_experiment(
             # still logged and registered; there is nothing to score it against.
             mlflow.set_tag("mmlinks.test", "not evaluated: the test split has no labelled document")
             mlflow.log_metric("best_epoch", result.best_epoch)
-            model_uri, version = _log_model(result, manifest, None, model_name, alias, tracking_uri)
+            model_uri, version = _log_model(
+                cfg, manifest, run, result, None, model_name, alias, tracking_uri, package
+            )
             return ExperimentResult(
                 run.info.run_id,
                 model_uri,
@@ -417,7 +430,9 @@ def run_experiment(
         _log_scores(scores, result.best_epoch)
         example = _example(cfg, manifest)
         report_path = _report(cfg, manifest, run, result, scores, report_dir, warnings, confounds)
-        model_uri, version = _log_model(result, manifest, example, model_name, alias, tracking_uri)
+        model_uri, version = _log_model(
+            cfg, manifest, run, result, example, model_name, alias, tracking_uri, package
+        )
     return ExperimentResult(
         run_id=run.info.run_id,
         model_uri=model_uri,

@@ -30,6 +30,8 @@ COPY README.md ./
 COPY schemas/ schemas/
 COPY pipelines/ pipelines/
 COPY training/ training/
+COPY archive/ archive/
+COPY models/ models/
 COPY orchestration/ orchestration/
 COPY infra/__init__.py infra/__init__.py
 RUN pip install -c constraints.txt . \

@@ -27,6 +27,8 @@ COPY --chown=1000:100 README.md ./
 COPY --chown=1000:100 schemas/ schemas/
 COPY --chown=1000:100 pipelines/ pipelines/
 COPY --chown=1000:100 training/ training/
+COPY --chown=1000:100 archive/ archive/
+COPY --chown=1000:100 models/ models/
 COPY --chown=1000:100 orchestration/ orchestration/
 COPY --chown=1000:100 infra/__init__.py infra/__init__.py
 RUN pip install -c constraints.txt . && mmlinks --help > /dev/null

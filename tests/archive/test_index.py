@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.errors import MmlinksError
 from archive.index import (
     KINDS,
     PQ_REFINE_FACTOR,
@@ -16,6 +15,7 @@ from archive.index import (
     ivf_nprobe,
     pq_subquantizers,
 )
+from schemas.errors import MmlinksError
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:

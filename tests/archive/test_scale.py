@@ -17,9 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.errors import MmlinksError
-from archive.index import ArchiveIndex
 from archive.build import build_streamed, vectors_source
+from archive.index import ArchiveIndex
 from archive.store import (
     IdLookup,
     StringTable,
@@ -29,6 +28,7 @@ from archive.store import (
     hash_ids,
     truncate_table,
 )
+from schemas.errors import MmlinksError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -202,7 +202,7 @@ def test_a_memory_mapped_index_searches_alike_and_refuses_to_grow(tmp_path):
 
 
 def test_a_served_mapped_index_holds_its_store_and_names_in_memory_and_finds_the_same(tmp_path, monkeypatch):
-    from training.news.serving import ARCHIVE_ENV, load_archive
+    from models.news_serving import ARCHIVE_ENV, load_archive
 
     rng = np.random.default_rng(11)
     x = _unit(rng, 600, 16)
@@ -379,8 +379,7 @@ def _shards(folder: Path, featureless: bool) -> list[str]:
 
 @pytest.mark.parametrize("featureless", [False, True])
 def test_the_shard_source_streams_every_distinct_image_once_and_resumes_at_a_position(tmp_path, featureless):
-    from archive.build import archive_images
-    from archive.build import shard_source
+    from archive.build import archive_images, shard_source
 
     paths = _shards(tmp_path, featureless)
     source = shard_source(paths, batch_rows=7, chunk_images=10)

@@ -129,8 +129,8 @@ def test_evaluate_a_checkpoint_with_spread_json(data, checkpoint, tmp_path):
 def _log_model(checkpoint: Path, workdir: Path) -> str:
     import mlflow
 
+    from models.packaging import log_link_model
     from training import tracking
-    from training.packaging import log_link_model
 
     uri = tracking.tracking_uri(workdir)
     tracking.configure(uri, "mmlinks")
@@ -180,6 +180,7 @@ def test_baseline_random_prints_a_table(data, tmp_path, capsys):
 
 
 def test_nostruct_trains_the_nostruct_objective_unregistered(data, tmp_path, monkeypatch, capsys):
+    import models.experiment
     import training.experiment
 
     seen = {}
@@ -191,7 +192,7 @@ def test_nostruct_trains_the_nostruct_objective_unregistered(data, tmp_path, mon
             "run1", "runs:/run1/model", None, 2, test, test, uri, "r.html"
         )
 
-    monkeypatch.setattr(training.experiment, "run_experiment", fake_run_experiment)
+    monkeypatch.setattr(models.experiment, "run_experiment", fake_run_experiment)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     args = ["baseline", "--data", str(data), "--method", "nostruct", "--epochs", "3", "--workers", "1"]
     assert main([*args, "--workdir", str(tmp_path)]) == 0

@@ -1,6 +1,6 @@
 """A registered model's files damaged in place (issue #62): every loader refuses it in one line
 naming the file, and ``promote`` never moves ``production`` to it. The digests are recorded when
-the model is logged (``training/integrity.py``)."""
+the model is logged (``models/integrity.py``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from models.integrity import DIGESTS_KEY, artifact_digests, verify_artifacts
 from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
 from schemas.errors import MmlinksError
-from training.integrity import DIGESTS_KEY, artifact_digests, verify_artifacts
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -154,8 +154,8 @@ def test_the_gate_refuses_a_candidate_whose_re_evaluation_disagrees_with_its_run
     the data its run was tested on must then agree with the run's logged test AUC (issue #62)."""
     from mlflow import MlflowClient
 
+    from models.registry import REEVALUATION_TOLERANCE, check_reevaluation
     from schemas.manifest import Manifest
-    from training.registry import REEVALUATION_TOLERANCE, check_reevaluation
 
     data = tmp_path / "ds"
     write_feature_corpus(data, FeatureCorpusConfig(docs=20, val_docs=5, test_docs=5, topics=2, dim=8))

@@ -29,22 +29,21 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-import training.registry as registry
-from schemas.errors import MmlinksError
-from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
-from tests.training.test_mlflow_server import MLFLOW, postgres  # noqa: F401 - the PostgreSQL fixture
-from tests.training.test_registry import log_trained_and_flipped
-from training.gate import Gate
-from training.registry import (
+import models.registry as registry
+from models.gate import Gate
+from models.promotion_lock import LOCK_SUFFIX, PromotionLock
+from models.registry import (
     CANDIDATE,
-    LOCK_SUFFIX,
     PRODUCTION,
-    PromotionLock,
     _version_by_alias,
     evaluate_model_uri,
     promote,
     rollback,
 )
+from schemas.errors import MmlinksError
+from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
+from tests.models.test_registry import log_trained_and_flipped
+from tests.training.test_mlflow_server import MLFLOW, postgres  # noqa: F401 - the PostgreSQL fixture
 from training.tracking import register as register_trained
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from models.registry import CANDIDATE, PRODUCTION, PromotionLock
 from tests.linking.conftest import register_model
-from training.registry import CANDIDATE, PRODUCTION, PromotionLock
 from training.tracking import tracking_uri
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

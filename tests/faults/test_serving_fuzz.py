@@ -23,10 +23,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from models.packaging import IMAGE_ROOT_ENV, MAX_IMAGES, MAX_SENTENCES
 from tests.conftest import free_port, start_http_server, stop_http_server, venv_env
 from tests.faults.conftest import FUZZ
-from tests.training.test_serving import MLFLOW
-from training.packaging import IMAGE_ROOT_ENV, MAX_IMAGES, MAX_SENTENCES
+from tests.models.test_serving import MLFLOW
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -203,10 +203,10 @@ def uninterrupted(data: Path, ref: Path) -> tuple[dict, list[dict]]:
     """The same run never killed, trained in this process (``--workers 0``: the same weights as
     one Ray worker, tests/training/test_train.py) on the session's Ray: (its result as
     ``mmlinks train --json`` prints it, its per-epoch history)."""
+    from models.experiment import run_experiment
     from tests.conftest import tracking_uri
     from training.checkpoints import latest_local
     from training.config import TrainConfig
-    from training.experiment import run_experiment
 
     cfg = TrainConfig(data=str(data), storage_path=str(ref / "ray"), epochs=3, d_multi=16, num_workers=0,
                       min_word_count=1, batch_docs=2, select_by="val_loss", run_name="r",

@@ -1,5 +1,5 @@
 """A registered link model for the linking tests, made without training: a small MulLink with
-seeded weights and the dataset's feature statistics, packaged by ``training.packaging`` and
+seeded weights and the dataset's feature statistics, packaged by ``models.packaging`` and
 registered in a real MLflow SQLite store with the params a training run logs (extractor, schema
 version). Its links are not good ones; the tests check the job, not the model."""
 
@@ -41,10 +41,10 @@ def register_model(
     import numpy as np
     from mlflow.tracking import MlflowClient
 
+    from models.packaging import log_link_model
     from schemas.manifest import Manifest
     from schemas.shards import read_table
     from training.data import features_of
-    from training.packaging import log_link_model
     from training.text import Vocabulary
     from training.tracking import configure
 

@@ -1,4 +1,4 @@
-"""``python -m training.job``: a config file in, one JSON result line out, typed on the way back."""
+"""``python -m models.job``: a config file in, one JSON result line out, typed on the way back."""
 
 import json
 import os
@@ -19,7 +19,7 @@ def run_job(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
-        [sys.executable, "-m", "training.job", *args],
+        [sys.executable, "-m", "models.job", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -48,8 +48,8 @@ def test_experiment_result_round_trips_through_its_dict_and_json():
 
 
 def test_a_submitted_config_with_an_unknown_key_is_refused_by_name(tmp_path):
+    from models.job import load_config
     from training.config import TrainConfig
-    from training.job import load_config
 
     with pytest.raises(
         MmlinksError,

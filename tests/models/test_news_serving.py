@@ -19,19 +19,15 @@ import pytest
 import torch
 from mlflow.exceptions import MlflowException
 
+from archive.build import build_archive_index
+from models.news_packaging import save_news_model, train_languages
+from models.news_serving import ARCHIVE_ENV, evaluate_news
+from models.news_threads import SERVE_THREADS
 from schemas.errors import MmlinksError
 from tests.conftest import free_port
 from tests.training.news.helpers import news_checkpoint, write_news_dataset
 from training.checkpoints import load_checkpoint_model
-from archive.build import build_archive_index
-from training.news.serving import (
-    ARCHIVE_ENV,
-    SERVE_THREADS,
-    encode_articles,
-    evaluate_news,
-    save_news_model,
-    train_languages,
-)
+from training.news.encode import encode_articles
 
 
 @pytest.fixture(scope="module")
@@ -228,10 +224,10 @@ def test_mmlinks_evaluate_scores_a_news_model_both_directions(news_model, tmp_pa
 
 
 def test_news_models_are_gated_on_validation_medr_and_r10_not_auc(news_model):
+    from models.gate import Gate
+    from models.registry import check_gate
     from orchestration.quality import Thresholds, check_evaluation_floor
     from orchestration.settings import Settings
-    from training.gate import Gate
-    from training.registry import check_gate
 
     loaded, _, paths, _ = news_model
     m = evaluate_news(loaded.unwrap_python_model(), paths)
@@ -254,7 +250,7 @@ def test_news_models_are_gated_on_validation_medr_and_r10_not_auc(news_model):
     "threads", [{"encode": 0, "search": 1}, {"encode": 1}, {"encode": "2", "search": 1}, [1, 1]]
 )
 def test_bad_serving_threads_are_refused_in_one_line_when_packaged(threads):
-    from training.news.serving import checked_threads
+    from models.news_threads import checked_threads
 
     with pytest.raises(MmlinksError, match="serving threads must be"):
         checked_threads(threads)

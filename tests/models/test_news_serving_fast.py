@@ -13,11 +13,11 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from archive.index import PQ_REFINE_FACTOR, ArchiveIndex, back_with_huge_pages
 from schemas.errors import MmlinksError
 from schemas.text import _TOKEN_RE, first_tokens, has_tokens, tokenize
-from archive.index import PQ_REFINE_FACTOR, ArchiveIndex, back_with_huge_pages
+from training.news.encode import encode_article, encode_articles
 from training.news.model import NewsConfig, NewsRetrieval
-from training.news.serving import encode_article, encode_articles
 from training.text import Vocabulary
 
 WORDS = [f"w{i}" for i in range(30)]
@@ -133,7 +133,7 @@ def test_predict_answers_an_empty_request_with_an_empty_frame(tmp_path):
     """Zero rows must give zero rows, not a 500 (no encoder runs)."""
     import pandas as pd
 
-    from training.news.serving import NewsModel
+    from models.news_serving import NewsModel
 
     net = _model("attention", 2, False, "cosine")
     model = NewsModel()
@@ -153,7 +153,7 @@ def test_a_request_of_several_articles_gives_each_the_top_k_it_gets_alone():
     single-article path: each article's top k and scores are the same either way."""
     import pandas as pd
 
-    from training.news.serving import NewsModel
+    from models.news_serving import NewsModel
 
     model = NewsModel()
     model.model, model.vocab, model.max_tokens, model.threads = (
@@ -186,8 +186,10 @@ def test_the_model_freezes_the_gc_and_warms_up_only_when_mlflow_serves_it(tmp_pa
     import mlflow
     import pandas as pd
 
+    from models.news_packaging import save_news_model
+    from models.news_serving import NewsModel
+    from models.news_threads import SCORING_SERVER_ENV
     from tests.training.news.helpers import news_checkpoint, write_news_dataset
-    from training.news.serving import SCORING_SERVER_ENV, NewsModel, save_news_model
 
     _, docs = write_news_dataset(tmp_path / "data")
     ckpt, vocab = news_checkpoint(tmp_path / "ckpt", docs)

@@ -11,10 +11,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from models.packaging import log_link_model
+from models.registry import CANDIDATE, PRODUCTION, Gate, PromotionLock, promote, rollback
 from schemas.errors import MmlinksError, RetryLaterError
 from tests.conftest import tracking_uri
-from training.packaging import log_link_model
-from training.registry import CANDIDATE, PRODUCTION, Gate, PromotionLock, promote, rollback
 from training.tracking import configure
 
 NAME = "reg-test"
@@ -75,7 +75,7 @@ def _register(client, uri, alias=CANDIDATE) -> str:
 
 def test_gate_promotes_rolls_back_and_explains_refusals(registry, dataset):
     client, uris = registry
-    from training.registry import evaluate_model_uri
+    from models.registry import evaluate_model_uri
 
     scores = {k: evaluate_model_uri(u, dataset) for k, u in uris.items()}
     better = max(scores, key=lambda k: scores[k]["auc"])
@@ -159,7 +159,7 @@ def test_a_refused_promotion_racing_a_passing_one_leaves_the_passing_verdict(reg
     one then finds its candidate production and stops: it does not overwrite the verdict on the
     version production now is (the verdict is written under the lock, after that check; it used
     to be written before the lock)."""
-    import training.registry as reg
+    import models.registry as reg
 
     client, uris = registry
     name = "verdict-race"

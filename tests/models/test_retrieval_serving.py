@@ -1,5 +1,5 @@
-"""The registered retrieval pyfunc (training/retrieval/serving.py) and its gated promotion
-(training/registry.py), on tiny untrained CMCM models logged to a SQLite MLflow store (no Ray:
+"""The registered retrieval pyfunc (models/retrieval_serving.py) and its gated promotion
+(models/registry.py), on tiny untrained CMCM models logged to a SQLite MLflow store (no Ray:
 the train -> register -> promote path through Ray and the CLI is the slow test of
 test_retrieval_objectives.py)."""
 
@@ -15,19 +15,19 @@ import torch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from models.gate import Gate
+from models.registry import CANDIDATE, PRODUCTION, check_gate, promote, rollback
+from models.retrieval_serving import evaluate_retrieval, log_retrieval_model
 from schemas.document import SCHEMA_VERSION
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from tests.conftest import tracking_uri
-from training.gate import Gate
+from tests.training.retrieval.test_retrieval_objectives import EXTRACTOR, VOCAB, WORDS, write_pair_dataset
 from training.ranking import retrieval_metrics
-from training.registry import CANDIDATE, PRODUCTION, check_gate, promote, rollback
 from training.retrieval.model import RetrievalConfig
 from training.retrieval.objective import build
-from training.retrieval.serving import evaluate_retrieval, log_retrieval_model, split_pairs
+from training.retrieval.pairs import split_pairs
 from training.text import Vocabulary
-
-from .test_retrieval_objectives import EXTRACTOR, VOCAB, WORDS, write_pair_dataset
 
 
 def write_checkpoint(folder: Path, seed: int, relations=VOCAB, image_dim: int = 6) -> Vocabulary:
@@ -193,8 +193,8 @@ def test_promote_names_the_model_by_the_objective_without_a_flag(store, capfd):
     """`mmlinks promote --data PAIRS` finds the model `mmlinks train --objective cmcm` registered
     (training.objectives.registry.default_model_name); several candidates need --objective."""
     from cli.main import main
+    from models.registry import default_names
     from training.objectives.registry import default_model_name
-    from training.registry import default_names
 
     assert default_model_name("cmcm") == "mmlinks-cmcm"
     assert default_model_name("cmcm-c", "Story") == "mmlinks-cmcm-c-Story"

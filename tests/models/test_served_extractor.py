@@ -17,8 +17,8 @@ from mlflow.exceptions import MlflowException
 from PIL import Image
 
 from features import get_extractor
+from models.packaging import served_extractor
 from tests.features.test_clip import TINY, save_tiny_clip
-from training.packaging import served_extractor
 
 CLIP = "clip-vit-b32"
 
@@ -84,9 +84,9 @@ def test_the_packaged_model_scores_raw_images_through_its_recorded_extractor(tin
     class is loaded from its artifacts as MLflow does; test_clip_towers.py goes through MLflow.)"""
     from types import SimpleNamespace
 
-    from training import integrity
+    from models import integrity
+    from models.packaging import LinkModel
     from training.backbone import build_model
-    from training.packaging import LinkModel
     from training.text import Vocabulary
 
     weights, version = tiny
@@ -129,7 +129,7 @@ def test_the_packaged_model_scores_raw_images_through_its_recorded_extractor(tin
 def test_the_link_jobs_build_options_rebuild_the_recorded_extractor(tiny, no_weights):
     """`mmlinks link --input` featurises raw documents through a Beam build: its extractor
     options are the recorded architecture plus the file that matched, not the defaults."""
-    from training.packaging import served_extractor_options
+    from models.packaging import served_extractor_options
 
     weights, version = tiny
     opts = served_extractor_options(CLIP, version, {"model": TINY}, str(weights))

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from models.packaging import MAX_SENTENCES, log_link_model
 from tests.conftest import free_port, start_http_server, stop_http_server, tracking_uri, venv_env
-from training.packaging import MAX_SENTENCES, log_link_model
 from training.tracking import configure
 
 MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"

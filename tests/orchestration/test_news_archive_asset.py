@@ -10,13 +10,13 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from archive.index import ArchiveIndex
+from models.news_packaging import package_news_run
 from orchestration.definitions import build_definitions
 from orchestration.resources import MlflowResource, RedditResource, StorageResource, TrainingResource
 from schemas.manifest import Manifest
 from tests.orchestration.test_dagster_definitions import failures, materialize, settings
 from tests.training.news.helpers import news_checkpoint, write_news_dataset
-from archive.index import ArchiveIndex
-from training.news.serving import package_news_run
 from training.tracking import configure
 
 ARCHIVE = dg.AssetKey("archive_index_news")
@@ -128,7 +128,7 @@ def test_the_asset_builds_the_compressed_kind_and_versions_it_next_to_the_model(
     next materialisation of the same model and dataset reports without rebuilding."""
     import pandas as pd
 
-    from training.news.serving import ARCHIVE_ENV
+    from models.news_serving import ARCHIVE_ENV
 
     defs = build_definitions(news_settings(archive_index_kind="ivfpq"), env["resources"])
     result = materialize(env, defs, [ARCHIVE], "news-jsonl")

@@ -297,7 +297,7 @@ def test_the_job_command_carries_the_whole_config_as_json(tmp_path):
         num_workers=1,
     )
     cmd = train_command(cfg, "m", "candidate", python="/opt/py/bin/python")
-    assert cmd[:5] == ["/opt/py/bin/python", "-m", "training.job", "--config", cmd[4]]
+    assert cmd[:5] == ["/opt/py/bin/python", "-m", "models.job", "--config", cmd[4]]
     assert cmd[5:] == ["--model-name", "m", "--alias", "candidate"]
     back = TrainConfig.from_dict(json.loads(cmd[4]))
     assert back == replace(cfg, ray_address="auto", ray_logs=False)

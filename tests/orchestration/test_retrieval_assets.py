@@ -21,7 +21,7 @@ from orchestration.quality import Thresholds, check_evaluation_floor
 from orchestration.resources import MlflowResource, RedditResource, StorageResource, TrainingResource
 from orchestration.settings import Settings
 from schemas.manifest import Manifest
-from tests.training.retrieval.test_retrieval_serving import register, write_pair_dataset
+from tests.models.test_retrieval_serving import register, write_pair_dataset
 
 EVALUATION, PRODUCTION = (dg.AssetKey(f"{k}_cmcm") for k in ("evaluation", "production"))
 NAME = "mmlinks-synthetic-cmcm"

@@ -74,8 +74,8 @@ def test_bag_trains_registers_serves_and_links(tmp_path, capfd):
 
 
 def _run(data, tmp_path, name: str, **overrides):
+    from models.experiment import run_experiment
     from training.config import TrainConfig
-    from training.experiment import run_experiment
 
     cfg = TrainConfig(data=str(data), epochs=10, d_multi=256, lr=1e-3, num_workers=0, **overrides)
     wd = tmp_path / name

@@ -114,8 +114,8 @@ def test_the_clip_backbone_trains_with_ray_registers_and_serves_raw_images(
 
     from features import get_extractor
     from features.images import decode
+    from models.experiment import run_experiment
     from tests.conftest import small_train_config
-    from training.experiment import run_experiment
 
     data, weights = clip_data
     cfg = small_train_config(

@@ -345,8 +345,8 @@ def test_each_family_trains_on_two_workers_and_registers(objective, tmp_path, ra
     the gloo test above)."""
     from mlflow.tracking import MlflowClient
 
+    from models.experiment import run_experiment
     from training.config import TrainConfig
-    from training.experiment import run_experiment
 
     empty = 0 if family_of(objective) == "retrieval" else EMPTY_TRAIN
     data = write_dataset(tmp_path / "ds", family_of(objective), empty_train=empty)

@@ -9,7 +9,7 @@ import json
 import pytest
 from mlflow.exceptions import MlflowException
 
-from training.packaging import ImageFeaturizer, check_extractor_version
+from models.packaging import ImageFeaturizer, check_extractor_version
 
 NAME = "efficientnet-lite0"
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from models.experiment import package_run
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from tests.conftest import small_train_config, tracking_uri
@@ -147,7 +148,7 @@ def test_grid_command_arguments(dataset, tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run_grid(name, base, datasets, uri, max_concurrent, b_values, progress, report_dir):
+    def fake_run_grid(name, base, datasets, uri, max_concurrent, b_values, progress, report_dir, package):
         seen.update(
             name=name,
             base=base,
@@ -228,7 +229,15 @@ def test_grid_end_to_end_with_ray_tune_and_mlflow(dataset, tmp_path, ray_local):
     )
     uri = tracking_uri(tmp_path)
     t0 = time.perf_counter()
-    res = run_grid(spec, base, {"MSCOCO": str(dataset)}, uri, max_concurrent=2, report_dir=tmp_path / "rep")
+    res = run_grid(
+        spec,
+        base,
+        {"MSCOCO": str(dataset)},
+        uri,
+        max_concurrent=2,
+        report_dir=tmp_path / "rep",
+        package=package_run,
+    )
     elapsed = time.perf_counter() - t0
     assert [t.status for t in res.trials] == ["ok", "ok"], [t.error for t in res.trials]
     assert {t.key for t in res.trials} == {"nostruct-full-mean-b3", "ap-full-hard-b3"}

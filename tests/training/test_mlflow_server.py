@@ -81,9 +81,9 @@ def test_train_register_promote_and_load_through_a_postgres_backed_server(
     import psycopg2
     from mlflow.tracking import MlflowClient
 
+    from models.experiment import run_experiment
+    from models.registry import Gate, promote
     from tests.conftest import small_train_config
-    from training.experiment import run_experiment
-    from training.registry import Gate, promote
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     cfg = small_train_config(dataset, tmp_path / "ray", epochs=2)

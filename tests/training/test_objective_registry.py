@@ -139,10 +139,10 @@ def test_relation_and_table_rules_follow_spec_fields_not_names():
     a table name gets them with no other change."""
     from types import SimpleNamespace
 
+    from models.registry import default_names
     from training.backbone import only_its_objectives
     from training.grid.retrieval import RETRIEVAL_ROWS, method_name, retrieval_paper_points
     from training.objectives.registry import relation_objectives, relation_problems
-    from training.registry import default_names
 
     base = get_objective("cmcm-c")
     spec = ObjectiveSpec(**{**base.__dict__, "name": "cmcm-toy", "table_name": "TOY"})

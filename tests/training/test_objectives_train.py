@@ -206,7 +206,7 @@ def test_a_test_split_without_labels_is_not_evaluated_but_the_model_is_registere
 
     from mlflow.tracking import MlflowClient
 
-    from training.experiment import run_experiment
+    from models.experiment import run_experiment
 
     data = tmp_path / "data"
     shutil.copytree(dataset, data)

@@ -131,9 +131,9 @@ def test_minilm_trains_with_ray_and_serves_through_the_packaged_model(dataset, r
     import mlflow
     import pandas as pd
 
+    from models.packaging import log_link_model
     from tests.conftest import small_train_config
     from training.driver import fit
-    from training.packaging import log_link_model
 
     cfg = small_train_config(dataset, tmp_path / "ray", backbone="minilm", epochs=1, word_vectors="random")
     result = fit(cfg)

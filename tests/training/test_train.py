@@ -11,10 +11,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from models.experiment import run_experiment
 from tests.conftest import param_digests, small_train_config, tracking_uri
 from training.config import TrainConfig
 from training.driver import fit
-from training.experiment import run_experiment
 from training.link.image_side import CANDIDATES
 
 

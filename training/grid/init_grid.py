@@ -38,7 +38,7 @@ TABLE1, FULL_ROW = "news-table1", "full"
 # caption first: divide and conquer takes the shared parts from the first listed source
 INIT_ORDER = ("caption", "body", "headline", "lead")
 ARCH_FIELDS = ("d_shared", "news_heads", "news_encoder", "word_vectors", "min_word_count", "max_tokens")
-CHECKPOINT_PATH = "artifacts/checkpoint"  # inside a logged news model (training/news/serving.py)
+CHECKPOINT_PATH = "artifacts/checkpoint"  # inside a logged news model (models/news_serving.py)
 
 
 def _parent(client, run_id: str):

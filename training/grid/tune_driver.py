@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schemas.errors import MmlinksError
 from training.config import TrainConfig
@@ -30,6 +31,9 @@ from training.grid.tracking import (
     open_parent_run,
 )
 
+if TYPE_CHECKING:  # pragma: no cover
+    from training.experiment import Packager
+
 # Ray Tune refuses a trial with no resources at all; the trial only drives Ray Train (its
 # workers reserve their own CPUs), so a sliver keeps it from taking a worker's slot.
 TRIAL_DRIVER_CPUS = 0.1
@@ -44,6 +48,7 @@ def _grid_trial(
     grid: str,
     report_dir: str | None,
     family: str = "link",
+    package=None,
 ) -> None:
     """One Tune trial: train, evaluate and log one grid point on one dataset, then report the
     test metrics to Tune. An expected failure (MmlinksError) is reported as a failed trial with
@@ -67,6 +72,7 @@ def _grid_trial(
             progress=False,
             report_dir=report_dir,
             parent_run_id=parent_run_id,
+            package=package,  # logs the trial's model (runs:/...), as mmlinks train does
         )
         client = MlflowClient(tracking_uri)
         for k, v in tags.items():
@@ -391,6 +397,7 @@ def run_grid(
     rows: Sequence[str] | None = None,
     repeats: int | None = None,
     init_from_grid: str | None = None,
+    package: Packager | None = None,
 ) -> GridResult:
     """Run a paper grid: one Tune trial per (dataset, grid point), each an MLflow run nested
     under one parent run that ends up holding the table (markdown and JSON).
@@ -404,7 +411,9 @@ def run_grid(
     retrieval grid trains each model with (default: the spec's, 3 for Alikhani et al.'s tables).
     ``init_from_grid``: news-table2 only, the MLflow parent run of a finished news-table1 grid
     whose best "full" trial per source the fuser rows load (``training/grid/init_grid.py``).
-    Trials are not registered in the model registry: a grid compares, it does not ship.
+    Trials are not registered in the model registry: a grid compares, it does not ship; each
+    trial's model is still logged to its run by ``package`` (``training.experiment.Packager``,
+    required: ``models.experiment.package_run``), the checkpoint ``init_from_grid`` reads.
     """
     spec = _select(name, base_cfg, b_values, rows, repeats)
     if max_concurrent is not None and max_concurrent < 1:
@@ -412,6 +421,8 @@ def run_grid(
     tracking_uri = _absolute_tracking_uri(tracking_uri)
     inits = _grid_inits(spec, base_cfg, datasets, tracking_uri, storage_path, init_from_grid)
     datasets = _check_inputs(spec, base_cfg, datasets, inits)
+    if package is None:
+        raise TypeError("run_grid needs package= (models.experiment.package_run): each trial logs its model")
     from ray import tune
 
     specs = _trial_specs(spec, base_cfg, datasets, inits)
@@ -432,6 +443,7 @@ def run_grid(
             grid=spec.name,
             report_dir=report_dir,
             family=spec.family,
+            package=package,
         )
         result_grid = _tune(
             spec,

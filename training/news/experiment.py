@@ -1,6 +1,7 @@
-"""The news family's parts of a run's end (the retrieval family's run finish ends a news run,
+"""The news family's part of a run's end (the retrieval family's run finish ends a news run,
 through the core's hooks: ``training.family_hooks``, ``BackboneSpec.run_warnings``): the
-warning about training texts cut by ``--news-max-tokens``, and the "news-archive" packaging."""
+warning about training texts cut by ``--news-max-tokens``. (The "news-archive" packaging of the
+run is ``models/``'s: ``models.experiment``.)"""
 
 from __future__ import annotations
 
@@ -20,11 +21,3 @@ def cut_warnings(model) -> list[str]:
     if warning:
         mlflow.set_tag("mmlinks.warning", warning)
     return [warning] if warning else []
-
-
-def package_archive_run(ckpt_dir, cfg, manifest, run, result, test_paths: list[str], refine: dict) -> str:
-    """The "news-archive" pyfunc of a run: an article -> the whole dataset's images ranked
-    through a FAISS archive index (``training.news.serving.package_news_run``); its URI."""
-    from training.news.serving import package_news_run
-
-    return package_news_run(ckpt_dir, result.model, result.vocab, cfg.data, manifest, run.info.run_id)

@@ -1,14 +1,15 @@
 """The news family's registrations: the ``news`` objective and backbone (Liu et al.), added to
 the core's registries (``training.families``), and the family's hooks (``training.family_hooks``):
-its "news-archive" packaging, its backbone's run warnings and the promotion gate's metrics of its
-served models (a news run otherwise ends as a retrieval run: its family is "retrieval")."""
+its staged recipe (the run plan) and its backbone's run warnings (a news run otherwise ends as a
+retrieval run: its family is "retrieval"). Its "news-archive" packaging and the promotion gate's
+metrics of its served models are ``models/``'s (``models.experiment``, ``models.registry``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from training.backbone import BackboneSpec, only_its_objectives, register_backbone
-from training.family_hooks import register_packager, register_run_plan, register_served_evaluation
+from training.family_hooks import register_run_plan
 from training.objectives.registry import ObjectiveSpec, register_objective
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,24 +145,7 @@ register_backbone(
 )
 
 
-# ------------------------------------------------------------------------ the run's end and promotion
-
-
-def _package_archive_run(*args, **kwargs) -> str:
-    from training.news.experiment import package_archive_run
-
-    return package_archive_run(*args, **kwargs)
-
-
-def _evaluate_served(linker, paths: list) -> dict:
-    """The promotion gate's metrics of a served news model (R@K, MedR over the split's samples)."""
-    from training.news.serving import evaluate_news
-
-    return evaluate_news(linker, paths)
-
-
-register_packager("news-archive", _package_archive_run)
-register_served_evaluation("news", _evaluate_served)
+# ------------------------------------------------------------------------ the run's plan
 
 
 def _run_staged(*args, **kwargs):

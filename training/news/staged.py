@@ -127,10 +127,12 @@ def run_staged(
     progress: bool = False,
     report_dir=None,
     parent_run_id: str | None = None,
+    package=None,
 ) -> ExperimentResult | None:
     """The staged recipe of ``cfg`` (the ``news`` objective's run plan); None when ``cfg`` is
     one run (``staged_recipe``): a single source, ``--init-from``, a multilingual recipe or
-    ``--news-recipe joint``. The result is the fusion stage's, with the parent run's ID."""
+    ``--news-recipe joint``. The result is the fusion stage's, with the parent run's ID. Each
+    stage is packaged by ``package`` (``training.experiment.Packager``), as the one run would be."""
     if not staged_recipe(cfg):
         return None
     from mlflow.tracking import MlflowClient
@@ -158,13 +160,27 @@ def run_staged(
             checkpoints = {}
             for source in stages:
                 res = run_experiment(
-                    single_stage(cfg, source), tracking_uri, None, None, progress, report_dir, parent
+                    single_stage(cfg, source),
+                    tracking_uri,
+                    None,
+                    None,
+                    progress,
+                    report_dir,
+                    parent,
+                    package=package,
                 )
                 client.set_tag(res.run_id, STAGE_TAG, f"single:{source}")
                 folder = logged_checkpoint(client, client.get_run(res.run_id), Path(tmp) / source)
                 checkpoints[source] = str(folder.resolve())
             final = run_experiment(
-                fusion_stage(cfg, checkpoints), tracking_uri, model_name, alias, progress, report_dir, parent
+                fusion_stage(cfg, checkpoints),
+                tracking_uri,
+                model_name,
+                alias,
+                progress,
+                report_dir,
+                parent,
+                package=package,
             )
         client.set_tag(final.run_id, STAGE_TAG, "fusion")
         client.set_tag(parent, "mmlinks.news.final_run", final.run_id)

@@ -98,9 +98,9 @@ class ObjectiveSpec:
     # (AUC, within-document gap) do not apply and are skipped
     link_metrics: bool = True
     # how a run is packaged as an MLflow pyfunc (a key of ``PACKAGINGS``): "link" (documents ->
-    # link matrix, training/packaging.py), "pairs" (text -> ranked test-split gallery,
-    # training/retrieval/serving.py; the test split must be pairs), "news-archive" (article ->
-    # ranked archive images through a FAISS index, training/news/serving.py), "none" (evaluated
+    # link matrix, models/packaging.py), "pairs" (text -> ranked test-split gallery,
+    # models/retrieval_serving.py; the test split must be pairs), "news-archive" (article ->
+    # ranked archive images through a FAISS index, models/news_serving.py), "none" (evaluated
     # and logged, not packaged)
     packaging: str = "link"
     # (manifest, dataset folder) -> what the dataset lacks for this objective (checked before a

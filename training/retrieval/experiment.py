@@ -4,8 +4,10 @@ the HTML report.
 
 ``training.experiment.run_experiment`` calls ``finish_run`` through the core's run-finish hook
 (``training.family_hooks``, filled by ``training/retrieval/registration.py``). What is another
-family's here comes through the core too: a news run's warnings (``BackboneSpec.run_warnings``)
-and its archive packaging (``training.family_hooks.packager``).
+family's here comes through the core too: a news run's warnings (``BackboneSpec.run_warnings``).
+The model is packaged and registered by the ``package`` the run was handed
+(``training.experiment.Packager``: ``models.experiment.package_run``), as its objective's
+``packaging`` says ("pairs"; a news run's "news-archive").
 """
 
 from __future__ import annotations
@@ -15,11 +17,9 @@ from pathlib import Path
 
 import mlflow
 
-from training import tracking
 from training.backbone import get_backbone
 from training.config import TrainConfig
-from training.experiment import ExperimentResult
-from training.family_hooks import packager
+from training.experiment import ExperimentResult, Packager
 from training.objectives.registry import get_objective
 
 
@@ -53,11 +53,12 @@ def finish_run(
     model_name: str | None,
     alias: str | None,
     report_dir=None,
+    package: Packager | None = None,
 ) -> ExperimentResult:
     """A retrieval run's test evaluation (MedR/R@K, refined, per relation, relation AP), logged
-    with the packaged retrieval model (``training/retrieval/serving.py``: its gallery is the
-    test split's images, its refinement the lambda and T chosen on validation), registered under
-    ``model_name`` as ``alias`` when a name is given."""
+    with the retrieval model ``package`` packages (``models/retrieval_serving.py``: its gallery
+    is the test split's images, its refinement the lambda and T chosen on validation), registered
+    under ``model_name`` as ``alias`` when a name is given."""
     from training.data import make_batch
     from training.loop import validation_batches
     from training.retrieval.objective import _net, evaluate_pairs, tune_refinement
@@ -83,11 +84,9 @@ def finish_run(
     refine = tuned or {"refine_lambda": cfg.refine_lambda, "refine_threshold": cfg.refine_threshold}
     warnings = _run_warnings(cfg, result.model)
     report_path = _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir, warnings)
-    model_uri = _package_retrieval(cfg, manifest, run, result, test_paths, refine)
-    version = None
-    if model_name and model_uri:
-        version = tracking.register(model_uri, model_name, alias, tracking_uri)
-        model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
+    model_uri, version = _package_retrieval(
+        cfg, manifest, run, result, test_paths, refine, model_name, alias, tracking_uri, package
+    )
     return ExperimentResult(
         run_id=run.info.run_id,
         model_uri=model_uri,
@@ -108,33 +107,40 @@ def _run_warnings(cfg: TrainConfig, model) -> list[str]:
     return hook(model) if hook is not None else []
 
 
-def _package_pairs(
-    ckpt_dir, cfg: TrainConfig, manifest, run, result, test_paths: list[str], refine: dict
-) -> str:
-    """The "pairs" pyfunc: a text -> the test split's images ranked (``training/retrieval/serving.py``)."""
-    from training.retrieval.objective import _net
-    from training.retrieval.serving import log_retrieval_model, split_pairs
-
-    fe = manifest.feature_extractor
-    ids, _, feats = split_pairs(test_paths)
-    bank = getattr(_net(result.model), "query_bank", None)
-    return log_retrieval_model(ckpt_dir, result.vocab, ids, feats, refine, fe.name, fe.version, bank)
-
-
 def _package_retrieval(
-    cfg: TrainConfig, manifest, run, result, test_paths: list[str], refine: dict
-) -> str | None:
+    cfg: TrainConfig,
+    manifest,
+    run,
+    result,
+    test_paths: list[str],
+    refine: dict,
+    model_name: str | None,
+    alias: str | None,
+    tracking_uri: str,
+    package: Packager,
+) -> tuple[str | None, str | None]:
     """The run's pyfunc, as its objective's ``packaging`` says: "pairs" ranks the test split's
     images for a text, "news-archive" ranks the whole dataset's images (a FAISS archive index)
-    for an article (the news family's packager, ``training.family_hooks``), "none" packages
-    nothing (the URI is then None)."""
+    for an article, "none" packages nothing (the URI is then None); (model URI, registered
+    version or None)."""
     packaging = get_objective(cfg.objective).packaging
     if packaging == "none":
         mlflow.set_tag("mmlinks.model", f"not packaged (objective {cfg.objective})")
-        return None
-    package = packager(packaging) or _package_pairs
+        return None, None
     with result.checkpoint.as_directory() as ckpt_dir:
-        return package(ckpt_dir, cfg, manifest, run, result, test_paths, refine)
+        return package(
+            packaging,
+            ckpt_dir,
+            cfg,
+            manifest,
+            run,
+            result,
+            model_name,
+            alias,
+            tracking_uri,
+            test_paths=test_paths,
+            refine=refine,
+        )
 
 
 def _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir, warnings=()) -> str:

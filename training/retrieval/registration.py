@@ -1,14 +1,14 @@
 """The retrieval family's registrations: the CMCA, CMCM and CMCM_c objectives (Alikhani et al.)
 and their ``coherence`` backbone, added to the core's registries (``training.families``), and
-the family's hooks (``training.family_hooks``): the end of its runs (news's too) and the
-promotion gate's metrics of its served models."""
+the family's hook (``training.family_hooks``): the end of its runs (news's too). The promotion
+gate's metrics of its served models are ``models/``'s (``models.registry``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from training.backbone import BackboneSpec, only_its_objectives, register_backbone
-from training.family_hooks import register_run_finish, register_served_evaluation
+from training.family_hooks import register_run_finish
 from training.objectives.registry import ObjectiveSpec, get_objective, register_objective, relation_problems
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,7 +142,7 @@ register_backbone(
 )
 
 
-# ------------------------------------------------------------------------ the run's end and promotion
+# ------------------------------------------------------------------------ the run's end
 
 
 def _finish_run(*args, **kwargs):
@@ -152,12 +152,4 @@ def _finish_run(*args, **kwargs):
     return finish_run(*args, **kwargs)
 
 
-def _evaluate_served(linker, paths: list) -> dict:
-    """The promotion gate's metrics of a served retrieval model (MedR, R@K over fixed pools)."""
-    from training.retrieval.serving import evaluate_retrieval
-
-    return evaluate_retrieval(linker, paths)
-
-
 register_run_finish("retrieval", _finish_run)
-register_served_evaluation("retrieval", _evaluate_served)

@@ -25,7 +25,7 @@ import torch
 
 from schemas.manifest import Manifest
 from training.report import CSS, thumbnail
-from training.retrieval.serving import ranking_scores
+from training.retrieval.pairs import ranking_scores
 from training.text import Vocabulary
 
 TOP = 5

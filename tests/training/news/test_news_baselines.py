@@ -12,16 +12,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.config import TrainConfig
 from archive.index import ArchiveIndex
+from models.news_serving import archive_search
+from training.config import TrainConfig
 from training.news.chain import SPACE, UNKNOWN, CharConvEncoder, char_id, char_sequences, char_table
 from training.news.losses import EMPTY_ORDER_SCORE, news_loss, order_scores
 from training.news.model import NewsConfig, NewsRetrieval
-from training.news.serving import archive_search
 from training.objectives.registry import objective_loss
 from training.ranking import retrieval_metrics
 from training.retrieval.objective import evaluate_pairs
-from training.retrieval.serving import ranking_scores
+from training.retrieval.pairs import ranking_scores
 
 from .test_news_model import _batch, _vse_direct
 

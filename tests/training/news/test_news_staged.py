@@ -74,7 +74,7 @@ def test_the_stages_are_the_sources_some_training_article_has(tmp_path):
 def test_default_news_train_runs_the_stages_under_one_parent_run_and_registers_once(tmp_path, ray_local):
     from mlflow.tracking import MlflowClient
 
-    from training.experiment import run_experiment
+    from models.experiment import run_experiment
     from training.news.staged import RECIPE_TAG, STAGE_TAG
 
     data, _ = write_news_dataset(tmp_path / "ds")
@@ -104,7 +104,7 @@ def test_default_news_train_runs_the_stages_under_one_parent_run_and_registers_o
 def test_news_recipe_joint_is_one_run_from_scratch(tmp_path, ray_local):
     from mlflow.tracking import MlflowClient
 
-    from training.experiment import run_experiment
+    from models.experiment import run_experiment
 
     data, _ = write_news_dataset(tmp_path / "ds")
     uri = tracking_uri(tmp_path)
@@ -120,8 +120,8 @@ def test_sources_no_training_article_has_are_refused_in_one_line_before_a_run(tm
     import pytest
     from mlflow.tracking import MlflowClient
 
+    from models.experiment import run_experiment
     from schemas.errors import MmlinksError
-    from training.experiment import run_experiment
 
     data, _ = write_news_dataset(tmp_path / "ds")
     uri = tracking_uri(tmp_path)

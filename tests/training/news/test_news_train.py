@@ -17,11 +17,11 @@ from tests.conftest import tracking_uri
 def test_news_trains_through_ray_and_logs_its_test_metrics(tmp_path, ray_local):
     from mlflow.tracking import MlflowClient
 
+    from models.experiment import run_experiment
     from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig
     from pipelines.news_corpus import NewsSynthConfig, write_news_corpus
     from training.config import TrainConfig
-    from training.experiment import run_experiment
 
     write_news_corpus(tmp_path / "raw", NewsSynthConfig(articles=24, image_size=48))
     manifest = build_dataset(

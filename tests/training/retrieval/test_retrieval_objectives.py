@@ -230,10 +230,10 @@ def test_cmcm_trains_registers_and_is_promoted(tmp_path, ray_local, capfd):
     from mlflow.tracking import MlflowClient
 
     from cli.main import main
+    from models.experiment import run_experiment
     from pipelines.build import build_dataset
     from pipelines.build_config import BuildConfig
     from pipelines.coherence_corpus import CoherenceSynthConfig, write_coherence_corpus
-    from training.experiment import run_experiment
 
     write_coherence_corpus(tmp_path / "raw", CoherenceSynthConfig(pairs=60, image_size=64))
     manifest = build_dataset(
