@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import re
 
-from schemas.errors import MmlinksError, RetryLaterError
+from schemas.errors import NOTE_PREFIX, MmlinksError, RetryLaterError
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _NO_SPACE_TEXT = re.compile(r"\[Errno (28|122|27)\][^\n]*|No space left on device|Disk quota exceeded")
@@ -31,7 +31,21 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def explain(exc: BaseException) -> MmlinksError | None:
     """The one-line error for a full disk, an unreachable tracking server or a locked tracking
-    database anywhere in ``exc``'s chain (or in the text a runner wrapped it in); None otherwise."""
+    database anywhere in ``exc``'s chain (or in the text a runner wrapped it in); None otherwise.
+    Notes the layers below added on the way (``NOTE_PREFIX``: what they cleaned up) end the line."""
+    found = _explain(exc)
+    notes = [
+        n.removeprefix(NOTE_PREFIX)
+        for e in _chain(exc)
+        for n in getattr(e, "__notes__", ())
+        if isinstance(n, str) and n.startswith(NOTE_PREFIX)
+    ]
+    if found is None or not notes:
+        return found
+    return type(found)(f"{found}; {'; '.join(dict.fromkeys(notes))}")
+
+
+def _explain(exc: BaseException) -> MmlinksError | None:
     chain = _chain(exc)
     text = "\n".join(str(e) for e in chain)
     for e in chain:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from schemas.errors import NOTE_PREFIX
 from training import experiment, tracking
 from training.config import TrainConfig
 from training.experiment import ExperimentResult
@@ -55,12 +56,64 @@ def package_run(
     """Log the run's pyfunc (``packaging``: "link", "pairs", "news-archive") into the active run
     and register it when ``model_name`` is given: (model URI, registered version or None). The
     URI is ``models:/NAME@ALIAS`` (``models:/NAME/VERSION`` without an alias) once registered."""
-    model_uri = PACKAGERS[packaging](ckpt_dir, cfg, manifest, run, result, **details)
+    try:
+        model_uri = PACKAGERS[packaging](ckpt_dir, cfg, manifest, run, result, **details)
+    except Exception as exc:  # a full disk, a lost server: no half-copied model stays unnamed
+        exc.add_note(
+            NOTE_PREFIX + discard_unfinished_models(run.info.experiment_id, run.info.run_id, tracking_uri)
+        )
+        raise
     version = None
     if model_name:
         version = tracking.register(model_uri, model_name, alias, tracking_uri)
         model_uri = f"models:/{model_name}@{alias}" if alias else f"models:/{model_name}/{version}"
     return model_uri, version
+
+
+def discard_unfinished_models(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
+    """Remove the files of the run's logged models that never finished, and say what was done.
+
+    MLflow marks a ``log_model`` that raised as FAILED but keeps whatever it had copied (issue #62:
+    a full disk left a half-copied, unregistered model folder behind). Local folders are removed
+    and the logged model deleted; what cannot be removed (a remote store, the server gone) is
+    named, so the user can remove it."""
+    import contextlib
+    import shutil
+
+    import mlflow
+    from mlflow.entities import LoggedModelStatus
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    try:
+        client = mlflow.MlflowClient(tracking_uri)
+        found = client.search_logged_models(
+            experiment_ids=[experiment_id], filter_string=f"source_run_id = '{run_id}'"
+        )
+    except Exception:  # the store itself failed: nothing can be looked up
+        return "no model version was registered; the run's half-written model files could not be looked up"
+    removed, left = [], []
+    for model in found:
+        if model.status == LoggedModelStatus.READY:
+            continue
+        location = model.artifact_location or ""
+        path = local_file_uri_to_path(location) if location.startswith("file:") else location
+        try:
+            if "://" in path:
+                raise OSError("not a local folder")
+            if Path(path).exists():
+                shutil.rmtree(path)
+            with contextlib.suppress(OSError):  # the model's own folder, once empty
+                Path(path).parent.rmdir()
+            client.delete_logged_model(model.model_id)
+            removed.append(path)
+        except Exception:
+            left.append(location)
+    parts = ["no model version was registered"]
+    if removed:
+        parts.append(f"the half-written model files were removed ({', '.join(removed)})")
+    if left:
+        parts.append(f"remove the half-written model files at {', '.join(left)}")
+    return "; ".join(parts)
 
 
 def _package_link(ckpt_dir, cfg, manifest, run, result, example: dict | None = None) -> str:

@@ -13,3 +13,8 @@ class RetryLaterError(MmlinksError):
     (75, sysexits' EX_TEMPFAIL) lets a scheduler retry it without retrying bad input."""
 
     exit_code = 75
+
+
+# A note a layer adds to an exception on its way up (``BaseException.add_note``), saying what it
+# cleaned up or left behind; ``cli.failures.explain`` ends its one line with such notes.
+NOTE_PREFIX = "mmlinks: "

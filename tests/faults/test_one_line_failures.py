@@ -131,6 +131,37 @@ def test_train_on_a_full_disk_ends_in_one_line_and_its_run_failed(corpus, tmp_pa
     assert run.info.status == "FAILED"  # the store could still be written: the run is not left RUNNING
 
 
+def test_a_full_disk_while_the_model_is_copied_leaves_no_half_written_model(
+    corpus, tmp_path, monkeypatch, capfd
+):
+    """The model's files fill the disk halfway through their copy into the run's artifacts: the
+    line says so and that the half-written files were removed; none stay, no version is
+    registered, the run is FAILED (issue #62: an unregistered half-copied folder stayed)."""
+    import mlflow
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    copied = []
+
+    def half(self, local_dir, artifact_path=None):
+        from pathlib import Path
+
+        first = sorted(p for p in Path(local_dir).rglob("*") if p.is_file())[0]
+        self.log_artifact(str(first), artifact_path)  # one file lands, then the disk is full
+        copied.append(Path(self.artifact_dir))
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(self.artifact_dir) / "checkpoint"))
+
+    monkeypatch.setattr(LocalArtifactRepository, "log_artifacts", half)
+    code = main(["train", "--data", str(corpus), *TRAIN, "--workdir", str(tmp_path)])
+    line, _ = _one_error_line(capfd)
+    assert code == 2 and "out of space writing" in line, line
+    assert "no model version was registered" in line and "half-written model files were removed" in line, line
+    assert copied and not any(p.exists() for p in copied), copied
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["mmlinks"], output_format="list")
+    assert run.info.status == "FAILED"
+    assert not mlflow.MlflowClient().search_registered_models()
+
+
 def test_link_on_a_full_disk_ends_in_one_line(corpus, tmp_path, monkeypatch, capfd):
     import linking.steps
 
