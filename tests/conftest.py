@@ -27,6 +27,9 @@ settings.load_profile("ci" if os.environ.get("MMLINKS_CI") == "1" else "default-
 # and 113 with this, on this 2-core machine under load (docs/benchmarks.md, "Test suite"). It must
 # be set before torch loads its OpenMP runtime; every process the tests start inherits it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# One torch thread per process: two xdist workers already hold both cores, and an in-process
+# training run would otherwise take every core (training.loop.torch_threads, issue #63).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # Ray Train's controller polls its workers every 2 s, so each run ends up to 2 s after its last

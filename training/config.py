@@ -245,7 +245,15 @@ class CoreFields:
         flag="--gpu",
         group=RAY,
     )
-    threads_per_worker: int = option(1, help="torch threads per worker", flag="", group=RAY)
+    threads_per_worker: int = option(
+        0,
+        help="torch threads per worker; 0 = auto: OMP_NUM_THREADS where set (Ray sets it in its "
+        "workers to the CPUs it gave them, 1), else every core this process may use (--workers 0)",
+        flag="",
+        check=lambda v: v >= 0,
+        rule=">= 0",
+        group=RAY,
+    )
     max_failures: int = option(
         0,
         help="worker failures to retry from the last checkpoint",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -281,8 +282,13 @@ def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[f
         return {name: scored_trial(*a) for name, a in jobs_args.items()}
     from concurrent.futures import ThreadPoolExecutor
 
+    # the cores shared between the processes (each would otherwise take them all: torch_threads)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    one = {
+        k: (a[0], dataclasses.replace(a[1], threads_per_worker=threads), *a[2:]) for k, a in jobs_args.items()
+    }
     with ThreadPoolExecutor(jobs) as pool:  # threads that only wait on their processes
-        futures = {name: pool.submit(_in_process_of_its_own, a) for name, a in jobs_args.items()}
+        futures = {name: pool.submit(_in_process_of_its_own, a) for name, a in one.items()}
         return {name: f.result() for name, f in futures.items()}
 
 
@@ -328,8 +334,5 @@ if __name__ == "__main__":  # one candidate's trial, in a process of its own (_i
     import sys
     from pathlib import Path
 
-    import torch
-
-    torch.set_num_threads(1)
     values = scored_trial(*pickle.loads(Path(sys.argv[1]).read_bytes()))
     print(json.dumps({"values": [v if v is not None and np.isfinite(v) else None for v in values]}))
