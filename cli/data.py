@@ -398,7 +398,7 @@ def run_build(cfg, debug: bool = False) -> dict:
     Library output (Beam workers' warnings and logs) goes to the build's log file, not the
     terminal; ``debug`` leaves it on the terminal."""
     from cli.output import heartbeat
-    from pipelines.runners import prestart_local_workers
+    from pipelines.local_cluster import prestart_local_workers
     from schemas.library_output import build_log_path, library_output_to
 
     cfg.check()

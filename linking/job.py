@@ -22,8 +22,8 @@ from linking.config import ALL_SPLITS, LinkConfig
 from linking.graph import EVAL_FILE, link_pipeline
 from linking.model import ResolvedModel, check_model_fits, load_linker_at, load_scorer, resolve_model
 from pipelines import commit, fileio
+from pipelines.local_cluster import runner_cluster
 from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE
-from pipelines.runners import runner_cluster
 from schemas.errors import MmlinksError
 from schemas.links import LINKS_SCHEMA_VERSION, LinkManifest
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo

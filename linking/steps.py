@@ -241,7 +241,7 @@ class ReadChunks(beam.DoFn):
         self.columns = LINK_COLUMNS if evaluate else [c for c in LINK_COLUMNS if c != "links"]
 
     def setup(self):
-        from pipelines.runners import tune_worker_process
+        from pipelines.worker_tuning import tune_worker_process
 
         tune_worker_process()
         self._pool = ThreadPoolExecutor(ROW_GROUPS_PER_UNIT, thread_name_prefix="decode")

@@ -228,7 +228,7 @@ class LinkModel(mlflow.pyfunc.PythonModel):
         """The sentence x image cosine matrix of one document (no request limits)."""
         import pyarrow as pa
 
-        from training.loop import link_scores
+        from training.data import link_scores
 
         table = pa.table(
             {

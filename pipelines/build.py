@@ -34,8 +34,8 @@ from features import Extractor, get_extractor
 from pipelines import commit, fileio
 from pipelines.build_config import BuildConfig
 from pipelines.graph import build_pipeline
+from pipelines.local_cluster import runner_cluster
 from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE
-from pipelines.runners import runner_cluster
 from pipelines.shards_writer import write_outputs
 from pipelines.sources import SourceSpec
 from schemas.document import SCHEMA_VERSION

@@ -17,7 +17,7 @@ from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, Predi
 from features.base import HEAP_TRIM_SLACK, Extractor, int_option, resolve_device, tune_cpu_heap
 from features.images import decode
 from pipelines.image_store import ImageStore
-from pipelines.runners import tune_worker_process
+from pipelines.worker_tuning import tune_worker_process
 
 
 class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.nn.Module]):

@@ -5,11 +5,13 @@ arguments into PipelineOptions: the runner's required options are checked (a mis
 one-line MmlinksError naming it), the pass-through arguments are kept verbatim, and
 ``save_main_session`` is always False. ``advisories`` lists non-fatal advice (custom container,
 GPU flags). See docs/runners.md for one example command per runner. DirectRunner options also
-shorten Beam's per-bundle state-sampler period for this process (``short_state_sampling``).
+shorten Beam's per-bundle state-sampler period for this process
+(``pipelines.worker_tuning.short_state_sampling``).
 
 The Dask runner (``--runner dask``) runs the graphs on a dask.distributed cluster through
 ``pipelines/dask_runner.py``: at ``--dask-address`` (a running scheduler), or on a local cluster
-of ``--dask-workers`` processes that ``runner_cluster`` starts for the job and stops after it.
+of ``--dask-workers`` processes that ``pipelines.local_cluster.runner_cluster`` starts for the
+job and stops after it.
 Its two fields are declared once here (``dask_address_option``, ``dask_workers_option``) and
 used by every job config (BuildConfig, LinkConfig).
 """
@@ -22,13 +24,13 @@ import logging
 import os
 import re
 import shlex
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # Beam is imported where options are made: the CLI's parser imports this module
     from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.worker_tuning import short_state_sampling
 from schemas.config_fields import option
 from schemas.errors import MmlinksError
 
@@ -100,65 +102,6 @@ def dataflow_job_name(name: str) -> str:
     return s[:63].rstrip("-")
 
 
-STATE_SAMPLING_MS = 10  # Beam's default is 200 (see short_state_sampling)
-
-
-def short_state_sampling(period_ms: int = STATE_SAMPLING_MS) -> bool:
-    """Make Beam's per-bundle state sampler wake every ``period_ms`` instead of every 200 ms.
-
-    Every bundle starts a sampler thread (the per-step msecs counters) that sleeps in periods
-    growing to 200 ms, and stopping it at the bundle's end *joins* that thread: Beam's own
-    comment says a bundle "may have to wait up to sampling_period_ms". For a pipeline run in this
-    process that wait lands on the job's end: up to 200 ms after the last element of a long
-    bundle (measured on the link job: 5,000 documents ended 0.05 s after their last chunk with
-    10 ms, 0.06-0.23 s with 200, its total snapping to 0.2-s steps). Beam has no option for the
-    period, so its constructor's default is changed, once per process; samplers already built
-    keep theirs (worker processes: ``tune_worker_process``). A sampler
-    waking every 10 ms costs nothing measurable. Returns whether the default is now
-    ``period_ms``: False when it is neither Beam's 200 ms nor ``period_ms`` (another Beam
-    version, or an earlier call with another period), which is then left alone."""
-    from apache_beam.runners.worker import statesampler
-
-    init = statesampler.StateSampler.__init__
-    if init.__defaults__ != (statesampler.DEFAULT_SAMPLING_PERIOD_MS,):
-        return init.__defaults__ == (period_ms,)
-    init.__defaults__ = (period_ms,)
-    return True
-
-
-SDK_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
-_worker_tuned = False
-
-
-def in_sdk_worker() -> bool:
-    """Whether this process is a Beam SDK worker (``python -m ...sdk_worker_main``): the
-    DirectRunner's multi-processing workers, and a cluster runner's Python workers."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) == SDK_WORKER_MAIN
-
-
-def tune_worker_process() -> bool:
-    """Called from DoFn ``setup``s: in a Beam SDK worker process, once, (1) the state sampler's
-    shorter period (``short_state_sampling``; ``pipeline_options`` applies it only to the
-    process that runs the pipeline) and (2) ``gc.freeze`` at exit. A worker that has loaded
-    torch, MLflow and Beam spends ~1 s of its exit in the interpreter's final garbage
-    collection over that heap, and the DirectRunner stops its workers one after another:
-    the 2-worker link job ended 2.2 s after its last shard was written, 0.4 s with the heap
-    frozen (docs/benchmarks.md, issue #16). Freezing only skips that walk; the OS reclaims the
-    memory. Elsewhere (the in-process DirectRunner, Dagster, tests) nothing changes: a
-    long-lived process must keep collecting. Returns whether it applied now."""
-    global _worker_tuned
-    if _worker_tuned or not in_sdk_worker():
-        return False
-    import atexit
-    import gc
-
-    short_state_sampling()
-    atexit.register(gc.freeze)
-    _worker_tuned = True
-    return True
-
-
 DIRECT_WORKERS_ENV = "MMLINKS_DIRECT_WORKERS"
 
 
@@ -221,7 +164,7 @@ def pipeline_options(
         if not _given(beam_args, "dask_client_address"):
             args.append(f"--dask_client_address={dask_address}")
     if name == DASK:
-        _dask_options()  # registers Beam's --dask_* options before they are parsed
+        dask_options()  # registers Beam's --dask_* options before they are parsed
     options = PipelineOptions(args, save_main_session=False)
     stderr = io.StringIO()
     try:
@@ -240,7 +183,7 @@ def pipeline_options(
     return options
 
 
-def _dask_options():
+def dask_options():
     try:
         from apache_beam.runners.dask.dask_runner import DaskOptions
     except ImportError as exc:  # dask or distributed missing: pyproject.toml declares both
@@ -302,91 +245,6 @@ def job_workers(runner: str, direct_workers: int | None, dask_address, dask_work
             return os.cpu_count() or 1
         return dask_workers
     return None
-
-
-# A local cluster has no dashboard, so nobody reads what its workers' statistical profiler (a
-# stack walk every 10 ms while a task runs) and disk monitor record; off, a 5,000-document Dask
-# build took 238 s instead of 277 (the DirectRunner's 238; docs/benchmarks-scale.md). Its event
-# loops' latency check (every 20 ms), memory monitor (100 ms) and system monitor (500 ms) wake
-# less often: an idle 2-worker cluster spent 1.3 % of a core per worker and 2.5 % in the
-# command's scheduler, 0.2 % and 0.6 % so (a worker past its memory limit is still stopped, a
-# second later at most). The Dask runner's shuffle pieces and tag selections are known to take
-# microseconds: the scheduler's work stealing would otherwise take them for 0.5 s tasks until the
-# first one finished, and move one (and the whole split it reads) to an idle worker. A cluster
-# that names its scheduler keeps its own configuration (infra/k8s/dask sets the same durations).
-LOCAL_CLUSTER_CONFIG = {
-    "distributed.worker.profile.enabled": False,
-    "distributed.admin.system-monitor.disk": False,
-    "distributed.admin.tick.interval": "1s",
-    "distributed.worker.memory.monitor-interval": "1s",
-    "distributed.admin.system-monitor.interval": "2s",
-    "distributed.scheduler.default-task-durations.groupby-piece": "1us",
-    "distributed.scheduler.default-task-durations.select": "1us",
-}
-
-
-@contextlib.contextmanager
-def runner_cluster(options: PipelineOptions, workers: int | None):
-    """The job's options, with a local Dask cluster of ``workers`` processes (one thread each)
-    started for a Dask job that names no scheduler, and closed after it; other jobs: as given.
-
-    A real scheduler and real worker processes (dask.distributed's LocalCluster with a nanny
-    per worker, which restarts a worker that dies), the same software as a cluster on
-    Kubernetes; only its address is local."""
-    from apache_beam.options.pipeline_options import StandardOptions
-
-    if options.view_as(StandardOptions).runner != DASK_RUNNER_PATH:
-        yield options
-        return
-    view = options.view_as(_dask_options())
-    if view.address or view.scheduler_file:
-        yield options
-        return
-    import dask
-    from dask.distributed import LocalCluster
-
-    # Workers come from this process's fork server (prestart_local_workers), or are spawned.
-    method = "forkserver" if _forkserver_started[0] else "spawn"
-    with dask.config.set({"distributed.worker.multiprocessing-method": method, **LOCAL_CLUSTER_CONFIG}):
-        cluster = LocalCluster(
-            n_workers=workers or os.cpu_count() or 1,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=logging.ERROR,
-        )
-        try:
-            view.address = cluster.scheduler_address
-            yield options
-        finally:
-            view.address = None
-            cluster.close()
-
-
-# What prestart_local_workers' fork server imports before it forks a worker, with the job's module.
-LOCAL_WORKER_PRELOAD = ("distributed", "apache_beam", "torch")
-_forkserver_started = [False]
-
-
-def prestart_local_workers(runner: str, dask_address: str | None, job_module: str) -> bool:
-    """For a Dask job on a local cluster (``--runner dask`` without ``--dask-address``): start,
-    now, the fork server its workers will be forked from, importing Beam, torch and
-    ``job_module`` (its DoFns and models) while this process does its own imports and builds
-    the graph. Spawned workers import all that each on their own when their first task needs it
-    (~3 s of a build on 2 cores, docs/benchmarks.md "Dask runner"); the same fork server started
-    when the cluster starts gave no gain, the imports were only moved. Not a plain fork of
-    this process: it may have run torch ops by then (the link job loads its model first), and a
-    child forked after OpenMP's thread pool started hangs in its first parallel region.
-    Returns whether it started one (once per process)."""
-    if known_or_as_given(runner) != DASK or dask_address or _forkserver_started[0]:
-        return False
-    import multiprocessing
-    import multiprocessing.forkserver
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload([*LOCAL_WORKER_PRELOAD, job_module])
-    multiprocessing.forkserver.ensure_running()
-    _forkserver_started[0] = True
-    return True
 
 
 def _require(name: str, value, option: str, what: str) -> None:
@@ -548,7 +406,5 @@ __all__ = [
     "job_workers",
     "known_or_as_given",
     "pipeline_options",
-    "prestart_local_workers",
-    "runner_cluster",
     "runner_option",
 ]

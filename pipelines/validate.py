@@ -48,7 +48,7 @@ class LoadAndValidate(beam.DoFn):
         self.fetcher = fetcher  # the source's (e.g. a polite HTTP client); None: chosen by URI scheme
 
     def setup(self):
-        from pipelines.runners import tune_worker_process
+        from pipelines.worker_tuning import tune_worker_process
 
         tune_worker_process()
         self.store = ImageStore(self.store_root, placeholders=self.placeholders)

@@ -203,3 +203,13 @@ def pad_documents(flat: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, 
     out = flat.new_zeros(B, L, flat.shape[-1])
     out[mask] = flat
     return out, mask
+
+
+def link_scores(model, batch: DocBatch) -> list[np.ndarray]:
+    """Per-document sentence x image cosine matrices."""
+    s, v = model.encode(batch)
+    out, so, vo = [], 0, 0
+    for n, m in zip(batch.n_sentences, batch.n_images, strict=True):
+        out.append((s[so : so + n] @ v[vo : vo + m].T).detach().cpu().numpy())
+        so, vo = so + n, vo + m
+    return out

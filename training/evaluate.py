@@ -20,8 +20,7 @@ from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import iter_tables
 from training.backbone import needs_regions
-from training.data import TRAINING_COLUMNS, make_batch
-from training.loop import link_scores
+from training.data import TRAINING_COLUMNS, link_scores, make_batch
 from training.metrics import document_metrics, random_baseline, summarize
 from training.text import Vocabulary
 

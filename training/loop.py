@@ -6,13 +6,13 @@ documents, and minimises its objective's loss (``training/objectives/registry.py
 are averaged by DDP (gloo on CPU, NCCL on GPU). The validation loss is the same unsupervised loss
 on validation documents, all-reduced across workers; it drives reduce-on-plateau and picks the
 best checkpoint, so no label is used to choose the model. Rank 0 writes each epoch's checkpoint
-(``training/checkpoints.py``) and, when a run id is given, logs the epoch's metrics to MLflow.
+(``training/checkpoints.py``) and, when a run id is given, logs the epoch's metrics to MLflow
+(``training/epoch_reports.py``). The epoch's batches come from ``training/epoch_batches.py``.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,20 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from training import checkpoints, fault_hooks
 from training.backbone import build_model, needs_regions
 from training.config import SELECTION_ORDER, TrainConfig
-from training.data import TRAINING_COLUMNS, DocBatch, drop_empty, features_of, make_batch, nonempty
+from training.data import DocBatch, drop_empty, link_scores, make_batch
+from training.epoch_batches import document_batches, spare_batch, validation_batches
+from training.epoch_reports import keep_epoch, log_metrics, report_epoch
 from training.metrics import document_metrics, within_document_gap
 from training.objectives.registry import ObjectiveSpec, get_objective, objective_loss
 from training.text import Vocabulary
 
 # --select-by val_within keeps the latest epoch within this share of the widest gap so far.
 WITHIN_TOLERANCE = 0.1
-VAL_READ_ROWS = 1024  # rows decoded at a time while the fixed validation batches are gathered
 
 
 def plateau_on_within(cfg: TrainConfig) -> bool:
@@ -44,129 +44,6 @@ def plateau_on_within(cfg: TrainConfig) -> bool:
 
 class DivergedError(RuntimeError):
     """The loss became NaN or infinite: training stops, the last good checkpoint stays."""
-
-
-def link_scores(model, batch: DocBatch) -> list[np.ndarray]:
-    """Per-document sentence x image cosine matrices."""
-    s, v = model.encode(batch)
-    out, so, vo = [], 0, 0
-    for n, m in zip(batch.n_sentences, batch.n_images, strict=True):
-        out.append((s[so : so + n] @ v[vo : vo + m].T).detach().cpu().numpy())
-        so, vo = so + n, vo + m
-    return out
-
-
-def document_batches(
-    shard, batch_docs: int, rng: np.random.Generator, sampling: str = "random", near_share: float = 0.5
-) -> Iterator:
-    """Batches of ``batch_docs`` documents from this worker's share of the training set.
-
-    Ray Data hands over chunks of a few hundred documents (prefetched in the background) and
-    the chunk is shuffled and cut here: asking Ray Data for every 11-document batch costs a
-    few milliseconds each, as much as a training step on small documents. Chunks are a
-    multiple of the batch size, so every batch but an epoch's last is full. Workers' shares need
-    not be equal (Ray's split, empty documents): ``train_epoch`` keeps them in step.
-
-    ``sampling="similar"`` (``--batch-sampling``, issue #44) cuts larger chunks (~2,048
-    documents, so a topic has several documents in one) into batches of near neighbours
-    (``training.batching``), ``near_share`` of each batch after its first document.
-    """
-    per_chunk = 256 if sampling == "random" else 2048
-    chunk = batch_docs * max(1, per_chunk // batch_docs)
-    for table in shard.iter_batches(batch_size=chunk, batch_format="pyarrow", prefetch_batches=2):
-        if sampling == "similar" and table.num_rows > batch_docs:
-            from training.batching import document_signatures, similar_batches
-
-            feats, _ = features_of(table)
-            sigs = document_signatures(feats, table.column("sentences").to_pylist())
-            for rows in similar_batches(sigs, batch_docs, near_share, rng):
-                yield table.take(pa.array(rows))
-            continue
-        table = table.take(pa.array(rng.permutation(table.num_rows)))
-        for start in range(0, table.num_rows, batch_docs):
-            yield table.slice(start, batch_docs)
-
-
-def validation_batches(
-    paths: list[str], batch_docs: int, rank: int, world: int, extra_columns: tuple[str, ...] = ()
-) -> list:
-    """This worker's share of fixed validation batches.
-
-    The validation loss picks the checkpoint, so it must not depend on which documents happen
-    to share a batch: documents are sorted by id, cut into batches of ``batch_docs`` (a short
-    tail joins the previous batch, so none has fewer than 2 documents), and batch i goes to
-    worker i % world. The loss is then averaged per document, not per batch.
-    """
-    return fixed_batches(paths, batch_docs, lambda i: i % world == rank, extra_columns)
-
-
-def spare_batch(paths: list[str], batch_docs: int, extra_columns: tuple[str, ...] = ()):
-    """The first fixed validation batch (every worker's, ``Worker.zero_step``), or None."""
-    first = fixed_batches(paths, batch_docs, lambda i: i == 0, extra_columns)
-    return first[0] if first else None
-
-
-def fixed_batches(paths: list[str], batch_docs: int, chosen, extra_columns: tuple[str, ...] = ()) -> list:
-    """The fixed batches ``i`` with ``chosen(i)`` (``validation_batches``' order and cuts).
-
-    Two passes over the shards, so a worker holds only the documents of its own batches (and
-    one read batch), never the whole split: a 1M-document corpus has 100K validation documents,
-    and every worker read them all (twice: its share and the spare batch) before issue #47.
-    The first pass reads the ids and the sentence and image counts (no feature); the order and
-    the cuts come from them; the second reads the chosen rows' columns."""
-    import pyarrow.compute as pc
-
-    from schemas.shards import iter_tables
-
-    light = ["doc_id", "sentences", "images.list.element.content_id"]
-    ids, shard_of, row_of = [], [], []
-    for k, p in enumerate(paths):
-        offset = 0
-        for t in iter_tables([p], VAL_READ_ROWS, light):
-            keep = nonempty(t)
-            rows = np.flatnonzero(np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool))
-            ids.extend(pc.filter(t.column("doc_id"), keep).to_pylist())
-            shard_of.append(np.full(len(rows), k, np.int64))
-            row_of.append(rows + offset)
-            offset += t.num_rows
-    n = len(ids)
-    order = np.argsort(np.array(ids, dtype=object), kind="stable") if n else np.zeros(0, np.int64)
-    starts = list(range(0, n, batch_docs))
-    if len(starts) > 1 and n - starts[-1] < 2:
-        starts.pop()
-    bounds = [*starts[1:], n]
-    picked = [(s, e) for i, (s, e) in enumerate(zip(starts, bounds, strict=True)) if chosen(i) and e - s >= 2]
-    if not picked:
-        return []
-    shard_of = np.concatenate(shard_of)[order]
-    row_of = np.concatenate(row_of)[order]
-    wanted = np.concatenate([np.arange(s, e) for s, e in picked])  # sorted positions
-    parts, position = [], []  # the wanted rows as read, and each one's sorted position
-    for k, p in enumerate(paths):
-        mine = wanted[shard_of[wanted] == k]
-        if not len(mine):
-            continue
-        rows = row_of[mine]
-        by_row = np.argsort(rows)
-        rows, mine = rows[by_row], mine[by_row]
-        offset = 0
-        for t in iter_tables([p], VAL_READ_ROWS, [*TRAINING_COLUMNS, *extra_columns]):
-            inside = (rows >= offset) & (rows < offset + t.num_rows)
-            if inside.any():
-                parts.append(t.take(pa.array(rows[inside] - offset)))
-                position.append(mine[inside])
-            offset += t.num_rows
-    # One chunk (a take over many chunks of nested lists would concatenate them on the side),
-    # the read parts dropped, then each batch taken in sorted order: about twice the share at
-    # the peak, one batch's worth of transient buffers.
-    table = pa.concat_tables(parts).combine_chunks()
-    del parts
-    row_at = np.argsort(np.concatenate(position), kind="stable")  # k-th wanted position's row
-    out, at = [], 0
-    for s, e in picked:
-        out.append(table.take(pa.array(row_at[at : at + e - s])))
-        at += e - s
-    return out
 
 
 # A worker's state before each step of an epoch (``agree_step``): its share is used up, its next
@@ -539,51 +416,6 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
         **extra,
         **{f"train_loss_{k}": v / max(steps, 1) for k, v in parts.items() if len(parts) > 1},
     }
-
-
-def log_metrics(client, run_id: str, metrics: dict, epoch: int) -> None:
-    for k, v in metrics.items():
-        if k not in ("epoch", "best_epoch", "best_val_loss", checkpoints.SELECT_SCORE) and np.isfinite(v):
-            client.log_metric(run_id, k, v, step=epoch)
-
-
-def checkpoint_writer(w: Worker, config: dict, epoch: int, metrics: dict):
-    """A function writing epoch ``epoch``'s checkpoint files into a folder."""
-
-    def write_files(folder: Path) -> None:
-        checkpoints.write(
-            folder,
-            model=w.model,
-            opt=w.opt,
-            sched=w.sched,
-            state=w.state,
-            epoch=epoch,
-            val_loss=metrics["val_loss"],
-            model_cfg=config["model"],
-            cfg=w.cfg,
-            vocab=w.vocab,
-        )
-
-    return write_files
-
-
-def report_epoch(w: Worker, config: dict, epoch: int, metrics: dict) -> None:
-    """Hand the epoch's metrics (and rank 0's checkpoint) to Ray Train."""
-    import ray.train
-
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = None
-        if w.rank == 0:
-            checkpoint_writer(w, config, epoch, metrics)(Path(tmp))
-            checkpoint = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=checkpoint)
-
-
-def keep_epoch(w: Worker, config: dict, epoch: int, metrics: dict) -> None:
-    """The in-process run's report: keep the checkpoint under the run folder as Ray would."""
-    run_dir, by = Path(config["local_run_dir"]), w.cfg.select_by
-    writer = checkpoint_writer(w, config, epoch, metrics)
-    checkpoints.save_local(run_dir, epoch, metrics, writer, by, SELECTION_ORDER[by])
 
 
 def train_loop_per_worker(config: dict) -> None:

@@ -188,8 +188,7 @@ def document_cards(
 
     from schemas.manifest import Manifest
     from schemas.shards import iter_tables
-    from training.data import make_batch
-    from training.loop import link_scores
+    from training.data import link_scores, make_batch
 
     by_auc = sorted(per_doc, key=lambda d: d["auc"])
     chosen = {d["doc_id"]: d["auc"] for d in by_auc[-(limit - limit // 2) :] + by_auc[: limit // 2]}

@@ -621,13 +621,13 @@ def dask_objects(docs) -> dict[tuple[str, str], dict]:
 
 def scheduler_duration_problems(container: dict) -> list[str]:
     """The scheduler knows the Dask runner's plumbing tasks take microseconds, as a local cluster
-    does (pipelines.runners.LOCAL_CLUSTER_CONFIG), read the way Dask reads its environment."""
+    does (pipelines.local_cluster.LOCAL_CLUSTER_CONFIG), read the way Dask reads its environment."""
     import copy
 
     import dask
     import distributed  # noqa: F401 - its defaults (the scheduler's durations) join dask.config
 
-    from pipelines.runners import LOCAL_CLUSTER_CONFIG
+    from pipelines.local_cluster import LOCAL_CLUSTER_CONFIG
 
     prefix = "distributed.scheduler.default-task-durations."
     want = {k.removeprefix(prefix): v for k, v in LOCAL_CLUSTER_CONFIG.items() if k.startswith(prefix)}

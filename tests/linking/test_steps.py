@@ -1,5 +1,5 @@
 """Each DoFn and element function of the link job on its own, and the batched scorer against
-the per-document scores of training.loop.link_scores."""
+the per-document scores of training.data.link_scores."""
 
 import json
 import math
@@ -301,8 +301,7 @@ def test_batched_scores_equal_per_document_scores(dataset, tmp_path):
     from schemas.shards import read_table
     from tests.linking.conftest import write_checkpoint
     from training.checkpoints import load_checkpoint_model
-    from training.data import TRAINING_COLUMNS, make_batch
-    from training.loop import link_scores
+    from training.data import TRAINING_COLUMNS, link_scores, make_batch
     from training.text import Vocabulary
 
     manifest = Manifest.read(dataset)

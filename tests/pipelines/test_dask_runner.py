@@ -15,7 +15,8 @@ import pytest
 from pipelines.build import build_dataset, scheduler_unreachable, worker_lost
 from pipelines.build_config import BuildConfig
 from pipelines.dask_runner import stable_hash
-from pipelines.runners import DASK_RUNNER_PATH, pipeline_options, runner_cluster
+from pipelines.local_cluster import runner_cluster
+from pipelines.runners import DASK_RUNNER_PATH, pipeline_options
 from schemas.errors import MmlinksError
 from schemas.manifest import MANIFEST_NAME, Manifest
 
@@ -78,16 +79,16 @@ def test_the_readmes_dask_command_builds_the_direct_runners_bytes(corpus, datase
 
 
 def test_only_a_dask_job_on_a_local_cluster_prestarts_its_workers(monkeypatch):
-    from pipelines import runners
+    from pipelines import local_cluster
 
     started = []
-    monkeypatch.setattr(runners, "_forkserver_started", [False])
+    monkeypatch.setattr(local_cluster, "_forkserver_started", [False])
     monkeypatch.setattr("multiprocessing.forkserver.ensure_running", lambda: started.append(True))
-    assert not runners.prestart_local_workers("DirectRunner", None, "pipelines.build")
-    assert not runners.prestart_local_workers("my.own.Runner", None, "pipelines.build")  # no error
-    assert not runners.prestart_local_workers("dask", "tcp://scheduler:8786", "pipelines.build")
-    assert runners.prestart_local_workers("dask", None, "pipelines.build")
-    assert not runners.prestart_local_workers("dask", None, "pipelines.build")  # once a process
+    assert not local_cluster.prestart_local_workers("DirectRunner", None, "pipelines.build")
+    assert not local_cluster.prestart_local_workers("my.own.Runner", None, "pipelines.build")  # no error
+    assert not local_cluster.prestart_local_workers("dask", "tcp://scheduler:8786", "pipelines.build")
+    assert local_cluster.prestart_local_workers("dask", None, "pipelines.build")
+    assert not local_cluster.prestart_local_workers("dask", None, "pipelines.build")  # once a process
     assert started == [True]
 
 
@@ -525,7 +526,7 @@ def test_a_shuffles_pieces_run_where_their_split_is(dask_cluster):
     from dask.utils import key_split
 
     from pipelines.dask_runner import WHOLE, _group_by_key, _Parts
-    from pipelines.runners import LOCAL_CLUSTER_CONFIG
+    from pipelines.local_cluster import LOCAL_CLUSTER_CONFIG
 
     with Client(dask_cluster) as client:
         halves = []

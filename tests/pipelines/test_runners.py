@@ -33,8 +33,8 @@ from pipelines.runners import (
     example_beam_args,
     example_command,
     pipeline_options,
-    short_state_sampling,
 )
+from pipelines.worker_tuning import short_state_sampling
 from schemas.errors import MmlinksError
 
 DATAFLOW_REQUIRED = ["--project=proj", "--region=europe-west4", "--temp_location=gs://bkt/tmp"]
@@ -246,7 +246,7 @@ class _ReportWorkerTuning(beam.DoFn):
 
         from apache_beam.runners.worker import statesampler
 
-        from pipelines.runners import in_sdk_worker, tune_worker_process
+        from pipelines.worker_tuning import in_sdk_worker, tune_worker_process
 
         before = atexit._ncallbacks()
         applied = tune_worker_process()
@@ -270,7 +270,7 @@ def test_worker_processes_are_tuned_and_the_pipelines_own_process_is_not(tmp_pat
     hook (``gc.freeze``), once; in this process (in-process runner, tests, Dagster) nothing."""
     import atexit
 
-    from pipelines.runners import tune_worker_process
+    from pipelines.worker_tuning import tune_worker_process
 
     before = atexit._ncallbacks()
     assert tune_worker_process() is False and atexit._ncallbacks() == before

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from training.batching import document_signatures, similar_batches
-from training.loop import document_batches
+from training.epoch_batches import document_batches
 
 
 @settings(max_examples=60, deadline=None)

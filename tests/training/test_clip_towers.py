@@ -69,8 +69,8 @@ def test_the_build_records_clip_and_zero_shot_scores_it(clip_data, tmp_path, cap
 
 
 def test_the_clip_backbone_starts_at_zero_shot_and_trains_under_ap(clip_data):
+    from training.data import link_scores
     from training.link.zero_shot import clip_text_tower, zero_shot_scores
-    from training.loop import link_scores
     from training.objectives.registry import objective_loss
 
     data, weights = clip_data

@@ -140,7 +140,7 @@ def tiny_config(data: Path, objective: str, storage: Path, **kw) -> dict:
 
 
 class _Share:
-    """A worker's share of the training table, read as ``training.loop.document_batches`` reads
+    """A worker's share of the training table, read as ``training.epoch_batches.document_batches`` reads
     a Ray Data shard."""
 
     def __init__(self, table):
@@ -258,7 +258,8 @@ def _padding_worker(rank: int, fields: dict, port: int, out: str) -> None:
     from training.config import TrainConfig
     from training.data import TRAINING_COLUMNS
     from training.driver import check_inputs, worker_loop_config
-    from training.loop import make_worker, train_epoch, validation_batches
+    from training.epoch_batches import validation_batches
+    from training.loop import make_worker, train_epoch
 
     def epoch(w, share) -> dict:
         torch.manual_seed(1)  # dropout masks

@@ -117,7 +117,7 @@ def whole_split_batches(paths, batch_docs, rank, world, extra=()):
 @settings(max_examples=12, deadline=None)
 @given(st.integers(2, 40), st.integers(1, 3), st.data())
 def test_validation_batches_equal_the_whole_split_reading(dataset, batch_docs, world, data):
-    from training.loop import spare_batch, validation_batches
+    from training.epoch_batches import spare_batch, validation_batches
 
     paths = paths_of(dataset, "val")
     rank = data.draw(st.integers(0, world - 1))
@@ -130,7 +130,7 @@ def test_validation_batches_equal_the_whole_split_reading(dataset, batch_docs, w
 
 
 def test_validation_batches_hold_only_the_workers_share(dataset):
-    from training.loop import validation_batches
+    from training.epoch_batches import validation_batches
 
     paths = paths_of(dataset, "val")
     split = feature_bytes(paths)
@@ -160,8 +160,7 @@ def test_evaluation_streams_the_test_split(dataset):
         got = evaluate(model, vocab, dataset, "test", batch_docs=16, seed=3)
     assert peak[0] < 0.25 * split, (peak[0], split)
     # the oracle: the pre-#47 evaluation (the whole split read, sorted, cut into batches)
-    from training.data import make_batch
-    from training.loop import link_scores
+    from training.data import link_scores, make_batch
     from training.metrics import document_metrics, random_baseline, summarize
 
     table = read_table(paths, TRAINING_COLUMNS).sort_by("doc_id")

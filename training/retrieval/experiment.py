@@ -60,7 +60,7 @@ def finish_run(
     is the test split's images, its refinement the lambda and T chosen on validation), registered
     under ``model_name`` as ``alias`` when a name is given."""
     from training.data import make_batch
-    from training.loop import validation_batches
+    from training.epoch_batches import validation_batches
     from training.retrieval.objective import _net, evaluate_pairs, tune_refinement
     from training.retrieval.query_bank import fill_query_bank
 

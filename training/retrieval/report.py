@@ -63,7 +63,7 @@ def load_registered(name: str, model_uri: str, tracking_uri: str | None = None) 
 
 def _batches(paths: list, vocab: Vocabulary, max_tokens: int, batch_docs: int = 256):
     from training.data import make_batch
-    from training.loop import validation_batches
+    from training.epoch_batches import validation_batches
 
     tables = validation_batches([str(p) for p in paths], batch_docs, 0, 1, ("metadata",))
     return [make_batch(t, vocab, max_tokens) for t in tables]

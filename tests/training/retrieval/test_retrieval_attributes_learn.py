@@ -40,7 +40,7 @@ def graded_dataset(tmp_path_factory) -> Path:
 def attribute_report(net, data: Path, cfg, vocab) -> dict:
     from schemas.manifest import Manifest
     from training.data import make_batch
-    from training.loop import validation_batches
+    from training.epoch_batches import validation_batches
     from training.retrieval.objective import evaluate_pairs
 
     manifest = Manifest.read(data)

@@ -66,7 +66,7 @@ def test_metrics(net, data: Path, cfg, vocab) -> dict:
     """Text -> image MedR / R@10 of ``net`` on the test split (one pool of every test pair)."""
     from schemas.manifest import Manifest
     from training.data import make_batch
-    from training.loop import validation_batches
+    from training.epoch_batches import validation_batches
     from training.retrieval.objective import evaluate_pairs
 
     manifest = Manifest.read(data)
