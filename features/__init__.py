@@ -2,7 +2,8 @@
 
 ``features.registry`` names the built-in extractors (light: CLI help reads it without torch);
 ``features.base`` holds the extractor contract and class registry, ``features.images`` decodes
-and fingerprints image bytes. ``get_extractor(name, **options)`` gives a configured extractor;
+and fingerprints image bytes, ``features.cpu_heap`` tunes a CPU worker's allocator.
+``get_extractor(name, **options)`` gives a configured extractor;
 ``EXTRACTORS`` maps names to classes. The torch-backed names below load on first access, so
 ``import features.registry`` stays cheap.
 """
@@ -17,18 +18,26 @@ _FROM_BASE = (
     "FORWARD_CHUNK",
     "Extractor",
     "GlobalExtractor",
-    "HeapTrim",
     "ImageFeatures",
     "extractor_options",
     "fixed_chunk_forward",
     "get_extractor",
     "register",
     "resolve_device",
-    "tune_cpu_heap",
-    "tune_cpu_malloc",
 )
+_FROM_CPU_HEAP = ("HeapTrim", "tune_cpu_heap", "tune_cpu_malloc")
 
-_SUBMODULES = ("base", "clip", "densenet", "detection", "efficientnet_lite", "images", "lite0", "registry")
+_SUBMODULES = (
+    "base",
+    "clip",
+    "cpu_heap",
+    "densenet",
+    "detection",
+    "efficientnet_lite",
+    "images",
+    "lite0",
+    "registry",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -36,9 +45,11 @@ def __getattr__(name: str) -> Any:
         base = importlib.import_module("features.base")
         base.load_builtins()
         return getattr(base, name)
+    if name in _FROM_CPU_HEAP:
+        return getattr(importlib.import_module("features.cpu_heap"), name)
     if name in _SUBMODULES:
         return importlib.import_module(f"features.{name}")
     raise AttributeError(f"module 'features' has no attribute {name!r}")
 
 
-__all__ = list(_FROM_BASE)
+__all__ = [*_FROM_BASE, *_FROM_CPU_HEAP]

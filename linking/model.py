@@ -158,7 +158,7 @@ class LinkModelHandler(ModelHandler[Chunk, PredictionResult, LinkScorer]):
         import torch
 
         if self._device == "cpu":
-            from features.base import tune_cpu_heap
+            from features.cpu_heap import tune_cpu_heap
 
             # once per worker: freed activations stay in the heap (see its docstring), and what
             # it keeps is given back after each chunk once the worker has grown by the slack

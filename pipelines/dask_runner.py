@@ -636,7 +636,7 @@ def _run_stage(items, members, *side_values, views, tag=WHOLE):
     finishes). So a task holds its input, the outputs no member reads and one element in flight,
     not every member's outputs at once (run member after member, a 20,000-document build's
     RunInference member grew its worker by ~300 MB, its outputs held until the next member ran;
-    the rest of a feature worker's growth was heap malloc kept, now trimmed: features.base.HeapTrim).
+    the rest of a feature worker's growth was heap malloc kept, now trimmed: features.cpu_heap.HeapTrim).
     Returns those outputs as ((member index, tag), value) and, last, all counters under METRICS_TAG."""
     from apache_beam.runners.worker import statesampler
     from apache_beam.utils.counters import CounterFactory

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 
-from features.base import HEAP_TRIM_SLACK, Extractor, int_option, resolve_device, tune_cpu_heap
+from features.base import Extractor, int_option, resolve_device
+from features.cpu_heap import HEAP_TRIM_SLACK, tune_cpu_heap
 from features.images import decode
 from pipelines.image_store import ImageStore
 from pipelines.worker_tuning import tune_worker_process
@@ -61,7 +62,7 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
         return [PredictionResult(x, out, self._model_id) for x, out in zip(batch, outs, strict=True)]
 
     def trim_heap(self) -> None:
-        """After each batch on the CPU: :class:`~features.base.HeapTrim`."""
+        """After each batch on the CPU: :class:`~features.cpu_heap.HeapTrim`."""
         if self._trim is not None:
             self._trim()
 
@@ -149,7 +150,7 @@ def stored_image_handler(
     """A Beam ModelHandler over content ids of the image store at ``store_root`` ->
     PredictionResult(example=(content id, (width, height)), inference=raw output); batching,
     model sharing and threads as :func:`model_handler`. ``trim_slack``: a CPU worker gives its
-    heap's free pages back after that much growth (``features.base.tune_cpu_heap``; None never,
+    heap's free pages back after that much growth (``features.cpu_heap.tune_cpu_heap``; None never,
     0 after every batch)."""
     device = resolve_device(device)
     return StoredImageModelHandler(

@@ -111,11 +111,11 @@ def test_cuda_request_without_cuda_is_a_clear_error():
 
 
 def test_cpu_malloc_tuning_can_be_turned_off_and_then_nothing_is_trimmed(monkeypatch):
-    monkeypatch.setenv(F.base.MALLOC_TUNING_ENV, "0")
+    monkeypatch.setenv(F.cpu_heap.MALLOC_TUNING_ENV, "0")
     assert F.tune_cpu_malloc() is False
     assert F.tune_cpu_heap() is None  # untuned: malloc gives back by itself
     assert F.HeapTrim(slack=0, rss=lambda: 1 << 40)() is False  # and a HeapTrim never trims
-    monkeypatch.delenv(F.base.MALLOC_TUNING_ENV)
+    monkeypatch.delenv(F.cpu_heap.MALLOC_TUNING_ENV)
     if platform.libc_ver()[0] == "glibc":
         assert F.tune_cpu_malloc() is True
         heap = F.tune_cpu_heap(slack=123)
@@ -165,7 +165,7 @@ def test_a_zero_slack_trims_after_every_batch_the_first_included():
 TRIM_CHILD = """
 import ctypes, json
 import psutil
-from features.base import HeapTrim, tune_cpu_malloc
+from features.cpu_heap import HeapTrim, tune_cpu_malloc
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]

@@ -253,11 +253,11 @@ def _features(doc) -> np.ndarray:
 
 def test_a_cpu_link_worker_checks_its_heap_after_each_chunk(dataset, link_workdir):
     """The link handler tunes malloc as a feature worker does, so it gives back what that keeps
-    the same way (features.base.HeapTrim, checked after every scored chunk)."""
+    the same way (features.cpu_heap.HeapTrim, checked after every scored chunk)."""
     import os
     import platform
 
-    from features.base import MALLOC_TUNING_ENV, HeapTrim
+    from features.cpu_heap import MALLOC_TUNING_ENV, HeapTrim
     from linking.model import LinkModelHandler
     from linking.steps import Chunk
 

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from features import HeapTrim, get_extractor
-from features.base import MALLOC_TUNING_ENV
+from features.cpu_heap import MALLOC_TUNING_ENV
 from pipelines.image_store import ImageStore
 from pipelines.inference import ExtractorModelHandler, model_handler, stored_image_handler
 
@@ -62,7 +62,7 @@ def test_an_id_the_store_lacks_fails_its_batch_with_the_reason(tmp_path):
 
 
 def test_each_cpu_batch_ends_with_a_heap_trim_check(tmp_path):
-    """The handler checks the heap after every batch (features.base.HeapTrim: a feature worker
+    """The handler checks the heap after every batch (features.cpu_heap.HeapTrim: a feature worker
     grew ~270 KB an image without it), the stored-image handler after its pixels are freed."""
     store, ids, _ = _stored_images(tmp_path, 3)
     ext = get_extractor("efficientnet-lite0")
