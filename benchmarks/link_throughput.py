@@ -6,7 +6,7 @@ Usage: .venv/bin/python benchmarks/link_throughput.py [--docs 5000] [--direct-wo
 The dataset's shards are generated directly (``schemas.shards.write_shard``: EfficientNet-Lite0
 sized 1280-d non-negative features, 5-8 images and 3-10 sentences per document, 1,000 documents
 per shard), because building thousands of documents through the CNN measures the build, not the
-link job (benchmarks/build_scale.py does that). The model is a seeded, untrained GRU MulLink of
+link job (benchmarks/pipeline_scale.py builds). The model is a seeded, untrained GRU MulLink of
 the shape `mmlinks train` gives by default (TrainConfig's backbone config: d_multi 1024, max
 pooling, the offline GloVe's 50-d word vectors, 20 tokens), packaged and registered as a training
 run would be; its quality does not change its speed. ``--d-multi 256`` is the demo's smaller

@@ -20,7 +20,10 @@ its resident memory; no process of the run is ours, so the figures are the comma
 - ``link``: ``mmlinks link`` with that model over every document, on the DirectRunner and on
   Dask: documents/s (the command's own figure, start-up included) and peak RSS.
 - ``build``: ``mmlinks data synth`` + ``mmlinks data build`` (images rendered, fetched and run
-  through the CNN) at ``--build-sizes``, per runner: wall time, peak RSS.
+  through the CNN) at ``--build-sizes``, per runner: wall time (the median of ``--build-repeats``
+  cold builds), peak RSS, images inferred, the dataset version; ``--build-warm`` builds once more
+  sharing the first build's image store (nothing fetched or inferred). Issue #61 folded
+  ``build_scale.py`` (the warm build) and ``dask_build.py`` (repeats, ``--build-arg``) in here.
 Ratios against the smallest size come with each stage.
 """
 
@@ -265,14 +268,31 @@ def build_point(size: int, work: Path, runner: str, args) -> dict:
         if "error" in res:
             return {"error": res["error"]}
     out_dir = work / f"build-{size}-{runner}"
+    cmd = ["data", "build", "--input", str(raw), *RUNNERS[runner], *args.build_arg]
+    walls, versions = [], set()
+    for _ in range(max(1, args.build_repeats)):
+        shutil.rmtree(out_dir, ignore_errors=True)
+        res, wall, mem = run_cli([*cmd, "--out", str(out_dir)], args.poll_s)
+        out = {"command": "mmlinks " + " ".join([*cmd, "--out", str(out_dir)]), **mem}
+        if "error" in res:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            return {**out, "wall_s": round(wall, 1), "error": res["error"]}
+        walls.append(round(wall, 1))
+        versions.add(res.get("dataset_version"))
+    out["wall_s"], out["walls_s"] = sorted(walls)[len(walls) // 2], walls
+    out["documents"] = sum(res.get("splits", {}).values()) or None
+    out["images_inferred"] = (res.get("build") or {}).get("features_computed")
+    if args.build_warm:  # the same build again, sharing the image store: nothing fetched or inferred
+        warm_dir = work / f"build-{size}-{runner}-warm"
+        shutil.rmtree(warm_dir, ignore_errors=True)
+        store = ["--image-store", str(out_dir / "image-store")]
+        warm, warm_s, _ = run_cli([*cmd, "--out", str(warm_dir), *store], args.poll_s)
+        shutil.rmtree(warm_dir, ignore_errors=True)
+        out["warm_wall_s"] = round(warm_s, 1) if "error" not in warm else warm["error"]
+        versions.add(warm.get("dataset_version"))
+    out["same_dataset_version"] = len(versions) == 1
     shutil.rmtree(out_dir, ignore_errors=True)
-    cmd = ["data", "build", "--input", str(raw), "--out", str(out_dir), *RUNNERS[runner]]
-    res, wall, mem = run_cli(cmd, args.poll_s)
-    out = {"command": "mmlinks " + " ".join(cmd), "wall_s": round(wall, 1), **mem}
-    shutil.rmtree(out_dir, ignore_errors=True)
-    if "error" in res:
-        return {**out, "error": res["error"]}
-    return {**out, "documents": sum(res.get("splits", {}).values()) or None}
+    return out
 
 
 # What a worker and the driver read of the validation and test splits, alone, in a fresh process
@@ -376,6 +396,9 @@ def main() -> None:
         default=[],
         help="extra `data synth` argument for the build's raw corpora (e.g. --images-max=2)",
     )
+    ap.add_argument("--build-arg", action="append", default=[], help="extra `data build` argument")
+    ap.add_argument("--build-repeats", type=int, default=1, help="cold builds per size and runner (median)")
+    ap.add_argument("--build-warm", action="store_true", help="build again sharing the image store")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--poll-s", type=float, default=0.5, help="process tree polling interval")
     ap.add_argument("--workdir", default="")
