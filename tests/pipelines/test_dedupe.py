@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-import pipelines.dedupe as dedupe
+import pipelines.near_duplicates as near_duplicates
 from features.images import phash64
-from pipelines.dedupe import (
+from pipelines.dedupe import DuplicateVerdict, FindDuplicateDocuments, document_order
+from pipelines.near_duplicates import (
     TWO_LEVEL_MIN_GROUP,
-    DuplicateVerdict,
-    FindDuplicateDocuments,
     _argsort_u64,
     _columns_pay_off,
     _distinct_pairs,
@@ -29,7 +28,6 @@ from pipelines.dedupe import (
     block_layout,
     brute_force_pairs,
     degenerate_mask,
-    document_order,
     is_degenerate,
     near_duplicate_pairs,
     sub_block_layout,
@@ -201,7 +199,7 @@ def test_two_level_matches_brute_force(hashes, t, two_level_min):
 @pytest.mark.parametrize("t", range(9))
 def test_two_level_everywhere_crowded_all_thresholds(t, monkeypatch):
     """The public function with every group of 2+ on the second level, on crowded blocks with repeats."""
-    monkeypatch.setattr(dedupe, "TWO_LEVEL_MIN_GROUP", 2)
+    monkeypatch.setattr(near_duplicates, "TWO_LEVEL_MIN_GROUP", 2)
     rng = np.random.default_rng(100 + t)
     base = rng.integers(0, 2**64, 80, dtype=np.uint64) & np.uint64(0xFFFF_0000_FFFF_FFFF)  # one block-2 group
     near = [
@@ -223,8 +221,8 @@ def test_second_level_runs_by_default_on_a_crowded_block(monkeypatch):
         calls.append(idx.size)
         return second_level(uniq, idx, *args)
 
-    second_level = dedupe._second_level
-    monkeypatch.setattr(dedupe, "_second_level", spy)
+    second_level = near_duplicates._second_level
+    monkeypatch.setattr(near_duplicates, "_second_level", spy)
     rng = np.random.default_rng(11)
     crowd = rng.integers(0, 2**64, 3000, dtype=np.uint64) & np.uint64(0xFFFF_FFFF_0000_FFFF)
     crowd |= np.uint64(0xBEEF_0000)
@@ -433,7 +431,7 @@ def test_find_duplicate_documents_fixed_cases():
 def test_find_duplicate_documents_crowded_block_group(two_level_min, monkeypatch):
     """More than _SMALL_GROUP hashes share a block value, so the NumPy core runs inside a block group
     (with its second level too when ``two_level_min`` is 2)."""
-    monkeypatch.setattr(dedupe, "TWO_LEVEL_MIN_GROUP", two_level_min)
+    monkeypatch.setattr(near_duplicates, "TWO_LEVEL_MIN_GROUP", two_level_min)
     rng = np.random.default_rng(3)
     base = [int(h) | 0xBEEF for h in rng.integers(0, 2**64, 40, dtype=np.uint64) & np.uint64(~0xFFFF & MASK)]
     docs = [doc(f"d{k:02d}", [h], f"{k % 7}") for k, h in enumerate(base)]
