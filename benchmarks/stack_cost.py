@@ -266,9 +266,13 @@ def main(argv: list[str] | None = None) -> dict:
                 results[row] = bare_loop(data, settings, args.epochs, threads, args.device)
                 results[row]["parts_s"] = parts_of(results[row])
             else:
-                results[row] = stack_row(data, settings, args.epochs, int(row[1:]), args.device, root)
+                try:
+                    results[row] = stack_row(data, settings, args.epochs, int(row[1:]), args.device, root)
+                except SystemExit as exc:  # the command failed: say so in its row, measure the rest
+                    results[row] = {"error": str(exc)[-2000:], "docs_per_s": None}
             took = time.perf_counter() - t0
             print(f"{row}: {results[row]['docs_per_s']} docs/s ({took:.0f} s)", file=sys.stderr)
+            print(json.dumps({row: results[row]}), file=sys.stderr)  # kept if a later row fails
         out["rows"] = results
         speed = {r: v["docs_per_s"] for r, v in results.items() if v["docs_per_s"]}
         bare = [v for r, v in speed.items() if r.startswith("bare")]
