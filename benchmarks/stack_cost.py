@@ -11,7 +11,9 @@ Rows (``--rows``, any of):
   validation, checkpoints or MLflow. Its epoch is split into data (``make_batch``), forward (the
   assignment solver inside it also on its own), backward and optimizer.
 - ``w0`` / ``w1`` / ``w2``: the whole command, ``mmlinks train --workers N`` (``--workers 0``: the
-  loop in this process, ``1`` and ``2``: Ray Train workers), with an MLflow store of its own.
+  loop in this process, ``1`` and ``2``: Ray Train workers), with an MLflow store of its own;
+  ``w0-1t``: ``--workers 0`` at one torch thread (``OMP_NUM_THREADS=1``: the default before issue
+  #63's auto threads).
   Each epoch's figures come from what the run logged: documents/s over its training pass,
   the loader's wait, the step time and the validation pass (``val_s``); the epoch's wall time
   from the timestamps of successive epochs' metrics, so what is neither training nor
@@ -45,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROWS = ("bare1", "bare2", "w0", "w1", "w2")
+ROWS = ("bare1", "bare2", "w0", "w0-1t", "w1", "w2")
 MMLINKS = [sys.executable, "-m", "cli"]
 
 
@@ -164,7 +166,9 @@ def bare_loop(data: str, settings: dict, epochs: int, threads: int, device: str)
     }
 
 
-def stack_row(data: str, settings: dict, epochs: int, workers: int, device: str, root: Path) -> dict:
+def stack_row(
+    data: str, settings: dict, epochs: int, workers: int, device: str, root: Path, threads: int | None = None
+) -> dict:
     """``mmlinks train --workers N`` as a user runs it; per-epoch figures from its MLflow run."""
     from mlflow.tracking import MlflowClient
 
@@ -175,7 +179,7 @@ def stack_row(data: str, settings: dict, epochs: int, workers: int, device: str,
 
     train_paths = check_inputs(train_config(data, settings)).train_paths
     train_docs = read_table(train_paths, columns=["doc_id"]).num_rows
-    work = root / f"w{workers}"
+    work = root / f"w{workers}-{threads or 'auto'}t"
     work.mkdir(parents=True, exist_ok=True)
     cmd = [*MMLINKS, "train", "--data", data, "--workdir", str(work), "--json", "--workers", str(workers)]
     flags = {name: info.flag for name, (_, info) in options_of(TrainConfig).items()}
@@ -186,7 +190,9 @@ def stack_row(data: str, settings: dict, epochs: int, workers: int, device: str,
         cmd += [flag or "--" + key.replace("_", "-"), str(value)]
     if device == "cuda":
         cmd.append("--gpu")
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "OMP_NUM_THREADS")}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -267,7 +273,10 @@ def main(argv: list[str] | None = None) -> dict:
                 results[row]["parts_s"] = parts_of(results[row])
             else:
                 try:
-                    results[row] = stack_row(data, settings, args.epochs, int(row[1:]), args.device, root)
+                    workers, _, threads = row[1:].partition("-")
+                    results[row] = stack_row(
+                        data, settings, args.epochs, int(workers), args.device, root, int(threads[:-1] or 0)
+                    )
                 except SystemExit as exc:  # the command failed: say so in its row, measure the rest
                     results[row] = {"error": str(exc)[-2000:], "docs_per_s": None}
             took = time.perf_counter() - t0
