@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.data import _explicit_build_options
+from cli.data_build import _explicit_build_options
 from cli.main import build_parser
 from orchestration.settings import Settings
 from pipelines.build_config import BuildConfig
