@@ -135,9 +135,9 @@ class NewsModel(mlflow.pyfunc.PythonModel):
     def _vectors(self, articles: list[dict]) -> np.ndarray:
         """[Q, d]: one article (a photo editor's query) through the lean single-article path;
         several (a downstream job's batch) through the batch encoder, which costs 1.3-1.7x less
-        CPU an article at 8-64 articles (``benchmarks/news_batch_encode.py``, docs/benchmarks.md
-        issue #18). Both give the article's top 10; the batch's vectors may differ from the
-        single path's in the last bits, as any batched matrix product's do."""
+        CPU an article at 8-64 articles (``benchmarks/news_batch_encode.py``, retired in issue #61 at
+        d839ce0; docs/benchmarks.md issue #18). Both give the article's top 10; the batch's vectors
+        may differ from the single path's in the last bits, as any batched matrix product's do."""
         if not articles:
             return np.zeros((0, self.model.cfg.d), np.float32)
         if len(articles) == 1:

@@ -13,7 +13,8 @@ separately (``oov_from_ngrams``). Words whose bytes are not UTF-8 cannot match a
 are skipped and counted (``skipped_non_utf8``) rather than failing the load: the real GoogleNews file
 contains some.
 
-Why not gensim's ``KeyedVectors`` (4.4.0; ``benchmarks/word_vectors_load.py``, docs/benchmarks.md
+Why not gensim's ``KeyedVectors`` (4.4.0; ``benchmarks/word_vectors_load.py`` retired in issue #61 at cb91417,
+docs/benchmarks.md
 "Word-vector readers"): it loads every vector of the file before a vocabulary can pick from
 it. Loading 10,000 wanted words from a 242 MB word2vec binary (200,000 x 300) took gensim 1.43
 CPU-s and 239 MB resident above its imports, here 0.23 CPU-s and no peak above the imports; from

@@ -7,7 +7,8 @@ a file at once (several GB for the largest); here only the current item and one 
 in memory, and the caller keeps what it needs. ``json.JSONDecoder.raw_decode`` decodes one item
 at a time from a sliding text buffer.
 
-Why not ijson (its C backend, yajl2_c, 3.6.0; ``benchmarks/json_stream.py``, docs/benchmarks.md
+Why not ijson (its C backend, yajl2_c, 3.6.0; ``benchmarks/json_stream.py`` retired in issue #61 at cb91417,
+docs/benchmarks.md
 "Streaming JSON readers"): it is only ~1.1x faster here (58 MB RecipeQA-shaped file: 0.22 vs
 0.25 CPU-s, json's C scanner does the work in both), and it fails the inputs the sources must
 survive: one invalid UTF-8 byte ends the whole file (here only its item is dead-lettered), a

@@ -5,7 +5,8 @@ a worker process per core); without it the gate is per process. Gates and concur
 semaphores are process-wide registries, so every client in a process shares them.
 
 Why not pyrate-limiter (4.5.1, ``SQLiteBucket`` with ``use_file_lock``; ``benchmarks/
-rate_gate_spacing.py``, docs/benchmarks.md "Rate gate"): the gate is more than a rate. A
+rate_gate_spacing.py`` retired in issue #61 at cb91417,
+docs/benchmarks.md "Rate gate"): the gate is more than a rate. A
 server's ``Retry-After`` pauses the host, and a spent rate-limit budget blocks it until its
 reset, for every process and across builds (the state file): pyrate-limiter has no way to say
 "nothing before time T" or "refuse until T", only N acquisitions per window. And on the spacing

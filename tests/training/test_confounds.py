@@ -13,7 +13,8 @@ from training.config import TrainConfig
 
 # 192 / 24 / 24 documents. Fewer training documents, or 64-pixel images, and the default model
 # does not get past its style-only phase within the epochs the suite affords
-# (benchmarks/confounds.py measured 75.7 AUC / 47.8 p@1 in-process at exactly these settings).
+# (benchmarks/confounds.py, retired in issue #61 at 40685f4,
+# measured 75.7 AUC / 47.8 p@1 in-process at exactly these settings).
 CORPUS = dict(docs=240, seed=11, image_size=128, style_strength=0.8, topic_words=3)
 
 

@@ -75,7 +75,7 @@ def ngram_buckets(words: list[str], buckets: int, nmin: int = NGRAM_MIN, nmax: i
     Vectorised (issue #36): the words become one [W, L] array of code points, and each n-gram
     position's FNV-1a is n array operations over all W words at once, so the cost is ~3 L (n, i)
     positions of numpy work instead of a Python loop over every byte of every n-gram
-    (``benchmarks/news_subwords.py``: tokens/s before and after)."""
+    (``benchmarks/news_subwords.py``, retired in issue #61 at cb91417: tokens/s before and after)."""
     W = len(words)
     if W == 0:
         return np.zeros((0, 1), dtype=np.int64)
