@@ -25,33 +25,23 @@ steps' Beam labels (``DistinctImages+CNNCache+CNNInference+CNNStore``). GroupByK
 with a hash that is the same in every worker process (Python's ``hash`` of a str is salted per
 process), so a key's values meet in one group.
 
-Counters: each bundle runs under its own MetricsContainer and returns its counter values with
-its outputs; the result sums those that reached the client. A task re-run after its worker died
-counts once (the dead attempt's result never arrived), so the manifest's counts are exact.
-
-DoFn instances are kept per worker process (``setup`` once, like a Beam SDK worker), and
-RunInference's model is shared per process by Beam's ``Shared`` handle, so a worker loads the
-CNN or the link model once, not per bundle. Windowing: global windows only (the batch graphs'
-case); any other WindowFn is refused by name.
+What a task runs in a worker (a fused stage's bundle, its counters, DoFns set up once per
+process) is ``pipelines/dask_tasks.py``. Windowing: global windows only (the batch graphs' case);
+any other WindowFn is refused by name.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
-import pickle
 import re
 import uuid
-import zlib
-from collections.abc import Iterable
 from typing import Any
 
 import apache_beam as beam
 from apache_beam import pvalue
-from apache_beam.metrics.execution import MetricKey, MetricResult, MetricsContainer
 from apache_beam.metrics.metric import MetricResults
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
-from apache_beam.runners.common import Receiver
 from apache_beam.runners.dask import dask_runner as beam_dask
 from apache_beam.runners.dask.overrides import (
     _Create,
@@ -64,11 +54,21 @@ from apache_beam.runners.dask.overrides import (
 )
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
+from pipelines.dask_tasks import (
+    METRICS_TAG,
+    WHOLE,
+    _Counters,
+    _gather,
+    _read_bundles,
+    _regroup,
+    _run_stage,
+    _split_by_key,
+    _spread,
+    _sum_counters,
+)
 from schemas.errors import MmlinksError
 
 RUNNER_PATH = f"{__name__}.DaskRunner"  # what --runner names for Beam
-METRICS_TAG = "__mmlinks_metrics__"
-MAIN = None  # the main output's tag
 # A Read's bundles hold at most this many bytes of its source, so a stage's partitions grow with
 # a big input instead of staying at twice the task slots (a Dask task holds its partition whole).
 # Not smaller: on 2 cores every extra partition costs a task per shuffle partner, and 22 partitions
@@ -80,12 +80,6 @@ READ_BUNDLE_BYTES = 4 << 20
 MAX_PARTITIONS_PER_SLOT = 16
 # Dask's user priority of the translation's own small tasks (``_layer_bag``); a ParDo's is 0.
 PLUMBING_PRIORITY = 1
-
-# Per worker process: the current job's set-up DoFns by ParDo id. A long-lived cluster runs job
-# after job: the first bundle of a new job tears the previous job's DoFns down (and lets go of
-# their models), so a worker holds one job's DoFns at a time.
-_dofns: dict[str, Any] = {}
-_dofns_job: list[str] = [""]
 
 
 class DaskRunner(beam_dask.DaskRunner):
@@ -147,34 +141,6 @@ class DaskPipelineResult(PipelineResult):
         return _Counters(self._counters)
 
 
-class _Counters(MetricResults):
-    """Summed bundle counters as Beam's MetricResults (committed = attempted: each counted once)."""
-
-    def __init__(self, counters: dict[tuple[str, str, str], int]):
-        self._results = [
-            MetricResult(MetricKey(step, beam.metrics.metricbase.MetricName(ns, name)), v, v)
-            for (step, ns, name), v in sorted(counters.items())
-        ]
-
-    def query(self, filter=None):
-        chosen = [r for r in self._results if filter is None or self.matches(filter, r.key)]
-        return {
-            self.COUNTERS: chosen,
-            self.DISTRIBUTIONS: [],
-            self.GAUGES: [],
-            self.STRINGSETS: [],
-            self.BOUNDED_TRIES: [],
-        }
-
-
-def _sum_counters(parts: Iterable[dict]) -> dict[tuple[str, str, str], int]:
-    total: dict[tuple[str, str, str], int] = {}
-    for part in parts:
-        for key, value in part.items():
-            total[key] = total.get(key, 0) + value
-    return total
-
-
 # --- the translation -----------------------------------------------------------------------------
 
 
@@ -194,9 +160,6 @@ def consumers(pipeline) -> dict[pvalue.PCollection, int]:
 
 # Translated by what they do, not as DoFns (the overrides' GroupAlsoByWindow and WindowInto are ParDos).
 _NOT_PARDOS = (_Create, _Read, _Flatten, _Reshuffle, _GroupByKeyOnly, _GroupAlsoByWindow, beam.WindowInto)
-
-
-WHOLE = "__mmlinks_whole_partition__"  # a source read whole, not one tag of a fused stage's output
 
 
 class _Parts:
@@ -490,58 +453,6 @@ def _materialized(parts: _Parts):
 # --- what the tasks run (in the worker processes) ------------------------------------------------
 
 
-class Partition(list):
-    """What every task of the translation returns: a list that travels between workers as one
-    pickle (its bytes one frame, out of band), not element by element.
-
-    Dask serializes a plain list element by element when its first element has a Dask serializer
-    (a str, a tuple of them): 15,002 frames, each written to the socket on its own, for a
-    partition of 7,500 feature vectors, 0.52-0.55 s between two local workers; as one pickle
-    0.09-0.30 s. A 20,000-document build took 271.7 s with it against 290.9 s without (one pair;
-    docs/benchmarks-scale.md). Pickled with Dask's own ``dumps`` (cloudpickle where plain pickle
-    cannot); the pickle's bytes go out of band where the pickler takes buffers (protocol 5, as
-    Dask's comm does), else in band."""
-
-    def __reduce_ex__(self, protocol):
-        from distributed.protocol.pickle import dumps
-
-        data = dumps(list(self))
-        # out of band where the pickler can take it (Dask's comm: a frame of its own, not copied)
-        return _partition_from, (pickle.PickleBuffer(data) if protocol >= 5 else data,)
-
-
-def _partition_from(data: bytes) -> Partition:
-    from distributed.protocol.pickle import loads
-
-    return Partition(loads(data))
-
-
-def _selected(part, tag):
-    return part if tag == WHOLE else (v for t, v in part if t == tag)
-
-
-def _gather(parts, tags):
-    """The values of each partition (a fused stage's: those of its tag), in order, as one list."""
-    return Partition(v for part, tag in zip(parts, tags, strict=True) for v in _selected(part, tag))
-
-
-def _read_bundles(bundles):
-    out = Partition()
-    for b in bundles:
-        out.extend(b.source.read(b.source.get_range_tracker(b.start_position, b.stop_position)))
-    return out
-
-
-def _spread(bag, partitions: int):
-    """Reshuffle: more partitions where there are fewer than the cluster's task slots."""
-    return bag if bag.npartitions >= partitions else bag.repartition(npartitions=partitions)
-
-
-def stable_hash(key) -> int:
-    """The same number for an equal key in every process (``hash`` of a str is salted)."""
-    return zlib.crc32(pickle.dumps(key, protocol=4))
-
-
 def _group_by_key(parts: _Parts, partitions: int):
     """(k, v) pairs -> (k, [v, ...]) in ``partitions`` partitions (the translation's widest Read:
     what a Read cut by size keeps small, a grouping after it keeps small too); keys go to
@@ -563,185 +474,4 @@ def _group_by_key(parts: _Parts, partitions: int):
     return _layer_bag(name, layer, parts.deps, m)
 
 
-def _split_by_key(parts, tags, partitions: int) -> list[Partition]:
-    pieces = [Partition() for _ in range(partitions)]
-    for kv in _gather(parts, tags):
-        pieces[stable_hash(kv[0]) % partitions].append(kv)
-    return pieces
-
-
-def _regroup(pieces):
-    groups: dict = {}
-    for piece in pieces:
-        for k, v in piece:
-            groups.setdefault(k, []).append(_unwindowed(v))
-    return Partition(groups.items())
-
-
-def _unwindowed(v):
-    from apache_beam.utils.windowed_value import WindowedValue
-
-    return v.value if isinstance(v, WindowedValue) else v
-
-
-class _Collect(Receiver):
-    """A Receiver: every output of a bundle as a ``(tag, value)`` pair, in emission order."""
-
-    def __init__(self, out: list, tag):
-        self.out, self.tag = out, tag
-
-    def receive(self, windowed_value):
-        self.out.append((self.tag, _unwindowed(windowed_value)))
-
-
-class _Forward(Receiver):
-    """A Receiver that hands each output straight to the fused member that reads it."""
-
-    def __init__(self, bundle: _Bundle):
-        self.bundle = bundle
-
-    def receive(self, windowed_value):
-        self.bundle.process(_unwindowed(windowed_value))
-
-
-class _Receivers(dict):
-    """Per output tag: forward to the member that reads it (``readers``) or collect into ``out``."""
-
-    def __init__(self, out: list, index: int, readers: dict):
-        super().__init__()
-        self.out, self.index, self.readers = out, index, readers
-
-    def __missing__(self, tag):
-        reader = self.readers.get((self.index, tag))
-        self[tag] = receiver = (
-            _Forward(reader) if reader is not None else _Collect(self.out, (self.index, tag))
-        )
-        return receiver
-
-
-def _forget_dofns(job: str) -> None:
-    for old in _dofns.values():
-        try:
-            old.teardown()
-        except Exception:  # an earlier job's teardown must not fail this job
-            pass
-    _dofns.clear()
-    _dofns_job[0] = job
-
-
-def _run_stage(items, members, *side_values, views, tag=WHOLE):
-    """One partition through a fused stage, element by element, as a Beam SDK worker runs fused
-    steps: each member's DoFn runs the partition as one bundle, and what a member emits goes
-    straight into the member that reads it (``finish_bundle`` outputs too, before that member
-    finishes). So a task holds its input, the outputs no member reads and one element in flight,
-    not every member's outputs at once (run member after member, a 20,000-document build's
-    RunInference member grew its worker by ~300 MB, its outputs held until the next member ran;
-    the rest of a feature worker's growth was heap malloc kept, now trimmed: features.cpu_heap.HeapTrim).
-    Returns those outputs as ((member index, tag), value) and, last, all counters under METRICS_TAG."""
-    from apache_beam.runners.worker import statesampler
-    from apache_beam.utils.counters import CounterFactory
-
-    out = Partition()
-    readers: dict = {}
-    bundles: list[_Bundle] = []
-    # Readers first (a member reads an earlier one), so each receiver knows its bundle.
-    for index in reversed(range(len(members))):
-        spec, source = members[index]
-        first = index == 0
-        bundle = _Bundle(
-            spec,
-            _Receivers(out, index, readers),
-            side_values if first else (),
-            views if first else [],
-        )
-        if source is not None:
-            readers[source] = bundle
-        bundles.insert(0, bundle)
-    # A sampler per task: a sampler keeps the first container it was given for a state name.
-    previous = statesampler.get_current_tracker()
-    sampler = statesampler.StateSampler("dask", CounterFactory())
-    statesampler.set_current_tracker(sampler)
-    try:
-        for bundle in reversed(bundles):  # a reader is ready before anything reaches it
-            bundle.start(sampler)
-        for item in _selected(items, tag):
-            bundles[0].process(item)
-        for bundle in bundles:  # a member's finish_bundle outputs reach its reader first
-            bundle.finish()
-    finally:
-        statesampler.set_current_tracker(previous)
-    counters: dict = {}
-    for bundle in bundles:
-        counters.update(bundle.counters())
-    out.append((METRICS_TAG, counters))
-    return out
-
-
-class _Bundle:
-    """One member's DoFn over one partition as one Beam bundle: start, process each, finish, with
-    its outputs handed to ``receivers`` and its counters in its own MetricsContainer."""
-
-    def __init__(self, spec, receivers: _Receivers, side_values, views):
-        from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
-        from apache_beam.transforms.core import DoFn
-        from apache_beam.transforms.sideinputs import SideInputMap
-        from apache_beam.transforms.window import GlobalWindow, GlobalWindows
-        from apache_beam.utils.windowed_value import WindowedValue
-
-        job, key, label, fn, args, kwargs = spec
-        if _dofns_job[0] != job:
-            _forget_dofns(job)
-        self.fresh = key not in _dofns
-        fn = _dofns.setdefault(key, fn)
-        self.label, self.window = label, (GlobalWindow(),)
-        self.wrap = WindowedValue
-        handler = _OutputHandler(
-            window_fn=GlobalWindows(),
-            main_receivers=receivers[MAIN],
-            tagged_receivers=receivers,
-            per_element_output_counter=None,
-            output_batch_converter=None,
-            process_yields_batches=False,
-            process_batch_yields_elements=False,
-        )
-        sides = [
-            SideInputMap(kind, view, [WindowedValue(v, 0, (GlobalWindow(),)) for v in values])
-            for (kind, view), values in zip(views, side_values, strict=True)
-        ]
-        self.invoker = DoFnInvoker.create_invoker(
-            DoFnSignature(fn),
-            handler,
-            context=DoFnContext(label, state=None),
-            side_inputs=sides,
-            input_args=args,
-            input_kwargs=kwargs,
-            user_state_context=None,
-            bundle_finalizer_param=DoFn.BundleFinalizerParam(),
-        )
-        self.container = MetricsContainer(label)
-        self.state = None
-
-    def start(self, sampler) -> None:
-        self.state = sampler.scoped_state(self.label, "process", metrics_container=self.container)
-        with self.state:
-            if self.fresh:
-                self.invoker.invoke_setup()  # once per worker process, as on a Beam SDK worker
-            self.invoker.invoke_start_bundle()
-
-    def process(self, item) -> None:
-        with self.state:  # counters of this member's DoFn, also when called from another's
-            self.invoker.invoke_process(self.wrap(item, 0, self.window))
-
-    def finish(self) -> None:
-        with self.state:
-            self.invoker.invoke_finish_bundle()
-
-    def counters(self) -> dict:
-        return {
-            (self.label, k.metric.namespace, k.metric.name): int(v)
-            for k, v in self.container.get_cumulative().counters.items()
-            if v
-        }
-
-
-__all__ = ["RUNNER_PATH", "DaskPipelineResult", "DaskRunner", "stable_hash", "task_name"]
+__all__ = ["RUNNER_PATH", "DaskPipelineResult", "DaskRunner", "task_name"]

@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.build import build_dataset, scheduler_unreachable, worker_lost
 from pipelines.build_config import BuildConfig
-from pipelines.dask_runner import stable_hash
+from pipelines.dask_tasks import stable_hash
 from pipelines.local_cluster import runner_cluster
 from pipelines.runners import DASK_RUNNER_PATH, pipeline_options
 from schemas.errors import MmlinksError
@@ -163,7 +163,7 @@ def test_keys_hash_the_same_in_every_process():
     import sys
 
     keys = ["doc-1", ("train", 3), None, "small"]
-    code = f"from pipelines.dask_runner import stable_hash; print([stable_hash(k) for k in {keys!r}])"
+    code = f"from pipelines.dask_tasks import stable_hash; print([stable_hash(k) for k in {keys!r}])"
     root = Path(__file__).resolve().parents[2]
     runs = {
         subprocess.run(
@@ -310,7 +310,8 @@ def test_one_reader_chains_of_pardos_run_fused_in_one_task_named_by_their_labels
     from apache_beam.runners.dask.overrides import dask_overrides
     from dask.utils import key_split
 
-    from pipelines.dask_runner import _sum_counters, _Translator, consumers, task_name
+    from pipelines.dask_runner import _Translator, consumers, task_name
+    from pipelines.dask_tasks import _sum_counters
 
     def counted(x):
         beam.metrics.Metrics.counter("t", "seen").inc()
@@ -525,7 +526,8 @@ def test_a_shuffles_pieces_run_where_their_split_is(dask_cluster):
     from dask.distributed import Client
     from dask.utils import key_split
 
-    from pipelines.dask_runner import WHOLE, _group_by_key, _Parts
+    from pipelines.dask_runner import _group_by_key, _Parts
+    from pipelines.dask_tasks import WHOLE
     from pipelines.local_cluster import LOCAL_CLUSTER_CONFIG
 
     with Client(dask_cluster) as client:
@@ -587,7 +589,7 @@ def test_a_partition_crosses_between_workers_as_one_pickle():
     from distributed.protocol import dumps, loads, to_serialize
 
     from features import ImageFeatures
-    from pipelines.dask_runner import WHOLE, Partition, _gather, _regroup, _split_by_key
+    from pipelines.dask_tasks import WHOLE, Partition, _gather, _regroup, _split_by_key
 
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(1_000, 16)).astype(np.float32)
