@@ -68,7 +68,7 @@ def variants_of(text: str) -> list[tuple[str, dict]]:
 def test_batches(data: str, vocab, max_tokens: int):
     from schemas.manifest import Manifest
     from training.data import make_batch
-    from training.loop import validation_batches
+    from training.epoch_batches import validation_batches
 
     paths = [str(p) for p in Manifest.read(data).shard_paths(data, "test")]
     return [make_batch(t, vocab, max_tokens) for t in validation_batches(paths, 256, 0, 1, ("metadata",))]

@@ -1,4 +1,4 @@
-"""Benchmark exact near-duplicate hash search (pipelines/dedupe.py) and print one JSON object.
+"""Benchmark exact near-duplicate hash search (pipelines/near_duplicates.py) and print one JSON object.
 
 Usage: .venv/bin/python benchmarks/dedupe.py [--n 1000000] [--small 100000] [--check 50000]
        [--planted 1000] [--threshold 3] [--seed 0] [--repeats 3] [--beam-docs 20000]
@@ -30,13 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-import pipelines.dedupe as dedupe
-from pipelines.dedupe import (
-    FindDuplicateDocuments,
-    brute_force_pairs,
-    degenerate_mask,
-    near_duplicate_pairs,
-)
+import pipelines.near_duplicates as dedupe
+from pipelines.dedupe import FindDuplicateDocuments
+from pipelines.near_duplicates import brute_force_pairs, degenerate_mask, near_duplicate_pairs
 
 
 def flip_bits(rng: np.random.Generator, h: np.uint64, k: int) -> np.uint64:

@@ -269,7 +269,7 @@ def bare_setup(data: Path, model: str, workdir: Path, batch_docs: int, threads: 
     """The bare side: the model loaded once, the same chunks read before any clock starts."""
     import torch
 
-    from features.base import tune_cpu_heap
+    from features.cpu_heap import tune_cpu_heap
     from linking.model import load_scorer, resolve_model
     from linking.steps import LINK_COLUMNS, documents_of_table, shard_tables
     from schemas.manifest import Manifest

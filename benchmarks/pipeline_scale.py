@@ -306,7 +306,7 @@ from training.backbone import build_model, get_backbone
 from training.config import TrainConfig
 from training.evaluate import evaluate
 from training.experiment import has_labels
-from training.loop import validation_batches
+from training.epoch_batches import validation_batches
 from training.text import Vocabulary
 data = sys.argv[1]
 m = Manifest.read(data)
