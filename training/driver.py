@@ -3,8 +3,8 @@ connects to Ray, and runs ``training.loop.train_loop_per_worker`` under a TorchT
 with ``--workers 0``, ``training.loop.train_in_process`` in this process).
 
 ``fit`` returns the lowest-validation-loss model (``TrainResult``); the loop itself, the
-checkpoint rules and the test-only fault hooks live in ``training/loop.py``,
-``training/checkpoints.py`` and ``training/fault_hooks.py``.
+checkpoint rules, the test-only fault hooks and joining Ray live in ``training/loop.py``,
+``training/checkpoints.py``, ``training/fault_hooks.py`` and ``training/ray_session.py``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import dataclasses
 import functools
 import logging
 import os
-import re
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,6 +35,7 @@ from training.config import SELECTION_ORDER, TrainConfig
 from training.data import TRAINING_COLUMNS
 from training.loop import train_loop_per_worker
 from training.objectives.registry import get_objective
+from training.ray_session import connect_ray, failure_message
 from training.text import Vocabulary
 
 
@@ -187,92 +186,6 @@ class LocalShards:
             carry = table.slice(whole) if whole < table.num_rows else None
         if carry is not None:
             yield carry
-
-
-def connect_ray(cfg: TrainConfig) -> bool:
-    """Join ``cfg.ray_address`` or start a local Ray, unless one is running; True if started."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if not cfg.ray_logs:  # importing Ray set its logger to INFO: keep its banners off the terminal
-        logging.getLogger("ray").setLevel(logging.ERROR)
-    if cfg.ray_address:
-        probe_ray_address(cfg.ray_address)
-        try:
-            ray.init(address=cfg.ray_address, log_to_driver=cfg.ray_logs)
-        except (ConnectionError, RuntimeError) as exc:
-            raise _join_error(cfg.ray_address, exc) from exc
-    else:
-        # Logical CPUs above the core count leave room for Ray Data's read tasks next to the
-        # training workers (otherwise two workers on two cores starve the data pipeline).
-        # address="local" always starts a fresh instance, never attaches to a stray cluster.
-        # One machine has no preemptible nodes: Ray Train's preemption watcher (an actor process
-        # per run, ~2 CPU-s to start) has nothing to watch. Its processes inherit this at start.
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-        # Ray starts idle workers for this driver ahead of any task (~1 CPU-s each, 2-3 here);
-        # Ray Train's actors run in workers of their own, so those would only wait and exit.
-        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
-        ray.init(
-            address="local",
-            num_cpus=max(4, (os.cpu_count() or 1) * 2),
-            include_dashboard=False,
-            log_to_driver=cfg.ray_logs,
-            configure_logging=cfg.ray_logs,
-        )
-    return True
-
-
-def probe_ray_address(address: str, timeout_s: float = 10.0) -> None:
-    """Refuse, in one line, a ``host:port`` (or ``ray://host:port``) where nothing listens.
-
-    Ray itself waits minutes on such an address, then may exit the process from C++ without an
-    exception to catch (its GCS client's reconnect timeout); a TCP connect answers in seconds.
-    ``auto`` and other forms are left to Ray."""
-    from schemas.errors import MmlinksError
-
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        why = exc.strerror or str(exc) or type(exc).__name__
-        raise MmlinksError(
-            f"cannot join the Ray cluster at {address}: nothing answers there ({why})"
-        ) from None
-
-
-def _join_error(address: str, exc: BaseException):
-    """One line for a cluster that cannot be joined (Ray raises a chain of tracebacks, and
-    says only at their bottom when the cause is a missing or wrong token)."""
-    from schemas.errors import MmlinksError
-
-    chain, cause = [], exc
-    while cause is not None:
-        chain.append(str(cause))
-        cause = cause.__cause__ or cause.__context__
-    if any("InvalidAuthToken" in text or "AuthenticationError" in text for text in chain):
-        why = "it refused this process's token (set RAY_AUTH_TOKEN or ~/.ray/auth_token to the cluster's)"
-    else:
-        lines = [ln.strip() for ln in chain[0].splitlines() if ln.strip()]
-        why = lines[0] if lines else type(exc).__name__
-    return MmlinksError(f"cannot join the Ray cluster at {address}: {why}")
-
-
-def failure_message(exc: BaseException) -> str:
-    """The one line that says why workers failed: our own errors first, then the last
-    ``SomeError: message`` line of the workers' tracebacks, else the first line."""
-    text = str(exc)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for marker in ("loss diverged", "validation loss diverged", "cannot resume run"):
-        for line in lines:
-            if marker in line:
-                return line[line.index(marker) :]
-    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b.*:", ln)]
-    if errors:
-        return errors[-1]
-    return lines[0] if lines else type(exc).__name__
 
 
 def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:

@@ -1,11 +1,11 @@
-"""The one-line errors of joining a Ray cluster (``training.driver.connect_ray``)."""
+"""The one-line errors of joining a Ray cluster (``training.ray_session.connect_ray``)."""
 
 import socket
 
 import pytest
 
 from schemas.errors import MmlinksError
-from training.driver import _join_error, probe_ray_address
+from training.ray_session import _join_error, probe_ray_address
 
 
 def _chained(outer: BaseException, inner: BaseException) -> BaseException:

@@ -70,7 +70,7 @@ def test_shards_without_any_image_are_refused_with_one_line(dataset, tmp_path):
 
 
 def test_failure_message_names_the_worker_error():
-    from training.driver import failure_message
+    from training.ray_session import failure_message
 
     text = (
         "Training failed due to worker errors:\n\n[Rank 0] Traceback (most recent call last):\n"

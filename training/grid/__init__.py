@@ -2,8 +2,9 @@
 
 Modules: ``rows`` (variants and row names from the objective registry, the grid specs),
 ``retrieval`` (Alikhani et al.'s Tables 4 / 5: rows, seeds, the table with MedR's sd),
-``tune_driver`` (``run_grid``: Tune trials, Ray session, collection), ``tracking`` (MLflow
-bookkeeping of the parent run), ``render`` (the table as data and text), ``results``.
+``plan`` (the spec, trial specs, input checks), ``tune_driver`` (``run_grid``: Tune trials, Ray
+session, collection), ``tracking`` (MLflow bookkeeping of the parent run), ``render`` (the
+table as data and text), ``results``.
 
 What the paper ran (Hessel, Lee & Mimno 2019, Sec. 4.1 and supplement Sec. 3): every
 combination of b in {10, 20, 30} in-batch negatives, similarity DC / TK / AP, k = min(n, m) or

@@ -12,17 +12,17 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schemas.errors import MmlinksError
 from training.config import TrainConfig
-from training.grid.news import LAYOUTS, check_base, flat_news_metrics, news_keys
+from training.grid.news import flat_news_metrics
+from training.grid.plan import check_inputs, grid_inits, ray_storage, select_spec, trial_specs
 from training.grid.render import build_table
 from training.grid.results import METRICS, GridResult, TrialResult
-from training.grid.retrieval import expand_points, flat_test_metrics, method_name, row_key, trial_key
-from training.grid.rows import GRIDS, GridSpec, link_row, point_b, point_key, row_name, variant
+from training.grid.retrieval import flat_test_metrics
+from training.grid.rows import GridSpec, point_b, row_name, variant
 from training.grid.tracking import (
     _absolute_tracking_uri,
     _best_val_loss,
@@ -103,90 +103,6 @@ def _trial_metrics(res, family: str) -> dict:
     }
 
 
-def dataset_points(spec: GridSpec, base: TrainConfig, data: str) -> tuple[dict, ...]:
-    """The points trained on one dataset: the spec's own (linking grids), or its templates with
-    one CMCM_c per relation of the dataset and every point repeated over seeds (retrieval)."""
-    points = spec.points
-    if spec.family == "retrieval":
-        from schemas.manifest import Manifest
-
-        points = expand_points(spec.points, base, Manifest.read(data).relations or [], spec.repeats)
-    if spec.family == "news":
-        points = expand_points(spec.points, base, [], spec.repeats)
-    if spec.rows:  # news: a row id keeps every column of it (vse = vse@caption, vse@body, ...)
-        points = tuple(
-            p for p in points if {(k := _keys(spec, p, base)[1]), k.split("@")[0]} & set(spec.rows)
-        )
-        if not points:
-            raise MmlinksError(f"no point of grid {spec.name} is one of the rows {', '.join(spec.rows)}")
-    return points
-
-
-def _keys(spec: GridSpec, point: dict, base: TrainConfig) -> tuple[str, str, str]:
-    """(trial key, row key, row name) of a point."""
-    if spec.family == "retrieval":
-        return trial_key(point, base), row_key(point, base), method_name(point)
-    if spec.family == "news":
-        return news_keys(LAYOUTS[spec.name], point, base)
-    return point_key(point, base), link_row(point), row_name(variant(point))
-
-
-def _trial_specs(
-    spec: GridSpec, base: TrainConfig, datasets: dict[str, str], inits: dict[str, dict] | None = None
-) -> list[dict]:
-    """One spec per (dataset, point); ``inits``: per dataset, overrides under the point's own
-    (Table 2's divide and conquer from a Table 1 grid, ``training/grid/init_grid.py``)."""
-    specs = []
-    for name, data in datasets.items():
-        for point in dataset_points(spec, base, data):
-            key, row, method = _keys(spec, point, base)
-            specs.append(
-                {
-                    "dataset": name,
-                    "data": data,
-                    "key": key,
-                    "row": row,
-                    "method": method,
-                    "overrides": {**spec.base_overrides, **(inits or {}).get(name, {}), **point},
-                }
-            )
-    return specs
-
-
-def _check_inputs(
-    spec: GridSpec, base: TrainConfig, datasets: dict[str, str], inits: dict[str, dict] | None = None
-) -> dict[str, str]:
-    """Refuse a bad grid or dataset before any Ray or MLflow state is created."""
-    from schemas.manifest import Manifest
-
-    if not datasets:
-        raise MmlinksError("a grid needs at least one dataset (NAME=DIR)")
-    if not spec.points:
-        raise MmlinksError(f"grid {spec.name} has no points")
-    out = {}
-    for name, data in datasets.items():
-        if not name or not re.fullmatch(r"[\w.+-]+", name):
-            raise MmlinksError(f"dataset name {name!r}: use letters, digits, '.', '_', '+' or '-'")
-        if "://" not in data:
-            if not Path(data).is_dir():
-                raise MmlinksError(f"dataset {name}: {data} is not a directory")
-            data = str(Path(data).resolve())  # trials run in their own working directories
-        Manifest.read(data)
-        out[name] = data
-        points = dataset_points(spec, base, data)
-        if spec.family == "news":
-            check_base(spec.name, LAYOUTS[spec.name], base, points)
-        for point in points:  # before the keys: a bad objective name is a config error
-            init = (inits or {}).get(name, {})
-            TrainConfig.from_dict({**base.given_dict(), **spec.base_overrides, **init, **point}).validate()
-        keys = [_keys(spec, p, base)[0] for p in points]
-        if len(set(keys)) != len(keys):
-            raise MmlinksError(
-                f"grid {spec.name} repeats a point: {sorted(k for k in keys if keys.count(k) > 1)}"
-            )
-    return out
-
-
 def default_max_concurrent(base: TrainConfig, trial_cpus: float = TRIAL_DRIVER_CPUS) -> int:
     """As many trials as the cluster holds their drivers and full sets of Ray Train workers
     while one CPU stays free for the Ray Data read tasks that feed them.
@@ -219,7 +135,7 @@ def _ray_session(base: TrainConfig) -> Iterator[None]:
     """Reuse a running Ray, else start one the way ``fit`` does (shut down again afterwards)."""
     import ray
 
-    from training.driver import connect_ray
+    from training.ray_session import connect_ray
 
     if not connect_ray(base):
         yield
@@ -307,34 +223,6 @@ def _error_line(exc: BaseException) -> str:
     return lines[-1][:300] if lines else type(exc).__name__
 
 
-def _select(
-    name: str | GridSpec,
-    base_cfg: TrainConfig,
-    b_values: Sequence[int] | None,
-    rows: Sequence[str] | None = None,
-    repeats: int | None = None,
-) -> GridSpec:
-    spec = GRIDS.get(name) if isinstance(name, str) else name
-    if spec is None:
-        raise MmlinksError(f"unknown grid {name!r} (one of {', '.join(GRIDS)})")
-    if rows:
-        spec = replace(spec, rows=tuple(rows))
-    if repeats is not None:
-        if spec.family not in ("retrieval", "news"):
-            raise MmlinksError(f"grid {spec.name} trains each point once (repeats: the retrieval grids)")
-        if repeats < 1:
-            raise MmlinksError("repeats must be >= 1")
-        spec = replace(spec, repeats=repeats)
-    if b_values and spec.family in ("retrieval", "news"):
-        raise MmlinksError(f"grid {spec.name} has no b (in-batch negatives: the linking grids)")
-    if b_values:
-        keep = {int(b) for b in b_values}
-        spec = replace(spec, points=tuple(p for p in spec.points if point_b(p, base_cfg) in keep))
-        if not spec.points:
-            raise MmlinksError(f"no point of grid {spec.name} has b in {sorted(keep)}")
-    return spec
-
-
 def _tune(
     spec: GridSpec,
     base_cfg: TrainConfig,
@@ -376,12 +264,6 @@ def _tune(
             return tuner.fit()
 
 
-def _storage(storage_path: str | None, base_cfg: TrainConfig, datasets: dict[str, str]) -> str:
-    first_data = next(iter(datasets.values()))
-    storage = storage_path or base_cfg.storage_path or str(Path(first_data).resolve().parent / "ray_results")
-    return storage if "://" in storage else str(Path(storage).resolve())
-
-
 def run_grid(
     name: str | GridSpec,
     base_cfg: TrainConfig,
@@ -415,18 +297,18 @@ def run_grid(
     trial's model is still logged to its run by ``package`` (``training.experiment.Packager``,
     required: ``models.experiment.package_run``), the checkpoint ``init_from_grid`` reads.
     """
-    spec = _select(name, base_cfg, b_values, rows, repeats)
+    spec = select_spec(name, base_cfg, b_values, rows, repeats)
     if max_concurrent is not None and max_concurrent < 1:
         raise MmlinksError("max concurrent trials must be >= 1")
     tracking_uri = _absolute_tracking_uri(tracking_uri)
-    inits = _grid_inits(spec, base_cfg, datasets, tracking_uri, storage_path, init_from_grid)
-    datasets = _check_inputs(spec, base_cfg, datasets, inits)
+    inits = grid_inits(spec, base_cfg, datasets, tracking_uri, storage_path, init_from_grid)
+    datasets = check_inputs(spec, base_cfg, datasets, inits)
     if package is None:
         raise TypeError("run_grid needs package= (models.experiment.package_run): each trial logs its model")
     from ray import tune
 
-    specs = _trial_specs(spec, base_cfg, datasets, inits)
-    storage = _storage(storage_path, base_cfg, datasets)
+    specs = trial_specs(spec, base_cfg, datasets, inits)
+    storage = ray_storage(storage_path, base_cfg, datasets)
     report_dir = str(Path(report_dir).resolve()) if report_dir is not None else None
     client, parent_id = open_parent_run(tracking_uri, spec.name)
     t0, status = time.perf_counter(), "FAILED"
@@ -480,25 +362,6 @@ def run_grid(
         raise
     finally:
         client.set_terminated(parent_id, status)
-
-
-def _grid_inits(spec: GridSpec, base: TrainConfig, datasets, tracking_uri, storage_path, run_id) -> dict:
-    """Per dataset, the divide-and-conquer overrides resolved from Table 1's grid ``run_id``
-    (none without it); checkpoints are downloaded next to the Ray results."""
-    if not run_id or not datasets:  # no dataset: _check_inputs says so
-        return {}
-    if spec.name != "news-table2":
-        raise MmlinksError(f"--init-from-grid: only news-table2 loads Table 1's encoders, not {spec.name}")
-    if base.init_from:
-        raise MmlinksError("give --init-from or --init-from-grid, not both")
-    storage = _storage(storage_path, base, datasets)
-    if "://" in storage:
-        raise MmlinksError(
-            "--init-from-grid downloads checkpoints next to the Ray results: use a local --storage-path"
-        )
-    from training.grid.init_grid import table1_encoders
-
-    return table1_encoders(tracking_uri, run_id, datasets, base, Path(storage) / "init-from-grid")
 
 
 def _trial_name(trial) -> str:

@@ -11,7 +11,7 @@ from schemas.errors import MmlinksError
 from training.config import TrainConfig
 from training.grid import GRIDS, TrialResult, build_table, format_table
 from training.grid.news import LAYOUTS, SOURCES, flat_news_metrics
-from training.grid.tune_driver import _check_inputs, _select, _trial_specs
+from training.grid.plan import check_inputs, select_spec, trial_specs
 
 from .helpers import write_news_dataset
 
@@ -31,13 +31,13 @@ def test_every_table_expands_to_valid_news_configs(news_data):
     for name, n in sizes.items():
         spec, b = GRIDS[name], multi if name == "news-table34" else base
         assert spec.family == "news" and spec.repeats == 1
-        specs = _trial_specs(spec, b, {"de": news_data})
+        specs = trial_specs(spec, b, {"de": news_data})
         assert len(specs) == n and len({s["key"] for s in specs}) == n
         for s in specs:
             cfg = TrainConfig.from_dict({**b.to_dict(), **s["overrides"]})
             cfg.validate()
             assert cfg.objective == "news" and cfg.seed == 3
-    t1 = _trial_specs(GRIDS["news-table1"], base, {"de": news_data})
+    t1 = trial_specs(GRIDS["news-table1"], base, {"de": news_data})
     assert [s["key"] for s in t1[:4]] == [f"vsepp@{src}-s3" for src in SOURCES]
     hal = next(s for s in t1 if s["key"] == "hal@lead-s3")["overrides"]
     assert (hal["news_loss"], hal["news_sources"], hal["subword_buckets"]) == ("hal", "lead", 0)
@@ -46,7 +46,7 @@ def test_every_table_expands_to_valid_news_configs(news_data):
     order = next(s for s in t1 if s["key"] == "order@body-s3")["overrides"]
     chain = next(s for s in t1 if s["key"] == "chain@caption-s3")["overrides"]
     assert (order["news_loss"], order["margin"], chain["news_encoder"]) == ("order", 0.05, "chain")
-    t2 = {s["key"]: s for s in _trial_specs(GRIDS["news-table2"], base, {"de": news_data})}
+    t2 = {s["key"]: s for s in trial_specs(GRIDS["news-table2"], base, {"de": news_data})}
     assert [s["method"] for s in t2.values()][6] == "Attention Fuser (from scratch)"
     # divide and conquer inherits the base's --init-from; from scratch loads nothing
 
@@ -55,24 +55,24 @@ def test_every_table_expands_to_valid_news_configs(news_data):
 
     assert cfg("mlp-complete-s3").init_from == "caption=/ckpt" and cfg("mlp-complete-s3").random_drop == 0
     assert cfg("attention-scratch-s3").init_from == "" and cfg("attention-drop-s3").random_drop == 0.3
-    langs = _trial_specs(GRIDS["news-table34"], multi, {"de": news_data})
+    langs = trial_specs(GRIDS["news-table34"], multi, {"de": news_data})
     assert TrainConfig.from_dict({**multi.to_dict(), **langs[2]["overrides"]}).init_from == "/ckpt"
     assert [s["overrides"]["multilingual"] for s in langs] == ["none", "one-for-all", "all-for-one"]
 
 
 def test_rows_repeats_and_refusals(news_data):
     base = TrainConfig(data=news_data, seed=0)
-    small = _select("news-table1", base, None, ["vse", "full@caption"], 2)
-    keys = [s["key"] for s in _trial_specs(small, base, {"de": news_data})]
+    small = select_spec("news-table1", base, None, ["vse", "full@caption"], 2)
+    keys = [s["key"] for s in trial_specs(small, base, {"de": news_data})]
     assert keys == [f"vse@{s}-s{r}" for s in SOURCES for r in (0, 1)] + ["full@caption-s0", "full@caption-s1"]
     with pytest.raises(MmlinksError, match="--init-from"):
-        _check_inputs(GRIDS["news-table34"], base, {"de": news_data})
+        check_inputs(GRIDS["news-table34"], base, {"de": news_data})
     with pytest.raises(MmlinksError, match="aligned vectors"):
-        _check_inputs(_select("news-table34", base, None, ["one-for-all"]), base, {"de": news_data})
-    ok = _select("news-table34", base, None, ["target-only"])
-    assert list(_check_inputs(ok, base, {"de": news_data})) == ["de"]
+        check_inputs(select_spec("news-table34", base, None, ["one-for-all"]), base, {"de": news_data})
+    ok = select_spec("news-table34", base, None, ["target-only"])
+    assert list(check_inputs(ok, base, {"de": news_data})) == ["de"]
     with pytest.raises(MmlinksError, match="no b"):
-        _select("news-table2", base, [10])
+        select_spec("news-table2", base, [10])
 
 
 def _trial(dataset, row, method, seed, r10, status="ok"):

@@ -22,7 +22,7 @@ from tests.conftest import tracking_uri
 from training.config import TrainConfig
 from training.grid import GRIDS
 from training.grid.init_grid import INIT_ORDER, table1_encoders
-from training.grid.tune_driver import _check_inputs, _grid_inits, _trial_specs
+from training.grid.plan import check_inputs, grid_inits, trial_specs
 from training.news.recipes import read_checkpoint
 
 from .helpers import news_checkpoint, write_news_dataset
@@ -91,7 +91,7 @@ def test_table2_trials_load_the_best_full_trial_per_source(table1):
     # the Table 2 trials: divide and conquer rows load them, the from-scratch row does not
     specs = {
         s["key"]: s["overrides"]
-        for s in _trial_specs(GRIDS["news-table2"], base, {"de": table1["data"]}, inits)
+        for s in trial_specs(GRIDS["news-table2"], base, {"de": table1["data"]}, inits)
     }
     assert specs["attention-drop-s0"]["init_from"] == plan["init_from"]
     assert specs["mlp-complete-s0"]["fuser_warmup_epochs"] == 1
@@ -99,7 +99,7 @@ def test_table2_trials_load_the_best_full_trial_per_source(table1):
         specs["attention-scratch-s0"]["init_from"] == ""
         and specs["attention-scratch-s0"]["fuser_warmup_epochs"] == 0
     )
-    assert _check_inputs(GRIDS["news-table2"], base, {"de": table1["data"]}, inits) == {"de": table1["data"]}
+    assert check_inputs(GRIDS["news-table2"], base, {"de": table1["data"]}, inits) == {"de": table1["data"]}
     # the CLI hands --init-from-grid to run_grid only when given
     assert grid_selection(argparse.Namespace(init_from_grid=f" {table1['parent']} ")) == {
         "init_from_grid": table1["parent"]
@@ -132,10 +132,10 @@ def test_wrong_runs_datasets_and_architectures_are_refused(table1):
     with pytest.raises(MmlinksError, match="dataset version"):
         table1_encoders(uri, pid, {"de": str(other)}, base, dl)
     with pytest.raises(MmlinksError, match="only news-table2"):
-        _grid_inits(GRIDS["news-table1"], base, {"de": data}, uri, str(dl), pid)
-    assert _grid_inits(GRIDS["news-table2"], base, {"de": data}, uri, str(dl), None) == {}
+        grid_inits(GRIDS["news-table1"], base, {"de": data}, uri, str(dl), pid)
+    assert grid_inits(GRIDS["news-table2"], base, {"de": data}, uri, str(dl), None) == {}
     with pytest.raises(MmlinksError, match="not both"):
-        _grid_inits(
+        grid_inits(
             GRIDS["news-table2"],
             TrainConfig(objective="news", init_from="/x"),
             {"de": data},

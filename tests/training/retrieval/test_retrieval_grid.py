@@ -13,7 +13,7 @@ import pytest
 from schemas.errors import MmlinksError
 from training.config import TrainConfig
 from training.grid import GRIDS, TrialResult, build_table, format_table
-from training.grid.tune_driver import _select, _trial_specs
+from training.grid.plan import select_spec, trial_specs
 
 from .test_retrieval_objectives import VOCAB, write_pair_dataset
 
@@ -23,7 +23,7 @@ def test_table_grids_expand_to_every_row_and_seed(tmp_path):
     base = TrainConfig(data=str(data), seed=7)
     spec = GRIDS["coherence-table5"]
     assert spec.family == "retrieval" and spec.repeats == 3 and spec.datasets == ("Clue",)
-    specs = _trial_specs(spec, base, {"Clue": str(data)})
+    specs = trial_specs(spec, base, {"Clue": str(data)})
     rows = list(dict.fromkeys(s["method"] for s in specs))
     assert rows == ["CMCA", "CMCM-NoAttn", "CMCM", *(f"CMCM_{r}" for r in VOCAB)]
     assert len(specs) == 6 * 3 and len({s["key"] for s in specs}) == 18
@@ -38,20 +38,20 @@ def test_table_grids_expand_to_every_row_and_seed(tmp_path):
         "cmcm-c-Action-s8",
         "cmcm-c-Action-s9",
     ]
-    small = _select("coherence-table4", base, None, ["cmca", "cmcm-noattn", "cmcm-c-Story"], 1)
-    assert [s["key"] for s in _trial_specs(small, base, {"CITE++": str(data)})] == [
+    small = select_spec("coherence-table4", base, None, ["cmca", "cmcm-noattn", "cmcm-c-Story"], 1)
+    assert [s["key"] for s in trial_specs(small, base, {"CITE++": str(data)})] == [
         "cmca-s7",
         "cmcm-noattn-s7",
         "cmcm-c-Story-s7",
     ]
     with pytest.raises(MmlinksError, match="no b"):
-        _select("coherence-table4", base, [10])
+        select_spec("coherence-table4", base, [10])
     with pytest.raises(MmlinksError, match="once"):
-        _select("paper-table2", base, None, repeats=3)
+        select_spec("paper-table2", base, None, repeats=3)
     with pytest.raises(MmlinksError, match="no point"):
-        _trial_specs(_select("coherence-table4", base, None, ["ap-full-hard"]), base, {"x": str(data)})
-    linking = _select("paper-table2", base, [10], ["ap-full-hard", "nostruct-full-mean"])
-    assert [s["key"] for s in _trial_specs(linking, base, {"x": str(data)})] == [
+        trial_specs(select_spec("coherence-table4", base, None, ["ap-full-hard"]), base, {"x": str(data)})
+    linking = select_spec("paper-table2", base, [10], ["ap-full-hard", "nostruct-full-mean"])
+    assert [s["key"] for s in trial_specs(linking, base, {"x": str(data)})] == [
         "nostruct-full-mean-b10",
         "ap-full-hard-b10",
     ]
