@@ -325,20 +325,6 @@ def _train(b: _Build, chunks: Iterator[ArchiveChunk], kind, info, train_size, ex
     b.checkpoint()  # the trained quantizers: a resumed build never trains again
 
 
-def vectors_source(
-    ids: list[str], vectors: np.ndarray, uris: list[str] | None = None, chunk: int = CHUNK_IMAGES
-) -> Source:
-    """A source over arrays in memory (tests, small archives), positions = rows."""
-    uris = list(uris) if uris is not None else [""] * len(ids)
-
-    def source(start: int) -> Iterator[ArchiveChunk]:
-        for s in range(start, len(ids), chunk):
-            e = min(len(ids), s + chunk)
-            yield ArchiveChunk(list(ids[s:e]), vectors[s:e], uris[s:e], e)
-
-    return source
-
-
 def _images_of(table, dtype: str, path) -> tuple[list[str], list[str], np.ndarray]:
     """(content ids, uris, features [n, D] float32) of a batch's images with features."""
     import pyarrow.compute as pc

@@ -65,31 +65,24 @@ def _model_kwargs(
 
 
 def log_news_model(
-    checkpoint_dir: str, vocab: Vocabulary, index: ArchiveIndex, languages: list[str], run_id: str
-) -> str:
-    """Log the news pyfunc (checkpoint, vocabulary, archive index, languages) into the active
-    run; its model URI."""
-    with tempfile.TemporaryDirectory() as tmp:
-        kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id)
-        return mlflow.pyfunc.log_model(name="model", **kwargs).model_uri
-
-
-def save_news_model(
-    path: str | Path,
     checkpoint_dir: str,
     vocab: Vocabulary,
     index: ArchiveIndex,
     languages: list[str],
     run_id: str,
+    path: str | Path | None = None,
     threads: dict | None = SERVE_THREADS,
-) -> Path:
-    """The same pyfunc written to a local folder (no tracking store): ``mlflow models serve -m
-    PATH`` serves it, ``mlflow.pyfunc.load_model(PATH)`` loads it. ``threads``: the serving
-    threads (``SERVE_THREADS``; None: the libraries' defaults)."""
+) -> str:
+    """Log the news pyfunc (checkpoint, vocabulary, archive index, languages) into the active
+    run: its model URI; or, with ``path``, write it to that folder (no tracking store: ``mlflow
+    models serve -m PATH`` serves it, ``mlflow.pyfunc.load_model(PATH)`` loads it): the path.
+    ``threads``: the serving threads (``SERVE_THREADS``; None: the libraries' defaults)."""
     with tempfile.TemporaryDirectory() as tmp:
         kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id, threads)
+        if path is None:
+            return mlflow.pyfunc.log_model(name="model", **kwargs).model_uri
         mlflow.pyfunc.save_model(path=str(path), **kwargs)
-    return Path(path)
+    return str(path)
 
 
 def package_news_run(

@@ -50,18 +50,6 @@ def link_shard_bytes(rows: list[dict]) -> bytes:
     return buf.getvalue()
 
 
-def read_links(paths: list[str | Path]) -> pa.Table:
-    """Link shards as one table, refusing files that are not link shards of this version."""
-    tables = []
-    for p in paths:
-        table = pq.read_table(p)
-        meta = table.schema.metadata or {}
-        if meta.get(b"mmlinks.schema") != LINKS_SCHEMA_NAME.encode() or meta.get(b"mmlinks.version") != b"1":
-            raise MmlinksError(f"{p} is not an mmlinks link shard of version {LINKS_SCHEMA_VERSION}")
-        tables.append(table)
-    return pa.concat_tables(tables) if tables else link_schema().empty_table()
-
-
 @dataclass
 class ModelInfo:
     uri: str  # as asked, e.g. models:/mmlinks-ap@production

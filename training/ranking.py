@@ -109,11 +109,6 @@ def pools(n: int, pool_size: int = 500, n_pools: int = 10, seed: int = 0) -> lis
     return [np.sort(order[k * pool_size : (k + 1) * pool_size]) for k in range(fit)]
 
 
-def pools_that_fit(n: int, pool_size: int = 500, n_pools: int = 10) -> int:
-    """How many disjoint pools ``pools`` draws from ``n`` pairs."""
-    return 1 if n <= pool_size else min(n_pools, n // pool_size)
-
-
 def _average(rows: list[dict[str, float]], pool_size: int) -> dict[str, float]:
     if not rows:
         return {"medr": float("nan"), "pools": 0}

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from archive.build import build_streamed, vectors_source
+from archive.build import CHUNK_IMAGES, ArchiveChunk, build_streamed
 from archive.index import ArchiveIndex
 from archive.store import (
     IdLookup,
@@ -31,6 +31,20 @@ from archive.store import (
 from schemas.errors import MmlinksError
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def vectors_source(
+    ids: list[str], vectors: np.ndarray, uris: list[str] | None = None, chunk: int = CHUNK_IMAGES
+):
+    """A build source over arrays in memory, positions = rows."""
+    uris = list(uris) if uris is not None else [""] * len(ids)
+
+    def source(start: int):
+        for s in range(start, len(ids), chunk):
+            e = min(len(ids), s + chunk)
+            yield ArchiveChunk(list(ids[s:e]), vectors[s:e], uris[s:e], e)
+
+    return source
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -302,7 +316,8 @@ def test_the_streamed_build_skips_ids_seen_before_and_trains_on_its_first_vector
 
 BUILD_SCRIPT = """
 import sys, numpy as np
-from archive.build import build_streamed, vectors_source
+from archive.build import build_streamed
+from tests.archive.test_scale import vectors_source
 rng = np.random.default_rng(11)
 x = rng.standard_normal((3000, 16)).astype(np.float32)
 x /= np.linalg.norm(x, axis=1, keepdims=True)

@@ -9,9 +9,26 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 NAME = "link-test"
+
+
+def read_links(paths: list) -> pa.Table:
+    """Link shards as one table, refusing files that are not link shards of this version."""
+    from schemas.errors import MmlinksError
+    from schemas.links import LINKS_SCHEMA_NAME, LINKS_SCHEMA_VERSION, link_schema
+
+    tables = []
+    for p in paths:
+        table = pq.read_table(p)
+        meta = table.schema.metadata or {}
+        if meta.get(b"mmlinks.schema") != LINKS_SCHEMA_NAME.encode() or meta.get(b"mmlinks.version") != b"1":
+            raise MmlinksError(f"{p} is not an mmlinks link shard of version {LINKS_SCHEMA_VERSION}")
+        tables.append(table)
+    return pa.concat_tables(tables) if tables else link_schema().empty_table()
 
 
 def write_checkpoint(folder: Path, vocab, image_dim: int, seed: int, features=None) -> Path:

@@ -15,10 +15,10 @@ from cli.main import main
 from linking.config import LinkConfig
 from linking.job import link_documents
 from schemas.document import ImageRecord
-from schemas.links import LinkManifest, read_links
+from schemas.links import LinkManifest
 from schemas.manifest import Manifest, ShardInfo
 from schemas.shards import read_documents, write_shard
-from tests.linking.conftest import NAME, register_model
+from tests.linking.conftest import NAME, read_links, register_model
 
 pytestmark = pytest.mark.slow  # every test here shares a registered model and real Beam link jobs
 

@@ -31,7 +31,7 @@ from linking.steps import (
     rows_of_block,
 )
 from schemas.errors import MmlinksError
-from schemas.links import read_links
+from tests.linking.conftest import read_links
 from training.metrics import DocMetrics, link_prf, summarize
 
 

@@ -20,7 +20,7 @@ import torch
 from mlflow.exceptions import MlflowException
 
 from archive.build import build_archive_index
-from models.news_packaging import save_news_model, train_languages
+from models.news_packaging import log_news_model, train_languages
 from models.news_serving import ARCHIVE_ENV, evaluate_news
 from models.news_threads import SERVE_THREADS
 from schemas.errors import MmlinksError
@@ -40,9 +40,9 @@ def news_model(tmp_path_factory):
     paths = sorted(data.glob("*.parquet"))
     train = [str(data / "train-00000.parquet")]
     # a model folder, not a tracking store: a sqlite store's first migration costs seconds;
-    # the logged form (log_news_model) is the same files, exercised by test_news_train.py
+    # the logged form (no path) is the same files, exercised by test_news_train.py
     index = build_archive_index(net, [str(p) for p in paths], "flat", {"run_id": "run-1"})
-    model_uri = str(save_news_model(root / "model", str(ckpt), vocab, index, train_languages(train), "run-1"))
+    model_uri = log_news_model(str(ckpt), vocab, index, train_languages(train), "run-1", root / "model")
     return mlflow.pyfunc.load_model(model_uri), model_uri, [str(p) for p in paths], "run-1"
 
 
@@ -72,7 +72,7 @@ def test_predict_runs_on_the_packaged_threads_and_gives_the_process_its_own_back
 
     loaded, *_ = news_model
     model = loaded.unwrap_python_model()
-    assert model.threads == SERVE_THREADS  # recorded in news.json by save_news_model
+    assert model.threads == SERVE_THREADS  # recorded in news.json by log_news_model
     seen = []
     search = model.archive.search_rows
 

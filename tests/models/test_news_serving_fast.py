@@ -186,7 +186,7 @@ def test_the_model_freezes_the_gc_and_warms_up_only_when_mlflow_serves_it(tmp_pa
     import mlflow
     import pandas as pd
 
-    from models.news_packaging import save_news_model
+    from models.news_packaging import log_news_model
     from models.news_serving import NewsModel
     from models.news_threads import SCORING_SERVER_ENV
     from tests.training.news.helpers import news_checkpoint, write_news_dataset
@@ -194,7 +194,7 @@ def test_the_model_freezes_the_gc_and_warms_up_only_when_mlflow_serves_it(tmp_pa
     _, docs = write_news_dataset(tmp_path / "data")
     ckpt, vocab = news_checkpoint(tmp_path / "ckpt", docs)
     index = ArchiveIndex.build([str(i) for i in range(40)], _unit(40, 16, 3))
-    path = str(save_news_model(tmp_path / "model", str(ckpt), vocab, index, ["en"], "run-1"))
+    path = log_news_model(str(ckpt), vocab, index, ["en"], "run-1", tmp_path / "model")
     gc.unfreeze()
     warmed = []
     real_warm_up = NewsModel.warm_up

@@ -53,24 +53,11 @@ NO_LIMIT = 1_000_000  # tokens kept of a source without a limit in the config
 PAD_ID, UNK_ID = 0, 1  # training/text.py's PAD and UNK (the vocabulary's first two entries)
 
 
-def fnv1a(text: str) -> int:
-    """32-bit FNV-1a over the code points of ``text`` (fastText's n-gram hash, which runs over
-    UTF-8 bytes: the same number for ASCII). The reference ``ngram_buckets`` is tested against."""
-    h = FNV_OFFSET
-    for c in text:
-        h = ((h ^ ord(c)) * FNV_PRIME) & 0xFFFFFFFF
-    return h
-
-
-def char_ngrams(word: str, nmin: int = NGRAM_MIN, nmax: int = NGRAM_MAX) -> list[str]:
-    """fastText's subwords of ``word``: the n-grams of ``<word>``, n in [nmin, nmax]."""
-    w = f"<{word}>"
-    return [w[i : i + n] for n in range(nmin, nmax + 1) for i in range(len(w) - n + 1)]
-
-
 def ngram_buckets(words: list[str], buckets: int, nmin: int = NGRAM_MIN, nmax: int = NGRAM_MAX) -> np.ndarray:
-    """[W, G] bucket + 1 of every character n-gram of each ``<word>`` (0 = padding; G = the most
-    n-grams of any word), the order of ``char_ngrams``: ``1 + fnv1a(g) % buckets``.
+    """[W, G] bucket + 1 of every character n-gram of each ``<word>`` (fastText's subwords: the
+    n-grams of ``<word>``, n in [nmin, nmax], by n then start; 0 = padding; G = the most n-grams
+    of any word): ``1 + FNV-1a-32(n-gram's code points) % buckets``, fastText's n-gram hash (which
+    runs over UTF-8 bytes: the same number for ASCII); the test's word-by-word loop is its oracle.
 
     Vectorised (issue #36): the words become one [W, L] array of code points, and each n-gram
     position's FNV-1a is n array operations over all W words at once, so the cost is ~3 L (n, i)
@@ -107,16 +94,6 @@ def ngram_buckets(words: list[str], buckets: int, nmin: int = NGRAM_MIN, nmax: i
     ids = np.take_along_axis(ids, order, axis=1)
     width = max(1, int((ids > 0).sum(1).max()))
     return ids[:, :width]
-
-
-def ngram_buckets_loop(words: list[str], buckets: int) -> np.ndarray:
-    """``ngram_buckets`` word by word in pure Python (the code before issue #36; the benchmark's
-    baseline and the test oracle)."""
-    rows = [[1 + fnv1a(g) % buckets for g in char_ngrams(w)] for w in words]
-    out = np.zeros((len(words), max((len(r) for r in rows), default=0) or 1), dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
 
 
 @dataclass

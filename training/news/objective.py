@@ -234,22 +234,22 @@ def encode_samples(net: NewsRetrieval, batches) -> tuple[torch.Tensor, torch.Ten
 
 def val_metrics(model, batches, cfg: TrainConfig) -> dict[str, float]:
     """val_medr and val_r10 (text-to-image) over every validation sample."""
-    net = _net(model)
-    s, v = encode_samples(net, batches)
-    if len(s) < 2:
+    out = evaluate_samples(_net(model), batches, cfg)
+    if out is None:
         return {"val_medr": float("nan"), "val_r10": float("nan")}
-    out = retrieval_metrics(
-        net.score(s, v).numpy(), pool_size=cfg.pool_size, n_pools=cfg.n_pools, seed=cfg.seed
-    )
     return {"val_medr": out["t2i"]["medr"], "val_r10": out["t2i"]["r10"]}
 
 
-def evaluate_samples(net: NewsRetrieval, batches, cfg: TrainConfig, subset: np.ndarray | None = None) -> dict:
+def evaluate_samples(
+    net: NewsRetrieval, batches, cfg: TrainConfig, subset: np.ndarray | None = None
+) -> dict | None:
     """R@1/5/10 and MedR both directions over the samples of ``batches`` (``subset``: a boolean
-    mask of the samples to keep, e.g. the complete articles)."""
+    mask of the samples to keep, e.g. the complete articles); None under two samples."""
     s, v = encode_samples(net, batches)
     if subset is not None:
         s, v = s[torch.as_tensor(subset)], v[torch.as_tensor(subset)]
+    if len(s) < 2:
+        return None
     out = retrieval_metrics(
         net.score(s, v).numpy(), pool_size=cfg.pool_size, n_pools=cfg.n_pools, seed=cfg.seed
     )

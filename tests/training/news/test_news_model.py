@@ -19,19 +19,45 @@ from training.config import TrainConfig
 from training.data import make_batch
 from training.news.losses import hal_loss, news_loss, vse_loss, vsepp_loss
 from training.news.model import (
+    FNV_OFFSET,
+    FNV_PRIME,
+    NGRAM_MAX,
+    NGRAM_MIN,
     Fuser,
     NewsConfig,
     NewsRetrieval,
     SourceEncoder,
-    char_ngrams,
-    fnv1a,
     ngram_buckets,
-    ngram_buckets_loop,
     sentence_slots,
 )
 from training.news.objective import random_drop
 from training.objectives.registry import get_objective, objective_loss
 from training.text import Vocabulary
+
+
+def fnv1a(text: str) -> int:
+    """32-bit FNV-1a over the code points of ``text`` (fastText's n-gram hash, which runs over
+    UTF-8 bytes: the same number for ASCII)."""
+    h = FNV_OFFSET
+    for c in text:
+        h = ((h ^ ord(c)) * FNV_PRIME) & 0xFFFFFFFF
+    return h
+
+
+def char_ngrams(word: str, nmin: int = NGRAM_MIN, nmax: int = NGRAM_MAX) -> list[str]:
+    """fastText's subwords of ``word``: the n-grams of ``<word>``, n in [nmin, nmax]."""
+    w = f"<{word}>"
+    return [w[i : i + n] for n in range(nmin, nmax + 1) for i in range(len(w) - n + 1)]
+
+
+def ngram_buckets_loop(words: list[str], buckets: int) -> np.ndarray:
+    """``ngram_buckets`` word by word in pure Python (the code before issue #36; the oracle)."""
+    rows = [[1 + fnv1a(g) % buckets for g in char_ngrams(w)] for w in words]
+    out = np.zeros((len(words), max((len(r) for r in rows), default=0) or 1), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
 
 sims = st.integers(2, 5).flatmap(
     lambda b: st.lists(st.floats(-1, 1), min_size=b * b, max_size=b * b).map(

@@ -113,13 +113,11 @@ def test_pools_are_seeded_draws_without_replacement():
 def test_pools_never_overlap_and_as_many_fit_as_the_split_holds(n, pool_size, n_pools, seed):
     """Disjoint pools: no pair is in two pools, so the spread over pools is that of independent
     samples; min(n_pools, n // pool_size) of them (one pool of everything for n <= pool_size)."""
-    from training.ranking import pools_that_fit
-
     drawn = pools(n, pool_size, n_pools, seed)
     everything = np.concatenate(drawn)
     assert len(everything) == len(set(everything.tolist()))  # disjoint
     assert everything.min() >= 0 and everything.max() < n
-    assert len(drawn) == pools_that_fit(n, pool_size, n_pools)
+    assert len(drawn) == (1 if n <= pool_size else min(n_pools, n // pool_size))
     if n <= pool_size:
         assert [p.tolist() for p in drawn] == [list(range(n))]
     else:
