@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _timing import pct, rss_mb, smaps_mb
 
 DB_CHUNK = 65_536  # rows a database chunk draws from its own seed (part of every cache key)
 
@@ -183,14 +184,6 @@ def oracle(db: Database, q: np.ndarray, k: int, path: Path | None) -> list[list[
     return truth
 
 
-def rss_mb() -> float:
-    """This process's resident memory now (VmRSS), MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
-
-
 def folder_mb(folder: Path) -> dict:
     files = {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()}
     out = {"total": round(sum(files.values()) / 2**20, 1)}
@@ -282,10 +275,6 @@ def timed(index, q: np.ndarray, k: int) -> tuple[np.ndarray, list[list[int]]]:
     return np.asarray(lat), hits
 
 
-def pct(lat: np.ndarray) -> dict:
-    return {f"p{p}_ms": round(float(np.percentile(lat, p)), 3) for p in (50, 99)} | {"queries": len(lat)}
-
-
 def _share_worker(folder: str, mmap: bool, q: np.ndarray, conn) -> None:
     """A process that loads the index, runs the queries, reports, and waits to be measured."""
     import faiss
@@ -299,13 +288,6 @@ def _share_worker(folder: str, mmap: bool, q: np.ndarray, conn) -> None:
         index.search_rows(row[None], 10)
     conn.send(before)
     conn.recv()  # measured: exit
-
-
-def smaps(pid: int) -> dict:
-    rows = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
-    mem = {r.split(":")[0]: int(r.split()[1]) for r in rows if r.split()[-1] == "kB"}
-    keep = ("Rss", "Pss", "Shared_Clean", "Private_Clean", "Private_Dirty", "Anonymous")
-    return {k: round(mem.get(k, 0) / 1024, 1) for k in keep}
 
 
 def share_check(folder: str, mmap: bool, q: np.ndarray, processes: int) -> list[dict]:
@@ -324,7 +306,7 @@ def share_check(folder: str, mmap: bool, q: np.ndarray, processes: int) -> list[
         conns.append(here)
     before = [c.recv() for c in conns]
     out = [
-        {"pid": p.pid, "rss_before_load_mb": b, **smaps(p.pid)} for p, b in zip(procs, before, strict=True)
+        {"pid": p.pid, "rss_before_load_mb": b, **smaps_mb(p.pid)} for p, b in zip(procs, before, strict=True)
     ]
     for c in conns:
         c.send(1)
@@ -420,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
             apply(index, settings)
             lat, hits = timed(index, q, args.k)
             recall = np.mean([len(set(a) & set(b)) / args.k for a, b in zip(hits, truth, strict=True)])
-            out[mode][label] = {"recall_at_k_vs_exact": round(float(recall), 4), **pct(lat)}
+            out[mode][label] = {"recall_at_k_vs_exact": round(float(recall), 4), **pct(lat, 3)}
             print(json.dumps({mode: {label: out[mode][label]}}), file=sys.stderr, flush=True)
     if args.index_cache:
         out["load"]["rss_after_queries_mb"] = rss_mb()

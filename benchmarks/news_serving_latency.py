@@ -3,7 +3,7 @@
 
 A randomly initialised news model (seeded; speed does not depend on the weights) of shared
 dimension ``--dim`` (attention fusion over headline, lead, body, caption; word_dim 300,
-d_hidden 600, a vocabulary of ``--vocab`` words) is packaged with ``save_news_model`` together
+d_hidden 600, a vocabulary of ``--vocab`` words) is packaged with ``log_news_model(path=...)`` together
 with an archive index: ``--index-cache FOLDER`` (an ``ArchiveIndex`` folder, e.g. the one
 ``benchmarks/news_archive_index.py --index-cache`` built over N random vectors), or else an exact
 ``flat`` index of ``--images`` random unit vectors. Articles: random vocabulary words, 12 in the
@@ -12,9 +12,9 @@ headline, 40 in the lead, 400 in the body (cut to ``--max-tokens``), 15 in the c
 Timed one article at a time, top 10: ``in_process`` (``mlflow.pyfunc.load_model(...).predict``;
 also the text encoding alone, and the served top 10's recall against exact search), and
 ``served`` (``mlflow models serve --env-manager local`` on loopback, one POST per article)
-unless ``--no-serve``. ``--floor`` times a no-op pyfunc with the same input schema instead
-(MLflow's own cost per request); ``--encoder-check`` and ``--thread-sweep`` add the encoder
-variants and thread settings.
+unless ``--no-serve``. ``--floor`` (a no-op pyfunc: MLflow's own cost per request),
+``--encoder-check`` (int8 dynamic quantisation, not adopted) and ``--thread-sweep`` (the packaged
+serving threads) retired in issue #61; see commit d839ce0.
 
 Issue #38: ``--archive-env FOLDER`` serves an archive folder (e.g. a 10M ``ivfpq`` index built by
 ``benchmarks/news_archive_index.py``, whose info names run ``bench``) through
@@ -51,14 +51,10 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from _timing import pct, rss_mb, smaps_mb
 
 MLFLOW = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
 LENGTHS = {"headline": 12, "lead": 40, "body": 400, "caption": 15}
-
-
-def pct(lat: list[float]) -> dict:
-    a = np.asarray(lat)
-    return {f"p{p}_ms": round(float(np.percentile(a, p)), 2) for p in (50, 99)} | {"queries": len(a)}
 
 
 def news_checkpoint(folder: Path, words: int, dim: int, max_tokens: int, seed: int):
@@ -176,13 +172,6 @@ def in_process(model_path: Path, arts: list[dict], as_served: bool = False) -> d
     return out | {"recall_at_10": served_recall(model, arts)}
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
-
-
 def exact_top(archive, q: np.ndarray, k: int) -> list[list[int]]:
     """The exact top k live rows: an ivfpq archive's own ``exact_search_rows`` (one pass over
     its float32 vectors, a block at a time, withdrawn rows skipped); else the index's vectors."""
@@ -219,7 +208,7 @@ def served_recall(model, arts: list[dict]) -> dict:
     }
 
 
-def served(model_path: Path, arts: list[dict], log: Path, floor: bool = False, workers: int = 1) -> dict:
+def served(model_path: Path, arts: list[dict], log: Path, workers: int = 1) -> dict:
     """p50/p99 of one POST per article to ``mlflow models serve`` (``workers`` workers) on
     loopback, and the resident memory of every server process afterwards."""
     with socket.socket() as s:
@@ -252,7 +241,7 @@ def served(model_path: Path, arts: list[dict], log: Path, floor: bool = False, w
                 got = json.loads(resp.read())
             lat.append((time.perf_counter() - t) * 1000)
             pred = got["predictions"][0]
-            assert pred == 1 if floor else len(pred["image_ids"]) == 10, pred
+            assert len(pred["image_ids"]) == 10, pred
         return {"start_s": round(start_s, 1), "request": pct(lat), "memory": server_memory(proc.pid)}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -260,147 +249,17 @@ def served(model_path: Path, arts: list[dict], log: Path, floor: bool = False, w
 
 
 def server_memory(root: int) -> list[dict]:
-    """``/proc/PID/smaps_rollup`` (MB) of the server process and its descendants: Rss counts a
-    mapped file's pages in every process that touched them, Pss splits them among those
-    processes, Shared_Clean is the part another process maps too."""
+    """``smaps_mb`` of the server process and its descendants."""
     pids, out = [root], []
     while pids:
         pid = pids.pop()
         try:
             for task in Path(f"/proc/{pid}/task").iterdir():
                 pids += [int(c) for c in (task / "children").read_text().split()]
-            rows = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+            out.append({"pid": pid, **smaps_mb(pid)})
         except OSError:
             continue
-        mem = {r.split(":")[0]: int(r.split()[1]) for r in rows if r.split()[-1] == "kB"}
-        keep = ("Rss", "Pss", "Shared_Clean", "Private_Clean", "Private_Dirty", "Anonymous")
-        out.append({"pid": pid, **{k: round(mem.get(k, 0) / 1024, 1) for k in keep}})
     return out
-
-
-def _timed(fn, arts: list[dict]) -> tuple[dict, list]:
-    """Wall-clock p50/p99 of ``fn(article)`` over the articles, and its results."""
-    lat, res = [], []
-    for a in arts:
-        t = time.perf_counter()
-        res.append(fn(a))
-        lat.append((time.perf_counter() - t) * 1000)
-    return pct(lat), res
-
-
-def encoder_check(model_path: Path, arts: list[dict]) -> dict:
-    """``--encoder-check``: encode p50/p99 (on the packaged serving threads) under ``no_grad``,
-    ``inference_mode`` and with the Linear layers dynamically quantised to int8
-    (``torch.ao.quantization.quantize_dynamic``; the attention's input projections are no
-    ``nn.Linear`` and stay float; not adopted for serving: it moves the top 10), and how far the
-    int8 embeddings are from the float ones: cosine, and the top-10 images through the packaged
-    index and through exact search (a ``pq`` index keeps the full vectors for its re-rank)."""
-    import copy
-
-    import faiss
-    import mlflow
-    import torch
-
-    from models.news_threads import serving_threads
-    from training.news.encode import encode_articles
-
-    model = mlflow.pyfunc.load_model(str(model_path)).unwrap_python_model()
-    net, vocab, T = model.model.eval(), model.vocab, model.max_tokens
-    qnet = torch.ao.quantization.quantize_dynamic(copy.deepcopy(net), {torch.nn.Linear}, dtype=torch.qint8)
-    plain = encode_articles.__wrapped__  # without its inference_mode decorator
-    out, vecs = {}, {}
-    for name, n, ctx in (
-        ("no_grad", net, torch.no_grad),
-        ("inference_mode", net, torch.inference_mode),
-        ("int8_inference_mode", qnet, torch.inference_mode),
-    ):
-
-        def enc(a, n=n, ctx=ctx):
-            with serving_threads(model.threads), ctx():  # the threads predict encodes on
-                return plain(n, vocab, T, [a])[0].numpy()
-
-        out[name], res = _timed(enc, arts)
-        vecs[name] = np.stack(res)
-    f, q = vecs["inference_mode"], vecs["int8_inference_mode"]
-    out["no_grad_equals_inference_mode"] = bool(np.array_equal(vecs["no_grad"], f))
-    cos = (f * q).sum(1) / np.linalg.norm(f, axis=1) / np.linalg.norm(q, axis=1)
-    out["int8_cosine_min_mean"] = [round(float(cos.min()), 5), round(float(cos.mean()), 5)]
-    index = model.archive.index
-    exact = faiss.downcast_index(index.refine_index) if hasattr(index, "refine_index") else index
-    for label, search in (("index", model.archive.search_rows), ("exact", lambda x, k: exact.search(x, k))):
-        a, b = search(f, 10)[1], search(q, 10)[1]
-        a, b = [list(r) for r in a], [list(r) for r in b]
-        out[f"int8_top10_{label}"] = {
-            "identical_lists": round(float(np.mean([x == y for x, y in zip(a, b, strict=True)])), 3),
-            "same_set": round(float(np.mean([set(x) == set(y) for x, y in zip(a, b, strict=True)])), 3),
-            "mean_overlap": round(
-                float(np.mean([len(set(x) & set(y)) / 10 for x, y in zip(a, b, strict=True)])), 3
-            ),
-        }
-    return out
-
-
-def thread_sweep(model_path: Path, arts: list[dict]) -> dict:
-    """``--thread-sweep``: in-process predict p50/p99 with torch (encode) and FAISS (search)
-    each on 1 or 2 threads, set for the whole process. torch and faiss-cpu ship separate
-    OpenMP runtimes, each with its own pool of spinning workers, so on 2 cores they may fight."""
-    import faiss
-    import mlflow
-    import pandas as pd
-    import torch
-
-    loaded = mlflow.pyfunc.load_model(str(model_path))
-    model = loaded.unwrap_python_model()
-    saved = getattr(model, "threads", None)
-    model.threads = None  # the process-wide settings below, not the model's own
-    out = {}
-    try:
-        for enc, srch in ((1, 1), (1, 2), (2, 1), (2, 2)):
-            torch.set_num_threads(enc)
-            faiss.omp_set_num_threads(srch)
-            out[f"encode{enc}_search{srch}"], _ = _timed(
-                lambda a: loaded.predict(pd.DataFrame([a]), params={"top_k": 10}), arts
-            )
-    finally:
-        model.threads = saved
-    return out
-
-
-def floor_model(folder: Path) -> Path:
-    """The floor (``--floor``): a pyfunc whose predict returns its input's length, with the news
-    model's input and params schema, so MLflow's scoring server does the same parsing, schema
-    checks and serialisation as for the news model and nothing else."""
-    import cloudpickle
-    import mlflow
-    from mlflow.models import ModelSignature
-
-    from models.news_serving import SIGNATURE
-
-    class NoOp(mlflow.pyfunc.PythonModel):
-        def predict(self, context, model_input, params=None):
-            return [len(model_input)]
-
-    # pickled by value, so the server process needs no import of this script
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    sig = ModelSignature(inputs=SIGNATURE.inputs, params=SIGNATURE.params)
-    mlflow.pyfunc.save_model(path=str(folder), python_model=NoOp(), signature=sig)
-    return folder
-
-
-def floor(args, work: Path, out: dict) -> None:
-    """``--floor``: the no-op model in process and through ``mlflow models serve``."""
-    import mlflow
-    import pandas as pd
-
-    path = floor_model(work / "noop")
-    arts = articles(args.queries, args.vocab, args.seed)
-    loaded = mlflow.pyfunc.load_model(str(path))
-    lat = []
-    for a in arts:
-        t = time.perf_counter()
-        assert loaded.predict(pd.DataFrame([a]), params={"top_k": 10}) == [1]
-        lat.append((time.perf_counter() - t) * 1000)
-    out["floor"] = {"in_process_predict": pct(lat), "served": served(path, arts, work / "noop.log", True)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -447,22 +306,6 @@ def main(argv: list[str] | None = None) -> dict:
         help="drop the --archive-env folder from the page cache before the in-process load and before "
         "the server starts (a cold server)",
     )
-    ap.add_argument(
-        "--floor",
-        action="store_true",
-        help="time a no-op pyfunc (same input schema) instead: what MLflow itself costs a request",
-    )
-    ap.add_argument(
-        "--encoder-check",
-        action="store_true",
-        help="also time the text encoder under no_grad / inference_mode / int8 dynamic quantisation "
-        "and compare the int8 embeddings and top-10 images with the float ones",
-    )
-    ap.add_argument(
-        "--thread-sweep",
-        action="store_true",
-        help="also time in-process predict with 1 or 2 torch (encode) x 1 or 2 FAISS (search) threads",
-    )
     ap.add_argument("--package-only", action="store_true", help="package into --workdir and stop")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -470,9 +313,6 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="news-serve-"))
     out: dict = {"queries": args.queries, "max_tokens": args.max_tokens}
     try:
-        if args.floor:
-            floor(args, work, out)
-            return finish(out)
         model_path = Path(args.model) if args.model else package(args, work, out)
         if args.package_only:
             args.keep = True
@@ -487,11 +327,6 @@ def main(argv: list[str] | None = None) -> dict:
         if args.evict:
             evict(args.archive_env)
         out["in_process"] = in_process(model_path, arts, args.as_served)
-        if args.encoder_check or args.thread_sweep:
-            if args.encoder_check:
-                out["encoder_check"] = encoder_check(model_path, arts)
-            if args.thread_sweep:
-                out["thread_sweep"] = thread_sweep(model_path, arts)
         if not args.no_serve:
             if args.evict:
                 evict(args.archive_env)
@@ -510,7 +345,7 @@ def finish(out: dict) -> dict:
 
 
 def package(args, work: Path, out: dict) -> Path:
-    from models.news_packaging import save_news_model
+    from models.news_packaging import log_news_model
     from models.news_threads import SERVE_THREADS
 
     t0 = time.perf_counter()
@@ -538,7 +373,7 @@ def package(args, work: Path, out: dict) -> Path:
         enc, _, srch = args.threads.partition(",")
         threads = None if args.threads == "default" else {"encode": int(enc), "search": int(srch)}
     out["threads"] = threads
-    path = save_news_model(work / "model", str(ckpt), vocab, index, languages, "bench", threads)
+    path = Path(log_news_model(str(ckpt), vocab, index, languages, "bench", work / "model", threads))
     out["package_s"] = round(time.perf_counter() - t0, 1)
     out["model_mb"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20)
     out["model"] = str(path)

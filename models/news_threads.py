@@ -12,9 +12,10 @@ import torch
 from schemas.errors import MmlinksError
 
 # threads a served article is encoded (torch) and searched (FAISS) on; packaged in news.json
-# (``save_news_model(threads=...)``), None: the libraries' defaults. torch and faiss-cpu each
+# (``log_news_model(threads=...)``), None: the libraries' defaults. torch and faiss-cpu each
 # ship their own OpenMP runtime with its own spinning worker pool; measured on 2 cores in
-# docs/benchmarks.md (issue #18, ``benchmarks/news_serving_latency.py --thread-sweep``)
+# docs/benchmarks.md (issue #18, ``benchmarks/news_serving_latency.py --thread-sweep``, retired in
+# issue #61 at d839ce0)
 SERVE_THREADS = {"encode": 1, "search": 1}
 
 # set by `mlflow models serve` in the process that loads the model to serve it

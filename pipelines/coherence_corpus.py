@@ -21,9 +21,10 @@ training pair of an object in that object's one training state, while val/test p
 their own draw (both states). Training pairs are then told apart by the object alone, so the
 retrieval loss has no reason to learn the state, which only the relation label names; with
 ``objects`` (fewer colour x shape objects) a test pool holds many images of the query's object,
-and only the state separates half of them. ``benchmarks/coherence_margin.py --confound 1.0`` is
-the same idea on made-up features. ``state_look="brush"`` keeps the whole object in the
-in-progress image (only the brush shows the state), a subtler state than half an object.
+and only the state separates half of them. ``benchmarks/coherence_margin.py --confound 1.0``
+(retired in issue #61; see commit 04048f2) measured the same idea on made-up features.
+``state_look="brush"`` keeps the whole object in the in-progress image (only the brush shows the
+state), a subtler state than half an object.
 
 On-disk format: the synthetic corpus's own (``pipelines/synthetic_corpus.py``), so ``mmlinks
 data build --source synthetic`` builds it: one document per pair (one sentence, one image,
