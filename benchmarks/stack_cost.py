@@ -4,7 +4,7 @@ same model, objective and batches in one process.
 Rows (``--rows``, any of):
 
 - ``bare1`` / ``bare2``: a plain loop in this process at 1 / 2 torch threads: the training split
-  read once into memory, shuffled per epoch, cut into ``--batch-docs`` batches, ``make_batch`` ->
+  read once into memory, cut into the run's batches (``document_batches``: its sampler), ``make_batch`` ->
   ``objective_loss`` -> ``backward`` -> ``Adam.step``. Built from the same vocabulary, word vectors,
   feature statistics and model config as the run (``training.driver.worker_loop_config``), so
   it differs from the stack only by what the stack adds: no Ray, no per-step agreement, no
@@ -90,10 +90,20 @@ class Timer:
             self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - t0
 
 
+class InMemory:
+    """The training split held in memory, handed over in chunks as a Ray Data shard does."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def iter_batches(self, batch_size: int, batch_format: str = "pyarrow", prefetch_batches: int = 0):
+        for start in range(0, self.table.num_rows, batch_size):
+            yield self.table.slice(start, batch_size)
+
+
 def bare_loop(data: str, settings: dict, epochs: int, threads: int, device: str) -> dict:
     """The plain loop: the same inputs as the run, no stack around them."""
     import numpy as np
-    import pyarrow as pa
     import torch
 
     import training.link.similarity as similarity
@@ -101,6 +111,7 @@ def bare_loop(data: str, settings: dict, epochs: int, threads: int, device: str)
     from training.backbone import build_model, needs_regions
     from training.data import TRAINING_COLUMNS, drop_empty, make_batch
     from training.driver import check_inputs, worker_loop_config
+    from training.epoch_batches import document_batches
     from training.objectives.registry import get_objective, objective_loss
     from training.text import Vocabulary
 
@@ -129,15 +140,19 @@ def bare_loop(data: str, settings: dict, epochs: int, threads: int, device: str)
         for epoch in range(epochs):
             rng = np.random.default_rng([cfg.seed, epoch])
             gen = torch.Generator().manual_seed(cfg.seed + epoch)
-            shuffled = table.take(pa.array(rng.permutation(table.num_rows)))
             timer.parts.clear()
             model.train()
             docs, t0 = 0, time.perf_counter()
-            for start in range(0, shuffled.num_rows - 1, cfg.batch_docs):
-                rows = shuffled.slice(start, cfg.batch_docs)
-                if rows.num_rows < 2:
-                    break
+            # the run's own batches: its sampler (--batch-sampling; the default's near neighbours)
+            # over the split in memory, cut as Ray Data or LocalShards hand it over
+            batches = document_batches(
+                InMemory(table), cfg.batch_docs, rng, cfg.batch_sampling, cfg.near_share
+            )
+            while True:
                 with timer.part("data") if split else contextlib.nullcontext():
+                    rows = next(batches, None)
+                    if rows is None or rows.num_rows < 2:
+                        break
                     if spec.prepare is not None:
                         rows = spec.prepare(rows, rng)
                     batch = make_batch(rows, vocab, cfg.max_tokens, rng, regions, cfg.max_regions)
