@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from training.checkpoints import (
 )
 from training.config import SELECTION_ORDER, TrainConfig
 from training.data import TRAINING_COLUMNS
-from training.loop import train_loop_per_worker
+from training.loop import train_loop_per_worker, usable_cores
 from training.objectives.registry import get_objective
 from training.ray_session import connect_ray, failure_message
 from training.text import Vocabulary
@@ -384,7 +383,7 @@ def choose_settings(inp: RunInputs):
     if choose is None:
         return None
     logger = logging.getLogger("mmlinks.train")
-    jobs = min(TRIAL_JOBS, os.cpu_count() or 1)
+    jobs = min(TRIAL_JOBS, usable_cores())
     choice = choose(inp.cfg, inp.train_paths, inp.val_paths, functools.partial(train_trial, inp), jobs=jobs)
     if choice is not None:
         logger.info("image side: %s", choice.summary())

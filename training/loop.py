@@ -191,6 +191,11 @@ def torch_threads(requested: int) -> int:
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or ``taskset``'s CPU set, not the host's count)."""
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     return max(1, len(cores))
 

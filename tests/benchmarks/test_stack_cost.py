@@ -46,3 +46,13 @@ def test_the_bare_loop_and_the_in_process_stack_on_one_corpus(tmp_path):
     assert stack["epoch_wall_s"] > 0 and len(stack["per_epoch"]["docs_per_s"]) == 2
     assert out["w0_vs_bare1"] == pytest.approx(stack["docs_per_s"] / bare["docs_per_s"], rel=1e-2)
     assert (tmp_path / "o.json").exists()
+
+
+def test_a_failed_stack_row_is_recorded_and_the_other_rows_kept(tmp_path, monkeypatch):
+    def fails(*_a, **_k):
+        raise SystemExit("mmlinks train ... failed (1): out of space")
+
+    monkeypatch.setattr(stack_cost, "stack_row", fails)
+    out = stack_cost.main(["--docs", "40", "--epochs", "1", "--rows", "bare1,w0", "--set", "d_multi=16"])
+    assert "out of space" in out["rows"]["w0"]["error"] and out["rows"]["w0"]["docs_per_s"] is None
+    assert out["rows"]["bare1"]["docs_per_s"] > 0 and "w0_vs_bare1" not in out

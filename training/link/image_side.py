@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -283,7 +282,9 @@ def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[f
     from concurrent.futures import ThreadPoolExecutor
 
     # the cores shared between the processes (each would otherwise take them all: torch_threads)
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    from training.loop import usable_cores
+
+    threads = max(1, usable_cores() // jobs)
     one = {
         k: (a[0], dataclasses.replace(a[1], threads_per_worker=threads), *a[2:]) for k, a in jobs_args.items()
     }
