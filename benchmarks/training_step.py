@@ -18,12 +18,12 @@ in_batch_loss (margin 0.2, hard negatives) -> backward -> Adam. The backward run
 first from the loss to the encoded vectors (similarity + loss backward), then through the encoders,
 which is the same arithmetic as one call and lets the similarity's share include its backward.
 
-Objectives: dc, tk (k full), ap (k full and half), and the same two AP steps with the previous
-loop-over-pairs AP (``_loop_ap``, kept here as the reference). Besides whole steps, the assignment
-part alone is timed on each AP step's own similarity matrices: the loop of per-pair lapjv calls vs
-the batched solver (best of 5 each), and their ratio. ``--clock cpu`` times with the process's CPU
-time instead of the wall clock: on a shared, oversubscribed machine that leaves out the time spent
-descheduled (CPU device only). Prints one JSON object.
+Objectives: dc, tk (k full), ap (k full and half); on a CUDA device also the two AP steps solved
+on the host (the round trip the Triton solver replaces). The assignment part alone, per solver, is
+``benchmarks/assignment.py``'s (issue #61 retired the copy here and the loop-over-pairs AP
+reference rows: the batched solver replaced that loop in issue #5). ``--clock cpu`` times with the
+process's CPU time instead of the wall clock: on a shared, oversubscribed machine that leaves out
+the time spent descheduled (CPU device only). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -35,48 +35,7 @@ import os
 import statistics
 import time
 
-
-def have_lapjv() -> bool:
-    """The lapjv reference rows need lapjv; the GPU image has none (those rows are then left out)."""
-    try:
-        import lapjv  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 PARTS = ("encode_fwd", "similarity_fwd", "loss_fwd", "similarity_loss_bwd", "encoder_bwd", "optimizer")
-
-
-def _loop_ap(sims, valid, s_mask, v_mask, k_mode: str = "full"):
-    """The previous AP: one lapjv solve per (a, b) pair in Python, then a gather of the picks."""
-    import numpy as np
-    import torch
-
-    from training.objectives.assignment import choose_k, max_weight_matching
-
-    n, m = s_mask.sum(1).tolist(), v_mask.sum(1).tolist()
-    detached = sims.detach().double().cpu().numpy()
-    B = sims.shape[0]
-    idx_a, idx_b, idx_r, idx_c, pair = [], [], [], [], []
-    ks = np.zeros((B, B))
-    for a in range(B):
-        for b in range(B):
-            k = choose_k(n[a], m[b], k_mode)
-            r, c = max_weight_matching(detached[a, b, : n[a], : m[b]], k)
-            idx_a.append(np.full(k, a))
-            idx_b.append(np.full(k, b))
-            idx_r.append(r)
-            idx_c.append(c)
-            pair.append(np.full(k, a * B + b))
-            ks[a, b] = k
-
-    def to_t(x):
-        return torch.from_numpy(np.concatenate(x)).to(sims.device)
-
-    picked = sims[to_t(idx_a), to_t(idx_b), to_t(idx_r), to_t(idx_c)]
-    total = torch.zeros(B * B, dtype=sims.dtype, device=sims.device).index_add(0, to_t(pair), picked)
-    return total.view(B, B) / torch.from_numpy(ks).to(sims.device, sims.dtype)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def summarise(times: dict, whole: dict, solver: dict, config: dict) -> dict:
-    """Medians, ratios to DC, solver comparison and the targets, as the printed JSON."""
+def summarise(times: dict, whole: dict, config: dict) -> dict:
+    """Medians, ratios to DC and the targets, as the printed JSON."""
     med = statistics.median
     objectives = {}
     for name, parts in times.items():
@@ -116,21 +75,10 @@ def summarise(times: dict, whole: dict, solver: dict, config: dict) -> dict:
     whole_ratios = {
         name: round(o["whole_step_ms"] / dc_whole, 4) for name, o in objectives.items() if name != "dc"
     }
-    assignment = {}
-    for mode, v in solver.items():
-        row = {f"{label}_ms": round(med(times_), 3) for label, times_ in v.items()}
-        for label in v:
-            if label != "batched":
-                row[f"batched_over_{label}"] = round(med(v["batched"]) / med(v[label]), 2)
-        assignment[mode] = row
     ap_fwd = {
         mode: {
             label: objectives[name]["parts_ms"]["similarity_fwd"]
-            for label, name in (
-                ("ms", f"ap-{mode}"),
-                ("loop_ms", f"ap-{mode}-loop"),
-                ("host_ms", f"ap-{mode}-host"),
-            )
+            for label, name in (("ms", f"ap-{mode}"), ("host_ms", f"ap-{mode}-host"))
             if name in objectives
         }
         for mode in ("full", "half")
@@ -141,7 +89,6 @@ def summarise(times: dict, whole: dict, solver: dict, config: dict) -> dict:
         "step_ratio_to_dc": ratios,
         "whole_step_ratio_to_dc": whole_ratios,
         "ap_similarity_fwd_ms": ap_fwd,
-        "assignment_only_ms": assignment,
         "targets": {
             "ap_step_le_1.15x_dc": all(ratios[f"ap-{m}"] <= 1.15 for m in ("full", "half")),
             "ap_whole_step_le_1.15x_dc": all(whole_ratios[f"ap-{m}"] <= 1.15 for m in ("full", "half")),
@@ -151,54 +98,6 @@ def summarise(times: dict, whole: dict, solver: dict, config: dict) -> dict:
         },
     }
     return out
-
-
-def time_solvers(padded, k_mode: str, clock, solver: dict) -> None:
-    """Assignment part only, on this step's matrices: per-pair lapjv loop vs one batched numpy call
-    (both on the host), and on a CUDA device the Triton kernel on the device (synchronised)."""
-    import numpy as np
-    import torch
-
-    from training.objectives import assignment_triton
-    from training.objectives.assignment import batched_max_weight_matching, max_weight_matching
-
-    s_pad, s_mask, v_pad, v_mask = padded
-    B = s_pad.shape[0]
-    sims_dev = torch.einsum("and,bmd->abnm", s_pad, v_pad).double()
-    sims = sims_dev.cpu().numpy()
-    n, m = s_mask.sum(1).cpu().numpy(), v_mask.sum(1).cpu().numpy()
-    small = np.minimum(n[:, None], m[None, :])
-    k = small if k_mode == "full" else (small + 1) // 2
-    nn, mm = np.repeat(n, B), np.tile(m, B)
-    flat = sims.reshape(B * B, *sims.shape[2:])
-
-    def loop() -> None:
-        for p in range(B * B):
-            max_weight_matching(flat[p, : nn[p], : mm[p]], int(k.flat[p]))
-
-    def batched() -> None:
-        batched_max_weight_matching(flat, nn, mm, k.ravel())
-
-    solvers = {"batched": batched}
-    if have_lapjv():
-        solvers["loop"] = loop
-    if assignment_triton.available(sims_dev.device):
-        dev = sims_dev.device
-        args = [torch.as_tensor(x.ravel(), device=dev) for x in (nn, mm, k)]
-        flat_dev = sims_dev.reshape(B * B, *sims_dev.shape[2:])
-
-        def on_device() -> None:
-            assignment_triton.triton_max_weight_matching(flat_dev, *args)
-            torch.cuda.synchronize()
-
-        solvers["triton"] = on_device
-    for label, fn in solvers.items():
-        best = float("inf")
-        for _ in range(5):
-            t = clock()
-            fn()
-            best = min(best, clock() - t)
-        solver[k_mode].setdefault(label, []).append(best * 1e3)
 
 
 def make_inputs(args, rng, device):
@@ -280,14 +179,11 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda":  # the host round trip the GPU solver replaces
         host_ap = functools.partial(ap, solver="host")
         variants.update({"ap-full-host": ("ap", "full", host_ap), "ap-half-host": ("ap", "half", host_ap)})
-    if have_lapjv():
-        variants.update({"ap-full-loop": ("ap", "full", _loop_ap), "ap-half-loop": ("ap", "half", _loop_ap)})
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     times: dict[str, dict[str, list[float]]] = {name: {p: [] for p in PARTS} for name in variants}
     whole: dict[str, list[float]] = {name: [] for name in variants}
-    solver: dict[str, dict[str, list[float]]] = {mode: {} for mode in ("full", "half")}
 
-    def step(name: str, split: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def step(name: str, split: bool = True) -> None:
         """One training step; ``split`` times its parts (a sync after each), else the whole step
         with one sync at its end (on a GPU the parts' syncs cost time of their own)."""
         kind, k_mode, ap_impl = variants[name]
@@ -315,7 +211,6 @@ def main(argv: list[str] | None = None) -> dict:
                 times[name][part].append(dt * 1e3)
         else:
             whole[name].append((t6 - t0) * 1e3)
-        return s_pad.detach(), s_mask, v_pad.detach(), v_mask
 
     for _ in range(args.warmup):
         for name in variants:
@@ -325,13 +220,11 @@ def main(argv: list[str] | None = None) -> dict:
             times[name][part].clear()
     for _ in range(args.repeats):
         for name in variants:
-            padded = step(name)
+            step(name)
             step(name, split=False)
-            if name in ("ap-full", "ap-half"):
-                time_solvers(padded, variants[name][1], clock, solver)
     similarity.SIMILARITIES["ap"] = ap
 
-    out = summarise(times, whole, solver, run_config(args, cfg, device))
+    out = summarise(times, whole, run_config(args, cfg, device))
     print(json.dumps(out, indent=1))
     return out
 
