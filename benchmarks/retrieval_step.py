@@ -1,28 +1,25 @@
-"""Coherence retrieval (issue #17): CMCM vs CMCA on a built pair dataset, in one process.
+"""Coherence retrieval (issue #17): the time of one training step of CMCA and of CMCM, in one process.
 
-Two modes, one JSON object on stdout:
+One JSON object on stdout: the step (forward, loss, backward, Adam) of each ``--objectives`` entry
+on the same batch, alternated round by round so that load drifts hit both alike; the ratio
+CMCM / CMCA of the medians (target <= 1.2).
 
-- ``--mode step``: the time of one training step (forward, loss, backward, Adam) of CMCA and of
-  CMCM on the same batch, alternated round by round so that load drifts hit both alike; the
-  ratio CMCM / CMCA of the medians (target <= 1.2).
-- ``--mode train``: trains each ``--objectives`` entry from the same seed on the same batches
-  (the training loop's recipe without Ray: Adam, batches of ``--batch`` pairs reshuffled each
-  epoch, the epoch with the lowest validation MedR kept), then scores the test split: MedR and
-  R@K text-to-image without and with selective refinement, per relation, relation AP.
+It uses the library's model and loss (training/retrieval/) and reads the shards with pyarrow; no
+Ray, MLflow or Beam. Example::
 
-It uses the library's model, loss, metrics and evaluation (training/retrieval/) and reads the
-shards with pyarrow; no Ray, MLflow or Beam. Example::
+    PYTHONPATH=. python benchmarks/retrieval_step.py --data DS --mode step --steps 60
 
-    PYTHONPATH=. python benchmarks/retrieval_step.py --data DS --mode train --epochs 15
+``--mode train`` (CMCM vs CMCA trained from the same seed in a bare Adam loop, test MedR and R@K
+with refinement, ``--state-subsets``) measured issue #17's comparison; its verdict is in
+docs/benchmarks.md, "Coherence retrieval", and issue #61 retired it (the last version: commit
+714325c). ``mmlinks train`` and ``benchmarks/coherence_attributes.py`` train these models now.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
-import sys
 import time
 
 import numpy as np
@@ -32,11 +29,10 @@ import torch
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="a pair dataset (mmlinks data synth-coherence + build)")
-    p.add_argument("--mode", choices=("step", "train"), default="step")
+    p.add_argument("--mode", choices=("step",), default="step", help="the one mode left (see above)")
     p.add_argument("--objectives", default="cmca,cmcm", help="comma-separated (cmca, cmcm, cmcm-c:RELATION)")
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--steps", type=int, default=40, help="step mode: timed rounds")
-    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--steps", type=int, default=40, help="timed rounds")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--word-vectors", default="glove")
@@ -48,12 +44,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         default=0,
         help="a ReLU layer of this width in the CAM (TrainConfig.cam_hidden; 0 = the paper's linear CAM)",
-    )
-    p.add_argument(
-        "--state-subsets",
-        action="store_true",
-        help="also score test queries whose object shows the state it had in training apart from "
-        "those in the other state (for `synth-coherence --train-states one` corpora)",
     )
     return p.parse_args(argv)
 
@@ -98,26 +88,13 @@ def make_model(
     return cfg, model
 
 
-def batches_of(table, vocab, size: int, rng, device):
-    from training.data import make_batch
-
-    order = rng.permutation(table.num_rows) if rng is not None else np.arange(table.num_rows)
-    out = []
-    for start in range(0, len(order) - 1, size):
-        idx = order[start : start + size]
-        if len(idx) < 2:
-            continue
-        b = make_batch(table.take(idx), vocab, 20)
-        b.tokens, b.features = b.tokens.to(device), b.features.to(device)
-        out.append(b)
-    return out
-
-
 def step_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
+    from training.data import make_batch
     from training.retrieval.objective import model_loss
 
     device = torch.device(args.device)
-    batch = batches_of(tables["train"].slice(0, args.batch), vocab, args.batch, None, device)[0]
+    batch = make_batch(tables["train"].slice(0, args.batch), vocab, 20)
+    batch.tokens, batch.features = batch.tokens.to(device), batch.features.to(device)
     runs = {}
     for obj in args.objectives.split(","):
         cfg, model = make_model(
@@ -150,89 +127,12 @@ def step_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
     return out
 
 
-def train_mode(args, manifest, train_paths, tables, vocab, emb, stats) -> dict:
-    from training.retrieval.objective import evaluate_pairs, model_loss, tune_refinement, val_metrics
-
-    device = torch.device(args.device)
-    val = batches_of(tables["val"], vocab, args.batch, None, device)
-    test = batches_of(tables["test"], vocab, args.batch, None, device)
-    results = {}
-    for obj in args.objectives.split(","):
-        cfg, model = make_model(
-            obj, manifest, train_paths, vocab, emb, stats, args.seed, args.cam_hidden, args.lambda_cls
-        )
-        model.to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-        best, best_medr, history, t0, steps = None, float("inf"), [], time.perf_counter(), 0
-        for epoch in range(args.epochs):
-            model.train()
-            torch.manual_seed(args.seed * 1000 + epoch)
-            losses = []
-            for b in batches_of(
-                tables["train"], vocab, args.batch, np.random.default_rng([args.seed, epoch]), device
-            ):
-                loss, _ = model_loss(model, b, cfg, epoch=epoch)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(float(loss.detach()))
-                steps += 1
-            model.eval()
-            v = val_metrics(model, val, cfg)
-            history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), **v})
-            print(json.dumps({"objective": obj, **history[-1]}), file=sys.stderr)
-            if v["val_medr"] < best_medr:
-                best_medr, best = v["val_medr"], (epoch, copy.deepcopy(model.state_dict()))
-        train_s = time.perf_counter() - t0
-        model.load_state_dict(best[1])
-        model.cpu()
-        tuned = tune_refinement(model, [_cpu(b) for b in val], cfg)
-        scores = evaluate_pairs(model, [_cpu(b) for b in test], cfg, list(manifest.relations or []), tuned)
-        if args.state_subsets:
-            scores["state_subsets"] = state_subsets(model, test, tables["train"], cfg)
-        results[obj] = {
-            "best_epoch": best[0],
-            "best_val_medr": best_medr,
-            "train_s": train_s,
-            "s_per_step": train_s / max(steps, 1),
-            "test": scores,
-            "history": history,
-        }
-    return results
-
-
-def _object_state(meta) -> tuple[str, bool]:
-    meta = dict(meta or {})
-    return meta.get("object", ""), "Action" in meta.get("relations", "").split(",")
-
-
-def state_subsets(model, test, train_table, cfg) -> dict:
-    """Text-to-image metrics of the test queries in a state their object had in training ("seen
-    state") and of the others ("unseen state"), each ranked against the whole pool."""
-    from training.ranking import retrieval_metrics
-    from training.retrieval.objective import encode_pairs
-
-    seen = {_object_state(m) for m in train_table.column("metadata").to_pylist()}
-    with torch.no_grad():
-        s, v, _ = encode_pairs(model, [_cpu(b) for b in test])
-    known = np.asarray([_object_state(m) in seen for b in test for m in b.metadata])
-    labels = np.stack([known, ~known], axis=1).astype(int)
-    common = {"pool_size": cfg.pool_size, "n_pools": cfg.n_pools, "seed": cfg.seed}
-    out = retrieval_metrics((s @ v.T).numpy(), labels=labels, relation_names=["seen", "unseen"], **common)
-    return {**out["relations"], "counts": {"seen": int(known.sum()), "unseen": int((~known).sum())}}
-
-
-def _cpu(b):
-    b.tokens, b.features = b.tokens.cpu(), b.features.cpu()
-    return b
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     loaded = load(args.data, args.word_vectors, args.seed)
     t = time.perf_counter()
-    result = (step_mode if args.mode == "step" else train_mode)(args, *loaded)
+    result = step_mode(args, *loaded)
     manifest, _, tables = loaded[0], loaded[1], loaded[2]
     print(
         json.dumps(
