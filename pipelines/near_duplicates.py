@@ -21,7 +21,8 @@ so this module uses the pigeonhole / multi-index idea, which is exact and near-l
   ns a hash per block) costs more than ``s / 2`` comparisons at ~1 ns until ``s`` is in the hundreds.
   Measured at t=3: random hashes, 1M (groups ~15): 0.13 s direct, 0.40 s with two levels everywhere;
   16M (groups ~244): about even (10-13 s); 1M hashes crowding 4096 block values (groups ~244): 5.1 s
-  direct, 1.1 s two-level. So the direct scan's cost per hash is capped near ``TWO_LEVEL_MIN_GROUP / 2``
+  direct, 1.1 s two-level (``benchmarks/dedupe.py``'s "two levels always" timings, retired in issue #61;
+  last version: commit 7c1b8d6). So the direct scan's cost per hash is capped near ``TWO_LEVEL_MIN_GROUP / 2``
   comparisons a block, and beyond it cost grows as n log(group size), not n**2.
 * Identical hashes are collapsed first (they are pairs of each other), so repeats cost one sort.
 
