@@ -82,7 +82,6 @@ PLAIN_TEMPLATES = (
 )
 # graded salience (issue #45): the relations of its captions, the attributes and their values
 GRADED_RELATIONS = ("Visible", "Meta", "Subjective", "Story", "Irrelevant")
-GRADED_ATTRIBUTES = ("digit", "ink", "backdrop")
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 INKS = {"red": (205, 35, 40), "blue": (40, 70, 205), "green": (35, 150, 60), "black": (25, 25, 25)}
 # backdrop -> (base colour, stripe colour or None)

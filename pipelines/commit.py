@@ -244,11 +244,3 @@ def _prune_versions(out: str, keep: set[str]) -> None:
         v = uri.rstrip("/").split("/")[-2]
         if v not in keep:
             fileio.delete_tree(fileio.join(out, VERSIONS_DIR, v))
-
-
-def dead_letters(dataset_dir: str) -> list[dict]:
-    manifest = Manifest.read(dataset_dir)
-    if not manifest.dead_letter:
-        return []
-    text = fileio.read_bytes(fileio.join(str(dataset_dir), manifest.dead_letter)).decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -237,12 +237,6 @@ class _World:
     scale: np.ndarray  # [D]
     more_looks: np.ndarray | None = None  # [K, L - 1, D]: a topic's looks after its first
 
-    @property
-    def varied(self) -> bool:
-        """Whether an option of issue #60 is set (its draws come from a stream of their own)."""
-        c = self.cfg
-        return c.looks_per_topic > 1 or c.look_share < 1 or c.feature_noise > 0 or c.images_max > 10
-
 
 def _world(cfg: FeatureCorpusConfig) -> _World:
     pixels, labels = digit_bitmaps()

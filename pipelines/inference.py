@@ -66,11 +66,6 @@ class ExtractorModelHandler(ModelHandler[torch.Tensor, PredictionResult, torch.n
         if self._trim is not None:
             self._trim()
 
-    @property
-    def heap_trims(self) -> int:
-        """How many times this worker gave its heap's free pages back (0 on a GPU, or untuned)."""
-        return self._trim.trims if self._trim is not None else 0
-
     def get_num_bytes(self, batch: Sequence[torch.Tensor]) -> int:
         # the default pickles the whole batch just to measure it
         return sum(x.element_size() * x.nelement() for x in batch)

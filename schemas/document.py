@@ -64,9 +64,6 @@ def image_type(feature_dtype: str = "float32") -> pa.DataType:
     )
 
 
-REGION_TYPE = region_type()
-IMAGE_TYPE = image_type()
-
 LINK_TYPE = pa.struct(
     [pa.field("sentence", pa.int32(), nullable=False), pa.field("image", pa.int32(), nullable=False)]
 )

@@ -393,6 +393,18 @@ def resign_manifest(data: Path) -> None:
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+def dead_letters(dataset_dir) -> list[dict]:
+    """A built dataset's dead-letter records (its manifest names the file)."""
+    from pipelines import fileio
+    from schemas.manifest import Manifest
+
+    manifest = Manifest.read(dataset_dir)
+    if not manifest.dead_letter:
+        return []
+    text = fileio.read_bytes(fileio.join(str(dataset_dir), manifest.dead_letter)).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def small_train_config(dataset, storage, **kw):
     from training.config import TrainConfig
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from pipelines.build import build_dataset
-from pipelines.commit import dead_letters, last_build
+from pipelines.commit import last_build
 from pipelines.fault_hooks import KILL_BUILD_AT_ENV, KILL_ONCE_ENV
 from schemas.manifest import MANIFEST_NAME, Manifest
-from tests.conftest import add_bad_records, venv_env
+from tests.conftest import add_bad_records, dead_letters, venv_env
 from tests.faults.conftest import tiny_cfg
 from tests.faults.test_build_kills import shard_bytes
 from tests.faults.test_train_faults import TAG, leftovers

@@ -12,10 +12,10 @@ import torch
 
 from pipelines.build import build_dataset
 from pipelines.build_config import BuildConfig
-from pipelines.commit import dead_letters
 from pipelines.splits import assign_split
 from schemas.manifest import Manifest
 from schemas.shards import read_documents, read_table
+from tests.conftest import dead_letters
 
 
 def test_manifest_accounts_for_every_input_document(dataset, corpus):

@@ -11,10 +11,10 @@ import pytest
 
 from pipelines.build import build_dataset
 from pipelines.build_config import BuildConfig
-from pipelines.commit import dead_letters
 from schemas.errors import MmlinksError
 from schemas.manifest import Manifest
 from schemas.shards import read_documents
+from tests.conftest import dead_letters
 from tests.fixtures.hessel import write_hessel
 
 

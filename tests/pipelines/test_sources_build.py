@@ -11,8 +11,8 @@ import pytest
 
 from pipelines.build import build_dataset
 from pipelines.build_config import BuildConfig
-from pipelines.commit import dead_letters
 from schemas.shards import read_documents
+from tests.conftest import dead_letters
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -32,7 +32,6 @@ from schemas.news import parse_sources
 # training.checkpoints.CHECKPOINT_FILE (not imported: checkpoints -> backbone -> news would be a
 # cycle; tests/training/news/test_news_recipes.py checks they agree)
 CHECKPOINT_FILE = "state.pt"
-MULTILINGUAL = ("none", "one-for-all", "all-for-one")
 WORD_KEYS = ("embed.words.weight",)  # rows follow the vocabulary: never copied across vocabularies
 if TYPE_CHECKING:  # pragma: no cover
     import torch

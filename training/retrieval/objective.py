@@ -34,8 +34,6 @@ from training.retrieval.model import CoherenceRetrieval, RetrievalConfig
 if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
 
-PAIR_COLUMNS = ("metadata",)
-
 
 def cam_relations(cfg: TrainConfig, vocabulary: list[str] | None) -> list[str]:
     """What the CAM predicts: nothing (cmca), the dataset's relations (cmcm), ``--relation``
