@@ -23,7 +23,9 @@ its resident memory; no process of the run is ours, so the figures are the comma
   through the CNN) at ``--build-sizes``, per runner: wall time (the median of ``--build-repeats``
   cold builds), peak RSS, images inferred, the dataset version; ``--build-warm`` builds once more
   sharing the first build's image store (nothing fetched or inferred). Issue #61 folded
-  ``build_scale.py`` (the warm build) and ``dask_build.py`` (repeats, ``--build-arg``) in here.
+  ``build_scale.py`` (the warm build) and ``dask_build.py`` (repeats, ``--build-arg``) in here,
+  and retired ``--read-sizes`` / ``--read-code`` (issue #47's split reads alone, old tree against
+  new; figures in docs/benchmarks-scale.md; last version: commit af5bc1b).
 Ratios against the smallest size come with each stage.
 """
 
@@ -295,62 +297,6 @@ def build_point(size: int, work: Path, runner: str, args) -> dict:
     return out
 
 
-# What a worker and the driver read of the validation and test splits, alone, in a fresh process
-# (no Ray, no training): the validation batches of worker 0 of 2, the test evaluation of a
-# seeded untrained model (``mmlinks train``'s default shape at d_multi 256), the label check.
-READS = """
-import json, resource, sys, time
-import torch
-from schemas.manifest import Manifest
-from training.backbone import build_model, get_backbone
-from training.config import TrainConfig
-from training.evaluate import evaluate
-from training.experiment import has_labels
-from training.epoch_batches import validation_batches
-from training.text import Vocabulary
-data = sys.argv[1]
-m = Manifest.read(data)
-out = {}
-def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-def cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-base = peak()
-c = cpu()
-val = validation_batches([str(p) for p in m.shard_paths(data, "val")], 11, 0, 2)
-out["validation_batches"] = {"cpu_s": round(cpu() - c, 1), "peak_rss_mib": peak(), "batches": len(val)}
-del val
-c = cpu()
-labelled = has_labels(m.shard_paths(data, "test"))
-out["has_labels"] = {"cpu_s": round(cpu() - c, 1), "peak_rss_mib": peak()}
-vocab = Vocabulary.build(["zero one two three four five six seven eight nine the a of"], 1)
-torch.manual_seed(0)
-train = TrainConfig(data=data, d_multi=256)
-cfg = get_backbone(train.model_backbone).model_config(train, m, len(vocab), 50, [])
-c = cpu()
-res = evaluate(build_model(cfg).eval(), vocab, data, "test")
-out["evaluate"] = {"cpu_s": round(cpu() - c, 1), "peak_rss_mib": peak(), "docs": len(res["predictions"])}
-out["start_rss_mib"] = base
-print(json.dumps(out))
-"""
-
-
-def reads_point(data: Path, code: str, args) -> dict:
-    """``READS`` in a fresh process on ``code`` (a source tree; default this one)."""
-    env = {**os.environ, "PYTHONPATH": code or str(ROOT)}
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", READS, str(data)], capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1], "wall_s": round(wall, 1)}
-    return {
-        **json.loads(proc.stdout.strip().splitlines()[-1]),
-        "wall_s": round(wall, 1),
-        "code": code or "this",
-    }
-
-
 def ratios(points: dict, key: str) -> dict:
     """Each size's ``key`` over the smallest size's."""
     sizes = sorted(int(s) for s in points if points[s].get(key))
@@ -404,10 +350,6 @@ def main() -> None:
     ap.add_argument("--workdir", default="")
     ap.add_argument("--data-root", default="", help="folder of existing features-<size> corpora")
     ap.add_argument("--synth-arg", action="append", default=[], help="extra `data synth-features` argument")
-    ap.add_argument("--read-sizes", default="", help="corpora whose split reads are measured alone")
-    ap.add_argument(
-        "--read-code", action="append", default=[], help="other source trees to measure the reads on"
-    )
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mmlinks-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -429,12 +371,6 @@ def main() -> None:
             point = link_point(data, size, work, model, runner, args)
             report["link"].setdefault(runner, {})[str(size)] = point
             print(json.dumps({"link": size, "runner": runner, **point}), file=sys.stderr)
-    for size in sizes(args.read_sizes):
-        data, _ = corpus(work, size, args)
-        for code in ["", *args.read_code]:
-            point = reads_point(data, code, args)
-            report.setdefault("reads", {}).setdefault(code or "this", {})[str(size)] = point
-            print(json.dumps({"reads": size, **point}), file=sys.stderr)
     for size in sizes(args.build_sizes):
         for runner in runners:
             point = build_point(size, work, runner, args)
