@@ -12,21 +12,13 @@ from __future__ import annotations
 import errno
 import re
 
-from schemas.errors import NOTE_PREFIX, MmlinksError, RetryLaterError
+from schemas.errors import NOTE_PREFIX, MmlinksError, RetryLaterError, exception_chain
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _NO_SPACE_TEXT = re.compile(r"\[Errno (28|122|27)\][^\n]*|No space left on device|Disk quota exceeded")
 _LOCKED = re.compile(r"database is locked|database table is locked", re.I)
 # MLflow's REST client says "API request to URL failed"; requests underneath names the path
 _SERVER = re.compile(r"API request to (?P<url>\S+) failed|url: (?P<path>/api/2\.0/mlflow/\S*)")
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return seen
 
 
 def explain(exc: BaseException) -> MmlinksError | None:
@@ -36,7 +28,7 @@ def explain(exc: BaseException) -> MmlinksError | None:
     found = _explain(exc)
     notes = [
         n.removeprefix(NOTE_PREFIX)
-        for e in _chain(exc)
+        for e in exception_chain(exc)
         for n in getattr(e, "__notes__", ())
         if isinstance(n, str) and n.startswith(NOTE_PREFIX)
     ]
@@ -46,7 +38,7 @@ def explain(exc: BaseException) -> MmlinksError | None:
 
 
 def _explain(exc: BaseException) -> MmlinksError | None:
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     text = "\n".join(str(e) for e in chain)
     for e in chain:
         if isinstance(e, OSError) and e.errno in _NO_SPACE:

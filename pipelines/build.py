@@ -22,7 +22,6 @@ versions, manifest-last commit, pruning, build log). This module runs them in or
 
 from __future__ import annotations
 
-import errno
 import logging
 import re
 import time
@@ -39,7 +38,7 @@ from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE
 from pipelines.shards_writer import write_outputs
 from pipelines.sources import SourceSpec
 from schemas.document import SCHEMA_VERSION
-from schemas.errors import MmlinksError
+from schemas.errors import MmlinksError, exception_chain, storage_full
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
 
 SHOWN_COUNTS = 12  # counters named in the one-line "kept no document" error, largest first
@@ -103,30 +102,6 @@ def build_dataset(cfg: BuildConfig) -> Manifest:
     return manifest
 
 
-# errno -> the words a user reads; Beam may re-raise a worker's OSError as another type, so the
-# text is matched too (``[Errno 28] No space left on device``).
-_FULL = {
-    errno.ENOSPC: "no space left on device",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EFBIG: "file too large",
-}
-_FULL_TEXT = re.compile(r"\[Errno \d+\] (No space left on device|Disk quota exceeded|File too large)")
-
-
-def storage_full(exc: BaseException) -> str | None:
-    """What ran out (``no space left on device``, ...) when ``exc`` or its cause is a full disk."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _FULL:
-            return _FULL[exc.errno]
-        found = _FULL_TEXT.search(str(exc))
-        if found:
-            return found.group(1).lower()
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 # How the runner reports a worker process that vanished (SIGKILL, OOM killer): the multi-process
 # DirectRunner's data channel closes under the driver (``RuntimeError: Channel closed
 # prematurely.``, what tests/faults/test_build_worker_kill.py sees), or a gRPC call to the worker
@@ -146,16 +121,12 @@ _WORKER_LOST = re.compile(
 
 def worker_lost(exc: BaseException) -> str | None:
     """The runner's words when ``exc`` or its cause says a worker process died, else None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        found = _WORKER_LOST.search(str(exc))
-        if found:
+    for e in exception_chain(exc):
+        if found := _WORKER_LOST.search(str(e)):
             words = found.group(0)
             if words.startswith("StatusCode"):  # the gRPC details, one line
                 words = "gRPC UNAVAILABLE: " + words.split('details = "', 1)[1]
-            return f"{type(exc).__name__}: {words}"
-        exc = exc.__cause__ or exc.__context__
+            return f"{type(e).__name__}: {words}"
     return None
 
 
@@ -170,13 +141,9 @@ _NO_SCHEDULER = re.compile(
 def scheduler_unreachable(exc: BaseException) -> str | None:
     """dask.distributed's words when ``exc`` or its cause says the scheduler is unreachable or
     was lost, else None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        found = _NO_SCHEDULER.search(str(exc))
-        if found:
-            return f"{type(exc).__name__}: {found.group(0)}"
-        exc = exc.__cause__ or exc.__context__
+    for e in exception_chain(exc):
+        if found := _NO_SCHEDULER.search(str(e)):
+            return f"{type(e).__name__}: {found.group(0)}"
     return None
 
 

@@ -1,4 +1,8 @@
-"""The exception types the CLI turns into a one-line message (no traceback) and an exit code."""
+"""The exception types the CLI turns into a one-line message (no traceback) and an exit code, and
+the walk of an exception's chain that the layers reading a failure's cause share."""
+
+import errno
+import re
 
 
 class MmlinksError(Exception):
@@ -18,3 +22,34 @@ class RetryLaterError(MmlinksError):
 # A note a layer adds to an exception on its way up (``BaseException.add_note``), saying what it
 # cleaned up or left behind; ``cli.failures.explain`` ends its one line with such notes.
 NOTE_PREFIX = "mmlinks: "
+
+
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and what caused it (``__cause__``, else ``__context__``), outermost first, each once."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+# errno -> the words a user reads; Beam and Ray may re-raise a worker's OSError as another type
+# (or as text only), so the text is matched too (``[Errno 28] No space left on device``).
+_FULL = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large",
+}
+_FULL_TEXT = re.compile(
+    r"\[errno \d+\] (no space left on device|disk quota exceeded|file too large)", re.IGNORECASE
+)
+
+
+def storage_full(exc: BaseException) -> str | None:
+    """What ran out (``no space left on device``, ...) when ``exc`` or its cause is a full disk."""
+    for e in exception_chain(exc):
+        if isinstance(e, OSError) and e.errno in _FULL:
+            return _FULL[e.errno]
+        if found := _FULL_TEXT.search(str(e)):
+            return found.group(1).lower()
+    return None

@@ -9,10 +9,8 @@ resumed run replays the next epoch exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from schemas.errors import storage_full
 from training.backbone import build_model
 from training.config import MODEL_FIELDS, TrainConfig
 
@@ -186,16 +185,6 @@ def run_storage(cfg: TrainConfig) -> str:
     return str(Path(cfg.data).resolve().parent / "ray_results") if "://" not in cfg.data else ""
 
 
-_FULL = {
-    errno.ENOSPC: "no space left on device",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EFBIG: "file too large",
-}
-_FULL_TEXT = re.compile(
-    r"\[errno \d+\] (no space left on device|disk quota exceeded|file too large)", re.IGNORECASE
-)
-
-
 def out_of_space_message(exc: BaseException, storage: str) -> str | None:
     """One line naming the storage path when a run failed for a full disk, else None.
 
@@ -205,15 +194,7 @@ def out_of_space_message(exc: BaseException, storage: str) -> str | None:
     checkpoint manager records a checkpoint only once it is whole, so the ones it kept are
     whole and the run resumes from the last of them.
     """
-    seen: set[int] = set()
-    what = None
-    while exc is not None and id(exc) not in seen and what is None:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _FULL:
-            what = _FULL[exc.errno]
-        elif found := _FULL_TEXT.search(str(exc)):
-            what = found.group(1).lower()
-        exc = exc.__cause__ or exc.__context__
+    what = storage_full(exc)
     if what is None:
         return None
     return (

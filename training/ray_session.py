@@ -69,12 +69,9 @@ def probe_ray_address(address: str, timeout_s: float = 10.0) -> None:
 def _join_error(address: str, exc: BaseException):
     """One line for a cluster that cannot be joined (Ray raises a chain of tracebacks, and
     says only at their bottom when the cause is a missing or wrong token)."""
-    from schemas.errors import MmlinksError
+    from schemas.errors import MmlinksError, exception_chain
 
-    chain, cause = [], exc
-    while cause is not None:
-        chain.append(str(cause))
-        cause = cause.__cause__ or cause.__context__
+    chain = [str(cause) for cause in exception_chain(exc)]
     if any("InvalidAuthToken" in text or "AuthenticationError" in text for text in chain):
         why = "it refused this process's token (set RAY_AUTH_TOKEN or ~/.ray/auth_token to the cluster's)"
     else:
