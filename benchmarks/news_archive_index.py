@@ -8,7 +8,7 @@ build streams them; the exact oracle reads them again; row i is named ``str(i)``
 
 - ``random``: standard normal vectors, L2-normalised (the hard case: no clusters to prune by);
 - ``trained``: embeddings of a trained news model (``--model``, a checkpoint folder written by
-  ``benchmarks/news_archive_model.py``): a simple mixture is fitted to the real CNN features of
+  ``benchmarks/news_fusion.py --save-model``): a simple mixture is fitted to the real CNN features of
   ``--data``'s images (``--mixture-k`` k-means centres, each with its cluster's per-dimension
   standard deviation and its share of the images as weight); a chunk draws its CNN features
   from the mixture and passes them through the model's image tower.
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=256, help="random vectors' dimension (trained: the model's)")
     ap.add_argument("--vectors", choices=("random", "trained"), default="random")
-    ap.add_argument("--model", help="trained: the folder benchmarks/news_archive_model.py wrote")
+    ap.add_argument("--model", help="trained: the folder benchmarks/news_fusion.py --save-model wrote")
     ap.add_argument("--data", help="trained: the news dataset the model was trained on")
     ap.add_argument("--mixture-k", type=int, default=64)
     ap.add_argument("--kind", choices=("hnsw", "ivf", "pq", "ivfpq"), default="ivfpq")

@@ -11,6 +11,13 @@ then the fuser alone for ``--fuser-warmup-epochs``, then all. ``bow`` is the bag
 reference (issue #34): the mean word vector of every token of every source -> linear, the same
 image tower, loss, epochs and checkpoint choice.
 
+``--save-model OUT`` keeps the last run's model: ``OUT/checkpoint`` (``state.pt`` + ``meta.json``,
+what ``training.checkpoints.load_checkpoint_model`` reads) and ``OUT/vocab.json``, the trained
+model the archive benchmarks embed and serve (issue #38: ``news_archive_index.py --vectors
+trained``, ``news_serving_latency.py --trained``); it replaced ``news_archive_model.py`` in issue #61
+(last version: commit 422b71e), whose run is ``--runs headline+lead+body+caption:attention:drop0.3
+--d 256 --threads 2``.
+
 ``--unseen-data DS2`` also scores every run on DS2's test split: a build of the same corpus
 with ``data synth-news --names --unseen-forms 0.1`` (its train split equals this one's, its
 test articles write every name in a form never seen in training), the subword target.
@@ -69,6 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--fuser-warmup-epochs", type=int, default=1, help="dc: runs: epochs of fuser-only training"
     )
+    p.add_argument("--save-model", default="", help="folder for the last run's model (checkpoint + vocab)")
     return p.parse_args(argv)
 
 
@@ -147,17 +155,18 @@ class BagOfWords(torch.nn.Module):
         return text @ image.T
 
 
-def save_single(folder, model) -> str:
-    """The best model of a single-source run as a checkpoint folder (what --init-from reads)."""
+def save_single(folder, model, epoch: int = 0) -> str:
+    """A run's best model as a checkpoint folder (what --init-from and load_checkpoint_model read)."""
     from pathlib import Path
 
     from training.checkpoints import CHECKPOINT_FILE
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "epoch": 0, "val_loss": 0.0, "best_epoch": 0}
+    state = {"model": model.state_dict(), "epoch": epoch, "val_loss": 0.0, "best_epoch": epoch}
     torch.save(state, folder / CHECKPOINT_FILE)
-    (folder / "meta.json").write_text(json.dumps({"model": model.cfg.to_dict()}))
+    meta = {"model": model.cfg.to_dict(), "train": {"max_tokens": budget(model)}}
+    (folder / "meta.json").write_text(json.dumps(meta))
     return str(folder)
 
 
@@ -277,6 +286,9 @@ def main(argv=None) -> dict:
             results[entry]["unseen_forms_t2i"] = {k: out["t2i"][k] for k in keep}
             results[entry]["unseen_forms_i2t"] = {k: out["i2t"][k] for k in keep}
         print(f"{entry}: {results[entry]}", file=sys.stderr)
+    if args.save_model:
+        save_single(f"{args.save_model}/checkpoint", model, epoch)
+        vocab.save(f"{args.save_model}/vocab.json")
     singles = {k: v for k, v in results.items() if "+" not in k and k != "bow"}
     best_single = max(singles, key=lambda k: singles[k]["test_t2i"]["r10"]) if singles else None
     return {

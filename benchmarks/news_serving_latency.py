@@ -20,7 +20,7 @@ Issue #38: ``--archive-env FOLDER`` serves an archive folder (e.g. a 10M ``ivfpq
 ``benchmarks/news_archive_index.py``, whose info names run ``bench``) through
 ``MMLINKS_NEWS_ARCHIVE`` instead of copying it into the model, as a production server would
 serve the Dagster asset's folder; ``--trained DIR --data DS`` serves the model
-``benchmarks/news_archive_model.py`` trained (its vocabulary, languages and the dataset's own
+``benchmarks/news_fusion.py --save-model`` kept (its vocabulary, languages and the dataset's own
 articles as the queries) instead of a random one; ``--workers N`` starts N serving workers and
 reports every server process's resident memory from ``/proc/PID/smaps_rollup`` (Rss, Pss and
 the shared pages: a memory-mapped archive is counted once across workers in Pss). The served
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
         default=None,
         help="an ArchiveIndex folder (info run_id 'bench') served through MMLINKS_NEWS_ARCHIVE, not copied",
     )
-    ap.add_argument("--trained", default=None, help="a benchmarks/news_archive_model.py folder: serve it")
+    ap.add_argument("--trained", default=None, help="a news_fusion.py --save-model folder: serve it")
     ap.add_argument("--data", default=None, help="with --trained: the dataset whose articles are the queries")
     ap.add_argument("--workers", type=int, default=1, help="mlflow models serve -w")
     ap.add_argument("--queries", type=int, default=200)
