@@ -90,21 +90,17 @@ class LinkConfig:
         "links and AUC, p@1, p@5 of the scores (the numbers `mmlinks evaluate` gives)",
         group=OUTPUT,
     )
-    batch_docs: int = option(
-        64, help="documents scored per padded forward pass", check=lambda v: v >= 1, rule=">= 1", group=MODEL
-    )
+    batch_docs: int = option(64, help="documents scored per padded forward pass", at_least=1, group=MODEL)
     max_sentences: int = option(
         200,
         help="dead-letter documents with more sentences (too large)",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=MODEL,
     )
     max_images: int = option(
         200,
         help="dead-letter documents with more images (too large)",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=MODEL,
     )
     image_store: str | None = option(

@@ -52,8 +52,7 @@ class Gate:
     max_medr: float = option(
         0.0,
         help="retrieval: absolute MedR ceiling, also applied when there is no production yet (0: none)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=GATE_GROUP,
     )
 
@@ -63,8 +62,7 @@ class Gate:
         120.0,
         help="seconds to wait for another promotion of the same model to finish before giving up "
         "(exit code 75: run it again later)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group="promotion",
     )
 

@@ -134,9 +134,7 @@ class BuildConfig:
         group=DOCUMENTS,
     )
     filter_options: dict[str, str] = option(help="filter rule overrides", flag="", default_factory=dict)
-    max_shard_rows: int = option(
-        1000, help="documents per shard at most", check=lambda v: v >= 1, rule=">= 1", group=SHARDS
-    )
+    max_shard_rows: int = option(1000, help="documents per shard at most", at_least=1, group=SHARDS)
     max_shard_mb: float = option(
         256.0, help="estimated MB per shard at most", check=lambda v: v > 0, rule="> 0", group=SHARDS
     )
@@ -173,9 +171,7 @@ class BuildConfig:
         rule=">= 1",
         group=FEATURES,
     )
-    batch_size: int = option(
-        32, help="images per inference batch", check=lambda v: v >= 1, rule=">= 1", group=FEATURES
-    )
+    batch_size: int = option(32, help="images per inference batch", at_least=1, group=FEATURES)
     beam_args: list[str] = option(help="extra Beam pipeline options", flag="", default_factory=list)
     source_options: dict[str, str] = option(
         help="--source-option KEY=VALUE settings of the source", flag="", default_factory=dict

@@ -145,30 +145,25 @@ STORY_PHRASES = (
 class CoherenceSynthConfig:
     """The options of `mmlinks data synth-coherence`."""
 
-    pairs: int = option(3000, help="number of text-image pairs", check=lambda v: v >= 2, rule=">= 2")
+    pairs: int = option(3000, help="number of text-image pairs", at_least=2)
     seed: int = option(0, help="random seed")
     action_rate: float = option(
         0.5,
         help="share of pairs whose image shows the step in progress (Action)",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
+        within=(0, 1),
     )
     cue_rate: float = option(
         0.7,
         help="share of texts that name the state with a cue word",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
+        within=(0, 1),
     )
-    story_rate: float = option(
-        0.3, help="share of texts told as an anecdote (Story)", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"
-    )
-    image_size: int = option(128, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+    story_rate: float = option(0.3, help="share of texts told as an anecdote (Story)", within=(0, 1))
+    image_size: int = option(128, help="image side in pixels", at_least=32)
     cue_words: int = option(
         8,
         help="distinct cue words per state: up to 8 real words, more adds made-up rare tokens "
         "(act01, fin01, ...) that retrieval alone sees seldom while the relation label groups them",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        at_least=1,
     )
 
     objects: int = option(

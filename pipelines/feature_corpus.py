@@ -96,9 +96,9 @@ FILLERS = (
 class FeatureCorpusConfig:
     """The family's options (the `data synth-features` flags)."""
 
-    docs: int = option(3000, help="training documents", check=lambda v: v >= 1, rule=">= 1")
-    val_docs: int = option(300, help="validation documents", check=lambda v: v >= 1, rule=">= 1")
-    test_docs: int = option(300, help="test documents", check=lambda v: v >= 1, rule=">= 1")
+    docs: int = option(3000, help="training documents", at_least=1)
+    val_docs: int = option(300, help="validation documents", at_least=1)
+    test_docs: int = option(300, help="test documents", at_least=1)
     images_min: int = option(
         4, help="min images per document", check=lambda v: 2 <= v <= MAX_IMAGES, rule=f"2 to {MAX_IMAGES}"
     )
@@ -108,9 +108,7 @@ class FeatureCorpusConfig:
         check=lambda v: 2 <= v <= MAX_IMAGES,
         rule=f"2 to {MAX_IMAGES}",
     )
-    topics: int = option(
-        40, help="number of topics K (documents draw one: --topic-skew)", check=lambda v: v >= 1, rule=">= 1"
-    )
+    topics: int = option(40, help="number of topics K (documents draw one: --topic-skew)", at_least=1)
     topic_skew: float = option(
         0.0,
         help="how unequal the topics' sizes are: a topic of rank r is drawn with weight (r + 1) ** -skew "
@@ -133,8 +131,7 @@ class FeatureCorpusConfig:
     look_strength: float = option(
         2.0,
         help="the look's spread per channel in units of the content's (s); 0 = no look",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
     )
     looks_per_topic: int = option(
         1,
@@ -163,12 +160,11 @@ class FeatureCorpusConfig:
     extra_sentences: int = option(
         0,
         help="distractor sentences per document (name the topic, no digit, no link)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
     )
-    dim: int = option(256, help="feature vector width", check=lambda v: v >= 8, rule=">= 8")
+    dim: int = option(256, help="feature vector width", at_least=8)
     seed: int = option(0, help="random seed (topics, looks, documents)")
-    shard_docs: int = option(10_000, help="documents per Parquet shard", check=lambda v: v >= 1, rule=">= 1")
+    shard_docs: int = option(10_000, help="documents per Parquet shard", at_least=1)
     layout: str = option(
         "dataset",
         help="dataset = versioned Parquet shards + manifest; hessel = docs.json + features.npy + "

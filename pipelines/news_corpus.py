@@ -130,31 +130,26 @@ LEXICON = {
 class NewsSynthConfig:
     """The options of `mmlinks data synth-news`."""
 
-    articles: int = option(800, help="number of articles", check=lambda v: v >= 1, rule=">= 1")
+    articles: int = option(800, help="number of articles", at_least=1)
     seed: int = option(0, help="random seed")
     second_image_rate: float = option(
         0.25,
         help="share of articles with a second photo (the same object elsewhere, its own caption)",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
+        within=(0, 1),
     )
     second_language_rate: float = option(
         0.5,
         help="share of articles written in 'de' (a German-like language aligned word for word with 'en')",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
+        within=(0, 1),
     )
     start_date: str = option("2019-01-01", help="date of the first article (YYYY-MM-DD)")
-    days: int = option(
-        730, help="days the articles span, in article order", check=lambda v: v >= 1, rule=">= 1"
-    )
-    image_size: int = option(96, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+    days: int = option(730, help="days the articles span, in article order", at_least=1)
+    image_size: int = option(96, help="image side in pixels", at_least=32)
     vector_dim: int = option(
         32,
         help="size of the aligned word vectors written to vectors/en.vec and vectors/de.vec (what MUSE "
         "gives for real languages; for --multilingual); 0 = none",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
     )
     vector_oov_rate: float = option(
         0.1,
@@ -175,8 +170,7 @@ class NewsSynthConfig:
         0.0,
         help="with --names: share of the LAST articles (0.1 = the default date split's test split) that "
         "write each name in a form never used before ('velmorran', 'velmora'): unseen words",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
+        within=(0, 1),
     )
 
     def __post_init__(self) -> None:

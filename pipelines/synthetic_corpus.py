@@ -96,29 +96,23 @@ FILLER = (
 class SynthConfig:
     """The corpus generator's options (the `data synth` flags and the Dagster ``synthetic`` settings)."""
 
-    docs: int = option(600, help="number of documents", check=lambda v: v >= 1, rule=">= 1")
+    docs: int = option(600, help="number of documents", at_least=1)
     seed: int = option(0, help="random seed")
-    images_min: int = option(3, help="min linked images per document", check=lambda v: v >= 1, rule=">= 1")
-    images_max: int = option(6, help="max linked images per document", check=lambda v: v >= 1, rule=">= 1")
-    extra_sentence_rate: float = option(
-        0.3, help="distractor sentences per linked image", check=lambda v: v >= 0, rule=">= 0"
-    )
-    extra_image_rate: float = option(
-        0.2, help="distractor images per linked image", check=lambda v: v >= 0, rule=">= 0"
-    )
+    images_min: int = option(3, help="min linked images per document", at_least=1)
+    images_max: int = option(6, help="max linked images per document", at_least=1)
+    extra_sentence_rate: float = option(0.3, help="distractor sentences per linked image", at_least=0)
+    extra_image_rate: float = option(0.2, help="distractor images per linked image", at_least=0)
     palette_similarity: float = option(
         0.2,
         help="share of documents whose objects share a 2-colour palette; higher is harder",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
+        within=(0, 1),
     )
-    image_size: int = option(128, help="image side in pixels", check=lambda v: v >= 32, rule=">= 32")
+    image_size: int = option(128, help="image side in pixels", at_least=32)
     style_strength: float = option(
         0.0,
         help="confound: how strongly every image of a document shares one visual style (background, "
         "lighting, colour cast, camera noise); 0 = off, 1 = every image fully in the document's style",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
+        within=(0, 1),
     )
     topic_words: int = option(
         0,

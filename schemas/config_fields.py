@@ -71,8 +71,15 @@ def option(
     secret: bool = False,
     cli_choices: bool = True,
     default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+    at_least: float | None = None,
+    within: tuple[float, float] | None = None,
 ) -> Any:
-    """A dataclass field carrying its help, allowed values and CLI spelling."""
+    """A dataclass field carrying its help, allowed values and CLI spelling. ``at_least=N`` and
+    ``within=(LO, HI)`` are the common rules, each a ``check`` and its ``rule`` said once."""
+    if at_least is not None:
+        check, rule = (lambda v: v >= at_least), f">= {at_least}"
+    if within is not None:
+        check, rule = (lambda v: within[0] <= v <= within[1]), f"in [{within[0]}, {within[1]}]"
     info = FieldInfo(help, choices, flag, parse, check, rule, metavar, group, secret, cli_choices)
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={_KEY: info})

@@ -28,6 +28,24 @@ class Toy:
         cf.validate(self, "toy")
 
 
+@dataclass
+class Bounded:
+    count: int = cf.option(1, help="at least one", at_least=1)
+    share: float = cf.option(0.5, help="a share", within=(0, 1))
+
+    def __post_init__(self):
+        cf.validate(self, "bounded")
+
+
+def test_at_least_and_within_are_a_check_and_its_rule_said_once():
+    infos = {name: info for name, (_, info) in cf.options_of(Bounded).items()}
+    assert (infos["count"].rule, infos["share"].rule) == (">= 1", "in [0, 1]")
+    assert Bounded(count=3, share=1.0) == Bounded(3, 1.0)
+    with pytest.raises(MmlinksError) as err:
+        Bounded(count=0, share=1.5)
+    assert "count 0 (>= 1)" in str(err.value) and "share 1.5 (in [0, 1])" in str(err.value)
+
+
 def parser(**defaults) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     cf.add_arguments(p, Toy, defaults=defaults)

@@ -55,8 +55,7 @@ class LinkFields:
         help="link objectives: first epochs with the hinge averaged over every in-batch negative "
         "(mean) before --negatives; the hardest negative of a batch is mostly the document whose "
         "images look most alike, so from random weights it teaches the look, not the content",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=LINK,
     )
     objectives: str = option(
@@ -75,8 +74,7 @@ class LinkFields:
     d_multi: int = option(
         1024,
         help="joint space width = GRU units (paper: 1024)",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=LINK,
     )
     text_pooling: str = option(
@@ -112,12 +110,8 @@ class LinkFields:
         rule=">= 0, or -1 (auto)",
         group=LINK,
     )
-    transformer_layers: int = option(
-        3, help="transformer layers", check=lambda v: v >= 1, rule=">= 1", group=LINK
-    )
-    transformer_heads: int = option(
-        8, help="attention heads", check=lambda v: v >= 1, rule=">= 1", group=LINK
-    )
+    transformer_layers: int = option(3, help="transformer layers", at_least=1, group=LINK)
+    transformer_heads: int = option(8, help="attention heads", at_least=1, group=LINK)
     tower_tuning: str = option(
         "heads",
         help="pretrained towers (minilm, clip): frozen = the encoder as is, only the image side learns "
@@ -129,8 +123,7 @@ class LinkFields:
     unfreeze_blocks: int = option(
         2,
         help="last-blocks: how many of the encoder's last transformer blocks train",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=PRETRAINED,
     )
     encoder_lr_scale: float = option(

@@ -148,8 +148,7 @@ class NewsFields:
         "-1 = auto: the --init-from "
         f"model's, else {AUTO_SUBWORD_BUCKETS} for the word encoder (fast on CPU), 0 for chain and "
         "one-for-all; 0 = words only",
-        check=lambda v: v >= -1,
-        rule=">= -1",
+        at_least=-1,
         group=NEWS,
     )
     subword_pooling: str = option(
@@ -172,8 +171,7 @@ class NewsFields:
         2,
         help="news: self-attention heads per source encoder (the word vector size must divide by it; "
         "paper: 6)",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=NEWS,
     )
     multilingual: str = option(
@@ -198,7 +196,6 @@ class NewsFields:
         help="news, divide and conquer: epochs in which only the fuser trains (the loaded encoders "
         "and image tower get zero gradients; paper: 1); -1 = auto: 1 with --init-from SOURCE=DIR,... "
         "and in the staged recipe's fusion stage, else 0",
-        check=lambda v: v >= -1,
-        rule=">= -1",
+        at_least=-1,
         group=NEWS,
     )

@@ -42,15 +42,13 @@ class RetrievalFields:
         1,
         help="retrieval: first epochs with the hinge averaged over every in-batch negative before the "
         "hardest one (from random weights the hardest-negative loss collapses)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=RETRIEVAL,
     )
     lambda_cls: float = option(
         0.1,
         help="weight of the coherence loss (paper: 0.1)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=RETRIEVAL,
     )
     retrieval_pooling: str = option(
@@ -66,8 +64,7 @@ class RetrievalFields:
         "layer on concat(text, image), the paper's; a hidden layer can model the agreement of the two "
         "sides, which a linear layer, a sum of one term per side, cannot: on stopped embeddings, "
         "relation mAP 0.85 with 256 units, 0.58 with none, issue #45)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=RETRIEVAL,
     )
     image_layers: int = option(
@@ -102,8 +99,7 @@ class RetrievalFields:
         "its soft-maximum cosine to those captions (querybank normalisation: images near every caption "
         "stop crowding the top ranks; graded corpus MedR 8.1 -> 7.0 over 4 seeds, issue #45); 0 = the "
         "plain cosine (the paper's)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=RETRIEVAL,
     )
     query_bank_temperature: float = option(
@@ -118,15 +114,13 @@ class RetrievalFields:
         0.12,
         help="selective refinement: lambda of the confidence exp(lambda |p - 0.5|) "
         "(paper: 0.13 CITE++, 0.12 Clue)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=RETRIEVAL,
     )
     refine_threshold: float = option(
         0.1,
         help="selective refinement: queries whose top-2 similarity gap is below this are refined "
         "(paper: 0.1)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=RETRIEVAL,
     )
