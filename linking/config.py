@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pipelines.runners import (
     dask_address_option,
     dask_workers_option,
+    device_option,
     direct_workers_option,
     job_workers,
     known_or_as_given,
@@ -33,10 +34,6 @@ def _min_score(text: str) -> float | str:
         return float(text)
     except ValueError:
         raise MmlinksError(f"--min-score wants a cosine score like 0.2 or 'off', not {text!r}") from None
-
-
-def _device_ok(value: str) -> bool:
-    return value in ("cpu", "cuda") or (str(value).startswith("cuda:") and str(value)[5:].isdigit())
 
 
 @dataclass
@@ -113,13 +110,7 @@ class LinkConfig:
     direct_workers: int | None = direct_workers_option(RUNNER)
     dask_address: str | None = dask_address_option(RUNNER)
     dask_workers: int | None = dask_workers_option(RUNNER)
-    device: str = option(
-        "cpu",
-        help="scoring device (cuda where a GPU exists)",
-        check=_device_ok,
-        rule="cpu, cuda or cuda:N",
-        group=RUNNER,
-    )
+    device: str = device_option("scoring device (cuda where a GPU exists)", RUNNER)
     cpu_threads: int | None = option(
         None,
         help="torch threads per worker (default: cores / workers); recorded with the links, since "

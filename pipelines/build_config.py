@@ -24,6 +24,7 @@ from pipelines.image_store import Placeholders
 from pipelines.runners import (
     dask_address_option,
     dask_workers_option,
+    device_option,
     direct_workers_option,
     job_workers,
     known_or_as_given,
@@ -156,13 +157,7 @@ class BuildConfig:
     direct_workers: int | None = direct_workers_option(SHARDS)
     dask_address: str | None = dask_address_option(SHARDS)
     dask_workers: int | None = dask_workers_option(SHARDS)
-    device: str = option(
-        "cpu",
-        help="feature extraction device",
-        check=lambda v: v in ("cpu", "cuda") or (str(v).startswith("cuda:") and str(v)[5:].isdigit()),
-        rule="cpu, cuda or cuda:N",
-        group=FEATURES,
-    )
+    device: str = device_option("feature extraction device", FEATURES)
     cpu_threads: int | None = option(
         None,
         help="torch threads per worker (default: cores / workers); recorded with the dataset, "

@@ -231,6 +231,17 @@ def dask_workers_option(group: str):
     )
 
 
+def device_option(help: str, group: str):
+    """The ``device`` field of a job config: where its model runs."""
+    return option(
+        "cpu",
+        help=help,
+        check=lambda v: v in ("cpu", "cuda") or (str(v).startswith("cuda:") and str(v)[5:].isdigit()),
+        rule="cpu, cuda or cuda:N",
+        group=group,
+    )
+
+
 def job_workers(runner: str, direct_workers: int | None, dask_address, dask_workers) -> int | None:
     """Worker processes on this machine that a job's CPU threads are divided among: the
     DirectRunner's, or the local Dask cluster's; None for a cluster somewhere else. A Dask
