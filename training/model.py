@@ -172,9 +172,3 @@ class MulLink(nn.Module):
 
     def encode(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return self(batch)
-
-    @torch.no_grad()
-    def score_matrix(self, tokens, lengths, features) -> np.ndarray:
-        """M[i, j] = cosine(sentence i, image j) for one document."""
-        s, v = self.text(tokens, lengths), self.image(features)
-        return (s @ v.T).cpu().numpy()

@@ -178,10 +178,3 @@ class TransformerLink(nn.Module):
 
     def encode(self, batch: DocBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self(batch)
-
-    @torch.no_grad()
-    def score_matrix(self, tokens, lengths, features, regions: RegionBatch) -> np.ndarray:
-        """M[i, j] = cosine(sentence i, image j) for one document."""
-        s = self.encode_text(tokens, lengths)
-        v = self.encode_images(features, regions)
-        return (s @ v.T).cpu().numpy()
