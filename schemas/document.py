@@ -122,35 +122,6 @@ class Document:
     links: list[tuple[int, int]] | None = None
     metadata: dict[str, str] = field(default_factory=dict)
 
-    def to_row(self) -> dict:
-        return {
-            "doc_id": self.doc_id,
-            "source": self.source,
-            "split": self.split,
-            "sentences": list(self.sentences),
-            "images": [
-                {
-                    "content_id": im.content_id,
-                    "uri": im.uri,
-                    "width": im.width,
-                    "height": im.height,
-                    "phash": im.phash,
-                    "features": im.features,
-                    "regions": None
-                    if im.regions is None
-                    else {
-                        "boxes": im.regions.boxes,
-                        "vectors": im.regions.vectors,
-                        "labels": im.regions.labels,
-                        "scores": im.regions.scores,
-                    },
-                }
-                for im in self.images
-            ],
-            "links": None if self.links is None else [{"sentence": s, "image": i} for s, i in self.links],
-            "metadata": sorted(self.metadata.items()),
-        }
-
     @classmethod
     def from_row(cls, row: dict) -> Document:
         images = []
