@@ -16,6 +16,10 @@ seed), a markdown table on stderr. Example::
 A variant is ``name`` or ``name:field=value,field=value`` (TrainConfig fields, values parsed as
 JSON where they parse, else strings; ``preset=paper`` for the published settings); the base
 applies to all of them, over the objective's own defaults (``ObjectiveSpec.train_defaults``).
+
+Issue #61 retired ``--loop inprocess`` (the same model, loss, warm-up and epoch choice in a bare
+Adam loop without Ray, which measured issue #45's rows; last version: commit 190e79d): every
+variant trains through the loop ``mmlinks train`` runs.
 """
 
 from __future__ import annotations
@@ -35,14 +39,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--base", default="", help="TrainConfig fields for every variant: field=value,...")
     p.add_argument("--variants", default="base", help="name[:field=value,...];...")
-    p.add_argument(
-        "--loop",
-        choices=("fit", "inprocess"),
-        default="fit",
-        help="fit: the training loop (training.driver.fit, --workers 0, its plateau schedule); "
-        "inprocess: the same model, loss, warm-up and epoch choice by validation MedR in a bare "
-        "Adam loop without Ray (retrieval_step.py's recipe; faster on a loaded machine)",
-    )
     return p.parse_args(argv)
 
 
@@ -106,61 +102,7 @@ def _attribute_names(batches) -> list[str]:
     return pair_truth([m for b in batches for m in b.metadata])[2]
 
 
-def inprocess_fit(cfg):
-    """(model, vocab, best epoch): Adam on shuffled batches of ``cfg.batch_docs`` pairs for
-    ``cfg.epochs`` epochs, the epoch with the lowest validation MedR kept."""
-    import copy
-
-    import torch
-
-    from schemas.manifest import Manifest
-    from schemas.shards import read_table
-    from training.data import features_of, make_batch
-    from training.loop import optimizer_groups
-    from training.retrieval.objective import build, model_config, model_loss, val_metrics
-    from training.text import Vocabulary, embedding_matrix
-
-    manifest = Manifest.read(cfg.data)
-    cols = ["doc_id", "sentences", "images", "links", "metadata"]
-    paths = {s: [str(p) for p in manifest.shard_paths(cfg.data, s)] for s in ("train", "val")}
-    tables = {s: read_table(p, columns=cols).sort_by("doc_id") for s, p in paths.items()}
-    sentences = [x for d in tables["train"].column("sentences").to_pylist() for x in d]
-    vocab = Vocabulary.build(sentences, cfg.min_word_count)
-    emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
-    feats = np.concatenate(features_of(tables["train"])[0])
-    torch.manual_seed(cfg.seed)
-    model_cfg = model_config(cfg, manifest, len(vocab), emb.shape[1], paths["train"])
-    model = build(model_cfg, emb, (feats.mean(0), feats.std(0)))
-    opt = torch.optim.Adam(optimizer_groups(model, cfg.lr), lr=cfg.lr)  # the loop's groups
-
-    def batches(table, rng):
-        order = rng.permutation(table.num_rows) if rng is not None else np.arange(table.num_rows)
-        chunks = [order[i : i + cfg.batch_docs] for i in range(0, len(order), cfg.batch_docs)]
-        if rng is not None and cfg.batch_sampling == "similar":  # the loop's rule, on the whole split
-            from training.batching import document_signatures, similar_batches
-
-            sigs = document_signatures(features_of(table)[0], table.column("sentences").to_pylist())
-            chunks = similar_batches(sigs, cfg.batch_docs, cfg.near_share, rng)
-        return [make_batch(table.take(c), vocab, cfg.max_tokens) for c in chunks if len(c) >= 2]
-
-    val = batches(tables["val"], None)
-    best, best_medr = None, float("inf")
-    for epoch in range(cfg.epochs):
-        model.train()
-        for b in batches(tables["train"], np.random.default_rng([cfg.seed, epoch])):
-            loss, _ = model_loss(model, b, cfg, epoch=epoch)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        model.eval()
-        medr = val_metrics(model, val, cfg)["val_medr"]
-        if medr < best_medr:
-            best, best_medr = (epoch, copy.deepcopy(model.state_dict())), medr
-    model.load_state_dict(best[1])
-    return model.eval(), vocab, best[0]
-
-
-def run_one(data: str, fields: dict, seed: int, storage: str, loop: str = "fit") -> dict:
+def run_one(data: str, fields: dict, seed: int, storage: str) -> dict:
     from schemas.manifest import Manifest
     from training.config import TrainConfig, preset_values
     from training.retrieval.objective import evaluate_pairs
@@ -170,14 +112,11 @@ def run_one(data: str, fields: dict, seed: int, storage: str, loop: str = "fit")
     fields = {k: v for k, v in fields.items() if k != "preset"}
     given = {"num_workers": 0, "storage_path": storage, **fields, "data": data, "seed": seed}
     cfg = TrainConfig(**{**defaults, **given})
-    t0 = time.perf_counter()
-    if loop == "fit":
-        from training.driver import fit
+    from training.driver import fit
 
-        res = fit(cfg)
-        model, vocab, best_epoch = res.model.eval(), res.vocab, res.best_epoch
-    else:
-        model, vocab, best_epoch = inprocess_fit(cfg)
+    t0 = time.perf_counter()
+    res = fit(cfg)
+    model, vocab, best_epoch = res.model.eval(), res.vocab, res.best_epoch
     train_s = time.perf_counter() - t0
     from training.retrieval.query_bank import fill_query_bank
 
@@ -247,7 +186,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as storage:
         for name, fields in variants_of(args.variants):
             for seed in seeds:
-                r = run_one(args.data, {**base, **fields}, seed, storage, args.loop)
+                r = run_one(args.data, {**base, **fields}, seed, storage)
                 runs.setdefault(name, []).append({"seed": seed, **r})
                 print(json.dumps({"variant": name, **runs[name][-1]}), file=sys.stderr)
     from training.text import Vocabulary
