@@ -47,6 +47,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 
@@ -303,10 +304,6 @@ def bare_round(scorer, chunks: list[list[dict]], assign: bool, trim=None) -> tup
         if trim is not None:
             trim()
     return n / (time.perf_counter() - t0), n / max(cpu_s() - c0, 1e-9)
-
-
-def median(values: list[float]) -> float:
-    return float(np.median(values))
 
 
 def main() -> None:

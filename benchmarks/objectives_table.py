@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -116,9 +117,9 @@ def main() -> None:
                 "n_docs": res.test["n_docs"],
                 "best_epoch": res.best_epoch,
                 # medians over epochs: steady-state loader wait share, and each epoch's start-up
-                "data_wait_frac": round(_median([h["data_wait_frac"] for h in hist]), 4),
-                "epoch_start_s": round(_median([h["epoch_start_s"] for h in hist]), 2),
-                "step_ms": round(1000 * sorted(h["step_s"] for h in hist)[len(hist) // 2], 1)
+                "data_wait_frac": round(statistics.median_high(h["data_wait_frac"] for h in hist), 4),
+                "epoch_start_s": round(statistics.median_high(h["epoch_start_s"] for h in hist), 2),
+                "step_ms": round(1000 * statistics.median_high(h["step_s"] for h in hist), 1)
                 if hist
                 else None,
                 "wall_s": round(wall, 1),
@@ -127,10 +128,6 @@ def main() -> None:
         )
         print(json.dumps(rows[-1]), file=sys.stderr)
     print(json.dumps({"random": random, "rows": rows, "epochs": args.epochs, "docs": args.docs}, indent=1))
-
-
-def _median(values: list[float]) -> float:
-    return float(sorted(values)[len(values) // 2])
 
 
 def _history(uri: str, run_id: str) -> list[dict]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 
@@ -143,17 +144,15 @@ def main(argv=None) -> None:
                 "config": vars(args),
                 "result": result,
                 "wall_s": time.perf_counter() - t,
-                "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": _cpus()},
+                "host": {
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                    "cpus": os.cpu_count(),
+                },
             },
             indent=1,
         )
     )
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0
 
 
 if __name__ == "__main__":
