@@ -14,7 +14,9 @@ also the text encoding alone, and the served top 10's recall against exact searc
 ``served`` (``mlflow models serve --env-manager local`` on loopback, one POST per article)
 unless ``--no-serve``. ``--floor`` (a no-op pyfunc: MLflow's own cost per request),
 ``--encoder-check`` (int8 dynamic quantisation, not adopted) and ``--thread-sweep`` (the packaged
-serving threads) retired in issue #61; see commit d839ce0.
+serving threads) retired in issue #61; see commit d839ce0; with them the packaging choices that
+compared against the shipped ones, ``--threads`` and a pq archive's ``--refine-factor`` (last
+version: commit d0a6dcc).
 
 Issue #38: ``--archive-env FOLDER`` serves an archive folder (e.g. a 10M ``ivfpq`` index built by
 ``benchmarks/news_archive_index.py``, whose info names run ``bench``) through
@@ -191,8 +193,8 @@ def archive_exact_small(archive, q: np.ndarray, k: int) -> list[list[int]]:
 
 def served_recall(model, arts: list[dict]) -> dict:
     """Recall@10 of the packaged index, as the model searches it, against exact search over
-    the same archive vectors, for this run's articles (the served queries): what a smaller
-    ``--refine-factor`` gives up. The exact oracle is the ``pq`` index's own full vectors (its
+    the same archive vectors, for this run's articles (the served queries): what the index's
+    re-rank factor gives up. The exact oracle is the ``pq`` index's own full vectors (its
     re-rank store), an ``ivfpq`` folder's float32 vectors, or the index itself when exact."""
     from training.news.encode import encode_article
 
@@ -281,19 +283,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--workdir", default=None, help="where the model folder goes (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the model folder (reuse it with --model)")
     ap.add_argument("--model", default=None, help="a model folder this script packaged before")
-    ap.add_argument(
-        "--threads",
-        default=None,
-        help="packaging: ENCODE,SEARCH torch and FAISS threads per request, or 'default' for the "
-        "libraries' defaults (default: models.news_threads.SERVE_THREADS)",
-    )
-    ap.add_argument(
-        "--refine-factor",
-        type=int,
-        default=None,
-        help="packaging: a pq archive's re-rank factor (default: the index's own); the run "
-        "reports the served recall@10 against exact search either way",
-    )
     ap.add_argument("--no-serve", action="store_true")
     ap.add_argument(
         "--as-served",
@@ -350,8 +339,6 @@ def package(args, work: Path, out: dict) -> Path:
 
     t0 = time.perf_counter()
     index = archive(args)
-    if args.refine_factor:
-        index.set_refine_factor(args.refine_factor)
     out["archive"] = {"images": len(index), "kind": index.kind, "dim": index.dim}
     out["archive"]["refine_factor"] = index.refine_factor
     out["archive"]["load_or_build_s"] = round(time.perf_counter() - t0, 1)
@@ -368,12 +355,8 @@ def package(args, work: Path, out: dict) -> Path:
     else:
         ckpt, vocab = news_checkpoint(work / "ckpt", args.vocab, index.dim, args.max_tokens, args.seed)
     t0 = time.perf_counter()
-    threads = SERVE_THREADS
-    if args.threads:
-        enc, _, srch = args.threads.partition(",")
-        threads = None if args.threads == "default" else {"encode": int(enc), "search": int(srch)}
-    out["threads"] = threads
-    path = Path(log_news_model(str(ckpt), vocab, index, languages, "bench", work / "model", threads))
+    out["threads"] = SERVE_THREADS
+    path = Path(log_news_model(str(ckpt), vocab, index, languages, "bench", work / "model", SERVE_THREADS))
     out["package_s"] = round(time.perf_counter() - t0, 1)
     out["model_mb"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20)
     out["model"] = str(path)
