@@ -5,7 +5,7 @@ handwritten-digit features, K topics, a look shared per topic or per document, m
 clipping or scaling, at a strength that sets the image ratio), measures its training split's image
 ratio, and trains every row on it through the path of ``mmlinks train --workers 0``
 (``run_experiment``: fit, checkpoint choice, test evaluation), for each seed. Prints one JSON
-object: per cell its ratio, the image side the old threshold rule picked, and per row test
+object: per cell its ratio and residual, and per row test
 AUC / p@1 per seed and their means (the default row also what it measured: its pick and each
 candidate's score, issue #60), and per cell the default's margin over the baseline.
 docs/benchmarks-linking.md holds the tables and commands.
@@ -101,17 +101,11 @@ def parse_cell(cell: str) -> dict:
     return out
 
 
-def old_rule(ratio: float | None, residual: float | None) -> str:
-    """The image side the threshold rule that issue #60 replaced picked (ratio 5, residual 1):
-    kept here only to show, beside the measured choice, what it would have done."""
-    if ratio is None or ratio < 5:
-        return "none+dropout"
-    return "none" if residual is not None and residual < 1 else "balanced+dropout"
-
-
 def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, dict]:
     """(the cell's corpus folder, written once per size and seed; its training split's figures:
-    image ratio, residual ratio and the image side the old threshold rule picked there)."""
+    image ratio and residual ratio). Issue #61 retired the "old rule" column (the image side the
+    threshold rule issue #60 replaced picked; its figures stay in docs/benchmarks-linking.md; last
+    version: commit b95443a)."""
     from pipelines.confounds import RESIDUAL_SAMPLE, image_ratio, residual_ratio
     from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
     from schemas.manifest import Manifest
@@ -128,7 +122,6 @@ def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, dic
     figures = {
         "ratio": round(ratio, 2) if ratio is not None else None,
         "residual": round(residual, 2) if residual is not None else None,
-        "old_rule": old_rule(ratio, residual),
     }
     return str(folder), figures
 
@@ -280,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
     cells = list(dict.fromkeys(cells))  # a cell named twice is one corpus, written once
     pairs = [(cell, seed) for seed in seeds for cell in cells]
     for cell in cells:
-        out["cells"][cell] = {"ratio": {}, "residual": {}, "old_rule": {}, "rows": {r: {} for r in rows}}
+        out["cells"][cell] = {"ratio": {}, "residual": {}, "rows": {r: {} for r in rows}}
     # spawn, not fork: a CUDA process cannot fork; the workers get BASE with each job
     ctx = multiprocessing.get_context("spawn" if args.device == "cuda" else None)
     pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else None
@@ -363,11 +356,11 @@ def completed(pool: Executor | None, fn, jobs: list):
 
 def markdown_table(out: dict) -> str:
     """The grid as docs/benchmarks-linking.md shows it: per cell the training ratio and residual (means
-    over seeds; "-" where there is none), the image side the old threshold rule picked and the one
-    the default measured (each seed's, once where they agree), each row's test AUC / p@1 per seed,
+    over seeds; "-" where there is none), the image side the default measured (each seed's, once
+    where they agree), each row's test AUC / p@1 per seed,
     and the default's margin over the bag on the seeds' means."""
     rows, seeds = list(out["rows"]), out["seeds"]
-    head = ["cell", "train ratio", "residual", "old rule", "measured pick", *rows]
+    head = ["cell", "train ratio", "residual", "measured pick", *rows]
     if "default" in rows and "bag" in rows:
         head.append("default - bag (mean)")
     ranked = any(entry.get("rank_correlation") for entry in out["cells"].values())
@@ -385,10 +378,7 @@ def markdown_table(out: dict) -> str:
     for cell, entry in out["cells"].items():
         cols = [f"`{cell}`", mean(entry["ratio"].values()), mean(entry.get("residual", {}).values())]
         default = entry["rows"].get("default", {})
-        cols += [
-            once(entry.get("old_rule", {}).values()),
-            once(default.get(s, {}).get("choice") for s in seeds),
-        ]
+        cols.append(once(default.get(s, {}).get("choice") for s in seeds))
         for row in rows:
             runs = entry["rows"][row]
             cols.append(", ".join(f"{runs[s]['auc']} / {runs[s]['p_at_1']}" for s in seeds if s in runs))

@@ -79,7 +79,6 @@ def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkey
     entry = out["cells"]["topic:4:added:3"]
     # four topics' looks at strength 3: strong, and in a few directions (the bag's image side)
     assert entry["ratio"][0] >= 5 and entry["residual"][0] < 1
-    assert entry["old_rule"][0] == "none"  # the threshold rule issue #60 replaced, for comparison
     measured = entry["rows"]["default"][0]
     assert measured["choice"] in measured["scores"] and len(measured["scores"]) == 4
     for row in ("default", "bag"):
@@ -89,14 +88,13 @@ def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkey
         entry["rows"]["default"]["mean_auc"] - entry["rows"]["bag"]["mean_auc"], abs=0.11
     )
     table = capsys.readouterr().err.strip().splitlines()[-3:]
-    assert table[0].startswith("| cell | train ratio | residual | old rule | measured pick | default | bag |")
+    assert table[0].startswith("| cell | train ratio | residual | measured pick | default | bag |")
     cols = [c.strip() for c in table[2].strip("|").split("|")]
     d, b = entry["rows"]["default"][0], entry["rows"]["bag"][0]
     assert cols == [
         "`topic:4:added:3`",
         f"{entry['ratio'][0]:.1f}",
         f"{entry['residual'][0]:.1f}",
-        "none",
         measured["choice"],
         f"{d['auc']} / {d['p_at_1']}",
         f"{b['auc']} / {b['p_at_1']}",
