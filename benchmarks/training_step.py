@@ -3,6 +3,8 @@
 Usage: .venv/bin/python benchmarks/training_step.py [--batch-docs 11] [--sentences 16] [--images 16]
        [--tokens 12] [--vocab 5000] [--repeats 10] [--warmup 2] [--threads 1] [--device cpu]
        [--clock wall|cpu] [--seed 0]
+       .venv/bin/python benchmarks/training_step.py --retrieval-data DS [--objectives cmca,cmcm]
+       [--batch-docs 32] [--repeats 40] [--warmup 3] [--word-vectors glove] [--cam-hidden 0]
 
 Why: issue #5 asks that AP, whose B^2 assignment problems once ran as a Python loop of lapjv
 calls, cost about what DC costs (AP step <= 1.15x DC step at B = 11, documents of 16 images x 16
@@ -24,6 +26,12 @@ on the host (the round trip the Triton solver replaces). The assignment part alo
 reference rows: the batched solver replaced that loop in issue #5). ``--clock cpu`` times with the
 process's CPU time instead of the wall clock: on a shared, oversubscribed machine that leaves out
 the time spent descheduled (CPU device only). Prints one JSON object.
+
+``--retrieval-data DS`` (issue #17: a CMCM step <= 1.2x CMCA's) times instead each ``--objectives``
+entry's whole step (forward, Eq. 3's loss, backward, Adam) on the first ``--batch-docs`` training
+pairs of a pair dataset (``mmlinks data synth-coherence`` + ``data build``), alternated round by
+round, and the ratio of the medians. It was ``benchmarks/retrieval_step.py --mode step`` until
+issue #61 folded it in here (last version: commit f050d83).
 """
 
 from __future__ import annotations
@@ -53,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--seed", type=int, default=0)
+    retrieval = parser.add_argument_group("--retrieval-data: the coherence objectives' step")
+    retrieval.add_argument("--retrieval-data", help="a pair dataset: time its objectives' steps instead")
+    retrieval.add_argument("--objectives", default="cmca,cmcm", help="comma-separated (cmcm-c:RELATION)")
+    retrieval.add_argument("--word-vectors", default="glove")
+    retrieval.add_argument("--lambda-cls", type=float, default=0.1, help="the coherence loss's weight")
+    retrieval.add_argument("--cam-hidden", type=int, default=0, help="the CAM's ReLU layer (0: linear)")
     return parser
 
 
@@ -139,10 +153,78 @@ def run_config(args, cfg, device) -> dict:
     }
 
 
+def retrieval_steps(args) -> dict:
+    """Median whole-step seconds of each coherence objective on one batch of the dataset's pairs,
+    the objectives alternated round by round so that load drifts hit them alike."""
+    import numpy as np
+    import torch
+
+    from schemas.manifest import Manifest
+    from schemas.shards import read_table
+    from training.config import TrainConfig
+    from training.data import features_of, make_batch
+    from training.retrieval.objective import build, model_config, model_loss
+    from training.text import Vocabulary, embedding_matrix
+
+    data, device = args.retrieval_data, torch.device(args.device)
+    manifest = Manifest.read(data)
+    paths = [str(p) for p in manifest.shard_paths(data, "train")]
+    cols = ["doc_id", "sentences", "images", "links", "metadata"]
+    train = read_table(paths, columns=cols).sort_by("doc_id")
+    vocab = Vocabulary.build([x for d in train.column("sentences").to_pylist() for x in d], 5)
+    emb, _ = embedding_matrix(vocab, args.word_vectors, seed=args.seed)
+    feats = np.concatenate(features_of(train)[0])
+    stats = (feats.mean(0), feats.std(0))
+    batch = make_batch(train.slice(0, args.batch_docs), vocab, 20)
+    batch.tokens, batch.features = batch.tokens.to(device), batch.features.to(device)
+    runs = {}
+    for obj in args.objectives.split(","):
+        name, _, relation = obj.partition(":")
+        cfg = TrainConfig(
+            objective=name,
+            relation=relation,
+            data="-",
+            seed=args.seed,
+            lambda_cls=args.lambda_cls,
+            cam_hidden=args.cam_hidden,
+        )
+        torch.manual_seed(args.seed)
+        model = build(model_config(cfg, manifest, len(vocab), emb.shape[1], paths), emb, stats)
+        model.to(device).train()
+        runs[obj] = (cfg, model, torch.optim.Adam(model.parameters(), lr=1e-3), [])
+
+    def step(cfg, model, opt):
+        loss, _ = model_loss(model, batch, cfg)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for r in range(args.warmup + args.repeats):
+        for cfg, model, opt, times in runs.values() if r % 2 == 0 else list(runs.values())[::-1]:
+            t = time.perf_counter()
+            step(cfg, model, opt)
+            if r >= args.warmup:
+                times.append(time.perf_counter() - t)
+    med = {obj: float(np.median(v[3])) for obj, v in runs.items()}
+    out = {"dataset": manifest.dataset_version, "train_pairs": train.num_rows, "median_step_s": med}
+    if "cmca" in med and "cmcm" in med:
+        out["ratio_cmcm_over_cmca"] = med["cmcm"] / med["cmca"]
+    return {**out, "config": vars(args), "torch": torch.__version__, "cpus": os.cpu_count()}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+    if args.retrieval_data:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        out = retrieval_steps(args)
+        print(json.dumps(out, indent=1))
+        return out
 
     import numpy as np
     import torch
