@@ -2,6 +2,8 @@
 # The GPU figures docs/benchmarks.md quotes ("On a GPU"), in one run from a checkout on a machine
 # with PyTorch + CUDA (+ Triton) but without the pipeline stack (no Ray, Beam, MLflow, lapjv):
 #   OUT=/tmp/gpu PYTHONPATH=.gpu:. bash benchmarks/gpu_run.sh
+# .gpu-stack/ (benchmarks/gpu_stack.py pack) holds Ray, MLflow and what they import, for the
+# stack_cost step (issue #63); it is unpacked into /tmp/site where present.
 # .gpu/ holds the weights that image lacks, packed here by benchmarks/gpu_carry.py (lite0 for the
 # extractor step, or minilm for the tower step: not both, the travelling tree is limited to 64 MiB). Each step writes OUT/<name>.json (stderr appended to OUT/errors.log, its
 # exit status and seconds to OUT/machine.txt) and the run goes on if one fails, so a single run
@@ -10,9 +12,13 @@ set -u
 OUT=${OUT:-/tmp/gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+if [ -f .gpu-stack/stack.tar.xz ]; then
+  mkdir -p /tmp/site && tar -xJf .gpu-stack/stack.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD:$PYTHONPATH
+fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+  [ -d /tmp/site/ray ] && python3 -c "import ray, mlflow, sqlalchemy; print('ray', ray.__version__, 'mlflow', mlflow.__version__)"
   nproc
 } >"$OUT/machine.txt" 2>&1
 
@@ -36,3 +42,6 @@ step extractor 110 python3 benchmarks/extractor_throughput.py --device cuda --im
 # inference of the MiniLM text tower (its float16 copy restored to float32 first)
 step minilm_restore 60 python3 benchmarks/gpu_carry.py restore
 step minilm 120 python3 benchmarks/tower_inference.py --towers minilm --sentences 4096 --batch 256 --rounds 3 --device cuda
+# issue #63: the bare loop on the card against `mmlinks train --workers 0 --gpu` and the Ray Train
+# job `--workers 1 --gpu` (MLflow tracking and registration, end to end); needs .gpu-stack
+step stack_cost 400 python3 benchmarks/stack_cost.py --device cuda --docs 10000 --epochs 4 --rows bare1,w0,w1,bare2

@@ -227,6 +227,8 @@ def stack_row(
     epoch_wall = round(statistics.median(walls), 3) if walls else None
     out = {
         "command": "mmlinks " + " ".join(cmd[3:]),
+        "registered": f"{result.get('model_uri')} (version {result.get('model_version')})",
+        "test_auc": (result.get("test") or {}).get("auc"),
         "train_docs": train_docs,
         "wall_s": round(wall, 1),
         "docs_per_s": docs_per_s,

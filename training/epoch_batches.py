@@ -4,7 +4,9 @@ every run and shared out between the workers."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +45,28 @@ def document_batches(
         table = table.take(pa.array(rng.permutation(table.num_rows)))
         for start in range(0, table.num_rows, batch_docs):
             yield table.slice(start, batch_docs)
+
+
+_END = object()
+
+
+def read_ahead(items: Iterator, depth: int = 2) -> Iterator:
+    """``items`` in order, the next ``depth`` produced in a background thread while the caller
+    works on the current one (issue #63: on a GPU the step waits on the host's batch making).
+
+    One thread advances ``items``, so every draw it makes from a shared random generator comes
+    in the same order as in a plain loop: the batches are the same. An exception in ``items``
+    is raised here, at the item where it happened. A standard ``ThreadPoolExecutor`` of one
+    worker keeps the order (no queue or thread of our own); closing the generator early
+    cancels what has not started."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="read-ahead")
+    try:
+        pending = deque(pool.submit(next, items, _END) for _ in range(max(1, depth)))
+        while (item := pending.popleft().result()) is not _END:
+            pending.append(pool.submit(next, items, _END))
+            yield item
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def validation_batches(

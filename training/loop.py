@@ -26,7 +26,7 @@ from training import checkpoints, fault_hooks
 from training.backbone import build_model, needs_regions
 from training.config import SELECTION_ORDER, TrainConfig
 from training.data import DocBatch, drop_empty, link_scores, make_batch
-from training.epoch_batches import document_batches, spare_batch, validation_batches
+from training.epoch_batches import document_batches, read_ahead, spare_batch, validation_batches
 from training.epoch_reports import keep_epoch, log_metrics, report_epoch
 from training.metrics import document_metrics, within_document_gap
 from training.objectives.registry import ObjectiveSpec, get_objective, objective_loss
@@ -247,24 +247,37 @@ def make_worker(
     )
 
 
+def epoch_steps(w: Worker, shard, rng: np.random.Generator) -> Iterator[tuple[DocBatch | None, int]]:
+    """Each step's (batch on the device, or None where fewer than 2 documents are left, and the
+    empty documents dropped): the epoch's batches as ``train_epoch`` trains them, every draw
+    from ``rng`` in one order whether read ahead or not."""
+    cfg = w.cfg
+    for table in document_batches(shard, cfg.batch_docs, rng, cfg.batch_sampling, cfg.near_share):
+        table, n_empty = drop_empty(table)
+        yield (w.batch(table, rng) if table.num_rows >= 2 else None), n_empty
+
+
 def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: torch.Generator) -> dict:
     """One pass over this worker's training share; timing and loss sums of the epoch."""
     t0 = time.perf_counter()
     w.model.train()
     total, steps, docs, skipped, wait, first_wait, padded, uneven = 0.0, 0, 0, 0, 0.0, None, 0, 0
     parts_sum: dict[str, float] = {}
-    batches = document_batches(shard, w.cfg.batch_docs, rng, w.cfg.batch_sampling, w.cfg.near_share)
+    steps_in = epoch_steps(w, shard, rng)
+    if w.device.type != "cpu":  # the host makes the next batches while the card runs this step
+        steps_in = read_ahead(steps_in)
     while True:
         tw = time.perf_counter()
-        table = next(batches, None)
+        item = next(steps_in, None)
         if first_wait is None:  # the epoch's start-up: Ray Data begins a new execution
             first_wait = time.perf_counter() - tw
         else:
             wait += time.perf_counter() - tw
-        if table is not None:
-            table, n_empty = drop_empty(table)
+        batch = None
+        if item is not None:
+            batch, n_empty = item
             skipped += n_empty
-        mine = EXHAUSTED if table is None else TRAINABLE if table.num_rows >= 2 else UNTRAINABLE
+        mine = EXHAUSTED if item is None else TRAINABLE if batch is not None else UNTRAINABLE
         anyone, trainers = agree_step(mine, w.world, w.device)  # every worker takes the same steps
         if anyone == EXHAUSTED:
             break
@@ -276,7 +289,6 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
             w.zero_step(epoch, gen)
             padded += 1
             continue
-        batch = w.batch(table, rng)
         loss, parts = objective_loss(w.model, batch, w.cfg, gen, w.objective, epoch=epoch)
         if not torch.isfinite(loss):
             raise DivergedError(
