@@ -9,7 +9,7 @@ from pathlib import Path
 from cli.common import EPILOG, add_common, writable_dir
 from cli.models import add_gate_args
 from cli.output import heartbeat, step, table
-from cli.train_options import add_registration_args, add_train_args, train_config_from_args
+from cli.train_options import add_registration_args, add_train_args, demo_workers, train_config_from_args
 from schemas import config_fields
 from schemas.library_output import build_log_path, library_output_to
 
@@ -121,7 +121,7 @@ def run_demo(args) -> dict:
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     corpus, dataset = work / "corpus", work / "dataset"
-    cfg = train_config_from_args(args, data=str(dataset))
+    cfg = train_config_from_args(args, data=str(dataset), **demo_workers(args))
     if not cfg.storage_path:
         cfg.storage_path = str(work / "ray_results")
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from cli.output import heartbeat, step, table
-from cli.train_options import train_config_from_args
+from cli.train_options import demo_workers, train_config_from_args
 from schemas import config_fields
 from schemas.library_output import build_log_path, library_output_to
 
@@ -79,7 +79,7 @@ def run_retrieval_demo(args) -> dict:
     uri = tracking_uri(work)
     runs = {}
     for k, objective in enumerate(COMPARED):
-        cfg = train_config_from_args(args, data=str(dataset), objective=objective)
+        cfg = train_config_from_args(args, data=str(dataset), objective=objective, **demo_workers(args))
         if not cfg.storage_path:
             cfg.storage_path = str(work / "ray_results")
         step(3 + k, STEPS, f"training {objective.upper()} with Ray Train, up to {cfg.epochs} epochs")

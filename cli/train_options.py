@@ -44,6 +44,12 @@ def add_registration_args(p) -> None:
     )
 
 
+def demo_workers(args) -> dict:
+    """The demos show the Ray Train path: two CPU workers unless ``--workers`` says otherwise
+    (``mmlinks train``'s auto trains a one-machine run in its own process)."""
+    return {} if hasattr(args, "num_workers") else {"num_workers": 2}
+
+
 def train_config_from_args(args, **overrides):
     """The TrainConfig that `train`, `demo` and the grid build from their flags."""
     from training.config import TrainConfig, preset_values

@@ -147,9 +147,9 @@ def train_command(cfg, model_name: str | None, alias: str | None, python: str = 
     The JSON is an argument rather than a file because the cluster cannot read this machine's
     disk; the config holds no credential (the tracking URI is refused when it carries one).
     """
-    from dataclasses import replace
-
-    job_cfg = replace(cfg, ray_address="auto", ray_logs=False)
+    # from the values as given, so what "auto" resolves to (``--workers auto``: Ray Train workers
+    # on a cluster, not the job's driver process) is resolved for the cluster, not for here
+    job_cfg = type(cfg)(**{**cfg.given_dict(), "ray_address": "auto", "ray_logs": False})
     config = json.dumps(job_cfg.to_dict(), sort_keys=True, separators=(",", ":"))
     return [
         python,

@@ -40,6 +40,7 @@ AUTO_VALUES: dict[str, Any] = {
     "word_vectors": "auto",
     "image_dropout": -1,
     "select_by": "val_within",
+    "num_workers": -1,
 }
 
 
@@ -231,12 +232,16 @@ class CoreFields:
         group=SHARED,
     )
     num_workers: int = option(
-        2,
+        -1,
         help="Ray Train workers, each one process; 0 runs the loop in this process (no worker "
-        "processes to start: for debugging, small data and grids of small runs)",
+        "processes to start). auto (-1, the default): 0 on one machine, as fast a step and no Ray "
+        "to start (docs/benchmarks-training.md); 2 where Ray's workers do what this process "
+        "cannot: a cluster (--ray-address), a remote --storage-path, retries (--max-failures)",
         flag="--workers",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        parse=lambda text: -1 if str(text).strip().lower() == "auto" else int(text),
+        metavar="N|auto",
+        check=lambda v: v >= -1,
+        rule=">= 0, or -1 (auto)",
         group=RAY,
     )
     use_gpu: bool = option(
@@ -322,6 +327,9 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
             self.word_vectors == "auto"
         ):  # issue #45: coherence retrieval too (GloVe's digits are near-parallel)
             self.word_vectors = "random" if link or self.model_backbone == "coherence" else "glove"
+        if self.num_workers == -1:  # issue #63: one machine trains in this process
+            remote = self.ray_address or "://" in (self.storage_path or "") or self.max_failures > 0
+            self.num_workers = 2 if remote else 0
         self.validate()
 
     def _family(self) -> str:

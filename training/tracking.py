@@ -7,7 +7,9 @@ environment (MLFLOW_TRACKING_TOKEN etc.), which MLflow reads itself; nothing her
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import os
 import platform
@@ -236,7 +238,12 @@ def register(model_uri: str, name: str, alias: str | None, uri: str, attempts: i
     test_promotion_crash.py``). The row then exists, so setting the alias again updates it.
     A plain loop, not tenacity: one exception text, no wait between attempts (the second
     attempt updates the row the race left), and no dependency for eight lines."""
-    version = mlflow.register_model(model_uri, name)
+    # MLflow prints "Successfully registered model ..." / "Created version ..." to stderr whatever
+    # its log level: kept off the user's terminal, in the log at debug (the result names the version)
+    chatter = io.StringIO()
+    with contextlib.redirect_stderr(chatter):
+        version = mlflow.register_model(model_uri, name)
+    logging.getLogger(__name__).debug("%s", chatter.getvalue().strip())
     if alias:
         client = MlflowClient(uri)
         for attempt in range(attempts):
