@@ -33,7 +33,7 @@ from training.checkpoints import (
 from training.config import SELECTION_ORDER, TrainConfig
 from training.data import TRAINING_COLUMNS
 from training.loop import train_loop_per_worker, usable_cores
-from training.objectives.registry import get_objective
+from training.objectives.registry import ObjectiveSpec, get_objective
 from training.ray_session import connect_ray, failure_message
 from training.text import Vocabulary
 
@@ -187,20 +187,18 @@ class LocalShards:
             yield carry
 
 
-def model_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-    """The backbone's model config (``training/backbone.py`` builds it)."""
-    return get_backbone(cfg.model_backbone).model_config(cfg, manifest, vocab_size, word_dim, train_paths)
-
-
 @dataclass
 class RunInputs:
-    """What the driver reads before Ray starts: shard paths and where runs are stored."""
+    """What the driver reads before Ray starts: shard paths, where runs are stored, and the
+    registered objective the config names, looked up once here for every step after. (Not the
+    backbone: a choice, ``BackboneSpec.choose``, may replace it.)"""
 
     cfg: TrainConfig  # with an absolute data path
     manifest: object
     train_paths: list[str]
     val_paths: list[str]
     storage: str
+    objective: ObjectiveSpec
     train_limit: int | None = None  # --workers 0 reads only the first training documents
 
 
@@ -244,7 +242,7 @@ def check_inputs(cfg: TrainConfig) -> RunInputs:
                 check_resumable(saved, cfg)
             except IncompatibleResumeError as exc:
                 raise MmlinksError(str(exc)) from None
-    return RunInputs(cfg, manifest, train_paths, val_paths, storage)
+    return RunInputs(cfg, manifest, train_paths, val_paths, storage, get_objective(cfg.objective))
 
 
 def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
@@ -267,9 +265,7 @@ def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
             ),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
-        datasets={
-            "train": training_dataset(inp.train_paths, cfg.cache_data, get_objective(cfg.objective).columns)
-        },
+        datasets={"train": training_dataset(inp.train_paths, cfg.cache_data, inp.objective.columns)},
         # One worker reads the whole set: no split, so no split-coordinator actor to start (a
         # process of its own, ~2 s on 2 cores); two or more get equal streaming splits.
         dataset_config=DataConfig(datasets_to_split="all" if cfg.num_workers > 1 else []),
@@ -306,7 +302,7 @@ def run_in_process(inp: RunInputs, loop_config: dict, run_dir: Path):
     from training.loop import train_in_process
 
     cfg = inp.cfg
-    dataset = LocalShards(inp.train_paths, get_objective(cfg.objective).columns, inp.train_limit)
+    dataset = LocalShards(inp.train_paths, inp.objective.columns, inp.train_limit)
     threads = torch.get_num_threads()  # the loop sets this process's own
     try:
         train_in_process({**loop_config, "local_run_dir": str(run_dir)}, dataset)
@@ -412,11 +408,10 @@ def worker_loop_config(
     from training.text import embedding_matrix
 
     cfg, train_paths = inp.cfg, inp.train_paths
-    vocab = Vocabulary.build(
-        training_sentences(train_paths, get_backbone(cfg.model_backbone).needs_regions), cfg.min_word_count
-    )
+    backbone = get_backbone(cfg.model_backbone)  # a candidate's (train_trial) may differ from the run's
+    vocab = Vocabulary.build(training_sentences(train_paths, backbone.needs_regions), cfg.min_word_count)
     emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
-    model_cfg = model_config(cfg, inp.manifest, len(vocab), emb.shape[1], train_paths)
+    model_cfg = backbone.model_config(cfg, inp.manifest, len(vocab), emb.shape[1], train_paths)
     feature_stats = training_feature_stats(
         train_paths, centred=model_cfg.get("image_centring", "none") != "none"
     )
@@ -430,7 +425,7 @@ def worker_loop_config(
         "mlflow_run_id": mlflow_run_id,
         "mlflow_tracking_uri": mlflow_tracking_uri,
         # the spec itself: an objective registered at run time (a test's) reaches the workers
-        "objective_spec": get_objective(cfg.objective),
+        "objective_spec": inp.objective,
         "test_kill": fault_hooks.kill_config(),
     }
     return loop_config, vocab
