@@ -25,6 +25,7 @@ from schemas.progress import polled_progress
 from schemas.shards import check_shards, iter_tables, read_table
 from training import tracking
 from training.backbone import get_backbone
+from training.checkpoints import run_storage
 from training.config import TrainConfig
 from training.driver import fit
 from training.evaluate import evaluate
@@ -128,10 +129,6 @@ def has_labels(paths: list) -> bool:
     return False
 
 
-def objective_text(cfg: TrainConfig) -> str:
-    return get_objective(cfg.objective).text(cfg)
-
-
 def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
     """(epochs logged so far, the bar's postfix) from the run's metrics; None if the store is
     busy (that only delays the bar; training is unaffected)."""
@@ -165,23 +162,24 @@ def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool):
     )
 
 
-def _fit(cfg: TrainConfig, run_id: str, tracking_uri: str):
-    """``fit``; a run that died of a full disk fails with one line naming its storage path."""
+def _fit(cfg: TrainConfig, storage: str, run_id: str, tracking_uri: str):
+    """``fit``; a run that died of a full disk fails with one line naming its ``storage`` path."""
     from schemas.errors import MmlinksError
-    from training.checkpoints import out_of_space_message, run_storage
+    from training.checkpoints import out_of_space_message
 
     try:
         return fit(cfg, mlflow_run_id=run_id, mlflow_tracking_uri=tracking_uri)
     except MmlinksError as exc:
-        full = out_of_space_message(exc, run_storage(cfg))
+        full = out_of_space_message(exc, storage)
         if full is None:
             raise
         raise MmlinksError(full) from exc
 
 
 @contextlib.contextmanager
-def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None):
-    """The experiment's MLflow run, with the config and dataset logged on it."""
+def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None, resume_key: str):
+    """The experiment's MLflow run, with the config and dataset logged on it; claimed for the
+    Ray Train run of ``resume_key`` when ``--run-name`` names one."""
     tracking.configure(tracking_uri, EXPERIMENT)
     mlflow.set_experiment(EXPERIMENT)
     tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
@@ -190,24 +188,21 @@ def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str 
         mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
         mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
         mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
-        if cfg.run_name:
-            _claim_training_run(cfg, run, tracking_uri)
+        if resume_key:
+            _claim_training_run(resume_key, run, tracking_uri)
         yield run
 
 
-def _resume_key(cfg: TrainConfig) -> str:
-    """The tag value naming Ray Train run ``cfg.run_name`` (its name and storage) across commands."""
-    from training.checkpoints import run_storage
-
-    storage = run_storage(cfg)
+def _resume_key(run_name: str, storage: str) -> str:
+    """The tag value naming Ray Train run ``run_name`` (its name and storage) across commands."""
     if "://" not in storage:
         storage = str(Path(storage).resolve())
-    return tracking.resume_key(cfg.run_name, storage)
+    return tracking.resume_key(run_name, storage)
 
 
-def _finished_run(cfg: TrainConfig, tracking_uri: str) -> ExperimentResult | None:
-    """The result of an earlier command that finished training run ``cfg.run_name`` (same name,
-    storage and epochs), or None. A retried pipeline step reruns the same command: it must not
+def _finished_run(resume_key: str, epochs: int, tracking_uri: str) -> ExperimentResult | None:
+    """The result of an earlier command that finished the training run of ``resume_key`` (same
+    name and storage) with ``epochs``, or None. A retried pipeline step reruns the same command: it must not
     train zero epochs and register a copy of the model as a new version."""
     from mlflow.tracking import MlflowClient
 
@@ -217,8 +212,8 @@ def _finished_run(cfg: TrainConfig, tracking_uri: str) -> ExperimentResult | Non
         return None
     found = client.search_runs(
         [exp.experiment_id],
-        filter_string=f"tags.`{tracking.RESUME_KEY_TAG}` = '{_resume_key(cfg)}' "
-        f"and attributes.status = 'FINISHED' and params.epochs = '{cfg.epochs}'",
+        filter_string=f"tags.`{tracking.RESUME_KEY_TAG}` = '{resume_key}' "
+        f"and attributes.status = 'FINISHED' and params.epochs = '{epochs}'",
         order_by=["attributes.end_time DESC"],
         max_results=1,
     )
@@ -245,12 +240,12 @@ def _finished_run(cfg: TrainConfig, tracking_uri: str) -> ExperimentResult | Non
     )
 
 
-def _say_resume(cfg: TrainConfig) -> None:
-    """One line on stderr when ``--run-name`` names a run with checkpoints: from which epoch the
-    run goes on (epochs count from 0, as the history and "best epoch" do)."""
-    from training.checkpoints import run_storage, saved_epoch
+def _say_resume(cfg: TrainConfig, storage: str) -> None:
+    """One line on stderr when ``--run-name`` names a run with checkpoints under ``storage``: from
+    which epoch the run goes on (epochs count from 0, as the history and "best epoch" do)."""
+    from training.checkpoints import saved_epoch
 
-    last = saved_epoch(run_storage(cfg), cfg.run_name)
+    last = saved_epoch(storage, cfg.run_name)
     if last is not None:
         left = range(last + 1, cfg.epochs)
         rest = {0: "no epoch left", 1: f"epoch {last + 1} left"}.get(
@@ -263,8 +258,8 @@ def _say_resume(cfg: TrainConfig) -> None:
         )
 
 
-def _claim_training_run(cfg: TrainConfig, run, tracking_uri: str) -> None:
-    """Tag ``run`` as the current command of Ray Train run ``cfg.run_name`` (with its driver's
+def _claim_training_run(key: str, run, tracking_uri: str) -> None:
+    """Tag ``run`` as the current command of the Ray Train run of ``key`` (with its driver's
     host and pid), and mark ``KILLED`` the earlier commands' MLflow runs of it left ``RUNNING``
     by a kill (``tracking.close_abandoned_runs``): this command resumes their checkpoints."""
     import os
@@ -272,7 +267,6 @@ def _claim_training_run(cfg: TrainConfig, run, tracking_uri: str) -> None:
 
     from mlflow.tracking import MlflowClient
 
-    key = _resume_key(cfg)
     host, pid = tracking.DRIVER_TAGS
     mlflow.set_tags({tracking.RESUME_KEY_TAG: key, host: platform.node(), pid: str(os.getpid())})
     tracking.close_abandoned_runs(MlflowClient(tracking_uri), run, key)
@@ -332,13 +326,16 @@ def _log_confounds(cfg: TrainConfig):
     return figures
 
 
-def _report(cfg, manifest, run, result, scores, report_dir, warnings: list[str], confounds=None) -> str:
-    """The HTML evaluation report, logged to MLflow and written to ``report_dir``; its path."""
+def _report(
+    cfg, objective, manifest, run, result, scores, report_dir, warnings: list[str], confounds=None
+) -> str:
+    """The HTML evaluation report, logged to MLflow and written to ``report_dir``; its path.
+    ``objective``: the run's ``ObjectiveSpec``."""
     from training.report import document_cards, render_report, write_report
 
     info = {
         "run": run.info.run_id,
-        "objective": objective_text(cfg),
+        "objective": objective.text(cfg),
         "dataset": f"{manifest.source} {manifest.dataset_version}",
         "features": f"{manifest.feature_extractor.name}",
         "best epoch": str(result.best_epoch),
@@ -392,16 +389,19 @@ def run_experiment(
     cfg.validate()
     check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
     check_objective_data(cfg, manifest)
-    if cfg.run_name:
-        done = _finished_run(cfg, tracking_uri)
+    objective = get_objective(cfg.objective)
+    storage = run_storage(cfg)
+    resume_key = _resume_key(cfg.run_name, storage) if cfg.run_name else ""
+    if resume_key:
+        done = _finished_run(resume_key, cfg.epochs, tracking_uri)
         if done is not None:
             return done  # the same command again: nothing to train, nothing new to register
         if progress:
-            _say_resume(cfg)
-    with _open_run(cfg, manifest, tracking_uri, parent_run_id) as run:
+            _say_resume(cfg, storage)
+    with _open_run(cfg, manifest, tracking_uri, parent_run_id, resume_key) as run:
         with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
-            result = _fit(cfg, run.info.run_id, tracking_uri)
-        finish = run_finish(get_objective(cfg.objective).family)
+            result = _fit(cfg, storage, run.info.run_id, tracking_uri)
+        finish = run_finish(objective.family)
         if finish is not None:  # the family's own end of a run (retrieval and news)
             return finish(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir, package)
         confounds = _log_confounds(cfg)
@@ -429,7 +429,7 @@ def run_experiment(
         scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
         _log_scores(scores, result.best_epoch)
         example = _example(cfg, manifest)
-        report_path = _report(cfg, manifest, run, result, scores, report_dir, warnings, confounds)
+        report_path = _report(cfg, objective, manifest, run, result, scores, report_dir, warnings, confounds)
         model_uri, version = _log_model(
             cfg, manifest, run, result, example, model_name, alias, tracking_uri, package
         )
