@@ -189,7 +189,7 @@ def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str 
         mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
         mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
         if resume_key:
-            _claim_training_run(resume_key, run, tracking_uri)
+            tracking.claim_training_run(run, resume_key, tracking_uri)
         yield run
 
 
@@ -256,20 +256,6 @@ def _say_resume(cfg: TrainConfig, storage: str) -> None:
             file=sys.stderr,
             flush=True,
         )
-
-
-def _claim_training_run(key: str, run, tracking_uri: str) -> None:
-    """Tag ``run`` as the current command of the Ray Train run of ``key`` (with its driver's
-    host and pid), and mark ``KILLED`` the earlier commands' MLflow runs of it left ``RUNNING``
-    by a kill (``tracking.close_abandoned_runs``): this command resumes their checkpoints."""
-    import os
-    import platform
-
-    from mlflow.tracking import MlflowClient
-
-    host, pid = tracking.DRIVER_TAGS
-    mlflow.set_tags({tracking.RESUME_KEY_TAG: key, host: platform.node(), pid: str(os.getpid())})
-    tracking.close_abandoned_runs(MlflowClient(tracking_uri), run, key)
 
 
 def _log_model(

@@ -308,3 +308,12 @@ def close_abandoned_runs(client: MlflowClient, run, key: str) -> list[str]:
     if ended:
         client.set_tag(run_id, "mmlinks.resumes", ",".join(ended))
     return ended
+
+
+def claim_training_run(run, key: str, tracking_uri: str) -> list[str]:
+    """Tag ``run`` as the current command of the Ray Train run of ``key`` (with its driver's
+    host and pid), and mark ``KILLED`` the earlier commands' MLflow runs of it left ``RUNNING``
+    by a kill (``close_abandoned_runs``): this command resumes their checkpoints. Returns their ids."""
+    host, pid = DRIVER_TAGS
+    mlflow.set_tags({RESUME_KEY_TAG: key, host: platform.node(), pid: str(os.getpid())})
+    return close_abandoned_runs(MlflowClient(tracking_uri), run, key)
