@@ -29,7 +29,7 @@ from training.data import DocBatch, drop_empty, link_scores, make_batch
 from training.epoch_batches import document_batches, read_ahead, spare_batch, validation_batches
 from training.epoch_reports import keep_epoch, log_metrics, report_epoch
 from training.metrics import document_metrics, within_document_gap
-from training.objectives.registry import ObjectiveSpec, get_objective, objective_loss
+from training.objectives.registry import ObjectiveSpec, objective_loss
 from training.text import Vocabulary
 
 # --select-by val_within keeps the latest epoch within this share of the widest gap so far.
@@ -169,16 +169,16 @@ def frozen_running_stats(model: torch.nn.Module) -> Iterator[None]:
             m.train()
 
 
-def worker_config(config: dict) -> TrainConfig:
-    """The driver's TrainConfig in a worker process. An objective registered only in the
-    driver (a plug-in, a test module) arrives as ``objective_spec`` and is registered here
-    first, so the config validates as it did there."""
+def worker_config(config: dict) -> tuple[TrainConfig, ObjectiveSpec]:
+    """The driver's TrainConfig in a worker process, and its objective: the driver's spec
+    (``objective_spec``). An objective registered only in the driver (a plug-in, a test module)
+    is registered here first, so the config validates as it did there."""
     from training.objectives.registry import objective_names, register_objective
 
-    spec = config.get("objective_spec")
-    if spec is not None and spec.name not in objective_names():
+    spec = config["objective_spec"]
+    if spec.name not in objective_names():
         register_objective(spec)
-    return TrainConfig.from_dict(config["train"])
+    return TrainConfig.from_dict(config["train"]), spec
 
 
 def torch_threads(requested: int) -> int:
@@ -214,7 +214,7 @@ def make_worker(
 ) -> Worker:
     """Build model, optimizer and scheduler from the driver's config; resume from
     ``checkpoint`` (the one Ray hands over), if any."""
-    cfg = worker_config(config)
+    cfg, objective = worker_config(config)
     torch.set_num_threads(torch_threads(cfg.threads_per_worker))
     torch.manual_seed(cfg.seed)  # identical initial weights on every worker
     model = build_model(config["model"], config.get("embeddings"), config.get("feature_stats"))
@@ -234,7 +234,7 @@ def make_worker(
     state = checkpoints.restore(checkpoint, cfg, model, opt, sched)
     return Worker(
         cfg=cfg,
-        objective=config.get("objective_spec") or get_objective(cfg.objective),
+        objective=objective,
         rank=rank,
         world=world,
         vocab=Vocabulary(config["vocab"]),
@@ -440,7 +440,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    cfg = worker_config(config)
+    cfg, _ = worker_config(config)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     w = make_worker(
