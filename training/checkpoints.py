@@ -162,6 +162,18 @@ def saved_train_config(storage: str, run_name: str, part: str = "train") -> dict
     return None
 
 
+def resumed_config(storage: str, run_name: str) -> dict | None:
+    """The train config a rerun of run ``run_name`` resumes (``saved_train_config``), if any. A
+    checkpoint written before issue #60 recorded ``image_centring`` auto: its model config holds
+    what the threshold rule resolved the image side to, which the resumed run must keep."""
+    saved = saved_train_config(storage, run_name)
+    if saved is not None and saved.get("image_centring") == "auto":
+        model = saved_train_config(storage, run_name, "model") or {}
+        sides = ("image_centring", "image_dropout", "image_mean_weight")
+        saved = {**saved, **{k: model[k] for k in sides if k in model}}
+    return saved
+
+
 def saved_epoch(storage: str, run_name: str) -> int | None:
     """The epoch of the newest readable checkpoint of a local run directory (what a rerun of the
     run resumes after), if any."""

@@ -28,7 +28,7 @@ from training.checkpoints import (
     check_resumable,
     history_of,
     load_checkpoint_model,
-    saved_train_config,
+    resumed_config,
 )
 from training.config import SELECTION_ORDER, TrainConfig
 from training.data import TRAINING_COLUMNS
@@ -226,13 +226,7 @@ def check_inputs(cfg: TrainConfig) -> RunInputs:
         raise MmlinksError(f"{cfg.data} has {n_val} validation document(s); the validation loss needs >= 2")
     storage = cfg.storage_path or str(Path(cfg.data).resolve().parent / "ray_results")
     if cfg.run_name:
-        saved = saved_train_config(storage, cfg.run_name)
-        if saved is not None and saved.get("image_centring") == "auto":
-            # a checkpoint written before issue #60 recorded auto: its model config holds what the
-            # threshold rule resolved it to, which the resumed run must keep
-            model = saved_train_config(storage, cfg.run_name, "model") or {}
-            sides = ("image_centring", "image_dropout", "image_mean_weight")
-            saved = {**saved, **{k: model[k] for k in sides if k in model}}
+        saved = resumed_config(storage, cfg.run_name)
         choose = get_backbone(cfg.model_backbone).choose
         kept = choose(cfg, train_paths, val_paths, None, saved) if saved is not None and choose else None
         if kept is not None:  # a resumed run keeps what it chose
