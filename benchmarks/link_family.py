@@ -132,11 +132,8 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
     the same training and checkpoint choice (``fit``) and test scoring (``evaluate``) without
     MLflow, for a machine that has none (the GPU image; ``settings`` with ``use_gpu`` trains on
     this process's GPU)."""
-    import torch
-
     from training.config import TrainConfig
 
-    torch.set_num_threads(1)
     cfg = TrainConfig(data=data, **settings)
     t0 = time.perf_counter()
     if loop == "fit":
@@ -253,6 +250,10 @@ def main(argv: list[str] | None = None) -> dict:
             BASE[field] = json.loads(value)
         except json.JSONDecodeError:
             BASE[field] = value
+    if args.jobs > 1 and "threads_per_worker" not in BASE:  # the cores shared out between the runs
+        from training.loop import usable_cores
+
+        BASE["threads_per_worker"] = max(1, usable_cores() // args.jobs)
     cells = (issue_grid() if args.grid else []) + [c for c in args.cells.split(",") if c]
     rows: dict[str, dict] = {}
     for r in re.split(r",(?![^{]*})", args.rows):  # commas inside a JSON object stay
