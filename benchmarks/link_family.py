@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
         except json.JSONDecodeError:
             BASE[field] = value
     if args.jobs > 1 and "threads_per_worker" not in BASE:  # the cores shared out between the runs
-        from training.loop import usable_cores
+        from training.cores import usable_cores
 
         BASE["threads_per_worker"] = max(1, usable_cores() // args.jobs)
     cells = (issue_grid() if args.grid else []) + [c for c in args.cells.split(",") if c]

@@ -28,7 +28,7 @@ settings.load_profile("ci" if os.environ.get("MMLINKS_CI") == "1" else "default-
 # be set before torch loads its OpenMP runtime; every process the tests start inherits it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # One torch thread per process: two xdist workers already hold both cores, and an in-process
-# training run would otherwise take every core (training.loop.torch_threads, issue #63).
+# training run would otherwise take every core (training.cores.torch_threads, issue #63).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

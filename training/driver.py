@@ -31,8 +31,9 @@ from training.checkpoints import (
     resumed_config,
 )
 from training.config import SELECTION_ORDER, TrainConfig
+from training.cores import usable_cores
 from training.data import TRAINING_COLUMNS
-from training.loop import train_loop_per_worker, usable_cores
+from training.loop import train_loop_per_worker
 from training.objectives.registry import ObjectiveSpec, get_objective
 from training.ray_session import connect_ray, failure_message
 from training.text import Vocabulary

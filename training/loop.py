@@ -12,7 +12,6 @@ best checkpoint, so no label is used to choose the model. Rank 0 writes each epo
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ import torch
 from training import checkpoints, fault_hooks
 from training.backbone import build_model, needs_regions
 from training.config import SELECTION_ORDER, TrainConfig
+from training.cores import torch_threads
 from training.data import DocBatch, drop_empty, link_scores, make_batch
 from training.epoch_batches import document_batches, read_ahead, spare_batch, validation_batches
 from training.epoch_reports import keep_epoch, log_metrics, report_epoch
@@ -179,25 +179,6 @@ def worker_config(config: dict) -> tuple[TrainConfig, ObjectiveSpec]:
     if spec.name not in objective_names():
         register_objective(spec)
     return TrainConfig.from_dict(config["train"]), spec
-
-
-def torch_threads(requested: int) -> int:
-    """A worker's torch threads: ``requested``, or for 0 (auto) OMP_NUM_THREADS where set (Ray
-    sets it in each worker to the CPUs it reserved for it, so two workers on two cores take one
-    each), else every core this process may use. Issue #63: the in-process loop at one thread
-    left the second core idle (the bare loop: 51 documents/s at 1 thread, 85 at 2)."""
-    if requested:
-        return requested
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return usable_cores()
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (a container's or ``taskset``'s CPU set, not the host's count)."""
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    return max(1, len(cores))
 
 
 def optimizer_groups(model, lr: float) -> list:

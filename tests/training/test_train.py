@@ -66,6 +66,7 @@ def test_an_in_process_worker_takes_every_core_unless_told_otherwise(dataset, tm
     OMP_NUM_THREADS where set (Ray sets it in its workers to the CPUs they hold); a number wins."""
     import os
 
+    import training.cores
     import training.loop
 
     config, _ = worker_loop_config(check_inputs(small_cfg(dataset, tmp_path, num_workers=0)), "threads")
@@ -77,7 +78,7 @@ def test_an_in_process_worker_takes_every_core_unless_told_otherwise(dataset, tm
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         training.loop.make_worker(config, 0, 1)
         assert torch.get_num_threads() == 1
-        assert training.loop.torch_threads(3) == 3 and training.loop.torch_threads(0) == 1
+        assert training.cores.torch_threads(3) == 3 and training.cores.torch_threads(0) == 1
     finally:
         torch.set_num_threads(before)
 

@@ -282,7 +282,7 @@ def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[f
     from concurrent.futures import ThreadPoolExecutor
 
     # the cores shared between the processes (each would otherwise take them all: torch_threads)
-    from training.loop import usable_cores
+    from training.cores import usable_cores
 
     threads = max(1, usable_cores() // jobs)
     one = {
