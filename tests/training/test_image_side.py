@@ -157,3 +157,20 @@ def test_a_run_resumed_from_before_the_choice_keeps_the_side_its_checkpoint_was_
     kept = check_inputs(cfg).cfg
     assert (kept.image_centring, kept.image_dropout, kept.image_mean_weight) == ("balanced", 0.4, 1.0)
     assert not side_mod.needs_choice(kept)
+
+
+@pytest.mark.slow
+def test_candidates_train_in_processes_of_their_own_with_the_runs_inputs(dataset, tmp_path, monkeypatch):
+    """Two trials at a time run in processes of their own, each handed the run's inputs: those
+    carry the objective's spec, whose loss functions are closures (a plain pickle refused them:
+    "Can't pickle local object '_hessel.<locals>.loss'", and every default run on a corpus big
+    enough for parallel trials failed)."""
+    import functools
+
+    from tests.conftest import small_train_config
+    from training.driver import check_inputs, train_trial
+
+    monkeypatch.setattr(side_mod, "PARALLEL_MIN_DOC_EPOCHS", 0)  # the fixture's corpus is small
+    inp = check_inputs(small_train_config(dataset, tmp_path, image_centring="auto", epochs=2, d_multi=16))
+    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, functools.partial(train_trial, inp), jobs=2)
+    assert choice.name in CANDIDATES and set(choice.scores) == set(CANDIDATES)

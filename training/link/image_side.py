@@ -154,19 +154,21 @@ def _in_process_of_its_own(args: tuple) -> list[float | None]:
     """``scored_trial(*args)`` in a Python process of its own (``python -m
     training.link.image_side ARGS``). Not multiprocessing: its spawn re-imports the caller's main
     script, which breaks a user's script without a ``__main__`` guard, and a fork would inherit
-    this process's torch threads."""
+    this process's torch threads. cloudpickle, not pickle: the run's inputs carry its objective's
+    spec, whose loss functions are closures (as Ray's workers receive it)."""
     import json
     import os
-    import pickle
     import subprocess
     import sys
     from pathlib import Path
+
+    import cloudpickle
 
     from schemas.errors import MmlinksError
 
     path = Path(f"{args[3]}.args.pickle")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(args))
+    path.write_bytes(cloudpickle.dumps(args))
     root = str(Path(__file__).resolve().parents[2])  # the project, importable from anywhere
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
