@@ -544,3 +544,15 @@ def start_http_server(cmd: list[str], probe_url: str, log_path: Path, env: dict,
 def stop_http_server(proc) -> None:
     os.killpg(proc.pid, 15)
     proc.wait(timeout=30)
+
+
+class InMemoryShard:
+    """A training table read as ``training.epoch_batches.document_batches`` reads a Ray Data
+    shard (``iter_batches``), for tests of the loop and its batches without Ray."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def iter_batches(self, batch_size: int, batch_format: str = "pyarrow", prefetch_batches: int = 0):
+        for start in range(0, self.table.num_rows, batch_size):
+            yield self.table.slice(start, batch_size)

@@ -30,6 +30,18 @@ __all__ = [
 ]
 
 
+def workers_or_auto(text: str) -> int:
+    """``--workers``: a number >= 0, or ``auto`` (-1, resolved in ``TrainConfig.__post_init__``)."""
+    from schemas.errors import MmlinksError
+
+    word = str(text).strip().lower()
+    if word == "auto":
+        return -1
+    if not word.isdigit():
+        raise MmlinksError(f"wants a number of workers (0 or more) or 'auto', not {text!r}")
+    return int(word)
+
+
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
 SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min", "last": "max"}
 
@@ -238,7 +250,7 @@ class CoreFields:
         "to start (docs/benchmarks-training.md); 2 where Ray's workers do what this process "
         "cannot: a cluster (--ray-address), a remote --storage-path, retries (--max-failures)",
         flag="--workers",
-        parse=lambda text: -1 if str(text).strip().lower() == "auto" else int(text),
+        parse=workers_or_auto,
         metavar="N|auto",
         check=lambda v: v >= -1,
         rule=">= 0, or -1 (auto)",

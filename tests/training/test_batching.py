@@ -5,6 +5,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import InMemoryShard
 from training.batching import document_signatures, similar_batches
 from training.epoch_batches import document_batches
 
@@ -58,15 +59,6 @@ def test_signatures_group_documents_by_look_and_words():
     assert sims[0, 1] > sims[0, 2] and sims[2, 3] > sims[2, 1]
 
 
-class _Shard:
-    def __init__(self, table):
-        self.table = table
-
-    def iter_batches(self, batch_size, batch_format="pyarrow", prefetch_batches=0):
-        for start in range(0, self.table.num_rows, batch_size):
-            yield self.table.slice(start, batch_size)
-
-
 def test_similar_sampling_yields_every_document_once_in_full_batches():
     rng = np.random.default_rng(0)
     feats = [rng.normal(size=(3, 4)).astype(np.float32) for _ in range(50)]
@@ -78,7 +70,7 @@ def test_similar_sampling_yields_every_document_once_in_full_batches():
             "links": [None] * 50,
         }
     )
-    batches = list(document_batches(_Shard(table), 11, np.random.default_rng(3), "similar", 0.5))
+    batches = list(document_batches(InMemoryShard(table), 11, np.random.default_rng(3), "similar", 0.5))
     ids = [i for b in batches for i in b.column("doc_id").to_pylist()]
     assert sorted(ids) == sorted(table.column("doc_id").to_pylist())
     assert [b.num_rows for b in batches] == [11, 11, 11, 11, 6]

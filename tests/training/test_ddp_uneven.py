@@ -25,7 +25,7 @@ import pytest
 from schemas.document import SCHEMA_VERSION, Document, ImageRecord, RegionFeatures
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
 from schemas.shards import write_shard
-from tests.conftest import param_digests, tracking_uri
+from tests.conftest import InMemoryShard, param_digests, tracking_uri
 
 DIM = 6
 WORDS = "red blue green cross dot star storm circle done painting".split()
@@ -139,18 +139,6 @@ def tiny_config(data: Path, objective: str, storage: Path, **kw) -> dict:
     return base
 
 
-class _Share:
-    """A worker's share of the training table, read as ``training.epoch_batches.document_batches`` reads
-    a Ray Data shard."""
-
-    def __init__(self, table):
-        self.table = table
-
-    def iter_batches(self, batch_size: int, batch_format: str, prefetch_batches: int):
-        for start in range(0, self.table.num_rows, batch_size):
-            yield self.table.slice(start, batch_size)
-
-
 def _digest(model) -> str:
     h = hashlib.sha1()
     for p in model.parameters():
@@ -186,7 +174,7 @@ def _uneven_worker(rank: int, configs: list[dict], split_at: int, port: int, out
             table = read_table(inp.train_paths, columns=columns)
             share = table.slice(0, split_at) if rank == 0 else table.slice(split_at)
             epochs: list[dict] = []
-            run_epochs(w, config, _Share(share), lambda w, c, e, m, out=epochs: out.append(m))
+            run_epochs(w, config, InMemoryShard(share), lambda w, c, e, m, out=epochs: out.append(m))
             row = {"objective": fields["objective"], "digest": _digest(w.model), "steps": w.state.step}
             row["val_loss"] = [m["val_loss"] for m in epochs]
             with open(f"{out}/rank{rank}.jsonl", "a") as fh:
@@ -263,7 +251,8 @@ def _padding_worker(rank: int, fields: dict, port: int, out: str) -> None:
 
     def epoch(w, share) -> dict:
         torch.manual_seed(1)  # dropout masks
-        return train_epoch(w, _Share(share), 0, np.random.default_rng(1), torch.Generator().manual_seed(1))
+        rng, gen = np.random.default_rng(1), torch.Generator().manual_seed(1)
+        return train_epoch(w, InMemoryShard(share), 0, rng, gen)
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import small_train_config
+from tests.conftest import InMemoryShard, small_train_config
 from training.epoch_batches import read_ahead
 
 
@@ -70,14 +70,6 @@ def test_an_epoch_read_ahead_trains_on_the_same_batches_as_the_plain_loop(datase
     from training.driver import check_inputs, worker_loop_config
     from training.loop import epoch_steps, make_worker
 
-    class Share:
-        def __init__(self, table):
-            self.table = table
-
-        def iter_batches(self, batch_size, batch_format="pyarrow", prefetch_batches=0):
-            for start in range(0, self.table.num_rows, batch_size):
-                yield self.table.slice(start, batch_size)
-
     for objective in ("ap", "nostruct"):
         inp = check_inputs(small_train_config(dataset, tmp_path, objective=objective))
         config, _ = worker_loop_config(inp, "ahead")
@@ -85,7 +77,7 @@ def test_an_epoch_read_ahead_trains_on_the_same_batches_as_the_plain_loop(datase
         table = read_table(inp.train_paths, columns=[*TRAINING_COLUMNS, *w.objective.columns])
 
         def steps(w, table, ahead: bool):
-            out = epoch_steps(w, Share(table), np.random.default_rng(7))
+            out = epoch_steps(w, InMemoryShard(table), np.random.default_rng(7))
             return list(read_ahead(out) if ahead else out)
 
         plain, ahead = steps(w, table, False), steps(w, table, True)

@@ -99,7 +99,7 @@ def test_invalid_config_is_refused(dataset, tmp_path):
         fit(small_cfg(dataset, tmp_path, num_workers=-2))
 
 
-def test_workers_auto_trains_in_this_process_on_one_machine_and_on_ray_where_only_ray_can():
+def test_workers_auto_trains_in_this_process_on_one_machine_and_on_ray_where_only_ray_can(capsys):
     """Issue #63: ``--workers 0`` is as fast an epoch as two Ray workers on one machine and
     starts no Ray (117 s against 140 s a command), so auto (the default) takes it; a cluster, a
     remote storage path or retries need Ray Train's workers. A number given is kept, and the
@@ -120,6 +120,9 @@ def test_workers_auto_trains_in_this_process_on_one_machine_and_on_ray_where_onl
     add_arguments(parser, TrainConfig)
     assert given(parser.parse_args(["--workers", "auto"]), TrainConfig)["num_workers"] == -1
     assert given(parser.parse_args(["--workers", "3"]), TrainConfig)["num_workers"] == 3
+    with pytest.raises(SystemExit):  # argparse's one line, naming what --workers wants
+        parser.parse_args(["--workers", "many"])
+    assert "wants a number of workers (0 or more) or 'auto', not 'many'" in capsys.readouterr().err
     # a config resolved here and sent to a cluster (orchestration.ray_jobs) resolves there
     from orchestration.ray_jobs import train_command
 
