@@ -164,13 +164,27 @@ def test_candidates_train_in_processes_of_their_own_with_the_runs_inputs(dataset
     """Two trials at a time run in processes of their own, each handed the run's inputs: those
     carry the objective's spec, whose loss functions are closures (a plain pickle refused them:
     "Can't pickle local object '_hessel.<locals>.loss'", and every default run on a corpus big
-    enough for parallel trials failed)."""
+    enough for parallel trials failed). The four candidates share two processes (one each cost a
+    torch import per candidate), and each scores as it does trained here, in turn."""
     import functools
 
     from tests.conftest import small_train_config
     from training.driver import check_inputs, train_trial
 
+    started = []
+    real_start = side_mod.TrialProcess.__init__
+
+    def counted(self):
+        real_start(self)
+        started.append(self.proc.pid)
+
+    monkeypatch.setattr(side_mod.TrialProcess, "__init__", counted)
     monkeypatch.setattr(side_mod, "PARALLEL_MIN_DOC_EPOCHS", 0)  # the fixture's corpus is small
     inp = check_inputs(small_train_config(dataset, tmp_path, image_centring="auto", epochs=2, d_multi=16))
-    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, functools.partial(train_trial, inp), jobs=2)
-    assert choice.name in CANDIDATES and set(choice.scores) == set(CANDIDATES)
+    trial = functools.partial(train_trial, inp)
+    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=2)
+    assert choice.name in CANDIDATES and list(choice.scores) == list(CANDIDATES)
+    assert len(started) == 2, started
+    here = choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=1)
+    # the same scores to float rounding (the first trial of a process may sum in another order)
+    assert here.scores == pytest.approx(choice.scores, rel=1e-6) and here.name == choice.name

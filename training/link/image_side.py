@@ -150,35 +150,68 @@ def scored_trial(trial: Trial, trial_cfg: TrainConfig, docs: int, folder: str, v
     return criterion(model, vocab, val_paths, max_tokens, seed)
 
 
-def _in_process_of_its_own(args: tuple) -> list[float | None]:
-    """``scored_trial(*args)`` in a Python process of its own (``python -m
-    training.link.image_side ARGS``). Not multiprocessing: its spawn re-imports the caller's main
-    script, which breaks a user's script without a ``__main__`` guard, and a fork would inherit
-    this process's torch threads. cloudpickle, not pickle: the run's inputs carry its objective's
-    spec, whose loss functions are closures (as Ray's workers receive it)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+class TrialProcess:
+    """A Python process of its own that scores the candidates it is handed, one after another
+    (``python -m training.link.image_side``: one args file's path per stdin line, one JSON line
+    back). One per parallel job, not one per candidate: a process pays ~2.5 CPU-s importing torch
+    and ~1 s more on its first optimizer (torch's lazy import of its compiler), as much as a small
+    trial's training. Not multiprocessing: its spawn re-imports the caller's main script, which
+    breaks a user's script without a ``__main__`` guard, and a fork would inherit this process's
+    torch threads. cloudpickle, not pickle: the run's inputs carry its objective's spec, whose
+    loss functions are closures (as Ray's workers receive it)."""
 
-    import cloudpickle
+    def __init__(self):
+        import os
+        import subprocess
+        import sys
+        import tempfile
+        from pathlib import Path
 
-    from schemas.errors import MmlinksError
+        root = str(Path(__file__).resolve().parents[2])  # the project, importable from anywhere
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        self.stderr = tempfile.TemporaryFile("w+")  # read back only for a failure's last line
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "training.link.image_side"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+        )
 
-    path = Path(f"{args[3]}.args.pickle")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(cloudpickle.dumps(args))
-    root = str(Path(__file__).resolve().parents[2])  # the project, importable from anywhere
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [sys.executable, "-m", "training.link.image_side", str(path)], capture_output=True, text=True, env=env
-    )
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise MmlinksError(f"image side: training candidate {args[1].label} failed: {why}")
-    return json.loads(lines[-1])["values"]
+    def score(self, args: tuple) -> list[float | None]:
+        """``scored_trial(*args)`` in this process."""
+        import json
+        from pathlib import Path
+
+        import cloudpickle
+
+        from schemas.errors import MmlinksError
+
+        path = Path(f"{args[3]}.args.pickle")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(cloudpickle.dumps(args))
+        try:
+            self.proc.stdin.write(f"{path}\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line.strip():
+            self.proc.wait()
+            self.stderr.seek(0)
+            why = (self.stderr.read().strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]
+            raise MmlinksError(f"image side: training candidate {args[1].label} failed: {why}")
+        return json.loads(line)["values"]
+
+    def close(self) -> None:
+        """End the process once its current candidate is done (its stdin closes)."""
+        import contextlib
+
+        with contextlib.suppress(BrokenPipeError):  # a process that already failed
+            self.proc.stdin.close()
+        self.proc.wait()
+        self.stderr.close()
 
 
 def mean_score(values: list[float | None]) -> float | None:
@@ -277,10 +310,12 @@ def choose(
 
 def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[float | None]]:
     """Every candidate's per-document criterion: here in turn, or ``jobs`` at a time in
-    processes of their own when the trials are long enough to pay for one."""
+    ``jobs`` processes of their own (``TrialProcess``) when the trials are long enough to pay for
+    one; each takes the next candidate not yet taken, so a quick one (the bag) frees its process."""
     jobs = max(1, min(jobs, len(jobs_args)))
     if jobs == 1 or doc_epochs < PARALLEL_MIN_DOC_EPOCHS:
         return {name: scored_trial(*a) for name, a in jobs_args.items()}
+    import queue
     from concurrent.futures import ThreadPoolExecutor
 
     # the cores shared between the processes (each would otherwise take them all: torch_threads)
@@ -290,9 +325,25 @@ def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[f
     one = {
         k: (a[0], dataclasses.replace(a[1], threads_per_worker=threads), *a[2:]) for k, a in jobs_args.items()
     }
+    names = queue.SimpleQueue()
+    for name in one:
+        names.put(name)
+
+    def serve() -> dict[str, list[float | None]]:  # one process: candidates until none is left
+        proc, out = TrialProcess(), {}
+        try:
+            while True:
+                try:
+                    name = names.get_nowait()
+                except queue.Empty:
+                    return out
+                out[name] = proc.score(one[name])
+        finally:
+            proc.close()
+
     with ThreadPoolExecutor(jobs) as pool:  # threads that only wait on their processes
-        futures = {name: pool.submit(_in_process_of_its_own, a) for name, a in one.items()}
-        return {name: f.result() for name, f in futures.items()}
+        done = {k: v for f in [pool.submit(serve) for _ in range(jobs)] for k, v in f.result().items()}
+    return {name: done[name] for name in one}  # the candidates' order, whichever process took them
 
 
 @dataclass(frozen=True)
@@ -331,11 +382,13 @@ def image_side(cfg: TrainConfig, train_paths: list[str]) -> ImageSide:
     return ImageSide(centring, AUTO_WEIGHTS[0] if weight < 0 else weight, 0.4 if dropout < 0 else dropout)
 
 
-if __name__ == "__main__":  # one candidate's trial, in a process of its own (_in_process_of_its_own)
+if __name__ == "__main__":  # a TrialProcess: one candidate's args file per stdin line, one JSON line each
     import json
     import pickle
     import sys
     from pathlib import Path
 
-    values = scored_trial(*pickle.loads(Path(sys.argv[1]).read_bytes()))
-    print(json.dumps({"values": [v if v is not None and np.isfinite(v) else None for v in values]}))
+    for line in sys.stdin:
+        values = scored_trial(*pickle.loads(Path(line.strip()).read_bytes()))
+        clean = [v if v is not None and np.isfinite(v) else None for v in values]
+        print(json.dumps({"values": clean}), flush=True)
