@@ -35,13 +35,17 @@ def _files(root: Path) -> dict[str, Path]:
     return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def artifact_digests(artifacts: dict[str, str]) -> dict[str, dict[str, str]]:
-    """{artifact name: {relative path ("" for a single file): sha256}} of every file under each
-    artifact path, as ``mlflow.pyfunc.log_model(artifacts=...)`` is about to copy them."""
-    return {
-        name: {rel: file_sha256(p) for rel, p in _files(Path(path)).items()}
-        for name, path in artifacts.items()
-    }
+def artifact_digests(artifacts: dict[str, str]) -> dict[str, str | dict[str, str]]:
+    """{artifact name: sha256 of a single file, or {relative path: sha256} of a folder's files},
+    as ``mlflow.pyfunc.log_model(artifacts=...)`` is about to copy them. MLflow also logs the
+    model_config as run parameters, flattened with "/": a single file's digest under a key of its
+    own (``DIGESTS_KEY/vocab``), since "DIGESTS_KEY/vocab/" is no valid parameter name and one
+    such key made MLflow log none of them ("Failed to log model config as params")."""
+    out: dict[str, str | dict[str, str]] = {}
+    for name, path in artifacts.items():
+        files = {rel: file_sha256(p) for rel, p in _files(Path(path)).items()}
+        out[name] = files[""] if set(files) == {""} else files
+    return out
 
 
 def model_config(artifacts: dict[str, str]) -> dict:
@@ -56,6 +60,8 @@ def verify_artifacts(artifacts: dict[str, str], model_config: dict | None) -> No
     if not recorded:
         return
     for name, files in recorded.items():
+        if isinstance(files, str):  # a single file's digest
+            files = {"": files}  # as versions registered before 2026-11-28 record it
         if name not in artifacts:
             raise MmlinksError(f"damaged model: its artifact {name!r} is missing")
         root = Path(artifacts[name])

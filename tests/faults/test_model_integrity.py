@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.integrity import DIGESTS_KEY, artifact_digests, verify_artifacts
+from models.integrity import DIGESTS_KEY, artifact_digests, file_sha256, verify_artifacts
 from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
 from schemas.errors import MmlinksError
 
@@ -55,9 +55,11 @@ def test_digests_name_the_file_that_differs_or_is_missing(tmp_path):
     vocab.write_text("[]")
     artifacts = {"checkpoint": str(folder), "vocab": str(vocab)}
     digests = artifact_digests(artifacts)
-    assert set(digests["checkpoint"]) == {"state.pt", "meta.json"} and set(digests["vocab"]) == {""}
+    assert set(digests["checkpoint"]) == {"state.pt", "meta.json"} and digests["vocab"] == file_sha256(vocab)
     verify_artifacts(artifacts, {DIGESTS_KEY: digests})  # intact
     verify_artifacts(artifacts, {})  # a model logged before the digests: nothing to check
+    # versions registered before 2026-11-28 record a single file's digest under ""
+    verify_artifacts(artifacts, {DIGESTS_KEY: {**digests, "vocab": {"": digests["vocab"]}}})
     (folder / "state.pt").write_bytes(b"weights" * 99 + b"weighTs")
     with pytest.raises(MmlinksError, match=r"damaged model: checkpoint/state.pt differs"):
         verify_artifacts(artifacts, {DIGESTS_KEY: digests})
@@ -83,6 +85,20 @@ def registered(tmp_path_factory):
     assert main(["promote", "--data", str(data), "--workdir", str(wd), "--json"]) == 0
     assert main([*args, "--seed", "1"]) == 0  # version 2: the candidate
     return data, wd
+
+
+def test_every_digest_is_a_parameter_of_the_run_that_logged_the_model(registered):
+    """MLflow logs a model's model_config as its run's parameters, flattened with "/": each file's
+    digest is one (the single-file artifacts' were keyed "DIGESTS_KEY/vocab/", no valid name, and
+    MLflow logged none of them, with a warning)."""
+    import mlflow
+
+    _, wd = registered
+    client = mlflow.MlflowClient(f"sqlite:///{wd / 'mlflow.db'}")
+    version = client.get_model_version_by_alias("mmlinks-ap", "candidate")
+    params = client.get_run(version.run_id).data.params
+    logged = {k.removeprefix(f"{DIGESTS_KEY}/") for k in params if k.startswith(f"{DIGESTS_KEY}/")}
+    assert {"vocab", "checkpoint/state.pt", "checkpoint/meta.json"} <= logged, sorted(params)
 
 
 def _candidate_files(wd: Path) -> list[Path]:
