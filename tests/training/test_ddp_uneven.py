@@ -130,6 +130,9 @@ def tiny_config(data: Path, objective: str, storage: Path, **kw) -> dict:
         run_name="ddp",
         n_pools=1,
         threads_per_worker=1,
+        # the image side as named, not measured: four candidate runs in the driver first
+        # (tests/training/test_image_side.py) would assert nothing here about DDP
+        image_centring="none",
     )
     if objective == "cmcm-c":
         base["relation"] = "Action"
