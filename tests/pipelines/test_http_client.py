@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pipelines.image_fetch import FetchFailed, PoliteFetcher
@@ -837,9 +837,13 @@ def test_unusable_retry_after_is_ignored(value):
 
 
 @given(st.ip_addresses())
+@example(ipaddress.ip_address("2002::"))  # 6to4 of 0.0.0.0: ipaddress calls 2002::/16 global
+@example(ipaddress.ip_address("2002:808:808::1"))  # 6to4 of 8.8.8.8: public
 def test_address_check_agrees_with_ipaddress_globality(ip):
-    mapped = getattr(ip, "ipv4_mapped", None)
-    effective = mapped or ip
+    """The guard reads the IPv4 address an IPv4-mapped or 6to4 address carries (a 6to4 address
+    reaches its embedded host through a relay); ipaddress's own globality for the rest."""
+    embedded = getattr(ip, "ipv4_mapped", None) or getattr(ip, "sixtofour", None)
+    effective = embedded or ip
     public = effective.is_global and not effective.is_multicast and not effective.is_reserved
     try:
         check_public_host(str(ip), 80)
