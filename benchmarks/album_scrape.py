@@ -1,29 +1,17 @@
 """Benchmark imgur album scraping against the loopback fixture server; print one JSON object.
 
-Usage: .venv/bin/python benchmarks/album_scrape.py [--albums 2000] [--images 16] [--threads 16]
-       [--rate 5] [--polite-threads 8] [--polite-seconds 4] [--no-json]
+Both phases go through ``AlbumScraper`` with the ``diy`` source's own HTTP policy
+(``policy_from_context``), so the numbers are the connector's, not a hand-tuned client's:
+1. **Throughput** (impolite, ``--threads`` concurrent, cache off): ``albums_per_s_impolite``
+   (parsing included; target >= 50/s).
+2. **Politeness** (``--rate`` per host): the server records each arrival; ``polite_within_limit``
+   is the strict test that no 1-second window ``[t, t+1)`` holds more than ``rate`` requests.
+   The client spaces starts 1.05/rate apart (``RATE_MARGIN``): at exactly 1/rate, a few ms of
+   jitter at the server lets a window catch ``rate + 1``.
 
-Two phases, both through ``AlbumScraper`` with a crawl state in a temporary folder and the HTTP
-policy built from the ``diy`` source's own options (``policy_from_context``), so the numbers are
-the connector's, not a hand-tuned client's:
-
-1. **Throughput** (``polite=false``, ``concurrency=--threads``, cache off): ``--albums`` 2018-style
-   album pages of ``--images`` captioned images each, scraped by a pool of ``--threads`` threads.
-   ``albums_per_s_impolite`` is albums / wall seconds (parsing included; target >= 50/s).
-2. **Politeness** (``rate=--rate`` per host, ``--polite-threads`` threads): ``rate x
-   --polite-seconds`` fresh albums. The server records each request's arrival time;
-   ``polite_max_rate_observed`` is the most requests in any 1-second window ``[t, t+1)`` starting
-   at an arrival, ``polite_min_spacing_s`` the smallest gap between arrivals and
-   ``polite_mean_rate`` (arrivals - 1) / (last - first). The client spaces request starts
-   1.05/rate apart (``pipelines.web.rate_gate.RATE_MARGIN``): at exactly 1/rate, arrivals that jitter by a few
-   milliseconds at the server let a window catch ``rate + 1`` requests. ``polite_within_limit``
-   is the strict test: no 1-second window holds more than ``rate`` requests.
-
-The server runs in its own process (its request handling would otherwise share this process's
-GIL with the parsers). One process with a thread pool is one Beam worker's view: a Beam build
-adds parallelism across worker processes (``beam.Reshuffle`` before the scrape spreads albums);
-the per-host rate is shared by all processes on a machine through the client's lock files.
-Wall-clock numbers move with machine load; compare numbers from one run.
+The server runs in its own process (it would otherwise share this process's GIL with the
+parsers); one process with a thread pool is one Beam worker's view. Wall-clock numbers move with
+machine load; compare numbers from one run.
 """
 
 from __future__ import annotations

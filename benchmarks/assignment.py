@@ -1,17 +1,12 @@
 """AP's exact k-edge matching: a loop of lapjv calls vs the batched solver on the host, and with
 ``--device cuda`` the Triton kernel on the GPU; prints JSON.
 
-Why: ``training/objectives/assignment.py`` has two exact host solvers and ``solve_matchings`` picks
-one per call; this measurement is what the choice rests on (docs/benchmarks.md, "AP's exact
-solver"). On a CUDA device AP solves with ``assignment_triton`` instead, timed here on the same
-problems (already on the device, synchronised after each call; ``--num-warps`` tries the kernel's
-warps per problem). For B documents the similarity has B^2 problems; each problem here is an n x m
-block (padded to 16 x 16) of random float64 weights, n and m either all 16 (``--sizes fixed``, the
-training-step benchmark's documents) or drawn from 1..16 (``mixed``). Timings are the median of
-``--repeats`` calls after one warm-up, single-threaded process. ``same_optimum``: every solver's
-total weight equals the batched solver's. The lapjv loop is left out where lapjv is not installed.
-
-    python benchmarks/assignment.py [--batch 11 64] [--repeats 7] [--sizes fixed mixed] [--device cuda]
+Why: ``solve_matchings`` picks one of two exact host solvers per call, and this measurement is
+what the choice rests on (docs/benchmarks.md, "AP's exact solver"). Each of the B^2 problems is an
+n x m block (padded to 16 x 16) of random float64 weights, n and m all 16 (``--sizes fixed``, the
+training-step benchmark's documents) or drawn from 1..16 (``mixed``); medians of ``--repeats``
+calls after a warm-up, synchronised on the device. ``same_optimum``: every solver's total weight
+equals the batched solver's. The lapjv loop is left out where lapjv is not installed.
 """
 
 from __future__ import annotations

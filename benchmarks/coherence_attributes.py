@@ -2,24 +2,17 @@
 against a base configuration, over seeds, on a graded-salience pair dataset
 (``mmlinks data synth-coherence --salience graded`` + ``data build``).
 
-Each variant is trained with the real training loop (``training.driver.fit``, ``--workers 0``)
-and scored on the test split: text -> image MedR / R@10 over pools, the top-5 match of each
-named attribute, relation AP (CMCM), next to the attribute oracle's MedR, a linear probe of
-the frozen image features and the probe oracle's MedR (the oracle with each image's attributes
-read by those probes: what the features allow; one per dataset). One JSON object on stdout
-(per seed, the mean and sd per variant, and paired differences against the first variant: same
-seed), a markdown table on stderr. Example::
+Each variant trains through the loop ``mmlinks train`` runs (``training.driver.fit``,
+``--workers 0``; issue #61 retired ``--loop inprocess``, last at commit 190e79d) and is scored on
+the test split: MedR / R@10, each named attribute's top-5 match, relation AP (CMCM), beside the
+attribute oracle, a linear probe of the frozen image features and the probe oracle (what the
+features allow). One JSON object on stdout (per seed, mean and sd, paired differences against the
+first variant), a markdown table on stderr. A variant is ``name`` or ``name:field=value,...``
+(TrainConfig fields, JSON values where they parse; ``preset=paper``), over ``--base`` and the
+objective's own defaults::
 
     PYTHONPATH=. python benchmarks/coherence_attributes.py --data DS --seeds 0,1 \\
         --base objective=cmca,epochs=30 --variants "base;layers2:image_layers=2;mean:negatives=mean"
-
-A variant is ``name`` or ``name:field=value,field=value`` (TrainConfig fields, values parsed as
-JSON where they parse, else strings; ``preset=paper`` for the published settings); the base
-applies to all of them, over the objective's own defaults (``ObjectiveSpec.train_defaults``).
-
-Issue #61 retired ``--loop inprocess`` (the same model, loss, warm-up and epoch choice in a bare
-Adam loop without Ray, which measured issue #45's rows; last version: commit 190e79d): every
-variant trains through the loop ``mmlinks train`` runs.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Where a Dask job's time went (issue #47): each task's compute span on each worker, recorded by
-the scheduler, then summed per stage and per time window; prints JSON.
-
-Record (a scheduler preload: the local cluster's scheduler runs in the command's own process)::
+the scheduler, summed per stage and per time window; prints JSON. Record with a scheduler preload
+(the local cluster's scheduler runs in the command's own process), then read::
 
     DASK_DISTRIBUTED__SCHEDULER__PRELOAD='["/abs/path/benchmarks/dask_task_stream.py"]' \\
     MMLINKS_TASK_STREAM_OUT=/tmp/ts.json mmlinks data build ... --runner dask
-
-Read::
-
     .venv/bin/python benchmarks/dask_task_stream.py /tmp/ts.json [--window 20]
 
-Stages are the task names the Dask runner gives (``pipelines.dask_runner.task_name``: the fused
-ParDos' labels); ``busy`` is, per window, the fraction of it each worker spent computing.
-Why not Dask's ``performance_report``: it needs bokeh and a client of the job's own scheduler,
-and the runner makes its client inside the command.
+Stages are the runner's task names (``task_name``: the fused ParDos' labels); ``busy`` is each
+worker's computing share per window. Not Dask's ``performance_report``: it needs bokeh and a
+client of the job's own scheduler, and the runner makes its client inside the command.
 """
 
 from __future__ import annotations

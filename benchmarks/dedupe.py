@@ -1,23 +1,15 @@
 """Benchmark exact near-duplicate hash search (pipelines/near_duplicates.py) and print one JSON object.
 
-Usage: .venv/bin/python benchmarks/dedupe.py [--n 1000000] [--small 100000] [--check 50000]
-       [--planted 1000] [--threshold 3] [--seed 0] [--repeats 3] [--beam-docs 20000]
-       [--series 100000,1000000,4000000]
+Random 64-bit hashes with ``--planted`` copies at distance 1..threshold: time for n and for the
+first ``--small`` and their ratio, a scaling ``--series``, the share of planted pairs found (must
+be 1.0), equality with chunked brute force on a ``--check`` subset, and, unless ``--beam-docs 0``,
+DirectRunner throughput of FindDuplicateDocuments checked against the NumPy core's verdicts.
+Issue #61 retired the "two levels always" timings, whose figures chose ``TWO_LEVEL_MIN_GROUP`` and
+stand in ``pipelines/near_duplicates.py``'s docstring (last version: commit 7c1b8d6).
 
-Random 64-bit hashes with ``--planted`` copies at distance 1..threshold (random bits flipped):
-time for n and for the first ``--small`` (best of ``--repeats``, same process) and their ratio; a scaling
-series (seconds for each prefix size in ``--series``, the n hashes extended with more random ones
-where a size exceeds n, best of ``--repeats`` each, like the headline timings); the share of planted
-pairs found (must be 1.0); equality with chunked brute force on a ``--check``-size subset that holds
-planted pairs; and, unless ``--beam-docs 0``, DirectRunner throughput of FindDuplicateDocuments on
-synthetic documents, checked against document verdicts derived from the NumPy core. Issue #61 retired
-the "two levels always" timings (``TWO_LEVEL_MIN_GROUP = 2``), whose figures chose the default and
-stand in ``pipelines/near_duplicates.py``'s docstring (last version: commit 7c1b8d6); that both
-policies find the same pairs is ``tests/pipelines/test_dedupe.py``'s.
-
-All timings are wall clock, best of ``--repeats`` in one process, so they move with machine load
-(on a shared 2-core VM the 1M/100K ratio of one unchanged build ranged from ~9 to ~27 with the load
-of other processes): compare numbers from one run.
+Timings are wall clock, best of ``--repeats`` in one process: on a shared 2-core VM the 1M/100K
+ratio of one unchanged build ranged from ~9 to ~27 with other processes' load, so compare
+numbers from one run.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Feature-extraction throughput: bare batched forward vs. the same model inside a Beam pipeline.
 
-Usage: .venv/bin/python benchmarks/extractor_throughput.py [--images 512] [--batch-size 32]
-       [--extractor NAME] [--option key=value ...] [--rounds 3] [--threads N] [--device cuda]
-       [--beam auto|on|off] [--json]
+CLIP ViT-B/32 (issue #20's GPU target): ``--extractor clip-vit-b32 --option weights=FILE --device
+cuda``. The bare forward needs only torch: ``--beam auto`` skips the Beam half, and says so, where
+apache_beam is not installed (a GPU image without the pipeline stack).
 
-CLIP ViT-B/32 (issue #20's GPU target): ``--extractor clip-vit-b32 --option weights=FILE --device cuda``.
-The bare forward needs only torch (and the extractor's own library, e.g. open_clip): with
-``--beam auto`` (the default) the Beam half is skipped, and said so, where apache_beam is not
-installed (a GPU image without the pipeline stack runs ``PYTHONPATH=. python benchmarks/...``).
-
-Measured in one process on the same machine, model and batch size:
-  (a) bare forward: images/s of ``extractor.forward`` (the batch-independent fixed-chunk forward
-      RunInference runs) on preprocessed tensors, and of a plain ``model(batch)`` for comparison;
-  (b) Beam: images/s through DirectRunner: in-memory (key, tensor) -> RunInference(extractor's
-      handler) -> count. Start-up (pipeline construction, runner start, model load) is separated
-      by also running a pipeline of ``--batch-size`` images: steady images/s =
-      (images - batch) / (t_full - t_small);
-  (c) ratio = steady Beam images/s / bare forward images/s (the target is >= 0.8).
-Also reported: RunInference's own batch-size distribution (Beam metrics), to show the batches
-are full. Each measurement is repeated ``--rounds`` times, interleaved (bare, plain, Beam small,
-Beam full per round) so a busy neighbour affects all alike, and the best of each is kept.
-``--threads`` sets the intra-op threads (OMP/MKL env before torch loads, and torch); on a shared
-machine 1 thread avoids OpenMP spin-wait thrashing when another process holds a core.
-The CPU malloc tuning the handler applies (``tune_cpu_malloc``) is applied to the bare forward
-too; ``--no-malloc-tuning`` turns it off for both. Prints one JSON object.
+(a) bare: images/s of ``extractor.forward`` (the fixed-chunk forward RunInference runs) and of a
+plain ``model(batch)``; (b) Beam: DirectRunner, (key, tensor) -> RunInference -> count, start-up
+separated by also running ``--batch-size`` images: steady = (images - batch) / (t_full -
+t_small); (c) ratio = (b) / (a), target >= 0.8; plus RunInference's batch sizes, to show the
+batches are full. Rounds are interleaved so a busy neighbour affects all alike; the best of each
+is kept. ``--threads 1`` avoids OpenMP spin-wait thrashing on a shared machine; the handler's
+malloc tuning applies to both sides (``--no-malloc-tuning``: neither). Prints one JSON object.
 """
 
 from __future__ import annotations

@@ -4,19 +4,12 @@ object: scenarios run, faults injected, inputs fuzzed, invariant violations.
 Usage: .venv/bin/python benchmarks/faults.py [--only KEYWORD] [--no-json] [-- PYTEST_ARGS]
        .venv/bin/python benchmarks/faults.py --from-run JUNIT_XML STATS_JSONL  (a finished run's table)
 
-Each scenario asserts an invariant (a damaged response is never returned as good, every bad
-record is a dead letter with a reason, a crashed promotion leaves production on a version that
-passed the gate, ...); a failed assertion is an invariant violation. The scenarios count what
-they inject and fuzz into ``$MMLINKS_FAULTS_STATS`` (see ``tests/faults/conftest.py``); this
-script sets it to a temporary file, runs pytest once in a subprocess (``-p no:xdist``), and
-totals the counts per test file. Scenarios that need PostgreSQL skip where it is missing and
-are reported as skipped, not as passed. Wall-clock seconds move with machine load.
-
-A failed scenario is listed under ``failures`` with the reason pytest gave (JUnit XML's message)
-and a kind: ``invariant`` (an assertion of the scenario failed: a violation) or ``harness`` (the
-scenario could not run: an error in a fixture's setup or teardown, JUnit's ``error``, or a
-failure naming one of ``HARNESS_MARKERS``, such as Ray's start timing out under load). Harness
-failures are not counted as invariant violations, but they fail the run too: nothing was proven.
+The scenarios count what they inject and fuzz into ``$MMLINKS_FAULTS_STATS``
+(``tests/faults/conftest.py``); this script points it at a temporary file, runs pytest once
+(``-p no:xdist``) and totals per test file; scenarios that need PostgreSQL report as skipped.
+A failure is ``invariant`` (a scenario's assertion: a violation) or ``harness`` (a fixture's
+error, or a failure naming one of ``HARNESS_MARKERS``, such as Ray's start timing out): not a
+violation, but it fails the run too, since nothing was proven.
 """
 
 from __future__ import annotations

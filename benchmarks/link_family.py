@@ -1,19 +1,12 @@
 """Linking across a family of corpora (issue #44): the default model beside the simplest one.
 
-For each cell of the grid it writes a feature-level corpus (``mmlinks data synth-features``:
-handwritten-digit features, K topics, a look shared per topic or per document, mixed by adding,
-clipping or scaling, at a strength that sets the image ratio), measures its training split's image
-ratio, and trains every row on it through the path of ``mmlinks train --workers 0``
-(``run_experiment``: fit, checkpoint choice, test evaluation), for each seed. Prints one JSON
-object: per cell its ratio and residual, and per row test
-AUC / p@1 per seed and their means (the default row also what it measured: its pick and each
-candidate's score, issue #60), and per cell the default's margin over the baseline.
-docs/benchmarks-linking.md holds the tables and commands.
-
-Cells are ``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE...]``, e.g.
-``topic:40:clipped:5`` or ``topic:40:added:4.1:looks=3:images=2-3``; ``--grid
-issue`` is the issue's grid (K 10/40/200 x added/clipped x ratio ~3/~10/>=20, per-document looks,
-no look). Rows are names from ROWS, or ``NAME=JSON`` for a TrainConfig override.
+Per grid cell: a feature-level corpus (``mmlinks data synth-features``), its training split's
+image ratio, and every row trained through ``mmlinks train --workers 0``'s path
+(``run_experiment``) for each seed. Prints one JSON object: per cell its ratio and residual, per
+row test AUC / p@1 per seed and their means (the default row also its pick and each candidate's
+score, issue #60), and the default's margin over the baseline; docs/benchmarks-linking.md holds
+the tables and commands. Cells are ``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE...]``
+(e.g. ``topic:40:added:4.1:looks=3:images=2-3``); rows are names from ROWS or ``NAME=JSON``.
 
     python benchmarks/link_family.py --grid issue --rows default,bag --seeds 0,1 --jobs 3
 """
@@ -103,9 +96,7 @@ def parse_cell(cell: str) -> dict:
 
 def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, dict]:
     """(the cell's corpus folder, written once per size and seed; its training split's figures:
-    image ratio and residual ratio). Issue #61 retired the "old rule" column (the image side the
-    threshold rule issue #60 replaced picked; its figures stay in docs/benchmarks-linking.md; last
-    version: commit b95443a)."""
+    image ratio and residual ratio)."""
     from pipelines.confounds import RESIDUAL_SAMPLE, image_ratio, residual_ratio
     from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
     from schemas.manifest import Manifest

@@ -1,40 +1,20 @@
 """Throughput of batch linking (`mmlinks link`, issue #16): the Beam job vs the bare model; JSON.
 
-Usage: .venv/bin/python benchmarks/link_throughput.py [--docs 5000] [--direct-workers N]
-       [--batch-docs 64] [--d-multi 256] [--repeats 3] [--workdir DIR]
+The shards are written directly (``write_shard``: Lite0-sized features), because building
+thousands of documents through the CNN measures the build, not the link job. The model is a
+seeded, untrained MulLink of ``mmlinks train``'s default shape, packaged and registered as a run
+would be (its quality does not change its speed); ``--d-multi 256`` is the demo's: the job's own
+per-document work is the same for any model, so the ratio is lowest for the cheapest one.
 
-The dataset's shards are generated directly (``schemas.shards.write_shard``: EfficientNet-Lite0
-sized 1280-d non-negative features, 5-8 images and 3-10 sentences per document, 1,000 documents
-per shard), because building thousands of documents through the CNN measures the build, not the
-link job (benchmarks/pipeline_scale.py builds). The model is a seeded, untrained GRU MulLink of
-the shape `mmlinks train` gives by default (TrainConfig's backbone config: d_multi 1024, max
-pooling, the offline GloVe's 50-d word vectors, 20 tokens), packaged and registered as a training
-run would be; its quality does not change its speed. ``--d-multi 256`` is the demo's smaller
-model: the job's own per-document work (decoding the Parquet features, Beam) is the same for any
-model, so the ratio is lowest for the cheapest model (docs/benchmarks-scale.md gives both).
-
-Reported (medians of ``--repeats`` repetitions; each repetition runs the bare loop, then the job
-on a small copy and on the whole dataset, so both sides see the same neighbours):
-
-- ``beam``: ``linking.job.link_documents`` (``mmlinks link``'s function) on all documents. The
-  steady state is measured inside the run (``in_run_*``; in worker processes through a
-  ``sitecustomize`` hook they inherit, ``hook_workers``, from the moment every worker has linked
-  its first chunk, and without per-CPU figures): the documents
-  after the first chunk over the time from the moment that chunk leaves ``LinkChunk`` to the
-  job's return, so the rest of the reading, scoring, linking, shard writing and the commit are
-  inside the window and the imports, model loads and pipeline start-up are not; start-up = the
-  time to the first linked chunk less that chunk's share at the steady rate. Cross-check
-  (``difference_*``): the extra documents of the full run over its extra wall time against a
-  run on the first ``--batch-docs`` x 2 documents.
-- ``bare``: one process, the model loaded once and warmed on one chunk, the same chunks (same
-  batch size, read before the clock starts) scored in a loop (``score``), and scored + assigned
-  (``score_assign``, the work the job does per chunk).
-- ``ratio_steady_vs_bare``: Beam in-run steady state / bare score + assign (wall; ``_cpu``: per
-  CPU-second), with each repetition's ratio in ``ratio_per_repeat``: the job against a loop doing
-  the same computation per chunk.
-- ``ratio_steady_vs_bare_score``: the same against the bare loop that only scores (the issue's
-  words, "the bare model scoring the same documents"): the stricter reading, since the job also
-  assigns the links; with ``ratio_score_per_repeat``.
+Medians of ``--repeats`` (each runs the bare loop, then the job, so both see the same neighbours):
+- ``beam``: ``link_documents`` on all documents; the steady state is measured inside the run (in
+  workers through an inherited ``sitecustomize`` hook) from the moment every worker has linked
+  its first chunk, so imports, model loads and start-up are outside the window and reading,
+  linking, writing and the commit inside it; ``difference_*`` cross-checks against a small run.
+- ``bare``: the model loaded once, the same chunks scored (``score``) and scored + assigned
+  (``score_assign``, the job's work per chunk).
+- ``ratio_steady_vs_bare`` (against score + assign) and ``ratio_steady_vs_bare_score`` (the
+  issue's words, "the bare model scoring the same documents": the stricter reading).
 """
 
 from __future__ import annotations
@@ -226,10 +206,8 @@ def time_chunks() -> None:
 
 
 def beam_run(data: Path, out: Path, model: str, workdir: Path, args, worker_log: Path | None = None) -> dict:
-    """One ``link_documents`` run: its wall and CPU, and the in-run steady state: the documents
-    after the first chunk over the time from that chunk's end to the job's return (so the rest
-    of the reading, scoring, linking, the shard writing and the commit are all inside it, the
-    imports, model loads and pipeline start-up are not)."""
+    """One ``link_documents`` run: its wall and CPU, and the in-run steady state (the module's
+    docstring says which window)."""
     from linking.config import LinkConfig
     from linking.job import link_documents
 

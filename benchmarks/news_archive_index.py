@@ -1,38 +1,17 @@
 """News archive index (issues #18, #38): recall@k of an approximate FAISS index against exact
-search, per-query search latency, build time, memory and size on disk, on N vectors of
-dimension D that are never all in memory (the issue's targets: 1M and 10M x 256).
+search, per-query latency, build time, memory and size on disk, on N x D vectors that are never
+all in memory (the targets: 1M and 10M x 256).
 
-Database (``--vectors``), generated in chunks of ``DB_CHUNK`` rows, chunk c from
-``numpy.random.default_rng([seed, c])`` alone, so any chunk is regenerated identically (the
-build streams them; the exact oracle reads them again; row i is named ``str(i)``):
-
-- ``random``: standard normal vectors, L2-normalised (the hard case: no clusters to prune by);
-- ``trained``: embeddings of a trained news model (``--model``, a checkpoint folder written by
-  ``benchmarks/news_fusion.py --save-model``): a simple mixture is fitted to the real CNN features of
-  ``--data``'s images (``--mixture-k`` k-means centres, each with its cluster's per-dimension
-  standard deviation and its share of the images as weight); a chunk draws its CNN features
-  from the mixture and passes them through the model's image tower.
-
-Queries, one at a time (``--query-mode``): ``noisy`` (a database vector plus ``noise * N(0,
-I/D)``, renormalised), ``random`` (a fresh random unit vector), ``articles`` (trained only: the
-fused text vectors of ``--data``'s articles, the served model's real queries).
-
-The oracle is the exact top k over all N, chunk by chunk (a running top k), kept beside a cached
-index. The index is built by ``archive.build.build_streamed`` into
-``--index-cache`` (checkpointed, so a killed build resumes; reused when it was built for the same
-N, D, seed, vectors and kind); ``--build-only`` stops after that and reports the build's time,
-CPU time and peak resident memory. Latency is timed one query at a time on ``--threads`` FAISS
-threads (default 1), the index loaded as the served model loads it (``--mmap`` for ivfpq), at the
-settings its build calibrated (``ArchiveIndex.calibrate``: random, on its own vectors plus
-noise; trained, on the train split's articles, not the measured ones) and over the settings
-swept: HNSW efSearch / IVF nprobe / PQ factor (``--breadth``), ivfpq ``--nprobe`` x
-``--k-factor`` x ``--exact-factor``. Also: the index's size on disk and the resident memory
-its load and queries added. One JSON object on stdout. Examples::
-
-    PYTHONPATH=. python benchmarks/news_archive_index.py --n 1000000 --kind ivfpq \\
-        --index-cache /tmp/a38/ivfpq-1m-random --build-only
-    PYTHONPATH=. python benchmarks/news_archive_index.py --n 1000000 --kind ivfpq \\
-        --index-cache /tmp/a38/ivfpq-1m-random --mmap --nprobe 250,1000 --k-factor 50,100
+Vectors come in chunks of ``DB_CHUNK`` rows, chunk c from ``default_rng([seed, c])`` alone, so the
+build streams them and the exact oracle regenerates them: ``random`` (unit normal: no clusters
+to prune by) or ``trained`` (``--model`` from ``news_fusion.py --save-model``; CNN features drawn
+from a ``--mixture-k`` mixture fitted to ``--data``'s images, through the image tower). Queries
+(``--query-mode``): ``noisy`` database vectors, ``random``, or ``articles`` (the served model's
+real queries). The index is built by ``archive.build.build_streamed`` into ``--index-cache``
+(checkpointed, resumed, reused for the same N, D, seed, vectors and kind; ``--build-only`` stops
+there) and loaded as the served model loads it, at its calibrated settings and the swept ones
+(``--breadth``; ivfpq ``--nprobe`` x ``--k-factor`` x ``--exact-factor``), one query at a time on
+``--threads`` FAISS threads. One JSON object on stdout; commands in docs/benchmarks-news.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,18 @@
 """News image selection (issue #18): fusion + random_drop vs the best single source, on a built
 news dataset (`mmlinks data synth-news` + `data build --source news-jsonl`), in one process.
 
-Each ``--runs`` entry is ``SOURCES[:FUSION][:dropP][:subN][:poolP]`` (e.g. ``caption``,
-``headline+lead+body+caption:attention:drop0.3``, ``...:sub0`` for words only, else
-``--subword-buckets``; ``...:poolmean`` pools n-grams by their plain mean, else
-``--subword-pooling``); ``dc:`` in front trains it by divide and conquer (Liu et al. Sect. 6.2):
-every source encoder starts from the single-source run of the same invocation (which must come
-earlier in ``--runs``; word embeddings and image tower from the caption model, else the first),
-then the fuser alone for ``--fuser-warmup-epochs``, then all. ``bow`` is the bag-of-words
-reference (issue #34): the mean word vector of every token of every source -> linear, the same
-image tower, loss, epochs and checkpoint choice.
-
-``--save-model OUT`` keeps the last run's model: ``OUT/checkpoint`` (``state.pt`` + ``meta.json``,
-what ``training.checkpoints.load_checkpoint_model`` reads) and ``OUT/vocab.json``, the trained
-model the archive benchmarks embed and serve (issue #38: ``news_archive_index.py --vectors
-trained``, ``news_serving_latency.py --trained``); it replaced ``news_archive_model.py`` in issue #61
-(last version: commit 422b71e), whose run is ``--runs headline+lead+body+caption:attention:drop0.3
---d 256 --threads 2``.
-
-``--unseen-data DS2`` also scores every run on DS2's test split: a build of the same corpus
-with ``data synth-news --names --unseen-forms 0.1`` (its train split equals this one's, its
-test articles write every name in a form never seen in training), the subword target.
+A ``--runs`` entry is ``SOURCES[:FUSION][:dropP][:subN][:poolP]``; ``dc:`` in front trains it by
+divide and conquer (Liu et al. Sect. 6.2) from the single-source runs earlier in ``--runs``;
+``bow`` is the bag-of-words reference (issue #34). ``--save-model OUT`` keeps the last run's
+checkpoint and vocabulary for the archive benchmarks (issue #38; it replaced
+``news_archive_model.py``, docs/benchmarks-news.md). ``--unseen-data DS2`` also scores on a build
+whose test articles write every name in an unseen form (the subword target).
 
 Every run trains from the same seed on the same batches with the training loop's recipe without
-Ray (Adam, ``--batch`` samples per batch reshuffled every epoch, random_drop while training, the
-epoch with the lowest validation MedR kept), through the library's config, model, loss and
-metrics (``training/news/``), then scores the test split with complete inputs: R@1/5/10 and
-MedR, text-to-image and image-to-text, on every test sample and on the complete samples (all
-four sources present). A sample without any source a model reads counts as a miss for it (zero
-text vector, pessimistic ties).
-
-One JSON object on stdout. Example::
+Ray (Adam, reshuffled batches, random_drop, the epoch with the lowest validation MedR kept)
+through ``training/news/``, then scores the test split: R@1/5/10 and MedR both ways, on every
+sample and on the complete ones; a sample without any source a model reads is a miss for it.
+One JSON object on stdout::
 
     PYTHONPATH=. python benchmarks/news_fusion.py --data DS --epochs 15
 """
@@ -200,6 +182,13 @@ def prepared(data: str, word_dim: int, seed: int) -> tuple:
     return manifest, train_paths, train, val, test, vocab, emb, training_feature_stats(train_paths)
 
 
+def batches(table, vocab, tokens: int) -> list:
+    """A split cut into scoring batches of 64 samples, in order."""
+    from training.data import make_batch
+
+    return [make_batch(table.slice(s, 64), vocab, tokens) for s in range(0, table.num_rows, 64)]
+
+
 def train_one(cfg, manifest, train_paths, train, val, vocab, emb, feats_stats, bow=False) -> tuple:
     """(best model, best epoch, history) by validation MedR."""
     from training.backbone import get_backbone
@@ -216,7 +205,7 @@ def train_one(cfg, manifest, train_paths, train, val, vocab, emb, feats_stats, b
         model = BagOfWords(model)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     tokens = budget(model)
-    val_batches = [make_batch(val.slice(s, 64), vocab, tokens) for s in range(0, val.num_rows, 64)]
+    val_batches = batches(val, vocab, tokens)
     rng, gen = np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed)
     best, history = (float("inf"), -1, None), []
     for epoch in range(cfg.epochs):
@@ -249,7 +238,6 @@ def complete_mask(table) -> np.ndarray:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from training.data import make_batch
     from training.news.objective import evaluate_samples
 
     manifest, train_paths, train, val, test, vocab, emb, stats = prepared(args.data, args.word_dim, args.seed)
@@ -264,9 +252,7 @@ def main(argv=None) -> dict:
         model, epoch, history = train_one(cfg, manifest, train_paths, train, val, vocab, emb, stats, bow)
         if "," not in cfg.news_sources:
             checkpoints[cfg.news_sources] = save_single(f"{tmp}/{cfg.news_sources}", model)
-        test_batches = [
-            make_batch(test.slice(s, 64), vocab, budget(model)) for s in range(0, test.num_rows, 64)
-        ]
+        test_batches = batches(test, vocab, budget(model))
         full = evaluate_samples(model, test_batches, cfg)
         sub = evaluate_samples(model, test_batches, cfg, complete)
         keep = ("medr", "r1", "r5", "r10")
@@ -279,10 +265,7 @@ def main(argv=None) -> dict:
             "seconds": round(time.perf_counter() - t0, 1),
         }
         if unseen is not None:
-            batches = [
-                make_batch(unseen.slice(s, 64), vocab, budget(model)) for s in range(0, unseen.num_rows, 64)
-            ]
-            out = evaluate_samples(model, batches, cfg)
+            out = evaluate_samples(model, batches(unseen, vocab, budget(model)), cfg)
             results[entry]["unseen_forms_t2i"] = {k: out["t2i"][k] for k in keep}
             results[entry]["unseen_forms_i2t"] = {k: out["i2t"][k] for k in keep}
         print(f"{entry}: {results[entry]}", file=sys.stderr)

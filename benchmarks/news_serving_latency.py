@@ -1,37 +1,17 @@
 """News image selection through the served model (issue #18): the latency of one article query
-(encode the article's text + search the archive index + HTTP) against an archive of N images.
+(encode the text + search the archive index + HTTP) against an archive of N images.
 
-A randomly initialised news model (seeded; speed does not depend on the weights) of shared
-dimension ``--dim`` (attention fusion over headline, lead, body, caption; word_dim 300,
-d_hidden 600, a vocabulary of ``--vocab`` words) is packaged with ``log_news_model(path=...)`` together
-with an archive index: ``--index-cache FOLDER`` (an ``ArchiveIndex`` folder, e.g. the one
-``benchmarks/news_archive_index.py --index-cache`` built over N random vectors), or else an exact
-``flat`` index of ``--images`` random unit vectors. Articles: random vocabulary words, 12 in the
-headline, 40 in the lead, 400 in the body (cut to ``--max-tokens``), 15 in the caption.
-
-Timed one article at a time, top 10: ``in_process`` (``mlflow.pyfunc.load_model(...).predict``;
-also the text encoding alone, and the served top 10's recall against exact search), and
-``served`` (``mlflow models serve --env-manager local`` on loopback, one POST per article)
-unless ``--no-serve``. ``--floor`` (a no-op pyfunc: MLflow's own cost per request),
-``--encoder-check`` (int8 dynamic quantisation, not adopted) and ``--thread-sweep`` (the packaged
-serving threads) retired in issue #61; see commit d839ce0; with them the packaging choices that
-compared against the shipped ones, ``--threads`` and a pq archive's ``--refine-factor`` (last
-version: commit d0a6dcc).
-
-Issue #38: ``--archive-env FOLDER`` serves an archive folder (e.g. a 10M ``ivfpq`` index built by
-``benchmarks/news_archive_index.py``, whose info names run ``bench``) through
-``MMLINKS_NEWS_ARCHIVE`` instead of copying it into the model, as a production server would
-serve the Dagster asset's folder; ``--trained DIR --data DS`` serves the model
-``benchmarks/news_fusion.py --save-model`` kept (its vocabulary, languages and the dataset's own
-articles as the queries) instead of a random one; ``--workers N`` starts N serving workers and
-reports every server process's resident memory from ``/proc/PID/smaps_rollup`` (Rss, Pss and
-the shared pages: a memory-mapped archive is counted once across workers in Pss). The served
-recall is measured against exact search over the archive's float32 vectors (an ivfpq folder's
-``vectors.f32``, read in chunks). ``--evict`` drops the ``--archive-env`` folder from the page cache
-before the in-process load and before the server starts (a cold server: machine C's kernel pages
-out what was not touched for a minute), ``--as-served`` loads the in-process model as the scoring
-server does (GC frozen, a mapped archive held resident, the warm-up). One JSON object on stdout.
-Example::
+A seeded random news model of ``--dim`` (speed does not depend on the weights), or with
+``--trained DIR --data DS`` the one ``news_fusion.py --save-model`` kept, is packaged with
+``log_news_model`` and an archive: ``--index-cache`` (an ``ArchiveIndex`` folder) or an exact
+``flat`` index of ``--images`` random vectors; ``--archive-env`` serves a folder through
+``MMLINKS_NEWS_ARCHIVE`` instead, as production serves the Dagster asset's. Timed one article at
+a time, top 10: ``in_process`` (``pyfunc.load_model(...).predict``, the encoding alone, and recall
+against exact search) and ``served`` (``mlflow models serve`` on loopback) unless ``--no-serve``;
+``--workers N`` reports each server's Rss / Pss from ``smaps_rollup`` (a mapped archive counts
+once in Pss); ``--evict`` starts cold, ``--as-served`` loads as the scoring server does.
+Retired in issue #61: ``--floor``, ``--encoder-check``, ``--thread-sweep`` (commit d839ce0),
+``--threads`` and ``--refine-factor`` (last at d0a6dcc). One JSON object on stdout::
 
     PYTHONPATH=. python benchmarks/news_serving_latency.py --index-cache /tmp/hnsw-1m-256 --queries 200
 """

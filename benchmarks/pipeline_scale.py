@@ -1,31 +1,17 @@
 """How cost grows with the data (issue #47): train, link and build at several sizes; print JSON.
 
-Usage: nice -n 5 env PYTHONPATH=. .venv/bin/python benchmarks/pipeline_scale.py
-       [--train-sizes 10000,100000] [--link-sizes 10000,100000] [--epochs 2] [--workers 2]
-       [--build-sizes 1000,5000,20000] [--runners direct,dask] [--workdir DIR] [--data-root DIR]
-
 Every stage runs the real CLI (``python -m cli``) in a child process whose whole process tree
-(the Ray, Beam or Dask processes it starts included) is polled every ``--poll-s`` seconds for
-its resident memory; no process of the run is ours, so the figures are the command's own.
-
-- Corpora: ``mmlinks data synth-features`` (the feature-level generator: digit features and
-  known links straight into shards, no image rendering) writes one dataset per size under
-  ``--workdir``, unless that folder already holds it (``--data-root`` reuses one).
-- ``train``: ``mmlinks train --workers W --epochs E`` (registers the model as a candidate).
-  From the run's MLflow metrics: training seconds per epoch (the workers' epoch time, without
-  validation) and documents/s (the last epoch, so the first epoch's start-up is out), the wall
-  between consecutive epochs' metrics (epoch, validation and checkpoint together); test AUC;
-  peak RSS of the driver (the command's process), of each Ray Train worker and of the Ray
-  system processes; the object store's peak use (the growth of /dev/shm, where Ray keeps it).
-- ``link``: ``mmlinks link`` with that model over every document, on the DirectRunner and on
-  Dask: documents/s (the command's own figure, start-up included) and peak RSS.
-- ``build``: ``mmlinks data synth`` + ``mmlinks data build`` (images rendered, fetched and run
-  through the CNN) at ``--build-sizes``, per runner: wall time (the median of ``--build-repeats``
-  cold builds), peak RSS, images inferred, the dataset version; ``--build-warm`` builds once more
-  sharing the first build's image store (nothing fetched or inferred). Issue #61 folded
-  ``build_scale.py`` (the warm build) and ``dask_build.py`` (repeats, ``--build-arg``) in here,
-  and retired ``--read-sizes`` / ``--read-code`` (issue #47's split reads alone, old tree against
-  new; figures in docs/benchmarks-scale.md; last version: commit af5bc1b).
+(Ray, Beam or Dask included) is polled every ``--poll-s`` for its resident memory, so the
+figures are the command's own. Corpora come from ``mmlinks data synth-features`` (one per size,
+reused when ``--workdir`` / ``--data-root`` holds it).
+- ``train``: ``mmlinks train --workers W --epochs E``: seconds per epoch and documents/s of the
+  last epoch (from the run's MLflow metrics), test AUC, peak RSS of the driver, each Ray worker
+  and Ray's system processes, the object store's peak (/dev/shm).
+- ``link``: ``mmlinks link`` on Direct and Dask: documents/s (start-up included) and peak RSS.
+- ``build``: ``data synth`` + ``data build`` at ``--build-sizes`` per runner: the median wall of
+  ``--build-repeats`` cold builds, peak RSS, images inferred; ``--build-warm`` once more on the
+  first build's image store. Issue #61 folded ``build_scale.py`` and ``dask_build.py`` in here
+  and retired ``--read-sizes`` / ``--read-code`` (docs/benchmarks-scale.md).
 Ratios against the smallest size come with each stage.
 """
 

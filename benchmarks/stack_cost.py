@@ -1,32 +1,16 @@
 """What the training stack costs (issue #63): ``mmlinks train`` against a bare PyTorch loop of the
 same model, objective and batches in one process.
 
-Rows (``--rows``, any of):
-
-- ``bare1`` / ``bare2``: a plain loop in this process at 1 / 2 torch threads: the training split
-  read once into memory, cut into the run's batches (``document_batches``: its sampler), ``make_batch`` ->
-  ``objective_loss`` -> ``backward`` -> ``Adam.step``. Built from the same vocabulary, word vectors,
-  feature statistics and model config as the run (``training.driver.worker_loop_config``), so
-  it differs from the stack only by what the stack adds: no Ray, no per-step agreement, no
-  validation, checkpoints or MLflow. Its epoch is split into data (``make_batch``), forward (the
-  assignment solver inside it also on its own), backward and optimizer.
-- ``w0`` / ``w1`` / ``w2``: the whole command, ``mmlinks train --workers N`` (``--workers 0``: the
-  loop in this process, ``1`` and ``2``: Ray Train workers), with an MLflow store of its own;
-  ``w0-1t``: ``--workers 0`` at one torch thread (``OMP_NUM_THREADS=1``: the default before issue
-  #63's auto threads).
-  Each epoch's figures come from what the run logged: documents/s over its training pass,
-  the loader's wait, the step time and the validation pass (``val_s``); the epoch's wall time
-  from the timestamps of successive epochs' metrics, so what is neither training nor
-  validation (checkpoint, MLflow logging, Ray's report) is the rest.
-
-Each row trains ``--epochs`` epochs; epoch 0 is the warm-up and the figures are medians over the
-later ones (steady epochs). The model side is fixed for every row (``--image-centring``,
-default ``none``): ``auto``'s brief candidate runs happen once before training and are not a
-per-epoch cost. ``--device cuda`` runs the bare rows on the GPU (timed without per-part
-synchronisation, so no split) and adds ``--gpu`` to the stack rows.
-
-Writes the corpus with ``mmlinks data synth-features`` unless ``--data`` names one. Prints one
-JSON object; docs/benchmarks-scale.md holds the table and commands.
+Rows (``--rows``): ``bare1`` / ``bare2``, a plain loop at 1 / 2 torch threads over the run's own
+batches, vocabulary, word vectors and model config (``worker_loop_config``), so it differs from
+the stack only by what the stack adds (Ray, per-step agreement, validation, checkpoints,
+MLflow), its epoch split into data, forward (the assignment solver also alone), backward and
+optimizer; ``w0`` / ``w1`` / ``w2``, ``mmlinks train --workers N`` with its own MLflow store
+(``w0-1t``: one torch thread), each epoch from what the run logged, the rest of the wall time
+being what is neither training nor validation. Epoch 0 is the warm-up; figures are medians of
+the later epochs. The model side is fixed (``--image-centring``, default ``none``): ``auto``'s
+candidate runs happen once, not per epoch. ``--device cuda``: bare rows on the GPU (no split),
+``--gpu`` on the stack rows. Prints one JSON object; docs/benchmarks-scale.md holds the table::
 
     python benchmarks/stack_cost.py --docs 10000 --epochs 3 --rows bare1,bare2,w0,w1,w2
 """

@@ -1,16 +1,13 @@
 """Pretrained text towers' inference throughput (issue #20): sentences/s through all-MiniLM-L6-v2
 and CLIP's text tower, batched, on ``--device`` (cpu, cuda).
 
-Pure PyTorch: it imports only ``training.link.towers`` and ``features.clip`` (torch, transformers,
-tokenizers, open_clip), never Ray, Beam or MLflow, so a GPU image without the pipeline stack
-runs it from a checkout:
+Pure PyTorch (``training.link.towers``, ``features.clip``; never Ray, Beam or MLflow), so a GPU
+image without the pipeline stack runs it from a checkout::
 
-    PYTHONPATH=. python benchmarks/tower_inference.py --towers minilm --device cuda
     PYTHONPATH=. python benchmarks/tower_inference.py --towers clip --clip-weights FILE --device cuda
 
-Sentences are the synthetic corpus's kind (words from a fixed list, seeded), all distinct, so
-nothing is cached. Each tower is warmed up on one batch; the best of ``--rounds`` is kept, with
-``torch.cuda.synchronize`` before each timer read on a GPU. Prints one JSON object.
+Sentences are distinct synthetic ones, so nothing is cached; each tower is warmed up, the best of
+``--rounds`` kept (synchronised on a GPU). Prints one JSON object.
 """
 
 from __future__ import annotations

@@ -1,38 +1,20 @@
 """Time one training step of the default MulLink model per objective, split into its parts.
 
-Usage: .venv/bin/python benchmarks/training_step.py [--batch-docs 11] [--sentences 16] [--images 16]
-       [--tokens 12] [--vocab 5000] [--repeats 10] [--warmup 2] [--threads 1] [--device cpu]
-       [--clock wall|cpu] [--seed 0]
-       .venv/bin/python benchmarks/training_step.py --retrieval-data DS [--objectives cmca,cmcm]
-       [--batch-docs 32] [--repeats 40] [--warmup 3] [--word-vectors glove] [--cam-hidden 0]
+Why: issue #5 asks that AP cost about what DC costs (AP step <= 1.15x DC step at B = 11,
+documents of 16 images x 16 sentences) and that similarity + assignment stay <= 15 % of the step.
+Both are ratios, so every figure comes from one process, the objectives interleaved per repeat so
+a busy neighbour slows all alike, and medians are compared.
 
-Why: issue #5 asks that AP, whose B^2 assignment problems once ran as a Python loop of lapjv
-calls, cost about what DC costs (AP step <= 1.15x DC step at B = 11, documents of 16 images x 16
-sentences) and that similarity + assignment stay <= 15% of the step. Both are ratios, so every
-figure here comes from one process: the objectives run interleaved (dc, tk, ap, ... per repeat) so
-a busy neighbour slows all alike, and the medians are compared.
-
-The model is the default (GRU and d_multi 1024, 50-d word vectors as GloVe 50-d, 1280-d image
-features, image dropout 0.4), on one fixed random batch: B documents, each ``--sentences``
-sentences of 8..16 tokens (mean 12) over a ``--vocab`` vocabulary and ``--images`` feature
-vectors. A step = encode (text GRU + image projection) -> pad_documents -> document_similarity ->
-in_batch_loss (margin 0.2, hard negatives) -> backward -> Adam. The backward runs in two calls,
-first from the loss to the encoded vectors (similarity + loss backward), then through the encoders,
-which is the same arithmetic as one call and lets the similarity's share include its backward.
-
-Objectives: dc, tk (k full), ap (k full and half), AP solved where it trains (on a CUDA device by
-the Triton solver). The assignment part alone, per solver, is ``benchmarks/assignment.py``'s.
-Issue #61 retired the rows that compared against replaced solvers (last version: commit dd9d625):
-the loop-over-pairs AP (the batched solver replaced it in issue #5) and, on a GPU, AP solved on
-the host (docs/benchmarks.md keeps its 2.8x / 36x DC). ``--clock cpu`` times with the
-process's CPU time instead of the wall clock: on a shared, oversubscribed machine that leaves out
-the time spent descheduled (CPU device only). Prints one JSON object.
-
-``--retrieval-data DS`` (issue #17: a CMCM step <= 1.2x CMCA's) times instead each ``--objectives``
-entry's whole step (forward, Eq. 3's loss, backward, Adam) on the first ``--batch-docs`` training
-pairs of a pair dataset (``mmlinks data synth-coherence`` + ``data build``), alternated round by
-round, and the ratio of the medians. It was ``benchmarks/retrieval_step.py --mode step`` until
-issue #61 folded it in here (last version: commit f050d83).
+The model is the default (GRU, d_multi 1024, 50-d word vectors, 1280-d features, image dropout
+0.4) on one fixed random batch. A step = encode -> pad_documents -> document_similarity ->
+in_batch_loss -> backward -> Adam; the backward runs in two calls (to the encoded vectors, then
+through the encoders: the same arithmetic) so the similarity's share includes its backward.
+Objectives: dc, tk, ap (k full and half), AP solved where it trains (the Triton solver on CUDA);
+each solver alone is ``benchmarks/assignment.py``'s. ``--clock cpu`` leaves out time spent
+descheduled on an oversubscribed machine. Issue #61 retired the rows against replaced solvers
+(docs/benchmarks.md). ``--retrieval-data DS`` (issue #17: a CMCM step <= 1.2x CMCA's) times each
+``--objectives`` entry's whole step on a pair dataset's first training pairs, alternated, and the
+ratio of the medians (it was ``retrieval_step.py --mode step``). Prints one JSON object.
 """
 
 from __future__ import annotations
