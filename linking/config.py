@@ -115,8 +115,7 @@ class LinkConfig:
         None,
         help="torch threads per worker (default: cores / workers); recorded with the links, since "
         "CPU scores differ in the last bits with the thread count",
-        check=lambda v: v is None or v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=RUNNER,
     )
     beam_args: list[str] = option(help="extra Beam pipeline options", flag="", default_factory=list)

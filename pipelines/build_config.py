@@ -162,8 +162,7 @@ class BuildConfig:
         None,
         help="torch threads per worker (default: cores / workers); recorded with the dataset, "
         "since CPU features differ in the last bits with the thread count",
-        check=lambda v: v is None or v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=FEATURES,
     )
     batch_size: int = option(32, help="images per inference batch", at_least=1, group=FEATURES)

@@ -213,8 +213,7 @@ def direct_workers_option(group: str):
         None,
         help="DirectRunner: N local worker processes (default: $MMLINKS_DIRECT_WORKERS, else one"
         " per core; 1 = in-process)",
-        check=lambda v: v is None or v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=group,
     )
 
@@ -225,8 +224,7 @@ def dask_workers_option(group: str):
         None,
         help="--runner dask without --dask-address: worker processes of the local cluster, one "
         "thread each (default: one per core)",
-        check=lambda v: v is None or v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=group,
     )
 

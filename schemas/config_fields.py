@@ -75,9 +75,11 @@ def option(
     within: tuple[float, float] | None = None,
 ) -> Any:
     """A dataclass field carrying its help, allowed values and CLI spelling. ``at_least=N`` and
-    ``within=(LO, HI)`` are the common rules, each a ``check`` and its ``rule`` said once."""
+    ``within=(LO, HI)`` are the common rules, each a ``check`` and its ``rule`` said once; a field
+    whose default is None (unset: the code decides) takes None under ``at_least`` too."""
     if at_least is not None:
-        check, rule = (lambda v: v >= at_least), f">= {at_least}"
+        unset_ok = default is None
+        check, rule = (lambda v: (unset_ok and v is None) or v >= at_least), f">= {at_least}"
     if within is not None:
         check, rule = (lambda v: within[0] <= v <= within[1]), f"in [{within[0]}, {within[1]}]"
     info = FieldInfo(help, choices, flag, parse, check, rule, metavar, group, secret, cli_choices)

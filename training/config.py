@@ -142,16 +142,13 @@ class CoreFields:
         choices=backbone_names,
         group=CORE,
     )
-    margin: float = option(0.2, help="hinge margin", check=lambda v: v >= 0, rule=">= 0", flag="", group=CORE)
-    batch_docs: int = option(
-        11, help="documents per batch, B", check=lambda v: v >= 2, rule=">= 2", group=CORE
-    )
+    margin: float = option(0.2, help="hinge margin", at_least=0, flag="", group=CORE)
+    batch_docs: int = option(11, help="documents per batch, B", at_least=2, group=CORE)
     lr: float = option(1e-4, help="Adam learning rate", check=lambda v: v > 0, rule="> 0", group=CORE)
     warmup_steps: int = option(
         0,
         help="linear learning-rate warm-up steps from lr/1000 (Li et al. 2021: 3000)",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=CORE,
     )
     batch_sampling: str = option(
@@ -170,21 +167,16 @@ class CoreFields:
         0.5,
         help="--batch-sampling similar: share of a batch (after its first document) taken from its "
         "nearest neighbours",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
+        within=(0, 1),
         group=CORE,
     )
-    epochs: int = option(50, help="epochs", check=lambda v: v >= 1, rule=">= 1", group=CORE)
+    epochs: int = option(50, help="epochs", at_least=1, group=CORE)
     plateau_patience: int = option(
         3, help="epochs without val-loss improvement before lr x plateau_factor", flag="", group=CORE
     )
     plateau_factor: float = option(0.2, help="learning-rate factor on a plateau", flag="", group=CORE)
-    max_tokens: int = option(
-        20, help="tokens kept per sentence", check=lambda v: v >= 1, rule=">= 1", group=CORE
-    )
-    min_word_count: int = option(
-        5, help="vocabulary min count", check=lambda v: v >= 1, rule=">= 1", group=CORE
-    )
+    max_tokens: int = option(20, help="tokens kept per sentence", at_least=1, group=CORE)
+    min_word_count: int = option(5, help="vocabulary min count", at_least=1, group=CORE)
     word_vectors: str = option(
         "auto",
         help="the words' starting vectors: auto = random for the link and coherence objectives (ap, "
@@ -217,30 +209,25 @@ class CoreFields:
         rule="in [0, 1), or -1 (auto)",
         group=CORE,
     )
-    max_regions: int = option(
-        36, help="regions per image, by score", check=lambda v: v >= 1, rule=">= 1", group=CORE
-    )
+    max_regions: int = option(36, help="regions per image, by score", at_least=1, group=CORE)
     seed: int = option(0, help="random seed", group=CORE)
     d_shared: int = option(
         300,
         help="the shared text-image space of the retrieval models",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=SHARED,
     )
     pool_size: int = option(
         500,
         help="retrieval candidates per pool (paper: 500)",
-        check=lambda v: v >= 2,
-        rule=">= 2",
+        at_least=2,
         group=SHARED,
     )
     n_pools: int = option(
         10,
         help="disjoint pools the retrieval metrics average over, at most (as many as the split "
         "holds: 600 pairs hold one pool of 500)",
-        check=lambda v: v >= 1,
-        rule=">= 1",
+        at_least=1,
         group=SHARED,
     )
     num_workers: int = option(
@@ -267,15 +254,13 @@ class CoreFields:
         help="torch threads per worker; 0 = auto: OMP_NUM_THREADS where set (Ray sets it in its "
         "workers to the CPUs it gave them, 1), else every core this process may use (--workers 0)",
         flag="",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=RAY,
     )
     max_failures: int = option(
         0,
         help="worker failures to retry from the last checkpoint",
-        check=lambda v: v >= 0,
-        rule=">= 0",
+        at_least=0,
         group=RAY,
     )
     cache_data: str = option(
