@@ -86,6 +86,20 @@ def _empty(value) -> bool:
     return value is None or isinstance(value, float) or (not isinstance(value, str) and len(value) == 0)
 
 
+def feature_matrix(feats, width: int, where: str) -> np.ndarray:
+    """A request's image features as a [N, width] float32 matrix of finite numbers, or a 400
+    naming ``where`` (``document 3``, ``query 0``) and what is wrong."""
+    try:
+        feats = np.asarray([np.asarray(f, dtype=np.float32) for f in feats])
+    except (TypeError, ValueError) as exc:
+        raise _bad_request(f"{where}: image_features must be numbers: {exc}") from None
+    if feats.ndim != 2 or feats.shape[1] != width:
+        raise _bad_request(f"{where}: each image feature vector must have {width} numbers")
+    if not np.isfinite(feats).all():
+        raise _bad_request(f"{where}: image_features contain NaN or infinity")
+    return feats
+
+
 def check_extractor_version(name: str, packaged: str | None, installed: str) -> None:
     """Refuse images when this server's extractor is not the one the model was trained on: same
     name, other weights give other features, and the scores would be silently meaningless."""
@@ -286,14 +300,7 @@ class LinkModel(mlflow.pyfunc.PythonModel):
                 raise _bad_request(
                     f"document {row}: at most {MAX_SENTENCES} sentences and {MAX_IMAGES} images per document"
                 )
-            try:
-                feats = np.asarray([np.asarray(f, dtype=np.float32) for f in feats])
-            except (TypeError, ValueError) as exc:
-                raise _bad_request(f"document {row}: image_features must be numbers: {exc}") from None
-            if feats.ndim != 2 or feats.shape[1] != width:
-                raise _bad_request(f"document {row}: each image feature vector must have {width} numbers")
-            if not np.isfinite(feats).all():
-                raise _bad_request(f"document {row}: image_features contain NaN or infinity")
+            feats = feature_matrix(feats, width, f"document {row}")
             scores = self.score(sentences, feats)
             r, c = max_weight_matching(scores)
             links = [[int(a), int(b)] for a, b in zip(r, c, strict=True) if scores[a, b] >= threshold]

@@ -39,7 +39,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
 from models import integrity
-from models.packaging import ImageFeaturizer, _bad_request, _empty, pip_requirements
+from models.packaging import ImageFeaturizer, _bad_request, _empty, feature_matrix, pip_requirements
 from schemas.errors import MmlinksError
 from training.data import encode_sentences
 from training.ranking import GATE_POOL_SIZE, GATE_POOLS, retrieval_metrics
@@ -134,14 +134,7 @@ class RetrievalModel(mlflow.pyfunc.PythonModel):
             return self.gallery, self.gallery_ids
         if len(feats) > MAX_CANDIDATES:
             raise _bad_request(f"query {row}: at most {MAX_CANDIDATES} candidate images")
-        try:
-            feats = np.asarray([np.asarray(f, dtype=np.float32) for f in feats])
-        except (TypeError, ValueError) as exc:
-            raise _bad_request(f"query {row}: image_features must be numbers: {exc}") from None
-        if feats.ndim != 2 or feats.shape[1] != width:
-            raise _bad_request(f"query {row}: each image feature vector must have {width} numbers")
-        if not np.isfinite(feats).all():
-            raise _bad_request(f"query {row}: image_features contain NaN or infinity")
+        feats = feature_matrix(feats, width, f"query {row}")
         ids = [str(i) for i in ids] if not _empty(ids) else [str(i) for i in range(len(feats))]
         if len(ids) != len(feats):
             raise _bad_request(f"query {row}: {len(ids)} candidate_ids for {len(feats)} image_features")
