@@ -1,25 +1,11 @@
 """CITE (Alikhani et al. 2019), the base of CITE++: RecipeQA step texts and step images
 labelled with True/False answers to coherence questions, joined to the RecipeQA images the
-``recipeqa`` source reads (issue #17).
+``recipeqa`` source reads (issue #17). Input layout, relations and dead letters: docs/sources.md.
 
-Input: the released annotation file (``data/data.csv`` of the authors' repository
-malihealikhani/CITE), a ``|``-separated table written by pandas with the header
-``|Index|q10_resp|q1_resp|q2_resp|q3_resp|q4_resp|q5_resp|q6_resp|q7_resp|q8_resp|q9_resp|qimg|stim_id|stim_txt|complement``
-(the first, unnamed column is the writer's row number; ``q1_resp`` is the span of the text the
-image shows; ``q2_resp`` .. ``q10_resp`` are True/False answers, q1/q9/q10 sometimes empty;
-``qimg`` is the RecipeQA image file, ``<recipe_id>_<step>_<n>.jpg``; ``stim_txt`` the step
-text, with HTML entities such as ``&#160;``). INPUT may be that file or a folder of ``*.csv``
-in this layout (CITE++'s added pairs, annotated with the same protocol, in the same layout).
-
-Each row becomes a pair document: the unescaped step text, the RecipeQA image found under
-``recipeqa``/``images_dir``/<split>/images-qa/``qimg`` (the ``recipeqa`` source's layout; the
-official train, val and test folders are searched in that order), link (0, 0), and the
-relations of the questions the paper keeps (its Table 1) whose answer is True in
-``metadata["relations"]``. A row without text, with a Q2-Q8 answer that is not True/False, or
-whose image is not in RecipeQA (a few rows name other files, e.g. ``1.png``) is a dead letter.
-
-Splits: the paper's 3,439 / 860 train / test (80 / 20), 10 % of train as validation: split
-ratios 0.72 / 0.08 / 0.2 by document id (the build's splitter).
+The annotation file is a ``|``-separated table written by pandas (the first, unnamed column is
+the writer's row number; q1/q9/q10 are sometimes empty and are kept as metadata only). Splits:
+the paper's 3,439 / 860 train / test (80 / 20), 10 % of train as validation: 0.72 / 0.08 / 0.2
+by document id (the build's splitter).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Clue (Alikhani et al. 2020): Conceptual Captions pairs labelled with image-text coherence
-relations, the retrieval family's real dataset (issue #17).
+relations, the retrieval family's real dataset (issue #17). Columns, relations and dead letters:
+docs/sources.md.
 
-Input: one CSV per split as released (a file, or a folder of ``*.csv``) with the columns
-``,index,caption,url,Visible,Subjective,Action,Story,Meta,Irrelevant,Other,When,How,Where,Comment``
-(the first, unnamed column is the writer's row number). Each row becomes a pair document: the
-caption, the image at ``url`` (fetched through the polite client into the image store, like
-imgur images; dead links become dead letters there), link (0, 0), and the relations whose
-column is 1 in ``metadata["relations"]``; the six relations of the paper's Table 5 form the
-manifest's vocabulary. ``Other``, ``When``, ``How``, ``Where`` and ``Comment`` are kept as
-``clue_<column>`` metadata when not empty. A row without caption, without an http(s) URL or with
-a relation value that is not 0/1 is a dead letter.
-
-Splits: a file whose name says ``test`` (``val``) is the test (validation) split; the rest is
+Images are fetched through the polite client into the image store, like imgur images (dead links
+become dead letters there); the HTTP allowlist is the set of hosts the CSV files name, so
+redirects cannot leave it. A file whose name says ``test`` (``val``) is that split; the rest is
 train, of which the build keeps 10 % as validation (the paper: 6,047 / 1,512 train / test).
-The HTTP allowlist is the set of hosts the CSV files name (redirects cannot leave it).
 """
 
 from __future__ import annotations

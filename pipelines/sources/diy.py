@@ -1,19 +1,13 @@
 """The ``diy`` source: r/DIY imgur-album posts -> one document per album (Hessel et al. 2019).
 
-Recipe (paper supplement): r/DIY submissions Jan 2013 - Oct 2018 with score >= 25 whose URL is
-an imgur album; each album's images in order, each non-empty caption written beside an image
-is a sentence linked to that image. The Reddit side (dump files, score refresh, date and score
-filters, dedupe by id) is ``pipelines.sources.reddit.ReadCandidatePosts``; this module scrapes
-each candidate's album (``pipelines.sources.imgur``) and shapes the document. Document-size
-filters, GIF/invalid images, near-duplicates and splits are the shared build's job (filter
-preset ``diy``).
-
-Per document: ``doc_id = diy-<post id>``; ``image_uris`` = the album's still images in album
-order (animated ones become ``image:animated`` dead letters here); ``sentences`` = the non-empty
-captions in image order; ``links`` = (sentence index, image index) for each caption of a still
-image. A caption of an animated image stays a sentence without a link: the paper kept those
-(its footnote 3: documents can have more captions than images "because we discard animated gifs
-that may have been associated with captions"). The post title is metadata, not a sentence.
+The Reddit side (dumps, score refresh, filters, dedupe by id) is ``reddit.ReadCandidatePosts``;
+this module scrapes each candidate's album (``imgur``) and shapes the document; document-size
+filters, images, near-duplicates and splits are the shared build's (filter preset ``diy``).
+``doc_id = diy-<post id>``; sentences are the non-empty captions in image order, each linked to
+its still image. A caption of an animated image stays a sentence without a link (the image is an
+``image:animated`` dead letter): the paper kept those (its footnote 3: documents can have more
+captions than images "because we discard animated gifs that may have been associated with
+captions"). The post title is metadata, not a sentence.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
-"""GoodNews (Biten et al., CVPR 2019): New York Times articles with captioned images, a public
-news image dataset, read into the news samples of ``schemas/news.py`` (issue #18).
+"""GoodNews (Biten et al., CVPR 2019): New York Times articles with captioned images, read into
+the news samples of ``schemas/news.py`` (issue #18); its layout: docs/sources.md.
 
-Input: the folder with the released ``captioning_dataset.json`` and the ``resized/`` images
-(``resized/<article id>_<image index>.jpg``, as GoodNews ships them; ``images=`` names another
-folder). The JSON file is one object keyed by article id; each value is the crawler's article
-dict (its non-list fields) with ``images``, ``{"<index>": "<caption>"}``. Read here: ``article``
-(the body), ``headline`` (the NYT API's ``{"main": ...}`` object, or a string), ``abstract``
-or ``lead_paragraph`` (the lead, when present) and ``pub_date`` (when present). The file is
-streamed member by member (``pipelines/sources/jsonstream.py``), never loaded whole.
-
+``captioning_dataset.json`` is streamed member by member (``jsonstream``), never loaded whole.
 Each member becomes an article of the news JSONL layout (language ``en``) and goes through the
-same parser (``pipelines/sources/news_jsonl.py``): one sample per image, the same dead
-letters. Splits: ``split=ratio`` (default, by article id, as GoodNews's own random split) or
-``split=date`` when the records carry ``pub_date`` (``val_from`` / ``test_from`` required).
-Checked against the layout GoodNews's preprocessing scripts read, on the fixture
-``tests/fixtures/goodnews/``; not run on the full release here.
+same parser (``news_jsonl.py``), so its samples and dead letters are that source's. Checked
+against the layout GoodNews's preprocessing scripts read, on ``tests/fixtures/goodnews/``; not
+run on the full release here.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """The original authors' prebuilt datasets (``docs.json`` + ``features.npy`` + ``id2row.json``).
 
 Hessel et al. released their seven datasets with fixed splits and DenseNet169 features, so a user
-can train on the published data without re-scraping anything. The format (the authors'
-multi-retrieval README):
+can train on the published data without re-scraping anything. In ``docs.json`` a document is
+``[images, sentences, metadata]`` with ``images = [[image_id, sentence_index], ...]`` and
+``sentences = [[text, image_index], ...]``; ``-1`` means "labelled, no link", ``null`` "no
+labels". The authors' README stores labels on the image side and says the sentence side may
+repeat them, so links are the union of both sides.
 
-- ``docs.json``: ``{"train": [...], "val": [...], "test": [...]}``; a document is
-  ``[images, sentences, metadata]`` with ``images = [[image_id, sentence_index], ...]`` and
-  ``sentences = [[text, image_index], ...]``. An index of ``-1`` means "labelled, no link";
-  ``null`` means the corpus has no labels. The README stores labels on the image side and says
-  the sentence side may repeat them, so links are the union of both sides. ``metadata`` is an
-  optional identifier (``"na"`` in MSCOCO).
-- ``features.npy``: an N x D float matrix (any D: 1664 for DenseNet169); ``id2row.json`` maps
-  an image id to its row.
-
-These documents skip the image store, near-duplicate removal, the filters and the CNN: the
-authors already did all of that. Each image's ``content_id`` is the sha256 of ``hessel:<image
-id>`` (there are no bytes to hash), its ``uri`` the image id, and width, height and phash are
-null. Bad input is dead-lettered: a document that is not a 3-element list, an image id missing
-from ``id2row`` (the image is dropped), an out-of-range label, a document left without images or
-sentences.
+These documents skip the image store, near-duplicates, the filters and the CNN: the authors did
+all of that. ``content_id`` is the sha256 of ``hessel:<image id>`` (no bytes to hash); width,
+height and phash are null. Dead letters: a document that is not a 3-element list, an image id
+missing from ``id2row`` (the image is dropped), an out-of-range label, a document left empty.
 """
 
 from __future__ import annotations

@@ -1,32 +1,23 @@
 """Stream the items of the top-level arrays of a big JSON object without loading the whole file.
 
-The file-based sources (RecipeQA's ``{"data": [...]}``, MSCOCO's ``{"images": [...],
-"annotations": [...]}``, VIST's ``{"albums", "images", "annotations"}``) ship single JSON
-documents of up to a few hundred MB. ``json.load`` would hold the text and every parsed object of
-a file at once (several GB for the largest); here only the current item and one read chunk are
-in memory, and the caller keeps what it needs. ``json.JSONDecoder.raw_decode`` decodes one item
+RecipeQA, MSCOCO and VIST ship single JSON documents of up to a few hundred MB; ``json.load``
+would hold the text and every parsed object at once (several GB for the largest). Here only the
+current item and one read chunk are in memory: ``json.JSONDecoder.raw_decode`` decodes one item
 at a time from a sliding text buffer.
 
-Why not ijson (its C backend, yajl2_c, 3.6.0; ``benchmarks/json_stream.py`` retired in issue #61 at cb91417,
-docs/benchmarks.md
-"Streaming JSON readers"): it is only ~1.1x faster here (58 MB RecipeQA-shaped file: 0.22 vs
-0.25 CPU-s, json's C scanner does the work in both), and it fails the inputs the sources must
-survive: one invalid UTF-8 byte ends the whole file (here only its item is dead-lettered), a
-byte-order mark is an error, an escaped lone surrogate silently becomes ``?``, nesting is
-unbounded, and with its default ``Decimal`` numbers an integer past 4,300 digits crashes the
-process (SIGSEGV) instead of raising.
+Why not ijson (yajl2_c, 3.6.0; docs/benchmarks.md, "Streaming JSON readers"): it is only ~1.1x
+faster here (json's C scanner does the work in both), and it fails the inputs the sources must
+survive: one invalid UTF-8 byte ends the whole file, a byte-order mark is an error, an escaped
+lone surrogate silently becomes ``?``, nesting is unbounded, and with its default ``Decimal``
+numbers an integer past 4,300 digits crashes the process (SIGSEGV) instead of raising.
 
-Bytes are decoded with ``surrogateescape``, so a file with some invalid UTF-8 still parses: the
-bad bytes become lone surrogates in the strings that hold them, and ``has_invalid_utf8`` lets the
-caller dead-letter exactly the items that carry them instead of losing the whole file.
-
-Nesting is capped (``MAX_DEPTH`` levels below the top-level object): the datasets read here nest
-a few levels, and a deeper value (a fuzzed or hostile file) would otherwise reach Python's
-recursion limit in the decoder, in ``skip`` or in any later walk over the item (``has_invalid_
-utf8``, ``repaired``, ``str``, Beam's pickling) and crash the step with ``RecursionError``
-instead of a dead letter. Too deep is ``MalformedJson`` like any other corrupt file (and so is
-an integer longer than Python's 4300-digit conversion limit, a plain ``ValueError`` in ``json``);
-``loads`` applies the same cap to one JSON line (the news JSONL readers).
+Bytes are decoded with ``surrogateescape``, so bad bytes become lone surrogates in the strings
+that hold them and ``has_invalid_utf8`` lets the caller dead-letter exactly those items. Nesting
+is capped (``MAX_DEPTH`` below the top-level object): a deeper value (a fuzzed or hostile file)
+would otherwise reach Python's recursion limit in the decoder or in any later walk over the item
+(``has_invalid_utf8``, ``repaired``, ``str``, Beam's pickling) and crash the step instead of
+giving a dead letter. Too deep is ``MalformedJson`` like any other corrupt file (as is an integer
+over Python's 4300-digit conversion limit); ``loads`` applies the same cap to one JSON line.
 """
 
 from __future__ import annotations

@@ -1,35 +1,24 @@
-"""MSCOCO captions as constructed 10-image, 10-sentence documents (Hessel et al. 2019, supplement).
-
-Input layout (the official download)::
-
-    DIR/annotations/captions_{train,val}{2017,2014}.json   {"images": [{id, file_name, ...}],
-                                                             "annotations": [{image_id, id, caption}]}
-    DIR/{train,val}2017/<file_name>                         the images
+"""MSCOCO captions as constructed 10-image, 10-sentence documents (Hessel et al. 2019, supplement;
+the input layout and the counts against the paper's: docs/sources.md).
 
 Construction, as the supplement describes it:
-
 1. Pool every image with at least one caption (train and val together: the paper makes its own
-   splits). With several annotation years (option ``years``, e.g. "2017,2014"), an image's
-   captions are the union by annotation id and its file comes from the first year listed.
+   splits). With several annotation ``years`` (e.g. "2017,2014") an image's captions are the
+   union by annotation id, its file from the first year listed.
 2. Shuffle the pool (seeded); the first half are "true" images, shown with their own captions,
-   the second half "fake" images, shown without. Cut each half into groups of five; true group
-   g and fake group g make document group g (10 images). Images that do not fill a group are
-   left out (counter ``coco_images_unused``).
-3. Divide the groups into train/val/test by ``split_sizes`` proportions; the default 0.6:0.2:0.2
-   is the paper's 4968/1655/1655 (4968 / 8278 = 0.600) as a ratio. The paper's 8,278 groups
-   are 82,783 // 10, the size of COCO train2014, although its supplement says train/val 2017
-   images were downloaded; pooling train+val 2017 (123,287 images) gives about 12,328 groups,
-   so counts are ~49% larger than the paper's unless the pool is cut to those images.
-4. Per document, versions: a training group gets one version per caption index every true image
-   has (version v uses each true image's v-th caption, captions in annotation-id order; usually
-   5 versions); a val/test group one version (v0). Each version adds five distractor captions
-   sampled from the captions of the same split's images that are not in the document, and
-   shuffles its ten captions. The ten images are shuffled once per group.
+   the second half "fake", shown without. True group g and fake group g (five each) make
+   document group g; images that do not fill a group are counted (``coco_images_unused``).
+3. Split the groups by ``split_sizes`` proportions (default 0.6:0.2:0.2, the paper's
+   4968/1655/1655 as a ratio).
+4. A training group gets one version per caption index every true image has (version v uses each
+   true image's v-th caption in annotation-id order); a val/test group one. Each version adds five
+   distractor captions from the same split's images outside the document and shuffles its ten
+   captions; the ten images are shuffled once per group.
 
 Links: the five (true caption, true image) pairs. Every random choice is seeded by ``seed`` and
-the group/version it belongs to, and the pool is sorted by image id first, so the documents are a
-function of the input files and the seed, whatever Beam's ordering. The whole pool is collected
-on one worker (captions of 123K images: a few hundred MB), then the documents fan out.
+the group/version, and the pool is sorted by image id first, so the documents are a function of
+the input files and the seed, whatever Beam's ordering. The pool is collected on one worker
+(captions of 123K images: a few hundred MB), then the documents fan out.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """News articles in the mmlinks news JSONL layout (issue #18): the format a newsroom's own
-archive export can be written in, and what `mmlinks data synth-news` writes.
+archive export can be written in, and what `mmlinks data synth-news` writes. The layout, the
+samples and the dead letters: docs/sources.md ("News articles").
 
-Layout: a ``.jsonl`` file (or a folder of ``*.jsonl``), one article per line::
-
-    {"article_id": "a-17",             required, unique
-     "date": "2020-03-01",             required (YYYY-MM-DD; a longer ISO timestamp is cut to the day)
-     "language": "de",                 required (any code; ``languages=`` filters)
-     "headline": "...", "lead": "...", "body": "...",   each optional ("" or absent: missing)
-     "outlet": "...",                  optional, kept in metadata
-     "images": [{"uri": "images/a-17-0.jpg", "caption": "..."}, ...]}   at least one
-
-``uri``: relative to the JSONL file's folder, an absolute path / Beam FileSystems URI, or an
-http(s) URL (fetched through the polite client, allowlisted to the hosts the files name).
-
-Each image gives one sample (the paper's (image, caption, body, headline, lead)): doc_id
-``<article_id>#<k>``, the present sources as sentences in the order of
-``schemas.news.NEWS_SOURCES``, all linked to the image, and metadata ``news_sources``,
-``language``, ``date``, ``article_id`` (+ ``outlet``): the layout of ``schemas/news.py``.
-
-Splits (the source sets them, so all samples of an article share one split):
-
-- ``split=date`` (default), as a newsroom would: train on the past, test on the future.
-  Articles dated before ``val_from`` are train, from ``val_from`` val, from ``test_from`` test.
-  Without the two dates the cut points are the 80 % and 90 % quantiles of the article dates
-  (read up front).
-- ``split=ratio``: by a hash of ``article_id`` with ``ratios`` (default ``0.8,0.1,0.1``).
-
-Dead letters: an unparseable line, a missing id/date/language, no image, an image without a
-uri, an article in a language outside ``languages`` (``language_filtered``), a sample whose
-sources are all empty (``no_text``).
+Each image gives one sample (the paper's (image, caption, body, headline, lead)), its sources in
+the order of ``schemas.news.NEWS_SOURCES``. The source sets the split, so all samples of an
+article share one: ``split=date`` (default, as a newsroom would: train on the past, test on the
+future; without ``val_from`` / ``test_from`` the cut points are the 80 % and 90 % quantiles of
+the article dates, read up front) or ``split=ratio`` (by a hash of ``article_id``).
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
-"""NYTimes800k (Tran et al., "Transform and Tell", CVPR 2020): New York Times articles with
-their images in place, a public news image dataset, read into the news samples of
-``schemas/news.py`` (issue #18).
+"""NYTimes800k (Tran et al., "Transform and Tell", CVPR 2020): New York Times articles with their
+images in place, read into the news samples of ``schemas/news.py`` (issue #18). The fields read
+(those the Transform-and-Tell readers use), the splits and dead letters: docs/sources.md.
 
-The release is a MongoDB database ``nytimes`` (restored from the authors' ``mongodump``
-archive) plus the resized images ``images_processed/<hash>.jpg``. This reader takes the
-``articles`` collection as JSON Lines, one document per line, the extended JSON that
-``mongoexport --db nytimes --collection articles --out articles.json`` (or ``bsondump`` on a
-plain dump's ``articles.bson``) writes; ``--jsonArray`` output is not read. A JSON Lines export
-rather than a live database or the BSON archive because Beam splits a text file across workers
-and the project carries no MongoDB client dependency.
-
-Fields read (those the Transform-and-Tell readers use): ``_id`` (a string or ``{"$oid"}``),
-``headline`` (``{"main": ...}`` or a string), ``abstract`` / ``lead_paragraph`` / ``snippet``
-(the lead, first present), ``parsed_section`` (the article in order: entries with ``type``
-``paragraph`` or ``caption``, ``text``, and for captions the image's ``hash``),
-``image_positions`` (indices into ``parsed_section`` of the article's image captions),
-``pub_date`` (ISO text, ``{"$date": ISO}`` or ``{"$date": {"$numberLong": ms}}``) and
-``split`` (``train`` / ``valid`` / ``test``). Body = the paragraphs joined by newlines; each
-image position gives one sample with caption = that entry's text and image
-``<images>/<hash>.jpg``.
-
-Each document becomes an article of the news JSONL layout (language ``en``) and goes through
-the same parser (``pipelines/sources/news_jsonl.py``): the same dead letters, plus
-``no_release_split`` (``split=release`` and no usable ``split`` field). A position outside
-``parsed_section`` or an entry without a hash is an image without a uri (``no_image_uri``).
-Splits: ``split=release`` (default: the dataset's own ``split`` field, ``valid`` -> val, so
-results compare with published ones), ``split=date`` (``val_from`` / ``test_from``: train on the
-past, test on the future, as the other news sources) or ``split=ratio``.
-Checked against the layout the Transform-and-Tell readers read, on the fixture
-``tests/fixtures/nytimes800k/``; not run on the full release here.
+The release is a MongoDB database plus ``images_processed/<hash>.jpg``. This reader takes the
+``articles`` collection as JSON Lines in extended JSON (``mongoexport``, or ``bsondump`` of
+``articles.bson``; ``--jsonArray`` output is not read) rather than a live database or the BSON
+archive, because Beam splits a text file across workers and the project carries no MongoDB
+client. Each document becomes an article of the news JSONL layout (language ``en``) through the
+same parser (``news_jsonl.py``). ``split=release`` is the default so results compare with
+published ones. Checked on ``tests/fixtures/nytimes800k/``; not run on the full release here.
 """
 
 from __future__ import annotations

@@ -1,44 +1,26 @@
-"""RecipeQA (Yagcioglu et al. 2018) as one document per recipe: steps are sentences, step images linked.
+"""RecipeQA (Yagcioglu et al. 2018) as one document per recipe: steps are sentences, step images
+linked (the input layout and splits: docs/sources.md).
 
-Input layout (the official download)::
+An item is one question whose ``context`` holds the recipe's steps (``{id, title, body, images}``).
+The paper (supplement "RQA") extracts the context of every question, so documents are
+deduplicated by ``recipe_id`` (else by the sequence of step ids). Each question shows the
+context in one modality: the visual tasks carry titles and bodies but no images, textual_cloze
+images and bodies but no titles. So the contexts of one recipe are merged step by step
+(``merge_candidates``): the best single context (titled, then with images, then the longest,
+then the smallest qid) gives the step order; every other context is aligned to it by step id
+(steps it lacks are inserted after their predecessor), else by position when both have as many
+steps, else left out (``recipe_contexts_unaligned``). A merged step takes the first titled
+copy's title, the longest body, and the union of the copies' images in first-seen order; the
+contexts are merged in a fixed order, so Beam's combine order does not change the result.
 
-    DIR/train.json, DIR/val.json, DIR/test.json      each {"data": [item, ...]}
-    DIR/images/images-qa/<split>/images-qa/<file>    the step images
-
-An item is one question: ``task`` (textual_cloze, visual_cloze, visual_coherence,
-visual_ordering), ``qid``, ``recipe_id``, ``split``, ``context`` (the recipe's steps, each
-``{id, title, body, images: [file names], videos}``), ``question``, ``choice_list``, ``answer``,
-... In textual_cloze items the steps carry no title (the question is about the titles).
-
-The paper (Hessel et al. 2019, supplement "RQA") extracts the context of every question: one
-recipe occurs in many questions, so documents are deduplicated by ``recipe_id`` (or, without
-one, by the sequence of step ids). Each question shows the context in one modality: the visual
-tasks (visual_cloze, visual_coherence, visual_ordering; context_modality "text") carry step
-titles and bodies but no step images, textual_cloze carries the images and bodies but no titles.
-So the contexts of one recipe are merged step by step (``merge_candidates``): the best single
-context (titled, then with images, then the longest, then the smallest qid) gives the step
-order; every other context is aligned to it by step id (steps it lacks are inserted after their
-predecessor), else by position when both have as many steps, else left out (counter
-``recipe_contexts_unaligned``). A merged step takes its title from the first titled copy, its
-body from the longest, and the union of the copies' images in first-seen order. The contexts are
-merged in a fixed order, so the result does not depend on the order Beam combines them in.
-
-Sentence k is step k's title + " " + body; a step without tokens keeps its index (the build
-drops token-less sentences and remaps the links), but its images are dropped (counter
-``images_of_empty_steps``): the paper discards empty steps, and recipes whose only images belong
-to them. Each image of step k is linked to sentence k. Recipes without any linked step image are
-dead-lettered (``document:no_linked_images``); the paper's ">= 2 images and >= 2 steps" is the
-build's ``recipeqa`` filter preset. Near-duplicate image removal is off by default: the paper
-applies it to DIY only.
-
-Splits: the official val split is the paper's test set (split "test"); the official train split
-is left unsplit and the build carves train/val from it with ratios 0.87/0.13, the paper's
-6502/946 train/val recipes (6502 / 7448 = 0.873). The official test split (answers hidden) is
-not used by the paper: it is skipped (counter ``official_test_skipped``) unless
-``include_official_test=true``, which emits its recipes as split "test_official".
-
-Big files are streamed item by item (``pipelines.sources.jsonstream``); only the distinct
-contexts of each recipe are shuffled between workers (a combiner), not every question.
+Sentence k is step k's title + " " + body. A step without tokens keeps its index (the build drops
+token-less sentences and remaps the links) but loses its images (``images_of_empty_steps``): the
+paper discards empty steps. A recipe without any linked step image is dead-lettered; the paper's
+">= 2 images and >= 2 steps" is the build's ``recipeqa`` filter preset. The official test split
+(answers hidden) is not the paper's: it is skipped (``official_test_skipped``) unless
+``include_official_test=true`` (split "test_official"). The train/val ratio 0.87/0.13 is the
+paper's 6502/946 recipes. Files are streamed item by item (``jsonstream``); only each recipe's
+distinct contexts are shuffled between workers (a combiner), not every question.
 """
 
 from __future__ import annotations

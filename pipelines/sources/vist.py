@@ -1,44 +1,25 @@
-"""Visual Storytelling (VIST, Huang et al. 2016) as Story-DII, Story-SIS and DII-Stress documents.
+"""Visual Storytelling (VIST, Huang et al. 2016) as Story-DII, Story-SIS and DII-Stress documents
+(the input layout and the documents, as the Hessel et al. 2019 supplement builds them:
+docs/sources.md).
 
-Input layout (the official download)::
+``annotations`` is a list of one-element lists, each one caption of one photo. SIS elements carry
+``story_id`` and ``worker_arranged_photo_order``. The released DII elements carry no story id
+(several public loaders quote them so), and a fixed set of five photos has several caption sets,
+so captions are grouped per album in file order (``group_dii``): a caption joins the earliest
+open set of its album whose captions so far all have smaller orders, so both a set-after-set and
+an image-after-image layout regroup correctly; an open set is closed once a newer set receives a
+smaller order than it holds, or the same order with another photo (a caption of it was dropped),
+so a dropped caption never lets the next set fill its slot. A caption prefers a set of its own
+``worker_id``, and where the sets are mostly one worker's each, it joins no other worker's set.
+Left ambiguous without worker ids: a dropped caption in an image-after-image layout, or drops at
+the end of one set and the start of the next. Should a release carry ``story_id``, that is used.
 
-    DIR/dii/{train,val,test}.description-in-isolation.json
-    DIR/sis/{train,val,test}.story-in-sequence.json
-    DIR/images/<split>/<photo_flickr_id>.jpg (or .png; .jpeg and .gif are looked for too)
-
-Each JSON file is ``{"info", "albums", "images", "annotations", ...}``; ``annotations`` is a list
-of one-element lists, each holding one caption of one photo:
-
-- DII: ``photo_flickr_id, album_id, photo_order_in_story, text, original_text, worker_id, tier``.
-  The released DII elements carry no story id (several public loaders quote them so); a fixed
-  image set of five photos has several caption sets. Captions are grouped per album in file order
-  (``group_dii``): a caption joins the earliest open set of its album whose captions so far all
-  have smaller orders, so both a set-after-set and an image-after-image layout regroup correctly;
-  an open set is closed once a newer set receives a smaller order than it already holds, or the
-  same order with another photo (it was left behind: a caption of it was dropped), so a dropped
-  caption never lets the next set fill its slot. A caption prefers a set of its own ``worker_id``,
-  and where the sets are mostly one worker's each, it joins no other worker's set. Left ambiguous
-  without worker ids: a dropped caption in an image-after-image layout, or drops at the end of one
-  set and the start of the next, can still mix captions of two sets. Should a release carry
-  ``story_id``, that is used instead.
-- SIS: ``story_id, photo_flickr_id, worker_arranged_photo_order, text, original_text,
-  album_id, storylet_id``; a story is its five sentences in ``worker_arranged_photo_order``.
-
-Documents (Hessel et al. 2019, supplement): Story-DII = the five photos of a caption set and
-their captions, caption k linked to photo k; Story-SIS = the five photos in story order and the
-five story sentences, sentence k linked to photo k; DII-Stress = each Story-DII document plus 45
-distractor captions sampled uniformly (seeded per document) from the captions of the same
-split's Story-DII documents whose photos are not in the document, the 50 sentences shuffled. The
-official splits are kept. A story with a missing image is discarded whole, as in the paper
-(``document:missing_image``); an image the store cannot decode leaves four images, and the
-build default ``min_images=5`` then drops that story too (``filter_too_few_images``). A set that
-is not exactly five captions with orders 0..4 is dead-lettered (``document:incomplete_story``).
-
-``text`` is VIST's lower-cased, tokenised, name-anonymised text; ``original_text`` is what the
-worker typed. Default: ``original_text`` when the element has it, else ``text``.
-
-Each split is built by one worker (its annotations fit in memory: about 200K small records for
-SIS train); the DII-Stress sampling needs the whole split anyway.
+A story with a missing image is discarded whole, as in the paper (``document:missing_image``); one
+the store cannot decode leaves four images, and the build's ``min_images=5`` drops it too. A set
+that is not five captions with orders 0..4 is ``document:incomplete_story``. ``text`` is VIST's
+lower-cased, tokenised, name-anonymised text; ``original_text`` (what the worker typed) is used
+where the element has it. Each split is built by one worker (about 200K small records for SIS
+train), since the DII-Stress sampling needs the whole split anyway.
 """
 
 from __future__ import annotations

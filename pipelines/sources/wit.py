@@ -1,34 +1,15 @@
 """WIT, the Wikipedia-based Image Text dataset (Srinivasan et al., SIGIR 2021), read into the news
-samples of ``schemas/news.py`` (issue #18): a public multilingual source for the multilingual
-recipes (108 languages; the paper's German and French included).
+samples of ``schemas/news.py`` (issue #18): a public source for the multilingual recipes (108
+languages; the paper's German and French included). Columns and their mapping: docs/sources.md.
 
-Input: a released ``wit_v1.*.tsv.gz`` file (or ``.tsv``), or a folder of them. Each row is one
-(page, image) with the 17 tab-separated columns of the release, in this order: language, page_url,
-image_url, page_title, section_title, hierarchical_section_title, caption_reference_description,
-caption_attribution_description, caption_alt_text_description, mime_type, original_height,
-original_width, is_main_image, attribution_passes_lang_id, page_changed_recently,
-context_page_description, context_section_description. A first row naming the columns (the
-header the release carries) is skipped; fields are read with the csv module (quoted fields may
-hold tabs and newlines), streamed, never a whole file in memory.
-
-A Wikipedia page is the article: its rows are grouped by (language, page_url), so all images of
-a page share one split. Mapped to the paper's sources: page_title -> headline,
-context_page_description (the page's lead text) -> lead, context_section_description (the text
-of the image's section) -> body, caption_reference_description (the caption under the image on
-that page) -> caption; the Commons attribution and alt texts are not article text and are not
-used. The article id is ``wit-<language>-<sha1(page_url)[:12]>``; sample ``k`` is the page's
-k-th image by image_url (a repeated image_url is kept once). Images are fetched from their
-``image_url`` through the polite client, allowlisted to ``hosts`` (default upload.wikimedia.org).
-
-WIT has no dates: the split is by a hash of the article id (``ratios``). Dead letters: a row
-with the wrong number of fields (``malformed_record``), a row holding bytes that are not UTF-8
-(``not_utf8``), a file the reader cannot go on in (a cut or corrupt gzip stream, a field over
-``csvtable.FIELD_LIMIT``: ``malformed_file``, after the rows before the fault), a language
-outside ``languages`` (``language_filtered``), a MIME type outside ``mime_types``
-(``unsupported_mime``: the release lists SVG and GIF drawings too), and the news parser's own
-(no words: ``no_text``).
-Checked against the published column layout on the fixture ``tests/fixtures/wit.py``; not run
-on the full release here.
+Rows are read with the csv module (quoted fields may hold tabs and newlines), streamed, never a
+whole file in memory. A page is the article, its rows grouped by (language, page_url), so all
+images of a page share one split; the article id is ``wit-<language>-<sha1(page_url)[:12]>``,
+sample ``k`` the page's k-th distinct image_url. The Commons attribution and alt texts are not
+article text and are not used. WIT has no dates: the split is by a hash of the article id.
+Dead letters beyond the news parser's: ``malformed_record`` (wrong field count), ``not_utf8``,
+``malformed_file`` (a cut gzip stream, a field over ``csvtable.FIELD_LIMIT``; after the rows
+before it), ``language_filtered``, ``unsupported_mime`` (the release lists SVG and GIF too).
 """
 
 from __future__ import annotations

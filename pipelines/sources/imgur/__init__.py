@@ -1,35 +1,24 @@
 """Imgur albums: URL parsing, page/API parsers and a scraper that remembers finished albums.
 
 The paper (Hessel et al. 2019, supplement) scraped each r/DIY album page and took every
-``div.post-image-container`` (the image) with its ``.post-image-description`` (the caption written
-beside it). Imgur has changed three times since, so there are three parsers, each a pure function
-of the response text:
-
+``div.post-image-container`` with its ``.post-image-description``. Imgur has changed three times
+since, so there are three parsers, each a pure function of the response text:
 - ``parse_album_html_2018``: the 2013-2018 server-rendered page the paper saw (also what web
-  archives hold). Large albums inlined only their first images; the page declared the full count
-  (``"num_images"`` in its inline script) and a "load more" button (``post-loadall`` /
-  ``js-post-truncated``), and the browser fetched the rest from ``/ajaxalbums/getimages/<id>/hit.json``
-  (``parse_album_hit_json``). ``AlbumScraper`` does the same.
-- ``parse_album_html_json``: the current client-rendered page, which carries the whole post as an
-  escaped JSON string in ``window.postDataJSON="..."`` (``media`` list).
-- ``parse_album_api_v3``: ``GET https://api.imgur.com/3/album/{id}/images`` with a registered
-  ``Client-ID`` (env ``IMGUR_CLIENT_ID``), the sanctioned route when a client id is available.
+  archives hold). Large albums inlined only their first images and declared the full count
+  (``"num_images"``) and a "load more" button; the browser fetched the rest from
+  ``/ajaxalbums/getimages/<id>/hit.json`` (``parse_album_hit_json``), and ``AlbumScraper`` does too.
+- ``parse_album_html_json``: the current page's escaped ``window.postDataJSON="..."``.
+- ``parse_album_api_v3``: the sanctioned route when ``IMGUR_CLIENT_ID`` is set.
 
 Format facts were checked against public scrapers of each era (gallery-dl, yt-dlp, JDownloader):
 the 2018 hit.json ``ext`` carries its leading dot (``".jpg"``) and sometimes a query
 (``".jpg?1"``); ``postDataJSON`` escapes single quotes as ``\\'`` (not valid JSON, so the string is
 decoded as a JavaScript literal first); current ``ext`` values are bare (``"jpeg"``).
 
-One album costs one page request (or one API call), plus one hit.json request for a truncated
-2018 page. Images are not fetched here: the build's image store fetches them later.
-
 JSON can carry lone UTF-16 surrogates (``"\\ud83d"`` decodes to a str no encoder accepts); every
-caption is repaired (a lone surrogate becomes U+FFFD, a split pair is joined) and the album
-counts its repaired captions in ``captions_repaired``. Deeply nested JSON (``RecursionError``)
-is ``bad_album_json`` like any other undecodable body.
-
-Modules: ``album`` (URLs, the Album model, shared helpers), ``parsers`` (the three formats),
-``scraper`` (AlbumScraper). This package re-exports their public names.
+caption is repaired (a lone surrogate becomes U+FFFD, a split pair is joined) and counted in
+``captions_repaired``. Deeply nested JSON is ``bad_album_json`` like any other undecodable body.
+Images are not fetched here: the build's image store fetches them.
 """
 
 from __future__ import annotations

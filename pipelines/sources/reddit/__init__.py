@@ -1,30 +1,15 @@
 """Reddit submissions: candidate r/DIY imgur-album posts from dumps plus an incremental crawl.
 
 The paper (Hessel et al. 2019, supplement "DIY") took every r/DIY submission from Jan 2013 to
-Oct 2018 out of pushshift's monthly dumps, kept link posts to imgur albums ("/a/" in the URL)
-with score >= 25, then scraped the albums. This module covers the Reddit half:
-
-- ``ReadCandidatePosts``: dump files (``RS_YYYY-MM.zst`` monthly dumps of every subreddit,
-  ``<sub>_submissions.zst`` per-subreddit dumps, and the ``*.ndjson[.zst]`` files that
-  ``crawl_new_posts`` writes) -> de-duplicated (the latest copy of each post), filtered,
-  score-refreshed candidate posts.
-  Dump scores were taken minutes to days after posting and can be far too low, so the scores
-  of the candidates are refreshed through the API (100 ids per call) before the score filter.
-- ``crawl_new_posts``: the incremental crawl of ``/r/<sub>/new`` with praw, checkpointed in a
-  ``CrawlState`` cursor, writing files in the dump format so the same reader takes both.
-
-The album scraping is ``pipelines.sources.imgur``; ``pipelines.sources.diy`` composes the two.
-
-Modules: ``config`` (options, RedditConfig, record shapes), ``api`` (praw client, credentials,
-one-line API errors), ``dumps`` (compressed files -> lines), ``normalise`` (lines -> posts,
-filters), ``candidates`` (the Beam transform ReadCandidatePosts), ``crawl`` (the incremental
-crawl, ``run_crawl`` for the CLI and Dagster). This package re-exports their public names,
-each imported on first use: Beam and praw load only when needed (the CLI's parser reads
-``config``).
-
-Credentials come only from praw's own environment variables (``praw_client_id``,
-``praw_client_secret``, ``praw_user_agent``) of a read-only OAuth app; their values are never
-logged, put in options, metadata or error messages.
+Oct 2018 out of pushshift's monthly dumps, kept link posts to imgur albums with score >= 25,
+then scraped the albums (``pipelines.sources.imgur``; ``diy`` composes the two). Here the Reddit
+half: ``ReadCandidatePosts`` (dump files -> the latest copy of each post, filtered, its score
+refreshed through the API because dump scores were taken minutes to days after posting) and
+``crawl_new_posts`` (``/r/<sub>/new`` with praw, checkpointed, written in the dump format so the
+same reader takes both); docs/sources.md has the details. The submodules' public names are
+re-exported, each imported on first use: Beam and praw load only when needed (the CLI's parser
+reads ``config``). Credentials come only from praw's own environment variables, and their
+values are never logged, put in options, metadata or error messages.
 """
 
 from __future__ import annotations
