@@ -1,48 +1,28 @@
 """A synthetic coherence corpus: text-image pairs labelled with coherence relations, where a
 relation carries information that a coherence-agnostic retrieval model does not use by itself.
 
-Each pair is one step of a "painting" project: the text names an object (colour and shape)
-and the image shows either the **result** (the finished object: relation ``Visible``) or the
-step **in progress** (half of the object still background, a brush at the edge: relation
-``Action``). Every object (10 colours x 7 shapes) occurs in both states, so among the 500
-candidates of a retrieval pool about 7 images show the query's object, half of them in the
-other state; only a model whose embeddings keep the state can rank the right one first. The
-text says which state it describes in ``cue_rate`` of the pairs, with one of several rare cue
-words (``finished``, ``halfway``, ...) among the template words: the retrieval loss sees the
-state only when the same object in the other state happens to be in the batch, while the
-relation label (predicted by CMCM's Coherence Aware Module from both embeddings) names it in
-every pair. ``Story`` (an anecdote around the step, ``story_rate``) is decided by the text
-alone and says nothing about the image, as Clue's Subjective/Story relations. Multi-label:
-Visible xor Action, Story independent.
+Each pair is one step of a "painting" project: the text names an object (colour and shape) and
+the image shows the **result** (relation ``Visible``) or the step **in progress** (half the object
+still background, a brush at the edge: ``Action``). Every object occurs in both states, so only a
+model whose embeddings keep the state can rank the right image first among the same object's.
+The text names the state in ``cue_rate`` of the pairs with a rare cue word: the retrieval loss sees
+the state only when the same object in the other state is in the batch, while the relation label
+(CMCM's Coherence Aware Module) names it in every pair. ``Story`` is decided by the text alone,
+as Clue's Subjective/Story relations.
 
-The confound (``train_states="one"``, with ``split_sizes``): the generator assigns the splits
-(the pairs ``data build --split-sizes`` would pick, written in each record) and renders every
-training pair of an object in that object's one training state, while val/test pairs keep
-their own draw (both states). Training pairs are then told apart by the object alone, so the
-retrieval loss has no reason to learn the state, which only the relation label names; with
-``objects`` (fewer colour x shape objects) a test pool holds many images of the query's object,
-and only the state separates half of them. ``benchmarks/coherence_margin.py --confound 1.0``
-(retired in issue #61; see commit 04048f2) measured the same idea on made-up features.
-``state_look="brush"`` keeps the whole object in the in-progress image (only the brush shows the
-state), a subtler state than half an object.
+The confound (``train_states="one"``, with ``split_sizes``): the generator assigns the splits and
+renders every training pair of an object in that object's one training state, while val/test
+pairs keep both; training pairs are then told apart by the object alone, so only the relation
+label gives the loss a reason to learn the state. ``state_look="brush"`` shows the state by the
+brush alone, a subtler one.
 
-On-disk format: the synthetic corpus's own (``pipelines/synthetic_corpus.py``), so ``mmlinks
-data build --source synthetic`` builds it: one document per pair (one sentence, one image,
-link (0, 0)), the pair's relations in ``metadata["relations"]`` (comma-separated, in the
-vocabulary's order, "" for none), and the label vocabulary in ``corpus.json["relations"]``,
-which the build copies into the manifest (``Manifest.relations``).
-
-Graded salience (``salience="graded"``, issue #45): a second corpus of the same format in which
-the image's attributes differ in how much of the feature vector they move. A handwritten digit
-(scikit-learn's bundled ``load_digits`` bitmaps, scaled up) is drawn small in one of 4 ink colours
-on one of 3 backdrops: the backdrop covers most pixels and dominates the features, the ink is
-plainly visible, the digit's identity is present but weak (a small shape). Each caption is tied
-to its picture by one relation of Clue's kind (``GRADED_RELATIONS``), which decides the attributes
-it names: Visible names all three, Story the digit and ink, Meta the backdrop, Subjective one of
-ink or digit, Irrelevant none. Truth per pair in the metadata (``schemas.manifest.pair_attributes``):
-``attr.<name>`` holds each attribute's value in the image, ``named`` the attributes the caption
-names. With ``split_sizes`` the val/test pairs draw their digit bitmaps from a held-out fifth, so
-no evaluation bitmap is seen in training.
+Graded salience (``salience="graded"``, issue #45): attributes that move the features by
+different amounts: a small handwritten digit (``load_digits``) in one of 4 inks on one of 3
+backdrops (the backdrop dominates, the ink is plain, the digit weak). Each caption's relation
+(``GRADED_RELATIONS``) decides which attributes it names; the truth per pair is in the metadata
+(``schemas.manifest.pair_attributes``), and with ``split_sizes`` the val/test pairs draw their
+bitmaps from a held-out fifth. The format is the synthetic corpus's own, so ``data build --source
+synthetic`` builds it, with the relation vocabulary copied into the manifest.
 """
 
 from __future__ import annotations

@@ -159,25 +159,17 @@ def _to_verdict(kv: tuple[str, tuple[OrderKey, int]]) -> DuplicateVerdict:
 class FindDuplicateDocuments(beam.PTransform):
     """Document dicts -> one ``DuplicateVerdict`` per document to drop (each document at most once).
 
-    Only duplicates between different documents count. Two images are duplicates when their phash
-    Hamming distance is <= ``threshold`` (neither hash degenerate, see ``is_degenerate``).
-
-    * ``drop_all``: drop every document with an image that duplicates an image of another document.
-    * ``keep_first``: drop a document when one of its images duplicates an image of an EARLIER document
-      in ``document_order``. This is a pairwise rule, not the greedy sequential one (a document whose
-      only earlier duplicate is itself dropped is still dropped), so it parallelises.
-
-    ``duplicate_of`` is the document's earliest partner (``document_order``), ``distance`` the smallest
-    image distance to it. Work is linear in the number of images plus the block-group sizes:
-    exact hash -> members; distinct hash -> block groups -> verified hash pairs (each from its lowest
-    agreeing block) -> joined back to both hashes' members -> decisions -> min per document.
+    Only duplicates between different documents count (phash distance <= ``threshold``, neither
+    hash degenerate). ``drop_all`` drops every document with such an image; ``keep_first`` drops a
+    document when one of its images duplicates one of an EARLIER document in ``document_order``: a
+    pairwise rule, not the greedy sequential one, so it parallelises. ``duplicate_of`` is the
+    earliest partner, ``distance`` the smallest image distance to it.
 
     The shuffle keys stay single-level (``threshold + 1`` per distinct hash), not the core's compound
-    (block, sub-block) keys (``(threshold + 1) ** 2``): in Beam every emitted element costs microseconds
-    (DirectRunner, measured: ~9 us per extra keyed element, so 16 keys instead of 4 a hash roughly
-    doubled the GroupByKey stage), while verifying a block group in NumPy costs nanoseconds a pair, and
-    ``near_duplicate_pairs`` applies the second level itself inside any group of ``TWO_LEVEL_MIN_GROUP``
-    or more (document corpora of ~10M images make groups of ~150 at t=3).
+    (block, sub-block) keys: in Beam every emitted element costs microseconds (DirectRunner: ~9 us
+    per extra keyed element, so 16 keys instead of 4 a hash roughly doubled the GroupByKey stage),
+    while verifying a block group in NumPy costs nanoseconds a pair, and ``near_duplicate_pairs``
+    applies the second level itself inside any large group.
     """
 
     def __init__(

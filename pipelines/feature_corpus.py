@@ -1,47 +1,20 @@
 """A feature-level corpus family with known links: handwritten-digit features, topics and looks
-(``mmlinks data synth-features``, issues #44 and #47).
+(``mmlinks data synth-features``, issues #44, #47 and #60; the options and the image ratios they
+give: docs/benchmarks-linking.md, "The family of corpora").
 
 Why feature level: rendering and a CNN cannot reach the confound regime of real corpora cheaply
-(``pipelines.image_look``), and a corpus of 100K-1M documents must be written in minutes. Here
-every image is a real handwritten digit (scikit-learn's bundled ``load_digits``, no download)
-turned into a non-negative "CNN-like" vector by one fixed random layer (``ReLU(W x + b)``, the
-same ``W`` for every corpus: the extractor ``digits-relu``); every linked sentence names its
-image's digit, so the links are known and a model must read the digit to find them.
+(``pipelines.image_look``), and a corpus of 100K-1M documents must be written in minutes. Every
+image is a real handwritten digit (scikit-learn's bundled ``load_digits``, no download) through one
+fixed random layer (``ReLU(W x + b)``, the same ``W`` for every corpus: the extractor
+``digits-relu``); every linked sentence names its image's digit, so the links are known and a
+model must read the digit to find them. Digit bitmaps are split between train, val and test, and
+a document's images show distinct digits (each at most twice above 10 images), so each sentence
+has one right image. Issue #60's options draw from a random stream of their own and are recorded
+only when set, so at their defaults every earlier corpus stays byte-identical.
 
-What varies (the family, issue #44):
-
-- **who shares a look** (``look_sharing``): ``none``; ``document`` (each document draws its own,
-  as ``data confound --image-look`` does); ``topic`` (all documents of one of ``topics`` topics
-  share it: one r/DIY project type, one cuisine, one news beat); ``topic+document`` (both, summed);
-- **how it mixes** (``look_mixing``): ``added`` (``v + s l``), ``clipped`` (``max(0, v + s l)``:
-  channels a look pushes below zero lose their content, as a ReLU feature does) or ``scaled``
-  (every channel multiplied by ``exp(s l)``);
-- **how strong** (``look_strength`` ``s``: the look's per-channel spread in units of the content's
-  spread; ``data inspect --confounds`` measures the image ratio it gives, docs/training.md);
-- **topic words** (``topic_words``): each sentence names its document's topic with this many of
-  the topic's words, 0 = off. Topics exist for the words even when the look is per document.
-
-Issue #60 widened it; each option's default leaves every earlier corpus byte-identical (its draws
-come from a random stream of their own, and the manifest records it only when it is set):
-
-- **images per document** (``images_min`` .. ``images_max``, 2 to 15): above 10 images the digits
-  repeat (each at most twice), so a sentence may name a digit two images show;
-- **looks per topic** (``looks_per_topic`` L): each image takes one of its topic's L looks, so the
-  images of one document differ in look (one project type photographed in a few rooms and lights);
-- **look share** (``look_share``): the share of images that carry the look (the rest show their
-  content alone: a look on some images only);
-- **feature noise** (``feature_noise``): Gaussian noise per image and channel, in units of the
-  content's spread (a camera's sensor, a re-encode), before the look mixes in.
-
-``scaled`` mixing is the per-channel gain (``v * exp(s l / 2)``).
-
-Digit bitmaps are split between train, val and test (no test bitmap is seen in training), and
-a document's images show distinct digits, so each sentence has one right image.
-
-Layouts: ``dataset`` writes versioned Parquet shards + manifest (train/val/test) directly, shard
-by shard, without Beam, as ``data build`` would lay them out; ``hessel`` writes the authors'
-``docs.json`` + ``features.npy`` + ``id2row.json``, which ``data import-hessel`` builds (the path
-held-out corpora take).
+Layouts: ``dataset`` writes versioned shards + manifest directly, without Beam, as ``data build``
+would lay them out; ``hessel`` writes the authors' files, which ``data import-hessel`` builds
+(the path held-out corpora take).
 """
 
 from __future__ import annotations

@@ -1,42 +1,20 @@
 """A synthetic multi-source, bilingual news corpus (issue #18, Liu et al. "Upgrading the
-Newsroom"), written in the news JSONL layout that ``mmlinks data build --source news-jsonl``
-reads (``pipelines/sources/news_jsonl.py`` documents the layout).
+Newsroom") in the news JSONL layout that ``data build --source news-jsonl`` reads.
 
-Each article reports on one "event": an object rendered as in the synthetic link corpus
-(``pipelines/synthetic_corpus.py``: shape, colour, size, position, background pattern). The
-article has a headline, a lead, a body and one or two photos with captions. The four text
-sources differ in how informative they are, so fusion and random_drop are measurable:
+Each article reports on one "event", an object rendered as in ``pipelines/synthetic_corpus.py``,
+with a headline, a lead, a body and one or two photos with captions. The four sources differ in
+how informative they are, so fusion and random_drop are measurable: each names each attribute
+with its own probability (``MENTIONS``) and goes missing at its own rate (``PRESENCE``), the body
+among filler and a distractor object; no single source pins the object down, together they do.
 
-- every source names each attribute of the event with its own probability (``MENTIONS``): the
-  headline mostly the colour, the lead size and pattern, the caption shape and position of its
-  own photo, the body a bit of everything among filler sentences and a distractor object (a
-  second event "nearby"). No single source pins the object down; together they do.
-- sources go missing at their own rate (``PRESENCE``), as real articles lack a lead or a caption.
-- an article's second photo shows the same object elsewhere in the frame, with its own caption.
-
-Two languages with an aligned lexicon: ``en`` and ``de``, a German-like language whose every
-word is a one-to-one translation of an English one (``LEXICON``; the word order is the
-English one, so it is an invented language that shares German words, not German). An article
-is written in ``de`` with probability ``second_language_rate``; language transfer is then
-measurable by building with ``--source-option languages=de`` and so on. ``vectors/en.vec`` and
-``vectors/de.vec`` are aligned word vectors for the two (``aligned_vectors``), some ``de``
-words left out, for the multilingual recipes (``training/news/recipes.py``).
-
-Dates run from ``start_date`` over ``days`` in article order (plus jitter), so the news source's
-date split (train on the past, test on the future) has something to cut.
-
-Options for issue #34 (all off by default: a corpus without them is byte for byte what it was):
-
-- ``complementary``: each source names its own attributes (``COMPLEMENTARY``: the headline the
-  colour, the lead size and pattern, the caption the shape, the body the position), so no
-  single source tells the object apart from more than a fifth of the others and fusing the
-  sources is the only way to pin it down (the fusion target: beat the best single source).
-- ``names``: every attribute value is written as an invented name (``NAMES``: "velmorra" for
-  red, ...), the same in both languages, as names are not translated.
-- ``unseen_forms``: the last share of the articles (the test split of the default date split
-  at 0.1) writes every name in a form never used before (``unseen_form``: an inflection or a
-  typo, "velmorran" for "velmorra"), so words the training vocabulary never saw carry the
-  content (the subword target). The other articles are those of the corpus without it.
+``en`` and ``de`` share an aligned lexicon (``LEXICON``: a one-to-one translation in English word
+order, an invented language with German words, not German), with aligned word vectors
+(``aligned_vectors``, some ``de`` words left out) for the multilingual recipes. Dates run in
+article order, so the date split has something to cut. Issue #34's options, off by default (a
+corpus without them is byte for byte what it was): ``complementary`` (each source names its own
+attributes, so only fusion pins the object down), ``names`` (attribute values as invented names,
+untranslated) and ``unseen_forms`` (the last share of the articles writes every name in a form
+never used before: words the training vocabulary never saw carry the content, the subword target).
 """
 
 from __future__ import annotations

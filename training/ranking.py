@@ -2,30 +2,14 @@
 too, so they live in the core): MedR and R@K over pools of candidates, per relation subset, and
 the average precision of relation prediction (scikit-learn's).
 
-Conventions (docs/evaluation.md, "Retrieval"):
-
-- ``sim[i, j]`` scores text i against image j; pair i is (text i, image i), so the true image
-  of text query i is column i (text-to-image) and the true text of image j is row j
-  (image-to-text: the same functions on ``sim.T``).
-- **Pools.** The paper's "retrieval range" is 500: each pool is ``pool_size`` pairs, every
-  text of the pool queries the pool's ``pool_size`` images. The pools are disjoint: a seeded
-  permutation cut into ``min(n_pools, n // pool_size)`` pools (the rest of the pairs unused), so
-  no pair counts twice and ``medr_std`` (the standard deviation over pools) is the spread of
-  independent pools, not of overlapping draws (600 pairs hold one pool of 500: its spread is
-  NaN, not a misleading 0). A metric is computed per pool and averaged; ``pools`` says how many.
-  A test set of ``pool_size`` pairs or fewer is one pool of all of them.
-- **Rank** of the true item: 1-based, ``1 + #(candidates scored higher)`` plus the ties:
-  ``pessimistic`` counts every tied candidate as ranked above the true one (a constant model
-  gets rank N, never a lucky 1); ``fair`` takes the expectation over a uniformly random order of
-  the tied candidates (rank ``1 + higher + tied / 2``; R@K the probability that rank <= K).
-  Both equal the plain rank when scores are distinct. Default: pessimistic.
-- **MedR** is the median (``np.median``: the mean of the two middle values for an even count)
-  of the ranks of the pool's queries, in candidates, NOT normalised: the paper writes
-  "0 <= MedR <= 1" but its tables (CITE++ 5.4, Clue 19.3 in a pool of 500) are raw ranks.
-  ``medr_frac`` = MedR / pool size is reported beside it. **R@K** = 100 x share of queries
-  whose rank is <= K.
-- **Relation subsets** (the paper's Table 7): only the queries whose pair has the relation;
-  the candidates are still the whole pool. Pools without such a query are skipped.
+The conventions are docs/evaluation.md's ("Retrieval"): ``sim[i, j]`` scores text i against
+image j, so text query i's true image is column i (image-to-text: the same functions on
+``sim.T``); pools are disjoint, so ``medr_std`` is the spread of independent pools, not of
+overlapping draws (one pool: NaN, not a misleading 0); ranks are 1-based with ties
+``pessimistic`` (default: a constant model gets rank N, never a lucky 1) or ``fair``; MedR is a
+raw rank in candidates (the paper's tables are, whatever its text says), ``medr_frac`` beside it.
+Relation subsets (the paper's Table 7) keep the whole pool as candidates and skip pools
+without such a query.
 """
 
 from __future__ import annotations

@@ -1,35 +1,20 @@
 """The paper's hyperparameter grids as parallel Ray Tune trials, one nested MLflow run each.
 
-Modules: ``rows`` (variants and row names from the objective registry, the grid specs),
-``retrieval`` (Alikhani et al.'s Tables 4 / 5: rows, seeds, the table with MedR's sd),
-``plan`` (the spec, trial specs, input checks), ``tune_driver`` (``run_grid``: Tune trials, Ray
-session, collection), ``tracking`` (MLflow bookkeeping of the parent run), ``render`` (the
-table as data and text), ``results``.
+What the paper ran (Hessel, Lee & Mimno 2019, Sec. 4.1 and supplement Sec. 3): b in {10, 20, 30}
+in-batch negatives, DC / TK / AP, k = min(n, m) or half of it for TK and AP, hard negatives or not.
+The supplement's Tables S1-S4 list ten trained rows per b (1/2 k only with hard negatives). The
+main Tables 2 and 3 show b = 10; their structured rows are the hard-negative ones ("AP + hard neg
+in these tables is the same as the AP described in the main paper"), while their NoStruct row
+matches the supplement's NoStruct *without* hard negatives (e.g. MSCOCO AUC 87.5 / 88.3 vs 51.8
+with them), so that is the one shown. Table 3 (RQA, DIY) uses 50 tokens per sentence; WIKI has
+no ground truth, so no row.
 
-What the paper ran (Hessel, Lee & Mimno 2019, Sec. 4.1 and supplement Sec. 3): every
-combination of b in {10, 20, 30} in-batch negatives, similarity DC / TK / AP, k = min(n, m) or
-ceil(min(n, m) / 2) for TK and AP, and hard-negative mining (max) or not (mean). The
-supplement's Tables S1-S4 list exactly ten trained rows per b: NoStruct, NoStruct + hard neg,
-DC, DC + hard neg, TK, TK + hard neg, TK + hard neg + 1/2 k, AP, AP + hard neg,
-AP + hard neg + 1/2 k (1/2 k only with hard negatives). The main Tables 2 and 3 show b = 10 and
-the rows NoStruct, DC, TK, TK + 1/2 k, AP, AP + 1/2 k; the structured rows there are the
-hard-negative ones ("AP + hard neg in these tables is the same as the AP described in the
-main paper"), while the main NoStruct row matches the supplement's NoStruct *without* hard
-negatives (e.g. MSCOCO AUC 87.5 / 88.3 vs 51.8 for NoStruct + hard neg), so that is the one
-shown. Table 2 covers the crowd-labelled MSCOCO, Story-DII, Story-SIS and DII-Stress; Table 3
-covers RQA and DIY with 50 tokens per sentence (WIKI has no ground truth, so no table row).
-
-The paper does not pick among variants: every configuration is its own row, and the
-validation loss only picks each run's checkpoint (the lowest-validation-loss epoch, which
-``training.driver.fit`` already does). The table here follows that. Random comes from each
-dataset's test split (``evaluate``'s random baseline); the Obj Detect row (DenseNet class
-names + word2vec, best K chosen on test) has no counterpart in this code base and is left out.
-
-Each (dataset, grid point) is one Tune trial whose function calls ``run_experiment``; the trial
-is only a driver (a small CPU fraction), the TorchTrainer inside it asks for the workers.
-
-The retrieval family's grids (``coherence-table4``, ``coherence-table5``) run the same way: one
-trial per (dataset, model, seed), see ``training/grid/retrieval.py``.
+The paper does not pick among variants: every configuration is its own row, and the validation
+loss only picks each run's checkpoint (as ``training.driver.fit`` does). Random comes from each
+test split; the Obj Detect row has no counterpart here and is left out. Each (dataset, grid
+point) is one Tune trial calling ``run_experiment``: the trial is only a driver (a small CPU
+fraction), the TorchTrainer inside it asks for the workers. The retrieval family's grids run
+the same way (``training/grid/retrieval.py``).
 """
 
 from training.grid.render import build_table, format_table

@@ -1,29 +1,19 @@
 """Table 2's divide and conquer from a finished Table 1 grid: ``--init-from-grid RUN_ID``.
 
-Liu et al. train the fusers of Table 2 from the single-source models of Table 1 ("Ours (full
-model)", one per source). ``RUN_ID`` is the MLflow parent run of a ``news-table1`` grid; for
-every dataset of the Table 2 grid (matched by its column name) and every source it picks that
-grid's finished ``full@SOURCE`` trial with the best validation value of the metric the trial
-chose its checkpoint by (``select_by``, e.g. the lowest val_medr; never a test metric, which
-Table 2 would then be tuned on), downloads the checkpoint of the news model the trial logged
-(``artifacts/checkpoint`` of its logged model) and turns the four into the trials'
-``init_from = caption=DIR,body=DIR,headline=DIR,lead=DIR`` (caption first: the word embeddings
-and the image tower come from the caption model, as in the paper), plus the architecture the
-encoders were trained with (``subword_buckets``) and the paper's one fuser warm-up epoch.
+Liu et al. train the fusers of Table 2 from Table 1's single-source "full" models. For every
+dataset (matched by column name) and source this picks the finished ``full@SOURCE`` trial with
+the best validation value of the metric its checkpoint was chosen by (never a test metric, which
+Table 2 would then be tuned on), downloads its logged checkpoint, and gives the trials
+``init_from = caption=DIR,body=DIR,...`` (caption first: the word embeddings and image tower come
+from the caption model, as in the paper), the encoders' architecture and one fuser warm-up epoch.
 
-Why a reference to a finished grid, not a first Tune stage that pre-trains the four encoders:
-Tune has no dependencies between trials (a two-stage search would be a second ``Tuner.fit``
-hidden inside this one, with its own failures and resources), and the encoders Table 2 fuses
-should be the very models Table 1 reports, not a re-training of them with another seed. An
-MLflow run ID is the lineage a Tune/MLflow user already works with: the Table 2 parent run
-records it (``init_from_grid``) and the resolved checkpoint of every source, each trial's
-``init_from`` parameter names the folder it loaded, and the checkpoints are downloaded through
-MLflow, so a Table 1 run logged to a remote tracking server works too. Without the flag the
-fuser rows train jointly from scratch, which the table's notes say.
-
-Mismatches are refused before any trial starts: a Table 1 trained on another dataset version
-(divide and conquer copies the word embedding rows, so the vocabulary must be the same) or with
-another encoder architecture (``ARCH_FIELDS``).
+Why a reference to a finished grid, not a first Tune stage that pre-trains the encoders: Tune has
+no dependencies between trials (a two-stage search would be a second ``Tuner.fit`` hidden inside
+this one, with its own failures and resources), and the encoders Table 2 fuses should be the very
+models Table 1 reports, not a re-training with another seed. An MLflow run ID is the lineage a
+Tune/MLflow user already works with, and downloading through MLflow works with a remote tracking
+server too. Mismatches are refused before any trial: another dataset version (divide and conquer
+copies word embedding rows, so the vocabulary must match) or architecture (``ARCH_FIELDS``).
 """
 
 from __future__ import annotations

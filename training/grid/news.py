@@ -1,34 +1,14 @@
 """Liu et al.'s news image selection tables (issue #18) as grids: each table's rows and columns
 as TrainConfig overrides, their trials (one per row, column and seed) and the table printed in
-the paper's layout.
+the paper's layout; the tables, their rows and commands: docs/retrieval-news.md.
 
-What the paper's tables compare, and what fills them here (every row is the project's news model,
-``training/news/``, the paper's external baselines included):
-
-- **Table 1** (single textual source, R@10 both directions, columns caption / body / headline /
-  lead): rows VSE++ (``news_loss=vsepp``), VSE (``vse``), ORDER (``order``: Vendrov et al.'s
-  order embeddings, margin 0.05), CHAIN (``news_encoder=chain``: Wehrmann & Barros'
-  character-level convolutions, VSE's loss), HAL (``hal``), each with words only (CHAIN:
-  characters only), and "Ours (full model)" = VSE + subword n-grams (``subword_buckets``). The
-  paper's embedding rows (wiki, cc-wiki, wiki-subword) are pre-trained fastText files: pass them with
-  ``--word-vectors``; offline the rows use the base's vectors, so "w/o subword" vs "full" is the
-  embedding contrast measured here.
-- **Table 2** (fusion of the four sources, R@1/5/10 and MedR both directions): Global Max
-  Pooling, Element-wise Adding, Neural Net Fuser and Attention Fuser, each with and without
-  random_drop 0.3, by divide and conquer (the fusers load single-source encoders: the base's
-  ``--init-from caption=DIR,body=DIR,...`` with ``--fuser-warmup-epochs``, or
-  ``--init-from-grid RUN_ID``: the best "full" trial per source of a finished Table 1 grid,
-  ``training/grid/init_grid.py``), plus "Attention Fuser (from scratch)" (joint training, nothing
-  loaded). Without ``--init-from`` every row trains jointly from scratch, which the table's
-  notes say.
-- **Tables 3 / 4** (multilingual, R@10 both directions): one block per dataset (a target
-  language's news dataset), rows "target only" (``multilingual=none``), "one-for-all"
-  (``multilingual=one-for-all``: frozen aligned vectors, every language of the dataset mixed)
-  and "all-for-one" (``multilingual=all-for-one``: starts from the base's ``--init-from`` model
-  trained on the other language). The paper's "+x" deltas are printed against the target-only row.
-
-A cell is the mean over the repeats (seeds base.seed, base.seed + 1, ...); MedR's "±" is their
-sample standard deviation when there are several.
+Every row is the project's news model (``training/news/``), the paper's external baselines
+included (ORDER, CHAIN, HAL as losses and encoders). The paper's embedding rows are pre-trained
+fastText files: offline the rows use the base's vectors, so "w/o subword" vs "full" is the
+embedding contrast measured here. Table 2's fusers load single-source encoders (``--init-from``,
+or ``--init-from-grid``: ``training/grid/init_grid.py``); without them every row trains jointly
+from scratch, which the table's notes say. A cell is the mean over the repeats (seeds
+base.seed, base.seed + 1, ...); MedR's "±" is their sample standard deviation.
 """
 
 from __future__ import annotations

@@ -65,30 +65,18 @@ def _merge_fill_in(page: Album, rest: Album) -> Album:
 class AlbumScraper:
     """Scrape albums once: finished results (and the album's own permanent failures) are kept.
 
-    With ``client_id`` (env ``IMGUR_CLIENT_ID``) it calls API v3 (header
-    ``Authorization: Client-ID <id>``); otherwise it fetches ``{page_base}/a/{id}`` and tries the
-    2018 parser, then the embedded-JSON parser. A truncated 2018 page is completed from
-    ``{page_base}/ajaxalbums/getimages/{id}/hit.json?all=true`` unless ``fetch_all`` is False
-    (the paper's scraper read only the page, so it saw only the inlined images).
+    API v3 with ``client_id``; otherwise the page, tried with the 2018 parser, then the embedded
+    JSON one, and a truncated 2018 page completed from ``hit.json`` unless ``fetch_all`` is False
+    (the paper's scraper read only the page, so it saw only the inlined images). 404/410, a page
+    without either markup and undecodable JSON are recorded failures, final for later runs too
+    (delete the crawl state's ``items/album`` to try again); 401/403/408/429/5xx and the client's
+    transient errors are retried by the next run; the client's policy refusals are permanent, not
+    recorded. Thread-safe as far as the client is.
 
-    Failures (``AlbumFailed``): 404/410 -> ``album_not_found``; a page without either markup ->
-    ``no_album_markup``; undecodable embedded JSON -> ``bad_album_json`` (all three recorded);
-    401/403/408/429/5xx and the client's transient errors -> transient, not recorded, retried by
-    the next run; the client's policy refusals (``refused_host``, ``too_large``, ...) ->
-    permanent, not recorded. Thread-safe as far as the client is: one scraper may serve a pool.
-    Recorded failures are final for later runs too; to try them again, delete the crawl state's
-    ``items/album`` folder (or the one record).
-
-    Records are keyed by route and base as well as album id (``state_key``:
-    ``page|<page_base>|<id>`` or ``api|<api_base>|<id>``), so an answer from live imgur (say
-    ``album_not_found``) is not reused when ``page_base`` points at a web archive, nor a page
-    answer when the API is used. Records keep image hash and extension, not URLs: image URLs
-    are built from this scraper's ``image_base`` when a record is read. Records from before
-    this keying (album id alone) are not found under the new keys: those albums are scraped
-    again (the HTTP cache, keyed by the full URL, may still answer them).
-
-    Base URLs must not carry user info (``user:token@host``): credentials come from the
-    environment (``client_id``), and bases end up in keys, records and messages.
+    Records are keyed by route and base as well as album id (``state_key``), so an answer from live
+    imgur is not reused when ``page_base`` points at a web archive, nor a page answer for the API;
+    they keep image hash and extension, and URLs are built from this scraper's ``image_base``. Base
+    URLs must not carry user info: they end up in keys, records and messages.
     """
 
     def __init__(

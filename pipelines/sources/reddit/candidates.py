@@ -31,21 +31,16 @@ SCORE_RERUN_S = 86400
 
 
 class RefreshScores(beam.DoFn):
-    """Batches of up to 100 posts -> the same posts with current scores from ``/api/info``.
+    """Batches of up to 100 posts -> the same posts with current scores from ``/api/info``
+    (docs/sources.md, "Score refresh").
 
     Posts the API does not return (deleted since) keep their dump score with
-    ``score_refreshed=False``. When a batch's call fails after prawcore's own retries, the build
-    goes on (counted ``score_refresh_failed``): its posts whose dump score reaches ``min_score``
-    keep it; the others are not silently filtered on a stale score but dead-lettered
-    (``post:score_refresh_failed``, with the post id): a rerun with working API access would
-    reconsider them. Without refreshing at all (``refresh_scores=false``, or ``auto`` without
-    credentials) dump scores are used as they are (``scores_not_refreshed``).
-
-    Each answer is checkpointed per post in the crawl state (``state_root``, kind
-    ``reddit_scores``) with its time before the batch moves on, so a build interrupted after some
-    batches asks Reddit only for the posts it had not refreshed (``scores_from_checkpoint``);
-    scores taken before a post's score settled are asked for again by later builds (see
-    ``SCORE_SETTLED_S``). Failed calls are not recorded: a rerun asks again.
+    ``score_refreshed=False``. A batch whose call fails after prawcore's retries does not filter on
+    stale scores: its posts under ``min_score`` become ``post:score_refresh_failed`` dead letters,
+    which a rerun with working API access reconsiders. Each answer is checkpointed per post in the
+    crawl state before the batch moves on (``scores_from_checkpoint`` on a rerun); scores taken
+    before a post's score settled (``SCORE_SETTLED_S``) are asked for again; failed calls are not
+    recorded.
     """
 
     def __init__(self, config: RedditConfig, state_root: str | None = None):

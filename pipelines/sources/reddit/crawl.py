@@ -115,36 +115,22 @@ def crawl_new_posts(
     now: float | None = None,
     overlap_s: int = DEFAULT_OVERLAP_S,
 ) -> dict:
-    """Fetch the posts not seen by earlier runs from ``/r/<sub>/new`` into dump-format files.
+    """Fetch the posts not seen by earlier runs from ``/r/<sub>/new`` into dump-format files
+    (docs/sources.md, "Incremental crawl").
 
-    The cursor ``reddit-new-<sub>`` holds the checkpoint (the newest created_utc and id of a
-    run that read down to the previous checkpoint) and the ids already fetched with their
-    creation times. The listing is read newest-first past the checkpoint for ``overlap_s``
-    more seconds of creation time, since posts approved late (mod queue, spam filter) appear
-    at their original time, below newer ones; ids already fetched are skipped. Ids are kept
-    for the overlap window (and past a gap, see below), at most ``RECENT_IDS_KEPT``.
-
-    New posts are written as one zstd ndjson file per run and creation month, ``out_dir/
-    <YYYY-MM>/<sub>_incremental_<UTC time>.ndjson.zst`` (so monthly partitions line up with
-    the dumps), atomically; only then does the cursor move. A crash before the cursor moves
-    redoes the run, writing a second file with the same posts; ``ReadCandidatePosts``
-    de-duplicates by id.
-
-    Gaps: when the run stops before the checkpoint, posts between it and the oldest post read
-    were not fetched (``gap_possible``, with ``gap`` = ``{"after_utc", "before_utc",
-    "checkpoint_kept"}``). Stopped by ``limit``: the checkpoint stays where it was and the
-    fetched ids are remembered, so a later run without the limit reads down to it again and
-    fetches only the rest. The listing itself ended (Reddit keeps about ``LISTING_LIMIT``
-    posts and has no time-range search; more arrived since the last run): the posts below can
-    never be listed again, so the checkpoint moves on and the range is recorded in the
-    cursor's ``gaps`` for a backfill from the dumps. Run this at least as often as 1000 posts
-    arrive in the subreddit (r/DIY: a few days).
-
-    Scores in these files are minutes old; the reader's score refresh updates them. Returns
-    ``{"new_posts", "files", "cursor" (without its id list), "listed", "duplicates_skipped",
-    "malformed_skipped", "reached_checkpoint", "overlap_complete", "gap_possible", "gap"}``.
-    API errors propagate (after prawcore's retries) before the cursor moves, so the next run
-    simply starts over.
+    The cursor ``reddit-new-<sub>`` holds the checkpoint (the newest created_utc and id of a run
+    that read down to the previous one) and the ids already fetched, kept for the overlap window
+    (and past a gap), at most ``RECENT_IDS_KEPT``. The listing is read ``overlap_s`` past the
+    checkpoint because posts approved late appear at their original time, below newer ones. Files
+    (``out_dir/<YYYY-MM>/<sub>_incremental_<UTC time>.ndjson.zst``, lined up with the dumps'
+    months) are written atomically before the cursor moves, so a crash only repeats work, which
+    ``ReadCandidatePosts`` de-duplicates by id. Stopped by ``limit``, the checkpoint stays and a
+    later run fetches only the rest; the listing itself ending (Reddit keeps about
+    ``LISTING_LIMIT`` posts) moves the checkpoint on and records the range in the cursor's
+    ``gaps`` for a backfill from the dumps. API errors propagate before the cursor moves.
+    Returns ``{"new_posts", "files", "cursor" (without its id list), "listed",
+    "duplicates_skipped", "malformed_skipped", "reached_checkpoint", "overlap_complete",
+    "gap_possible", "gap"}``.
     """
     if isinstance(overlap_s, bool) or not isinstance(overlap_s, int) or overlap_s < 0:
         raise MmlinksError(f"the crawl overlap wants a whole number of seconds >= 0, not {overlap_s!r}")
