@@ -1,26 +1,14 @@
 """The families' hooks the core calls by name: how a run ends and how it is planned.
 
 Each family's ``registration`` module fills these (``training.families``); the core looks a hook
-up by a string it already holds and never imports a family:
-
-- ``register_run_finish(family, finish)``: the end of a run of an objective whose
-  ``ObjectiveSpec.family`` is ``family``, after training: its test evaluation, MLflow metrics and
-  artifacts, the packaged and registered model and the report.
-  ``training.experiment.run_experiment`` calls ``finish(cfg, manifest, run, result, tracking_uri,
-  model_name, alias, report_dir, package) -> ExperimentResult`` (``package``: the run's
-  ``training.experiment.Packager``); a family without one ends as a link run does, in the core.
-  (The retrieval family's finish also ends news runs: the ``news`` objective's family is
-  "retrieval".)
-- ``register_run_plan(objective, plan)``: how a run of ``objective`` is trained when it is more
-  than one run (the news family's staged recipe: a nested run per stage under one parent run).
-  ``training.experiment.run_experiment`` first calls ``plan(cfg, tracking_uri, model_name, alias,
-  progress, report_dir, parent_run_id, package) -> ExperimentResult | None``; None: one run as
-  usual (the plan's own stages come back that way).
-
-How a run's model is packaged and registered, and how a served model is scored for promotion,
-is not a hook: ``models/`` does both, above training (``models.experiment``, ``models.registry``).
-
-No torch or MLflow at import time: the hooks import their family's code when called.
+up by a string it already holds and never imports a family. ``register_run_finish(family,
+finish)``: the end of a run (test evaluation, metrics, the packaged and registered model, the
+report); a family without one ends as a link run does (the retrieval family's also ends news
+runs: the ``news`` objective's family is "retrieval"). ``register_run_plan(objective, plan)``: a
+run that is more than one run (the news family's staged recipe); a plan returning None means one
+run as usual. ``training.experiment.run_experiment`` calls both. Packaging and promotion scoring
+are not hooks: ``models/`` does both, above training. No torch or MLflow at import time: the
+hooks import their family's code when called.
 """
 
 from __future__ import annotations
@@ -43,7 +31,9 @@ def _register(hooks: dict, kind: str, key: str, hook: Callable, replace: bool) -
 
 
 def register_run_finish(family: str, finish: Callable[..., Any], replace: bool = False) -> Callable:
-    """How a run of an objective of ``family`` (``ObjectiveSpec.family``) ends after training."""
+    """How a run of an objective of ``family`` (``ObjectiveSpec.family``) ends after training:
+    ``finish(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir, package)
+    -> ExperimentResult`` (``package``: the run's ``training.experiment.Packager``)."""
     return _register(_RUN_FINISHES, "run finish of family", family, finish, replace)
 
 
@@ -54,7 +44,9 @@ def run_finish(family: str) -> Callable[..., Any] | None:
 
 
 def register_run_plan(objective: str, plan: Callable[..., Any], replace: bool = False) -> Callable:
-    """How a run of ``objective`` is trained when its config asks for several stages."""
+    """How a run of ``objective`` is trained when its config asks for several stages: ``plan(cfg,
+    tracking_uri, model_name, alias, progress, report_dir, parent_run_id, package) ->
+    ExperimentResult | None``."""
     return _register(_RUN_PLANS, "run plan of objective", objective, plan, replace)
 
 

@@ -1,22 +1,13 @@
 """Alikhani et al.'s Tables 4 (CITE++) and 5 (Clue) as a grid: the retrieval family's rows,
-their trials (one per model and seed) and the table in the paper's layout.
+their trials (one per model and seed) and the table in the paper's layout (rows, columns and
+commands: docs/retrieval-news.md).
 
-The paper's rows: CMCA (coherence-agnostic), CMCM-NoAttn (mean pooling instead of word
-attention), CMCM (the Coherence Aware Module over every relation) and CMCM_c for each relation
-of the dataset (one model per relation, so the rows come from the manifest's vocabulary:
-``"relation": "*"`` in a template point). Columns: text-to-image MedR with its standard
-deviation, R@1, R@5, R@10 (Sec. 5: "we only report the results of retrieving image by using the
-caption as query"). Each model is trained ``repeats`` times (seeds base.seed, base.seed + 1,
-...); a cell is the mean over the repeats and the MedR's "±" is their sample standard deviation
-(ddof 1), which is how "3 repeats with the standard deviation of the main metric" reads here
-(the paper does not say what its ± is taken over).
-
-Selective similarity refinement is applied at inference, so it needs no trial of its own: every
-CAM model's trial is evaluated with and without it, and the table prints a "+ SSR" row after the
-model's row (lambda and T from the config, by default the paper's 0.12 and 0.1) and a "+ SSR
-(val-tuned)" row (lambda and T chosen on the validation split by ``tune_refinement``). CMCA has
-no CAM, hence no refinement. The paper's Base row (a retrieval model of Han et al. 2020) has no
-counterpart here.
+CMCM_c has one model per relation, so its rows come from the manifest's vocabulary
+(``"relation": "*"`` in a template point). A cell is the mean over the repeats and MedR's "±"
+their sample standard deviation (ddof 1), which is how "3 repeats with the standard deviation of
+the main metric" reads here (the paper does not say what its ± is taken over). Selective
+similarity refinement is applied at inference, so it needs no trial of its own: every CAM
+model's trial is evaluated with and without it (the "+ SSR" rows); CMCA has no CAM, hence none.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """The ``news`` objective in the training stack: what ``--objective news`` plugs into the
-objective and backbone registries (training/objectives/registry.py, training/backbone.py), the
-Ray Train loop and the experiment.
+objective and backbone registries, the Ray Train loop and the experiment (the options and
+recipes: docs/retrieval-news.md).
 
-- Data: news samples (``schemas/news.py``: one image, its present sources as sentences), built
-  by ``--source news-jsonl``. ``--news-sources`` picks the sources the model reads (one: a
-  single-source model; several: fused by ``--fusion``).
-- Training: ``--news-loss`` (vse, vsepp, hal; order = ORDER on order embeddings) on the in-batch
-  score matrix (``NewsRetrieval.score``: cosines, or ORDER's negative order violations);
-  ``--news-encoder chain`` reads characters instead of word vectors (CHAIN); ``--random-drop p``
-  (paper and auto for 2+ sources: 0.3): per sample one random present source is always kept and
-  every other one is dropped with probability p; validation and test use the complete inputs.
-  Samples with no source left (say a caption-only model on an article without caption) leave the
-  loss.
-- Recipes: a fused model trains by default in stages (``training/news/staged.py``: the
-  single-source models, then the fuser over their encoders); ``training/news/recipes.py``:
-  one-for-all freezes the aligned word vectors, all-for-one and divide and conquer start from
-  other checkpoints (``--init-from``); for the first ``--fuser-warmup-epochs`` epochs only the
-  fuser trains.
-- Validation: text-to-image MedR and R@10 over every validation sample (``val_medr``, the
-  checkpoint choice, and ``val_r10``).
-- Test: the retrieval family's evaluation (R@1/5/10 and MedR both directions, pools of
-  ``--pool-size``): ``NewsRetrieval`` answers it as a model without coherence module. A sample
-  without any source the model reads gets a zero text vector, so it counts as a miss (ties are
-  pessimistic).
+``--random-drop p`` keeps one random present source of each sample and drops every other one
+with probability p while training; validation and test use the complete inputs. Samples with no
+source left (a caption-only model on an article without caption) leave the loss. Validation is
+text-to-image MedR and R@10 over every validation sample (``val_medr`` chooses the checkpoint);
+test is the retrieval family's evaluation, which ``NewsRetrieval`` answers as a model without
+coherence module. A sample without any source the model reads gets a zero text vector, so it
+counts as a miss (ties are pessimistic).
 """
 
 from __future__ import annotations

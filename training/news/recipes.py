@@ -1,22 +1,11 @@
 """The training recipes of Liu et al. that start a news model from other weights (issue #18):
-
-- **one for all** (Sect. 5.2.2): one model over articles of every training language, mixed in a
-  batch, on frozen aligned word vectors (MUSE; ``--word-vectors text:en.vec,text:de.vec`` reads
-  one file per language, ``training/word_vectors.py``), so the aligned space is not broken. A
-  vocabulary word without an aligned vector keeps a fixed random vector (the paper maps it to
-  <unk>; a fixed random vector keeps two such words apart, which we found harmless).
-- **all for one** (Sect. 5.2.3): a model trained on language A (step 1: one-for-all on A's
-  dataset), then (step 2) every weight but the word embeddings taken from it, language B's
-  aligned vectors plus B's out-of-vocabulary words (random rows) swapped in, and everything
-  fine-tuned on B (``--multilingual all-for-one --init-from A_CHECKPOINT``).
-- **divide and conquer** (Sect. 6.2): every source encoder loaded from its own single-source
-  model (``--init-from caption=DIR,headline=DIR,...``), the word embeddings and image tower from
-  the first one listed (paper: the caption model, the best single source), the fuser fresh;
-  for ``--fuser-warmup-epochs`` epochs only the fuser trains (paper: 1), then everything.
-
-A checkpoint is a training checkpoint folder (``state.pt`` + ``meta.json``: Ray's
-``checkpoint_*`` folders, or ``artifacts/checkpoint`` inside a logged news model). Loading
-happens once, when the training run builds its model (``apply_init``); a checkpoint read back
+one for all (Sect. 5.2.2: frozen aligned word vectors, every language mixed, so the aligned space
+is not broken), all for one (Sect. 5.2.3: every weight but the word embeddings from a model of
+another language) and divide and conquer (Sect. 6.2: each source encoder from its own
+single-source model, the fuser fresh and trained alone first); what each does and refuses:
+docs/retrieval-news.md. A vocabulary word without an aligned vector keeps a fixed random vector
+where the paper maps it to <unk>: it keeps two such words apart, which we found harmless.
+Loading happens once, when the run builds its model (``apply_init``); a checkpoint read back
 later (resume, evaluation, serving) holds the trained weights and does not need the files.
 """
 

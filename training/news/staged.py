@@ -1,25 +1,14 @@
 """The news family's default recipe (issue #46): Liu et al.'s divide and conquer (Sect. 6.2) in
-one ``mmlinks train --objective news`` command.
+one ``mmlinks train --objective news`` command (docs/retrieval-news.md, "the default staged
+recipe").
 
-Measured on every synthetic corpus of docs/benchmarks.md, training the fused model from its
-single-source models beats training it jointly from scratch in text-to-image R@10 (issue #34's
-corpora: 80.8 / 85.8 / 88.7 vs 78.8 / 82.3 / 80.1; issue #46's: 89.8 / 89.9 vs 88.8 / 86.9), so a
-fused model without ``--init-from`` or a multilingual recipe trains in stages (``--news-recipe
-staged``, the default; ``training.news.config.staged_recipe``):
-
-1. one single-source model per source some training article has (``--epochs`` each, complete
-   inputs), caption first;
-2. the fused model from their encoders (``--init-from caption=DIR,...``: word embeddings and
-   image tower from the caption model, the fuser fresh), the fuser alone for
-   ``--fuser-warmup-epochs`` (auto: 1), then everything, with ``--random-drop`` (auto: 0.3).
-
-Every stage is an ordinary ``run_experiment`` (Ray Train, evaluation, the logged model) nested
-under one MLflow parent run (tags ``mmlinks.news.recipe`` and ``mmlinks.news.stage``); the
-single-source models are logged but not registered, the fused one is registered as a joint run
-would be; the parent run gets the config, the final stage's run ID and its test metrics.
-``--news-recipe joint`` trains one run from scratch (before issue #46; its old defaults were
-``--random-drop 0``). The stages' checkpoints are read back through MLflow
-(``training.grid.init_grid.logged_checkpoint``), so a remote tracking server works too.
+Why the default: on every synthetic corpus of docs/benchmarks.md, a fused model trained from its
+single-source models beats one trained jointly from scratch in text-to-image R@10 (issue #34's
+corpora: 80.8 / 85.8 / 88.7 vs 78.8 / 82.3 / 80.1; issue #46's: 89.8 / 89.9 vs 88.8 / 86.9).
+Every stage is an ordinary ``run_experiment`` nested under one MLflow parent run, which gets the
+config, the final stage's run ID and its test metrics. The stages' checkpoints are read back
+through MLflow (``training.grid.init_grid.logged_checkpoint``), so a remote tracking server
+works too.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """The retrieval objectives in the training stack: what ``--objective cmca|cmcm|cmcm-c`` plugs
-into the objective and backbone registries (training/objectives/registry.py,
-training/backbone.py), the Ray Train loop and the experiment.
+into the objective and backbone registries, the Ray Train loop and the experiment.
 
-- Data: a pair dataset (one sentence, one image per document; docs/design.md "Pair
-  datasets"). The CAM predicts the manifest's relations (cmcm) or ``--relation`` (cmcm-c);
-  their loss weights w_c = 1 / positive rate come from the training shards.
-- Loss: Eq. 3 of Alikhani et al. (``training/retrieval/losses.py``), margin ``--retrieval-margin``
-  (0.5; the paper's 0.3 under ``--preset paper``), lambda_cls ``--lambda-cls``;
-  ``--cam-gradient stopped`` keeps the coherence loss out of the encoders.
-- Validation: MedR and R@K (text-to-image) over the validation pairs (pools as the test's),
-  reported as ``val_medr`` / ``val_r10``; ``--select-by val_medr`` (the paper's best epoch)
-  is the retrieval objectives' default.
-- Test: MedR, R@K both ways, with and without selective refinement (the configured lambda and
-  T, and the pair chosen on validation by ``tune_refinement``), per relation subset, and the
-  relation AP of the CAM on the true pairs; on pairs with attribute truth the top-5 match per
-  named attribute and the attribute oracle's MedR (``training/retrieval/attributes.py``).
+Data: a pair dataset (docs/design.md, "Pair datasets"); the CAM predicts the manifest's
+relations (cmcm) or ``--relation`` (cmcm-c), with loss weights w_c = 1 / positive rate from the
+training shards. Loss: Eq. 3 (``losses.py``). Validation: text-to-image MedR and R@K over pools
+as the test's (``--select-by val_medr``, the paper's best epoch, is the default). Test: MedR and
+R@K both ways, with and without selective refinement (the configured lambda and T, and those
+``tune_refinement`` picks on validation), per relation subset, the CAM's relation AP, and on
+pairs with attribute truth the per-attribute report (``attributes.py``).
 """
 
 from __future__ import annotations
