@@ -9,15 +9,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import mlflow
 import pandas as pd
 
 from archive.build import build_archive_index
 from archive.index import ArchiveIndex
-from models import integrity
 from models.news_serving import SIGNATURE, NewsModel
 from models.news_threads import SERVE_THREADS, checked_threads
-from models.packaging import pip_requirements
 from schemas.errors import MmlinksError
 from training.news.model import NewsRetrieval
 from training.text import Vocabulary
@@ -31,7 +28,7 @@ def train_languages(paths: list) -> list[str]:
     return sorted({dict(m or {}).get("language", "") for m in meta} - {""})
 
 
-def _model_kwargs(
+def _artifacts(
     root: Path,
     checkpoint_dir: str,
     vocab: Vocabulary,
@@ -40,7 +37,7 @@ def _model_kwargs(
     run_id,
     threads: dict | None = SERVE_THREADS,
 ) -> dict:
-    """The pyfunc's files under ``root`` and the arguments ``log_model`` / ``save_model`` take."""
+    """The pyfunc's files under ``root``, by artifact name."""
     if not languages:
         raise MmlinksError("the training split names no language (metadata 'language')")
     shutil.copytree(checkpoint_dir, root / "checkpoint")
@@ -54,14 +51,7 @@ def _model_kwargs(
         "archive": str(root / "archive"),
         "news": str(root / "news.json"),
     }
-    return {
-        "python_model": NewsModel(),
-        "artifacts": artifacts,
-        "model_config": integrity.model_config(artifacts),  # verified by every load (issue #62)
-        "signature": SIGNATURE,
-        "input_example": pd.DataFrame([{"language": languages[0], "headline": "an example headline"}]),
-        "pip_requirements": [*pip_requirements(), "faiss-cpu"],
-    }
+    return artifacts
 
 
 def log_news_model(
@@ -77,12 +67,10 @@ def log_news_model(
     run: its model URI; or, with ``path``, write it to that folder (no tracking store: ``mlflow
     models serve -m PATH`` serves it, ``mlflow.pyfunc.load_model(PATH)`` loads it): the path.
     ``threads``: the serving threads (``SERVE_THREADS``; None: the libraries' defaults)."""
+    example = pd.DataFrame([{"language": (languages or [""])[0], "headline": "an example headline"}])
     with tempfile.TemporaryDirectory() as tmp:
-        kwargs = _model_kwargs(Path(tmp), checkpoint_dir, vocab, index, languages, run_id, threads)
-        if path is None:
-            return mlflow.pyfunc.log_model(name="model", **kwargs).model_uri
-        mlflow.pyfunc.save_model(path=str(path), **kwargs)
-    return str(path)
+        artifacts = _artifacts(Path(tmp), checkpoint_dir, vocab, index, languages, run_id, threads)
+        return NewsModel()._log(artifacts, SIGNATURE, example, ("faiss-cpu",), path)
 
 
 def package_news_run(

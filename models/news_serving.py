@@ -26,7 +26,6 @@ import json
 import os
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pandas as pd
 import torch
@@ -34,15 +33,13 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
 from archive.index import ArchiveIndex
-from models import integrity
 from models.news_threads import SCORING_SERVER_ENV, checked_threads, freeze_gc, serving_threads
-from models.packaging import _bad_request
+from models.packaging import CheckpointPyfunc, _bad_request
 from schemas.errors import MmlinksError
 from schemas.news import NEWS_SOURCES
 from schemas.text import has_tokens
 from training.news.encode import encode_article, encode_articles, text_of
 from training.news.model import NewsRetrieval
-from training.text import Vocabulary
 
 ARCHIVE_ENV = "MMLINKS_NEWS_ARCHIVE"
 MAX_TOP_K = 1000
@@ -65,16 +62,11 @@ SIGNATURE = ModelSignature(
 )
 
 
-class NewsModel(mlflow.pyfunc.PythonModel):
+class NewsModel(CheckpointPyfunc):
     family = "news"
 
     def load_context(self, context) -> None:
-        from training.checkpoints import load_checkpoint_model
-
-        integrity.verify_artifacts(context.artifacts, context.model_config)
-        self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
-        self.vocab = Vocabulary.load(context.artifacts["vocab"])
-        self.max_tokens = int(meta["train"]["max_tokens"])
+        self._load_checkpoint(context)
         info = json.loads(Path(context.artifacts["news"]).read_text())
         self.languages = tuple(info["languages"])
         self.run_id = info.get("run_id")

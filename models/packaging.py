@@ -220,17 +220,43 @@ class ImageFeaturizer:
         return np.stack([extractor.postprocess(o).features for o in outs]).astype(np.float32)
 
 
-class LinkModel(mlflow.pyfunc.PythonModel):
-    def load_context(self, context) -> None:
-        from training.backbone import needs_regions
+class CheckpointPyfunc(mlflow.pyfunc.PythonModel):
+    """The part every family's pyfunc shares: ``_load_checkpoint`` checks the artifacts against
+    the digests packaged with them (issue #62), then loads the trained model, its vocabulary and
+    token budget; ``_log`` logs (or with ``path`` saves) the pyfunc with those digests and the
+    stated requirements."""
+
+    def _load_checkpoint(self, context) -> dict:
         from training.checkpoints import load_checkpoint_model
 
         integrity.verify_artifacts(context.artifacts, context.model_config)
         self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
-        self.regions = needs_regions(meta["model"])
-        self.max_regions = int(meta["train"].get("max_regions", 36))
         self.vocab = Vocabulary.load(context.artifacts["vocab"])
         self.max_tokens = int(meta["train"]["max_tokens"])
+        return meta
+
+    def _log(self, artifacts: dict, signature, example, extra: tuple = (), path=None) -> str:
+        kwargs = {
+            "python_model": self,
+            "artifacts": artifacts,
+            "model_config": integrity.model_config(artifacts),
+            "signature": signature,
+            "input_example": example,
+            "pip_requirements": [*pip_requirements(), *extra],
+        }
+        if path is None:
+            return mlflow.pyfunc.log_model(name="model", **kwargs).model_uri
+        mlflow.pyfunc.save_model(path=str(path), **kwargs)
+        return str(path)
+
+
+class LinkModel(CheckpointPyfunc):
+    def load_context(self, context) -> None:
+        from training.backbone import needs_regions
+
+        meta = self._load_checkpoint(context)
+        self.regions = needs_regions(meta["model"])
+        self.max_regions = int(meta["train"].get("max_regions", 36))
         # the CLIP backbone's own weight file, for models packaged without a recorded one
         self.images = ImageFeaturizer(context.artifacts.get("extractor"), meta["model"].get("clip_weights"))
 
@@ -369,16 +395,7 @@ def log_link_model(
                 )
             )
             artifacts["extractor"] = str(Path(tmp) / "extractor.json")
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=LinkModel(),
-            artifacts=artifacts,
-            model_config=integrity.model_config(artifacts),  # verified by every load (issue #62)
-            signature=SIGNATURE,
-            input_example=pd.DataFrame([example]) if example else None,
-            pip_requirements=pip_requirements(),
-        )
-    return info.model_uri
+        return LinkModel()._log(artifacts, SIGNATURE, pd.DataFrame([example]) if example else None)
 
 
 __all__ = [

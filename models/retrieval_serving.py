@@ -31,15 +31,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pandas as pd
 import torch
 from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
-from models import integrity
-from models.packaging import ImageFeaturizer, _bad_request, _empty, feature_matrix, pip_requirements
+from models.packaging import CheckpointPyfunc, ImageFeaturizer, _bad_request, _empty, feature_matrix
 from schemas.errors import MmlinksError
 from training.data import encode_sentences
 from training.ranking import GATE_POOL_SIZE, GATE_POOLS, retrieval_metrics
@@ -70,16 +68,11 @@ MAX_IMAGES = 200  # raw candidate images per query (each runs the CNN on the ser
 GALLERY_MAX = 5_000  # packaged test-split images
 
 
-class RetrievalModel(mlflow.pyfunc.PythonModel):
+class RetrievalModel(CheckpointPyfunc):
     family = "retrieval"  # what promotion and evaluation dispatch on (LinkModel has none)
 
     def load_context(self, context) -> None:
-        from training.checkpoints import load_checkpoint_model
-
-        integrity.verify_artifacts(context.artifacts, context.model_config)
-        self.model, meta = load_checkpoint_model(context.artifacts["checkpoint"])
-        self.vocab = Vocabulary.load(context.artifacts["vocab"])
-        self.max_tokens = int(meta["train"]["max_tokens"])
+        self._load_checkpoint(context)
         self.relations = list(self.model.cfg.relations)
         refine = json.loads(Path(context.artifacts["refine"]).read_text())
         self.refine_lambda = float(refine["refine_lambda"])
@@ -236,17 +229,7 @@ def log_retrieval_model(
                 ("extractor", "extractor.json"),
             )
         }
-        example = pd.DataFrame([{"text": "an example query"}])
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=RetrievalModel(),
-            artifacts=artifacts,
-            model_config=integrity.model_config(artifacts),  # verified by every load (issue #62)
-            signature=SIGNATURE,
-            input_example=example,
-            pip_requirements=pip_requirements(),
-        )
-    return info.model_uri
+        return RetrievalModel()._log(artifacts, SIGNATURE, pd.DataFrame([{"text": "an example query"}]))
 
 
 __all__ = [
