@@ -84,38 +84,28 @@ register_objective(
         main_negatives="mean",
     )
 )
-register_objective(
-    ObjectiveSpec(
-        name="dc",
-        summary="DC: dense correspondence (mean of the best match of every sentence and image)",
-        similarity="dc",
-        loss=_hessel("dc"),
-        table_name="DC",
-        label=lambda cfg: f"dc-{cfg.negatives}",
+for _name, _summary, _fields in (
+    ("dc", "DC: dense correspondence (mean of the best match of every sentence and image)", ("negatives",)),
+    ("tk", "TK: top-k best matches of sentences and images", ("k", "negatives")),
+    (
+        "ap",
+        "AP: assignment problem (best k-edge matching), Hessel et al. 2019's main model",
+        ("k", "negatives"),
+    ),
+):  # the run label names the fields it reads: dc-hard, ap-full-hard
+    register_objective(
+        ObjectiveSpec(
+            name=_name,
+            summary=_summary,
+            similarity=_name,
+            loss=_hessel(_name),
+            table_name=_name.upper(),
+            label=lambda cfg, name=_name, fields=_fields: "-".join(
+                [name, *(str(getattr(cfg, f)) for f in fields)]
+            ),
+            fields=_fields,
+        )
     )
-)
-register_objective(
-    ObjectiveSpec(
-        name="tk",
-        summary="TK: top-k best matches of sentences and images",
-        similarity="tk",
-        loss=_hessel("tk"),
-        table_name="TK",
-        label=lambda cfg: f"tk-{cfg.k}-{cfg.negatives}",
-        fields=("k", "negatives"),
-    )
-)
-register_objective(
-    ObjectiveSpec(
-        name="ap",
-        summary="AP: assignment problem (best k-edge matching), Hessel et al. 2019's main model",
-        similarity="ap",
-        loss=_hessel("ap"),
-        table_name="AP",
-        label=lambda cfg: f"ap-{cfg.k}-{cfg.negatives}",
-        fields=("k", "negatives"),
-    )
-)
 register_objective(
     ObjectiveSpec(
         name="li2021",
