@@ -1,17 +1,12 @@
 """A training run's model, packaged and registered: the one call from a run's end into models/.
 
-``training.experiment.run_experiment`` trains and evaluates; it never imports this layer, so it
-is handed ``package_run`` (a ``training.experiment.Packager``) and calls it once, inside the
-run's MLflow run, with the best checkpoint: the pyfunc of the objective's packaging
-(``ObjectiveSpec.packaging``) is logged to the run and, with a model name, registered under its
-alias. ``run_experiment`` here is that call with ``package_run`` handed over: what
-``mmlinks train``, the demo, the Ray job (``models.job``) and Dagster run. The grid hands
-``package_run`` to its trials the same way (``cli/grid.py``).
-
-Packagings: "link" (``models/packaging.py``: the sentence x image link matrix), "pairs"
-(``models/retrieval_serving.py``: a text -> the test split's images ranked), "news-archive"
-(``models/news_packaging.py``: an article -> the whole dataset's images ranked through a FAISS
-archive index).
+``training.experiment.run_experiment`` trains and evaluates but never imports this layer, so it is
+handed ``package_run`` (a ``training.experiment.Packager``) and calls it once, inside the run's
+MLflow run, with the best checkpoint: the pyfunc of the objective's packaging
+(``ObjectiveSpec.packaging``: "link", "pairs" or "news-archive") is logged and, with a model name,
+registered under its alias. ``run_experiment`` here is that call with ``package_run`` handed
+over, what ``mmlinks train``, the demo, the Ray job and Dagster run; the grid hands
+``package_run`` to its trials the same way.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """The registered retrieval model (CMCA / CMCM / CMCM_c): an ``mlflow.pyfunc`` wrapper that
-ranks candidate images for a text, and the evaluation promotion applies to it.
+ranks candidate images for a text, and the evaluation promotion applies to it (its input, output
+and params: docs/retrieval-news.md).
 
-- Input: one row per query with ``text`` (a string) and optionally the candidates, either
-  ``image_features`` (their CNN feature vectors, same extractor as the training data) or
-  ``images`` (base64 bytes or ``data:`` URIs, run through the extractor the training data was
-  built with, recorded with the model and refused when this machine's weights differ, as the
-  linking pyfunc does: ``models.packaging.ImageFeaturizer``), with ``candidate_ids`` (their
-  names; default "0", "1", ...). A row may not send both. Without candidates the query
-  ranks the packaged gallery: the image features of the training dataset's test split (at most
-  ``GALLERY_MAX`` of them, named by document id), so a served model answers a bare text.
-- Output per query: ``candidates`` (ids, best first), ``scores`` (the score each was ranked
-  by) and, for CMCM / CMCM_c, ``relation_probs`` (the CAM's probability of each relation of
-  ``relations`` for each returned candidate; empty lists for CMCA).
-- Params: ``top_k`` (default 10; 0 = every candidate), ``refine`` (default true): CMCM's
-  selective similarity refinement with the lambda and T packaged with the model (chosen on
-  validation by ``tune_refinement`` when the run had a validation split). The refinement of a
-  query depends only on its own row (its top-2 gap and the CAM on its pairs), so a query is
-  ranked the same alone as in a batch.
-
-Promotion (``models/registry.py``) scores a version through ``evaluate_retrieval``: MedR and
-R@K over fixed pools (``GATE_POOL_SIZE`` x ``GATE_POOLS``, seed 0), so the candidate and the
-production version are measured on the same pools of the same split, whatever their training
-configs said.
+Candidates come as ``image_features`` or as ``images`` run through the extractor recorded with
+the model (``ImageFeaturizer``, refused when this machine's weights differ); without them a query
+ranks the packaged gallery (the test split's features, at most ``GALLERY_MAX``), so a served
+model answers a bare text. Selective refinement of a query depends only on its own row (its
+top-2 gap and the CAM on its pairs), so a query is ranked the same alone as in a batch.
+Promotion scores a version through ``evaluate_retrieval`` over fixed pools (``GATE_POOL_SIZE`` x
+``GATE_POOLS``, seed 0), so the candidate and production are measured on the same pools of the
+same split, whatever their training configs said.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""The asset graph: raw snapshots -> dataset versions -> per-objective models -> evaluations ->
-the production alias. Each asset is a small function of its upstream assets that calls what the
-CLI calls (``pipelines.synthetic_corpus.write_corpus``, ``pipelines.build``, ``data crawl diy``,
-``training.experiment.run_experiment``, ``models.registry``); I/O and external systems come
-from resources. Assets return small JSON-able dicts that point at the data (paths, versions, run
-ids); the data itself stays where the libraries write it.
-
-    diy_submissions[month] ··> raw_snapshot[source] -> dataset[source] -> model_<obj>[source]
-                                                                      \\-> evaluation_<obj>[source]
-                                                                           -> production_<obj>[source]
-                                          dataset[source] + production_<obj> ··> linked_<obj>[source]
-                         news objectives: dataset + production_<obj> -> archive_index_<obj>[source]
-
-Retrieval objectives (cmca, cmcm, cmcm-c: ``training/retrieval/``) get the same model ->
-evaluation -> production chain, evaluated and gated on the validation split's MedR / R@10
-(``Settings.split_for``), and no ``linked_<obj>``.
-
+"""The asset graph (docs/orchestration.md, "Asset graph"): raw snapshots -> dataset versions ->
+per-objective models -> evaluations -> the production alias, then linked corpora and news
+archives. Each asset is a small function of its upstream assets that calls what the CLI calls;
+I/O and external systems come from resources. Assets return small JSON-able dicts that point at
+the data (paths, versions, run ids); the data itself stays where the libraries write it.
 Expected failures (a missing input, a refused config or credential, a dataset that fails its
 checks) raise ``dg.Failure`` with the one-line cause and no retry; flaky ones (networks, the
 cluster) are retried by the step's RetryPolicy, with backoff.

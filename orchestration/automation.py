@@ -1,20 +1,10 @@
-"""Jobs, the weekly schedule and the sensors that chain them.
-
-    weekly_diy_crawl (schedule) -> diy_crawl_job[current month]
-    diy_rebuild_sensor:  diy_submissions materialized, no crawl run or backfill still going
-                         -> rebuild_job[diy] (raw_snapshot + dataset + its checks)
-    training_sensor:     a dataset version landed in a run that succeeded (checks passed)
-                         -> train_job[source] (model_<objective> + evaluation_<objective> + checks)
-    promotion_sensor:    an evaluation passed its floor -> promote_job[source] for that objective
-                         (models.registry's gate decides; off unless MMLINKS_AUTOMATION=1)
-    linking_sensor:      a source's dataset version or an objective's production alias moved
-                         -> link_job[source] for linked_<objective>
+"""Jobs, the weekly schedule and the sensors that chain them (docs/orchestration.md,
+"Automation").
 
 A sensor advances past a materialization only once the run that made it has finished, so a
 dataset whose checks are still running is not trained on, and one whose checks failed never is.
 Run keys carry the dataset version or model version: the same version is never trained or
-promoted twice by a sensor. Backfills over historical DIY months are backfills of
-``diy_crawl_job`` (or of the ``diy_submissions`` asset) over its monthly partitions.
+promoted twice by a sensor.
 """
 
 from collections.abc import Callable, Iterable

@@ -1,19 +1,13 @@
-"""Training on a Ray cluster through the Ray Jobs API.
+"""Training on a Ray cluster through the Ray Jobs API (docs/orchestration.md, "Training on a Ray
+cluster").
 
-The job runs the training entry point ``python -m models.job --config '<TrainConfig JSON>'``
-(with ``ray_address: auto``, so the driver joins the cluster it runs on): this module submits
-it with a runtime environment, streams the driver's log back while it runs, and returns the
-job's JSON result (run id, model URI, metrics). A job that ends FAILED or STOPPED raises
-``RayJobError`` with the cause taken from the log (the entry point's one-line
-``mmlinks: error: ...`` when there is one). The job is stopped if
-the caller is interrupted, so a cancelled Dagster run does not leave training behind.
-
-No Dagster import: the orchestrator calls ``submit_training``; so could a script.
-
-Credentials: a cluster with token authentication (Ray's default since 2.52 for ``ray start``)
-wants ``RAY_AUTH_TOKEN`` (or a file named by ``RAY_AUTH_TOKEN_PATH``) in this process's
-environment; it is sent as a header and never logged or put into the runtime environment. The
-job's own credentials (MLflow, object stores) belong to the cluster's environment, not here.
+The job runs ``python -m models.job --config '<TrainConfig JSON>'``: this module submits it with a
+runtime environment, streams the driver's log back and returns the job's JSON result. FAILED or
+STOPPED raises ``RayJobError`` with the cause from the log; the job is stopped if the caller is
+interrupted, so a cancelled Dagster run does not leave training behind. No Dagster import: the
+orchestrator calls ``submit_training``; so could a script. ``RAY_AUTH_TOKEN`` is sent as a header
+and never logged or put into the runtime environment; the job's own credentials belong to the
+cluster's environment, not here.
 """
 
 from __future__ import annotations

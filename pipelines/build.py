@@ -1,23 +1,13 @@
-"""The dataset build: raw source -> validated, deduplicated, filtered documents -> features -> shards.
+"""The dataset build: raw source -> validated, deduplicated, filtered documents -> features -> shards
+(docs/design.md walks the stages).
 
-Stages (all Beam, so the same graph runs on the direct runner here and Dataflow/Flink there):
-
-1. read the source; load every image through the content-addressed image store (fetched and
-   decoded once, ever) and drop what is unusable;
-2. drop documents that reuse a document id, then near-duplicates (pigeonhole phash search);
-3. the paper's per-source filters, then the split (hash of the doc id, or fixed sizes);
-4. features for each distinct image still needed: from the feature cache when present, else
-   RunInference (model loaded once per worker, batched), written back to the cache;
-5. join features back, group by (split, bucket), write size-bounded shards sorted by doc id.
-
+All stages are Beam, so the same graph runs on the direct runner here and Dataflow/Flink there.
 Every drop is a Beam counter ``kind:reason`` plus a dead-letter record. The output is versioned:
 shards go to ``OUT/versions/<dataset_version>/`` and ``OUT/manifest.json`` is written last, so a
 reader sees the old version or the new one, never a mix, and an interrupted build changes nothing
-a reader can see. All paths go through Beam FileSystems, so OUT may be a ``gs://``/``s3://`` URI.
-
-Where each part lives: ``build_config`` (what to build), ``graph`` (stages 1-3 and the graph top
-to bottom), ``feature_steps`` (4 and the join of 5), ``shards_writer`` (5), ``commit`` (staging,
-versions, manifest-last commit, pruning, build log). This module runs them in order.
+a reader can see. This module runs the parts in order: ``build_config`` (what to build),
+``graph`` (source to split), ``feature_steps`` (features and their join), ``shards_writer``,
+``commit`` (staging, versions, manifest-last commit, pruning, build log).
 """
 
 from __future__ import annotations

@@ -1,33 +1,18 @@
 """Beam pipelines on a dask.distributed cluster: Apache Beam's DaskRunner with a complete translation.
 
 ``apache_beam.runners.dask.dask_runner.DaskRunner`` (apache-beam 2.77) turns each Beam primitive
-into a ``dask.bag`` operation, but five of its gaps break this project's graphs (each was run
-against a LocalCluster of two worker processes, see docs/runners.md):
-
-1. a multi-output ParDo (``with_outputs``: every dead-letter route, RunInference's
-   ``with_exception_handling``) hands *all* its outputs, untagged, to every consumer of any one;
-2. only the last transform's bag is computed, so every other branch (the dead-letter write,
-   the shard index) never runs;
-3. what a DoFn emits in ``finish_bundle`` is dropped (RunInference's ``BatchElements`` keeps a
-   bundle's last, partial batch there, and ``WriteToText`` its written file names);
-4. ``beam.io.Read`` (``ReadFromText``) becomes a no-op and reads nothing;
-5. ``metrics()`` raises NotImplementedError, and the manifest's counts are Beam counters.
-
-These are the runner's, not the graphs': Flink, Spark and Dataflow run the same graphs with
-tags, every branch, finish_bundle outputs, Read and metrics. So this module keeps Beam's
-DaskRunner (its options, its Create/GroupByKey/Flatten/Reshuffle/Read overrides) and replaces
-only its translation (``_Translator``): one bag per *PCollection* (a ParDo's bundle returns
-``(tag, value)`` pairs and each output selects its tag), outputs of ``finish_bundle`` kept,
-every ParDo computed, ``Read`` split into the source's bundles, side inputs computed once and
-handed to each task as a value. A chain of ParDos, each output read by the next only, runs fused
-as one task per partition (``_Stage``), as Flink and Dataflow fuse it; tasks are named by their
-steps' Beam labels (``DistinctImages+CNNCache+CNNInference+CNNStore``). GroupByKey hashes keys
-with a hash that is the same in every worker process (Python's ``hash`` of a str is salted per
-process), so a key's values meet in one group.
-
-What a task runs in a worker (a fused stage's bundle, its counters, DoFns set up once per
-process) is ``pipelines/dask_tasks.py``. Windowing: global windows only (the batch graphs' case);
-any other WindowFn is refused by name.
+into a ``dask.bag`` operation, but five of its gaps break this project's graphs (untagged
+multi-output ParDos, uncomputed branches, dropped ``finish_bundle`` outputs, a no-op
+``beam.io.Read``, no ``metrics()``: docs/runners.md, "The translation"). These are the runner's,
+not the graphs': Flink, Spark and Dataflow run the same graphs. So this module keeps Beam's
+DaskRunner (its options and overrides) and replaces only its translation (``_Translator``): one
+bag per *PCollection* (a ParDo's bundle returns ``(tag, value)`` pairs and each output selects its
+tag), ``finish_bundle`` outputs kept, every ParDo computed, ``Read`` split into the source's
+bundles, side inputs computed once and handed to each task as a value. A chain of ParDos, each
+output read by the next only, runs fused as one task per partition (``_Stage``), as Flink and
+Dataflow fuse it; tasks are named by their steps' Beam labels. GroupByKey hashes keys with a hash
+that is the same in every worker process (Python's ``hash`` of a str is salted per process). What
+a task runs in a worker is ``pipelines/dask_tasks.py``.
 """
 
 from __future__ import annotations

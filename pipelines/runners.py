@@ -1,19 +1,11 @@
-"""Beam pipeline options for the runners the build supports, checked before anything starts.
+"""Beam pipeline options for the runners the build supports, checked before anything starts
+(docs/runners.md: one example command per runner).
 
-``pipeline_options(runner, beam_args)`` turns the CLI's ``--runner`` and pass-through Beam
-arguments into PipelineOptions: the runner's required options are checked (a missing one is a
-one-line MmlinksError naming it), the pass-through arguments are kept verbatim, and
-``save_main_session`` is always False. ``advisories`` lists non-fatal advice (custom container,
-GPU flags). See docs/runners.md for one example command per runner. DirectRunner options also
-shorten Beam's per-bundle state-sampler period for this process
-(``pipelines.worker_tuning.short_state_sampling``).
-
-The Dask runner (``--runner dask``) runs the graphs on a dask.distributed cluster through
-``pipelines/dask_runner.py``: at ``--dask-address`` (a running scheduler), or on a local cluster
-of ``--dask-workers`` processes that ``pipelines.local_cluster.runner_cluster`` starts for the
-job and stops after it.
-Its two fields are declared once here (``dask_address_option``, ``dask_workers_option``) and
-used by every job config (BuildConfig, LinkConfig).
+``pipeline_options(runner, beam_args)`` checks the runner's required options (a missing one is a
+one-line MmlinksError naming it), keeps the pass-through arguments verbatim and always sets
+``save_main_session`` False; ``advisories`` lists non-fatal advice (custom container, GPU flags).
+The runner fields every Beam job config shares (``runner_option``, ``direct_workers_option``,
+``dask_address_option``, ``dask_workers_option``, ``device_option``) are declared once here.
 """
 
 from __future__ import annotations
