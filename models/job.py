@@ -1,19 +1,12 @@
 """Job entry point: one tracked experiment from a config file, its result as one JSON line.
 
-    python -m models.job --config train.json [--tracking-uri URI] [--model-name N] [--alias A]
-    python -m models.job --config '{"data": "...", "objective": "ap", ...}'   (Ray Jobs submit this)
-
-``train.json`` is a ``TrainConfig`` dict (``TrainConfig.to_dict()``; unknown keys are ignored).
-The command runs ``models.experiment.run_experiment`` and prints ``ExperimentResult.to_dict()``
-as the last line of stdout (everything else, Ray's and MLflow's chatter included, goes to
-stderr); ``ExperimentResult.from_json`` reads it back. A cluster job (Ray Jobs) submits this
-instead of rebuilding a CLI command line. Errors: one ``mmlinks: error: ...`` line on stderr,
-exit code 2.
-
-Defaults follow ``mmlinks train``: the tracking URI is ``$MLFLOW_TRACKING_URI`` or
-``sqlite:///<workdir>/mlflow.db``, the model name ``default_model_name`` of the objective
-registry (``--model-name ''`` registers nothing), the alias ``candidate`` (``--alias ''`` for
-none; ``production`` is refused, promotion goes through the gate).
+``--config`` is a ``TrainConfig`` dict (a file, or the JSON itself, as Ray Jobs submit it;
+unknown keys are ignored). It runs ``models.experiment.run_experiment`` and prints
+``ExperimentResult.to_dict()`` as the last line of stdout (Ray's and MLflow's chatter goes to
+stderr), which ``ExperimentResult.from_json`` reads back: a cluster job submits this instead of
+rebuilding a CLI command line. Errors: one ``mmlinks: error: ...`` line, exit code 2. Defaults
+follow ``mmlinks train`` (tracking URI, the objective's model name, alias ``candidate``;
+``production`` is refused: promotion goes through the gate).
 """
 
 from __future__ import annotations

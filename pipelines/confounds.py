@@ -1,22 +1,13 @@
 """How strongly a dataset's documents are confounded: what every image, or every sentence, of one
-document shares (issue #33).
+document shares (issue #33; the two figures and what their values mean: docs/training.md,
+"Documents whose images look alike").
 
 A linking model learns from documents only; when a document's images share a strong look (the
 room, the light, the camera of one r/DIY project) or its sentences share topic words, telling
 documents apart is easy without learning which sentence goes with which image, and the model can
-stay near chance inside documents. Two figures, per split:
-
-- **image ratio**: standardise each feature dimension over the split; for each document with
-  >= 2 images take the squared distance of its mean vector from the global mean (between) and
-  the mean squared distance of its images from their document mean (within); ratio =
-  mean(between) / mean(within). Near 0.2-0.5 for photos of unrelated objects, >= 10 when the
-  document's look dominates its content.
-- **text share**: of a document's content-token occurrences, the share whose token occurs in more
-  than half of its sentences (documents with >= 2 sentences). Content tokens are those in at most
-  ``CONTENT_MAX_DF`` of the split's documents (corpus function words and template words are
-  not content), so the figure needs no stop-word list and works in any language.
-
-Both need only the shards (no labels, no model), so they run on any dataset.
+stay near chance inside documents. The text share's content tokens are those in at most
+``CONTENT_MAX_DF`` of the split's documents, so it needs no stop-word list and works in any
+language. Both figures need only the shards (no labels, no model), so they run on any dataset.
 """
 
 from __future__ import annotations

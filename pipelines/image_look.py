@@ -1,21 +1,13 @@
 """A feature-level image confound: give every image of a document its document's look
-(``mmlinks data confound``, issue #33).
+(``mmlinks data confound``, issue #33; docs/training.md has the ratios it gives).
 
-Real multi-image posts share a look: every photo of one r/DIY project shows the same room, light,
-camera and half-built object. A model that links inside documents must survive that, but a
-synthetic corpus rendered in pixels cannot reach the real regime: with EfficientNet-Lite0, even a
-shared real-photo backdrop, a faded object and a per-document camera leave the between/within
-image variance ratio at 2-5 (``pipelines.confounds``; docs/benchmarks.md), while real posts and
-the held-out corpora reach 10-22. This module does it where it can be controlled: after
-extraction, in feature space.
-
-For each document it draws a *look*: a random crop of one of the real photos shipped with
-scikit-image, run through the dataset's own extractor, so the look is a genuine feature vector of
-the same extractor. Every image's vector becomes ``(1 - weight) * v + weight * look``; the
-content survives scaled by ``1 - weight`` (a linear image tower can still read it), and the
-between-document variance grows with ``weight``. The derived dataset is written as a new
-dataset (its own manifest, shards, dead letter) whose ``build_params`` name the source dataset,
-the weight and the seed; the source dataset is not touched.
+Why feature space: a synthetic corpus rendered in pixels cannot reach the real regime (with
+EfficientNet-Lite0, shared backdrops, faded objects and a per-document camera leave the image
+ratio at 2-5, where real posts and the held-out corpora reach 10-22). Each document's look is a
+random crop of a photo shipped with scikit-image through the dataset's own extractor, so it is a
+genuine feature vector of that extractor; ``(1 - weight) * v + weight * look`` keeps the content
+scaled by ``1 - weight``, readable by a linear image tower. The result is a new dataset whose
+``build_params`` name the source, the weight and the seed; the source is not touched.
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
-"""A content-addressed image store with fetching, so a rebuild never fetches or decodes twice.
+"""A content-addressed image store with fetching, so a rebuild never fetches or decodes twice
+(what it rejects and retries: docs/design.md, "Validate").
 
-Layout under ``root`` (a local path or any Beam FileSystems URI, e.g. ``gs://bucket/images``)::
-
-    blobs/<sha[:2]>/<sha256>          raw bytes of every image that decoded
-    info/<sha[:2]>/<sha256>.json      decode facts {"content_id","width","height","phash","source"}
-                                      or a decode rejection {"content_id","rejected","detail"}
-    uris/<h[:2]>/<h>.json             h = sha256(source uri): {"uri","content_id","final_uri"}
-                                      or a fetch rejection {"uri","rejected","detail"}
-
-Records hold facts. Policy that is cheap to apply (placeholder hashes, flat "blank" images) is
-re-applied on every load from the stored facts, so changing the placeholder set takes effect
-without fetching or decoding anything again. Transient fetch failures (timeouts, connection
-errors, HTTP 5xx/408/429, unreadable files) are not recorded, so the next build retries them;
-every other rejection is.
+Under ``root`` (any Beam FileSystems URI): ``blobs/<sha[:2]>/<sha256>`` (the bytes of every image
+that decoded), ``info/<sha[:2]>/<sha256>.json`` (decode facts, or a decode rejection) and
+``uris/<h[:2]>/<h>.json`` for h = sha256(source uri) (its content id and final uri, or a fetch
+rejection). Records hold facts; policy that is cheap to apply (placeholder hashes, blank
+images) is re-applied on every load, so changing the placeholder set needs no refetch.
 
 Every file is written through a temporary name and a rename, and the JSON is canonical, so
 workers that process the same image at once write identical bytes and readers never see half a
-record. Write order is blob -> info -> uri record: a uri record implies its info (and blob).
-
-A blob is checked against its name (its sha256) whenever it is read: a damaged blob (a bad disk,
-a partial copy) is fetched again from the source its info record names (``source``: the URI it
-was first fetched from) and rewritten, so it never turns a good image into a dead letter that
-blames the intact source; when that cannot be done, ``DamagedBlobError`` names the blob.
+record; the order blob -> info -> uri record makes a uri record imply its info and blob. A blob
+is checked against its sha256 whenever it is read: a damaged one is fetched again from the source
+its info names and rewritten, so it never turns a good image into a dead letter that blames the
+intact source; when that cannot be done, ``DamagedBlobError`` names the blob.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
-"""TowerLink: structured fine-tuning on pretrained towers (issue #20).
+"""TowerLink: structured fine-tuning on pretrained towers (issue #20; ``--tower-tuning`` and the
+weights it reads: docs/training.md).
 
 The text side is a pretrained sentence encoder (``training/link/towers.py``: all-MiniLM-L6-v2, or
-CLIP's text transformer), the image side projects the stored image feature (a CNN's, or a CLIP
-image embedding). Every objective of the registry trains it unchanged: ``forward(batch)`` gives
-sentence and image vectors on the unit sphere, as MulLink does.
-
-``tuning`` says what trains:
-
-- ``frozen``: the encoder and no text head; the image projection learns to land in the
-  encoder's own space (the joint width is the encoder's).
-- ``heads``: the encoder stays frozen, a linear text head and the image projection train.
-- ``last-blocks``: as ``heads``, plus the encoder's last ``unfreeze_blocks`` transformer blocks
-  (and its final norm), at ``lr x encoder_lr_scale``.
-
-A frozen encoder is not part of the module tree (``state_dict``, DDP and the optimizer never
-see it): checkpoints stay small and the weights are read from their source when the model is
-built (the installed MiniLM package, the CLIP file), checked against the version recorded at
-training time. Its sentence vectors are cached per process (``frozen`` and ``heads``: the
-encoder is in eval mode, so a sentence always gets the same vector), so each distinct sentence
-is encoded once per worker, not once per epoch. With ``last-blocks`` the encoder is a submodule
-and travels in the checkpoint.
-
-CLIP: the joint width is CLIP's embedding width and both heads start as the identity with no
-standardisation of the image feature, so training starts from zero-shot CLIP (the issue's
-question: does document structure add to what CLIP already knows).
+CLIP's text transformer), the image side projects the stored image feature. Every objective of
+the registry trains it unchanged: ``forward(batch)`` gives unit vectors, as MulLink does. A frozen
+encoder is not part of the module tree (``state_dict``, DDP and the optimizer never see it), so
+checkpoints stay small; its weights are read from their source when the model is built and
+checked against the version recorded at training. Its sentence vectors are cached per process
+(in eval mode a sentence always gets the same vector), so each distinct sentence is encoded once
+per worker, not once per epoch. CLIP starts as the identity heads without standardisation, so
+training starts from zero-shot CLIP (the issue's question: does document structure add to what
+CLIP already knows).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Per-attribute retrieval report (issue #45): does a retrieval model rank by what a text names,
-or only by what dominates the image features?
+or only by what dominates the image features? (the measures: docs/evaluation.md, "Per
+attribute").
 
-For pairs that carry attribute truth (``schemas.manifest.pair_attributes``: a graded-salience
-corpus of ``mmlinks data synth-coherence --salience graded``):
-
-- top-5 match of attribute a: among the queries whose text names a, the share of their top-5
-  images (ranked among every image of the split) whose value of a is the query's own, next to
-  chance (the share of the split's images with the query's value, averaged over those queries).
-  A model that ranks by colour alone matches the ink and backdrop and leaves the digit at chance.
-- linear-probe ceiling: a logistic regression on the frozen image features (fitted on the
-  training split, scored on the evaluated one) for the same attribute; what the features carry,
-  so top-5 match / probe says how much of it the model uses.
-- attribute oracle: a ranking by the number of named attributes an image matches (ties broken at
-  random), scored over the same pools as the model: the MedR an attribute-perfect model reaches.
-- probe oracle (``probe_oracle_scores``): the same with each image's attributes read by the
-  linear probes (their probabilities): the MedR a model reaches whose image side is as good as
-  a linear read-out of the frozen features and whose text side is perfect.
+A model that ranks by colour alone matches the ink and backdrop and leaves the digit at chance;
+the linear probe says what the frozen features carry, so top-5 match / probe says how much of it
+the model uses. The probe oracle (``probe_oracle_scores``) ranks by each image's attributes as
+the probes read them: the MedR a model reaches whose image side is as good as a linear read-out
+of the frozen features and whose text side is perfect.
 """
 
 from __future__ import annotations
