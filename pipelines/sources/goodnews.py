@@ -22,11 +22,12 @@ from pipelines.sources.jsonstream import (
     stream_members,
     text_chunks,
 )
-from pipelines.sources.news_jsonl import SplitRule, day_of, parse_record
+from pipelines.sources.news_jsonl import SplitRule, parse_record, split_rule
 from schemas.errors import MmlinksError
 
 SOURCE = "goodnews"
 FILE = "captioning_dataset.json"
+SPLIT_MODES = ("ratio", "date")
 
 
 def _text(value) -> str:
@@ -85,7 +86,7 @@ class ReadGoodNews(beam.PTransform):
         super().__init__()
         self.path = _check(ctx)
         self.images_dir = ctx.str("images") or "resized"
-        self.rule = _rule(ctx)
+        self.rule = split_rule(ctx, modes=SPLIT_MODES)
         self.root = ctx.input
 
     def expand(self, pbegin):
@@ -99,24 +100,11 @@ class ReadGoodNews(beam.PTransform):
         )
 
 
-def _rule(ctx: SourceContext) -> SplitRule:
-    mode = ctx.str("split") or "ratio"
-    if mode == "ratio":
-        return SplitRule("ratio")
-    if mode != "date":
-        raise MmlinksError(f"--source-option split wants ratio or date, not {mode!r}")
-    try:
-        val_from, test_from = day_of(ctx.str("val_from")), day_of(ctx.str("test_from"))
-    except ValueError:
-        raise MmlinksError("goodnews split=date needs val_from and test_from (YYYY-MM-DD)") from None
-    return SplitRule("date", val_from, test_from)
-
-
 def _check(ctx: SourceContext) -> str:
     path = fileio.join(ctx.input, FILE)
     if not fileio.exists(path):
         raise MmlinksError(f"goodnews input {ctx.input} has no {FILE} (the released GoodNews folder)")
-    _rule(ctx)
+    split_rule(ctx, modes=SPLIT_MODES)
     return path
 
 
@@ -126,9 +114,10 @@ SPEC = SourceSpec(
     make=ReadGoodNews,
     options=(
         SourceOption("images", "resized", "image folder under the input (<id>_<index>.jpg)"),
-        SourceOption("split", "ratio", "ratio (by article id, 80/10/10) or date (needs pub_date)"),
+        SourceOption("split", "ratio", "ratio (by article id) or date (needs pub_date)"),
         SourceOption("val_from", None, "date split: first validation day"),
         SourceOption("test_from", None, "date split: first test day"),
+        SourceOption("ratios", "0.8,0.1,0.1", "ratio split: train,val,test shares"),
     ),
     check=_check,  # its return value (the file's path) is ignored
 )

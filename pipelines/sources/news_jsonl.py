@@ -200,19 +200,24 @@ def ratio_rule(ctx: SourceContext) -> SplitRule:
     return SplitRule("ratio", ratios=ratios)  # type: ignore[arg-type]
 
 
-def split_rule(ctx: SourceContext, files: list[str]) -> SplitRule:
-    mode = ctx.str("split") or "date"
-    if mode not in SPLIT_MODES:
-        raise MmlinksError(f"--source-option split wants one of {', '.join(SPLIT_MODES)}, not {mode!r}")
-    if mode == "ratio":
-        return ratio_rule(ctx)
+def split_rule(ctx: SourceContext, files: list[str] | None = None, modes=SPLIT_MODES) -> SplitRule:
+    """The split a news source's options ask for, ``modes[0]`` by default. ``date`` without
+    ``val_from`` and ``test_from`` cuts at the 80 % / 90 % quantiles of ``files``' dates where the
+    source can read them up front (``files``), and is refused where it cannot."""
+    mode = ctx.str("split") or modes[0]
+    if mode not in modes:
+        raise MmlinksError(f"--source-option split wants one of {', '.join(modes)}, not {mode!r}")
+    if mode in ("ratio", "release"):
+        return ratio_rule(ctx) if mode == "ratio" else SplitRule("release")
     val_from, test_from = ctx.str("val_from") or "", ctx.str("test_from") or ""
     try:
         val_from, test_from = (day_of(d) if d else "" for d in (val_from, test_from))
     except ValueError:
         raise MmlinksError("--source-option val_from / test_from want YYYY-MM-DD dates") from None
+    if files is None and not (val_from and test_from):
+        raise MmlinksError(f"{ctx.source} split=date needs val_from and test_from (YYYY-MM-DD)")
     if not val_from and not test_from:
-        val_from, test_from = date_cut_points(files)
+        val_from, test_from = date_cut_points(files or [])
     if val_from and test_from and test_from < val_from:
         raise MmlinksError("--source-option test_from must not be before val_from")
     return SplitRule("date", val_from, test_from)

@@ -26,7 +26,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import loads, repaired
-from pipelines.sources.news_jsonl import ParseArticleLines, SplitRule, day_of, parse_record, ratio_rule
+from pipelines.sources.news_jsonl import ParseArticleLines, SplitRule, day_of, parse_record, split_rule
 from schemas.errors import MmlinksError
 
 SOURCE = "nytimes800k"
@@ -139,7 +139,7 @@ class ReadNYTimes800k(beam.PTransform):
         super().__init__()
         self.path = _check(ctx)
         self.images_dir = ctx.str("images") or "images_processed"
-        self.rule = _rule(ctx)
+        self.rule = split_rule(ctx, modes=SPLIT_MODES)
         self.root = ctx.input
 
     def expand(self, pbegin):
@@ -155,23 +155,6 @@ class ReadNYTimes800k(beam.PTransform):
         )
 
 
-def _rule(ctx: SourceContext) -> SplitRule:
-    mode = ctx.str("split") or "release"
-    if mode not in SPLIT_MODES:
-        raise MmlinksError(f"--source-option split wants one of {', '.join(SPLIT_MODES)}, not {mode!r}")
-    if mode == "release":
-        return SplitRule("release")
-    if mode == "ratio":
-        return ratio_rule(ctx)
-    try:
-        val_from, test_from = day_of(ctx.str("val_from")), day_of(ctx.str("test_from"))
-    except ValueError:
-        raise MmlinksError("nytimes800k split=date needs val_from and test_from (YYYY-MM-DD)") from None
-    if test_from < val_from:
-        raise MmlinksError("--source-option test_from must not be before val_from")
-    return SplitRule("date", val_from, test_from)
-
-
 def _check(ctx: SourceContext) -> str:
     path = fileio.join(ctx.input, ctx.str("articles") or FILE)
     if not fileio.exists(path):
@@ -179,7 +162,7 @@ def _check(ctx: SourceContext) -> str:
             f"nytimes800k input {ctx.input} has no {ctx.str('articles') or FILE} "
             "(mongoexport --db nytimes --collection articles --out articles.json)"
         )
-    _rule(ctx)
+    split_rule(ctx, modes=SPLIT_MODES)
     return path
 
 

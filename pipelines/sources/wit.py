@@ -30,10 +30,11 @@ from pipelines.sources import csvtable
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, policy_from_context
 from pipelines.sources.jsonstream import has_invalid_utf8
-from pipelines.sources.news_jsonl import SplitRule, parse_record, ratio_rule
+from pipelines.sources.news_jsonl import SplitRule, parse_record, split_rule
 from schemas.errors import MmlinksError
 
 SOURCE = "wit"
+SPLIT_MODES = ("ratio",)  # WIT rows carry no date: by page only
 COLUMNS = (
     "language",
     "page_url",
@@ -161,7 +162,7 @@ class ReadWit(beam.PTransform):
     def __init__(self, ctx: SourceContext):
         super().__init__()
         self.files = _check(ctx)
-        self.rule = _rule(ctx)
+        self.rule = split_rule(ctx, modes=SPLIT_MODES)
         text = (ctx.str("languages") or "").strip()
         self.languages = frozenset(x.strip() for x in text.split(",") if x.strip()) or None
         self.mime_types = frozenset(x.strip() for x in (ctx.str("mime_types") or "").split(",") if x.strip())
@@ -184,17 +185,11 @@ class ReadWit(beam.PTransform):
         return {"documents": samples.documents, DEAD_LETTER: dead}
 
 
-def _rule(ctx: SourceContext) -> SplitRule:
-    if (ctx.str("split") or "ratio") != "ratio":
-        raise MmlinksError("wit rows carry no date: --source-option split=ratio (by page) only")
-    return ratio_rule(ctx)
-
-
 def _check(ctx: SourceContext) -> list[str]:
     files = wit_files(ctx.input)
     if not files:
         raise MmlinksError(f"wit input {ctx.input} holds no .tsv or .tsv.gz file (the WIT release)")
-    _rule(ctx)
+    split_rule(ctx, modes=SPLIT_MODES)
     return files
 
 
