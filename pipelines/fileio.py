@@ -204,6 +204,14 @@ def write_text_atomic(uri: str, text: str, encoding: str = "utf-8") -> None:
     write_bytes_atomic(uri, text.encode(encoding))
 
 
+def input_files(input_uri: str, *suffixes: str) -> list[str]:
+    """A source's input files: the input itself when it ends with one of ``suffixes``, else the
+    files of that folder that do (one level, sorted)."""
+    if input_uri.endswith(suffixes):
+        return [input_uri]
+    return sorted(f for suffix in suffixes for f in list_files(join(input_uri, f"*{suffix}")))
+
+
 def list_files(prefix_or_glob: str, *, include_temp: bool = False) -> list[str]:
     """Sorted file paths: every file below a directory/prefix (recursively), or a glob's matches.
 
@@ -270,25 +278,3 @@ def rename(src: str, dst: str) -> None:
         raise FileNotFoundError(f"{src} does not exist")
     base = src.rstrip("/") + "/"
     FileSystems.rename(files, [join(dst, f[len(base) :]) for f in files])
-
-
-__all__ = [
-    "FileTooLarge",
-    "delete",
-    "delete_tree",
-    "exists",
-    "is_local",
-    "is_temp",
-    "join",
-    "list_files",
-    "mkdirs",
-    "normalize",
-    "open_write",
-    "parent",
-    "read_bytes",
-    "read_text",
-    "rename",
-    "scheme",
-    "write_bytes_atomic",
-    "write_text_atomic",
-]

@@ -48,12 +48,6 @@ OPTIONS = (
 )
 
 
-def csv_files(input_uri: str) -> list[str]:
-    if input_uri.endswith(".csv"):
-        return [input_uri]
-    return sorted(fileio.list_files(fileio.join(input_uri, "*.csv")))
-
-
 def clean_text(text: str) -> str:
     """HTML entities unescaped (``&#160;`` is a no-break space), whitespace collapsed."""
     return re.sub(r"\s+", " ", html.unescape(text)).strip()
@@ -147,7 +141,7 @@ class ReadCite(beam.PTransform):
 
     def __init__(self, input_uri: str, recipeqa: str, images_dir: str = "images/images-qa"):
         super().__init__()
-        self.files = csv_files(input_uri)
+        self.files = fileio.input_files(input_uri, ".csv")
         self.image_root = fileio.join(recipeqa, *images_dir.strip("/").split("/"))
 
     def expand(self, pbegin):
@@ -168,7 +162,7 @@ def _check(ctx: SourceContext) -> None:
         raise MmlinksError(
             "--source cite needs the RecipeQA folder of the step images: --source-option recipeqa=DIR"
         )
-    if not csv_files(ctx.input):
+    if not fileio.input_files(ctx.input, ".csv"):
         raise MmlinksError(f"cite input {ctx.input} holds no CSV file (the released data/data.csv)")
 
 

@@ -30,12 +30,6 @@ COLUMNS = ("", "index", "caption", "url", *RELATIONS, *EXTRA)
 TRUE, FALSE = {"1", "1.0", "true", "True"}, {"0", "0.0", "false", "False"}
 
 
-def csv_files(input_uri: str) -> list[str]:
-    if input_uri.endswith(".csv"):
-        return [input_uri]
-    return sorted(f for f in fileio.list_files(fileio.join(input_uri, "*.csv")))
-
-
 def split_of(name: str) -> str | None:
     stem = PurePosixPath(name).stem.lower()
     return "test" if "test" in stem else "val" if "val" in stem else None
@@ -89,7 +83,7 @@ def hosts_of(input_uri: str) -> set[str]:
     before the pipeline runs, so a file or row it cannot read is skipped here, not raised: the
     parse step dead-letters it with its reason."""
     hosts = set()
-    for path in csv_files(input_uri):
+    for path in fileio.input_files(input_uri, ".csv"):
         try:
             text = fileio.read_text(path)
         except UnicodeDecodeError:
@@ -121,7 +115,7 @@ class ReadClue(beam.PTransform):
 
     def __init__(self, input_uri: str):
         super().__init__()
-        self.files = csv_files(input_uri)
+        self.files = fileio.input_files(input_uri, ".csv")
 
     def expand(self, pbegin):
         return (
@@ -139,7 +133,7 @@ def _fetcher(ctx: SourceContext):
 
 
 def _check(ctx: SourceContext) -> None:
-    if not csv_files(ctx.input):
+    if not fileio.input_files(ctx.input, ".csv"):
         raise MmlinksError(f"clue input {ctx.input} holds no CSV file (one per split, as released)")
     policy_from_context(ctx, {"example.org"})  # the politeness options, with clear errors
 

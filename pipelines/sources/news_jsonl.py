@@ -52,12 +52,6 @@ class SplitRule:
         return "val" if self.val_from and date >= self.val_from else "train"
 
 
-def jsonl_files(input_uri: str) -> list[str]:
-    if input_uri.endswith(".jsonl"):
-        return [input_uri]
-    return sorted(fileio.list_files(fileio.join(input_uri, "*.jsonl")))
-
-
 def day_of(value) -> str:
     """'2020-03-01' or '2020-03-01T10:00:00Z' -> '2020-03-01'; ValueError otherwise."""
     return dt.date.fromisoformat(str(value)[:10]).isoformat()
@@ -233,7 +227,7 @@ class ReadNewsJsonl(beam.PTransform):
 
     def __init__(self, ctx: SourceContext):
         super().__init__()
-        self.files = jsonl_files(ctx.input)
+        self.files = fileio.input_files(ctx.input, ".jsonl")
         if not self.files:
             raise MmlinksError(f"news input {ctx.input} holds no .jsonl file (the news JSONL layout)")
         self.rule = split_rule(ctx, self.files)
@@ -261,7 +255,7 @@ class ReadNewsJsonl(beam.PTransform):
 
 def hosts_of(input_uri: str) -> set[str]:
     hosts = set()
-    for path in jsonl_files(input_uri):
+    for path in fileio.input_files(input_uri, ".jsonl"):
         for line in _lines(path):
             try:
                 images = loads(line).get("images") or []
@@ -285,7 +279,7 @@ def _fetcher(ctx: SourceContext):
 
 
 def _check(ctx: SourceContext) -> None:
-    files = jsonl_files(ctx.input)
+    files = fileio.input_files(ctx.input, ".jsonl")
     if not files:
         raise MmlinksError(f"news input {ctx.input} holds no .jsonl file (the news JSONL layout)")
     split_rule(ctx, files)

@@ -56,14 +56,6 @@ COLUMNS = (
 )
 
 
-def wit_files(input_uri: str) -> list[str]:
-    if input_uri.endswith((".tsv", ".tsv.gz")):
-        return [input_uri]
-    return sorted(
-        f for pattern in ("*.tsv", "*.tsv.gz") for f in fileio.list_files(fileio.join(input_uri, pattern))
-    )
-
-
 def rows_of(path: str) -> Iterator[list[str]]:
     """The rows of one WIT file (gzip by its name), header row included. Bytes that are not
     UTF-8 become lone surrogates (``surrogateescape``) so one bad byte costs its row, not the
@@ -186,7 +178,7 @@ class ReadWit(beam.PTransform):
 
 
 def _check(ctx: SourceContext) -> list[str]:
-    files = wit_files(ctx.input)
+    files = fileio.input_files(ctx.input, ".tsv", ".tsv.gz")
     if not files:
         raise MmlinksError(f"wit input {ctx.input} holds no .tsv or .tsv.gz file (the WIT release)")
     split_rule(ctx, modes=SPLIT_MODES)
