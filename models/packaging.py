@@ -396,13 +396,3 @@ def log_link_model(
             )
             artifacts["extractor"] = str(Path(tmp) / "extractor.json")
         return LinkModel()._log(artifacts, SIGNATURE, pd.DataFrame([example]) if example else None)
-
-
-__all__ = [
-    "SIGNATURE",
-    "ImageFeaturizer",
-    "LinkModel",
-    "log_link_model",
-    "pip_requirements",
-    "served_extractor",
-]

@@ -218,13 +218,3 @@ def log_retrieval_model(
             )
         }
         return RetrievalModel()._log(artifacts, SIGNATURE, pd.DataFrame([{"text": "an example query"}]))
-
-
-__all__ = [
-    "SIGNATURE",
-    "RetrievalModel",
-    "evaluate_retrieval",
-    "log_retrieval_model",
-    "ranking_scores",
-    "split_pairs",
-]

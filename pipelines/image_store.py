@@ -359,13 +359,3 @@ class ImageStore:
             store=self,
             data=data,
         )
-
-
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "DamagedBlobError",
-    "ImageStore",
-    "Placeholders",
-    "StoredImage",
-    "is_blank_phash",
-]

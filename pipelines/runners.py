@@ -392,20 +392,3 @@ def example_command(runner: str, *, beam_arg_flag: bool = False) -> str:
     extra = example_beam_args(name)
     cmd += [f"--beam-arg={a}" for a in extra] if beam_arg_flag else ["--", *extra]
     return shlex.join(cmd)
-
-
-__all__ = [
-    "DASK_RUNNER_PATH",
-    "DATAFLOW_GPU_ARGS",
-    "DATAFLOW_GPU_SERVICE_OPTION",
-    "KNOWN_RUNNERS",
-    "advisories",
-    "canonical_runner",
-    "dataflow_job_name",
-    "example_beam_args",
-    "example_command",
-    "job_workers",
-    "known_or_as_given",
-    "pipeline_options",
-    "runner_option",
-]

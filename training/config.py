@@ -20,14 +20,6 @@ from training.objectives.registry import DEFAULT_OBJECTIVE, get_objective, objec
 
 # The registries define the names (objective_names(), backbone_names()): no copy is kept here,
 # so an objective or backbone registered later is a valid choice too.
-__all__ = [
-    "MODEL_FIELDS",
-    "PRESETS",
-    "SELECTION_ORDER",
-    "CoreFields",
-    "TrainConfig",
-    "preset_values",
-]
 
 
 def workers_or_auto(text: str) -> int:
