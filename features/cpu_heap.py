@@ -65,15 +65,13 @@ class HeapTrim:
     ``slack`` bytes since the last time (``malloc_trim(0)``), so a worker's RSS stays near what it
     holds instead of growing with every image it ever decoded.
 
-    Why: with :func:`tune_cpu_malloc`'s thresholds freed buffers stay in the heap, and decode,
-    resize and activation buffers of varying sizes fragment it: a feature worker grew by up to
-    ~270 KB an image (one process, 1,600 images of a `data synth` build: 899 -> 1,324 MiB; the
-    growth varies from run to run) and to 4.1 GB in a 20K-document Dask build (1.2 GB trimmed),
-    memory malloc had free. A trim after every batch kept RSS flat but took 0-20% more time in
-    four runs (the working set page-faults back in); trimming only after ``slack`` bytes of
-    growth pays that once every ~1,000 images at worst (docs/benchmarks-scale.md).
-    Called after each batch; ``rss`` and ``trim`` are the process's (tests pass their own). A
-    no-op where there is no ``malloc_trim`` (not glibc) or the tuning is off."""
+    Why: with :func:`tune_cpu_malloc`'s thresholds freed buffers stay in the heap, and buffers of
+    varying sizes fragment it (a feature worker grew by up to ~270 KB an image, to 4.1 GB in a
+    20K-document Dask build, memory malloc had free). A trim after every batch kept RSS flat but
+    took up to 20 % more time (the working set page-faults back in); trimming only after ``slack``
+    bytes of growth pays that once every ~1,000 images at worst (docs/benchmarks-scale.md). Called
+    after each batch; ``rss`` and ``trim`` are the process's (tests pass their own). A no-op
+    without ``malloc_trim`` (not glibc) or with the tuning off."""
 
     def __init__(self, slack: int = HEAP_TRIM_SLACK, rss=_resident_bytes, trim=None):
         self.slack, self._rss, self.trims = slack, rss, 0

@@ -1,18 +1,9 @@
 """Dagster resources: where data lives, the MLflow store, training (in-process or on a Ray
-cluster) and the Reddit crawl. Assets stay small functions of their upstream assets; every
-external system is reached through one of these, configured from the environment variables
-the deployment already sets (``infra/env/*.env``):
-
-- storage: MMLINKS_DATASETS_URI (the root; default ``data``), MMLINKS_DATASETS_MOUNT (the local
-  path of the same root for readers, e.g. ``/data``);
-- mlflow: MLFLOW_TRACKING_URI (default: SQLite under the storage root);
-- training: MMLINKS_RAY_ADDRESS (empty: in-process), MMLINKS_RAY_WORKING_DIR,
-  MMLINKS_RAY_RUNTIME_ENV (JSON), MMLINKS_RAY_PYTHON, MMLINKS_RAY_STORAGE_PATH, MMLINKS_TRAIN_WORKERS;
-- reddit: MMLINKS_DIY_DUMPS (monthly RS_YYYY-MM.zst dumps for backfills), MMLINKS_REDDIT_API_BASE.
-
-Credentials are never resource fields (the UI shows those): the Reddit app (``praw_client_id``,
-``praw_client_secret``), ``IMGUR_CLIENT_ID``, ``RAY_AUTH_TOKEN`` and MLflow's own variables are
-read from the environment by the code that needs them.
+cluster) and the Reddit crawl, each configured from the environment variables the deployment
+already sets (``infra/env/*.env``; the list: docs/orchestration.md, "Settings"). Assets stay
+small functions of their upstream assets; every external system is reached through one of these.
+Credentials are never resource fields (the UI shows those): the code that needs them reads them
+from the environment.
 """
 
 from __future__ import annotations

@@ -38,13 +38,10 @@ class Partition(list):
     """What every task of the translation returns: a list that travels between workers as one
     pickle (its bytes one frame, out of band), not element by element.
 
-    Dask serializes a plain list element by element when its first element has a Dask serializer
-    (a str, a tuple of them): 15,002 frames, each written to the socket on its own, for a
-    partition of 7,500 feature vectors, 0.52-0.55 s between two local workers; as one pickle
-    0.09-0.30 s. A 20,000-document build took 271.7 s with it against 290.9 s without (one pair;
-    docs/benchmarks-scale.md). Pickled with Dask's own ``dumps`` (cloudpickle where plain pickle
-    cannot); the pickle's bytes go out of band where the pickler takes buffers (protocol 5, as
-    Dask's comm does), else in band."""
+    Dask serializes a plain list element by element when its first element has a Dask serializer (a
+    str, a tuple of them): 15,002 frames for a partition of 7,500 feature vectors, 3-5x slower between
+    two local workers than one pickle (docs/benchmarks-scale.md). Pickled with Dask's own ``dumps``
+    (cloudpickle where plain pickle cannot), out of band where the pickler takes buffers."""
 
     def __reduce_ex__(self, protocol):
         from distributed.protocol.pickle import dumps

@@ -85,18 +85,12 @@ class HttpFetcher:
     """GET with ``requests``: streamed, byte-limited, redirects followed and the final URL kept.
 
     ``timeout`` is (connect, read) seconds per socket operation; ``max_seconds`` bounds a whole
-    fetch, redirects included: connect, headers and body (a server that drips bytes, in its
-    headers too: ``pipelines.web.deadline``). The session is created lazily and not pickled; a
-    session passed in is used as it is, so only its body reads are bounded and its addresses are
-    not checked.
-
-    Unless ``allow_private``, a host that resolves to a loopback/private/link-local/reserved
-    address is refused (``fetch_failed``, transient: it depends on this setting), on every
-    redirect hop, and each connection connects to exactly the addresses it checked
-    (``pipelines.web.transport``: no second DNS lookup to rebind). No proxy is taken from the
-    environment; ``proxy`` names one (then the proxy resolves names and the pinning does not
-    apply). There is no allowlist: a source whose URLs come from the web gives the store a
-    ``PoliteFetcher``.
+    fetch, redirects included (``pipelines.web.deadline``). The session is created lazily and not
+    pickled; a session passed in is used as it is (only its body reads are bounded, its addresses not
+    checked). Unless ``allow_private``, private addresses are refused on every hop (``fetch_failed``,
+    transient: it depends on this setting) and connections are pinned to the addresses checked, as
+    the polite client's (``pipelines.web.transport``). There is no allowlist: a source whose URLs
+    come from the web gives the store a ``PoliteFetcher``.
     """
 
     def __init__(

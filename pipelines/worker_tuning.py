@@ -12,17 +12,13 @@ STATE_SAMPLING_MS = 10  # Beam's default is 200 (see short_state_sampling)
 def short_state_sampling(period_ms: int = STATE_SAMPLING_MS) -> bool:
     """Make Beam's per-bundle state sampler wake every ``period_ms`` instead of every 200 ms.
 
-    Every bundle starts a sampler thread (the per-step msecs counters) that sleeps in periods
-    growing to 200 ms, and stopping it at the bundle's end *joins* that thread: Beam's own
-    comment says a bundle "may have to wait up to sampling_period_ms". For a pipeline run in this
-    process that wait lands on the job's end: up to 200 ms after the last element of a long
-    bundle (measured on the link job: 5,000 documents ended 0.05 s after their last chunk with
-    10 ms, 0.06-0.23 s with 200, its total snapping to 0.2-s steps). Beam has no option for the
-    period, so its constructor's default is changed, once per process; samplers already built
-    keep theirs (worker processes: ``tune_worker_process``). A sampler
-    waking every 10 ms costs nothing measurable. Returns whether the default is now
-    ``period_ms``: False when it is neither Beam's 200 ms nor ``period_ms`` (another Beam
-    version, or an earlier call with another period), which is then left alone."""
+    Stopping a bundle's sampler thread *joins* it, and Beam's own comment says a bundle "may have
+    to wait up to sampling_period_ms": for a pipeline run in this process that wait lands on the
+    job's end (the link job's 5,000 documents ended 0.05 s after their last chunk with 10 ms,
+    0.06-0.23 s with 200). Beam has no option for the period, so its constructor's default is
+    changed, once per process (worker processes: ``tune_worker_process``); waking every 10 ms costs
+    nothing measurable. Returns whether the default is now ``period_ms``: False when it is neither
+    Beam's 200 ms nor ``period_ms`` (another Beam version, or an earlier call), then left alone."""
     from apache_beam.runners.worker import statesampler
 
     init = statesampler.StateSampler.__init__
@@ -46,15 +42,13 @@ def in_sdk_worker() -> bool:
 
 
 def tune_worker_process() -> bool:
-    """Called from DoFn ``setup``s: in a Beam SDK worker process, once, (1) the state sampler's
-    shorter period (``short_state_sampling``; ``pipeline_options`` applies it only to the
-    process that runs the pipeline) and (2) ``gc.freeze`` at exit. A worker that has loaded
-    torch, MLflow and Beam spends ~1 s of its exit in the interpreter's final garbage
-    collection over that heap, and the DirectRunner stops its workers one after another:
-    the 2-worker link job ended 2.2 s after its last shard was written, 0.4 s with the heap
-    frozen (docs/benchmarks.md, issue #16). Freezing only skips that walk; the OS reclaims the
-    memory. Elsewhere (the in-process DirectRunner, Dagster, tests) nothing changes: a
-    long-lived process must keep collecting. Returns whether it applied now."""
+    """Called from DoFn ``setup``s: in a Beam SDK worker process, once, the state sampler's shorter
+    period (``pipeline_options`` applies it only to the process that runs the pipeline) and
+    ``gc.freeze`` at exit: a worker that has loaded torch, MLflow and Beam spends ~1 s of its exit in
+    the final garbage collection, and the DirectRunner stops its workers one after another (the
+    2-worker link job ended 2.2 s after its last shard, 0.4 s frozen: docs/benchmarks.md). Elsewhere
+    (the in-process DirectRunner, Dagster, tests) nothing changes: a long-lived process must keep
+    collecting. Returns whether it applied now."""
     global _worker_tuned
     if _worker_tuned or not in_sdk_worker():
         return False

@@ -13,14 +13,10 @@ separately (``oov_from_ngrams``). Words whose bytes are not UTF-8 cannot match a
 are skipped and counted (``skipped_non_utf8``) rather than failing the load: the real GoogleNews file
 contains some.
 
-Why not gensim's ``KeyedVectors`` (4.4.0; ``benchmarks/word_vectors_load.py`` retired in issue #61 at cb91417,
-docs/benchmarks.md
-"Word-vector readers"): it loads every vector of the file before a vocabulary can pick from
-it. Loading 10,000 wanted words from a 242 MB word2vec binary (200,000 x 300) took gensim 1.43
-CPU-s and 239 MB resident above its imports, here 0.23 CPU-s and no peak above the imports; from
-a 361 MB fastText model, gensim 2.69 CPU-s and 634 MB, here 0.34 CPU-s and 220 MB (pages of the
-memory-mapped matrix, which the kernel can drop). On GoogleNews (3.6 GB) or ``cc.en.300.bin``
-(7 GB) that is the whole file in memory per training worker.
+Why not gensim's ``KeyedVectors`` (4.4.0; docs/benchmarks.md, "Word-vector readers"): it loads
+every vector of the file before a vocabulary can pick from it (10,000 words from a 242 MB
+word2vec binary: gensim 1.43 CPU-s and 239 MB resident, here 0.23 CPU-s and no peak above the
+imports); on GoogleNews or ``cc.en.300.bin`` that is the whole file in memory per training worker.
 """
 
 from __future__ import annotations

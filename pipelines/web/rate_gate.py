@@ -4,15 +4,12 @@ With a ``state_dir`` one ``flock``-ed JSON file per host holds the gate (Beam's 
 a worker process per core); without it the gate is per process. Gates and concurrency
 semaphores are process-wide registries, so every client in a process shares them.
 
-Why not pyrate-limiter (4.5.1, ``SQLiteBucket`` with ``use_file_lock``; ``benchmarks/
-rate_gate_spacing.py`` retired in issue #61 at cb91417,
-docs/benchmarks.md "Rate gate"): the gate is more than a rate. A
-server's ``Retry-After`` pauses the host, and a spent rate-limit budget blocks it until its
-reset, for every process and across builds (the state file): pyrate-limiter has no way to say
-"nothing before time T" or "refuse until T", only N acquisitions per window. And on the spacing
-itself, two processes at 20 requests/s (52.5 ms apart) got two starts 0.2 ms apart in two of
-three runs (27.1 ms in the third) through pyrate-limiter's bucket, 49.5-52.3 ms apart through
-the gate (both kept 20 in any second).
+Why not pyrate-limiter (4.5.1, ``SQLiteBucket`` with ``use_file_lock``; docs/benchmarks.md
+"Rate gate"): the gate is more than a rate. A server's ``Retry-After`` pauses the host, and a
+spent rate-limit budget blocks it until its reset, for every process and across builds:
+pyrate-limiter has no way to say "nothing before time T" or "refuse until T", only N
+acquisitions per window. And on the spacing itself, two processes at 20 requests/s got two
+starts 0.2 ms apart in two of three runs through its bucket, 49.5-52.3 ms apart through the gate.
 """
 
 from __future__ import annotations
