@@ -1,16 +1,10 @@
 """The news image selection model of Liu et al. ("Upgrading the Newsroom", Sect. 4.3 and 5.1).
 Pure torch.
 
-- Words: a word embedding (initialised from word vectors, ``training/text.py``) plus, with
-  ``subword_buckets`` (Liu et al. Sect. 4.3.1, fastText), the character 3- to 5-grams of
-  ``<word>`` hashed (FNV-1a) into that many rows: a word pools its word vector and its n-gram
-  vectors (``subword_pooling``: their sum / sqrt(count) by default, or their mean), an
-  out-of-vocabulary word its n-gram vectors alone (not the one ``<unk>`` vector). The n-grams are
-  computed for every token when the text is encoded (``NewsRetrieval.tokenize``, vectorised), so
-  an unseen spelling of a trained name shares most of its vectors. The model tokenises its own
-  text with the training vocabulary kept in its config (``words``) and the per-source token limits
-  (``max_tokens``: a body keeps far more words than a headline), so a served model encodes exactly
-  as training did.
+- Words: a word embedding plus, with ``subword_buckets``, hashed character n-grams (Liu et al.
+  Sect. 4.3.1; docs/retrieval-news.md, "News text"). The model tokenises its own text with the
+  training vocabulary kept in its config (``words``) and the per-source token limits, so a served
+  model encodes exactly as training did.
 - One text encoder per source (headline, lead, body, caption), sharing the word embedding
   (paper: "the four single models share a common word embedding"): multi-head self-attention
   without positional encoding or causal mask, with a residual connection (Eq. 2-3) ->

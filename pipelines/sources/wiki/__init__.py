@@ -24,48 +24,6 @@ without an extension; raw wikitext and wikitext wrapped in XML (``<article>`` / 
 could not be verified. **mode=mediawiki**: docs/sources.md.
 """
 
-from __future__ import annotations
+from pipelines.sources.wiki.spec import SPEC  # what the source registry reads
 
-from pipelines.sources.wiki.common import HARD_MAX_SENTENCES, MODES, SOURCE
-from pipelines.sources.wiki.imageclef import (
-    BuildImageClefDocument,
-    ImageMetadata,
-    ParseImageMetadata,
-    ReadImageClef,
-    article_id,
-    imageclef_doc_id,
-    imageclef_layout,
-    parse_image_metadata,
-    unwrap_article,
-)
-from pipelines.sources.wiki.mediawiki import (
-    ArticleFailed,
-    MediaWikiArticles,
-    ReadMediaWiki,
-    file_names_in_html,
-    normalize_title,
-    parse_titles_line,
-)
-from pipelines.sources.wiki.spec import SPEC
-
-__all__ = [
-    "HARD_MAX_SENTENCES",
-    "MODES",
-    "SOURCE",
-    "SPEC",
-    "ArticleFailed",
-    "BuildImageClefDocument",
-    "ImageMetadata",
-    "MediaWikiArticles",
-    "ParseImageMetadata",
-    "ReadImageClef",
-    "ReadMediaWiki",
-    "article_id",
-    "file_names_in_html",
-    "imageclef_doc_id",
-    "imageclef_layout",
-    "normalize_title",
-    "parse_image_metadata",
-    "parse_titles_line",
-    "unwrap_article",
-]
+__all__ = ["SPEC"]
