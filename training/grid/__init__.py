@@ -18,51 +18,20 @@ the same way (``training/grid/retrieval.py``).
 """
 
 from training.grid.render import build_table, format_table
-from training.grid.results import METRICS, GridResult, TrialResult
-from training.grid.retrieval import RETRIEVAL_METRICS, RETRIEVAL_ROWS, expand_points, method_name
-from training.grid.rows import (
-    ALL_ROWS,
-    GRIDS,
-    MAIN_ROWS,
-    PAPER_B,
-    PAPER_VARIANTS,
-    GridSpec,
-    all_rows,
-    main_rows,
-    paper_points,
-    paper_variants,
-    point_b,
-    point_key,
-    row_name,
-    variant,
-)
-from training.grid.tune_driver import TRIAL_DRIVER_CPUS, default_max_concurrent, run_grid
+from training.grid.results import GridResult, TrialResult
+from training.grid.rows import GRIDS, MAIN_ROWS, PAPER_VARIANTS, GridSpec, point_b, variant
+from training.grid.tune_driver import run_grid
 
 __all__ = [
-    "ALL_ROWS",
     "GRIDS",
     "MAIN_ROWS",
-    "METRICS",
-    "PAPER_B",
     "PAPER_VARIANTS",
-    "RETRIEVAL_METRICS",
-    "RETRIEVAL_ROWS",
-    "TRIAL_DRIVER_CPUS",
     "GridResult",
     "GridSpec",
     "TrialResult",
-    "all_rows",
     "build_table",
-    "default_max_concurrent",
-    "expand_points",
     "format_table",
-    "main_rows",
-    "method_name",
-    "paper_points",
-    "paper_variants",
     "point_b",
-    "point_key",
-    "row_name",
     "run_grid",
     "variant",
 ]
