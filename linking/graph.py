@@ -132,14 +132,12 @@ def write_small(files: dict[str, tuple[list, object]], staging: str) -> None:
     file each in ``staging``, so reruns give the same bytes whatever order the runner produced
     them in. ``files``: file name -> (PCollections, record -> line, None when they are lines).
 
-    All of them go through ONE list and one write: each stage after the scoring runs after the
-    last chunk, inside the job's steady-state window (``benchmarks/link_throughput.py``), and a
-    stage costs its bundle set-up on the runner (a ``WriteToText`` for the shard index and a list
-    per file were six stages after the scoring, eight with --eval; this is two with the shard
-    writers', whatever the files). One key through a GroupByKey, not ``ToList``: a global combine
-    adds a stage that injects its default (an empty list) through a side input, the costliest
-    stage of the tail. Without any line there is no write, but then no document was read and the
-    job stops before it reads these files. The output bytes are the same."""
+    All of them go through ONE list and one write: each stage after the scoring runs inside the
+    job's steady-state window and costs its bundle set-up on the runner (a ``WriteToText`` and a
+    list per file were six stages after the scoring; this is two). One key through a GroupByKey, not
+    ``ToList``: a global combine adds a stage that injects its default through a side input, the
+    costliest stage of the tail. Without any line there is no write (then no document was read and
+    the job stops before it reads these files)."""
     tagged = []
     for name, (pcolls, to_line) in files.items():
         for k, pcoll in enumerate(pcolls):

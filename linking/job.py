@@ -1,10 +1,9 @@
-"""The batch-linking job: resolve and check the model, run the Beam graph, commit the links.
+"""The batch-linking job: resolve and check the model, run the Beam graph, commit the links
+(docs/design.md, "Batch linking").
 
-Everything that can refuse the job does so before any folder is created or document read: an
-unknown model or alias, a model trained on another feature extractor or schema version, a model
-whose image width differs from the data's, bad runner options. The output follows the dataset
-build's protocol (``pipelines/commit.py``): staging, ``versions/<link_version>/``, the manifest
-written last; the same inputs, model version and options give byte-identical shards.
+Everything that can refuse the job does so before any folder is created or document read. The
+output follows the dataset build's protocol (``pipelines/commit.py``), and the same inputs, model
+version and options give byte-identical shards.
 """
 
 from __future__ import annotations

@@ -225,15 +225,12 @@ class ReadChunks(beam.DoFn):
     """(shard path, output name, row groups) -> chunks of at most ``batch_docs`` documents of
     each row group in file order (the dataset sorts shards by doc id), plus dead letters.
 
-    A unit's row groups are decoded in parallel, one thread each, before its first chunk goes
-    on to be scored: decoding the feature column (LZ4 pages of one byte string per image since
-    schema v3: ~0.1 CPU-s per 5,000 documents of ~6.5 1280-d vectors on the 2-core machine of
-    docs/benchmarks.md, issue #16, against ~0.3 for v2's list levels) is most of what the job
-    does besides the model, it runs in Arrow without the GIL, and
-    between the model's passes the other cores are idle. Decoding ahead *while* the model runs
-    was tried (a read-ahead thread at normal priority, nice 19 and SCHED_IDLE): each slowed the
-    model's threads more than it saved. Chunks, their order and so the output bytes are a plain
-    loop's."""
+    A unit's row groups are decoded in parallel, one thread each, before its first chunk is scored:
+    decoding the feature column is most of what the job does besides the model, it runs in Arrow
+    without the GIL, and between the model's passes the other cores are idle. Decoding ahead *while*
+    the model runs was tried (a read-ahead thread at normal priority, nice 19 and SCHED_IDLE): each
+    slowed the model's threads more than it saved. Chunks, their order and so the output bytes are a
+    plain loop's."""
 
     def __init__(self, data_dir: str, batch_docs: int, limits: tuple[int, int, int], evaluate: bool = True):
         self.data_dir, self.batch_docs, self.limits = data_dir, batch_docs, limits
@@ -303,13 +300,11 @@ def raw_chunks(kv, batch_docs: int, limits: tuple[int, int, int]) -> Iterator:
 
 class LinkChunk(beam.DoFn):
     """A scored chunk -> its link rows as one element per output shard (``(shard, block)``, the
-    block the chunk's rows of that shard pickled: ``rows_of_block``): the shuffle to the writers
-    moves a few byte strings per chunk, not one element per document. Row dicts through the
-    shuffle would be encoded by the worker, decoded and re-encoded by the runner's grouping and
-    decoded again by the writer with Beam's generic coder (~0.09 CPU-s per 5,000 rows, measured
-    alone); a pickled block is encoded and decoded once (~0.035 CPU-s), and that work left after
-    the last chunk is inside the job's steady-state window. With ``evaluate`` also one evaluation
-    record per labelled document on the ``eval`` output."""
+    chunk's rows of that shard pickled: ``rows_of_block``): the shuffle to the writers moves a few
+    byte strings per chunk, not one element per document, each encoded and decoded once instead of
+    through Beam's generic coder at every hop (~0.09 -> ~0.035 CPU-s per 5,000 rows, inside the
+    job's steady-state window). With ``evaluate`` also one evaluation record per labelled document
+    on the ``eval`` output."""
 
     def __init__(self, assign: str, min_score: float, keep_scores: bool, evaluate: bool):
         self.assign, self.min_score = assign, min_score

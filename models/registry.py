@@ -1,17 +1,13 @@
-"""Gated promotion of registered models, with rollback and a store-level lock.
+"""Gated promotion of registered models, with rollback and a store-level lock (docs/design.md,
+"Registry and promotion").
 
-A new model version gets the alias ``candidate``. ``promote`` evaluates the candidate and the
-current ``production`` version on the same frozen evaluation split, moves ``production`` only
-when every gate holds, and records why (metrics, the previous production version) in tags, so
-``rollback`` can restore the previous version and a refused promotion names the failing metric.
-
-Concurrent promotions of one model are serialised by a lock that is itself a registered model
-(``<name>.promotion-lock``, ``models/promotion_lock.py``): registered-model names are unique in
-every MLflow store, so creating it is an atomic compare-and-set on SQLite, PostgreSQL or a
-tracking server alike. A promotion that finds the lock held waits for it (``Gate.lock_wait_s``; past that, a
-``RetryLaterError``). After taking the lock the production alias is re-read; if it moved since
-the evaluation, the candidate is scored against the new production and gated again, never
-judged against a decision someone else has replaced.
+``promote`` moves ``production`` only when every gate holds on the same frozen evaluation split
+and records why in tags, so ``rollback`` can restore the previous version and a refused promotion
+names the failing metric. The lock is itself a registered model (``<name>.promotion-lock``,
+``models/promotion_lock.py``) because registered-model names are unique in every MLflow store, so
+creating it is an atomic compare-and-set on SQLite, PostgreSQL or a tracking server alike. After
+taking the lock the production alias is re-read: a candidate is never judged against a decision
+someone else has replaced.
 """
 
 from __future__ import annotations

@@ -185,15 +185,11 @@ class HttpFetcher:
 class PoliteFetcher:
     """The image store's ``Fetcher`` over a ``PoliteClient``: allowlisted, rate-limited images.
 
-    Images skip the response cache: the image store keeps them content-addressed already. A
-    redirect to an allowed host's ``/removed.png`` returns normally; the store recognises the
-    placeholder from ``final_uri``.
-
-    Only failures that belong to the image are permanent (the store records them for later
-    builds): 404/410 (``not_found``) and ``too_large``. Everything else is ``transient`` and
-    not stored, because it depends on this run's settings (``refused_host``,
-    ``private_address``, ``bad_url``, ``too_many_redirects``) or on the moment (401/403, other
-    4xx, a 3xx without Location, 5xx, exhausted retries).
+    Images skip the response cache (the store keeps them content-addressed already); a redirect to
+    an allowed host's ``/removed.png`` returns normally and the store recognises the placeholder from
+    ``final_uri``. Only failures that belong to the image are permanent (recorded by the store):
+    404/410 (``not_found``) and ``too_large``. Everything else is ``transient``, because it depends on
+    this run's settings (``refused_host``, ``private_address``, ``bad_url``, ...) or on the moment.
     """
 
     def __init__(self, client: PoliteClient):

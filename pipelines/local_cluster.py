@@ -83,15 +83,12 @@ _forkserver_started = [False]
 
 
 def prestart_local_workers(runner: str, dask_address: str | None, job_module: str) -> bool:
-    """For a Dask job on a local cluster (``--runner dask`` without ``--dask-address``): start,
-    now, the fork server its workers will be forked from, importing Beam, torch and
-    ``job_module`` (its DoFns and models) while this process does its own imports and builds
-    the graph. Spawned workers import all that each on their own when their first task needs it
-    (~3 s of a build on 2 cores, docs/benchmarks.md "Dask runner"); the same fork server started
-    when the cluster starts gave no gain, the imports were only moved. Not a plain fork of
-    this process: it may have run torch ops by then (the link job loads its model first), and a
-    child forked after OpenMP's thread pool started hangs in its first parallel region.
-    Returns whether it started one (once per process)."""
+    """For a Dask job on a local cluster: start, now, the fork server its workers will be forked
+    from, importing Beam, torch and ``job_module`` while this process does its own imports and builds
+    the graph (spawned workers import all that on their first task: ~3 s of a build on 2 cores,
+    docs/runners.md; starting it with the cluster only moved the imports). Not a plain fork of this
+    process: it may have run torch ops by then, and a child forked after OpenMP's thread pool started
+    hangs in its first parallel region. Returns whether it started one (once per process)."""
     if known_or_as_given(runner) != DASK or dask_address or _forkserver_started[0]:
         return False
     import multiprocessing
