@@ -56,7 +56,6 @@ def after_epoch(rank: int, epoch: int, kill: dict | None) -> None:
 
 
 KILL_ARCHIVE_AT_ENV = "MMLINKS_TEST_KILL_ARCHIVE_AT"
-ARCHIVE_STAGES = ("added", "checkpoint", "finish")
 _archive_calls: dict[str, int] = {}
 
 

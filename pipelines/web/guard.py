@@ -77,8 +77,7 @@ def host_allowed(allowed_hosts: frozenset[str] | set[str], host: str, port: int)
 # IPv6 ranges whose addresses carry an IPv4 address a router or a translator will deliver to:
 # the address check must judge that IPv4 address, or ``2002:7f00:1::1`` (6to4 for 127.0.0.1)
 # reaches loopback past a check that only sees a "global" IPv6 address.
-_SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")  # RFC 3056: bits 16-47
-_TEREDO = ipaddress.IPv6Network("2001::/32")  # RFC 4380: the client's address XOR-ed, last 32 bits
+# (6to4, RFC 3056, and Teredo, RFC 4380, are ``ipaddress``'s own ``sixtofour`` and ``teredo``.)
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052 well-known prefix: last 32 bits
 # RFC 8215 local-use NAT64: the operator picks the prefix length (/48 to /96), so where the IPv4
 # address sits is unknown; it is never a public destination: refused whole.

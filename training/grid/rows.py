@@ -61,7 +61,6 @@ def paper_variants() -> tuple[Variant, ...]:
     return tuple(v for v, _ in all_rows() if not (v[1] == "half" and v[2] == "mean"))
 
 
-ALL_ROWS = all_rows()
 MAIN_ROWS = main_rows()
 PAPER_VARIANTS = paper_variants()
 
