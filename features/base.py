@@ -1,20 +1,12 @@
 """The extractor contract and registry: adding a backbone is one small registered class.
 
 An :class:`Extractor` names its weights (``version``), output size (``dim``) and preprocessing,
-loads its model, runs batched forwards and turns raw model outputs into :class:`ImageFeatures`.
-``kind`` says what it produces: ``"global"`` (one vector per image) or ``"regions"`` (boxes,
-region vectors, labels and scores per image).
-
-Pipeline use (Beam; the handler lives in ``pipelines.inference``, this package never imports Beam)::
-
-    ext = get_extractor(GRID_LITE0.name, grid=6)
-    (key, img) -> (key, ext.preprocess(img))                      # CHW float32 tensor
-    | RunInference(model_handler(ext, device, batch_size))        # (key, PredictionResult)
-    | (key, result) -> (key, ext.postprocess(result.inference))
-
-Region extractors report boxes in original image pixels: ``preprocess`` tags its tensor with the
-original (width, height) (a plain attribute, kept by pickling/Beam coders), ``forward`` copies it
-into the raw output, and ``postprocess`` uses it (or an explicit ``image_size=``).
+loads its model, runs batched forwards and turns raw model outputs into :class:`ImageFeatures`;
+``kind`` is ``"global"`` (one vector per image) or ``"regions"`` (boxes, vectors, labels and
+scores). The pipeline runs ``preprocess`` -> RunInference(``pipelines.inference``'s handler) ->
+``postprocess``; this package never imports Beam. Region extractors report boxes in original
+image pixels: ``preprocess`` tags its tensor with the original (width, height), a plain attribute
+that pickling and Beam's coders keep.
 
 Determinism: CPU kernels pick different code paths for different batch sizes, and Beam sizes
 batches by timing, so a feature could change in the last bits with the batch it lands in.

@@ -1,18 +1,11 @@
-"""Baselines of Hessel et al. 2019 that need no trained link model: Random and Object Detection.
+"""Baselines of Hessel et al. 2019 that need no trained link model: Random and Object Detection
+(docs/evaluation.md).
 
-Object Detection (paper, section 3.3): each image is represented by the mean word vector of the
-names of its K most probable ImageNet classes, each sentence by the mean word vector of its
-words, and M[s, i] is their cosine. The classes come from the dataset's own CNN: its ImageNet
-classifier (a linear layer) applied to the stored pooled features gives exactly the logits the
-CNN would have produced, so nothing is recomputed from pixels.
-
-Choosing K. The paper reports the K in 1..20 with the best *test* score, which is an oracle
-upper bound (the test labels pick the variant). Here K is chosen by mean AUC on the
-validation split, and the test figures at that K are the headline; the paper's post-hoc choice
-is reported next to it as ``oracle`` together with every K, so both are visible.
-
-NoStruct, the third baseline, is a trained model (``objective="nostruct"``); it runs through
-``training.experiment.run_experiment`` like any other objective.
+Object Detection's classes come from the dataset's own CNN: its ImageNet classifier (a linear
+layer) applied to the stored pooled features gives exactly the logits the CNN would have
+produced, so nothing is recomputed from pixels. The paper reports the K with the best *test*
+score, an oracle upper bound; here K is chosen on the validation split and the oracle is
+reported beside it. NoStruct, the third baseline, is a trained model (``objective="nostruct"``).
 """
 
 from __future__ import annotations

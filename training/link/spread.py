@@ -1,21 +1,11 @@
 """Error analysis of Hessel et al. 2019 (section 4.1): is a document hard because of its spread
-or its content?
+or its content? (the measures: docs/evaluation.md, "Spread and content").
 
-Spread. A document's image spread is the mean squared distance of its L2-normalised image
-vectors to their centroid (0: all images point the same way; at most 1 - ||centroid||^2 <= 1);
-text spread is the same over its sentences. As in the paper (footnote 12), the vectors describe
-the dataset, not a model: the stored CNN features for images and the mean word vector of each
-sentence. Sentences without a known word have no direction and are left out of the text spread.
-
-Content. "We mean-pool the image/sentence representations and reduce to 20 dimensions with
-PCA": per modality, the mean of the document's normalised vectors, projected on the first 20
-principal components fitted over the analysed documents (fewer when there are fewer documents
-or dimensions), image and text components side by side.
-
-The regressions are OLS with an intercept of per-document AUC on [image spread, text spread]
-and on [spread, content]. R^2 alone grows with every regressor, so the adjusted R^2 and the
-F-test p-value come with it; with fewer documents than regressors + 2 the fit is saturated
-(R^2 = 1 says nothing) and both are null.
+As in the paper (footnote 12), the vectors describe the dataset, not a model: the stored CNN
+features and the mean word vector of each sentence; sentences without a known word have no
+direction and are left out. R^2 alone grows with every regressor, so the adjusted R^2 and the
+F-test p-value come with it; with fewer documents than regressors + 2 the fit is saturated (R^2
+= 1 says nothing) and both are null.
 """
 
 from __future__ import annotations

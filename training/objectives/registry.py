@@ -1,23 +1,13 @@
 """The objective registry: the one module that defines every ``--objective`` name.
 
-An objective is a loss over a batch of encoded documents. Every objective sees the same padded
-[B, n, d] sentence and [B, m, d] image tensors:
-
-- ``dc``, ``tk``, ``ap``: the cross-document in-batch hinge on sim(S_a, V_b) (Hessel 2019).
-- ``nostruct``: the same loss with DC on 1 x 1 documents; the batch is reduced to one random
-  sentence and one random image per document before encoding (``ObjectiveSpec.prepare``).
-- ``li2021``: cross (TK, k = min) plus the intra-document and dropout sub-document terms that
-  ``--objectives`` selects (Li et al. 2021, ``training/link/li2021.py``).
-- ``cmca``, ``cmcm``, ``cmcm-c``: text-to-image retrieval on pair datasets (Alikhani et al.,
-  ``training/retrieval/``): their own model (the ``coherence`` backbone), loss and validation
-  MedR, plugged in through ``model_loss``, ``val_metrics`` and ``backbone``.
-- ``news``: news image selection on multi-source news samples (Liu et al., ``training/news/``),
-  the same way, with the ``news`` backbone.
-
-``TrainConfig`` validation, run labels, the training loop, the experiment's report text and the
-grid's rows all read these specs (``objective_names``, ``get_objective``); adding an objective is
-one ``register_objective(ObjectiveSpec(...))`` call. This module imports no torch at import time
-(``training.config`` reads it), the losses import their tensor code when called.
+An objective is a loss over a batch of encoded documents; every objective sees the same padded
+[B, n, d] sentence and [B, m, d] image tensors. The families register theirs (``dc``, ``tk``,
+``ap``, ``nostruct``, ``li2021``: ``training/link/``; ``cmca``, ``cmcm``, ``cmcm-c``:
+``training/retrieval/``; ``news``: ``training/news/``), the latter two plugging their own model,
+loss and validation in through ``model_loss``, ``val_metrics`` and ``backbone``. ``TrainConfig``
+validation, run labels, the training loop, the report and the grid's rows all read these specs;
+adding an objective is one ``register_objective(ObjectiveSpec(...))`` call. No torch at import
+time (``training.config`` reads it): the losses import their tensor code when called.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""`mmlinks evaluate` for retrieval models, and their HTML report (the paper's Figure 6).
+"""`mmlinks evaluate` for retrieval models, and their HTML report (the paper's Figure 6;
+docs/evaluation.md).
 
-- ``evaluate_retrieval_split``: the paper's test metrics of one model on a split of a pair
-  dataset (``objective.evaluate_pairs``: MedR and R@1/5/10 both ways over pools, the refined
-  ranking for CMCM, Table 7's per-relation subsets, Table 8's relation AP) plus one row per
-  query: its rank among every image of the split (one pool of all, unlike the pooled metrics)
-  and its top-5 images, both by the served ranking (refined for a model with a CAM). On pairs
-  with attribute truth: the top-5 match per named attribute, its linear-probe ceiling and the
-  attribute oracle (``training/retrieval/attributes.py``).
-- ``retrieval_report``: a self-contained HTML page with a metrics table per model and, for a
-  few queries, the text, the true image and each model's top-5 images side by side (CMCM next
-  to CMCA when both are given), the true image outlined. Images are embedded as data URIs
-  (``training.report.thumbnail``), so images the dataset names by a remote URL show as grey
-  boxes.
+``evaluate_retrieval_split`` gives the paper's test metrics of one model on a split plus one row
+per query: its rank among every image of the split (one pool of all, unlike the pooled metrics)
+and its top-5 images, both by the served ranking. ``retrieval_report`` is a self-contained HTML
+page: images are embedded as data URIs, so images the dataset names by a remote URL show as grey
+boxes.
 """
 
 from __future__ import annotations
