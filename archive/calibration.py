@@ -42,8 +42,7 @@ def calibrate(
         search with (a news archive: its articles' text vectors, ``build_model_archive``);
         default ``count`` of its own vectors plus noise (seeded). A factor stops climbing the
         probes once two doublings gained under 0.002 (the re-rank, not the cells, limits it).
-        What it measured is saved in index.json.
-    What it measured is saved in index.json."""
+        What it measured is saved in index.json."""
     if index.kind != "ivfpq" or not len(index):
         return {}
     rng = np.random.default_rng(seed)

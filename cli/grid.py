@@ -1,12 +1,7 @@
-"""`mmlinks train --grid paper-table2|paper-table3|coherence-table4|coherence-table5`: a paper's
-grid as parallel Ray Tune trials (Hessel et al. 2019's linking tables; Alikhani et al.'s
-retrieval Tables 4 and 5, each model repeated over seeds).
-
-The `train` parser lives in cli/train.py; it adds these flags with ``add_grid_args`` and
-calls ``cmd_train_grid`` when ``--grid`` is set (and ``print_grid`` for the human output).
-The single-run flags (epochs, d_multi, workers, seed, ...) form the base config every trial
-starts from; the grid sets objective, k, negatives and batch_docs per trial (the retrieval grids:
-objective, relation, pooling and seed).
+"""`mmlinks train --grid ...`: a paper's grid as parallel Ray Tune trials. The `train` parser
+(cli/train.py) adds these flags with ``add_grid_args`` and calls ``cmd_train_grid`` when
+``--grid`` is set; the single-run flags form the base config every trial starts from, and the
+grid sets what each trial varies.
 """
 
 from __future__ import annotations

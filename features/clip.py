@@ -1,18 +1,14 @@
 """CLIP (open_clip architectures) from a local weight file: image embeddings as an extractor,
-and the loader the CLIP text tower and the zero-shot baseline share.
+and the loader the CLIP text tower and the zero-shot baseline share (the files it reads:
+docs/training.md).
 
-mmc4 links the images of a document to its sentences with zero-shot CLIP similarities; the
-image side here is the CLIP image embedding (``encode_image``, before its L2 normalisation),
-stored in the shards like any other global feature, so the zero-shot baseline and the
-``clip`` backbone read it from the same RunInference/feature-cache path as DenseNet169.
-
-Nothing is downloaded: the architecture comes from open_clip's bundled configs (or a JSON
-config file given as ``model``, e.g. a tiny test model), the weights from ``weights=FILE``
-(``$MMLINKS_WEIGHTS_DIR/clip-vit-b32.pt`` or the torch hub cache otherwise). open_clip's own
-``load_checkpoint`` reads the file, so open_clip state dicts (``.bin``/``.pt``/
-``.safetensors``) and OpenAI's TorchScript release files both load (OpenAI's need
-``model=ViT-B-32-quickgelu``, the activation they were trained with). The version recorded
-in the manifest is ``<model>-<sha256[:8]>`` of the file.
+mmc4 links the images of a document to its sentences with zero-shot CLIP similarities; the image
+side here is the CLIP image embedding (``encode_image``, before its L2 normalisation), stored in
+the shards like any other global feature, so the zero-shot baseline and the ``clip`` backbone
+read it through the same RunInference and feature-cache path as DenseNet169. Nothing is
+downloaded: the architecture comes from open_clip's bundled configs (or a JSON config file), the
+weights from the file, read by open_clip's own ``load_checkpoint``. The version recorded in the
+manifest is ``<model>-<sha256[:8]>`` of the file.
 """
 
 from __future__ import annotations

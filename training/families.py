@@ -1,17 +1,12 @@
 """The model families the core trains: one line per family's registration module, and one per
 family's training options.
 
-The core (``training.objectives.registry``, ``training.backbone``) defines the registries; each
-family (``training.link``, ``training.retrieval``, ``training.news``) registers its objectives and
-backbones there from its own ``registration`` module. The registries load these modules on their
-first lookup, so nothing in the core imports a family and no family imports another: adding a
-family is its package plus a line in each tuple below. The order is the order of the names in ``--help``,
-``objective_names()`` and ``backbone_names()`` (the pretrained towers, part of the link family,
-come last, as they were added last).
-
-``FIELDS`` names each family's dataclass of ``TrainConfig`` options (``MODULE:CLASS``):
-``training.config`` joins them with the core's into the one ``TrainConfig``, in this order (the
-order of their groups in ``mmlinks train --help``).
+Each family registers its objectives and backbones in the core's registries from its own
+``registration`` module, which the registries load on their first lookup: nothing in the core
+imports a family and no family imports another, so adding a family is its package plus a line in
+each tuple below. The order is that of the names in ``--help`` (the pretrained towers, part of the
+link family, come last, as they were added last). ``FIELDS`` names each family's dataclass of
+``TrainConfig`` options (``MODULE:CLASS``), joined with the core's in this order.
 """
 
 from importlib import import_module
