@@ -36,13 +36,13 @@ def calibrate(
     seed: int = 0,
 ) -> dict:
     """Choose an ivfpq ``index``'s nprobe and re-rank factor by measurement: for each factor of
-        ``CALIBRATION_FACTORS`` (ascending), the fewest cells (1, 2, 4, ... or all) whose
-        recall@10 against ``exact_search_rows`` reaches ``target``; the first factor that gets
-        there wins (else the best recall seen). ``queries``: the vectors the served model will
-        search with (a news archive: its articles' text vectors, ``build_model_archive``);
-        default ``count`` of its own vectors plus noise (seeded). A factor stops climbing the
-        probes once two doublings gained under 0.002 (the re-rank, not the cells, limits it).
-        What it measured is saved in index.json."""
+    ``CALIBRATION_FACTORS`` (ascending), the fewest cells (1, 2, 4, ... or all) whose
+    recall@10 against ``exact_search_rows`` reaches ``target``; the first factor that gets
+    there wins (else the best recall seen). ``queries``: the vectors the served model will
+    search with (a news archive: its articles' text vectors, ``build_model_archive``);
+    default ``count`` of its own vectors plus noise (seeded). A factor stops climbing the
+    probes once two doublings gained under 0.002 (the re-rank, not the cells, limits it).
+    What it measured is saved in index.json."""
     if index.kind != "ivfpq" or not len(index):
         return {}
     rng = np.random.default_rng(seed)
