@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from training.backbone import BackboneSpec, register_backbone
 from training.link.li2021_parts import LI2021_PARTS
-from training.objectives.registry import LossFn, ObjectiveSpec, register_objective
+from training.objectives.registry import LossFn, ObjectiveSpec, lazy, register_objective
 
 if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
@@ -65,12 +65,6 @@ def _li2021_check(cfg: TrainConfig) -> list[str]:
     return bad
 
 
-def _one_pair(table, rng):
-    from training.data import one_pair_per_document
-
-    return one_pair_per_document(table, rng)
-
-
 register_objective(
     ObjectiveSpec(
         name="nostruct",
@@ -78,7 +72,7 @@ register_objective(
         similarity="dc",
         loss=_hessel("dc"),
         label=lambda cfg: f"nostruct-{cfg.negatives}",
-        prepare=_one_pair,
+        prepare=lazy("training.data", "one_pair_per_document"),
         table_name="NoStruct",
         # the main tables' NoStruct matches the supplement's row without hard negatives
         main_negatives="mean",
@@ -139,12 +133,6 @@ def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, trai
         image_centring=side.centring,
         image_mean_weight=side.mean_weight,
     ).to_dict()
-
-
-def _gru_choose(cfg: TrainConfig, train_paths, val_paths, trial, saved=None, jobs: int = 1):
-    from training.link.image_side import choose
-
-    return choose(cfg, train_paths, val_paths, trial, saved, jobs)
 
 
 def _gru_build(model_cfg: dict, embeddings=None, feature_stats=None):
@@ -219,7 +207,7 @@ register_backbone(
         summary="Hessel et al. 2019: GRU sentence encoder, linear image projection (MulLink)",
         model_config=_gru_config,
         build=_gru_build,
-        choose=_gru_choose,
+        choose=lazy("training.link.image_side", "choose"),
     )
 )
 register_backbone(

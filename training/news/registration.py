@@ -10,24 +10,10 @@ from typing import TYPE_CHECKING
 
 from training.backbone import BackboneSpec, only_its_objectives, register_backbone
 from training.family_hooks import register_run_plan
-from training.objectives.registry import ObjectiveSpec, register_objective
+from training.objectives.registry import ObjectiveSpec, lazy, register_objective, unused_loss
 
 if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
-
-
-def _unused_loss(*args, **kwargs):
-    """``ObjectiveSpec.loss`` of an objective whose ``model_loss`` replaces it: never called."""
-    raise NotImplementedError("this objective's model_loss replaces its loss")
-
-
-def _news(name):
-    def call(*args, **kwargs):
-        from training.news import objective
-
-        return getattr(objective, name)(*args, **kwargs)
-
-    return call
 
 
 def _news_label(cfg: TrainConfig) -> str:
@@ -63,19 +49,13 @@ def _news_check(cfg: TrainConfig) -> list[str]:
     return bad + check(cfg)
 
 
-def _news_data(manifest, data: str) -> list[str]:
-    from schemas.news import check_news_dataset
-
-    return check_news_dataset(manifest, data)
-
-
 register_objective(
     ObjectiveSpec(
         name="news",
         summary="news image selection (Liu et al.): headline/lead/body/caption encoders (self-attention + "
         "point-wise CNN + max pool), fused; VSE, VSE++ or HAL; random_drop",
         similarity="dc",  # a sample is one text x one image: every similarity is the cosine
-        loss=_unused_loss,  # model_loss replaces it
+        loss=unused_loss,  # model_loss replaces it
         label=_news_label,
         fields=(
             "news_sources",
@@ -100,12 +80,12 @@ register_objective(
         ),
         family="retrieval",
         backbone="news",
-        model_loss=_news("model_loss"),
-        val_metrics=_news("val_metrics"),
+        model_loss=lazy("training.news.objective", "model_loss"),
+        val_metrics=lazy("training.news.objective", "val_metrics"),
         columns=("metadata",),
         link_metrics=False,
         packaging="news-archive",
-        check_data=_news_data,
+        check_data=lazy("schemas.news", "check_news_dataset"),
     )
 )
 
@@ -113,34 +93,16 @@ register_objective(
 # ------------------------------------------------------------------------------ news
 
 
-def _news_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]) -> dict:
-    from training.news.objective import model_config
-
-    return model_config(cfg, manifest, vocab_size, word_dim, train_paths)
-
-
-def _news_build(model_cfg: dict, embeddings=None, feature_stats=None):
-    from training.news.objective import build
-
-    return build(model_cfg, embeddings, feature_stats)
-
-
-def _news_cut_warnings(model) -> list[str]:
-    from training.news.experiment import cut_warnings
-
-    return cut_warnings(model)
-
-
 register_backbone(
     BackboneSpec(
         name="news",
         summary="Liu et al.: per-source self-attention + point-wise CNN + max-pool text encoders, a fuser, "
         "a linear image projection; the backbone of --objective news",
-        model_config=_news_config,
-        build=_news_build,
+        model_config=lazy("training.news.objective", "model_config"),
+        build=lazy("training.news.objective", "build"),
         check=only_its_objectives("news"),
         evaluation="news",
-        run_warnings=_news_cut_warnings,
+        run_warnings=lazy("training.news.experiment", "cut_warnings"),
     )
 )
 
@@ -148,10 +110,4 @@ register_backbone(
 # ------------------------------------------------------------------------ the run's plan
 
 
-def _run_staged(*args, **kwargs):
-    from training.news.staged import run_staged
-
-    return run_staged(*args, **kwargs)
-
-
-register_run_plan("news", _run_staged)
+register_run_plan("news", lazy("training.news.staged", "run_staged"))

@@ -13,6 +13,7 @@ time (``training.config`` reads it): the losses import their tensor code when ca
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -109,6 +110,21 @@ class ObjectiveSpec:
     @property
     def uses_k(self) -> bool:
         return "k" in self.fields
+
+
+def lazy(module: str, name: str) -> Callable:
+    """``module.name``, imported when first called: how a family's registration names its code
+    without importing torch (the registries load at ``--help`` time)."""
+
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    return call
+
+
+def unused_loss(*args, **kwargs):
+    """``ObjectiveSpec.loss`` of an objective whose ``model_loss`` replaces it: never called."""
+    raise NotImplementedError("this objective's model_loss replaces its loss")
 
 
 _OBJECTIVES: dict[str, ObjectiveSpec] = {}

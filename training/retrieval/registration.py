@@ -9,24 +9,17 @@ from typing import TYPE_CHECKING
 
 from training.backbone import BackboneSpec, only_its_objectives, register_backbone
 from training.family_hooks import register_run_finish
-from training.objectives.registry import ObjectiveSpec, get_objective, register_objective, relation_problems
+from training.objectives.registry import (
+    ObjectiveSpec,
+    get_objective,
+    lazy,
+    register_objective,
+    relation_problems,
+    unused_loss,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from training.config import TrainConfig
-
-
-def _unused_loss(*args, **kwargs):
-    """``ObjectiveSpec.loss`` of an objective whose ``model_loss`` replaces it: never called."""
-    raise NotImplementedError("this objective's model_loss replaces its loss")
-
-
-def _retrieval(name):
-    def call(*args, **kwargs):
-        from training.retrieval import objective
-
-        return getattr(objective, name)(*args, **kwargs)
-
-    return call
 
 
 def _retrieval_check(cfg: TrainConfig) -> list[str]:
@@ -75,7 +68,7 @@ for _name, _summary, _table, _ablations, _cam, _per_relation in (
             name=_name,
             summary=_summary,
             similarity="dc",  # a pair is a 1 x 1 document: every similarity is the cosine
-            loss=_unused_loss,  # model_loss replaces it
+            loss=unused_loss,  # model_loss replaces it
             label=_retrieval_label,
             fields=(
                 "negatives",
@@ -104,8 +97,8 @@ for _name, _summary, _table, _ablations, _cam, _per_relation in (
             per_relation=_per_relation,
             needs_relations=True,
             cam=_cam,
-            model_loss=_retrieval("model_loss"),
-            val_metrics=_retrieval("val_metrics"),
+            model_loss=lazy("training.retrieval.objective", "model_loss"),
+            val_metrics=lazy("training.retrieval.objective", "val_metrics"),
             columns=("metadata",),
             packaging="pairs",
         )
@@ -115,27 +108,13 @@ for _name, _summary, _table, _ablations, _cam, _per_relation in (
 # ------------------------------------------------------------------------ coherence
 
 
-def _coherence_config(
-    cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, train_paths: list[str]
-) -> dict:
-    from training.retrieval.objective import model_config
-
-    return model_config(cfg, manifest, vocab_size, word_dim, train_paths)
-
-
-def _coherence_build(model_cfg: dict, embeddings=None, feature_stats=None):
-    from training.retrieval.objective import build
-
-    return build(model_cfg, embeddings, feature_stats)
-
-
 register_backbone(
     BackboneSpec(
         name="coherence",
         summary="Alikhani et al.: BiLSTM + word attention and a CNN-feature bottleneck into a 300-d space "
         "(+ the Coherence Aware Module); the backbone of --objective cmca|cmcm|cmcm-c",
-        model_config=_coherence_config,
-        build=_coherence_build,
+        model_config=lazy("training.retrieval.objective", "model_config"),
+        build=lazy("training.retrieval.objective", "build"),
         check=only_its_objectives("coherence"),
         evaluation="pairs",
     )
@@ -145,11 +124,4 @@ register_backbone(
 # ------------------------------------------------------------------------ the run's end
 
 
-def _finish_run(*args, **kwargs):
-    """The end of a run of a "retrieval"-family objective (news's too): training/retrieval/experiment.py."""
-    from training.retrieval.experiment import finish_run
-
-    return finish_run(*args, **kwargs)
-
-
-register_run_finish("retrieval", _finish_run)
+register_run_finish("retrieval", lazy("training.retrieval.experiment", "finish_run"))  # news runs too
