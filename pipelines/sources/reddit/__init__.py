@@ -18,19 +18,13 @@ import importlib
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "DEFAULT_OVERLAP_S": "config",
     "DUMP_FIELDS": "config",
     "POST_KEYS": "config",
     "REDDIT_CREDENTIALS": "api",
     "REDDIT_OPTIONS": "config",
     "ReadCandidatePosts": "candidates",
-    "ReadSubmissionFile": "dumps",
-    "RedditConfig": "config",
-    "RefreshScores": "candidates",
     "StreamTruncated": "dumps",
     "album_of": "normalise",
-    "api_error": "api",
-    "candidate": "normalise",
     "crawl_new_posts": "crawl",
     "default_user_agent": "api",
     "dump_month": "dumps",
@@ -39,14 +33,11 @@ _EXPORTS = {
     "iter_decompressed": "dumps",
     "list_input_files": "dumps",
     "make_reddit": "api",
-    "missing_credentials": "api",
     "normalize_submission": "normalise",
     "pick_latest": "normalise",
     "reddit_config": "config",
-    "require_credentials": "api",
     "run_crawl": "crawl",
     "split_lines": "dumps",
-    "submission_record": "crawl",
 }
 
 __all__ = sorted(_EXPORTS)
