@@ -20,7 +20,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceSpec
 from pipelines.sources.csvtable import csv_rows
-from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.sources.http_options import http_source_options, policy_from_context, polite_fetcher
 from schemas.errors import MmlinksError
 
 SOURCE = "clue"
@@ -125,13 +125,6 @@ class ReadClue(beam.PTransform):
         )
 
 
-def _fetcher(ctx: SourceContext):
-    from pipelines.image_fetch import PoliteFetcher
-    from pipelines.web.client import PoliteClient
-
-    return PoliteFetcher(PoliteClient(policy_from_context(ctx, hosts_of(ctx.input))))
-
-
 def _check(ctx: SourceContext) -> None:
     if not fileio.input_files(ctx.input, ".csv"):
         raise MmlinksError(f"clue input {ctx.input} holds no CSV file (one per split, as released)")
@@ -144,7 +137,7 @@ SPEC = SourceSpec(
     make=lambda ctx: ReadClue(ctx.input),
     options=http_source_options(),
     build_defaults={"split_ratios": {"train": 0.9, "val": 0.1}},
-    fetcher=_fetcher,
+    fetcher=lambda ctx: polite_fetcher(ctx, hosts_of(ctx.input)),
     check=_check,
     relations=lambda ctx: list(RELATIONS),
 )

@@ -17,10 +17,9 @@ from urllib.parse import urlsplit
 
 import apache_beam as beam
 
-from pipelines.image_fetch import PoliteFetcher
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec, env_credential
-from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.sources.http_options import http_source_options, policy_from_context, polite_fetcher
 from pipelines.sources.imgur import (
     API_BASE,
     IMAGE_BASE,
@@ -257,8 +256,8 @@ def _describe(ctx: SourceContext) -> str:
     return f"reading {len(files)} files under {ctx.input} as Reddit submission dumps: {shown}"
 
 
-def _fetcher(ctx: SourceContext) -> PoliteFetcher:
-    return PoliteFetcher(PoliteClient(policy_from_context(ctx, {_host(_bases(ctx)[2], "imgur_image_base")})))
+def _fetcher(ctx: SourceContext):
+    return polite_fetcher(ctx, {_host(_bases(ctx)[2], "imgur_image_base")})
 
 
 SPEC = SourceSpec(

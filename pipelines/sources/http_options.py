@@ -85,3 +85,11 @@ def policy_from_context(ctx: SourceContext, hosts: set[str], **overrides: Any) -
         )
     settings.update(overrides)
     return HttpPolicy(**settings)
+
+
+def polite_fetcher(ctx: SourceContext, hosts: set[str]):
+    """The image store's fetcher of a web source: its politeness options, allowlisted to ``hosts``."""
+    from pipelines.image_fetch import PoliteFetcher
+    from pipelines.web.client import PoliteClient
+
+    return PoliteFetcher(PoliteClient(policy_from_context(ctx, hosts)))

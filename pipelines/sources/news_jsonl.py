@@ -24,7 +24,7 @@ from apache_beam import coders
 from pipelines import fileio
 from pipelines.records import DEAD_LETTER, LineLocator, RawDocument, count, dead_letter
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
-from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.sources.http_options import http_source_options, polite_fetcher
 from pipelines.sources.jsonstream import loads, repaired
 from pipelines.splits import assign_split
 from schemas.errors import MmlinksError
@@ -272,10 +272,7 @@ def _fetcher(ctx: SourceContext):
     hosts = hosts_of(ctx.input)
     if not hosts:
         return None  # local files only: the image store reads them by scheme
-    from pipelines.image_fetch import PoliteFetcher
-    from pipelines.web.client import PoliteClient
-
-    return PoliteFetcher(PoliteClient(policy_from_context(ctx, hosts)))
+    return polite_fetcher(ctx, hosts)
 
 
 def _check(ctx: SourceContext) -> None:

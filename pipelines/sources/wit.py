@@ -28,7 +28,7 @@ from pipelines import fileio
 from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
 from pipelines.sources import csvtable
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
-from pipelines.sources.http_options import http_source_options, policy_from_context
+from pipelines.sources.http_options import http_source_options, polite_fetcher
 from pipelines.sources.jsonstream import has_invalid_utf8
 from pipelines.sources.news_jsonl import SplitRule, parse_record, split_rule
 from schemas.errors import MmlinksError
@@ -186,11 +186,7 @@ def _check(ctx: SourceContext) -> list[str]:
 
 
 def _fetcher(ctx: SourceContext):
-    from pipelines.image_fetch import PoliteFetcher
-    from pipelines.web.client import PoliteClient
-
-    hosts = {h.strip().lower() for h in (ctx.str("hosts") or "").split(",") if h.strip()}
-    return PoliteFetcher(PoliteClient(policy_from_context(ctx, hosts)))
+    return polite_fetcher(ctx, {h.strip().lower() for h in (ctx.str("hosts") or "").split(",") if h.strip()})
 
 
 SPEC = SourceSpec(
