@@ -16,7 +16,7 @@ from pipelines.build_config import BuildConfig
 from pipelines.dedupe import FindDuplicateDocuments
 from pipelines.feature_steps import attach_features
 from pipelines.filters import DocumentFilter
-from pipelines.records import DEAD_LETTER, count, dead_letter
+from pipelines.records import DEAD_LETTER, count, dead_letter, dead_lettered
 from pipelines.shards_writer import write_outputs
 from pipelines.sources import source_outputs
 from pipelines.splits import assign_split, sized_assignment, split_rank_key
@@ -45,9 +45,9 @@ def read_and_validate(p: beam.Pipeline, cfg: BuildConfig):
     spec, ctx = cfg.spec(), cfg.source_context()
     raw_docs, raw_dead = source_outputs(p | "Read" >> spec.make(ctx))
     fetcher = spec.fetcher(ctx) if spec.fetcher is not None else None
-    checked = raw_docs | "Validate" >> beam.ParDo(
-        LoadAndValidate(cfg.store_root(), cfg.placeholders(), fetcher)
-    ).with_outputs(DEAD_LETTER, main="docs")
+    checked = raw_docs | "Validate" >> dead_lettered(
+        LoadAndValidate(cfg.store_root(), cfg.placeholders(), fetcher), "docs"
+    )
     return checked.docs, [raw_dead, checked[DEAD_LETTER]]
 
 
@@ -80,7 +80,7 @@ def drop_near_duplicates(docs, dead: list, cfg: BuildConfig):
 
 
 def apply_filter(docs, dead: list, rules: DocumentFilter):
-    filtered = docs | "Filter" >> beam.ParDo(ApplyFilter(rules)).with_outputs(DEAD_LETTER, main="docs")
+    filtered = docs | "Filter" >> dead_lettered(ApplyFilter(rules), "docs")
     dead.append(filtered[DEAD_LETTER])
     return filtered.docs
 

@@ -42,6 +42,11 @@ def dead_letter(kind: str, source_id: str, reason: str, detail: str = "") -> bea
     return beam.pvalue.TaggedOutput(DEAD_LETTER, DeadLetter(kind, source_id, reason, detail[:500]))
 
 
+def dead_lettered(dofn: beam.DoFn, main: str = "documents") -> beam.ParDo:
+    """``dofn`` as a step whose records go to ``main`` and whose dead letters to ``DEAD_LETTER``."""
+    return beam.ParDo(dofn).with_outputs(DEAD_LETTER, main=main)
+
+
 def count(name: str, n: int = 1) -> None:
     beam.metrics.Metrics.counter(COUNTS_NAMESPACE, name).inc(n)
 

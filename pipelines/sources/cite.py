@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.csvtable import csv_rows
 from schemas.errors import MmlinksError
@@ -148,8 +148,7 @@ class ReadCite(beam.PTransform):
         return (
             pbegin
             | "Files" >> beam.Create(self.files)
-            | "Parse"
-            >> beam.ParDo(ParseCiteFile(self.image_root)).with_outputs(DEAD_LETTER, main="documents")
+            | "Parse" >> dead_lettered(ParseCiteFile(self.image_root))
         )
 
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceSpec
 from pipelines.sources.csvtable import csv_rows
 from pipelines.sources.http_options import http_source_options, policy_from_context, polite_fetcher
@@ -118,11 +118,7 @@ class ReadClue(beam.PTransform):
         self.files = fileio.input_files(input_uri, ".csv")
 
     def expand(self, pbegin):
-        return (
-            pbegin
-            | "Files" >> beam.Create(self.files)
-            | "Parse" >> beam.ParDo(ParseClueFile()).with_outputs(DEAD_LETTER, main="documents")
-        )
+        return pbegin | "Files" >> beam.Create(self.files) | "Parse" >> dead_lettered(ParseClueFile())
 
 
 def _check(ctx: SourceContext) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import apache_beam as beam
 
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec, env_credential
 from pipelines.sources.http_options import http_source_options, policy_from_context, polite_fetcher
 from pipelines.sources.imgur import (
@@ -224,7 +224,7 @@ class ReadDiy(beam.PTransform):
         scraped = (
             found["posts"]
             | "SpreadAlbums" >> beam.Reshuffle()
-            | "ScrapeAlbums" >> beam.ParDo(ScrapeAlbums(self.ctx)).with_outputs(DEAD_LETTER, main="documents")
+            | "ScrapeAlbums" >> dead_lettered(ScrapeAlbums(self.ctx))
         )
         dead = (found[DEAD_LETTER], scraped[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return {"documents": scraped.documents, DEAD_LETTER: dead}

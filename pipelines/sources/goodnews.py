@@ -13,7 +13,7 @@ from __future__ import annotations
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import (
     MalformedJson,
@@ -93,10 +93,7 @@ class ReadGoodNews(beam.PTransform):
         return (
             pbegin
             | "File" >> beam.Create([self.path])
-            | "Parse"
-            >> beam.ParDo(ParseGoodNews(self.root, self.images_dir, self.rule)).with_outputs(
-                DEAD_LETTER, main="documents"
-            )
+            | "Parse" >> dead_lettered(ParseGoodNews(self.root, self.images_dir, self.rule))
         )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
 from pipelines.sources.jsonstream import repaired as _repaired
@@ -245,15 +245,12 @@ class ReadMscoco(beam.PTransform):
         read = (
             pbegin
             | "Files" >> beam.Create(jobs)
-            | "Read" >> beam.ParDo(ReadCaptionFile(self.root)).with_outputs(DEAD_LETTER, main="images")
+            | "Read" >> dead_lettered(ReadCaptionFile(self.root), "images")
         )
         built = (
             read.images
             | "OnePool" >> beam.GroupByKey()
-            | "Build"
-            >> beam.ParDo(BuildDocuments(self.seed, self.proportions)).with_outputs(
-                DEAD_LETTER, main="documents"
-            )
+            | "Build" >> dead_lettered(BuildDocuments(self.seed, self.proportions))
         )
         docs = built.documents | "Spread" >> beam.Reshuffle()
         dead = (read[DEAD_LETTER], built[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()

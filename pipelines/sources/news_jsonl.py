@@ -22,7 +22,7 @@ import numpy as np
 from apache_beam import coders
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, LineLocator, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, LineLocator, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, polite_fetcher
 from pipelines.sources.jsonstream import loads, repaired
@@ -241,11 +241,11 @@ class ReadNewsJsonl(beam.PTransform):
                 pbegin
                 | f"Read{n}" >> beam.io.ReadFromText(path, coder=coders.BytesCoder())
                 | f"Parse{n}"
-                >> beam.ParDo(
+                >> dead_lettered(
                     ParseArticleLines(
                         partial(parse_article, root=root, rule=self.rule, languages=self.languages), path
                     )
-                ).with_outputs(DEAD_LETTER, main="documents")
+                )
             )
         return {
             "documents": [o.documents for o in outs] | "Documents" >> beam.Flatten(),

@@ -23,7 +23,7 @@ import apache_beam as beam
 from apache_beam import coders
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument
+from pipelines.records import RawDocument, dead_lettered
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import loads, repaired
 from pipelines.sources.news_jsonl import ParseArticleLines, SplitRule, day_of, parse_record, split_rule
@@ -147,11 +147,11 @@ class ReadNYTimes800k(beam.PTransform):
             pbegin
             | "Read" >> beam.io.ReadFromText(self.path, coder=coders.BytesCoder())
             | "Parse"
-            >> beam.ParDo(
+            >> dead_lettered(
                 ParseArticleLines(
                     partial(parse_line, root=self.root, images_dir=self.images_dir, rule=self.rule), self.path
                 )
-            ).with_outputs(DEAD_LETTER, main="documents")
+            )
         )
 
 

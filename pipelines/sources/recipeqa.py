@@ -32,7 +32,7 @@ from typing import Any
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
 from pipelines.sources.jsonstream import repaired as _repaired
@@ -366,14 +366,12 @@ class ReadRecipeQA(beam.PTransform):
         items = (
             pbegin
             | "Splits" >> beam.Create(self.splits)
-            | "Stream"
-            >> beam.ParDo(ReadSplitFile(self.root, self.include_test)).with_outputs(DEAD_LETTER, main="items")
+            | "Stream" >> dead_lettered(ReadSplitFile(self.root, self.include_test), "items")
         )
         docs = (
             items.items
             | "MergeContextsPerRecipe" >> beam.CombinePerKey(MergeContexts())
-            | "ToDocument"
-            >> beam.ParDo(ToDocument(self.image_root)).with_outputs(DEAD_LETTER, main="documents")
+            | "ToDocument" >> dead_lettered(ToDocument(self.image_root))
         )
         dead = (items[DEAD_LETTER], docs[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return {"documents": docs.documents, DEAD_LETTER: dead}

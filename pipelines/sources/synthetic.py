@@ -14,7 +14,7 @@ import apache_beam as beam
 from apache_beam import coders
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.records import DEAD_LETTER, LineLocator, RawDocument, count, dead_letter
+from pipelines.records import LineLocator, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceSpec
 from pipelines.sources.jsonstream import loads, repaired
 from schemas.errors import MmlinksError
@@ -89,8 +89,7 @@ class ReadSyntheticCorpus(beam.PTransform):
             # Bytes, not str: one non-UTF-8 line must become a dead letter, not fail the read.
             | "ReadLines"
             >> beam.io.ReadFromText(FileSystems.join(self.input_dir, CORPUS_FILE), coder=coders.BytesCoder())
-            | "Parse"
-            >> beam.ParDo(ParseSyntheticLine(self.input_dir)).with_outputs(DEAD_LETTER, main="documents")
+            | "Parse" >> dead_lettered(ParseSyntheticLine(self.input_dir))
         )
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import MalformedJson, has_invalid_utf8, stream_arrays, text_chunks
 from pipelines.sources.jsonstream import repaired as _repaired
@@ -336,11 +336,7 @@ class ReadVist(beam.PTransform):
         self.splits = splits
 
     def expand(self, pbegin):
-        out = (
-            pbegin
-            | "Splits" >> beam.Create(self.splits)
-            | "BuildSplit" >> beam.ParDo(self.fn).with_outputs(DEAD_LETTER, main="documents")
-        )
+        out = pbegin | "Splits" >> beam.Create(self.splits) | "BuildSplit" >> dead_lettered(self.fn)
         # One worker built each split: spread the documents for the image stage.
         docs = out.documents | "Spread" >> beam.Reshuffle()
         return {"documents": docs, DEAD_LETTER: out[DEAD_LETTER]}

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources import csvtable
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, polite_fetcher
@@ -163,15 +163,10 @@ class ReadWit(beam.PTransform):
         rows = (
             pbegin
             | "Files" >> beam.Create(self.files)
-            | "Rows"
-            >> beam.ParDo(ParseWitFile(self.languages, self.mime_types)).with_outputs(
-                DEAD_LETTER, main="rows"
-            )
+            | "Rows" >> dead_lettered(ParseWitFile(self.languages, self.mime_types), "rows")
         )
         samples = (
-            rows.rows
-            | "ByPage" >> beam.GroupByKey()
-            | "Samples" >> beam.ParDo(PageSamples(self.rule)).with_outputs(DEAD_LETTER, main="documents")
+            rows.rows | "ByPage" >> beam.GroupByKey() | "Samples" >> dead_lettered(PageSamples(self.rule))
         )
         dead = (rows[DEAD_LETTER], samples[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
         return {"documents": samples.documents, DEAD_LETTER: dead}

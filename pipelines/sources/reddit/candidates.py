@@ -11,7 +11,7 @@ import time
 
 import apache_beam as beam
 
-from pipelines.records import DEAD_LETTER, count, dead_letter
+from pipelines.records import DEAD_LETTER, count, dead_letter, dead_lettered
 from pipelines.sources.base import SourceContext
 from pipelines.sources.reddit.api import api_errors, make_reddit, missing_credentials
 from pipelines.sources.reddit.config import INFO_BATCH, READ_SIZE, RedditConfig, reddit_config
@@ -172,12 +172,9 @@ class ReadCandidatePosts(beam.PTransform):
             pbegin
             | "Files" >> beam.Create(files)
             | "SpreadFiles" >> beam.Reshuffle()
-            | "ReadFiles"
-            >> beam.ParDo(ReadSubmissionFile(self.read_size)).with_outputs(DEAD_LETTER, main="lines")
+            | "ReadFiles" >> dead_lettered(ReadSubmissionFile(self.read_size), "lines")
         )
-        parsed = lines.lines | "Parse" >> beam.ParDo(ParseSubmissions(self.config)).with_outputs(
-            DEAD_LETTER, main="posts"
-        )
+        parsed = lines.lines | "Parse" >> dead_lettered(ParseSubmissions(self.config), "posts")
         # Dedupe first, then filter the chosen copy: a later copy may be removed.
         refreshed = (
             parsed.posts
@@ -186,10 +183,7 @@ class ReadCandidatePosts(beam.PTransform):
             | "LatestCopy" >> beam.MapTuple(pick_latest)
             | "Filter" >> beam.ParDo(FilterCandidates(self.config))
             | "Batch" >> beam.BatchElements(min_batch_size=INFO_BATCH, max_batch_size=INFO_BATCH)
-            | "RefreshScores"
-            >> beam.ParDo(RefreshScores(self.config, self.ctx.state())).with_outputs(
-                DEAD_LETTER, main="posts"
-            )
+            | "RefreshScores" >> dead_lettered(RefreshScores(self.config, self.ctx.state()), "posts")
         )
         posts = refreshed.posts | "MinScore" >> beam.ParDo(_KeepScore(self.config.min_score))
         dead = (lines[DEAD_LETTER], parsed[DEAD_LETTER], refreshed[DEAD_LETTER]) | "DeadLetters" >> (

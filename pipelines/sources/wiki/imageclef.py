@@ -16,7 +16,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.wiki.common import HARD_MAX_SENTENCES, SOURCE
 from pipelines.text_segmentation import split_sentences, strip_wiki_markup
 
@@ -232,14 +232,12 @@ class ReadImageClef(beam.PTransform):
             | "Patterns" >> beam.Create(patterns)
             | "Match" >> beam_fileio.MatchAll(beam_fileio.EmptyMatchTreatment.ALLOW)
             | "Open" >> beam_fileio.ReadMatches(compression=CompressionTypes.UNCOMPRESSED)
-            | "ParseMetadata"
-            >> beam.ParDo(ParseImageMetadata(self.root, self.langs)).with_outputs(DEAD_LETTER, main="pairs")
+            | "ParseMetadata" >> dead_lettered(ParseImageMetadata(self.root, self.langs), "pairs")
         )
         built = (
             parsed.pairs
             | "GroupByArticle" >> beam.GroupByKey()
-            | "BuildDocuments"
-            >> beam.ParDo(BuildImageClefDocument(text_roots)).with_outputs(DEAD_LETTER, main="documents")
+            | "BuildDocuments" >> dead_lettered(BuildImageClefDocument(text_roots))
         )
         dead = (parsed[DEAD_LETTER], built[DEAD_LETTER]) | "FlattenDead" >> beam.Flatten()
         return {"documents": built.documents, DEAD_LETTER: dead}

@@ -12,7 +12,7 @@ import apache_beam as beam
 from apache_beam import coders
 
 from pipelines.crawl_state import CrawlState
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered
 from pipelines.sources.wiki.common import HARD_MAX_SENTENCES, SOURCE
 from pipelines.text_segmentation import html_to_text, split_sentences
 from schemas.text import repair_strings
@@ -295,13 +295,13 @@ class ReadMediaWiki(beam.PTransform):
         titles = (
             pbegin
             | "ReadTitles" >> beam.io.ReadFromText(self.titles_file, coder=coders.BytesCoder())
-            | "ParseTitles" >> beam.ParDo(ParseTitles()).with_outputs(DEAD_LETTER, main="titles")
+            | "ParseTitles" >> dead_lettered(ParseTitles(), "titles")
         )
         fetched = (
             titles.titles
             | "Distinct" >> beam.Distinct()
             | "Spread" >> beam.Reshuffle()
-            | "Fetch" >> beam.ParDo(self.fetch_fn).with_outputs(DEAD_LETTER, main="documents")
+            | "Fetch" >> dead_lettered(self.fetch_fn)
         )
         # Two titles that redirect to one page give one document.
         documents = (
