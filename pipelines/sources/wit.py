@@ -30,11 +30,10 @@ from pipelines.sources import csvtable
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, polite_fetcher
 from pipelines.sources.jsonstream import has_invalid_utf8
-from pipelines.sources.news_jsonl import SplitRule, parse_record, split_rule
+from pipelines.sources.news_jsonl import SplitRule, parse_record, ratio_rule
 from schemas.errors import MmlinksError
 
 SOURCE = "wit"
-SPLIT_MODES = ("ratio",)  # WIT rows carry no date: by page only
 COLUMNS = (
     "language",
     "page_url",
@@ -154,7 +153,7 @@ class ReadWit(beam.PTransform):
     def __init__(self, ctx: SourceContext):
         super().__init__()
         self.files = _check(ctx)
-        self.rule = split_rule(ctx, modes=SPLIT_MODES)
+        self.rule = _rule(ctx)
         text = (ctx.str("languages") or "").strip()
         self.languages = frozenset(x.strip() for x in text.split(",") if x.strip()) or None
         self.mime_types = frozenset(x.strip() for x in (ctx.str("mime_types") or "").split(",") if x.strip())
@@ -172,11 +171,17 @@ class ReadWit(beam.PTransform):
         return {"documents": samples.documents, DEAD_LETTER: dead}
 
 
+def _rule(ctx: SourceContext) -> SplitRule:
+    if (ctx.str("split") or "ratio") != "ratio":
+        raise MmlinksError("wit rows carry no date: --source-option split=ratio (by page) only")
+    return ratio_rule(ctx)
+
+
 def _check(ctx: SourceContext) -> list[str]:
     files = fileio.input_files(ctx.input, ".tsv", ".tsv.gz")
     if not files:
         raise MmlinksError(f"wit input {ctx.input} holds no .tsv or .tsv.gz file (the WIT release)")
-    split_rule(ctx, modes=SPLIT_MODES)
+    _rule(ctx)
     return files
 
 
