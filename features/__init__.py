@@ -16,12 +16,15 @@ from typing import Any
 _FROM_BASE = (
     "EXTRACTORS",
     "Extractor",
+    "GlobalExtractor",
     "ImageFeatures",
+    "extractor_options",
     "fixed_chunk_forward",
     "get_extractor",
+    "register",
     "resolve_device",
 )
-_FROM_CPU_HEAP = ("HeapTrim", "tune_cpu_malloc")
+_FROM_CPU_HEAP = ("HeapTrim", "tune_cpu_heap", "tune_cpu_malloc")
 
 _SUBMODULES = (
     "base",

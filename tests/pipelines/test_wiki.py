@@ -16,7 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE, DeadLetter, RawDocument
-from pipelines.sources import get_spec, source_outputs, wiki
+from pipelines.sources import get_spec, source_outputs
+from pipelines.sources.wiki.common import HARD_MAX_SENTENCES
+from pipelines.sources.wiki.imageclef import BuildImageClefDocument, parse_image_metadata, unwrap_article
+from pipelines.sources.wiki.mediawiki import (
+    ArticleFailed,
+    MediaWikiArticles,
+    file_names_in_html,
+    parse_titles_line,
+)
 from pipelines.text_segmentation import html_to_text, split_sentences, strip_wiki_markup
 from schemas.errors import MmlinksError
 from tests.fixtures.wiki import (
@@ -324,7 +332,7 @@ def test_parse_image_metadata_shapes():
       <text lang="FR"><caption article="text/fr/1/9">Fr</caption></text>
       <text xml:lang="de"><caption>No article</caption></text>
       <comment>general</comment><license>GFDL</license></image>"""
-    meta = wiki.parse_image_metadata(xml, "/c/all_text/metadata/7/42.xml", ["en", "fr"])
+    meta = parse_image_metadata(xml, "/c/all_text/metadata/7/42.xml", ["en", "fr"])
     assert (meta.image_id, meta.file, meta.name) == ("42", "images/7/42.png", "Foo.png")
     assert meta.captions == [
         ("en", "text/en/3/1", "First caption"),
@@ -332,38 +340,38 @@ def test_parse_image_metadata_shapes():
         ("fr", "text/fr/1/9", "Fr"),
     ]
     # No id/file attributes: the file name and folder give them.
-    meta = wiki.parse_image_metadata(b"<image><text xml:lang='en'/></image>", "/c/metadata/3/77.xml", ["en"])
+    meta = parse_image_metadata(b"<image><text xml:lang='en'/></image>", "/c/metadata/3/77.xml", ["en"])
     assert (meta.image_id, meta.file, meta.captions) == ("77", "images/3/77.jpg", [])
     with pytest.raises(ValueError):
-        wiki.parse_image_metadata(b"<article/>", "/c/metadata/3/77.xml", ["en"])
+        parse_image_metadata(b"<article/>", "/c/metadata/3/77.xml", ["en"])
 
 
 def test_unwrap_article_accepts_raw_and_xml_wrapped_wikitext():
-    assert wiki.unwrap_article("'''Foo''' is [[bar]].") == ("", "'''Foo''' is [[bar]].")
-    assert wiki.unwrap_article("<div>Boxed</div> text") == ("", "<div>Boxed</div> text")
-    assert wiki.unwrap_article("<!-- c --> text") == ("", "<!-- c --> text")
+    assert unwrap_article("'''Foo''' is [[bar]].") == ("", "'''Foo''' is [[bar]].")
+    assert unwrap_article("<div>Boxed</div> text") == ("", "<div>Boxed</div> text")
+    assert unwrap_article("<!-- c --> text") == ("", "<!-- c --> text")
     wrapped = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         '<article><name id="5">Foo</name><body>A &amp; [[b]]</body></article>'
     )
-    assert wiki.unwrap_article(wrapped) == ("Foo", "A & [[b]]")
+    assert unwrap_article(wrapped) == ("Foo", "A & [[b]]")
     export = (
         "<page><title>Bar</title><id>3</id>"
         "<revision><text xml:space='preserve'>Body {{x}}</text></revision></page>"
     )
-    assert wiki.unwrap_article(export) == ("Bar", "Body {{x}}")
-    assert wiki.unwrap_article("<article><title>T</title>Loose text</article>") == ("T", "Loose text")
+    assert unwrap_article(export) == ("Bar", "Body {{x}}")
+    assert unwrap_article("<article><title>T</title>Loose text</article>") == ("T", "Loose text")
     with pytest.raises(ValueError):
-        wiki.unwrap_article("<article><title>T</title><text>unclosed")
+        unwrap_article("<article><title>T</title><text>unclosed")
 
 
 def test_article_hard_cap_of_sentences(tmp_path):
     article = tmp_path / "text" / "en" / "1" / "9"
     article.parent.mkdir(parents=True)
     article.write_text(" ".join(f"Sentence number {k} is here." for k in range(1100)))
-    fn = wiki.BuildImageClefDocument((str(tmp_path),))
+    fn = BuildImageClefDocument((str(tmp_path),))
     (doc,) = list(fn.process((("en", "text/en/1/9"), [{"id": "2", "uri": "b"}, {"id": "10", "uri": "a"}])))
-    assert len(doc.sentences) == wiki.HARD_MAX_SENTENCES
+    assert len(doc.sentences) == HARD_MAX_SENTENCES
     assert doc.sentences[0] == "Sentence number 0 is here."
     assert doc.image_uris == ["b", "a"]  # numeric id order: 2 before 10
 
@@ -505,18 +513,18 @@ def test_mediawiki_fetcher_gets_images_from_the_image_host_only(tmp_path):
 
 
 def test_parse_titles_and_file_names():
-    assert wiki.parse_titles_line(b"  fixture_city  # comment") == "Fixture city"
-    assert wiki.parse_titles_line(b"# only a comment") is None
-    assert wiki.parse_titles_line("\ufeffCaf\u00e9".encode()) == "Café"
+    assert parse_titles_line(b"  fixture_city  # comment") == "Fixture city"
+    assert parse_titles_line(b"# only a comment") is None
+    assert parse_titles_line("\ufeffCaf\u00e9".encode()) == "Café"
     html = (
         '<a href="/wiki/File:B_b.jpg"><img></a><a href="/wiki/Other">x</a>'
         '<a href="./File:A%20a.png">y</a><a href="/wiki/File:B_b.jpg">again</a>'
     )
-    assert wiki.file_names_in_html(html) == ["B b.jpg", "A a.png"]
+    assert file_names_in_html(html) == ["B b.jpg", "A a.png"]
 
 
 def test_mediawiki_api_error_shapes():
-    fn = wiki.MediaWikiArticles(client=None, api_base="http://w", image_host="u", state_root="/tmp/unused")
+    fn = MediaWikiArticles(client=None, api_base="http://w", image_host="u", state_root="/tmp/unused")
 
     class Resp:
         def __init__(self, status, body):
@@ -539,11 +547,11 @@ def test_mediawiki_api_error_shapes():
         ("<html>not json</html>", "bad_response", False),
     ]:
         fn.client = Client(Resp(200, body.encode()))
-        with pytest.raises(wiki.ArticleFailed) as info:
+        with pytest.raises(ArticleFailed) as info:
             fn.fetch("X")
         assert (info.value.reason, info.value.permanent) == (reason, permanent)
     fn.client = Client(Resp(500, b""))
-    with pytest.raises(wiki.ArticleFailed, match="fetch_failed"):
+    with pytest.raises(ArticleFailed, match="fetch_failed"):
         fn.fetch("X")
 
 
@@ -568,7 +576,7 @@ def test_mediawiki_api_error_shapes():
 def test_mediawiki_malformed_api_shapes_are_dead_letters(tmp_path, bodies, where):
     """JSON that is not in the API's shape is the article's ``bad_response`` dead letter naming
     the field, never an exception out of the Beam step (each of these once raised one)."""
-    fn = wiki.MediaWikiArticles(client=None, api_base="http://w", image_host="u", state_root=str(tmp_path))
+    fn = MediaWikiArticles(client=None, api_base="http://w", image_host="u", state_root=str(tmp_path))
     fn.setup()
 
     class Resp:
