@@ -368,12 +368,9 @@ class ArchiveIndex:
         return out_s, out_r
 
     def hold_resident(self) -> dict:
-        """A memory-mapped index (``load(mmap=True)``, as served): read what every query touches
-        at random into memory now and keep it there (``archive.faiss_kinds.hold_resident``: mlock, else
-        populate): the mapped re-rank store and the name tables. A query of a just-loaded (or
-        long idle) server otherwise pays a disk read for each page it touches first: the first
-        200 served articles at 1M, FAISS search p50 / p99 3.9 / 22 ms instead of 0.4 / 0.5
-        (docs/benchmarks.md, issue #38). ``vectors.f32`` stays on disk, read per query (its
+        """A memory-mapped index (``load(mmap=True)``, as served): read what every query touches at
+        random into memory now and keep it there (``archive.faiss_kinds.hold_resident``, which says why):
+        the mapped re-rank store and the name tables. ``vectors.f32`` stays on disk, read per query (its
         page cache is the machine's, not this process's). Bytes held, and how."""
         if not self.mmapped:
             return {}

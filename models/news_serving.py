@@ -155,16 +155,12 @@ def archive_search(net: NewsRetrieval, archive: ArchiveIndex, q: np.ndarray, top
 
 def load_archive(packaged: str, d: int, run_id: str | None, serving: bool = False) -> ArchiveIndex:
     """The packaged index, or the one ``MMLINKS_NEWS_ARCHIVE`` names when it was built from the
-    same run (another model's image vectors live in another space). An ``ivfpq`` index (issue
-    #38) is memory-mapped (``ArchiveIndex.load(mmap=True)``): the workers of ``mlflow models
-    serve -w N`` that load the same folder share one copy of its re-rank store in the page
-    cache (a model loaded from a tracking store is downloaded per worker, so point
-    ``MMLINKS_NEWS_ARCHIVE`` at the built folder, or serve a local model folder, to share it).
-    ``serving``: a server that searches another kind on every request backs it with huge pages
-    (~5 s a GB at load, so not for an evaluation or a test that loads the model once); a mapped
-    one it reads into memory and keeps there (``ArchiveIndex.hold_resident``: its 8-bit store
-    and names, shared by the workers; else each page's first touch is a disk read inside some
-    request)."""
+    same run (another model's image vectors live in another space). An ``ivfpq`` index is
+    memory-mapped, so the workers of ``mlflow models serve -w N`` that load the same folder share one
+    copy of its re-rank store (a model loaded from a tracking store is downloaded per worker: point
+    ``MMLINKS_NEWS_ARCHIVE`` at the built folder to share it). ``serving``: a server backs another
+    kind with huge pages (~5 s a GB at load, so not for a process that loads the model once) and
+    holds a mapped one resident (``ArchiveIndex.hold_resident``)."""
     folder = os.environ.get(ARCHIVE_ENV) or packaged
     meta = Path(folder) / "index.json"
     mapped = meta.is_file() and json.loads(meta.read_text()).get("kind") == "ivfpq"

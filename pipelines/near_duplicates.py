@@ -1,10 +1,9 @@
 """Exact near-duplicate image search (Hessel et al. 2019): every pair of 64-bit perceptual hashes within a
 Hamming distance, without comparing all pairs and without losing one.
 
-The paper's rule: two images are duplicates when the Hamming distance of their 64-bit DCT perceptual
-hashes (``features.images.phash64``) is at most 3; a document containing a duplicate is removed.
-All-pairs comparison is quadratic, and a lossy index (LSH, sampling) would silently keep duplicates,
-so this module uses the pigeonhole / multi-index idea, which is exact and near-linear:
+The paper's rule (``pipelines/dedupe.py``) asks for every pair within distance 3 of 64-bit DCT
+perceptual hashes. All-pairs comparison is quadratic, and a lossy index (LSH, sampling) would
+silently keep duplicates, so this module uses the pigeonhole / multi-index idea, exact and near-linear:
 
 * Split the 64 bits into ``threshold + 1`` contiguous blocks. Two hashes within distance ``t`` differ
   in at most ``t`` bits, so they agree exactly on at least one block.
