@@ -50,6 +50,23 @@ def add_workdir(p, help_text: str = "where the default mlflow.db lives (default:
     p.add_argument("--workdir", default=".", help=help_text)
 
 
+def add_beam_args(p, example: str = "") -> None:
+    """``--beam-arg`` (repeatable) and the Beam options after ``--`` of a Beam job's command."""
+    help_text = "extra Beam pipeline option, repeatable" + (f" (e.g. {example})" if example else "")
+    p.add_argument("--beam-arg", action="append", metavar="ARG", help=help_text)
+    p.add_argument(
+        "beam_options",
+        nargs=argparse.REMAINDER,
+        help="Beam pipeline options after `--`, passed through verbatim (e.g. -- --project=p --region=r)",
+    )
+
+
+def beam_args_of(args) -> list[str]:
+    """The Beam options of ``add_beam_args``: the ``--beam-arg`` values, then those after ``--``."""
+    beam_options = getattr(args, "beam_options", None) or []
+    return [*(getattr(args, "beam_arg", None) or []), *[a for a in beam_options if a != "--"]]
+
+
 def existing_dir(value: str) -> str:
     if not Path(value).exists():
         raise MmlinksError(f"{value} does not exist")

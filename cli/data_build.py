@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from cli.common import EPILOG, add_common, key_values
+from cli.common import EPILOG, add_beam_args, add_common, beam_args_of, key_values
 from cli.data_inspect import manifest_summary
 from schemas import config_fields
 from schemas.errors import MmlinksError
@@ -91,17 +90,7 @@ def _add_build(dsub) -> None:
         help="override a filter rule, e.g. max_images=20",
     )
     out = build.add_argument_group("shards and runner")
-    out.add_argument(
-        "--beam-arg",
-        action="append",
-        metavar="ARG",
-        help="extra Beam pipeline option, repeatable (e.g. --beam-arg=--direct_num_workers=2)",
-    )
-    out.add_argument(
-        "beam_options",
-        nargs=argparse.REMAINDER,
-        help="Beam pipeline options after `--`, passed through verbatim (e.g. -- --project=p --region=r)",
-    )
+    add_beam_args(out, "--beam-arg=--direct_num_workers=2")
     add_common(build)
     build.set_defaults(func=cmd_build, show=show_build)
 
@@ -150,10 +139,7 @@ def _explicit_build_options(args) -> dict:
             values["weights"] = getattr(args, weights)
         if values:
             given[field] = values
-    beam = [
-        *(getattr(args, "beam_arg", None) or []),
-        *[a for a in (getattr(args, "beam_options", None) or []) if a != "--"],
-    ]
+    beam = beam_args_of(args)
     if beam:
         given["beam_args"] = beam
     return given

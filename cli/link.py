@@ -3,11 +3,10 @@ Beam job writing versioned link shards; its flags are generated from ``LinkConfi
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from cli.common import EPILOG, add_common, existing_dir, writable_dir
+from cli.common import EPILOG, add_beam_args, add_common, beam_args_of, existing_dir, writable_dir
 from schemas import config_fields
 from schemas.errors import MmlinksError
 
@@ -29,14 +28,7 @@ def add_parsers(sub) -> None:
         epilog=EPILOG,
     )
     config_fields.add_arguments(link, LinkConfig)
-    link.add_argument(
-        "--beam-arg", action="append", metavar="ARG", help="extra Beam pipeline option, repeatable"
-    )
-    link.add_argument(
-        "beam_options",
-        nargs=argparse.REMAINDER,
-        help="Beam pipeline options after `--`, passed through verbatim (e.g. -- --project=p --region=r)",
-    )
+    add_beam_args(link)
     add_common(link)
     link.set_defaults(func=cmd_link, show=show_link)
 
@@ -51,8 +43,7 @@ def cmd_link(args) -> dict:
     if raw is not None and "://" not in raw and not Path(raw).exists():
         raise MmlinksError(f"--input {raw} does not exist")
     writable_dir(args.out)
-    beam = [*(args.beam_arg or []), *[a for a in (args.beam_options or []) if a != "--"]]
-    cfg = config_fields.from_args(LinkConfig, args, beam_args=beam)
+    cfg = config_fields.from_args(LinkConfig, args, beam_args=beam_args_of(args))
     where = cfg.data if cfg.data is not None else f"{cfg.input} ({cfg.source})"
     # Beam's workers log INFO/WARNING lines by the dozen: to WORKDIR/link.log (the last link
     # job's), as the build sends them to its build.log; --debug leaves them on the terminal

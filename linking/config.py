@@ -7,15 +7,14 @@ CLI's parser reads it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 from pipelines.runners import (
+    BeamJob,
     dask_address_option,
     dask_workers_option,
     device_option,
     direct_workers_option,
-    job_workers,
     known_or_as_given,
     runner_option,
 )
@@ -37,7 +36,7 @@ def _min_score(text: str) -> float | str:
 
 
 @dataclass
-class LinkConfig:
+class LinkConfig(BeamJob):
     """Every option of a batch-linking job (`mmlinks link` flags; Dagster's linked asset)."""
 
     model: str = option(
@@ -145,29 +144,6 @@ class LinkConfig:
 
     def threshold(self) -> float:
         return float("-inf") if self.min_score == OFF else float(self.min_score)
-
-    def workers(self) -> int | None:
-        """Worker processes on this machine: the DirectRunner's or the local Dask cluster's
-        (None for a cluster elsewhere)."""
-        return job_workers(self.runner, self.direct_workers, self.dask_address, self.dask_workers)
-
-    def threads(self) -> int | None:
-        """Torch threads per worker: fixed per job, so reruns give the same bytes (None on GPU or
-        a cluster runner without --cpu-threads)."""
-        if self.device.startswith("cuda"):
-            return None
-        if self.cpu_threads:
-            return self.cpu_threads
-        workers = self.workers()
-        return None if workers is None else max(1, (os.cpu_count() or 1) // workers)
-
-    def pipeline_options(self):
-        from pipelines.runners import pipeline_options
-
-        direct = self.workers() if self.runner == "DirectRunner" else None
-        return pipeline_options(
-            self.runner, self.beam_args, direct_workers=direct, dask_address=self.dask_address
-        )
 
     def identity(self) -> dict:
         """What, with the model version and the input, defines the links (the version id)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 
 from features.registry import (
@@ -22,13 +21,12 @@ from pipelines import fileio
 from pipelines.filters import PRESETS, DocumentFilter, filter_for
 from pipelines.image_store import Placeholders
 from pipelines.runners import (
+    BeamJob,
     dask_address_option,
     dask_workers_option,
     device_option,
     direct_workers_option,
-    job_workers,
     known_or_as_given,
-    pipeline_options,
     runner_option,
 )
 from pipelines.sources import SourceContext, SourceSpec, get_spec, source_names
@@ -58,7 +56,7 @@ def _ratios_ok(r: dict) -> bool:
 
 
 @dataclass
-class BuildConfig:
+class BuildConfig(BeamJob):
     """Every option of a dataset build (the `data build` flags and Dagster's build_options).
 
     Field rules are checked when a config is made; :meth:`check` adds what needs the outside
@@ -273,37 +271,10 @@ class BuildConfig:
                 raise MmlinksError(f"--regions must be a region extractor; {reg.name} is global")
         self.pipeline_options()
 
-    def threads(self) -> int | None:
-        """Torch intra-op threads per worker process (None on GPU).
-
-        CPU results change in the last bits with the thread count, so it is fixed per build and
-        recorded with the dataset: the same inputs, parameters and thread count give the same
-        bytes on any machine of the same architecture.
-        """
-        if self.device.startswith("cuda"):
-            return None
-        if self.cpu_threads:
-            return self.cpu_threads
-        workers = self.workers()
-        if workers is None:
-            return None  # a cluster runner: the workers' own default (say --cpu-threads to pin it)
-        return max(1, (os.cpu_count() or 1) // workers)
-
-    def workers(self) -> int | None:
-        """Worker processes on this machine: the DirectRunner's or the local Dask cluster's
-        (None for a cluster elsewhere)."""
-        return job_workers(self.runner, self.direct_workers, self.dask_address, self.dask_workers)
-
     def placeholders(self) -> Placeholders | None:
         if not self.placeholder_images:
             return None
         return Placeholders.from_dir(self.placeholder_images, self.placeholder_distance)
-
-    def pipeline_options(self):
-        direct = self.workers() if self.runner == "DirectRunner" else None
-        return pipeline_options(
-            self.runner, self.beam_args, direct_workers=direct, dask_address=self.dask_address
-        )
 
 
 def _placeholder_digest(ph: Placeholders) -> str:

@@ -5,7 +5,8 @@
 one-line MmlinksError naming it), keeps the pass-through arguments verbatim and always sets
 ``save_main_session`` False; ``advisories`` lists non-fatal advice (custom container, GPU flags).
 The runner fields every Beam job config shares (``runner_option``, ``direct_workers_option``,
-``dask_address_option``, ``dask_workers_option``, ``device_option``) are declared once here.
+``dask_address_option``, ``dask_workers_option``, ``device_option``) are declared once here,
+the methods they share in ``BeamJob``.
 """
 
 from __future__ import annotations
@@ -246,6 +247,39 @@ def job_workers(runner: str, direct_workers: int | None, dask_address, dask_work
             return os.cpu_count() or 1
         return dask_workers
     return None
+
+
+class BeamJob:
+    """The runner methods of a Beam job config (BuildConfig, LinkConfig). Each config declares
+    its own fields (``runner``, ``direct_workers``, ``dask_address``, ``dask_workers``,
+    ``device``, ``cpu_threads``, ``beam_args``), so they keep their place among its flags."""
+
+    def workers(self) -> int | None:
+        """Worker processes on this machine: the DirectRunner's or the local Dask cluster's
+        (None for a cluster elsewhere)."""
+        return job_workers(self.runner, self.direct_workers, self.dask_address, self.dask_workers)
+
+    def threads(self) -> int | None:
+        """Torch intra-op threads per worker process (None on GPU).
+
+        CPU results change in the last bits with the thread count, so it is fixed per job and
+        recorded with the dataset (the links): the same inputs, parameters and thread count give
+        the same bytes on any machine of the same architecture.
+        """
+        if self.device.startswith("cuda"):
+            return None
+        if self.cpu_threads:
+            return self.cpu_threads
+        workers = self.workers()
+        if workers is None:
+            return None  # a cluster runner: the workers' own default (say --cpu-threads to pin it)
+        return max(1, (os.cpu_count() or 1) // workers)
+
+    def pipeline_options(self):
+        direct = self.workers() if self.runner == DIRECT else None
+        return pipeline_options(
+            self.runner, self.beam_args, direct_workers=direct, dask_address=self.dask_address
+        )
 
 
 def _require(name: str, value, option: str, what: str) -> None:
