@@ -51,6 +51,17 @@ def count(name: str, n: int = 1) -> None:
     beam.metrics.Metrics.counter(COUNTS_NAMESPACE, name).inc(n)
 
 
+def documents_in(items, kind: str = "document"):
+    """A parser's output as step output: RawDocuments counted as ``documents_in``, (source id,
+    reason, detail) tuples as dead letters of ``kind``."""
+    for item in items:
+        if isinstance(item, RawDocument):
+            count("documents_in")
+            yield item
+        else:
+            yield dead_letter(kind, *item)
+
+
 class LineLocator:
     """Names a bad line of a text file for its dead letter: ``PATH:N``, the line's number looked
     up in the file (``fileio.line_number``: Beam's text reads give none), for at most ``lookups``

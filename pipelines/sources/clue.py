@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import RawDocument, count, dead_letter, dead_lettered
+from pipelines.records import RawDocument, dead_letter, dead_lettered, documents_in
 from pipelines.sources.base import SourceContext, SourceSpec
 from pipelines.sources.csvtable import csv_rows
 from pipelines.sources.http_options import http_source_options, policy_from_context, polite_fetcher
@@ -102,12 +102,7 @@ class ParseClueFile(beam.DoFn):
         except UnicodeDecodeError as exc:
             yield dead_letter("line", path, "not_utf8", str(exc))
             return
-        for item in parse_clue_csv(text, path):
-            if isinstance(item, RawDocument):
-                count("documents_in")
-                yield item
-            else:
-                yield dead_letter("line", *item)
+        yield from documents_in(parse_clue_csv(text, path), "line")
 
 
 class ReadClue(beam.PTransform):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import RawDocument, count, dead_letter, dead_lettered
+from pipelines.records import count, dead_letter, dead_lettered, documents_in
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.jsonstream import (
     MalformedJson,
@@ -71,12 +71,7 @@ class ParseGoodNews(beam.DoFn):
                     # escaped lone surrogates ("\ud83d" in the JSON): Beam's coder cannot encode them
                     key, value = repaired(key), repaired(value)
                     rec = news_record(key, value, self.images_dir)
-                    for item in parse_record(rec, self.root, self.rule, None, key, SOURCE):
-                        if isinstance(item, RawDocument):
-                            count("documents_in")
-                            yield item
-                        else:
-                            yield dead_letter("document", *item)
+                    yield from documents_in(parse_record(rec, self.root, self.rule, None, key, SOURCE))
         except MalformedJson as exc:
             yield dead_letter("line", path, "malformed_json", str(exc))
 

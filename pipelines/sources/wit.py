@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import apache_beam as beam
 
 from pipelines import fileio
-from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered
+from pipelines.records import DEAD_LETTER, RawDocument, count, dead_letter, dead_lettered, documents_in
 from pipelines.sources import csvtable
 from pipelines.sources.base import SourceContext, SourceOption, SourceSpec
 from pipelines.sources.http_options import http_source_options, polite_fetcher
@@ -139,12 +139,7 @@ class PageSamples(beam.DoFn):
     def process(self, keyed):
         article_id, rows = keyed
         count("articles_in")
-        for item in article_samples(article_id, list(rows), self.rule):
-            if isinstance(item, RawDocument):
-                count("documents_in")
-                yield item
-            else:
-                yield dead_letter("document", *item)
+        yield from documents_in(article_samples(article_id, list(rows), self.rule))
 
 
 class ReadWit(beam.PTransform):
