@@ -50,13 +50,7 @@ def block_layout(threshold: int) -> list[tuple[int, int]]:
     """``threshold + 1`` contiguous (shift, width) blocks covering bits 0..63, widths differing by <= 1."""
     if not 0 <= threshold < 64:
         raise ValueError(f"threshold must be in 0..63, got {threshold}")
-    base, extra = divmod(64, threshold + 1)
-    layout, shift = [], 0
-    for k in range(threshold + 1):
-        width = base + (1 if k < extra else 0)
-        layout.append((shift, width))
-        shift += width
-    return layout
+    return sub_block_layout(threshold, 0)  # the bits outside a block of none: all 64
 
 
 def _block_values(x: np.ndarray, shift: int, width: int) -> np.ndarray:
