@@ -93,9 +93,9 @@ def bare_loop(data: str, settings: dict, epochs: int, threads: int, device: str)
     import training.link.similarity as similarity
     from schemas.shards import read_table
     from training.backbone import build_model, needs_regions
-    from training.data import TRAINING_COLUMNS, drop_empty, make_batch
+    from training.data import TRAINING_COLUMNS, make_batch
     from training.driver import check_inputs, worker_loop_config
-    from training.epoch_batches import document_batches
+    from training.epoch_batches import document_batches, drop_empty
     from training.objectives.registry import get_objective, objective_loss
     from training.text import Vocabulary
 

@@ -40,8 +40,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_train(args) -> dict:
-    from schemas.manifest import Manifest
-    from training.objectives.registry import check_objective_data
+    from training.run_inputs import read_inputs
 
     if getattr(args, "grid", None):
         from cli.grid import cmd_train_grid
@@ -50,14 +49,14 @@ def cmd_train(args) -> dict:
     if not args.data:
         raise MmlinksError("train needs --data DIR (or --grid with --grid-data NAME=DIR)")
     existing_dir(args.data)
-    manifest = Manifest.read(args.data)
     if args.alias == "production":
         raise MmlinksError(
             "--alias production would skip the gate; register a candidate and run `mmlinks promote`"
         )
     cfg = train_config_from_args(args)
-    cfg.validate()  # config and dataset errors in one line, before torch / Ray / MLflow load
-    check_objective_data(cfg, manifest)
+    # config and dataset errors in one line, before torch / Ray / MLflow load; read once, the
+    # run is handed what was read
+    inputs = read_inputs(cfg)
     from models.experiment import run_experiment
     from training.objectives.registry import default_model_name
     from training.tracking import tracking_uri
@@ -71,6 +70,7 @@ def cmd_train(args) -> dict:
         args.alias or None,
         progress=True,
         report_dir=Path(args.workdir) / "reports",  # with the store, never the current folder
+        inputs=inputs,
     )
     return res.to_dict()
 

@@ -17,6 +17,7 @@ from schemas.errors import NOTE_PREFIX
 from training import experiment, tracking
 from training.config import TrainConfig
 from training.experiment import ExperimentResult
+from training.run_inputs import RunInputs
 
 
 def run_experiment(
@@ -27,12 +28,21 @@ def run_experiment(
     progress: bool = False,
     report_dir: str | Path | None = None,
     parent_run_id: str | None = None,
+    inputs: RunInputs | None = None,
 ) -> ExperimentResult:
     """``training.experiment.run_experiment`` with this layer's ``package_run``: train, evaluate,
     log the packaged model, register it as ``model_name``@``alias`` (None: logged, not
-    registered)."""
+    registered). ``inputs``: what ``training.run_inputs.read_inputs`` already read of ``cfg``."""
     return experiment.run_experiment(
-        cfg, tracking_uri, model_name, alias, progress, report_dir, parent_run_id, package=package_run
+        cfg,
+        tracking_uri,
+        model_name,
+        alias,
+        progress,
+        report_dir,
+        parent_run_id,
+        package=package_run,
+        inputs=inputs,
     )
 
 
@@ -111,15 +121,33 @@ def discard_unfinished_models(experiment_id: str, run_id: str, tracking_uri: str
     return "; ".join(parts)
 
 
-def _package_link(ckpt_dir, cfg, manifest, run, result, example: dict | None = None) -> str:
+def _package_link(ckpt_dir, cfg, manifest, run, result, test_paths: list[str]) -> str:
     """The link pyfunc, with the training data's extractor recorded (name, version and the
     build's options: a CLIP architecture, ...; never the weight path), so the served model runs
-    the same extractor on raw images."""
+    the same extractor on raw images; its input example is the first test document."""
     from models.packaging import log_link_model
 
     fe = manifest.feature_extractor
     options = dict(manifest.build_params.get("extractor_options") or {})
+    example = input_example(cfg, test_paths)
     return log_link_model(ckpt_dir, result.vocab, example, fe.name, fe.version, options)
+
+
+def input_example(cfg: TrainConfig, test_paths: list[str]) -> dict | None:
+    """A packaged model's input example: the first test document, for backbones that serve
+    feature-only requests (a transformer model refuses them, models/packaging.py); None without
+    test shards."""
+    from schemas.shards import read_table
+    from training.backbone import get_backbone
+
+    if not test_paths or not get_backbone(cfg.backbone).feature_only_requests:
+        return None
+    first = read_table(test_paths[:1], ["sentences", "images"]).slice(0, 1)
+    features = [im["features"] for im in first.column("images")[0].as_py()]
+    return {
+        "sentences": list(first.column("sentences")[0].as_py()),
+        "image_features": [list(map(float, f)) for f in features],
+    }
 
 
 def _package_pairs(ckpt_dir, cfg, manifest, run, result, test_paths: list[str], refine: dict) -> str:

@@ -239,18 +239,22 @@ def dataset_confounds(
     ``max_documents``: only each split's first documents, shard by shard (training measures
     its split this way, so a large corpus costs a bounded read)."""
     from schemas.manifest import Manifest
-    from schemas.shards import read_documents
 
     manifest = Manifest.read(directory)
     names = list(splits) if splits else list(manifest.counts.get("splits", {}))
     root = Path(directory)
-    out = {}
-    for split in names:
-        docs: list = []
-        for path in manifest.shard_paths(root, split):
-            docs.extend(read_documents([path]))
-            if max_documents is not None and len(docs) >= max_documents:
-                docs = docs[:max_documents]
-                break
-        out[split] = split_confounds(docs)
-    return out
+    return {split: shards_confounds(manifest.shard_paths(root, split), max_documents) for split in names}
+
+
+def shards_confounds(paths: Sequence, max_documents: int | None = None) -> SplitConfounds:
+    """The figures of one split's shards (``paths``), read shard by shard; ``max_documents``:
+    only its first documents."""
+    from schemas.shards import read_documents
+
+    docs: list = []
+    for path in paths:
+        docs.extend(read_documents([path]))
+        if max_documents is not None and len(docs) >= max_documents:
+            docs = docs[:max_documents]
+            break
+    return split_confounds(docs)

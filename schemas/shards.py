@@ -298,5 +298,33 @@ def iter_tables(
             raise MmlinksError(f"cannot read shard {p}: {exc}") from exc
 
 
+def count_rows(paths: Iterable[str | Path]) -> int:
+    """How many documents these shards hold, from their footers (no column is read); the same
+    checks as ``read_table``."""
+    total = 0
+    for p in paths:
+        check_shards([p])
+        try:
+            total += pq.ParquetFile(p).metadata.num_rows
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise MmlinksError(f"cannot read shard {p}: {exc}") from exc
+    return total
+
+
+LABEL_SCAN_ROWS = 4096  # rows of links read at a time by ``has_labels``
+
+
+def has_labels(paths: Iterable[str | Path]) -> bool:
+    """Whether any document of these shards has ground-truth links to score against."""
+    import pyarrow.compute as pc
+
+    # batch by batch, stopping at the first labelled one: a split's links are never all in
+    # memory as Python objects (one list per document)
+    for table in iter_tables(paths, LABEL_SCAN_ROWS, ["links"]):
+        if pc.max(pc.fill_null(pc.list_value_length(table.column("links")), 0)).as_py() or 0:
+            return True
+    return False
+
+
 def read_documents(paths: Iterable[str | Path]) -> list[Document]:
     return [Document.from_row(r) for r in read_table(paths).to_pylist()]

@@ -9,9 +9,11 @@ resumed run replays the next epoch exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +176,21 @@ def resumed_config(storage: str, run_name: str) -> dict | None:
     return saved
 
 
+def resumed_run_config(cfg: TrainConfig, storage: str, choose, train_paths, val_paths) -> TrainConfig:
+    """``cfg`` for a rerun of run ``cfg.run_name`` under ``storage``: what its checkpoint's run
+    chose by measuring (``choose``: the backbone's ``BackboneSpec.choose``, or None) kept, and
+    refused (``IncompatibleResumeError``) where its model or loss differ; ``cfg`` itself when
+    the run has no checkpoint yet."""
+    saved = resumed_config(storage, cfg.run_name)
+    if saved is None:
+        return cfg
+    kept = choose(cfg, train_paths, val_paths, None, saved) if choose else None
+    if kept is not None:  # a resumed run keeps what it chose
+        cfg = dataclasses.replace(cfg, **kept.overrides)
+    check_resumable(saved, cfg)
+    return cfg
+
+
 def saved_epoch(storage: str, run_name: str) -> int | None:
     """The epoch of the newest readable checkpoint of a local run directory (what a rerun of the
     run resumes after), if any."""
@@ -189,12 +206,20 @@ def saved_epoch(storage: str, run_name: str) -> int | None:
     return max(epochs, default=None)
 
 
-def run_storage(cfg: TrainConfig) -> str:
-    """Where a run's checkpoints go: ``--storage-path``, else ``ray_results`` next to the dataset
-    (as ``training.driver.check_inputs`` decides)."""
-    if cfg.storage_path:
-        return cfg.storage_path
-    return str(Path(cfg.data).resolve().parent / "ray_results") if "://" not in cfg.data else ""
+def say_resume(run_name: str, storage: str, epochs: int) -> None:
+    """One line on stderr when ``--run-name`` names a run with checkpoints under ``storage``: from
+    which epoch its ``epochs`` go on (epochs count from 0, as the history and "best epoch" do)."""
+    last = saved_epoch(storage, run_name)
+    if last is not None:
+        left = range(last + 1, epochs)
+        rest = {0: "no epoch left", 1: f"epoch {last + 1} left"}.get(
+            len(left), f"epochs {left[0]} to {left[-1]} left"
+        )
+        print(
+            f"resuming training run {run_name!r} from its checkpoint of epoch {last}: {rest}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def out_of_space_message(exc: BaseException, storage: str) -> str | None:

@@ -73,22 +73,6 @@ def iter_documents(table: pa.Table) -> Iterator[tuple[str, list[str], np.ndarray
         yield doc_id, sentences, f, None if links is None else [(d["sentence"], d["image"]) for d in links]
 
 
-def drop_empty(table: pa.Table) -> tuple[pa.Table, int]:
-    """Documents without a sentence or an image have no similarity to learn from (and would
-    make a NaN mean); they are removed here and counted by the caller."""
-    kept = table.filter(nonempty(table))
-    return kept, table.num_rows - kept.num_rows
-
-
-def nonempty(table: pa.Table) -> pa.ChunkedArray:
-    """Which rows ``drop_empty`` keeps: at least one sentence and one image."""
-    keep = pc.and_(
-        pc.greater(pc.list_value_length(table.column("sentences")), 0),
-        pc.greater(pc.list_value_length(table.column("images")), 0),
-    )
-    return pc.fill_null(keep, False)
-
-
 def _take_one(column: pa.ChunkedArray, chosen: np.ndarray) -> pa.Array:
     """list<x> column -> list<x> of exactly the ``chosen[d]``-th element of each row."""
     lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)

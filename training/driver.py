@@ -22,20 +22,19 @@ import numpy as np
 import torch
 
 from training import checkpoints, fault_hooks
-from training.backbone import get_backbone
+from training.backbone import get_backbone, needs_regions
 from training.checkpoints import (
     IncompatibleResumeError,
-    check_resumable,
     history_of,
     load_checkpoint_model,
-    resumed_config,
+    resumed_run_config,
 )
 from training.config import SELECTION_ORDER, TrainConfig
 from training.cores import usable_cores
 from training.data import TRAINING_COLUMNS
 from training.loop import train_loop_per_worker
-from training.objectives.registry import ObjectiveSpec, get_objective
 from training.ray_session import connect_ray, failure_message
+from training.run_inputs import RunInputs, read_inputs
 from training.text import Vocabulary
 
 
@@ -188,56 +187,37 @@ class LocalShards:
             yield carry
 
 
-@dataclass
-class RunInputs:
-    """What the driver reads before Ray starts: shard paths, where runs are stored, and the
-    registered objective the config names, looked up once here for every step after. (Not the
-    backbone: a choice, ``BackboneSpec.choose``, may replace it.)"""
-
-    cfg: TrainConfig  # with an absolute data path
-    manifest: object
-    train_paths: list[str]
-    val_paths: list[str]
-    storage: str
-    objective: ObjectiveSpec
-    train_limit: int | None = None  # --workers 0 reads only the first training documents
-
-
-def check_inputs(cfg: TrainConfig) -> RunInputs:
-    """Validate the config, the shards and a resumed run's compatibility before Ray starts."""
+def check_inputs(cfg: TrainConfig, inputs: RunInputs | None = None) -> RunInputs:
+    """What ``fit`` trains on (``inputs``: what ``training.run_inputs.read_inputs`` read of
+    ``cfg``, read here when not handed in), with the config's data path made absolute and what
+    training needs beyond a valid dataset checked before Ray starts: a visible GPU for
+    ``--workers 0 --gpu``, train and val shards, two validation documents, and a resumed run's
+    compatibility."""
     from schemas.errors import MmlinksError
-    from schemas.manifest import Manifest
-    from schemas.shards import check_shards, read_table
+    from schemas.shards import count_rows
 
-    cfg.validate()
+    if inputs is None:
+        inputs = read_inputs(cfg)
+    inp, cfg = inputs, inputs.cfg
     if cfg.num_workers == 0 and cfg.use_gpu and not torch.cuda.is_available():
         # here, not in validate: a config is valid on a machine without a GPU (a checkpoint's, to
         # resume elsewhere; a grid's, built on the driver), only training it here is not
         raise MmlinksError("--gpu with --workers 0 trains on this process's GPU: none is visible")
     if "://" not in cfg.data:  # Ray workers may run in another directory (or on another node)
         cfg = dataclasses.replace(cfg, data=str(Path(cfg.data).resolve()))
-    manifest = Manifest.read(cfg.data)
-    train_paths = [str(p) for p in manifest.shard_paths(cfg.data, "train")]
-    val_paths = [str(p) for p in manifest.shard_paths(cfg.data, "val")]
-    if not train_paths or not val_paths:
+    if not inp.train_paths or not inp.val_paths:
         raise MmlinksError(f"{cfg.data} needs train and val shards to train")
-    check_shards(train_paths + val_paths)  # schema versions, before Ray starts
-    n_val = read_table(val_paths, columns=["doc_id"]).num_rows
+    n_val = count_rows(inp.val_paths)
     if n_val < 2:
         raise MmlinksError(f"{cfg.data} has {n_val} validation document(s); the validation loss needs >= 2")
-    storage = cfg.storage_path or str(Path(cfg.data).resolve().parent / "ray_results")
+    storage = inp.storage or str(Path(cfg.data).resolve().parent / "ray_results")
     if cfg.run_name:
-        saved = resumed_config(storage, cfg.run_name)
         choose = get_backbone(cfg.model_backbone).choose
-        kept = choose(cfg, train_paths, val_paths, None, saved) if saved is not None and choose else None
-        if kept is not None:  # a resumed run keeps what it chose
-            cfg = dataclasses.replace(cfg, **kept.overrides)
-        if saved is not None:
-            try:
-                check_resumable(saved, cfg)
-            except IncompatibleResumeError as exc:
-                raise MmlinksError(str(exc)) from None
-    return RunInputs(cfg, manifest, train_paths, val_paths, storage, get_objective(cfg.objective))
+        try:
+            cfg = resumed_run_config(cfg, storage, choose, inp.train_paths, inp.val_paths)
+        except IncompatibleResumeError as exc:
+            raise MmlinksError(str(exc)) from None
+    return dataclasses.replace(inp, cfg=cfg, storage=storage)
 
 
 def make_trainer(inp: RunInputs, loop_config: dict, run_name: str):
@@ -318,11 +298,13 @@ def fit(
     cfg: TrainConfig,
     mlflow_run_id: str | None = None,
     mlflow_tracking_uri: str | None = None,
+    inputs: RunInputs | None = None,
 ) -> TrainResult:
-    """Train on ``cfg.data`` with Ray Train and return the lowest-validation-loss model."""
+    """Train on ``cfg.data`` with Ray Train and return the lowest-validation-loss model
+    (``inputs``: what ``training.run_inputs.read_inputs`` already read of ``cfg``)."""
     import ray.data
 
-    inp = check_inputs(cfg)
+    inp = check_inputs(cfg, inputs)
     choice = choose_settings(inp)
     if choice is not None:
         inp = dataclasses.replace(inp, cfg=dataclasses.replace(inp.cfg, **choice.overrides))
@@ -385,6 +367,9 @@ def train_trial(inp: RunInputs, cfg: TrainConfig, limit: int, run_dir: str) -> t
     """(model, vocabulary) of a candidate's brief run (``BackboneSpec.choose``): ``cfg`` trained
     in this process on the first ``limit`` training documents, on its GPU where ``--gpu`` asks
     for one and this process sees one, the last epoch kept."""
+    from training.objectives.registry import adopt_objective
+
+    adopt_objective(inp.objective)  # a candidate may train in a process of its own
     gpu = cfg.use_gpu and torch.cuda.is_available()
     trial = dataclasses.replace(inp, cfg=dataclasses.replace(cfg, use_gpu=gpu), train_limit=limit)
     loop_config, vocab = worker_loop_config(trial, Path(run_dir).name)
@@ -411,8 +396,9 @@ def worker_loop_config(
         train_paths, centred=model_cfg.get("image_centring", "none") != "none"
     )
     loop_config = {
-        "train": {**cfg.to_dict(), "run_name": run_name},
+        "train": dataclasses.replace(cfg, run_name=run_name),  # the config itself, as validated
         "model": model_cfg,
+        "regions": needs_regions(model_cfg),  # region features and concept tokens in each batch
         "vocab": vocab.words,
         "embeddings": emb,
         "feature_stats": feature_stats,

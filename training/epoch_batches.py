@@ -1,17 +1,33 @@
-"""The batches of a training epoch: a worker's shuffled (or near-neighbour, ``training.batching``)
-training batches from its Ray Data shard, and the fixed validation batches, cut the same way on
-every run and shared out between the workers."""
+"""The batches of a training epoch: a worker's shuffled (or near-neighbour) training batches from
+its Ray Data shard, made into tensors step by step (``epoch_steps``, read ahead on a GPU), and the
+fixed validation batches, cut the same way on every run and shared out between the workers.
+
+``--batch-sampling similar`` (issue #44; Li et al. 2021's sampling bias of cross-document
+training): when a look and a vocabulary are shared by every document of a topic, a random batch
+holds mostly documents of other topics, which the model tells apart by the look and the topic
+words alone; the negatives that force the content (documents of the same topic) are rare. A
+chunk of documents is then cut into batches of near neighbours: each batch starts at a random
+document and takes the documents most like it (cosine of a signature made of the document's mean
+standardised image feature and a hashed bag of its words, both read from the rows, no model),
+then fills the rest with random documents, so hard negatives come from the same topic and some
+easy ones stay. Why not a library: the grouping is a greedy nearest-neighbour cut of a few
+hundred to a few thousand rows per chunk (O(n^2) on a matrix that fits in cache); FAISS or
+scikit-learn's k-means would add an index or a clustering whose cluster sizes do not match the
+batch size.
+"""
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from training.data import TRAINING_COLUMNS, features_of, nonempty
+from training.data import TRAINING_COLUMNS, features_of
 
 VAL_READ_ROWS = 1024  # rows decoded at a time while the fixed validation batches are gathered
 
@@ -29,14 +45,12 @@ def document_batches(
 
     ``sampling="similar"`` (``--batch-sampling``, issue #44) cuts larger chunks (~2,048
     documents, so a topic has several documents in one) into batches of near neighbours
-    (``training.batching``), ``near_share`` of each batch after its first document.
+    (``similar_batches``), ``near_share`` of each batch after its first document.
     """
     per_chunk = 256 if sampling == "random" else 2048
     chunk = batch_docs * max(1, per_chunk // batch_docs)
     for table in shard.iter_batches(batch_size=chunk, batch_format="pyarrow", prefetch_batches=2):
         if sampling == "similar" and table.num_rows > batch_docs:
-            from training.batching import document_signatures, similar_batches
-
             feats, _ = features_of(table)
             sigs = document_signatures(feats, table.column("sentences").to_pylist())
             for rows in similar_batches(sigs, batch_docs, near_share, rng):
@@ -45,6 +59,43 @@ def document_batches(
         table = table.take(pa.array(rng.permutation(table.num_rows)))
         for start in range(0, table.num_rows, batch_docs):
             yield table.slice(start, batch_docs)
+
+
+def epoch_steps(
+    shard, cfg, rng: np.random.Generator, make: Callable, ahead: bool = False
+) -> Iterator[tuple[object | None, int]]:
+    """Each step's (batch made by ``make(table, rng)``, or None where fewer than 2 documents are
+    left, and the empty documents dropped): the epoch's batches of ``cfg.batch_docs`` documents
+    (``cfg.batch_sampling``, ``cfg.near_share``) as ``training.loop.train_epoch`` trains them,
+    every draw from ``rng`` in one order; ``ahead``: made in a background thread
+    (``read_ahead``) while the caller trains on the one before."""
+    steps = made_steps(shard, cfg, rng, make)
+    if ahead:
+        return read_ahead(steps)
+    return steps
+
+
+def made_steps(shard, cfg, rng: np.random.Generator, make: Callable) -> Iterator[tuple[object | None, int]]:
+    """``epoch_steps`` in the calling thread."""
+    for table in document_batches(shard, cfg.batch_docs, rng, cfg.batch_sampling, cfg.near_share):
+        table, n_empty = drop_empty(table)
+        yield (make(table, rng) if table.num_rows >= 2 else None), n_empty
+
+
+def drop_empty(table: pa.Table) -> tuple[pa.Table, int]:
+    """Documents without a sentence or an image have no similarity to learn from (and would
+    make a NaN mean); they are removed here and counted by the caller."""
+    kept = table.filter(nonempty(table))
+    return kept, table.num_rows - kept.num_rows
+
+
+def nonempty(table: pa.Table) -> pa.ChunkedArray:
+    """Which rows ``drop_empty`` keeps: at least one sentence and one image."""
+    keep = pc.and_(
+        pc.greater(pc.list_value_length(table.column("sentences")), 0),
+        pc.greater(pc.list_value_length(table.column("images")), 0),
+    )
+    return pc.fill_null(keep, False)
 
 
 _END = object()
@@ -149,3 +200,50 @@ def fixed_batches(paths: list[str], batch_docs: int, chosen, extra_columns: tupl
         out.append(table.take(pa.array(row_at[at : at + e - s])))
         at += e - s
     return out
+
+
+HASH_DIM = 512  # buckets of the hashed bag of words
+
+
+def _bag_of_words(sentences: list[list[str]]) -> np.ndarray:
+    """Each document's sentences -> an L2-normalised hashed word-count vector [n_docs, HASH_DIM]."""
+    out = np.zeros((len(sentences), HASH_DIM), np.float32)
+    for i, doc in enumerate(sentences):
+        for s in doc:
+            for w in s.lower().split():
+                out[i, zlib.crc32(w.encode()) % HASH_DIM] += 1.0
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+
+def document_signatures(features: list[np.ndarray], sentences: list[list[str]]) -> np.ndarray:
+    """Per-document signature [n_docs, D + HASH_DIM]: the mean image feature standardised over
+    these documents and L2-normalised, beside the hashed bag of words; equal weight to each."""
+    dim = max((f.shape[1] for f in features if f.ndim == 2), default=0)
+    means = np.stack([f.mean(0) if len(f) else np.zeros(dim, np.float32) for f in features])
+    means = (means - means.mean(0)) / (means.std(0) + 1e-6)
+    means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-9)
+    return np.concatenate([means, _bag_of_words(sentences)], axis=1)
+
+
+def similar_batches(
+    signatures: np.ndarray, batch_docs: int, near_share: float, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Row indices of batches covering every row once: each batch is a random row, its
+    ``round(near_share * (batch_docs - 1))`` nearest unused rows, then random unused rows."""
+    n = len(signatures)
+    sims = signatures @ signatures.T
+    unused = np.ones(n, bool)
+    n_near = round(near_share * (batch_docs - 1))
+    batches = []
+    for start in rng.permutation(n):
+        if not unused[start]:
+            continue
+        unused[start] = False
+        free = np.flatnonzero(unused)
+        near = free[np.argsort(-sims[start, free], kind="stable")[:n_near]]
+        unused[near] = False
+        free = np.flatnonzero(unused)
+        rest = rng.choice(free, size=min(len(free), batch_docs - 1 - len(near)), replace=False)
+        unused[rest] = False
+        batches.append(np.concatenate([[start], near, rest]).astype(np.int64))
+    return batches

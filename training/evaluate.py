@@ -34,7 +34,8 @@ def evaluate(
     batch_docs: int = 64,
     seed: int = 0,
 ) -> dict:
-    """{"model", "random", "per_doc", "predictions"} on ``split`` of the dataset.
+    """{"model", "random", "per_doc", "predictions"} on ``split`` of the dataset: the model
+    checked against the dataset's features, then ``evaluate_shards`` on the split's shards.
 
     ``per_doc`` holds one dict per labelled document (doc_id, auc, p_at_1, p_at_5 on a 0..1
     scale, n_sentences, n_images, n_links); ``training.link.spread.add_spread`` adds each one's
@@ -50,6 +51,20 @@ def evaluate(
             f"the model takes {image_dim}-d image features, but {data} has "
             f"{manifest.feature_extractor.dim}-d {manifest.feature_extractor.name} features"
         )
+    return evaluate_shards(model, vocab, paths, max_tokens, batch_docs, seed, split)
+
+
+def evaluate_shards(
+    model,
+    vocab: Vocabulary,
+    paths: list,
+    max_tokens: int = 20,
+    batch_docs: int = 64,
+    seed: int = 0,
+    split: str = "test",
+) -> dict:
+    """``evaluate`` on a split's shards (``paths``) with a model made for their features (a
+    training run's own model on its test split); ``split`` names it in the error."""
     model_cfg = getattr(model, "cfg", None)
     regions = model_cfg is not None and needs_regions(model_cfg.to_dict())  # the Li 2021 transformer
     max_regions = int(getattr(model_cfg, "max_regions", 36))

@@ -8,11 +8,9 @@ checkpoint; training never imports ``models/``. ``mmlinks train``, the demo and 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,28 +18,25 @@ from pathlib import Path
 
 import mlflow
 
-from schemas.manifest import Manifest
-from schemas.progress import polled_progress
-from schemas.shards import check_shards, iter_tables, read_table
+from schemas.shards import has_labels
 from training import tracking
-from training.backbone import get_backbone
-from training.checkpoints import run_storage
+from training.checkpoints import say_resume
 from training.config import TrainConfig
 from training.driver import fit
-from training.evaluate import evaluate
+from training.evaluate import evaluate_shards
 from training.family_hooks import run_finish, run_plan
 from training.metrics import flat_within_warning
-from training.objectives.registry import check_objective_data, get_objective
+from training.run_inputs import RunInputs, read_inputs
 
-EXPERIMENT = "mmlinks"
-LABEL_SCAN_ROWS = 4096  # rows of links read at a time by ``has_labels``
+EXPERIMENT = tracking.EXPERIMENT  # the MLflow experiment of every training run
 
 # How a finished run's model is packaged as an MLflow pyfunc and registered (the layer above
 # provides it: ``models.experiment.package_run``): ``package(packaging, ckpt_dir, cfg, manifest,
 # run, result, model_name, alias, tracking_uri, **details) -> (model URI, registered version or
 # None)``, called inside the run's MLflow run. ``packaging`` is the objective's
-# ``ObjectiveSpec.packaging`` ("link", "pairs", "news-archive"); ``details``: a link run's input
-# ``example``, a retrieval run's ``test_paths`` and ``refine``.
+# ``ObjectiveSpec.packaging`` ("link", "pairs", "news-archive"); ``details``: the run's
+# ``test_paths`` (a link run's input example is its first document; [] for none) and a retrieval
+# run's ``refine``.
 Packager = Callable[..., tuple[str, str | None]]
 
 
@@ -117,87 +112,18 @@ class ExperimentResult:
         return cls.from_dict(json.loads(lines[-1]))
 
 
-def has_labels(paths: list) -> bool:
-    """Whether any document of these shards has ground-truth links to score against."""
-    import pyarrow.compute as pc
-
-    # batch by batch, stopping at the first labelled one: a split's links are never all in
-    # memory as Python objects (one list per document)
-    for table in iter_tables(paths, LABEL_SCAN_ROWS, ["links"]):
-        if pc.max(pc.fill_null(pc.list_value_length(table.column("links")), 0)).as_py() or 0:
-            return True
-    return False
-
-
-def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
-    """(epochs logged so far, the bar's postfix) from the run's metrics; None if the store is
-    busy (that only delays the bar; training is unaffected)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        hist = client.get_metric_history(run_id, "val_loss")
-        auc = client.get_metric_history(run_id, "val_auc")
-        within = client.get_metric_history(run_id, "val_within")
-    except MlflowException:
-        return None
-    if not hist:
-        return 0, {}
-    post = {"val_loss": f"{hist[-1].value:.4f}"}
-    if auc:
-        post["val_auc"] = f"{auc[-1].value:.1f}"
-    if within:
-        post["val_within"] = f"{within[-1].value:.3f}"
-    return len(hist), post
-
-
-def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool):
-    """The epoch bar: ``poll_epochs`` on the MLflow store every 2 s while the body runs (off for
-    ``--json`` callers). The training loop runs in Ray worker processes; the tracking store is
-    the one channel the driver already shares with them, and it works the same on a cluster."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri) if enabled else None
-    return polled_progress(
-        "train", total=epochs, unit="epoch", poll=lambda: poll_epochs(client, run_id), enabled=enabled
-    )
-
-
-def _fit(cfg: TrainConfig, storage: str, run_id: str, tracking_uri: str):
-    """``fit``; a run that died of a full disk fails with one line naming its ``storage`` path."""
+def _fit(cfg: TrainConfig, inputs: RunInputs, run_id: str, tracking_uri: str):
+    """``fit``; a run that died of a full disk fails with one line naming its storage path."""
     from schemas.errors import MmlinksError
     from training.checkpoints import out_of_space_message
 
     try:
-        return fit(cfg, mlflow_run_id=run_id, mlflow_tracking_uri=tracking_uri)
+        return fit(cfg, mlflow_run_id=run_id, mlflow_tracking_uri=tracking_uri, inputs=inputs)
     except MmlinksError as exc:
-        full = out_of_space_message(exc, storage)
+        full = out_of_space_message(exc, inputs.storage)
         if full is None:
             raise
         raise MmlinksError(full) from exc
-
-
-@contextlib.contextmanager
-def _open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None, resume_key: str):
-    """The experiment's MLflow run, with the config and dataset logged on it; claimed for the
-    Ray Train run of ``resume_key`` when ``--run-name`` names one."""
-    tracking.configure(tracking_uri, EXPERIMENT)
-    mlflow.set_experiment(EXPERIMENT)
-    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
-    with mlflow.start_run(run_name=cfg.label, tags=tags) as run:
-        tracking.log_training_params(cfg, manifest, cfg.data)
-        mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
-        mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
-        mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
-        if resume_key:
-            tracking.claim_training_run(run, resume_key, tracking_uri)
-        yield run
-
-
-def _resume_key(run_name: str, storage: str) -> str:
-    """The tag value naming Ray Train run ``run_name`` (its name and storage) across commands."""
-    if "://" not in storage:
-        storage = str(Path(storage).resolve())
-    return tracking.resume_key(run_name, storage)
 
 
 def _finished_run(resume_key: str, epochs: int, tracking_uri: str) -> ExperimentResult | None:
@@ -240,34 +166,26 @@ def _finished_run(resume_key: str, epochs: int, tracking_uri: str) -> Experiment
     )
 
 
-def _say_resume(cfg: TrainConfig, storage: str) -> None:
-    """One line on stderr when ``--run-name`` names a run with checkpoints under ``storage``: from
-    which epoch the run goes on (epochs count from 0, as the history and "best epoch" do)."""
-    from training.checkpoints import saved_epoch
-
-    last = saved_epoch(storage, cfg.run_name)
-    if last is not None:
-        left = range(last + 1, cfg.epochs)
-        rest = {0: "no epoch left", 1: f"epoch {last + 1} left"}.get(
-            len(left), f"epochs {left[0]} to {left[-1]} left"
-        )
-        print(
-            f"resuming training run {cfg.run_name!r} from its checkpoint of epoch {last}: {rest}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
 def _log_model(
-    cfg, manifest, run, result, example, model_name, alias, tracking_uri, package: Packager
+    cfg, manifest, run, result, test_paths, model_name, alias, tracking_uri, package: Packager
 ) -> tuple[str, str | None]:
-    """Log vocabulary, history and, through ``package``, the packaged model, registered when
-    ``model_name`` is given. (model URI, registered version or None)."""
+    """Log vocabulary, history and, through ``package``, the packaged model (its input example
+    from ``test_paths``; none: no example), registered when ``model_name`` is given. (model URI,
+    registered version or None)."""
     mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
     mlflow.log_dict({"history": result.history}, "training_history.json")
     with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
         return package(
-            "link", ckpt_dir, cfg, manifest, run, result, model_name, alias, tracking_uri, example=example
+            "link",
+            ckpt_dir,
+            cfg,
+            manifest,
+            run,
+            result,
+            model_name,
+            alias,
+            tracking_uri,
+            test_paths=test_paths,
         )
 
 
@@ -284,41 +202,26 @@ def _log_scores(scores: dict, best_epoch: int) -> None:
         mlflow.log_artifact(str(preds))
 
 
-def _example(cfg: TrainConfig, manifest) -> dict | None:
-    """A packaged model's input example: the first test document, for backbones that serve
-    feature-only requests (a transformer model refuses them, models/packaging.py)."""
-    if not get_backbone(cfg.backbone).feature_only_requests:
-        return None
-    first = read_table(manifest.shard_paths(cfg.data, "test")[:1], ["sentences", "images"]).slice(0, 1)
-    features = [im["features"] for im in first.column("images")[0].as_py()]
-    return {
-        "sentences": list(first.column("sentences")[0].as_py()),
-        "image_features": [list(map(float, f)) for f in features],
-    }
-
-
 # Documents of the training split the confound figures read (a bounded read of a large corpus).
 CONFOUND_SAMPLE = 5000
 
 
-def _log_confounds(cfg: TrainConfig):
+def _log_confounds(train_paths: list[str]):
     """The training split's confound figures (``pipelines.confounds``), logged to the run as
     ``train_image_ratio`` / ``train_text_share``; None when the split gives none."""
-    from pipelines.confounds import dataset_confounds
+    from pipelines.confounds import shards_confounds
 
-    figures = dataset_confounds(cfg.data, ["train"], max_documents=CONFOUND_SAMPLE)["train"]
+    figures = shards_confounds(train_paths, max_documents=CONFOUND_SAMPLE)
     logged = {"train_image_ratio": figures.image_ratio, "train_text_share": figures.text_share}
     mlflow.log_metrics({k: v for k, v in logged.items() if v is not None})
     return figures
 
 
-def _report(
-    cfg, objective, manifest, run, result, scores, report_dir, warnings: list[str], confounds=None
-) -> str:
-    """The HTML evaluation report, logged to MLflow and written to ``report_dir``; its path.
-    ``objective``: the run's ``ObjectiveSpec``."""
+def _report(inputs: RunInputs, run, result, scores, report_dir, warnings: list[str], confounds=None) -> str:
+    """The HTML evaluation report, logged to MLflow and written to ``report_dir``; its path."""
     from training.report import document_cards, render_report, write_report
 
+    cfg, objective, manifest = inputs.cfg, inputs.objective, inputs.manifest
     info = {
         "run": run.info.run_id,
         "objective": objective.text(cfg),
@@ -332,7 +235,7 @@ def _report(
         info["training confounds"] = f"image ratio {ratio}, text share {share} (docs/training.md)"
     if getattr(result, "choice", None) is not None:
         info["image side (measured)"] = result.choice.summary()
-    cards = document_cards(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, scores["per_doc"])
+    cards = document_cards(result.model, result.vocab, inputs.test_paths, cfg.max_tokens, scores["per_doc"])
     html = render_report(
         f"mmlinks evaluation: {run.info.run_name}",
         scores["model"],
@@ -358,11 +261,15 @@ def run_experiment(
     parent_run_id: str | None = None,
     *,
     package: Packager,
+    inputs: RunInputs | None = None,
 ) -> ExperimentResult:
     """Train, evaluate, log, register; the HTML report goes to MLflow and to ``report_dir``
-    (default: ``reports/`` next to the dataset). ``parent_run_id`` nests the run under a parent
-    (a grid's trials). ``package`` logs and registers the model (``Packager``; what
-    ``models.experiment.run_experiment`` hands over). An objective whose run plan
+    (default: ``reports/`` next to the dataset). ``inputs``: what
+    ``training.run_inputs.read_inputs`` read of ``cfg`` when the caller read it first
+    (``mmlinks train``), else read here; every stage below uses that one read.
+    ``parent_run_id`` nests the run under a parent (a grid's trials). ``package`` logs and
+    registers the model (``Packager``; what ``models.experiment.run_experiment`` hands over).
+    An objective whose run plan
     (``training.family_hooks.run_plan``) takes the config trains it in stages, each a run of its
     own nested under one parent run (the news family's staged recipe); the result is then the
     last stage's, with ``parent_run_id`` set."""
@@ -371,36 +278,34 @@ def run_experiment(
         staged = plan(cfg, tracking_uri, model_name, alias, progress, report_dir, parent_run_id, package)
         if staged is not None:
             return staged
-    manifest = Manifest.read(cfg.data)
-    cfg.validate()
-    check_shards(manifest.shard_paths(cfg.data))  # refuse bad shards before a run is opened
-    check_objective_data(cfg, manifest)
-    objective = get_objective(cfg.objective)
-    storage = run_storage(cfg)
-    resume_key = _resume_key(cfg.run_name, storage) if cfg.run_name else ""
+    if inputs is None:
+        inputs = read_inputs(cfg)
+    storage = inputs.storage
+    resume_key = tracking.resume_key(cfg.run_name, storage) if cfg.run_name else ""
     if resume_key:
         done = _finished_run(resume_key, cfg.epochs, tracking_uri)
         if done is not None:
             return done  # the same command again: nothing to train, nothing new to register
         if progress:
-            _say_resume(cfg, storage)
-    with _open_run(cfg, manifest, tracking_uri, parent_run_id, resume_key) as run:
-        with epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
-            result = _fit(cfg, storage, run.info.run_id, tracking_uri)
-        finish = run_finish(objective.family)
+            say_resume(cfg.run_name, storage, cfg.epochs)
+    manifest = inputs.manifest
+    with tracking.open_run(cfg, manifest, tracking_uri, parent_run_id, resume_key) as run:
+        with tracking.epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
+            result = _fit(cfg, inputs, run.info.run_id, tracking_uri)
+        finish = run_finish(inputs.objective.family)
         if finish is not None:  # the family's own end of a run (retrieval and news)
             return finish(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir, package)
-        confounds = _log_confounds(cfg)
+        confounds = _log_confounds(inputs.train_paths)
         warnings = [w for w in [flat_within_warning(result.history, confounds=confounds)] if w]
         if warnings:
             mlflow.set_tag("mmlinks.warning", " | ".join(warnings))
-        if not has_labels(manifest.shard_paths(cfg.data, "test")):
+        if not has_labels(inputs.test_paths):
             # A corpus without ground truth (e.g. DIY beyond its labelled subset): the model is
             # still logged and registered; there is nothing to score it against.
             mlflow.set_tag("mmlinks.test", "not evaluated: the test split has no labelled document")
             mlflow.log_metric("best_epoch", result.best_epoch)
             model_uri, version = _log_model(
-                cfg, manifest, run, result, None, model_name, alias, tracking_uri, package
+                cfg, manifest, run, result, [], model_name, alias, tracking_uri, package
             )
             return ExperimentResult(
                 run.info.run_id,
@@ -412,12 +317,11 @@ def run_experiment(
                 tracking_uri,
                 warnings=warnings,
             )
-        scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
+        scores = evaluate_shards(result.model, result.vocab, inputs.test_paths, cfg.max_tokens, seed=cfg.seed)
         _log_scores(scores, result.best_epoch)
-        example = _example(cfg, manifest)
-        report_path = _report(cfg, objective, manifest, run, result, scores, report_dir, warnings, confounds)
+        report_path = _report(inputs, run, result, scores, report_dir, warnings, confounds)
         model_uri, version = _log_model(
-            cfg, manifest, run, result, example, model_name, alias, tracking_uri, package
+            cfg, manifest, run, result, inputs.test_paths, model_name, alias, tracking_uri, package
         )
     return ExperimentResult(
         run_id=run.info.run_id,

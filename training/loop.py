@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from training import checkpoints, fault_hooks
-from training.backbone import build_model, needs_regions
+from training.backbone import build_model
 from training.config import SELECTION_ORDER, TrainConfig
 from training.cores import torch_threads
-from training.data import DocBatch, drop_empty, link_scores, make_batch
-from training.epoch_batches import document_batches, read_ahead, spare_batch, validation_batches
+from training.data import DocBatch, link_scores, make_batch
+from training.epoch_batches import epoch_steps, spare_batch, validation_batches
 from training.epoch_reports import keep_epoch, log_metrics, report_epoch
 from training.metrics import document_metrics, within_document_gap
 from training.objectives.registry import ObjectiveSpec, objective_loss
@@ -125,6 +125,14 @@ class Worker:
             for g in self.opt.param_groups:
                 g["lr"] = cfg.lr * g.get("lr_scale", 1.0) * max(1e-3, (step + 1) / cfg.warmup_steps)
 
+    def loss(
+        self, batch: DocBatch, gen: torch.Generator | None, epoch: int | None = None, model=None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective's loss of ``batch`` (and its named parts) through ``model`` (default:
+        this worker's, DDP-wrapped where it is)."""
+        net = self.model if model is None else model
+        return objective_loss(net, batch, self.cfg, gen, self.objective, epoch=epoch)
+
     def step(self, loss: torch.Tensor) -> None:
         self.opt.zero_grad()
         loss.backward()
@@ -145,7 +153,7 @@ class Worker:
             raise RuntimeError("a worker ran out of training batches and has no validation batch to pad with")
         spare = self.batch(self.spare, None)
         with frozen_running_stats(self.model):
-            loss = objective_loss(self.model, spare, self.cfg, gen, self.objective, epoch=epoch)[0]
+            loss = self.loss(spare, gen, epoch)[0]
         self.step(loss * 0.0)
 
 
@@ -169,18 +177,6 @@ def frozen_running_stats(model: torch.nn.Module) -> Iterator[None]:
             m.train()
 
 
-def worker_config(config: dict) -> tuple[TrainConfig, ObjectiveSpec]:
-    """The driver's TrainConfig in a worker process, and its objective: the driver's spec
-    (``objective_spec``). An objective registered only in the driver (a plug-in, a test module)
-    is registered here first, so the config validates as it did there."""
-    from training.objectives.registry import objective_names, register_objective
-
-    spec = config["objective_spec"]
-    if spec.name not in objective_names():
-        register_objective(spec)
-    return TrainConfig.from_dict(config["train"]), spec
-
-
 def optimizer_groups(model, lr: float) -> list:
     """The model's own parameter groups when it has some (a pretrained encoder's blocks at a
     lower rate, ``training/link/pretrained.py``), else every parameter at ``lr``."""
@@ -195,7 +191,8 @@ def make_worker(
 ) -> Worker:
     """Build model, optimizer and scheduler from the driver's config; resume from
     ``checkpoint`` (the one Ray hands over), if any."""
-    cfg, objective = worker_config(config)
+    cfg: TrainConfig = config["train"]  # the driver's, as it validated it
+    objective: ObjectiveSpec = config["objective_spec"]
     torch.set_num_threads(torch_threads(cfg.threads_per_worker))
     torch.manual_seed(cfg.seed)  # identical initial weights on every worker
     model = build_model(config["model"], config.get("embeddings"), config.get("feature_stats"))
@@ -219,7 +216,7 @@ def make_worker(
         rank=rank,
         world=world,
         vocab=Vocabulary(config["vocab"]),
-        regions=needs_regions(config["model"]),
+        regions=config["regions"],
         device=device or torch.device("cpu"),
         model=model,
         opt=opt,
@@ -228,25 +225,14 @@ def make_worker(
     )
 
 
-def epoch_steps(w: Worker, shard, rng: np.random.Generator) -> Iterator[tuple[DocBatch | None, int]]:
-    """Each step's (batch on the device, or None where fewer than 2 documents are left, and the
-    empty documents dropped): the epoch's batches as ``train_epoch`` trains them, every draw
-    from ``rng`` in one order whether read ahead or not."""
-    cfg = w.cfg
-    for table in document_batches(shard, cfg.batch_docs, rng, cfg.batch_sampling, cfg.near_share):
-        table, n_empty = drop_empty(table)
-        yield (w.batch(table, rng) if table.num_rows >= 2 else None), n_empty
-
-
 def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: torch.Generator) -> dict:
     """One pass over this worker's training share; timing and loss sums of the epoch."""
     t0 = time.perf_counter()
     w.model.train()
     total, steps, docs, skipped, wait, first_wait, padded, uneven = 0.0, 0, 0, 0, 0.0, None, 0, 0
     parts_sum: dict[str, float] = {}
-    steps_in = epoch_steps(w, shard, rng)
-    if w.device.type != "cpu":  # the host makes the next batches while the card runs this step
-        steps_in = read_ahead(steps_in)
+    # on a GPU the host makes the next batches while the card runs this step
+    steps_in = epoch_steps(shard, w.cfg, rng, w.batch, ahead=w.device.type != "cpu")
     while True:
         tw = time.perf_counter()
         item = next(steps_in, None)
@@ -270,7 +256,7 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
             w.zero_step(epoch, gen)
             padded += 1
             continue
-        loss, parts = objective_loss(w.model, batch, w.cfg, gen, w.objective, epoch=epoch)
+        loss, parts = w.loss(batch, gen, epoch)
         if not torch.isfinite(loss):
             raise DivergedError(
                 f"loss diverged ({loss.item()}) at epoch {epoch} step {steps}; training stopped, "
@@ -308,9 +294,7 @@ def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
         for i, table in enumerate(val_batches):
             loss_batch = w.batch(table, None)
             val_gen = torch.Generator().manual_seed(w.cfg.seed * 1_000_003 + w.rank * 10_007 + i)
-            sums[0] += objective_loss(net, loss_batch, w.cfg, val_gen, w.objective)[0].item() * len(
-                loss_batch
-            )
+            sums[0] += w.loss(loss_batch, val_gen, model=net)[0].item() * len(loss_batch)
             sums[1] += len(loss_batch)
             if not w.objective.link_metrics:  # one fused text per document (news samples)
                 continue
@@ -421,7 +405,10 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    cfg, _ = worker_config(config)
+    from training.objectives.registry import adopt_objective
+
+    adopt_objective(config["objective_spec"])  # a process of its own: the driver's objective
+    cfg: TrainConfig = config["train"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     w = make_worker(
@@ -445,7 +432,7 @@ def train_in_process(config: dict, dataset) -> None:
     import ray.train
 
     latest = checkpoints.latest_local(Path(config["local_run_dir"]))
-    device = torch.device("cuda", 0) if config["train"].get("use_gpu") else None  # ``--gpu``
+    device = torch.device("cuda", 0) if config["train"].use_gpu else None  # ``--gpu``
     w = make_worker(
         config,
         0,
@@ -472,8 +459,9 @@ def run_epochs(w: Worker, config: dict, train_shard, report) -> None:
     val_paths = config["val_paths"]
     val_batches = validation_batches(val_paths, cfg.batch_docs, rank, world, columns)
     w.spare = spare_batch(val_paths, cfg.batch_docs, columns)
-    # every validation pair on every worker (the retrieval objectives' MedR), else none
-    all_val = validation_batches(val_paths, cfg.batch_docs, 0, 1, columns) if w.objective.val_metrics else []
+    all_val = []  # every validation pair on every worker (the retrieval objectives' MedR), else none
+    if w.objective.val_metrics:
+        all_val = validation_batches(val_paths, cfg.batch_docs, 0, 1, columns)
     for epoch in range(w.state.start, cfg.epochs):
         seed = epoch_seed(cfg, rank, epoch)
         rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)

@@ -179,27 +179,24 @@ def write_report(path: str | Path, html_text: str) -> Path:
 
 
 def document_cards(
-    model, vocab, data: str | Path, split: str, max_tokens: int, per_doc: list[dict], limit: int = 8
+    model, vocab, paths: list, max_tokens: int, per_doc: list[dict], limit: int = 8
 ) -> list[str]:
-    """Cards for the best and worst documents by AUC (half each), as the paper shows both."""
+    """Cards for the best and worst documents by AUC (half each), as the paper shows both, from
+    the split's shards (``paths``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import torch
 
-    from schemas.manifest import Manifest
     from schemas.shards import iter_tables
     from training.data import link_scores, make_batch
 
     by_auc = sorted(per_doc, key=lambda d: d["auc"])
     chosen = {d["doc_id"]: d["auc"] for d in by_auc[-(limit - limit // 2) :] + by_auc[: limit // 2]}
-    manifest = Manifest.read(data)
     # the chosen few rows, kept batch by batch: the split itself is never read whole
     wanted = pa.array(sorted(chosen), pa.string())
     parts = [
         t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
-        for t in iter_tables(
-            manifest.shard_paths(data, split), 1024, ["doc_id", "sentences", "images", "links"]
-        )
+        for t in iter_tables(paths, 1024, ["doc_id", "sentences", "images", "links"])
     ]
     parts = [t for t in parts if t.num_rows]
     if not parts:
@@ -275,11 +272,12 @@ def report_for_run(tracking_uri: str, run_ref: str, data: str | None = None) -> 
     rand = {k: m.get(f"random_{k}", float("nan")) for k in ("auc", "p_at_1", "p_at_5", "n_docs")}
     data = data or p.get("data")
     try:
-        cards = (
-            document_cards(linker.model, linker.vocab, data, "test", linker.max_tokens, per_doc)
-            if data
-            else []
-        )
+        cards = []
+        if data:
+            from schemas.manifest import Manifest
+
+            test_paths = Manifest.read(data).shard_paths(data, "test")
+            cards = document_cards(linker.model, linker.vocab, test_paths, linker.max_tokens, per_doc)
     except (OSError, ValueError) as exc:  # the dataset moved or changed since the run
         raise MmlinksError(f"cannot draw document cards from {data}: {exc}") from exc
     info = {

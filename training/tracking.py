@@ -27,6 +27,8 @@ from mlflow.tracking import MlflowClient
 from schemas.manifest import Manifest
 from training.config import TrainConfig
 
+EXPERIMENT = "mmlinks"  # the MLflow experiment of every training run
+
 SQLITE_BUSY_TIMEOUT_S = 60
 
 
@@ -266,7 +268,10 @@ def resume_key(run_name: str, storage: str) -> str:
     """What identifies one Ray Train run across the commands that train it: its run name (only
     its word characters, readable in the UI) and a hash of the name and the storage path (the
     path may name a bucket or host: it is never logged). Nothing in it can break the quoted
-    search filter of ``close_abandoned_runs``, whatever the user named the run."""
+    search filter of ``close_abandoned_runs``, whatever the user named the run. A local
+    ``storage`` counts by its absolute path."""
+    if "://" not in storage:
+        storage = str(Path(storage).resolve())
     digest = hashlib.sha256(f"{run_name}\0{storage.rstrip('/')}".encode()).hexdigest()[:16]
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_name)[:60]}@{digest}"
 
@@ -317,3 +322,55 @@ def claim_training_run(run, key: str, tracking_uri: str) -> list[str]:
     host, pid = DRIVER_TAGS
     mlflow.set_tags({RESUME_KEY_TAG: key, host: platform.node(), pid: str(os.getpid())})
     return close_abandoned_runs(MlflowClient(tracking_uri), run, key)
+
+
+@contextlib.contextmanager
+def open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None, resume_key: str):
+    """The experiment's MLflow run, with the config and dataset logged on it; claimed for the
+    Ray Train run of ``resume_key`` when ``--run-name`` names one (``training.experiment``)."""
+    configure(tracking_uri, EXPERIMENT)
+    mlflow.set_experiment(EXPERIMENT)
+    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+    with mlflow.start_run(run_name=cfg.label, tags=tags) as run:
+        log_training_params(cfg, manifest, cfg.data)
+        mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
+        mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
+        mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
+        if resume_key:
+            claim_training_run(run, resume_key, tracking_uri)
+        yield run
+
+
+def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
+    """(epochs logged so far, the bar's postfix) from the run's metrics; None if the store is
+    busy (that only delays the bar; training is unaffected)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        hist = client.get_metric_history(run_id, "val_loss")
+        auc = client.get_metric_history(run_id, "val_auc")
+        within = client.get_metric_history(run_id, "val_within")
+    except MlflowException:
+        return None
+    if not hist:
+        return 0, {}
+    post = {"val_loss": f"{hist[-1].value:.4f}"}
+    if auc:
+        post["val_auc"] = f"{auc[-1].value:.1f}"
+    if within:
+        post["val_within"] = f"{within[-1].value:.3f}"
+    return len(hist), post
+
+
+def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool):
+    """The epoch bar: ``poll_epochs`` on the MLflow store every 2 s while the body runs (off for
+    ``--json`` callers). The training loop runs in Ray worker processes; the tracking store is
+    the one channel the driver already shares with them, and it works the same on a cluster."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri) if enabled else None
+    from schemas.progress import polled_progress
+
+    return polled_progress(
+        "train", total=epochs, unit="epoch", poll=lambda: poll_epochs(client, run_id), enabled=enabled
+    )

@@ -6,8 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import InMemoryShard
-from training.batching import document_signatures, similar_batches
-from training.epoch_batches import document_batches
+from training.epoch_batches import document_batches, document_signatures, similar_batches
 
 
 @settings(max_examples=60, deadline=None)

@@ -17,7 +17,8 @@ from schemas.shards import read_table
 from tests.features.test_clip import TINY, save_tiny_clip
 from training.backbone import build_model, get_backbone
 from training.config import TrainConfig
-from training.data import TRAINING_COLUMNS, drop_empty, make_batch
+from training.data import TRAINING_COLUMNS, make_batch
+from training.epoch_batches import drop_empty
 from training.text import Vocabulary
 
 # a Beam build of its own (~30 s on a quiet machine) and one 1-epoch Ray Train run + registration

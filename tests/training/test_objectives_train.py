@@ -15,8 +15,9 @@ from schemas.shards import read_table, table_shard_bytes
 from tests.conftest import resign_manifest, small_train_config, tracking_uri
 from training.checkpoints import IncompatibleResumeError, check_resumable
 from training.config import TrainConfig
-from training.data import TRAINING_COLUMNS, drop_empty, one_pair_per_document
+from training.data import TRAINING_COLUMNS, one_pair_per_document
 from training.driver import fit
+from training.epoch_batches import drop_empty
 
 
 def val_table(dataset) -> pa.Table:

@@ -13,7 +13,8 @@ from schemas.shards import read_table
 from tests.conftest import tracking_uri
 from training.backbone import build_model, get_backbone
 from training.config import TrainConfig
-from training.data import TRAINING_COLUMNS, drop_empty, make_batch
+from training.data import TRAINING_COLUMNS, make_batch
+from training.epoch_batches import drop_empty
 from training.objectives.registry import objective_loss
 from training.text import Vocabulary
 

@@ -68,7 +68,8 @@ def test_an_epoch_read_ahead_trains_on_the_same_batches_as_the_plain_loop(datase
     from schemas.shards import read_table
     from training.data import TRAINING_COLUMNS
     from training.driver import check_inputs, worker_loop_config
-    from training.loop import epoch_steps, make_worker
+    from training.epoch_batches import epoch_steps
+    from training.loop import make_worker
 
     for objective in ("ap", "nostruct"):
         inp = check_inputs(small_train_config(dataset, tmp_path, objective=objective))
@@ -77,7 +78,7 @@ def test_an_epoch_read_ahead_trains_on_the_same_batches_as_the_plain_loop(datase
         table = read_table(inp.train_paths, columns=[*TRAINING_COLUMNS, *w.objective.columns])
 
         def steps(w, table, ahead: bool):
-            out = epoch_steps(w, InMemoryShard(table), np.random.default_rng(7))
+            out = epoch_steps(InMemoryShard(table), w.cfg, np.random.default_rng(7), w.batch)
             return list(read_ahead(out) if ahead else out)
 
         plain, ahead = steps(w, table, False), steps(w, table, True)

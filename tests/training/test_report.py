@@ -72,11 +72,13 @@ def test_a_flat_within_document_signal_shows_as_a_warning_with_its_curve():
 
 @pytest.mark.slow
 def test_report_renders_in_headless_chromium(trained, dataset, tmp_path):
+    from schemas.manifest import Manifest
     from training.evaluate import evaluate
     from training.report import document_cards
 
     scores = evaluate(trained.model, trained.vocab, dataset)
-    cards = document_cards(trained.model, trained.vocab, dataset, "test", 20, scores["per_doc"], limit=4)
+    test_paths = Manifest.read(dataset).shard_paths(dataset, "test")
+    cards = document_cards(trained.model, trained.vocab, test_paths, 20, scores["per_doc"], limit=4)
     assert 1 <= len(cards) <= 4
     html = render_report(
         "test report",

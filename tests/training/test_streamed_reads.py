@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from schemas.document import SCHEMA_VERSION, Document, ImageRecord
 from schemas.manifest import FeatureExtractorInfo, Manifest, ShardInfo
 from schemas.shards import iter_tables, read_table, write_shard
-from training.data import TRAINING_COLUMNS, drop_empty
+from training.data import TRAINING_COLUMNS
+from training.epoch_batches import drop_empty
 
 DIM = 1024
 WORDS = "red blue green small big round square star circle moon kite shelf".split()
@@ -183,7 +184,7 @@ def test_evaluation_streams_the_test_split(dataset):
 
 
 def test_label_check_and_report_cards_stream(dataset):
-    from training.experiment import has_labels
+    from schemas.shards import has_labels
     from training.report import document_cards
 
     paths = paths_of(dataset, "test")
@@ -212,7 +213,7 @@ def test_label_check_and_report_cards_stream(dataset):
     from training.text import Vocabulary
 
     with arrow_peak() as peak:
-        cards = document_cards(Model(), Vocabulary.build(WORDS, 1), dataset, "test", 20, per_doc, limit=4)
+        cards = document_cards(Model(), Vocabulary.build(WORDS, 1), paths, 20, per_doc, limit=4)
     assert len(cards) == 4
     chosen = sorted([*ids[:2], *ids[-2:]])
     assert [c for c in chosen if any(c in card for card in cards)] == chosen

@@ -237,7 +237,7 @@ def test_the_epoch_progress_bar_reads_the_logged_epochs(capsys):
 
     from mlflow.exceptions import MlflowException
 
-    from training.experiment import epoch_progress, poll_epochs
+    from training.tracking import epoch_progress, poll_epochs
 
     class Store:
         busy = False

@@ -142,20 +142,30 @@ def register_objective(spec: ObjectiveSpec, replace: bool = False) -> ObjectiveS
     return spec
 
 
+def adopt_objective(spec: ObjectiveSpec) -> ObjectiveSpec:
+    """``spec`` registered in this process unless its name is: a Ray worker or a candidate's
+    process adopts the driver's objective, which may have been registered only there (a plug-in,
+    a test module), so the config's lookups answer as they did in the driver."""
+    if spec.name not in objective_names():
+        register_objective(spec)
+    return spec
+
+
 def unregister_objective(name: str) -> None:
     load_families()
     _OBJECTIVES.pop(name, None)
 
 
-def check_objective_data(cfg: TrainConfig, manifest) -> None:
-    """Refuse a dataset the objective cannot train on (``ObjectiveSpec.check_data``), in one
-    line, before anything heavy is imported or a run is opened."""
+def check_objective_data(cfg: TrainConfig, manifest) -> ObjectiveSpec:
+    """The objective's spec; a dataset it cannot train on (``ObjectiveSpec.check_data``) refused
+    in one line, before anything heavy is imported or a run is opened."""
     spec = get_objective(cfg.objective)
     problems = spec.check_data(manifest, cfg.data) if spec.check_data else []
     if problems:
         from schemas.errors import MmlinksError
 
         raise MmlinksError(f"--objective {cfg.objective}: {'; '.join(problems)}")
+    return spec
 
 
 def objective_names() -> tuple[str, ...]:
