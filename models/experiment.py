@@ -28,22 +28,27 @@ def run_experiment(
     progress: bool = False,
     report_dir: str | Path | None = None,
     parent_run_id: str | None = None,
-    inputs: RunInputs | None = None,
 ) -> ExperimentResult:
     """``training.experiment.run_experiment`` with this layer's ``package_run``: train, evaluate,
     log the packaged model, register it as ``model_name``@``alias`` (None: logged, not
-    registered). ``inputs``: what ``training.run_inputs.read_inputs`` already read of ``cfg``."""
-    return experiment.run_experiment(
-        cfg,
-        tracking_uri,
-        model_name,
-        alias,
-        progress,
-        report_dir,
-        parent_run_id,
-        package=package_run,
-        inputs=inputs,
-    )
+    registered)."""
+    args = (tracking_uri, model_name, alias, progress, report_dir, parent_run_id)
+    return experiment.run_experiment(cfg, *args, package=package_run)
+
+
+def run_experiment_on(
+    inputs: RunInputs,
+    tracking_uri: str,
+    model_name: str | None = "mmlinks-ap",
+    alias: str | None = "candidate",
+    progress: bool = False,
+    report_dir: str | Path | None = None,
+    parent_run_id: str | None = None,
+) -> ExperimentResult:
+    """``run_experiment`` on what ``training.run_inputs.read_inputs`` already read of a config
+    (``mmlinks train`` reads it first, for its one-line errors before anything heavy loads)."""
+    args = (tracking_uri, model_name, alias, progress, report_dir, parent_run_id)
+    return experiment.run_experiment_on(inputs, *args, package=package_run)
 
 
 def package_run(

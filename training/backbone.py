@@ -87,6 +87,21 @@ def build_model(
     )
 
 
+def unwrap(model):
+    """The module inside a DDP wrapper (or the model itself)."""
+    return model.module if hasattr(model, "module") else model
+
+
+def optimizer_groups(model, lr: float) -> list:
+    """The optimizer's parameter groups of a built model: its own when it has some (a pretrained
+    encoder's blocks at a lower rate, ``training/link/pretrained.py``), else every parameter at
+    ``lr``."""
+    net = unwrap(model)
+    if hasattr(net, "param_groups"):
+        return net.param_groups(lr)
+    return [{"params": list(model.parameters())}]
+
+
 def needs_regions(model_cfg: dict) -> bool:
     return get_backbone(model_cfg.get("backbone", DEFAULT_BACKBONE)).needs_regions
 

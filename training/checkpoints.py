@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from schemas.errors import storage_full
-from training.backbone import build_model
+from training.backbone import build_model, unwrap
 from training.config import MODEL_FIELDS, TrainConfig
 
 CHECKPOINT_FILE = "state.pt"
@@ -31,11 +31,6 @@ KEEP_BEST = 2  # checkpoints kept by score (Ray's CheckpointConfig(num_to_keep=2
 
 class IncompatibleResumeError(RuntimeError):
     """A run name was reused with a config that would not continue the same model."""
-
-
-def unwrap(model):
-    """The module inside a DDP wrapper (or the model itself)."""
-    return model.module if hasattr(model, "module") else model
 
 
 def check_resumable(saved: dict, cfg: TrainConfig) -> None:

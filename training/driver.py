@@ -187,18 +187,21 @@ class LocalShards:
             yield carry
 
 
-def check_inputs(cfg: TrainConfig, inputs: RunInputs | None = None) -> RunInputs:
-    """What ``fit`` trains on (``inputs``: what ``training.run_inputs.read_inputs`` read of
-    ``cfg``, read here when not handed in), with the config's data path made absolute and what
-    training needs beyond a valid dataset checked before Ray starts: a visible GPU for
-    ``--workers 0 --gpu``, train and val shards, two validation documents, and a resumed run's
-    compatibility."""
+def check_inputs(cfg: TrainConfig) -> RunInputs:
+    """What ``fit`` trains ``cfg`` on: ``check_trainable`` of what ``read_inputs`` reads."""
+    return check_trainable(read_inputs(cfg))
+
+
+def check_trainable(inputs: RunInputs) -> RunInputs:
+    """What ``fit_inputs`` trains on: ``inputs`` (what ``training.run_inputs.read_inputs`` read
+    of a config) with the config's data path made absolute and what training needs beyond a
+    valid dataset checked before Ray starts: a visible GPU for ``--workers 0 --gpu``, train and
+    val shards, two validation documents, and a resumed run's compatibility."""
     from schemas.errors import MmlinksError
     from schemas.shards import count_rows
 
-    if inputs is None:
-        inputs = read_inputs(cfg)
-    inp, cfg = inputs, inputs.cfg
+    inp = inputs
+    cfg = inputs.cfg
     if cfg.num_workers == 0 and cfg.use_gpu and not torch.cuda.is_available():
         # here, not in validate: a config is valid on a machine without a GPU (a checkpoint's, to
         # resume elsewhere; a grid's, built on the driver), only training it here is not
@@ -269,8 +272,9 @@ def best_checkpoint(trainer, select_by: str = "val_loss"):
 
 
 def run_in_process(inp: RunInputs, loop_config: dict, run_dir: Path):
-    """``--workers 0``: the loop in this process (``training.loop.train_in_process``);
-    (the latest checkpoint, the best one by ``select_by``) from the run folder, or MmlinksError."""
+    """``--workers 0``: the loop in this process (``training.loop.train_in_process``), resumed
+    from the run folder's latest checkpoint if it has one; (the latest checkpoint, the best one
+    by ``select_by``) from the run folder, or MmlinksError."""
     import ray.train
 
     from schemas.errors import MmlinksError
@@ -278,9 +282,10 @@ def run_in_process(inp: RunInputs, loop_config: dict, run_dir: Path):
 
     cfg = inp.cfg
     dataset = LocalShards(inp.train_paths, inp.objective.columns, inp.train_limit)
+    latest = checkpoints.latest_local(run_dir)  # a rerun of the same run resumes from it
     threads = torch.get_num_threads()  # the loop sets this process's own
     try:
-        train_in_process({**loop_config, "local_run_dir": str(run_dir)}, dataset)
+        train_in_process({**loop_config, "local_run_dir": str(run_dir)}, dataset, latest)
     except MmlinksError:
         raise
     except Exception as exc:  # what a Ray worker's failure would report, as one line
@@ -295,16 +300,20 @@ def run_in_process(inp: RunInputs, loop_config: dict, run_dir: Path):
 
 
 def fit(
-    cfg: TrainConfig,
-    mlflow_run_id: str | None = None,
-    mlflow_tracking_uri: str | None = None,
-    inputs: RunInputs | None = None,
+    cfg: TrainConfig, mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None
 ) -> TrainResult:
-    """Train on ``cfg.data`` with Ray Train and return the lowest-validation-loss model
-    (``inputs``: what ``training.run_inputs.read_inputs`` already read of ``cfg``)."""
+    """Train on ``cfg.data`` with Ray Train and return the lowest-validation-loss model:
+    ``fit_inputs`` on what ``training.run_inputs.read_inputs`` reads of ``cfg``."""
+    return fit_inputs(read_inputs(cfg), mlflow_run_id, mlflow_tracking_uri)
+
+
+def fit_inputs(
+    inputs: RunInputs, mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None
+) -> TrainResult:
+    """``fit`` on what was read of the config (``training.run_inputs.RunInputs``)."""
     import ray.data
 
-    inp = check_inputs(cfg, inputs)
+    inp = check_trainable(inputs)
     choice = choose_settings(inp)
     if choice is not None:
         inp = dataclasses.replace(inp, cfg=dataclasses.replace(inp.cfg, **choice.overrides))
@@ -326,10 +335,10 @@ def fit(
         data_ctx.enable_progress_bars = False
         data_ctx.execution_options.preserve_order = True  # same batches on a resumed run
     model_cfg = loop_config["model"]
-    if cfg.num_workers == 0:
-        latest, best = run_in_process(inp, loop_config, Path(inp.storage) / run_name)
-    else:
+    if cfg.num_workers:
         latest, best = best_checkpoint(make_trainer(inp, loop_config, run_name), cfg.select_by)
+    else:
+        latest, best = run_in_process(inp, loop_config, Path(inp.storage) / run_name)
     with best.as_directory() as d:
         model, meta = load_checkpoint_model(d)
     return TrainResult(

@@ -22,7 +22,7 @@ from schemas.shards import has_labels
 from training import tracking
 from training.checkpoints import say_resume
 from training.config import TrainConfig
-from training.driver import fit
+from training.driver import fit_inputs
 from training.evaluate import evaluate_shards
 from training.family_hooks import run_finish, run_plan
 from training.metrics import flat_within_warning
@@ -112,58 +112,18 @@ class ExperimentResult:
         return cls.from_dict(json.loads(lines[-1]))
 
 
-def _fit(cfg: TrainConfig, inputs: RunInputs, run_id: str, tracking_uri: str):
+def _fit(inputs: RunInputs, run_id: str, tracking_uri: str):
     """``fit``; a run that died of a full disk fails with one line naming its storage path."""
     from schemas.errors import MmlinksError
     from training.checkpoints import out_of_space_message
 
     try:
-        return fit(cfg, mlflow_run_id=run_id, mlflow_tracking_uri=tracking_uri, inputs=inputs)
+        return fit_inputs(inputs, mlflow_run_id=run_id, mlflow_tracking_uri=tracking_uri)
     except MmlinksError as exc:
         full = out_of_space_message(exc, inputs.storage)
         if full is None:
             raise
         raise MmlinksError(full) from exc
-
-
-def _finished_run(resume_key: str, epochs: int, tracking_uri: str) -> ExperimentResult | None:
-    """The result of an earlier command that finished the training run of ``resume_key`` (same
-    name and storage) with ``epochs``, or None. A retried pipeline step reruns the same command: it must not
-    train zero epochs and register a copy of the model as a new version."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(EXPERIMENT)
-    if exp is None:
-        return None
-    found = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`{tracking.RESUME_KEY_TAG}` = '{resume_key}' "
-        f"and attributes.status = 'FINISHED' and params.epochs = '{epochs}'",
-        order_by=["attributes.end_time DESC"],
-        max_results=1,
-    )
-    if not found:
-        return None
-    run = found[0]
-    versions = sorted(
-        client.search_model_versions(f"run_id = '{run.info.run_id}'"), key=lambda v: int(v.version)
-    )
-    model_uri, version = f"runs:/{run.info.run_id}/model", None
-    if versions:
-        version = str(versions[-1].version)
-        model_uri = f"models:/{versions[-1].name}/{version}"
-    best = run.data.metrics.get("best_epoch")
-    return ExperimentResult(
-        run.info.run_id,
-        model_uri,
-        version,
-        -1 if best is None else int(best),
-        None,
-        None,
-        tracking_uri,
-        already_finished=True,
-    )
 
 
 def _log_model(
@@ -221,7 +181,9 @@ def _report(inputs: RunInputs, run, result, scores, report_dir, warnings: list[s
     """The HTML evaluation report, logged to MLflow and written to ``report_dir``; its path."""
     from training.report import document_cards, render_report, write_report
 
-    cfg, objective, manifest = inputs.cfg, inputs.objective, inputs.manifest
+    cfg = inputs.cfg
+    objective = inputs.objective
+    manifest = inputs.manifest
     info = {
         "run": run.info.run_id,
         "objective": objective.text(cfg),
@@ -261,37 +223,51 @@ def run_experiment(
     parent_run_id: str | None = None,
     *,
     package: Packager,
-    inputs: RunInputs | None = None,
 ) -> ExperimentResult:
-    """Train, evaluate, log, register; the HTML report goes to MLflow and to ``report_dir``
-    (default: ``reports/`` next to the dataset). ``inputs``: what
-    ``training.run_inputs.read_inputs`` read of ``cfg`` when the caller read it first
-    (``mmlinks train``), else read here; every stage below uses that one read.
-    ``parent_run_id`` nests the run under a parent (a grid's trials). ``package`` logs and
-    registers the model (``Packager``; what ``models.experiment.run_experiment`` hands over).
-    An objective whose run plan
+    """``run_experiment_on`` what ``training.run_inputs.read_inputs`` reads of ``cfg``."""
+    args = (tracking_uri, model_name, alias, progress, report_dir, parent_run_id)
+    return run_experiment_on(read_inputs(cfg), *args, package=package)
+
+
+def run_experiment_on(
+    inputs: RunInputs,
+    tracking_uri: str,
+    model_name: str | None = "mmlinks-ap",
+    alias: str | None = "candidate",
+    progress: bool = False,
+    report_dir: str | Path | None = None,
+    parent_run_id: str | None = None,
+    *,
+    package: Packager,
+) -> ExperimentResult:
+    """Train, evaluate, log, register the run of ``inputs`` (what ``read_inputs`` read of its
+    config: every stage below uses that one read); the HTML report goes to MLflow and to
+    ``report_dir`` (default: ``reports/`` next to the dataset). ``parent_run_id`` nests the run
+    under a parent (a grid's trials). ``package`` logs and registers the model (``Packager``;
+    what ``models.experiment`` hands over). An objective whose run plan
     (``training.family_hooks.run_plan``) takes the config trains it in stages, each a run of its
     own nested under one parent run (the news family's staged recipe); the result is then the
     last stage's, with ``parent_run_id`` set."""
+    cfg = inputs.cfg
     plan = run_plan(cfg.objective)
     if plan is not None:
         staged = plan(cfg, tracking_uri, model_name, alias, progress, report_dir, parent_run_id, package)
         if staged is not None:
             return staged
-    if inputs is None:
-        inputs = read_inputs(cfg)
     storage = inputs.storage
-    resume_key = tracking.resume_key(cfg.run_name, storage) if cfg.run_name else ""
-    if resume_key:
-        done = _finished_run(resume_key, cfg.epochs, tracking_uri)
-        if done is not None:
-            return done  # the same command again: nothing to train, nothing new to register
+    if inputs.resume_key:
+        done = tracking.finished_run(inputs.resume_key, cfg.epochs, tracking_uri)
+        if done is not None:  # the same command again: nothing to train, nothing new to register
+            run_id, model_uri, version, best_epoch = done
+            return ExperimentResult(
+                run_id, model_uri, version, best_epoch, None, None, tracking_uri, already_finished=True
+            )
         if progress:
             say_resume(cfg.run_name, storage, cfg.epochs)
     manifest = inputs.manifest
-    with tracking.open_run(cfg, manifest, tracking_uri, parent_run_id, resume_key) as run:
+    with tracking.open_run(inputs, tracking_uri, parent_run_id) as run:
         with tracking.epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
-            result = _fit(cfg, inputs, run.info.run_id, tracking_uri)
+            result = _fit(inputs, run.info.run_id, tracking_uri)
         finish = run_finish(inputs.objective.family)
         if finish is not None:  # the family's own end of a run (retrieval and news)
             return finish(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir, package)

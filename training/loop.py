@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from training import checkpoints, fault_hooks
-from training.backbone import build_model
+from training.backbone import build_model, optimizer_groups
 from training.config import SELECTION_ORDER, TrainConfig
 from training.cores import torch_threads
 from training.data import DocBatch, link_scores, make_batch
@@ -177,15 +177,6 @@ def frozen_running_stats(model: torch.nn.Module) -> Iterator[None]:
             m.train()
 
 
-def optimizer_groups(model, lr: float) -> list:
-    """The model's own parameter groups when it has some (a pretrained encoder's blocks at a
-    lower rate, ``training/link/pretrained.py``), else every parameter at ``lr``."""
-    net = checkpoints.unwrap(model)
-    if hasattr(net, "param_groups"):
-        return net.param_groups(lr)
-    return [{"params": list(model.parameters())}]
-
-
 def make_worker(
     config: dict, rank: int, world: int, prepare_model=None, device=None, checkpoint=None
 ) -> Worker:
@@ -193,6 +184,7 @@ def make_worker(
     ``checkpoint`` (the one Ray hands over), if any."""
     cfg: TrainConfig = config["train"]  # the driver's, as it validated it
     objective: ObjectiveSpec = config["objective_spec"]
+    plateau_mode = "max" if plateau_on_within(cfg) else "min"
     torch.set_num_threads(torch_threads(cfg.threads_per_worker))
     torch.manual_seed(cfg.seed)  # identical initial weights on every worker
     model = build_model(config["model"], config.get("embeddings"), config.get("feature_stats"))
@@ -205,7 +197,7 @@ def make_worker(
     # plateau_patience epochs without improvement", hence the - 1.
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
         opt,
-        mode="max" if plateau_on_within(cfg) else "min",
+        mode=plateau_mode,
         factor=cfg.plateau_factor,
         patience=max(0, cfg.plateau_patience - 1),
     )
@@ -320,7 +312,10 @@ def extra_val_metrics(w: Worker, all_val: list) -> dict[str, float]:
         return {}
     net = checkpoints.unwrap(w.model)
     net.eval()
-    return w.objective.val_metrics(net, [w.batch(t, None) for t in all_val], w.cfg)
+    batches = []
+    for table in all_val:
+        batches.append(w.batch(table, None))
+    return w.objective.val_metrics(net, batches, w.cfg)
 
 
 def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: dict | None = None) -> dict:
@@ -422,23 +417,22 @@ def train_loop_per_worker(config: dict) -> None:
     run_epochs(w, config, ray.train.get_dataset_shard("train"), report_epoch)
 
 
-def train_in_process(config: dict, dataset) -> None:
+def train_in_process(config: dict, dataset, resume_from: Path | None = None) -> None:
     """``--workers 0``: the same loop in this process on the training ``dataset`` (a Ray
     Dataset), with no Ray Train controller or worker processes to start (~20 s and ~40 CPU-s a
     run on 2 cores). Ray Train's own local mode (``ScalingConfig(num_workers=0)``) would do the
     same but keeps no checkpoints and refuses to run inside a Ray Tune trial (a grid's); here
     checkpoints are kept under ``config["local_run_dir"]`` (``training.checkpoints.save_local``)
-    and a rerun of the same run resumes from the latest."""
+    and a rerun of the same run resumes from the latest (``resume_from``, a checkpoint folder)."""
     import ray.train
 
-    latest = checkpoints.latest_local(Path(config["local_run_dir"]))
     device = torch.device("cuda", 0) if config["train"].use_gpu else None  # ``--gpu``
     w = make_worker(
         config,
         0,
         1,
         device=device,
-        checkpoint=ray.train.Checkpoint.from_directory(str(latest)) if latest else None,
+        checkpoint=ray.train.Checkpoint.from_directory(str(resume_from)) if resume_from else None,
     )
     run_epochs(w, config, dataset, keep_epoch)
 

@@ -11,6 +11,8 @@ No torch here.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,22 +37,29 @@ class RunInputs:
     # ("" for a dataset at a URI without --storage-path)
     storage: str
     objective: ObjectiveSpec
+    # the config as the run's records show it (``TrainConfig.public_dict``: no hosts or keys)
+    params: dict
+    # the tag value naming the run's Ray Train run across the commands that train it ("": no
+    # --run-name); ``training.tracking`` finds and claims its MLflow runs by it
+    resume_key: str = ""
     train_limit: int | None = None  # --workers 0 reads only the first training documents
 
 
 def read_inputs(cfg: TrainConfig) -> RunInputs:
-    """The manifest, the config's own rules, the shards and what the objective needs of the
-    dataset, checked in that order, each failure one line (``MmlinksError``)."""
-    manifest = Manifest.read(cfg.data)
-    cfg.validate()
+    """The manifest, the config's own rules, what the objective needs of the dataset and the
+    shards, checked in that order, each failure one line (``MmlinksError``)."""
     data = cfg.data if "://" in cfg.data else str(Path(cfg.data).resolve())
+    storage = cfg.storage_path or (str(Path(data).parent / "ray_results") if "://" not in data else "")
+    key = resume_key(cfg.run_name, storage) if cfg.run_name else ""
+    manifest = Manifest.read(cfg.data)
+    params = cfg.public_dict()
+    cfg.validate()
+    objective = check_objective_data(cfg, manifest)
     paths = manifest.shard_paths(data)  # each verified against the manifest, once
     check_shards(paths)  # schema versions, before a run is opened
-    objective = check_objective_data(cfg, manifest)
     split_of = {"train": [], "val": [], "test": []}
     for info, path in zip(manifest.shards, paths, strict=True):
         split_of.setdefault(info.split, []).append(str(path))
-    storage = cfg.storage_path or (str(Path(data).parent / "ray_results") if "://" not in data else "")
     return RunInputs(
         cfg,
         manifest,
@@ -59,4 +68,18 @@ def read_inputs(cfg: TrainConfig) -> RunInputs:
         split_of["test"],
         storage,
         objective,
+        params,
+        key,
     )
+
+
+def resume_key(run_name: str, storage: str) -> str:
+    """What identifies one Ray Train run across the commands that train it: its run name (only
+    its word characters, readable in the UI) and a hash of the name and the storage path (the
+    path may name a bucket or host: it is never logged). Nothing in it can break the quoted
+    search filter of ``close_abandoned_runs``, whatever the user named the run. A local
+    ``storage`` counts by its absolute path."""
+    if "://" not in storage:
+        storage = str(Path(storage).resolve())
+    digest = hashlib.sha256(f"{run_name}\0{storage.rstrip('/')}".encode()).hexdigest()[:16]
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_name)[:60]}@{digest}"

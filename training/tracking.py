@@ -13,7 +13,6 @@ import io
 import logging
 import os
 import platform
-import re
 import shutil
 import subprocess
 import time
@@ -25,7 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from schemas.manifest import Manifest
-from training.config import TrainConfig
+from training.run_inputs import RunInputs
 
 EXPERIMENT = "mmlinks"  # the MLflow experiment of every training run
 
@@ -158,15 +157,15 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def log_training_params(cfg: TrainConfig, manifest: Manifest, data_dir: str | Path) -> None:
-    """Config, dataset identity and provenance as params; system facts as tags; the dataset as
-    an MLflow dataset input."""
+def log_training_params(config: dict, manifest: Manifest, data_dir: str | Path) -> None:
+    """Config (``TrainConfig.public_dict``), dataset identity and provenance as params; system
+    facts as tags; the dataset as an MLflow dataset input."""
     import mlflow.data
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
     manifest_path = Path(data_dir) / "manifest.json"
-    params = cfg.public_dict()
+    params = dict(config)
     params.update(
         {
             "dataset_version": manifest.dataset_version,
@@ -264,18 +263,6 @@ RESUME_KEY_TAG = "mmlinks.train_run"  # one training run (run name + storage), a
 DRIVER_TAGS = ("mmlinks.driver_host", "mmlinks.driver_pid")
 
 
-def resume_key(run_name: str, storage: str) -> str:
-    """What identifies one Ray Train run across the commands that train it: its run name (only
-    its word characters, readable in the UI) and a hash of the name and the storage path (the
-    path may name a bucket or host: it is never logged). Nothing in it can break the quoted
-    search filter of ``close_abandoned_runs``, whatever the user named the run. A local
-    ``storage`` counts by its absolute path."""
-    if "://" not in storage:
-        storage = str(Path(storage).resolve())
-    digest = hashlib.sha256(f"{run_name}\0{storage.rstrip('/')}".encode()).hexdigest()[:16]
-    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_name)[:60]}@{digest}"
-
-
 def _driver_alive(tags: dict) -> bool:
     """Whether the run's driver process still lives on this machine (a command resuming a run
     that is in fact still training must not end it); a driver on another host counts as gone."""
@@ -325,19 +312,21 @@ def claim_training_run(run, key: str, tracking_uri: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def open_run(cfg: TrainConfig, manifest, tracking_uri: str, parent_run_id: str | None, resume_key: str):
-    """The experiment's MLflow run, with the config and dataset logged on it; claimed for the
-    Ray Train run of ``resume_key`` when ``--run-name`` names one (``training.experiment``)."""
+def open_run(inputs: RunInputs, tracking_uri: str, parent_run_id: str | None):
+    """The experiment's MLflow run of ``inputs``, with the config and dataset logged on it;
+    claimed for its Ray Train run when ``--run-name`` names one (``training.experiment``)."""
+    cfg = inputs.cfg
+    manifest = inputs.manifest
     configure(tracking_uri, EXPERIMENT)
     mlflow.set_experiment(EXPERIMENT)
     tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
     with mlflow.start_run(run_name=cfg.label, tags=tags) as run:
-        log_training_params(cfg, manifest, cfg.data)
-        mlflow.log_dict(cfg.public_dict(), "config/train_config.json")
+        log_training_params(inputs.params, manifest, cfg.data)
+        mlflow.log_dict(inputs.params, "config/train_config.json")
         mlflow.log_artifact(str(Path(cfg.data) / "manifest.json"), "dataset")
         mlflow.set_tags({"mmlinks.dataset_version": manifest.dataset_version})
-        if resume_key:
-            claim_training_run(run, resume_key, tracking_uri)
+        if inputs.resume_key:
+            claim_training_run(run, inputs.resume_key, tracking_uri)
         yield run
 
 
@@ -374,3 +363,33 @@ def epoch_progress(tracking_uri: str, run_id: str, epochs: int, enabled: bool):
     return polled_progress(
         "train", total=epochs, unit="epoch", poll=lambda: poll_epochs(client, run_id), enabled=enabled
     )
+
+
+def finished_run(resume_key: str, epochs: int, tracking_uri: str) -> tuple[str, str, str | None, int] | None:
+    """(run id, model URI, registered version or None, best epoch) of an earlier command that
+    finished the training run of ``resume_key`` (same name and storage) with ``epochs``, or
+    None. A retried pipeline step reruns the same command: it must not train zero epochs and
+    register a copy of the model as a new version (``training.experiment``)."""
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    if exp is None:
+        return None
+    found = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`{RESUME_KEY_TAG}` = '{resume_key}' "
+        f"and attributes.status = 'FINISHED' and params.epochs = '{epochs}'",
+        order_by=["attributes.end_time DESC"],
+        max_results=1,
+    )
+    if not found:
+        return None
+    run = found[0]
+    versions = sorted(
+        client.search_model_versions(f"run_id = '{run.info.run_id}'"), key=lambda v: int(v.version)
+    )
+    model_uri, version = f"runs:/{run.info.run_id}/model", None
+    if versions:
+        version = str(versions[-1].version)
+        model_uri = f"models:/{versions[-1].name}/{version}"
+    best = run.data.metrics.get("best_epoch")
+    return run.info.run_id, model_uri, version, -1 if best is None else int(best)

@@ -10,7 +10,8 @@ import sys
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import tracking_uri
-from training.tracking import DRIVER_TAGS, RESUME_KEY_TAG, close_abandoned_runs, configure, resume_key
+from training.run_inputs import resume_key
+from training.tracking import DRIVER_TAGS, RESUME_KEY_TAG, close_abandoned_runs, configure
 
 
 def _dead_pid() -> int:
