@@ -132,6 +132,8 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
     from training.grid import format_table, run_grid
     from training.tracking import tracking_uri
 
+    b_values = parse_b_values(getattr(args, "grid_b", None))
+    selection = grid_selection(args)
     datasets = parse_grid_data(getattr(args, "grid_data", None), getattr(args, "data", None))
     if base_cfg is None:
         from cli.train_options import train_config_from_args
@@ -144,9 +146,9 @@ def cmd_train_grid(args: argparse.Namespace, base_cfg=None) -> dict:
         tracking_uri(getattr(args, "workdir", ".")),
         max_concurrent=getattr(args, "max_concurrent_trials", None),
         report_dir=Path(getattr(args, "workdir", ".")) / "reports",
-        b_values=parse_b_values(getattr(args, "grid_b", None)),
+        b_values=b_values,
         progress=True,
-        **grid_selection(args),
+        **selection,
         package=package_run,  # each trial's model logged to its run (not registered)
     )
     if len(result.failed) == len(result.trials):

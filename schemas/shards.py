@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.document import (
@@ -311,12 +312,21 @@ def count_rows(paths: Iterable[str | Path]) -> int:
     return total
 
 
+def nonempty(table: pa.Table) -> pa.ChunkedArray:
+    """Which rows are documents with at least one sentence and one image (the ones training
+    reads: ``training.epoch_batches.drop_empty`` and the fixed validation batches)."""
+    keep = pc.and_(
+        pc.greater(pc.list_value_length(table.column("sentences")), 0),
+        pc.greater(pc.list_value_length(table.column("images")), 0),
+    )
+    return pc.fill_null(keep, False)
+
+
 LABEL_SCAN_ROWS = 4096  # rows of links read at a time by ``has_labels``
 
 
 def has_labels(paths: Iterable[str | Path]) -> bool:
     """Whether any document of these shards has ground-truth links to score against."""
-    import pyarrow.compute as pc
 
     # batch by batch, stopping at the first labelled one: a split's links are never all in
     # memory as Python objects (one list per document)

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,20 +200,22 @@ def saved_epoch(storage: str, run_name: str) -> int | None:
     return max(epochs, default=None)
 
 
-def say_resume(run_name: str, storage: str, epochs: int) -> None:
-    """One line on stderr when ``--run-name`` names a run with checkpoints under ``storage``: from
-    which epoch its ``epochs`` go on (epochs count from 0, as the history and "best epoch" do)."""
+def resume_line(run_name: str, storage: str, epochs: int) -> str | None:
+    """What a rerun says when ``--run-name`` names a run with checkpoints under ``storage``: from
+    which epoch its ``epochs`` go on (epochs count from 0, as the history and "best epoch" do);
+    None without a checkpoint."""
     last = saved_epoch(storage, run_name)
-    if last is not None:
-        left = range(last + 1, epochs)
-        rest = {0: "no epoch left", 1: f"epoch {last + 1} left"}.get(
-            len(left), f"epochs {left[0]} to {left[-1]} left"
-        )
-        print(
-            f"resuming training run {run_name!r} from its checkpoint of epoch {last}: {rest}",
-            file=sys.stderr,
-            flush=True,
-        )
+    if last is None:
+        return None
+    left = range(last + 1, epochs)
+    # (a dict of the three wordings would build the last one, left[0], for an empty range too)
+    if not left:
+        rest = "no epoch left"
+    elif len(left) == 1:
+        rest = f"epoch {last + 1} left"
+    else:
+        rest = f"epochs {left[0]} to {left[-1]} left"
+    return f"resuming training run {run_name!r} from its checkpoint of epoch {last}: {rest}"
 
 
 def out_of_space_message(exc: BaseException, storage: str) -> str | None:

@@ -2,7 +2,8 @@
 connects to Ray, and runs ``training.loop.train_loop_per_worker`` under a TorchTrainer (or,
 with ``--workers 0``, ``training.loop.train_in_process`` in this process).
 
-``fit`` returns the lowest-validation-loss model (``TrainResult``); the loop itself, the
+``fit`` (``fit_inputs`` on what ``training.run_inputs.read_inputs`` read of the config)
+returns the lowest-validation-loss model (``TrainResult``); the loop itself, the
 checkpoint rules, the test-only fault hooks and joining Ray live in ``training/loop.py``,
 ``training/checkpoints.py``, ``training/fault_hooks.py`` and ``training/ray_session.py``.
 """
@@ -14,7 +15,6 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from training.data import TRAINING_COLUMNS
 from training.loop import train_loop_per_worker
 from training.ray_session import connect_ray, failure_message
 from training.run_inputs import RunInputs, read_inputs
-from training.text import Vocabulary
+from training.text import Vocabulary, training_sentences
 
 
 @dataclass
@@ -90,20 +90,6 @@ def training_feature_stats(paths: list[str], centred: bool = False) -> tuple[np.
     between_std = np.sqrt(bsq / b) if b else np.ones_like(mean)
     f32 = np.float32
     return mean.astype(f32), std.astype(f32), centred_std.astype(f32), between_std.astype(f32)
-
-
-def training_sentences(paths: list[str], with_concepts: bool) -> Iterator[str]:
-    """Training sentences shard by shard (never the whole corpus in memory), plus the region
-    labels when the backbone reads them as concept tokens sharing the word embedding."""
-    from schemas.shards import read_table
-
-    for p in paths:
-        for doc in read_table([p], columns=["sentences"]).column("sentences").to_pylist():
-            yield from doc
-    if with_concepts:
-        from training.regions import concept_words
-
-        yield from concept_words(paths)
 
 
 CACHE_LIMIT_BYTES = 2 << 30  # "auto" caches training shards up to this size on disk
@@ -310,7 +296,21 @@ def fit(
 def fit_inputs(
     inputs: RunInputs, mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None
 ) -> TrainResult:
-    """``fit`` on what was read of the config (``training.run_inputs.RunInputs``)."""
+    """``fit`` on what was read of the config (``training.run_inputs.RunInputs``); a run that
+    died of a full disk fails with one line naming its storage path."""
+    from schemas.errors import MmlinksError
+
+    try:
+        return train(inputs, mlflow_run_id, mlflow_tracking_uri)
+    except MmlinksError as exc:
+        full = checkpoints.out_of_space_message(exc, inputs.storage)
+        if full is None:
+            raise
+        raise MmlinksError(full) from exc
+
+
+def train(inputs: RunInputs, mlflow_run_id: str | None, mlflow_tracking_uri: str | None) -> TrainResult:
+    """``fit_inputs``: check, choose, build the workers' config, train, load the best model."""
     import ray.data
 
     inp = check_trainable(inputs)

@@ -22,11 +22,13 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.shards import iter_tables, nonempty
 from training.data import TRAINING_COLUMNS, features_of
 
 VAL_READ_ROWS = 1024  # rows decoded at a time while the fixed validation batches are gathered
@@ -89,15 +91,6 @@ def drop_empty(table: pa.Table) -> tuple[pa.Table, int]:
     return kept, table.num_rows - kept.num_rows
 
 
-def nonempty(table: pa.Table) -> pa.ChunkedArray:
-    """Which rows ``drop_empty`` keeps: at least one sentence and one image."""
-    keep = pc.and_(
-        pc.greater(pc.list_value_length(table.column("sentences")), 0),
-        pc.greater(pc.list_value_length(table.column("images")), 0),
-    )
-    return pc.fill_null(keep, False)
-
-
 _END = object()
 
 
@@ -130,27 +123,43 @@ def validation_batches(
     tail joins the previous batch, so none has fewer than 2 documents), and batch i goes to
     worker i % world. The loss is then averaged per document, not per batch.
     """
-    return fixed_batches(paths, batch_docs, lambda i: i % world == rank, extra_columns)
+    return list(fixed_batches(paths, batch_docs, lambda i: i % world == rank, extra_columns).values())
 
 
 def spare_batch(paths: list[str], batch_docs: int, extra_columns: tuple[str, ...] = ()):
     """The first fixed validation batch (every worker's, ``Worker.zero_step``), or None."""
-    first = fixed_batches(paths, batch_docs, lambda i: i == 0, extra_columns)
-    return first[0] if first else None
+    return fixed_batches(paths, batch_docs, lambda i: i == 0, extra_columns).get(0)
 
 
-def fixed_batches(paths: list[str], batch_docs: int, chosen, extra_columns: tuple[str, ...] = ()) -> list:
-    """The fixed batches ``i`` with ``chosen(i)`` (``validation_batches``' order and cuts).
+@dataclass
+class ValidationSets:
+    """A worker's fixed validation batches, read together (``validation_sets``)."""
+
+    mine: list  # its share (``validation_batches``)
+    spare: object | None  # the batch every worker pads a step with (``spare_batch``)
+    every: list  # every batch, for an objective with validation metrics of its own; else []
+
+
+def validation_sets(
+    paths: list[str], batch_docs: int, rank: int, world: int, extra_columns: tuple[str, ...] = (), every=False
+) -> ValidationSets:
+    """``validation_batches``, ``spare_batch`` and (``every``) all the batches, from one read of
+    the shards (its two passes) rather than one read each; a batch in several of them is one
+    table."""
+    chosen = fixed_batches(paths, batch_docs, lambda i: every or i == 0 or i % world == rank, extra_columns)
+    mine = [t for i, t in chosen.items() if i % world == rank]
+    return ValidationSets(mine, chosen.get(0), list(chosen.values()) if every else [])
+
+
+def fixed_batches(paths: list[str], batch_docs: int, chosen, extra_columns: tuple[str, ...] = ()) -> dict:
+    """The fixed batches ``i`` with ``chosen(i)`` (``validation_batches``' order and cuts), by
+    ``i`` in order.
 
     Two passes over the shards, so a worker holds only the documents of its own batches (and
     one read batch), never the whole split: a 1M-document corpus has 100K validation documents,
     and every worker read them all (twice: its share and the spare batch) before issue #47.
     The first pass reads the ids and the sentence and image counts (no feature); the order and
     the cuts come from them; the second reads the chosen rows' columns."""
-    import pyarrow.compute as pc
-
-    from schemas.shards import iter_tables
-
     light = ["doc_id", "sentences", "images.list.element.content_id"]
     ids, shard_of, row_of = [], [], []
     for k, p in enumerate(paths):
@@ -168,12 +177,14 @@ def fixed_batches(paths: list[str], batch_docs: int, chosen, extra_columns: tupl
     if len(starts) > 1 and n - starts[-1] < 2:
         starts.pop()
     bounds = [*starts[1:], n]
-    picked = [(s, e) for i, (s, e) in enumerate(zip(starts, bounds, strict=True)) if chosen(i) and e - s >= 2]
+    picked = [
+        (i, s, e) for i, (s, e) in enumerate(zip(starts, bounds, strict=True)) if chosen(i) and e - s >= 2
+    ]
     if not picked:
-        return []
+        return {}
     shard_of = np.concatenate(shard_of)[order]
     row_of = np.concatenate(row_of)[order]
-    wanted = np.concatenate([np.arange(s, e) for s, e in picked])  # sorted positions
+    wanted = np.concatenate([np.arange(s, e) for _, s, e in picked])  # sorted positions
     parts, position = [], []  # the wanted rows as read, and each one's sorted position
     for k, p in enumerate(paths):
         mine = wanted[shard_of[wanted] == k]
@@ -195,9 +206,9 @@ def fixed_batches(paths: list[str], batch_docs: int, chosen, extra_columns: tupl
     table = pa.concat_tables(parts).combine_chunks()
     del parts
     row_at = np.argsort(np.concatenate(position), kind="stable")  # k-th wanted position's row
-    out, at = [], 0
-    for s, e in picked:
-        out.append(table.take(pa.array(row_at[at : at + e - s])))
+    out, at = {}, 0
+    for i, s, e in picked:
+        out[i] = table.take(pa.array(row_at[at : at + e - s]))
         at += e - s
     return out
 

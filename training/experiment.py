@@ -3,7 +3,8 @@
 The model is packaged and registered by the layer above: ``run_experiment`` is handed a
 ``Packager`` (``models.experiment.package_run``) and calls it once, inside the run, with the best
 checkpoint; training never imports ``models/``. ``mmlinks train``, the demo and the Ray job call
-``models.experiment.run_experiment``, which hands it over; an orchestrator calls the same.
+``models.experiment.run_experiment`` (``run_experiment_on`` with what ``mmlinks train`` read of
+the run, ``training.run_inputs``), which hands it over; an orchestrator calls the same.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +20,10 @@ from pathlib import Path
 
 import mlflow
 
+from pipelines.confounds import shards_confounds
 from schemas.shards import has_labels
 from training import tracking
-from training.checkpoints import say_resume
+from training.checkpoints import resume_line
 from training.config import TrainConfig
 from training.driver import fit_inputs
 from training.evaluate import evaluate_shards
@@ -112,20 +115,6 @@ class ExperimentResult:
         return cls.from_dict(json.loads(lines[-1]))
 
 
-def _fit(inputs: RunInputs, run_id: str, tracking_uri: str):
-    """``fit``; a run that died of a full disk fails with one line naming its storage path."""
-    from schemas.errors import MmlinksError
-    from training.checkpoints import out_of_space_message
-
-    try:
-        return fit_inputs(inputs, mlflow_run_id=run_id, mlflow_tracking_uri=tracking_uri)
-    except MmlinksError as exc:
-        full = out_of_space_message(exc, inputs.storage)
-        if full is None:
-            raise
-        raise MmlinksError(full) from exc
-
-
 def _log_model(
     cfg, manifest, run, result, test_paths, model_name, alias, tracking_uri, package: Packager
 ) -> tuple[str, str | None]:
@@ -164,17 +153,6 @@ def _log_scores(scores: dict, best_epoch: int) -> None:
 
 # Documents of the training split the confound figures read (a bounded read of a large corpus).
 CONFOUND_SAMPLE = 5000
-
-
-def _log_confounds(train_paths: list[str]):
-    """The training split's confound figures (``pipelines.confounds``), logged to the run as
-    ``train_image_ratio`` / ``train_text_share``; None when the split gives none."""
-    from pipelines.confounds import shards_confounds
-
-    figures = shards_confounds(train_paths, max_documents=CONFOUND_SAMPLE)
-    logged = {"train_image_ratio": figures.image_ratio, "train_text_share": figures.text_share}
-    mlflow.log_metrics({k: v for k, v in logged.items() if v is not None})
-    return figures
 
 
 def _report(inputs: RunInputs, run, result, scores, report_dir, warnings: list[str], confounds=None) -> str:
@@ -249,66 +227,73 @@ def run_experiment_on(
     own nested under one parent run (the news family's staged recipe); the result is then the
     last stage's, with ``parent_run_id`` set."""
     cfg = inputs.cfg
+    # the objective's family hooks, looked up once: a staged run plan, the family's end of a run
     plan = run_plan(cfg.objective)
+    finish = run_finish(inputs.objective.family)
     if plan is not None:
         staged = plan(cfg, tracking_uri, model_name, alias, progress, report_dir, parent_run_id, package)
         if staged is not None:
             return staged
     storage = inputs.storage
     if inputs.resume_key:
+        resuming = resume_line(cfg.run_name, storage, cfg.epochs)  # from its checkpoints on disk
         done = tracking.finished_run(inputs.resume_key, cfg.epochs, tracking_uri)
         if done is not None:  # the same command again: nothing to train, nothing new to register
             run_id, model_uri, version, best_epoch = done
             return ExperimentResult(
                 run_id, model_uri, version, best_epoch, None, None, tracking_uri, already_finished=True
             )
-        if progress:
-            say_resume(cfg.run_name, storage, cfg.epochs)
+        if progress and resuming:  # one line on stderr: from which epoch the run goes on
+            print(resuming, file=sys.stderr, flush=True)
     manifest = inputs.manifest
     with tracking.open_run(inputs, tracking_uri, parent_run_id) as run:
         with tracking.epoch_progress(tracking_uri, run.info.run_id, cfg.epochs, progress):
-            result = _fit(inputs, run.info.run_id, tracking_uri)
-        finish = run_finish(inputs.objective.family)
+            result = fit_inputs(inputs, mlflow_run_id=run.info.run_id, mlflow_tracking_uri=tracking_uri)
         if finish is not None:  # the family's own end of a run (retrieval and news)
             return finish(cfg, manifest, run, result, tracking_uri, model_name, alias, report_dir, package)
-        confounds = _log_confounds(inputs.train_paths)
+        # the training split's confound figures (``pipelines.confounds``), logged to the run
+        confounds = shards_confounds(inputs.train_paths, max_documents=CONFOUND_SAMPLE)
+        logged = {"train_image_ratio": confounds.image_ratio, "train_text_share": confounds.text_share}
+        mlflow.log_metrics({k: v for k, v in logged.items() if v is not None})
         warnings = [w for w in [flat_within_warning(result.history, confounds=confounds)] if w]
         if warnings:
             mlflow.set_tag("mmlinks.warning", " | ".join(warnings))
-        if not has_labels(inputs.test_paths):
-            # A corpus without ground truth (e.g. DIY beyond its labelled subset): the model is
-            # still logged and registered; there is nothing to score it against.
-            mlflow.set_tag("mmlinks.test", "not evaluated: the test split has no labelled document")
-            mlflow.log_metric("best_epoch", result.best_epoch)
+        if has_labels(inputs.test_paths):
+            scores = evaluate_shards(
+                result.model, result.vocab, inputs.test_paths, cfg.max_tokens, seed=cfg.seed
+            )
+            _log_scores(scores, result.best_epoch)
+            report_path = _report(inputs, run, result, scores, report_dir, warnings, confounds)
             model_uri, version = _log_model(
-                cfg, manifest, run, result, [], model_name, alias, tracking_uri, package
+                cfg, manifest, run, result, inputs.test_paths, model_name, alias, tracking_uri, package
             )
             return ExperimentResult(
-                run.info.run_id,
-                model_uri,
-                version,
-                result.best_epoch,
-                None,
-                None,
-                tracking_uri,
+                run_id=run.info.run_id,
+                model_uri=model_uri,
+                model_version=version,
+                best_epoch=result.best_epoch,
+                test=scores["model"],
+                random=scores["random"],
+                tracking_uri=tracking_uri,
+                report_path=report_path,
+                per_doc=scores["per_doc"],
                 warnings=warnings,
+                choice=result.choice.to_dict() if result.choice is not None else None,
             )
-        scores = evaluate_shards(result.model, result.vocab, inputs.test_paths, cfg.max_tokens, seed=cfg.seed)
-        _log_scores(scores, result.best_epoch)
-        report_path = _report(inputs, run, result, scores, report_dir, warnings, confounds)
+        # A corpus without ground truth (e.g. DIY beyond its labelled subset): the model is still
+        # logged and registered; there is nothing to score it against.
+        mlflow.set_tag("mmlinks.test", "not evaluated: the test split has no labelled document")
+        mlflow.log_metric("best_epoch", result.best_epoch)
         model_uri, version = _log_model(
-            cfg, manifest, run, result, inputs.test_paths, model_name, alias, tracking_uri, package
+            cfg, manifest, run, result, [], model_name, alias, tracking_uri, package
         )
-    return ExperimentResult(
-        run_id=run.info.run_id,
-        model_uri=model_uri,
-        model_version=version,
-        best_epoch=result.best_epoch,
-        test=scores["model"],
-        random=scores["random"],
-        tracking_uri=tracking_uri,
-        report_path=report_path,
-        per_doc=scores["per_doc"],
-        warnings=warnings,
-        choice=result.choice.to_dict() if result.choice is not None else None,
-    )
+        return ExperimentResult(
+            run.info.run_id,
+            model_uri,
+            version,
+            result.best_epoch,
+            None,
+            None,
+            tracking_uri,
+            warnings=warnings,
+        )

@@ -26,7 +26,7 @@ from training.backbone import build_model, optimizer_groups
 from training.config import SELECTION_ORDER, TrainConfig
 from training.cores import torch_threads
 from training.data import DocBatch, link_scores, make_batch
-from training.epoch_batches import epoch_steps, spare_batch, validation_batches
+from training.epoch_batches import epoch_steps, validation_sets
 from training.epoch_reports import keep_epoch, log_metrics, report_epoch
 from training.metrics import document_metrics, within_document_gap
 from training.objectives.registry import ObjectiveSpec, objective_loss
@@ -451,19 +451,20 @@ def run_epochs(w: Worker, config: dict, train_shard, report) -> None:
         mlflow_client = MlflowClient(tracking_uri=config["mlflow_tracking_uri"])
     columns = w.objective.columns
     val_paths = config["val_paths"]
-    val_batches = validation_batches(val_paths, cfg.batch_docs, rank, world, columns)
-    w.spare = spare_batch(val_paths, cfg.batch_docs, columns)
-    all_val = []  # every validation pair on every worker (the retrieval objectives' MedR), else none
-    if w.objective.val_metrics:
-        all_val = validation_batches(val_paths, cfg.batch_docs, 0, 1, columns)
+    # this worker's share, the padding batch and, for an objective with metrics of its own (the
+    # retrieval objectives' MedR), every validation pair on every worker
+    val = validation_sets(
+        val_paths, cfg.batch_docs, rank, world, columns, every=bool(w.objective.val_metrics)
+    )
+    w.spare = val.spare
     for epoch in range(w.state.start, cfg.epochs):
         seed = epoch_seed(cfg, rank, epoch)
         rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout masks
         tr = train_epoch(w, train_shard, epoch, rng, gen)
         tv = time.perf_counter()
-        sums = validate_epoch(w, val_batches, tr["skipped"])
-        extra = extra_val_metrics(w, all_val)
+        sums = validate_epoch(w, val.mine, tr["skipped"])
+        extra = extra_val_metrics(w, val.every)
         tr["val_time"] = time.perf_counter() - tv
         metrics = epoch_metrics(w, epoch, tr, sums, extra)
         w.state.history.append(metrics)

@@ -8,12 +8,11 @@ the encoder then reads its global CNN feature instead (see ``training/link/trans
 
 Labels become concept tokens: tokenised like sentences (``schemas.text.tokenize``) and looked
 up in the text vocabulary, so a concept shares its word embedding with the sentences that
-mention it. ``concept_words`` lets the vocabulary include label words.
+mention it. ``training.text.concept_words`` lets the vocabulary include label words.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +24,6 @@ import torch
 from training.text import Vocabulary
 
 LABEL_TOKENS = 4  # words kept per label ("German short-haired pointer" is 3 tokens)
-_LABELS_COLUMN = "images.list.element.regions.labels"
 _VECTORS_COLUMN = "images.list.element.regions.vectors"
 
 
@@ -149,28 +147,6 @@ def _concept_tokens(
     label_ids = np.where(has_labels[:, None], table_ids[flat_labels], 0)
     label_ids[~has_labels, 0] = vocab.index.get("<unk>", 1)
     return label_ids
-
-
-def concept_words(paths: list[str]) -> Iterator[str]:
-    """Every region label of the shards, one string per region (so counts are real counts).
-
-    Only the labels leaf is read. Feed them to ``Vocabulary.build`` next to the training
-    sentences: concept tokens then get embeddings shared with the words of the text.
-    """
-    from schemas.shards import check_shards
-
-    check_shards(paths)
-    for p in paths:
-        shard = pq.ParquetFile(p)
-        for batch in shard.iter_batches(columns=[_LABELS_COLUMN]):
-            regs = pc.struct_field(pc.list_flatten(batch.column(0)), "regions")
-            labels = pc.drop_null(pc.list_flatten(pc.struct_field(regs, "labels")))
-            counts = pc.value_counts(labels)
-            for label, n in zip(
-                counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True
-            ):
-                for _ in range(n):
-                    yield label
 
 
 def region_dim(paths: list[str]) -> int | None:

@@ -1,12 +1,13 @@
 """What a training run reads once, before anything heavy loads: the dataset's manifest, the
-validated config, every shard path by split (checked against the manifest and its schema
-version), the objective's registered spec and where the run's checkpoints go.
+validated config (and its public form, as logged), every shard path by split (checked against
+the manifest and its schema version), the objective's registered spec, where the run's
+checkpoints go and the key naming its Ray Train run across commands.
 
 ``mmlinks train`` reads it (its errors are one line, before torch, Ray or MLflow load) and
-hands it to ``run_experiment``, which hands it to ``training.driver.fit``; the manifest is not
-read again, nor the objective looked up again, by any stage of the run. Called with a bare
-``TrainConfig`` (the demo, a job, Dagster, a grid trial), those read it first themselves.
-No torch here.
+hands it to ``run_experiment_on``, which hands it to ``training.driver.fit_inputs``; the
+manifest is not read again, nor the objective looked up again, by any stage of the run.
+``run_experiment(cfg)`` and ``fit(cfg)`` (the demo, a job, Dagster, a grid trial, tests) read
+it first themselves. No torch here.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class RunInputs:
 
 
 def read_inputs(cfg: TrainConfig) -> RunInputs:
-    """The manifest, the config's own rules, what the objective needs of the dataset and the
-    shards, checked in that order, each failure one line (``MmlinksError``)."""
+    """What ``cfg``'s run reads once: the manifest, the config's own rules, what the objective
+    needs of the dataset and the shards, checked in that order, each failure one line
+    (``MmlinksError``)."""
     data = cfg.data if "://" in cfg.data else str(Path(cfg.data).resolve())
     storage = cfg.storage_path or (str(Path(data).parent / "ray_results") if "://" not in data else "")
     key = resume_key(cfg.run_name, storage) if cfg.run_name else ""

@@ -1,4 +1,6 @@
-"""Vocabulary and pretrained word vectors for the text encoder.
+"""Vocabulary and pretrained word vectors for the text encoder, and the training split's words
+the vocabulary is built from (its sentences, shard by shard, and the region labels a backbone
+reads as concept tokens).
 
 The vocabulary comes from training sentences only (min count 5 by default; 0 = PAD, 1 = UNK), so
 validation and test words never leak into the model. Word vectors default to GloVe 6B 50-d as
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from schemas.text import first_tokens, tokenize
 from training.word_vectors import load_vectors
 
 PAD, UNK = 0, 1
+LABELS_COLUMN = "images.list.element.regions.labels"  # the region labels leaf of a shard
 log = logging.getLogger(__name__)
 
 
@@ -107,3 +110,40 @@ def embedding_matrix(vocab: Vocabulary, vectors: str = "glove", dim: int = 300, 
             mat[i] = vec
             hits += 1
     return mat, hits / max(1, len(vocab) - 2)
+
+
+def training_sentences(paths: list[str], with_concepts: bool) -> Iterator[str]:
+    """Training sentences shard by shard (never the whole corpus in memory), plus the region
+    labels when the backbone reads them as concept tokens sharing the word embedding."""
+    from schemas.shards import read_table
+
+    for p in paths:
+        for doc in read_table([p], columns=["sentences"]).column("sentences").to_pylist():
+            yield from doc
+    if with_concepts:
+        yield from concept_words(paths)
+
+
+def concept_words(paths: list[str]) -> Iterator[str]:
+    """Every region label of the shards, one string per region (so counts are real counts).
+
+    Only the labels leaf is read. Feed them to ``Vocabulary.build`` next to the training
+    sentences: concept tokens then get embeddings shared with the words of the text.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from schemas.shards import check_shards
+
+    check_shards(paths)
+    for p in paths:
+        shard = pq.ParquetFile(p)
+        for batch in shard.iter_batches(columns=[LABELS_COLUMN]):
+            regs = pc.struct_field(pc.list_flatten(batch.column(0)), "regions")
+            labels = pc.drop_null(pc.list_flatten(pc.struct_field(regs, "labels")))
+            counts = pc.value_counts(labels)
+            for label, n in zip(
+                counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True
+            ):
+                for _ in range(n):
+                    yield label

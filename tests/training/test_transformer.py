@@ -12,8 +12,8 @@ from schemas.shards import read_table, write_shard
 from training.backbone import build_model
 from training.data import DocBatch, features_of
 from training.link.transformer import TransformerConfig, TransformerLink
-from training.regions import RegionBatch, concept_words, region_dim, regions_of
-from training.text import Vocabulary
+from training.regions import RegionBatch, region_dim, regions_of
+from training.text import Vocabulary, concept_words
 
 VOCAB = Vocabulary(["<pad>", "<unk>", "tiger", "cat", "dog", "red", "circle", "a", "the", "kite"])
 LABELS = ["tiger cat", "dog", "kite", "red circle", "tiger", "cat"]
