@@ -126,26 +126,21 @@ def validation_batches(
     return list(fixed_batches(paths, batch_docs, lambda i: i % world == rank, extra_columns).values())
 
 
-def spare_batch(paths: list[str], batch_docs: int, extra_columns: tuple[str, ...] = ()):
-    """The first fixed validation batch (every worker's, ``Worker.zero_step``), or None."""
-    return fixed_batches(paths, batch_docs, lambda i: i == 0, extra_columns).get(0)
-
-
 @dataclass
 class ValidationSets:
     """A worker's fixed validation batches, read together (``validation_sets``)."""
 
     mine: list  # its share (``validation_batches``)
-    spare: object | None  # the batch every worker pads a step with (``spare_batch``)
+    spare: object | None  # the first batch, every worker's padding batch (``Worker.zero_step``)
     every: list  # every batch, for an objective with validation metrics of its own; else []
 
 
 def validation_sets(
     paths: list[str], batch_docs: int, rank: int, world: int, extra_columns: tuple[str, ...] = (), every=False
 ) -> ValidationSets:
-    """``validation_batches``, ``spare_batch`` and (``every``) all the batches, from one read of
-    the shards (its two passes) rather than one read each; a batch in several of them is one
-    table."""
+    """``validation_batches``, the first batch (every worker's padding batch) and (``every``) all
+    the batches, from one read of the shards (its two passes) rather than one read each; a
+    batch in several of them is one table."""
     chosen = fixed_batches(paths, batch_docs, lambda i: every or i == 0 or i % world == rank, extra_columns)
     mine = [t for i, t in chosen.items() if i % world == rank]
     return ValidationSets(mine, chosen.get(0), list(chosen.values()) if every else [])

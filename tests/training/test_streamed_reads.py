@@ -118,7 +118,7 @@ def whole_split_batches(paths, batch_docs, rank, world, extra=()):
 @settings(max_examples=12, deadline=None)
 @given(st.integers(2, 40), st.integers(1, 3), st.data())
 def test_validation_batches_equal_the_whole_split_reading(dataset, batch_docs, world, data):
-    from training.epoch_batches import spare_batch, validation_batches
+    from training.epoch_batches import validation_batches, validation_sets
 
     paths = paths_of(dataset, "val")
     rank = data.draw(st.integers(0, world - 1))
@@ -126,8 +126,13 @@ def test_validation_batches_equal_the_whole_split_reading(dataset, batch_docs, w
     want = whole_split_batches(paths, batch_docs, rank, world)
     assert [b.column("doc_id").to_pylist() for b in got] == [b.column("doc_id").to_pylist() for b in want]
     assert all(g.equals(w) for g, w in zip(got, want, strict=True))
-    first = whole_split_batches(paths, batch_docs, 0, 1)[0]
-    assert spare_batch(paths, batch_docs).equals(first)
+    # what a worker's loop reads: its share, the padding batch and every batch, from one read
+    sets = validation_sets(paths, batch_docs, rank, world, every=True)
+    every = whole_split_batches(paths, batch_docs, 0, 1)
+    assert all(g.equals(w) for g, w in zip(sets.mine, want, strict=True))
+    assert all(g.equals(w) for g, w in zip(sets.every, every, strict=True))
+    assert sets.spare.equals(every[0])
+    assert validation_sets(paths, batch_docs, rank, world).every == []
 
 
 def test_validation_batches_hold_only_the_workers_share(dataset):
