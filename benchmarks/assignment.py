@@ -1,4 +1,4 @@
-"""AP's exact k-edge matching: a loop of lapjv calls vs the batched solver on the host, and with
+"""AP's exact k-edge matching: a loop of SciPy calls vs the batched solver on the host, and with
 ``--device cuda`` the Triton kernel on the GPU; prints JSON.
 
 Why: ``solve_matchings`` picks one of two exact host solvers per call, and this measurement is
@@ -6,7 +6,7 @@ what the choice rests on (docs/benchmarks.md, "AP's exact solver"). Each of the 
 n x m block (padded to 16 x 16) of random float64 weights, n and m all 16 (``--sizes fixed``, the
 training-step benchmark's documents) or drawn from 1..16 (``mixed``); medians of ``--repeats``
 calls after a warm-up, synchronised on the device. ``same_optimum``: every solver's total weight
-equals the batched solver's. The lapjv loop is left out where lapjv is not installed.
+equals the batched solver's.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     import numpy as np
 
-    from training.objectives.assignment import SOLVERS, _have_lapjv, pick_solver
+    from training.objectives.assignment import SOLVERS, pick_solver
 
-    host = {name: fn for name, fn in SOLVERS.items() if name != "lapjv-loop" or _have_lapjv()}
+    host = dict(SOLVERS)
     gpu = None
     if args.device != "cpu":
         import torch
@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
                 )
                 row = {"sizes": sizes, "B": B, "problems": B * B, "k": k_mode}
                 row.update({f"{name}_ms": t for name, t in ms.items()})
-                if "lapjv-loop" in ms:
-                    row["batched_speedup"] = round(ms["lapjv-loop"] / ms["batched"], 2)
+                row["batched_speedup"] = round(ms["loop"] / ms["batched"], 2)
                 row["same_optimum"] = bool(
                     counts_ok and all(np.isclose(v, weight["batched"]) for v in weight.values())
                 )

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU figures docs/benchmarks.md quotes ("On a GPU"), in one run from a checkout on a machine
-# with PyTorch + CUDA (+ Triton) but without the pipeline stack (no Ray, Beam, MLflow, lapjv):
+# with PyTorch + CUDA (+ Triton) but without the pipeline stack (no Ray, Beam, MLflow):
 #   OUT=/tmp/gpu PYTHONPATH=.gpu:. bash benchmarks/gpu_run.sh
 # .gpu-stack/ (benchmarks/gpu_stack.py pack) holds Ray, MLflow and what they import, for the
 # stack_cost step (issue #63); it is unpacked into /tmp/site where present.

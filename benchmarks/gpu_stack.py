@@ -1,15 +1,15 @@
 """Pack the training stack the GPU machine lacks (Ray, MLflow and what they import) into one
 archive that travels with the working tree (issue #63).
 
-Why: that machine's image has Python 3.12, PyTorch, CUDA, pandas and pyarrow, but no Ray or
-MLflow (nor lapjv: SciPy's solver takes its place there); nothing can be downloaded there, and
-what travels is limited to 64 MiB. Ray's wheel alone is 79 MB: what a training job does not run
-(its Java jars, RLlib, Serve, the LLM library, the dashboard's web client) stays behind and the
-rest is xz-compressed (~40 MB for Python 3.12). Packages and versions come from
-``constraints.txt`` (the lock), so the job there runs the versions CI tests here. Downloading
-happens here, at pack time (a build step, like ``make setup``); nothing is fetched there or in
-tests. Checked on the CPU too: ``--python 3.11`` unpacked beside a venv holding only the image's
-packages runs ``mmlinks train --workers 0`` and ``--workers 1`` (docs/benchmarks-training.md).
+Why: that machine's image has Python 3.12, PyTorch, CUDA, pandas and pyarrow, but no Ray or MLflow;
+nothing can be downloaded there, and what travels is limited to 64 MiB. Ray's wheel alone is 79 MB:
+what a training job does not run (its Java jars, RLlib, Serve, the LLM library, the dashboard's web
+client) stays behind and the rest is xz-compressed (~40 MB for Python 3.12). Packages and versions
+come from ``constraints.txt`` (the lock), so the job there runs the versions CI tests here.
+Downloading happens here, at pack time (a build step, like ``make setup``); nothing is fetched there
+or in tests. Checked on the CPU too: ``--python 3.11`` unpacked beside a venv holding only the
+image's packages runs ``mmlinks train --workers 0`` and ``--workers 1``
+(docs/benchmarks-training.md).
 
     python benchmarks/gpu_stack.py pack                    # here: writes .gpu-stack/stack.tar.xz
     python benchmarks/gpu_stack.py pack --python 3.11      # the same for this machine's Python (a CPU check)

@@ -103,8 +103,8 @@ def test_clip_features_and_text_tower_benchmarks_run_without_ray_beam_or_mlflow(
 
 @pytest.mark.slow  # a child process: two small training-step runs and the solver table
 def test_the_gpu_run_benchmarks_run_without_the_pipeline_stack_lapjv_or_imagehash(tmp_path):
-    """``benchmarks/gpu_run.sh``'s steps on the GPU image: there is no lapjv (AP's k = full falls
-    back to the batched solver; the lapjv reference rows are left out) and no imagehash."""
+    """``benchmarks/gpu_run.sh``'s steps on the GPU image: there is no lapjv (nothing needs it since
+    issue #63: both host solvers run there) and no imagehash."""
     step, table, images = _run(
         tmp_path,
         [
@@ -116,6 +116,6 @@ def test_the_gpu_run_benchmarks_run_without_the_pipeline_stack_lapjv_or_imagehas
     )
     assert set(step["objectives"]) == {"dc", "tk-full", "ap-full", "ap-half"}
     assert all(o["whole_step_ms"] > 0 for o in step["objectives"].values())
-    assert all(row["same_optimum"] and "lapjv-loop_ms" not in row for row in table["rows"])
-    assert table["rows"][0]["picked"] == "batched"
+    assert all(row["same_optimum"] and row["loop_ms"] > 0 for row in table["rows"])
+    assert [row["picked"] for row in table["rows"]] == ["loop", "batched"]  # k full, k half
     assert images["extractor"] == "efficientnet-lite0" and images["bare_forward_images_per_s"] > 0

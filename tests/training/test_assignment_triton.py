@@ -1,4 +1,4 @@
-"""The GPU assignment kernel (``assignment_triton``) against the lapjv oracle, without a GPU.
+"""The GPU assignment kernel (``assignment_triton``) against the reference solver, without a GPU.
 
 Triton's interpreter runs the same kernel on CPU tensors, but only when ``TRITON_INTERPRET=1`` is
 set before Triton is first imported, so the property tests run in a child pytest started by
@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.training.test_assignment import check_selection, lapjv_best, padded_problems
+from tests.training.test_assignment import check_selection, padded_problems, reference_best
 from training.link import similarity
 from training.objectives import assignment_triton
 
@@ -40,7 +40,7 @@ def test_kernel_finds_the_oracles_optimum(problem):
     w, n, m, k = problem
     got = check_selection(solve(w, n, m, k), w, n, m, k)
     for p in range(len(w)):
-        assert got[p] == pytest.approx(lapjv_best(w[p, : n[p], : m[p]], k[p]), abs=1e-9)
+        assert got[p] == pytest.approx(reference_best(w[p, : n[p], : m[p]], k[p]), abs=1e-9)
 
 
 @in_child
@@ -57,7 +57,7 @@ def test_kernel_on_document_sized_problems(seed, integer_weights):
     k = np.where(np.arange(P) % 2 == 0, small, (small + 1) // 2)
     got = check_selection(solve(w, n, m, k), w, n, m, k)
     for p in range(P):
-        assert got[p] == pytest.approx(lapjv_best(w[p, : n[p], : m[p]], k[p]), rel=1e-12, abs=1e-9)
+        assert got[p] == pytest.approx(reference_best(w[p, : n[p], : m[p]], k[p]), rel=1e-12, abs=1e-9)
 
 
 @in_child
@@ -98,7 +98,7 @@ def test_ap_reads_the_similarity_tensor_as_it_is(seed, k_mode, poisoned):
     for p, value in enumerate(values):
         a, b = divmod(p, B)
         block = weights[a, b, : flat_n[p], : flat_m[p]]
-        assert value == pytest.approx(lapjv_best(block, int(k[a, b])), abs=1e-6)
+        assert value == pytest.approx(reference_best(block, int(k[a, b])), abs=1e-6)
 
 
 @pytest.mark.skipif(INTERPRETED, reason="the parent of the child run")

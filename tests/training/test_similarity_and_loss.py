@@ -49,7 +49,7 @@ def random_batch(rng, B, max_n, max_m, d=6, ties=False):
 )
 def test_batched_similarity_matches_per_pair_oracle(seed, B, kind, k_mode, ties):
     """Padded, rectangular batches (1..8 sentences x 1..8 images per document) against a plain
-    loop over the B x B pairs; for AP that loop is the per-problem lapjv solver."""
+    loop over the B x B pairs; for AP that loop is the per-problem SciPy solver."""
     rng = np.random.default_rng(seed)
     s, ns, v, ms = random_batch(rng, B, 8, 8, ties=ties)
     sp, smask = pad_documents(s, ns)

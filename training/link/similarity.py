@@ -75,7 +75,7 @@ def ap(sims, valid, s_mask, v_mask, k_mode: str = "full", solver: str = "auto") 
         # on the device, from sims as it is (no copies: a GPU step is launch-bound)
         chosen = assignment_triton.ap_matchings(sims.detach(), n, m, k)
     else:
-        # A diverged model's NaN/inf must not reach the solver (lapjv on NaN is undefined: it
+        # A diverged model's NaN/inf must not reach the solver (a solver on NaN is undefined: it
         # crashed a training worker): solve on zeros there (the kernel does the same); the matched
         # cells of ``sims`` keep the NaN, so the loss is non-finite and the loop stops with its
         # "loss diverged" error.

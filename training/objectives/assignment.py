@@ -1,24 +1,26 @@
 """Exact k-cardinality maximum-weight bipartite matching (the AP similarity's inner problem).
 
-Two solvers with the same optimum: ``max_weight_matching`` solves one problem with lapjv (the
-reference, kept as the oracle and for single documents), ``batched_max_weight_matching`` solves
-the B^2 problems of a batch together with vectorised successive shortest paths (used in training).
+Two solvers with the same optimum: ``max_weight_matching`` solves one problem with SciPy's
+``linear_sum_assignment`` (the reference, kept as the oracle; ``looped_max_weight_matching`` calls
+it per problem), ``batched_max_weight_matching`` solves the B^2 problems of a batch together with
+vectorised successive shortest paths.
 
-The lapjv reduction follows the reference solver: for k < min(n, m), add (min - k) dummy nodes of a
-high value that can only absorb nodes of the smaller side, pad to square with a constant, and
-solve one linear assignment with lapjv (which minimises cost on square matrices). Every dummy is
-used (each is worth more than any real edge), so exactly k real nodes of the smaller side remain,
-and they get the best k-edge matching among all real pairs. Padding rows are constant, so they
-never change which real pairs win. The constants are kept near the weights' scale and lapjv runs
-in float64: its float32 default cannot tell 1e4 + 1e-5 from 1e4.
+For k < min(n, m) the reduction follows the reference solver: with the smaller side as rows, add
+(min - k) dummy columns of a high value that can only absorb rows, and solve one rectangular
+assignment. Every dummy is used (each is worth more than any real edge), so exactly k real rows
+remain, and they get the best k-edge matching among all real pairs.
+
+Why SciPy, not lapjv (the solver until issue #63): on a document's small blocks SciPy's call costs
+~1-2 us against lapjv's ~6 us, takes rectangular matrices as they are (no padding to square) and is
+installed wherever torch's image is (the GPU image has no lapjv); at 64 x 64 the two are level.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 
 def choose_k(n: int, m: int, mode: str) -> int:
@@ -39,37 +41,30 @@ def max_weight_matching(weights: np.ndarray, k: int | None = None) -> tuple[np.n
     w = np.asarray(weights, dtype=np.float64)
     if not np.isfinite(w).all():
         raise ValueError("matching weights must be finite (NaN or inf found)")
-    n, m = w.shape
-    small = min(n, m)
+    small = min(w.shape)
     k = small if k is None else k
     if not 0 <= k <= small:
-        raise ValueError(f"k={k} outside [0, {small}] for a {n}x{m} matrix")
+        raise ValueError(f"k={k} outside [0, {small}] for a {w.shape[0]}x{w.shape[1]} matrix")
+    return _matching(w, k)
+
+
+def _matching(w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``max_weight_matching`` of a checked, finite float64 ``w``."""
+    n, m = w.shape
     if k == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if k == min(n, m):  # rows come back sorted
+        r, c = linear_sum_assignment(w, maximize=True)
+        return r.astype(np.int64), c.astype(np.int64)
     transposed = n > m
     if transposed:  # make rows the smaller side
         w, n, m = w.T, m, n
-    dummies = n - k
-    cols = m + dummies
-    size = max(n, cols)
-    high = 2.0 * float(np.abs(w).max()) + 1.0  # beats any real edge and the constant padding
-    aug = np.zeros((size, size))
-    aug[:n, :m] = w
-    aug[:n, m:cols] = high  # dummy columns absorb exactly n - k real rows
-    if size == 1:
-        row_to_col = np.zeros(1, dtype=np.int64)
-    elif _have_lapjv():
-        import lapjv  # here, not at the top: the GPU image has no lapjv, and only this solver needs it
-
-        row_to_col = np.asarray(lapjv.lapjv(-aug, force_doubles=True)[0])
-    else:  # where lapjv is not installed (the GPU image): SciPy's solver, the same optimum, ~3x slower
-        from scipy.optimize import linear_sum_assignment
-
-        row_to_col = linear_sum_assignment(-aug)[1]
-    rows = np.arange(n)
-    chosen = row_to_col[:n]
-    real = chosen < m
-    r, c = rows[real], chosen[real]
+    aug = np.empty((n, m + n - k))
+    aug[:, :m] = w
+    aug[:, m:] = 2.0 * float(np.abs(w).max()) + 1.0  # dummy columns absorb exactly n - k rows
+    r, c = linear_sum_assignment(aug, maximize=True)
+    real = c < m
+    r, c = r[real], c[real]
     if transposed:
         r, c = c, r
     order = np.argsort(r, kind="stable")
@@ -112,8 +107,8 @@ def batched_max_weight_matching(
     few numpy ops on [P, M] arrays), replacing P Python-level solver calls.
 
     Cost: lockstep waits for each round's longest search, which grows with the matching, so at
-    B = 11 (121 problems of 16 x 16, CPU) this is ~1.4x faster than a loop of lapjv calls for k
-    half and ~2.4x slower for k full; both are ~1% of a training step (benchmarks/training_step.py).
+    B = 11 (121 problems of 16 x 16, CPU) this is ~1.1x faster than a loop of SciPy calls for k
+    half and ~5x slower for k full (docs/benchmarks.md, "AP's exact solver").
     """
     cost, k = _padded_costs(weights, n, m, k)
     P, N, M = cost.shape
@@ -173,7 +168,7 @@ def batched_max_weight_matching(
 def looped_max_weight_matching(
     weights: np.ndarray, n: np.ndarray, m: np.ndarray, k: np.ndarray
 ) -> np.ndarray:
-    """``batched_max_weight_matching``'s contract with one lapjv call per problem (a Python loop)."""
+    """``batched_max_weight_matching``'s contract with one SciPy call per problem (a Python loop)."""
     w = np.asarray(weights, dtype=np.float64)
     P, N, M = w.shape
     n, m, k = (np.asarray(x, dtype=np.int64).reshape(P) for x in (n, m, k))
@@ -184,7 +179,7 @@ def looped_max_weight_matching(
     chosen = np.zeros((P, N, M), dtype=bool)
     for p in range(P):
         if k[p]:
-            r, c = max_weight_matching(w[p, : n[p], : m[p]], int(k[p]))
+            r, c = _matching(w[p, : n[p], : m[p]], int(k[p]))
             chosen[p, r, c] = True
     return chosen
 
@@ -192,28 +187,18 @@ def looped_max_weight_matching(
 # Which exact solver wins, by measurement (benchmarks/assignment.py, docs/benchmarks.md "AP's
 # exact solver"): the batched one's problems advance in lockstep, so each round waits for the
 # longest search; at k = min(n, m) there are as many rounds as the largest matching, and a loop
-# of C lapjv calls is faster. With k = half the batched solver stops after half the rounds and
+# of C calls is faster. With k = half the batched solver stops after half the rounds and
 # wins. Both run in numpy on the host (the similarity matrices are copied there first); on a CUDA
 # device the AP similarity solves with ``assignment_triton`` instead, on the device.
-SOLVERS = {"lapjv-loop": looped_max_weight_matching, "batched": batched_max_weight_matching}
-
-
-@functools.cache
-def _have_lapjv() -> bool:
-    try:
-        import lapjv  # noqa: F401
-    except ImportError:
-        return False
-    return True
+SOLVERS = {"loop": looped_max_weight_matching, "batched": batched_max_weight_matching}
 
 
 def pick_solver(n: np.ndarray, m: np.ndarray, k: np.ndarray, device: str = "cpu") -> str:
-    """The faster exact solver for these problems: ``lapjv-loop`` when every k is its
-    problem's min(n, m) (k = full) and lapjv is installed, ``batched`` otherwise (k = half).
-    ``device`` is where the similarity tensors live; the solvers themselves run on CPU (see
-    ``SOLVERS``)."""
+    """The faster exact solver for these problems: ``loop`` when every k is its problem's
+    min(n, m) (k = full), ``batched`` otherwise (k = half). ``device`` is where the similarity
+    tensors live; the solvers themselves run on CPU (see ``SOLVERS``)."""
     full = np.array_equal(np.asarray(k), np.minimum(np.asarray(n), np.asarray(m)))
-    return "lapjv-loop" if full and _have_lapjv() else "batched"
+    return "loop" if full else "batched"
 
 
 def solve_matchings(
@@ -221,8 +206,7 @@ def solve_matchings(
 ) -> np.ndarray:
     """Maximum-weight ``k[p]``-edge matching of every padded problem (the contract of
     ``batched_max_weight_matching``), by the solver ``pick_solver`` measures faster.
-    Refuses non-finite weights: lapjv's result on NaN is undefined, and a crash in a C solver
-    takes its process with it."""
+    Refuses non-finite weights: a solver's result on NaN is undefined."""
     w = np.asarray(weights)
     n_, m_ = np.asarray(n).reshape(-1), np.asarray(m).reshape(-1)
     inside = (np.arange(w.shape[1]) < n_[:, None])[:, :, None] & (np.arange(w.shape[2]) < m_[:, None])[

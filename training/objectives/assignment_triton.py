@@ -16,7 +16,7 @@ delta`` into a vector op; the row then moves with its column when the path is fl
 throughout, like the numpy solvers.
 
 The same kernel runs on CPU tensors through Triton's interpreter (slowly: for tests), so the suite
-checks it against the lapjv oracle without a GPU.
+checks it against the SciPy reference without a GPU.
 """
 
 from __future__ import annotations
