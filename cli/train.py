@@ -57,13 +57,13 @@ def cmd_train(args) -> dict:
     # config and dataset errors in one line, before torch / Ray / MLflow load; read once, the
     # run is handed what was read
     inputs = read_inputs(cfg)
-    from models.experiment import run_experiment_on
+    from models.experiment import run_experiment
     from training.objectives.registry import default_model_name
     from training.tracking import tracking_uri
 
     default_name = default_model_name(cfg.objective, cfg.relation)
     model_name = default_name if args.model_name is None else args.model_name
-    res = run_experiment_on(
+    res = run_experiment(
         inputs,
         tracking_uri(args.workdir),
         model_name or None,

@@ -21,7 +21,7 @@ from training.run_inputs import RunInputs
 
 
 def run_experiment(
-    cfg: TrainConfig,
+    cfg: TrainConfig | RunInputs,
     tracking_uri: str,
     model_name: str | None = "mmlinks-ap",
     alias: str | None = "candidate",
@@ -29,26 +29,11 @@ def run_experiment(
     report_dir: str | Path | None = None,
     parent_run_id: str | None = None,
 ) -> ExperimentResult:
-    """``training.experiment.run_experiment`` with this layer's ``package_run``: train, evaluate,
-    log the packaged model, register it as ``model_name``@``alias`` (None: logged, not
-    registered)."""
+    """``training.experiment.run_experiment`` (of a config, or of what ``read_inputs`` read of
+    one) with this layer's ``package_run``: registered as ``model_name``@``alias`` (None: logged,
+    not registered)."""
     args = (tracking_uri, model_name, alias, progress, report_dir, parent_run_id)
     return experiment.run_experiment(cfg, *args, package=package_run)
-
-
-def run_experiment_on(
-    inputs: RunInputs,
-    tracking_uri: str,
-    model_name: str | None = "mmlinks-ap",
-    alias: str | None = "candidate",
-    progress: bool = False,
-    report_dir: str | Path | None = None,
-    parent_run_id: str | None = None,
-) -> ExperimentResult:
-    """``run_experiment`` on what ``training.run_inputs.read_inputs`` already read of a config
-    (``mmlinks train`` reads it first, for its one-line errors before anything heavy loads)."""
-    args = (tracking_uri, model_name, alias, progress, report_dir, parent_run_id)
-    return experiment.run_experiment_on(inputs, *args, package=package_run)
 
 
 def package_run(

@@ -2,10 +2,8 @@
 
 The model is packaged and registered by the layer above: ``run_experiment`` is handed a
 ``Packager`` (``models.experiment.package_run``) and calls it once, inside the run, with the best
-checkpoint; training never imports ``models/``. ``mmlinks train``, the demo and the Ray job call
-``models.experiment.run_experiment`` (``run_experiment_on`` with what ``mmlinks train`` read of
-the run, ``training.run_inputs``), which hands it over; an orchestrator calls the same.
-"""
+checkpoint; training never imports ``models/``. Callers use ``models.experiment.run_experiment``,
+which hands it over."""
 
 from __future__ import annotations
 
@@ -192,7 +190,7 @@ def _report(inputs: RunInputs, run, result, scores, report_dir, warnings: list[s
 
 
 def run_experiment(
-    cfg: TrainConfig,
+    cfg: TrainConfig | RunInputs,
     tracking_uri: str,
     model_name: str | None = "mmlinks-ap",
     alias: str | None = "candidate",
@@ -202,30 +200,14 @@ def run_experiment(
     *,
     package: Packager,
 ) -> ExperimentResult:
-    """``run_experiment_on`` what ``training.run_inputs.read_inputs`` reads of ``cfg``."""
-    args = (tracking_uri, model_name, alias, progress, report_dir, parent_run_id)
-    return run_experiment_on(read_inputs(cfg), *args, package=package)
-
-
-def run_experiment_on(
-    inputs: RunInputs,
-    tracking_uri: str,
-    model_name: str | None = "mmlinks-ap",
-    alias: str | None = "candidate",
-    progress: bool = False,
-    report_dir: str | Path | None = None,
-    parent_run_id: str | None = None,
-    *,
-    package: Packager,
-) -> ExperimentResult:
-    """Train, evaluate, log, register the run of ``inputs`` (what ``read_inputs`` read of its
-    config: every stage below uses that one read); the HTML report goes to MLflow and to
-    ``report_dir`` (default: ``reports/`` next to the dataset). ``parent_run_id`` nests the run
-    under a parent (a grid's trials). ``package`` logs and registers the model (``Packager``;
-    what ``models.experiment`` hands over). An objective whose run plan
-    (``training.family_hooks.run_plan``) takes the config trains it in stages, each a run of its
-    own nested under one parent run (the news family's staged recipe); the result is then the
-    last stage's, with ``parent_run_id`` set."""
+    """Train, evaluate, log and register the run of ``cfg``: a config, or what ``read_inputs``
+    read of one (``mmlinks train`` reads first, for one-line errors before anything heavy loads;
+    every stage below uses that one read). The report goes to MLflow and ``report_dir``
+    (default: ``reports/`` by the dataset); ``parent_run_id`` nests the run (a grid's trials);
+    ``package`` logs and registers the model. An objective with a staged run plan
+    (``family_hooks.run_plan``) trains each stage as a run nested under one parent, and returns
+    the last stage's result."""
+    inputs = cfg if isinstance(cfg, RunInputs) else read_inputs(cfg)
     cfg = inputs.cfg
     # the objective's family hooks, looked up once: a staged run plan, the family's end of a run
     plan = run_plan(cfg.objective)

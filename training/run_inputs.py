@@ -1,14 +1,6 @@
-"""What a training run reads once, before anything heavy loads: the dataset's manifest, the
-validated config (and its public form, as logged), every shard path by split (checked against
-the manifest and its schema version), the objective's registered spec, where the run's
-checkpoints go and the key naming its Ray Train run across commands.
-
-``mmlinks train`` reads it (its errors are one line, before torch, Ray or MLflow load) and
-hands it to ``run_experiment_on``, which hands it to ``training.driver.fit_inputs``; the
-manifest is not read again, nor the objective looked up again, by any stage of the run.
-``run_experiment(cfg)`` and ``fit(cfg)`` (the demo, a job, Dagster, a grid trial, tests) read
-it first themselves. No torch here.
-"""
+"""What a training run reads once, before anything heavy loads (manifest, validated config,
+shard paths, objective spec, checkpoint storage, run key), so no stage reads it again and
+``mmlinks train``'s errors are one line before torch, Ray or MLflow load. No torch here."""
 
 from __future__ import annotations
 
