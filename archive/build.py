@@ -1,26 +1,12 @@
 """Building an archive index of millions of images in bounded memory, resumably (issue #38).
 
-``build_streamed`` takes a *source*: a function that, given a position, yields chunks of
-(ids, vectors, uris) from there on, each with the position after it. It trains the index on
-the first ``train_size`` vectors, then adds the rest chunk by chunk; only one chunk (and the
-training sample) is ever in memory besides the index itself (~3.3 GB for ivfpq at 10M x 256).
-With a ``folder`` it checkpoints: the names are appended to their string tables as they come
-(``archive.store``), and after every ``checkpoint_rows`` rows the FAISS index is written to
-``build-<rows>.faiss`` and then ``build.json`` (rows, source position, fingerprint) is renamed
-into place, so a kill at any point leaves the last complete checkpoint. Run again with the same
-source and settings, the build cuts the tables back to the checkpoint's rows, reloads its index
-and asks the source for the chunks after its position: the final folder is the one an
-uninterrupted build writes (tested by killing a build in a subprocess). FAISS's adds append in
-order and do not depend on what was added before (the codes depend only on the trained
-quantizers), which is what makes a resumed index equal to an uninterrupted one.
-
-Ids seen before (an agency photo recurring across articles, or within the chunk) are skipped:
-the first occurrence wins, as ``archive_images`` does. ``shard_source`` reads dataset shards
-``batch_rows`` documents at a time (``pyarrow.ParquetFile.iter_batches`` on ``images``, the
-feature bytes viewed in place by ``schemas.feature_bytes.feature_values``), and
-``build_archive_index`` embeds each chunk through the model's image tower as it comes, never
-holding every image's features.
-"""
+``build_streamed`` trains the index on the first ``train_size`` vectors of a *source* (a function
+yielding chunks of (ids, vectors, uris) from a position), then adds chunk by chunk, so only one
+chunk and the training sample are in memory beside the index. With a ``folder`` it checkpoints
+(names appended to ``archive.store`` tables, ``build-<rows>.faiss``, then ``build.json`` renamed
+into place); a rerun cuts back to the last checkpoint and resumes from its position. Why a resumed
+index equals an uninterrupted one: FAISS's adds append in order and depend only on the trained
+quantizers. Ids seen before are skipped (first wins, as ``archive_images`` does)."""
 
 from __future__ import annotations
 

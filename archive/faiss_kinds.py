@@ -1,28 +1,11 @@
-"""The FAISS side of the news archive index: its kinds, how each is made and trained, the
-search parameters a query runs with (and the deleted rows it skips), reading an index
-memory-mapped, and huge pages.
+"""The FAISS side of the news archive index: its kinds (``KINDS``), how each is made and trained,
+the search parameters a query runs with (skipping deleted rows), memory-mapped reads, huge pages.
 
-Kinds (``KINDS``; issue #18 for the first four, issue #38 for ``ivfpq``):
-
-- ``flat``: ``IndexFlatIP``, exact (unit vectors: inner product = cosine); tests, small archives.
-- ``hnsw``: ``IndexHNSWFlat``, inner product; on random vectors it needs efSearch in the
-  thousands for recall 0.95 past 100k (docs/benchmarks.md, issue #18).
-- ``ivf``: ``IndexIVFFlat``, ``sqrt(N)`` k-means cells, ``IVF_PROBE_SHARE`` of them probed.
-- ``pq``: ``IndexRefineFlat`` over ``IndexPQFastScan``: every 4-bit PQ code scanned, the best
-  ``k x PQ_REFINE_FACTOR`` re-ranked on the exact float32 vectors (1 GB at 1M x 256).
-- ``ivfpq``: ``IndexRefine`` over ``IndexIVFPQFastScan`` (IVF cells over the inner product,
-  4-bit PQ codes of each vector's residual to its cell, scanned with SIMD lookup tables) with
-  an 8-bit scalar-quantised re-rank store (``IndexScalarQuantizer`` ``QT_8bit``, 256 bytes a
-  256-d vector). The float32 copy of ``pq`` is what stops it at a few million images (10 GB at
-  10M); the codes (``IVFPQ_DIMS_PER_CODE``) and the 8-bit store keep 10M within ~3.3 GB, the
-  cells keep a query from scanning all of them. Why these parameters (cells, code size,
-  store, probes, re-rank factor): the sweep in docs/benchmarks.md, issue #38.
-
-Deleted rows (tombstones, ``archive.index``) are skipped inside the search through an
-``IDSelector`` (``flat``, ``hnsw``, ``ivf``; ``ivfpq`` through its base index's IVF parameters,
-so its re-rank only sees live candidates). ``IndexPQFastScan`` refuses a selector, so ``pq``
-over-fetches ``k + deleted`` and filters (``selector_supported``).
-"""
+``flat`` is exact (tests, small archives); ``hnsw``, ``ivf`` and ``pq`` (4-bit PQ re-ranked on
+float32 vectors) are issue #18's; ``ivfpq`` (issue #38) re-ranks on an 8-bit store, which keeps
+10M x 256 within ~3.3 GB where ``pq``'s float32 copy needs 10 GB. Why these parameters: the sweep
+in docs/benchmarks.md. Deleted rows are skipped by an ``IDSelector``; ``pq``'s index refuses one,
+so it over-fetches ``k + deleted`` and filters (``selector_supported``)."""
 
 from __future__ import annotations
 

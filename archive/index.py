@@ -1,31 +1,13 @@
 """The news image archive index (issues #18, #38): every archive image embedded by a news
-model's image tower, searchable by an article's fused text vector.
+model's image tower, searchable by an article's fused text vector (FAISS; the kinds:
+``archive/faiss_kinds.py``).
 
-FAISS does the search (a library, not hand-written code); the kinds (``flat``, ``hnsw``,
-``ivf``, ``pq`` and, for tens of millions of images, ``ivfpq``) are described and made in
-``archive/faiss_kinds.py``. Archive images are named by their ``content_id`` (the
-SHA-256 of the image bytes the build stores), so an agency photo that recurs across articles
-is one archive entry. Ties are broken by FAISS (lower position first for the flat index).
-
-An index grows and shrinks without a rebuild: ``add`` appends images (refusing ids already
-live), ``delete`` withdraws them (tombstones: the rows stay in FAISS, every search skips them;
-``len`` counts live images). Each add or delete batch bumps ``version`` and chains the
-``fingerprint`` (a hash over the build and every change), both in ``index.json`` next to the
-model's provenance (``info``), so a served model or the Dagster asset names the exact archive.
-
-The folder holds ``index.faiss`` (ivfpq: its re-rank store apart, ``index.refine.faiss``, and
-its float32 vectors, ``vectors.f32``); ``index.json`` (kind, dimension, rows, live size,
-version, fingerprint, search settings and their calibration, provenance); the names as
-memory-mappable string tables (``ids.bin`` / ``ids.offsets``, ``uris.bin`` / ``uris.offsets``:
-``archive.store``, with the id look-up's hash column ``ids.hash.npy`` / ``ids.hash_rows.npy``);
-``deleted.npy`` (the withdrawn rows). Folders written before issue #38 (``ids.json``) still
-load (``archive/folder.py`` reads a folder back). ``load(mmap=True)`` maps the re-rank store
-from its file, so that serving workers share it. An ivfpq index's search settings are measured
-(``calibrate``: ``archive/calibration.py``).
-
-The streamed build (``build_streamed``) makes an index of any size in bounded memory, from
-chunks of (ids, vectors, uris), checkpointed and resumable: ``archive/build.py``.
-"""
+Images are named by their ``content_id``, so an agency photo recurring across articles is one
+entry. Why tombstones and a chained ``fingerprint``: an index grows (``add``) and shrinks
+(``delete``) without a rebuild, and each change bumps ``version`` so a served model or the
+Dagster asset names the exact archive. The folder: ``index.faiss`` (ivfpq: also
+``index.refine.faiss``, ``vectors.f32``), ``index.json`` (state, settings, provenance), the name
+tables (``archive.store``) and ``deleted.npy``; read back by ``archive/folder.py``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """The names of an archive index's rows at tens of millions of images (issue #38).
 
-Ten million 64-character content ids held as Python strings cost ~1 GB of objects (and as much
-again for the uris), and a JSON file of them must be parsed whole at load. Here a column of
-strings is two flat files beside the index, ``NAME.bin`` (every row's UTF-8 bytes, back to back)
-and ``NAME.offsets`` (little-endian int64, rows + 1 of them, the first 0), memory-mapped and
-decoded one row at a time when a hit is named: a served model pays for the ten rows it returns,
-and several serving processes share the pages. Both files are append-only, so the streamed
-build (``archive.index``) appends a chunk's names and, resuming after a kill, cuts them
-back to the last checkpoint's row count.
-
-An id -> row look-up (``IdLookup``, for ``delete`` and the duplicate checks of ``add`` and the
-build) is a sorted column of 64-bit hashes of the ids with their rows, searched by
-``numpy.searchsorted``; a hash hit is confirmed on the string itself, so a hash collision
-costs a comparison, never a wrong row. The index's ``fingerprint`` chains a hash over its build
-and every add and delete (``chained``), so two folders with the same fingerprint hold the same
-rows, vectors and deletions.
-"""
+Why flat files: 10M content ids as Python strings cost ~1 GB and a JSON file must be parsed whole.
+A column is ``NAME.bin`` (rows' UTF-8 bytes) and ``NAME.offsets`` (int64, rows + 1), memory-mapped
+and decoded per hit, shared by serving processes, append-only so a resumed build cuts them back.
+``IdLookup`` searches sorted 64-bit id hashes and confirms each hit on the string, so a collision
+costs a comparison, never a wrong row; ``chained`` hashes the build and every add and delete."""
 
 from __future__ import annotations
 

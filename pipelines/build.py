@@ -1,14 +1,10 @@
 """The dataset build: raw source -> validated, deduplicated, filtered documents -> features -> shards
 (docs/design.md walks the stages).
 
-All stages are Beam, so the same graph runs on the direct runner here and Dataflow/Flink there.
-Every drop is a Beam counter ``kind:reason`` plus a dead-letter record. The output is versioned:
-shards go to ``OUT/versions/<dataset_version>/`` and ``OUT/manifest.json`` is written last, so a
-reader sees the old version or the new one, never a mix, and an interrupted build changes nothing
-a reader can see. This module runs the parts in order: ``build_config`` (what to build),
-``graph`` (source to split), ``feature_steps`` (features and their join), ``shards_writer``,
-``commit`` (staging, versions, manifest-last commit, pruning, build log).
-"""
+Why all Beam: the same graph runs on the direct runner here and Dataflow/Flink there. Why the
+manifest is written last: a reader sees the old version or the new one, never a mix. This module
+runs the parts in order: ``build_config``, ``graph``, ``feature_steps``, ``shards_writer``,
+``commit``."""
 
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
 """A synthetic coherence corpus: text-image pairs labelled with coherence relations, where a
 relation carries information that a coherence-agnostic retrieval model does not use by itself.
 
-Each pair is one step of a "painting" project: the text names an object (colour and shape) and
-the image shows the **result** (relation ``Visible``) or the step **in progress** (half the object
-still background, a brush at the edge: ``Action``). Every object occurs in both states, so only a
-model whose embeddings keep the state can rank the right image first among the same object's.
-The text names the state in ``cue_rate`` of the pairs with a rare cue word: the retrieval loss sees
-the state only when the same object in the other state is in the batch, while the relation label
-(CMCM's Coherence Aware Module) names it in every pair. ``Story`` is decided by the text alone,
-as Clue's Subjective/Story relations.
-
-The confound (``train_states="one"``, with ``split_sizes``): the generator assigns the splits and
-renders every training pair of an object in that object's one training state, while val/test
-pairs keep both; training pairs are then told apart by the object alone, so only the relation
-label gives the loss a reason to learn the state. ``state_look="brush"`` shows the state by the
-brush alone, a subtler one.
-
-Graded salience (``salience="graded"``, issue #45): attributes that move the features by
-different amounts: a small handwritten digit (``load_digits``) in one of 4 inks on one of 3
-backdrops (the backdrop dominates, the ink is plain, the digit weak). Each caption's relation
-(``GRADED_RELATIONS``) decides which attributes it names; the truth per pair is in the metadata
-(``schemas.manifest.pair_attributes``), and with ``split_sizes`` the val/test pairs draw their
-bitmaps from a held-out fifth. The format is the synthetic corpus's own, so ``data build --source
-synthetic`` builds it, with the relation vocabulary copied into the manifest.
-"""
+Each pair shows a painted object as a result (``Visible``) or in progress (``Action``); the text
+names the state only in ``cue_rate`` of the pairs, the relation label in all, so only a model that
+uses the label learns the state (``train_states="one"`` confounds it further; ``Story`` is
+decided by the text). ``salience="graded"`` (issue #45) renders a weak digit, a plain ink and a
+dominant backdrop, each caption's relation deciding which it names, the truth in the metadata.
+``data build --source synthetic`` builds it."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """How strongly a dataset's documents are confounded: what every image, or every sentence, of one
-document shares (issue #33; the two figures and what their values mean: docs/training.md,
-"Documents whose images look alike").
+document shares (issue #33; the figures and their meaning: docs/training.md).
 
-A linking model learns from documents only; when a document's images share a strong look (the
-room, the light, the camera of one r/DIY project) or its sentences share topic words, telling
-documents apart is easy without learning which sentence goes with which image, and the model can
-stay near chance inside documents. The text share's content tokens are those in at most
-``CONTENT_MAX_DF`` of the split's documents, so it needs no stop-word list and works in any
-language. Both figures need only the shards (no labels, no model), so they run on any dataset.
-"""
+Why: when a document's images share a look or its sentences share topic words, documents are
+told apart without learning the links, and a model stays near chance inside them. Content
+tokens are those in at most ``CONTENT_MAX_DF`` of the documents, so no stop-word list is needed.
+Shards only: no labels, no model."""
 
 from __future__ import annotations
 

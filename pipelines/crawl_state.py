@@ -1,18 +1,9 @@
 """Checkpointed crawl progress, so an interrupted crawl resumes without refetching or duplicates.
 
-Two kinds of state live under one root (a local folder or any Beam FileSystems URI):
-
-- **item records** ``items/<kind>/<h[:2]>/<h>.json`` (h = sha256 of the item key): the result
-  of one finished item, e.g. an imgur album's images and captions, or a permanent failure
-  (``{"failed": "not_found"}``). Workers check the record before fetching and write it after,
-  so a rerun after a crash refetches only the items that had not finished. Transient failures
-  are never recorded: the next run retries them.
-- **cursors** ``cursors/<name>.json``: a small document such as the newest post seen by an
-  incremental crawl. ``set_cursor`` is an atomic replace, so a crash leaves the old cursor.
-
-Records are canonical JSON written through a temporary name and a rename: two workers that
-finish the same item write the same bytes, and a reader never sees half a record.
-"""
+Item records (``items/<kind>/<h[:2]>/<h>.json``: a finished item's result or permanent failure;
+transient failures are never recorded) and cursors (``cursors/<name>.json``, replaced atomically).
+Why canonical JSON through a rename: two workers finishing the same item write the same bytes and
+a reader never sees half a record."""
 
 from __future__ import annotations
 

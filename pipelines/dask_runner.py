@@ -1,19 +1,11 @@
 """Beam pipelines on a dask.distributed cluster: Apache Beam's DaskRunner with a complete translation.
 
-``apache_beam.runners.dask.dask_runner.DaskRunner`` (apache-beam 2.77) turns each Beam primitive
-into a ``dask.bag`` operation, but five of its gaps break this project's graphs (untagged
-multi-output ParDos, uncomputed branches, dropped ``finish_bundle`` outputs, a no-op
-``beam.io.Read``, no ``metrics()``: docs/runners.md, "The translation"). These are the runner's,
-not the graphs': Flink, Spark and Dataflow run the same graphs. So this module keeps Beam's
-DaskRunner (its options and overrides) and replaces only its translation (``_Translator``): one
-bag per *PCollection* (a ParDo's bundle returns ``(tag, value)`` pairs and each output selects its
-tag), ``finish_bundle`` outputs kept, every ParDo computed, ``Read`` split into the source's
-bundles, side inputs computed once and handed to each task as a value. A chain of ParDos, each
-output read by the next only, runs fused as one task per partition (``_Stage``), as Flink and
-Dataflow fuse it; tasks are named by their steps' Beam labels. GroupByKey hashes keys with a hash
-that is the same in every worker process (Python's ``hash`` of a str is salted per process). What
-a task runs in a worker is ``pipelines/dask_tasks.py``.
-"""
+Why: Beam's DaskRunner (2.77) has five translation gaps that break this project's graphs
+(docs/runners.md, "The translation"), so its options and overrides are kept and only the
+translation is replaced (``_Translator``): one bag per PCollection, ``finish_bundle`` outputs kept,
+every ParDo computed, ``Read`` split into bundles, side inputs computed once, chains fused into one
+task per partition (``_Stage``), GroupByKey by a hash the same in every process. Tasks:
+``pipelines/dask_tasks.py``."""
 
 from __future__ import annotations
 

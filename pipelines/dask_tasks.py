@@ -1,15 +1,9 @@
-"""What the Dask runner's tasks run in a worker process (``pipelines/dask_runner.py`` translates the
-graph into them): a fused stage of ParDos over one partition (``_run_stage``), the split of a
-GroupByKey's input by a key hash that is the same in every process, and the regrouping of its pieces.
+"""What the Dask runner's tasks run in a worker process: a fused stage of ParDos over one
+partition (``_run_stage``) and GroupByKey's split and regrouping by a process-stable key hash.
 
-Counters: each bundle runs under its own MetricsContainer and returns its counter values with
-its outputs; the result sums those that reached the client (``_sum_counters``, ``_Counters``). A
-task re-run after its worker died counts once (the dead attempt's result never arrived), so the
-manifest's counts are exact.
-
-DoFn instances are kept per worker process (``setup`` once, like a Beam SDK worker), and
-RunInference's model is shared per process by Beam's ``Shared`` handle, so a worker loads the
-CNN or the link model once, not per bundle."""
+Why counters travel with the outputs: a task re-run after its worker died counts once, so the
+manifest's counts are exact. DoFns are set up once per worker process and RunInference's model is
+shared per process, so a worker loads a model once, not per bundle."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """Test-only fault injection: how the fault scenarios SIGKILL a dataset build at a chosen stage.
 
-``MMLINKS_TEST_KILL_BUILD_AT=STAGE[:N]`` makes the N-th (default first) ``reached(STAGE)`` call
-of a process SIGKILL that process, so a test can kill a real build at a known point without
-racing a timer. Stages, in build order: ``read`` (a raw document came out of the source),
-``fetch`` (an image was fetched into the store), ``features`` (a feature vector was written to
-the cache), ``write`` (a shard was written to staging), ``commit`` (the shards were moved to
-their version folder, the manifest not yet written). Unset (the normal case) a call costs one
-dictionary look-up. Mirrors ``training/fault_hooks.py`` for the training loop.
-
-Under the multi-process DirectRunner the steps run in Beam's worker processes, which inherit
-the variable, so the kill hits a worker, not the driver. ``MMLINKS_TEST_KILL_ONCE=FILE`` makes it
-one worker: only the process that creates FILE first dies (it writes its pid there).
-"""
+``MMLINKS_TEST_KILL_BUILD_AT=STAGE[:N]`` kills the process at its N-th ``reached(STAGE)`` (read,
+fetch, features, write, commit), so a test kills a real build at a known point without racing a
+timer; ``MMLINKS_TEST_KILL_ONCE=FILE`` limits it to the worker that creates FILE first. Unset, a
+call costs one dictionary look-up. Mirrors ``training/fault_hooks.py``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """Per-image feature cache next to the image store, so a rebuild never runs the CNN twice.
 
-Entries are keyed by (extractor name, weights version, device kind, options that shape the
-outputs such as the grid size) and the image's content id:
-the same bytes through the same weights on the same kind of hardware give the same features
-(the extractors make the forward pass independent of batch composition). A build that was
-interrupted resumes from here: images whose features were written are not recomputed.
-
-Entries are small ``.npz`` files written atomically; a corrupt entry reads as a miss.
-
-An entry records the build that wrote it (``written_by``), and a build's look-up treats its own
-entries as misses. That makes the look-up a function of the cache as it was when the build
-started, so a runner that re-runs a lost look-up task after part of its outputs were already used
-(Dask recomputes a dead worker's results; the hit and miss outputs are read by separate tasks)
-gets the same split again. Without it, an image whose features the dead worker had just written
-came back as a hit in the re-run while the first run's hits, already consumed, lacked it: the
-image was in neither output and its document was dead-lettered (a CI failure of issue #35).
-"""
+Keyed by extractor, weights version, device kind, shape options and content id; entries are
+``.npz`` files written atomically, a corrupt one a miss. Why a build treats its own entries
+(``written_by``) as misses: the look-up is then a function of the cache as the build started, so a
+Dask re-run of a lost look-up task splits hits and misses the same way (issue #35's CI failure
+lost a document otherwise)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """A feature-level corpus family with known links: handwritten-digit features, topics and looks
-(``mmlinks data synth-features``, issues #44, #47 and #60; the options and the image ratios they
-give: docs/benchmarks-linking.md, "The family of corpora").
+(``mmlinks data synth-features``, issues #44, #47, #60; docs/benchmarks-linking.md).
 
-Why feature level: rendering and a CNN cannot reach the confound regime of real corpora cheaply
-(``pipelines.image_look``), and a corpus of 100K-1M documents must be written in minutes. Every
-image is a real handwritten digit (scikit-learn's bundled ``load_digits``, no download) through one
-fixed random layer (``ReLU(W x + b)``, the same ``W`` for every corpus: the extractor
-``digits-relu``); every linked sentence names its image's digit, so the links are known and a
-model must read the digit to find them. Digit bitmaps are split between train, val and test, and
-a document's images show distinct digits (each at most twice above 10 images), so each sentence
-has one right image. Issue #60's options draw from a random stream of their own and are recorded
-only when set, so at their defaults every earlier corpus stays byte-identical.
-
-Layouts: ``dataset`` writes versioned shards + manifest directly, without Beam, as ``data build``
-would lay them out; ``hessel`` writes the authors' files, which ``data import-hessel`` builds
-(the path held-out corpora take).
-"""
+Why feature level: rendering and a CNN cannot reach real corpora's confound regime cheaply, and
+100K-1M documents must be written in minutes. Images are real digits (``load_digits``) through
+one fixed random layer (extractor ``digits-relu``), each linked sentence names its digit. Issue
+#60's options use their own random stream and are recorded only when set, so earlier corpora stay
+byte-identical. ``dataset`` writes shards + manifest directly; ``hessel`` the authors' files."""
 
 from __future__ import annotations
 

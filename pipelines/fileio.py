@@ -1,14 +1,8 @@
 """URI-agnostic file helpers over Beam's FileSystems: local paths, ``gs://``, ``s3://``, ...
 
-The same build code can then write to a local folder or an object store. Whole-file writes go to
-``<uri>.tmp-<random>`` first and are renamed into place, so a reader never sees half a file: on a
-local disk the rename is atomic; on object stores it is a server-side copy plus delete, and the
-copied object appears whole or not at all.
-
-``file://`` URIs are accepted and turned into plain local paths (Beam itself has no ``file``
-scheme). Everything is read and written uncompressed: Beam's default would otherwise gunzip a
-``.gz`` name silently.
-"""
+Why write to ``<uri>.tmp-<random>`` and rename: a reader never sees half a file (atomic locally,
+a server-side copy on object stores). ``file://`` becomes a plain path (Beam has no ``file``
+scheme); nothing is decompressed, since Beam would gunzip a ``.gz`` name silently."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""The paper's document filters, configurable per source, each counting what it removed.
+"""The paper's document filters, configurable per source, each counting what it removed
+(Hessel et al. 2019's presets per source: ``PRESETS``).
 
-Hessel et al. (2019, supplement) keep DIY posts with >= 2 captions of >= 5 tokens, >= 2 valid
-images and <= 40 images / <= 40 captions; Wikipedia articles are cut to their first 100
-sentences and need >= 10 sentences and >= 3 images; RecipeQA recipes need >= 2 steps, >= 2
-images and at least one step with an image. Filters run on *validated* documents (invalid images
-and token-less sentences already removed), after near-duplicate removal, and before feature
-extraction, so no CNN time is spent on a document that is then thrown away.
-
-A document failing several rules is counted once, under the first failing rule in the order
-below, so the manifest's removal counts add up to the number of documents removed.
-"""
+Why after validation and near-duplicate removal, before features: no CNN time is spent on a
+document then thrown away. A document failing several rules counts under the first, so the
+manifest's removal counts add up."""
 
 from __future__ import annotations
 

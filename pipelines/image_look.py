@@ -1,14 +1,9 @@
 """A feature-level image confound: give every image of a document its document's look
 (``mmlinks data confound``, issue #33; docs/training.md has the ratios it gives).
 
-Why feature space: a synthetic corpus rendered in pixels cannot reach the real regime (with
-EfficientNet-Lite0, shared backdrops, faded objects and a per-document camera leave the image
-ratio at 2-5, where real posts and the held-out corpora reach 10-22). Each document's look is a
-random crop of a photo shipped with scikit-image through the dataset's own extractor, so it is a
-genuine feature vector of that extractor; ``(1 - weight) * v + weight * look`` keeps the content
-scaled by ``1 - weight``, readable by a linear image tower. The result is a new dataset whose
-``build_params`` name the source, the weight and the seed; the source is not touched.
-"""
+Why feature space: pixel corpora leave the image ratio at 2-5 where real posts reach 10-22. A
+look is a crop of a scikit-image photo through the dataset's own extractor, mixed as
+``(1 - weight) * v + weight * look``; the result is a new dataset, the source untouched."""
 
 from __future__ import annotations
 

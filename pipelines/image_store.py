@@ -1,19 +1,11 @@
 """A content-addressed image store with fetching, so a rebuild never fetches or decodes twice
 (what it rejects and retries: docs/design.md, "Validate").
 
-Under ``root`` (any Beam FileSystems URI): ``blobs/<sha[:2]>/<sha256>`` (the bytes of every image
-that decoded), ``info/<sha[:2]>/<sha256>.json`` (decode facts, or a decode rejection) and
-``uris/<h[:2]>/<h>.json`` for h = sha256(source uri) (its content id and final uri, or a fetch
-rejection). Records hold facts; policy that is cheap to apply (placeholder hashes, blank
-images) is re-applied on every load, so changing the placeholder set needs no refetch.
-
-Every file is written through a temporary name and a rename, and the JSON is canonical, so
-workers that process the same image at once write identical bytes and readers never see half a
-record; the order blob -> info -> uri record makes a uri record imply its info and blob. A blob
-is checked against its sha256 whenever it is read: a damaged one is fetched again from the source
-its info names and rewritten, so it never turns a good image into a dead letter that blames the
-intact source; when that cannot be done, ``DamagedBlobError`` names the blob.
-"""
+``blobs/`` (bytes), ``info/`` (decode facts) and ``uris/`` (source uri -> content id) under
+``root``; records hold facts, so cheap policy (placeholders, blanks) is re-applied on load. Why
+canonical JSON through a rename, blob -> info -> uri: concurrent workers write identical bytes and
+a uri record implies its info and blob. A damaged blob is fetched again rather than blamed on an
+intact source (``DamagedBlobError`` when it cannot be)."""
 
 from __future__ import annotations
 

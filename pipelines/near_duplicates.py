@@ -1,38 +1,13 @@
-"""Exact near-duplicate image search (Hessel et al. 2019): every pair of 64-bit perceptual hashes within a
-Hamming distance, without comparing all pairs and without losing one.
+"""Exact near-duplicate image search (Hessel et al. 2019): every pair of 64-bit perceptual hashes
+within a Hamming distance, without comparing all pairs and without losing one.
 
-The paper's rule (``pipelines/dedupe.py``) asks for every pair within distance 3 of 64-bit DCT
-perceptual hashes. All-pairs comparison is quadratic, and a lossy index (LSH, sampling) would
-silently keep duplicates, so this module uses the pigeonhole / multi-index idea, exact and near-linear:
-
-* Split the 64 bits into ``threshold + 1`` contiguous blocks. Two hashes within distance ``t`` differ
-  in at most ``t`` bits, so they agree exactly on at least one block.
-* Candidates are hashes sharing ``(block index, block value)``; each candidate is verified with
-  ``popcount(a ^ b)``. A pair is reported only from the LOWEST block on which it agrees, so it comes
-  out exactly once without a global dedupe.
-* Two levels: a block group of ``s`` hashes costs ``s * (s - 1) / 2`` comparisons, and with 16-bit
-  blocks (t=3) random hashes make groups of ``n / 65536``, so one level alone grows as ``n**2``. Two
-  hashes of one block group also differ in at most ``t`` of the other ``64 - width`` bits, so they
-  agree on one of ``t + 1`` sub-blocks of those bits: a group of ``TWO_LEVEL_MIN_GROUP`` or more is
-  split by the compound key (block value, sub-block value), ~28 bits for t=3, whose groups are tiny.
-  Each pair is reported from its lowest agreeing (block, sub-block). Smaller groups are compared
-  directly, because the second level (``t + 1`` near-sorted argsorts of the group per block, ~100-200
-  ns a hash per block) costs more than ``s / 2`` comparisons at ~1 ns until ``s`` is in the hundreds.
-  Measured at t=3: random hashes, 1M (groups ~15): 0.13 s direct, 0.40 s with two levels everywhere;
-  16M (groups ~244): about even (10-13 s); 1M hashes crowding 4096 block values (groups ~244): 5.1 s
-  direct, 1.1 s two-level (``benchmarks/dedupe.py``'s "two levels always" timings, retired in issue #61;
-  last version: commit 7c1b8d6). So the direct scan's cost per hash is capped near ``TWO_LEVEL_MIN_GROUP / 2``
-  comparisons a block, and beyond it cost grows as n log(group size), not n**2.
-* Identical hashes are collapsed first (they are pairs of each other), so repeats cost one sort.
-
-Degenerate hashes (near-flat images: phash thresholds at the median, so real hashes have ~32 set
-bits, while a blank image has ~0) would all agree on every block and form giant groups; they are
-skipped (counted) instead: blank images are not evidence of duplicated content.
-
-``near_duplicate_pairs`` is this pure-NumPy core (no Beam); ``pipelines.dedupe.FindDuplicateDocuments``
-is the Beam transform that applies it at document level, one (block index, block value) group at a
-time, with the same block layout, degenerate-hash rule and lowest-agreeing-block reporting.
-"""
+Why not LSH or sampling: a lossy index silently keeps duplicates. Pigeonhole multi-index instead:
+``threshold + 1`` blocks, two hashes within ``t`` agree on one; candidates sharing a block are
+checked with ``popcount(a ^ b)`` and a pair is reported only from its lowest agreeing block. Groups
+of ``TWO_LEVEL_MIN_GROUP`` or more are split again by a sub-block of the other bits (crowded block
+values made one level quadratic: 5.1 s vs 1.1 s at 1M hashes; small groups are faster direct).
+Identical hashes collapse first; degenerate (near-flat) hashes are skipped and counted.
+``pipelines.dedupe.FindDuplicateDocuments`` applies the same rules in Beam."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """A synthetic multi-source, bilingual news corpus (issue #18, Liu et al. "Upgrading the
 Newsroom") in the news JSONL layout that ``data build --source news-jsonl`` reads.
 
-Each article reports on one "event", an object rendered as in ``pipelines/synthetic_corpus.py``,
-with a headline, a lead, a body and one or two photos with captions. The four sources differ in
-how informative they are, so fusion and random_drop are measurable: each names each attribute
-with its own probability (``MENTIONS``) and goes missing at its own rate (``PRESENCE``), the body
-among filler and a distractor object; no single source pins the object down, together they do.
-
-``en`` and ``de`` share an aligned lexicon (``LEXICON``: a one-to-one translation in English word
-order, an invented language with German words, not German), with aligned word vectors
-(``aligned_vectors``, some ``de`` words left out) for the multilingual recipes. Dates run in
-article order, so the date split has something to cut. Issue #34's options, off by default (a
-corpus without them is byte for byte what it was): ``complementary`` (each source names its own
-attributes, so only fusion pins the object down), ``names`` (attribute values as invented names,
-untranslated) and ``unseen_forms`` (the last share of the articles writes every name in a form
-never used before: words the training vocabulary never saw carry the content, the subword target).
-"""
+Why sources of different worth: each names each attribute with its own probability
+(``MENTIONS``) and goes missing at its own rate (``PRESENCE``), so fusion and random_drop are
+measurable. ``en`` and ``de`` share an aligned lexicon and vectors for the multilingual recipes.
+Issue #34's options (``complementary``, ``names``, ``unseen_forms``) are off by default, leaving
+earlier corpora byte for byte as they were."""
 
 from __future__ import annotations
 

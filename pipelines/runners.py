@@ -1,13 +1,9 @@
 """Beam pipeline options for the runners the build supports, checked before anything starts
 (docs/runners.md: one example command per runner).
 
-``pipeline_options(runner, beam_args)`` checks the runner's required options (a missing one is a
-one-line MmlinksError naming it), keeps the pass-through arguments verbatim and always sets
-``save_main_session`` False; ``advisories`` lists non-fatal advice (custom container, GPU flags).
-The runner fields every Beam job config shares (``runner_option``, ``direct_workers_option``,
-``dask_address_option``, ``dask_workers_option``, ``device_option``) are declared once here,
-the methods they share in ``BeamJob``.
-"""
+Why checked up front: a missing required option is a one-line MmlinksError naming it, not a
+failure inside the runner. The runner fields every Beam job config shares are declared once here,
+their methods in ``BeamJob``."""
 
 from __future__ import annotations
 

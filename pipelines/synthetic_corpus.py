@@ -1,18 +1,9 @@
 """Synthetic multi-image, multi-sentence documents with known links (the offline default corpus).
 
-Each document is a small "post": rendered photos of objects (shape, colour, size, position on a
-textured background) and sentences, some of which describe one of the photos. Distractor
-sentences describe nothing in the document and distractor images are described by no sentence,
-as in the paper's MSCOCO/Story-DII constructions. ``palette_similarity`` is the difficulty knob:
-that fraction of documents draws all its objects from a 2-colour palette, so within-document
-images look alike and only shape/size/position tell them apart (like Story-DII vs MSCOCO).
-
-On-disk format (ingested by ``pipelines.sources.synthetic`` like any other raw source)::
-
-    DIR/corpus.json        generator parameters
-    DIR/documents.jsonl    {"doc_id", "sentences", "images": [relative paths], "links": [[s, i]]}
-    DIR/images/<doc_id>/<k>.png
-"""
+Rendered photos of objects and sentences describing some of them, with distractors on both sides
+(as the paper's MSCOCO/Story-DII constructions). ``palette_similarity`` is the difficulty knob:
+documents drawing from a 2-colour palette are told apart only by shape/size/position. Written as
+``corpus.json``, ``documents.jsonl`` and ``images/``, read by ``pipelines.sources.synthetic``."""
 
 from __future__ import annotations
 

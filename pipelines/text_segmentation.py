@@ -1,20 +1,9 @@
 """Plain text from wiki markup or rendered Wikipedia HTML, and sentence splitting.
 
-The paper (Hessel et al. 2019, supplement "WIKI") stripped the wiki formatting of each article
-and split it into sentences with spaCy's English sentence splitter. We split with ``pysbd``
-(rule-based, English, ``clean=False`` so the text is never rewritten), which is close to
-spaCy's rule-based sentencizer and needs no model download.
-
-What counts as *text* follows what a reader sees in the article body: link labels and bold or
-italic words stay; templates (infoboxes, citation and navigation templates), references, tables,
-math, galleries, file/image links with their captions, categories, interlanguage links and
-HTML comments go. Headings are sentence breaks (their titles are not sentences), and the
-trailing apparatus sections ("References", "See also", "External links", ...) are dropped
-because their link lists would otherwise become "sentences" of the article.
-
-Lines are hard sentence breaks: in raw wikitext a paragraph is one line and list items are one
-line each, so a sentence never spans two lines.
-"""
+Why ``pysbd`` (``clean=False``): close to the paper's spaCy sentencizer, needs no model download
+and never rewrites the text. Text is what a reader sees in the body (templates, references,
+tables, captions, categories go; headings break sentences; trailing apparatus sections are
+dropped, else their link lists become sentences). Lines are hard breaks."""
 
 from __future__ import annotations
 

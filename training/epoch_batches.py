@@ -1,20 +1,11 @@
-"""The batches of a training epoch: a worker's shuffled (or near-neighbour) training batches from
-its Ray Data shard, made into tensors step by step (``epoch_steps``, read ahead on a GPU), and the
-fixed validation batches, cut the same way on every run and shared out between the workers.
+"""The batches of a training epoch: a worker's shuffled or near-neighbour batches from its Ray Data
+shard, made into tensors step by step, and fixed validation batches shared out between workers.
 
-``--batch-sampling similar`` (issue #44; Li et al. 2021's sampling bias of cross-document
-training): when a look and a vocabulary are shared by every document of a topic, a random batch
-holds mostly documents of other topics, which the model tells apart by the look and the topic
-words alone; the negatives that force the content (documents of the same topic) are rare. A
-chunk of documents is then cut into batches of near neighbours: each batch starts at a random
-document and takes the documents most like it (cosine of a signature made of the document's mean
-standardised image feature and a hashed bag of its words, both read from the rows, no model),
-then fills the rest with random documents, so hard negatives come from the same topic and some
-easy ones stay. Why not a library: the grouping is a greedy nearest-neighbour cut of a few
-hundred to a few thousand rows per chunk (O(n^2) on a matrix that fits in cache); FAISS or
-scikit-learn's k-means would add an index or a clustering whose cluster sizes do not match the
-batch size.
-"""
+``--batch-sampling similar`` (issue #44, docs/training.md): a random batch holds mostly documents
+of other topics, told apart by look and topic words alone, so each batch is a random document, its
+nearest neighbours (mean standardised image feature + hashed bag of words, no model) and random
+fill. Why no library: a greedy O(n^2) cut of one chunk fits in cache; FAISS or k-means would add an
+index or clusters whose sizes do not match the batch size."""
 
 from __future__ import annotations
 

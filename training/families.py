@@ -1,13 +1,8 @@
-"""The model families the core trains: one line per family's registration module, and one per
-family's training options.
+"""The model families the core trains: each family's registration module and its options class.
 
-Each family registers its objectives and backbones in the core's registries from its own
-``registration`` module, which the registries load on their first lookup: nothing in the core
-imports a family and no family imports another, so adding a family is its package plus a line in
-each tuple below. The order is that of the names in ``--help`` (the pretrained towers, part of the
-link family, come last, as they were added last). ``FIELDS`` names each family's dataclass of
-``TrainConfig`` options (``MODULE:CLASS``), joined with the core's in this order.
-"""
+Why a list of names: the registries load a family on first lookup, so the core never imports a
+family and no family another; adding one is its package plus a line in each tuple below (the
+order is ``--help``'s and the order ``TrainConfig`` joins the ``FIELDS`` classes in)."""
 
 from importlib import import_module
 

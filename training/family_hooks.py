@@ -1,15 +1,8 @@
-"""The families' hooks the core calls by name: how a run ends and how it is planned.
+"""The families' hooks the core calls by name: how a run ends (``register_run_finish``) and how
+it is planned (``register_run_plan``; a plan returning None means one run as usual).
 
-Each family's ``registration`` module fills these (``training.families``); the core looks a hook
-up by a string it already holds and never imports a family. ``register_run_finish(family,
-finish)``: the end of a run (test evaluation, metrics, the packaged and registered model, the
-report); a family without one ends as a link run does (the retrieval family's also ends news
-runs: the ``news`` objective's family is "retrieval"). ``register_run_plan(objective, plan)``: a
-run that is more than one run (the news family's staged recipe); a plan returning None means one
-run as usual. ``training.experiment.run_experiment`` calls both. Packaging and promotion scoring
-are not hooks: ``models/`` does both, above training. No torch or MLflow at import time: the
-hooks import their family's code when called.
-"""
+Why hooks: the core looks a hook up by a string it holds and never imports a family; each
+family's ``registration`` module fills them. No torch or MLflow at import time."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """Test-only fault injection: how the resume tests kill a training worker or driver for real.
 
-The driver reads the environment once (``kill_config``) and passes the result to the workers;
-after each epoch the loop calls ``after_epoch``, which does nothing unless a test asked for
-something. Three requests, each read from the environment the driver was started with:
-
-- ``MMLINKS_TEST_KILL_AT_EPOCH=E`` with ``MMLINKS_TEST_KILL_MARKER=FILE``: rank 0 SIGKILLs
-  itself once after epoch E (the marker file makes it once), so Ray Train restarts the worker.
-- ``MMLINKS_TEST_HANG_AFTER_EPOCH=E`` with the same marker: rank 0 writes the marker after epoch
-  E's checkpoint was reported, then sleeps until killed, so a test can SIGKILL the whole driver
-  (``tests/faults/test_train_faults.py``) at a known point instead of racing a timer.
-- ``MMLINKS_TEST_EPOCH_LOG=FILE``: rank 0 appends each epoch it trained to FILE, so a test can
-  tell a resumed run (only the epochs after its checkpoint) from a restarted one.
-"""
+Why from the environment: the driver reads it once (``kill_config``) and hands it to the workers,
+so nothing happens unless a test set ``MMLINKS_TEST_KILL_AT_EPOCH`` / ``_HANG_AFTER_EPOCH`` (with
+``MMLINKS_TEST_KILL_MARKER``, so it happens once) or ``MMLINKS_TEST_EPOCH_LOG`` (to tell a resumed
+run from a restarted one)."""
 
 from __future__ import annotations
 

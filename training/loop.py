@@ -1,14 +1,9 @@
-"""The training loop: one function run by every Ray Train worker (or, with ``--workers 0``, by
-the calling process: ``train_in_process``), and its epoch steps.
+"""The training loop every Ray Train worker runs (or, with ``--workers 0``, the calling process:
+``train_in_process``), and its epoch steps.
 
-Each worker reads its split of the training shards through Ray Data, forms batches of B
-documents, and minimises its objective's loss (``training/objectives/registry.py``); gradients
-are averaged by DDP (gloo on CPU, NCCL on GPU). The validation loss is the same unsupervised loss
-on validation documents, all-reduced across workers; it drives reduce-on-plateau and picks the
-best checkpoint, so no label is used to choose the model. Rank 0 writes each epoch's checkpoint
-(``training/checkpoints.py``) and, when a run id is given, logs the epoch's metrics to MLflow
-(``training/epoch_reports.py``). The epoch's batches come from ``training/epoch_batches.py``.
-"""
+Why the validation loss picks the checkpoint: it is the same unsupervised loss, all-reduced
+across workers, so no label chooses the model. Rank 0 writes checkpoints
+(``training/checkpoints.py``) and logs the epoch to MLflow (``training/epoch_reports.py``)."""
 
 from __future__ import annotations
 

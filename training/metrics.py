@@ -1,14 +1,8 @@
 """Per-document link metrics (AUC, p@k), macro-averaged x100, as in Hessel et al. 2019.
 
-A cell (s, i) is positive if the ground truth links sentence s and image i. Documents with no
-positive cell, or with every cell positive, are skipped: AUC is undefined there.
-
-Ties. AUC counts a tied positive/negative pair as half a win (the pairwise definition). p@k
-is the *expected* precision when tied cells are put in random order: a fixed order (e.g.
-row-major) would reward a model that scores every cell the same whenever the first cell
-happens to be a link, which is common in documents whose first caption describes the first
-image. Without ties both definitions reduce to the plain ones.
-"""
+Documents with no positive cell, or only positive cells, are skipped (AUC is undefined). Why p@k
+is the expected precision over random tie orders: a fixed order would reward a constant model
+whenever the first cell happens to be a link, common where the first caption is the first image's."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""Ranking metrics of text-to-image retrieval (Alikhani et al.; the news family reports them
-too, so they live in the core): MedR and R@K over pools of candidates, per relation subset, and
-the average precision of relation prediction (scikit-learn's).
+"""Ranking metrics of text-to-image retrieval: MedR and R@K over pools, per relation subset, and
+relation AP (in the core because the news family reports them too).
 
-The conventions are docs/evaluation.md's ("Retrieval"): ``sim[i, j]`` scores text i against
-image j, so text query i's true image is column i (image-to-text: the same functions on
-``sim.T``); pools are disjoint, so ``medr_std`` is the spread of independent pools, not of
-overlapping draws (one pool: NaN, not a misleading 0); ranks are 1-based with ties
-``pessimistic`` (default: a constant model gets rank N, never a lucky 1) or ``fair``; MedR is a
-raw rank in candidates (the paper's tables are, whatever its text says), ``medr_frac`` beside it.
-Relation subsets (the paper's Table 7) keep the whole pool as candidates and skip pools
-without such a query.
-"""
+Conventions are docs/evaluation.md's: column i is text i's true image, disjoint pools, 1-based
+ranks with ``pessimistic`` ties by default (a constant model gets rank N, never a lucky 1)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Region features and concept tokens per image, for the Li et al. (2021) Transformer backbone.
 
-Each image of a shard may carry ``regions`` (boxes, vectors, labels, scores; null when the
-dataset was built without ``--regions``). A batch keeps the top ``max_regions`` regions of each
-image by score, in the same per-document image order as ``DocBatch.features`` (``perms``), as
-dense [N_images, R, ...] tensors with a mask. An image without regions has an all-False mask;
-the encoder then reads its global CNN feature instead (see ``training/link/transformer.py``).
-
-Labels become concept tokens: tokenised like sentences (``schemas.text.tokenize``) and looked
-up in the text vocabulary, so a concept shares its word embedding with the sentences that
-mention it. ``training.text.concept_words`` lets the vocabulary include label words.
-"""
+A batch keeps each image's top ``max_regions`` regions by score, in ``DocBatch.features``' image
+order, with a mask. Why labels become words of the text vocabulary: a concept shares its
+embedding with the sentences that mention it."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
-"""Pretrained word vectors from a file: word2vec/GloVe text, word2vec C binary, fastText binary model.
+"""Pretrained word vectors from a file: word2vec/GloVe text, word2vec C binary, fastText binary.
 
-Users who already have ``GoogleNews-vectors-negative300.bin`` (3.6 GB, 3M words) or a fastText model
-(``cc.en.300.bin``, 7 GB) should not need to convert them, and loading them must not need that much
-memory: the word2vec reader streams the file in chunks and keeps only the vocabulary's vectors, the
-fastText reader memory-maps the input matrix and reads only the rows it needs.
-
-A spec is a path, optionally prefixed with its format (``text:``, ``word2vec-bin:``, ``fasttext:``);
-without a prefix the format is sniffed (fastText magic number; a word2vec ``"<n> <dim>\\n"`` header
-followed by non-numeric bytes; anything else is text). fastText also gives out-of-vocabulary words a
-vector from their character n-grams, exactly as ``FastText::getWordVector`` does; those are counted
-separately (``oov_from_ngrams``). Words whose bytes are not UTF-8 cannot match a vocabulary word and
-are skipped and counted (``skipped_non_utf8``) rather than failing the load: the real GoogleNews file
-contains some.
-
-Why not gensim's ``KeyedVectors`` (4.4.0; docs/benchmarks.md, "Word-vector readers"): it loads
-every vector of the file before a vocabulary can pick from it (10,000 words from a 242 MB
-word2vec binary: gensim 1.43 CPU-s and 239 MB resident, here 0.23 CPU-s and no peak above the
-imports); on GoogleNews or ``cc.en.300.bin`` that is the whole file in memory per training worker.
-"""
+Why streamed: GoogleNews (3.6 GB) or ``cc.en.300.bin`` (7 GB) must load without conversion or
+that much memory, so word2vec binaries are read in chunks and fastText memory-mapped, keeping only
+the vocabulary's rows. A spec's format prefix (``text:``, ``word2vec-bin:``, ``fasttext:``) is
+optional (sniffed); fastText OOV words get n-gram vectors as ``FastText::getWordVector`` does;
+non-UTF-8 words are skipped and counted. Why not gensim: it loads the whole file first
+(docs/benchmarks.md, "Word-vector readers")."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""What every source connector provides, so ``mmlinks data build --source NAME`` can run it.
+"""What every source connector provides, so ``mmlinks data build --source NAME`` can run it: a
+Beam ``PTransform`` to ``RawDocument`` records (plus ``dead_letter``) described by a ``SourceSpec``.
 
-A source is a Beam ``PTransform`` from the pipeline root to ``RawDocument`` records (plus a
-``dead_letter`` output), described by a ``SourceSpec``: its options (``--source-option k=v``),
-the credentials it reads from the environment, the build defaults that match the paper's
-recipe for it (filter preset, near-duplicate removal, split ratios), and the fetcher that the
-image store uses for its image URLs (a polite HTTP client for web sources).
-
-Options are strings on the command line; ``SourceContext`` parses them with one clear error per
-bad value. Credentials never travel in options: they are read from the environment on the
-workers, so they are not in the manifest, the build parameters, the logs or MLflow.
-"""
+Why credentials never travel in options: read from the environment on the workers, they stay
+out of the manifest, build parameters, logs and MLflow. ``SourceContext`` parses the string
+options with one clear error per bad value."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """Reading the rows of a released CSV table (Clue's per-split files, CITE's ``data.csv``) so that
 no byte sequence stops a build with a csv traceback.
 
-The csv module itself: the tables are small (a few MB), quoted the way pandas writes them, and
-``csv.DictReader`` reads that exactly; what it lacks is turning its two failure modes into dead
-letters. A text read through a plain ``StringIO`` splits lines on ``\\n`` only, and csv then
-refuses a lone carriage return with ``csv.Error``; ``newline=""`` (what the csv docs ask of every
-file it reads) lets csv treat it as the line break it is. A field over csv's size limit, or any
-other ``csv.Error``, ends the file with one ``malformed_csv`` record after the rows before it.
-The limit is csv's one process-wide setting: every table reader (WIT's too) sets ``FIELD_LIMIT``
-before it reads, so a field is refused or read the same whichever reader ran first.
-"""
+Why the csv module with ``newline=""``: it reads pandas-quoted tables exactly and a lone carriage
+return is a line break; any ``csv.Error`` ends the file with one ``malformed_csv`` record. Every
+table reader sets the process-wide ``FIELD_LIMIT`` first, so a field reads the same whichever
+reader ran first."""
 
 from __future__ import annotations
 

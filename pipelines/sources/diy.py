@@ -1,14 +1,8 @@
 """The ``diy`` source: r/DIY imgur-album posts -> one document per album (Hessel et al. 2019).
 
-The Reddit side (dumps, score refresh, filters, dedupe by id) is ``reddit.ReadCandidatePosts``;
-this module scrapes each candidate's album (``imgur``) and shapes the document; document-size
-filters, images, near-duplicates and splits are the shared build's (filter preset ``diy``).
-``doc_id = diy-<post id>``; sentences are the non-empty captions in image order, each linked to
-its still image. A caption of an animated image stays a sentence without a link (the image is an
-``image:animated`` dead letter): the paper kept those (its footnote 3: documents can have more
-captions than images "because we discard animated gifs that may have been associated with
-captions"). The post title is metadata, not a sentence.
-"""
+The Reddit side is ``reddit.ReadCandidatePosts``; this scrapes each album and shapes the
+document (``diy-<post id>``, captions in image order). Why a caption of an animated image stays a
+sentence without a link: the paper kept those (its footnote 3)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""The original authors' prebuilt datasets (``docs.json`` + ``features.npy`` + ``id2row.json``).
+"""The original authors' prebuilt datasets (``docs.json`` + ``features.npy`` + ``id2row.json``),
+so a user can train on the published data and splits without re-scraping.
 
-Hessel et al. released their seven datasets with fixed splits and DenseNet169 features, so a user
-can train on the published data without re-scraping anything. In ``docs.json`` a document is
-``[images, sentences, metadata]`` with ``images = [[image_id, sentence_index], ...]`` and
-``sentences = [[text, image_index], ...]``; ``-1`` means "labelled, no link", ``null`` "no
-labels". The authors' README stores labels on the image side and says the sentence side may
-repeat them, so links are the union of both sides.
-
-These documents skip the image store, near-duplicates, the filters and the CNN: the authors did
-all of that. ``content_id`` is the sha256 of ``hessel:<image id>`` (no bytes to hash); width,
-height and phash are null. Dead letters: a document that is not a 3-element list, an image id
-missing from ``id2row`` (the image is dropped), an out-of-range label, a document left empty.
-"""
+Links are the union of both sides' labels (the authors' README stores them on the image side).
+The authors already did the store, near-duplicates, filters and CNN, so those are skipped;
+``content_id`` is the sha256 of ``hessel:<image id>``."""
 
 from __future__ import annotations
 

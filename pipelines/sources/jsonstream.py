@@ -1,24 +1,11 @@
-"""Stream the items of the top-level arrays of a big JSON object without loading the whole file.
+"""Stream the items of the top-level arrays of a big JSON object without loading the whole file
+(RecipeQA, MSCOCO, VIST: up to a few hundred MB, several GB through ``json.load``).
 
-RecipeQA, MSCOCO and VIST ship single JSON documents of up to a few hundred MB; ``json.load``
-would hold the text and every parsed object at once (several GB for the largest). Here only the
-current item and one read chunk are in memory: ``json.JSONDecoder.raw_decode`` decodes one item
-at a time from a sliding text buffer.
-
-Why not ijson (yajl2_c, 3.6.0; docs/benchmarks.md, "Streaming JSON readers"): it is only ~1.1x
-faster here (json's C scanner does the work in both), and it fails the inputs the sources must
-survive: one invalid UTF-8 byte ends the whole file, a byte-order mark is an error, an escaped
-lone surrogate silently becomes ``?``, nesting is unbounded, and with its default ``Decimal``
-numbers an integer past 4,300 digits crashes the process (SIGSEGV) instead of raising.
-
-Bytes are decoded with ``surrogateescape``, so bad bytes become lone surrogates in the strings
-that hold them and ``has_invalid_utf8`` lets the caller dead-letter exactly those items. Nesting
-is capped (``MAX_DEPTH`` below the top-level object): a deeper value (a fuzzed or hostile file)
-would otherwise reach Python's recursion limit in the decoder or in any later walk over the item
-(``has_invalid_utf8``, ``repaired``, ``str``, Beam's pickling) and crash the step instead of
-giving a dead letter. Too deep is ``MalformedJson`` like any other corrupt file (as is an integer
-over Python's 4300-digit conversion limit); ``loads`` applies the same cap to one JSON line.
-"""
+Why not ijson (docs/benchmarks.md, "Streaming JSON readers"): ~1.1x faster, and it fails inputs
+the sources must survive (bad UTF-8 ends the file, a BOM errors, surrogates become ``?``, deep
+nesting is unbounded, huge integers crash the process). Bytes decode with ``surrogateescape`` so
+``has_invalid_utf8`` dead-letters exactly the bad items; nesting past ``MAX_DEPTH`` is
+``MalformedJson``, not a recursion crash later; ``loads`` applies the same cap to one line."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """MSCOCO captions as constructed 10-image, 10-sentence documents (Hessel et al. 2019, supplement;
-the input layout and the counts against the paper's: docs/sources.md).
+the construction and the counts against the paper's: docs/sources.md).
 
-Construction, as the supplement describes it:
-1. Pool every image with at least one caption (train and val together: the paper makes its own
-   splits). With several annotation ``years`` (e.g. "2017,2014") an image's captions are the
-   union by annotation id, its file from the first year listed.
-2. Shuffle the pool (seeded); the first half are "true" images, shown with their own captions,
-   the second half "fake", shown without. True group g and fake group g (five each) make
-   document group g; images that do not fill a group are counted (``coco_images_unused``).
-3. Split the groups by ``split_sizes`` proportions (default 0.6:0.2:0.2, the paper's
-   4968/1655/1655 as a ratio).
-4. A training group gets one version per caption index every true image has (version v uses each
-   true image's v-th caption in annotation-id order); a val/test group one. Each version adds five
-   distractor captions from the same split's images outside the document and shuffles its ten
-   captions; the ten images are shuffled once per group.
-
-Links: the five (true caption, true image) pairs. Every random choice is seeded by ``seed`` and
-the group/version, and the pool is sorted by image id first, so the documents are a function of
-the input files and the seed, whatever Beam's ordering. The pool is collected on one worker
-(captions of 123K images: a few hundred MB), then the documents fan out.
-"""
+Each document is five "true" images with their captions, five "fake" ones and five distractor
+captions, grouped and split by ``split_sizes``. Why the pool is sorted and every choice seeded by
+``seed`` and group/version: the documents are a function of the input files, whatever Beam's
+ordering. The pool is collected on one worker (a few hundred MB), then documents fan out."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""News articles in the mmlinks news JSONL layout (issue #18): the format a newsroom's own
-archive export can be written in, and what `mmlinks data synth-news` writes. The layout, the
-samples and the dead letters: docs/sources.md ("News articles").
+"""News articles in the mmlinks news JSONL layout (issue #18), what `mmlinks data synth-news`
+writes and a newsroom's export can be written in (docs/sources.md, "News articles").
 
-Each image gives one sample (the paper's (image, caption, body, headline, lead)), its sources in
-the order of ``schemas.news.NEWS_SOURCES``. The source sets the split, so all samples of an
-article share one: ``split=date`` (default, as a newsroom would: train on the past, test on the
-future; without ``val_from`` / ``test_from`` the cut points are the 80 % and 90 % quantiles of
-the article dates, read up front) or ``split=ratio`` (by a hash of ``article_id``).
-"""
+Each image is one sample. Why the split is per article: its samples share one, by date (default,
+as a newsroom would: train on the past) or by a hash of ``article_id``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""NYTimes800k (Tran et al., "Transform and Tell", CVPR 2020): New York Times articles with their
-images in place, read into the news samples of ``schemas/news.py`` (issue #18). The fields read
-(those the Transform-and-Tell readers use), the splits and dead letters: docs/sources.md.
+"""NYTimes800k (Tran et al., "Transform and Tell", CVPR 2020) read into the news samples of
+``schemas/news.py`` (issue #18; fields, splits and dead letters: docs/sources.md).
 
-The release is a MongoDB database plus ``images_processed/<hash>.jpg``. This reader takes the
-``articles`` collection as JSON Lines in extended JSON (``mongoexport``, or ``bsondump`` of
-``articles.bson``; ``--jsonArray`` output is not read) rather than a live database or the BSON
-archive, because Beam splits a text file across workers and the project carries no MongoDB
-client. Each document becomes an article of the news JSONL layout (language ``en``) through the
-same parser (``news_jsonl.py``). ``split=release`` is the default so results compare with
-published ones. Checked on ``tests/fixtures/nytimes800k/``; not run on the full release here.
-"""
+Why JSON Lines from ``mongoexport`` rather than the database: Beam splits a text file across
+workers and the project carries no MongoDB client. Articles go through ``news_jsonl.py``'s parser;
+``split=release`` so results compare with published ones."""
 
 from __future__ import annotations
 

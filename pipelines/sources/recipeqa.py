@@ -1,27 +1,11 @@
 """RecipeQA (Yagcioglu et al. 2018) as one document per recipe: steps are sentences, step images
 linked (the input layout and splits: docs/sources.md).
 
-An item is one question whose ``context`` holds the recipe's steps (``{id, title, body, images}``).
-The paper (supplement "RQA") extracts the context of every question, so documents are
-deduplicated by ``recipe_id`` (else by the sequence of step ids). Each question shows the
-context in one modality: the visual tasks carry titles and bodies but no images, textual_cloze
-images and bodies but no titles. So the contexts of one recipe are merged step by step
-(``merge_candidates``): the best single context (titled, then with images, then the longest,
-then the smallest qid) gives the step order; every other context is aligned to it by step id
-(steps it lacks are inserted after their predecessor), else by position when both have as many
-steps, else left out (``recipe_contexts_unaligned``). A merged step takes the first titled
-copy's title, the longest body, and the union of the copies' images in first-seen order; the
-contexts are merged in a fixed order, so Beam's combine order does not change the result.
-
-Sentence k is step k's title + " " + body. A step without tokens keeps its index (the build drops
-token-less sentences and remaps the links) but loses its images (``images_of_empty_steps``): the
-paper discards empty steps. A recipe without any linked step image is dead-lettered; the paper's
-">= 2 images and >= 2 steps" is the build's ``recipeqa`` filter preset. The official test split
-(answers hidden) is not the paper's: it is skipped (``official_test_skipped``) unless
-``include_official_test=true`` (split "test_official"). The train/val ratio 0.87/0.13 is the
-paper's 6502/946 recipes. Files are streamed item by item (``jsonstream``); only each recipe's
-distinct contexts are shuffled between workers (a combiner), not every question.
-"""
+Why contexts are merged (``merge_candidates``): each question shows a recipe in one modality, so
+a recipe's contexts are aligned by step id (else position) to the best one and merged in a fixed
+order, whatever Beam's combine order. Token-less steps lose their images (the paper discards
+empty steps); the official test split (answers hidden) is skipped unless
+``include_official_test=true``. Files stream item by item (``jsonstream``)."""
 
 from __future__ import annotations
 

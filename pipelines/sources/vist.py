@@ -1,26 +1,11 @@
 """Visual Storytelling (VIST, Huang et al. 2016) as Story-DII, Story-SIS and DII-Stress documents
-(the input layout and the documents, as the Hessel et al. 2019 supplement builds them:
-docs/sources.md).
+(the documents, as the Hessel et al. 2019 supplement builds them: docs/sources.md).
 
-``annotations`` is a list of one-element lists, each one caption of one photo. SIS elements carry
-``story_id`` and ``worker_arranged_photo_order``. The released DII elements carry no story id
-(several public loaders quote them so), and a fixed set of five photos has several caption sets,
-so captions are grouped per album in file order (``group_dii``): a caption joins the earliest
-open set of its album whose captions so far all have smaller orders, so both a set-after-set and
-an image-after-image layout regroup correctly; an open set is closed once a newer set receives a
-smaller order than it holds, or the same order with another photo (a caption of it was dropped),
-so a dropped caption never lets the next set fill its slot. A caption prefers a set of its own
-``worker_id``, and where the sets are mostly one worker's each, it joins no other worker's set.
-Left ambiguous without worker ids: a dropped caption in an image-after-image layout, or drops at
-the end of one set and the start of the next. Should a release carry ``story_id``, that is used.
-
-A story with a missing image is discarded whole, as in the paper (``document:missing_image``); one
-the store cannot decode leaves four images, and the build's ``min_images=5`` drops it too. A set
-that is not five captions with orders 0..4 is ``document:incomplete_story``. ``text`` is VIST's
-lower-cased, tokenised, name-anonymised text; ``original_text`` (what the worker typed) is used
-where the element has it. Each split is built by one worker (about 200K small records for SIS
-train), since the DII-Stress sampling needs the whole split anyway.
-"""
+Why ``group_dii``: released DII elements carry no story id, so captions are regrouped per album
+in file order, a caption joining the earliest open set of its album (preferring its worker's)
+whose orders are all smaller; a dropped caption never lets the next set fill its slot. A story
+with a missing image is discarded whole, as in the paper. Each split is built by one worker,
+since DII-Stress sampling needs the whole split."""
 
 from __future__ import annotations
 

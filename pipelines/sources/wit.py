@@ -1,16 +1,9 @@
-"""WIT, the Wikipedia-based Image Text dataset (Srinivasan et al., SIGIR 2021), read into the news
-samples of ``schemas/news.py`` (issue #18): a public source for the multilingual recipes (108
-languages; the paper's German and French included). Columns and their mapping: docs/sources.md.
+"""WIT (Srinivasan et al., SIGIR 2021) read into the news samples of ``schemas/news.py``
+(issue #18): a public multilingual source (columns and mapping: docs/sources.md).
 
-Rows are read with the csv module (quoted fields may hold tabs and newlines), streamed, never a
-whole file in memory. A page is the article, its rows grouped by (language, page_url), so all
-images of a page share one split; the article id is ``wit-<language>-<sha1(page_url)[:12]>``,
-sample ``k`` the page's k-th distinct image_url. The Commons attribution and alt texts are not
-article text and are not used. WIT has no dates: the split is by a hash of the article id.
-Dead letters beyond the news parser's: ``malformed_record`` (wrong field count), ``not_utf8``,
-``malformed_file`` (a cut gzip stream, a field over ``csvtable.FIELD_LIMIT``; after the rows
-before it), ``language_filtered``, ``unsupported_mime`` (the release lists SVG and GIF too).
-"""
+Rows stream through the csv module (fields may hold tabs and newlines). Why pages are grouped by
+(language, page_url): all images of a page share one split; WIT has no dates, so the split is by
+a hash of the article id."""
 
 from __future__ import annotations
 

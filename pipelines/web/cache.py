@@ -1,16 +1,9 @@
 """The on-disk response cache format: keys that never include credentials, whole-entry checks.
 
-Why not requests-cache or CacheControl (not measured: they do not do what this cache is for).
-The cache lives on any Beam FileSystems URI (``gs://``, ``s3://``, a local folder shared by
-the workers, written atomically by ``pipelines.fileio``); requests-cache's backends are SQLite,
-a local folder, Redis, MongoDB and DynamoDB, CacheControl's a local folder or Redis. It keeps
-a crawl's answers (200, 404, 410) whatever the server's ``Cache-Control`` says, so a rerun does
-not ask again (CacheControl implements HTTP caching, so ``no-store`` or ``max-age=0`` would
-send every request again); it is looked up before the rate gate and the address check, and
-keyed by the request the client made before following redirects by hand (a library cache on
-the session sees one hop at a time). The format is ~40 lines of code, its failure modes (a torn or
-foreign file is a miss) tested in ``tests/pipelines/test_http_client.py``.
-"""
+Why not requests-cache or CacheControl: this cache lives on any Beam FileSystems URI, keeps 200,
+404 and 410 whatever ``Cache-Control`` says (so a rerun does not ask again), and is keyed by the
+request before redirects are followed by hand; the libraries do none of these. A torn or foreign
+file is a miss."""
 
 from __future__ import annotations
 

@@ -1,28 +1,11 @@
-"""A deadline on one whole HTTP request (connect, headers and body; in the polite client every
-retry and redirect hop of one ``get`` together), not only on its body.
+"""A deadline on one whole HTTP request (connect, headers and body; every retry and redirect hop
+of one ``get`` together), not only on its body.
 
-``requests`` bounds each socket operation (``timeout``), never a whole request: a server that
-sends its status line and headers one byte at a time, each byte just inside the read timeout,
-keeps ``Session.get`` parsing headers for hours, and a deadline checked between body reads
-never gets a turn. Here a timer thread, once the deadline passes, shuts down the sockets the
-request uses, so the blocked read returns at once (end of stream) and the request fails.
-
-The timer reaches the socket through the :class:`Watched` connection mixin (the connection
-classes of ``pipelines.web.transport.PinnedAdapter``): each connection registers its socket with
-the calling thread's active :class:`Deadline` when it opens one (before a TLS handshake, which a
-server can drip too) and again before it reads a response (so a pooled, already connected
-connection is covered). Signals are not an option: Beam runs DoFns in threads and only the main
-thread receives them.
-
-What a cut-off read raises depends on where it was cut (a connection error, a bad status line,
-or no error at all: headers cut short read as a complete response, a body without a
-Content-Length as a short one), so callers must check :attr:`Deadline.expired` after the
-request, whatever it returned or raised.
-
-DNS resolution and the TCP connect are not interrupted (the timer has no socket yet); they are
-bounded by ``timeout`` per address as before, and a request whose deadline passed meanwhile is
-cut the moment its socket is registered.
-"""
+Why: ``requests`` bounds each socket operation, so a server dripping its headers a byte at a time
+keeps a request alive for hours. A timer thread shuts down the request's sockets (registered by
+the :class:`Watched` connections) once the deadline passes; signals reach only the main thread and
+Beam runs DoFns in threads. What a cut read raises varies, so callers check
+:attr:`Deadline.expired` after the request. DNS and the TCP connect are bounded by ``timeout``."""
 
 from __future__ import annotations
 

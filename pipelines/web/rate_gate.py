@@ -1,16 +1,9 @@
-"""The per-host gate: request-start spacing, pauses and blocks shared by every process on a machine.
+"""The per-host gate: request-start spacing, pauses and blocks shared by every process on a machine
+(one ``flock``-ed JSON file per host under ``state_dir``; per process without it).
 
-With a ``state_dir`` one ``flock``-ed JSON file per host holds the gate (Beam's DirectRunner runs
-a worker process per core); without it the gate is per process. Gates and concurrency
-semaphores are process-wide registries, so every client in a process shares them.
-
-Why not pyrate-limiter (4.5.1, ``SQLiteBucket`` with ``use_file_lock``; docs/benchmarks.md
-"Rate gate"): the gate is more than a rate. A server's ``Retry-After`` pauses the host, and a
-spent rate-limit budget blocks it until its reset, for every process and across builds:
-pyrate-limiter has no way to say "nothing before time T" or "refuse until T", only N
-acquisitions per window. And on the spacing itself, two processes at 20 requests/s got two
-starts 0.2 ms apart in two of three runs through its bucket, 49.5-52.3 ms apart through the gate.
-"""
+Why not pyrate-limiter (docs/benchmarks.md, "Rate gate"): it has only N acquisitions per window,
+no "nothing before T" (``Retry-After``) or "refuse until T" (a spent budget) across processes
+and builds, and two processes at 20 requests/s got starts 0.2 ms apart through it."""
 
 from __future__ import annotations
 

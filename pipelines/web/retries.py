@@ -1,23 +1,10 @@
 """When to retry and how long to wait: full-jitter backoff, ``Retry-After``, rate-limit headers.
 
-Why not urllib3's ``Retry`` (mounted on the adapter) or tenacity: the polite client's retry loop
-(``PoliteClient._get_with_retries``) does things between attempts that neither can reach.
-urllib3 retries inside ``urlopen``, before the body is read and before the client sees the
-response: checked with urllib3 2.8 against a loopback server (``Retry(total=2,
-status_forcelist=[503], respect_retry_after_header=True, retry_after_max=1)``), a body reset
-mid-read is not retried (1 request, ``ChunkedEncodingError``; the polite client makes 3 and fails
-transient: ``tests/faults/test_web_faults.py``), and a ``Retry-After: 2`` above the maximum is
-slept out at the maximum (2.0 s for two retries) where the polite client fails at once as
-transient and, for a 429, blocks the host for every process (its default maximum is 21,600 s of
-a sleeping worker). Each attempt must also take a rate slot from the cross-process gate, honour
-Reddit's and imgur's rate-limit headers, see imgur's "over capacity" 403 body, get its own
-deadline, and sleep on the injected clock that keeps the backoff tests instant; urllib3's
-``Retry`` sleeps with ``time.sleep`` and jitters additively (``backoff_factor * 2**n`` plus up
-to ``backoff_jitter``, no wait before the first retry), not full jitter. tenacity would run the
-same loop with these decisions as callbacks: a dependency for no behaviour. What is left here is
-arithmetic (``backoff_delay``, two lines) and header parsing on the injected clock
-(``parse_retry_after``: urllib3's takes ``time.time()`` and raises on a bad header).
-"""
+Why not urllib3's ``Retry`` or tenacity: urllib3 retries inside ``urlopen``, so a body reset
+mid-read is not retried and an over-long ``Retry-After`` is slept out instead of failing as
+transient (tests/faults/test_web_faults.py); between attempts the client must take a rate slot,
+honour rate-limit headers, give each attempt a deadline and sleep on an injected clock. tenacity
+would be a dependency for no behaviour. What is left is arithmetic and header parsing."""
 
 from __future__ import annotations
 

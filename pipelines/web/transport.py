@@ -1,27 +1,11 @@
 """The requests transport every web request goes through: each new connection resolves its host
 once, has the guard check that answer, and connects to exactly the addresses checked.
 
-Checking a host's addresses and then letting urllib3 resolve it again to connect leaves a gap:
-a DNS answer that changes between the two lookups (DNS rebinding: a public address for the
-check, 127.0.0.1 for the connect) reaches an address the guard refused. Here the connection
-itself calls :func:`pipelines.web.guard.resolve_checked` and connects to the socket addresses
-it returned, so there is no second lookup to rebind. Only the TCP connect is pinned: the
-connection keeps its host name, so the Host header, TLS SNI and the certificate's hostname
-check are all still on the name. Every new connection does this, so a redirect hop (followed
-by the polite client or by requests itself) and a retry are checked on the address they
-connect to; a pooled keep-alive connection is connected to an address checked when it opened.
-
-The connections also register their sockets with the request's deadline
-(:class:`pipelines.web.deadline.Watched`).
-
-Proxies are never taken from the environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``,
-``.netrc``): :func:`pinned_session` switches requests' ``trust_env`` off, because a connection
-to a proxy is not pinned (the proxy resolves the target itself, so a rebinding answer reaches
-whatever the proxy's resolver says, and its own address is the operator's choice, typically
-private). A proxy is an explicit option (``HttpPolicy.proxy``, the sources' ``proxy``
-``--source-option``); behind it only the caller's checks before the request apply (allowlist
-per hop, the address check on this machine's resolver), not the pinning.
-"""
+Why: a second lookup by urllib3 could rebind (a public address for the check, 127.0.0.1 for the
+connect). Only the TCP connect is pinned, so Host, SNI and certificate checks use the name;
+redirect hops and retries are checked as they connect. Connections also register their sockets
+with the request's deadline. Why no environment proxy (``trust_env`` off): a proxy connection is
+not pinned; an explicit ``HttpPolicy.proxy`` keeps only the per-hop checks."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Table 2's divide and conquer from a finished Table 1 grid: ``--init-from-grid RUN_ID``.
 
-Liu et al. train the fusers of Table 2 from Table 1's single-source "full" models. For every
-dataset (matched by column name) and source this picks the finished ``full@SOURCE`` trial with
-the best validation value of the metric its checkpoint was chosen by (never a test metric, which
-Table 2 would then be tuned on), downloads its logged checkpoint, and gives the trials
-``init_from = caption=DIR,body=DIR,...`` (caption first: the word embeddings and image tower come
-from the caption model, as in the paper), the encoders' architecture and one fuser warm-up epoch.
-
-Why a reference to a finished grid, not a first Tune stage that pre-trains the encoders: Tune has
-no dependencies between trials (a two-stage search would be a second ``Tuner.fit`` hidden inside
-this one, with its own failures and resources), and the encoders Table 2 fuses should be the very
-models Table 1 reports, not a re-training with another seed. An MLflow run ID is the lineage a
-Tune/MLflow user already works with, and downloading through MLflow works with a remote tracking
-server too. Mismatches are refused before any trial: another dataset version (divide and conquer
-copies word embedding rows, so the vocabulary must match) or architecture (``ARCH_FIELDS``).
-"""
+Picks each dataset's and source's ``full@SOURCE`` trial by its validation selection metric
+(never a test one), downloads its checkpoint and hands the trials ``init_from`` (caption first).
+Why a finished grid, not a first Tune stage: Tune has no dependencies between trials, and the
+encoders fused should be the very models Table 1 reports; MLflow works with a remote server too.
+Another dataset version or architecture (``ARCH_FIELDS``) is refused before any trial."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""Liu et al.'s news image selection tables (issue #18) as grids: each table's rows and columns
-as TrainConfig overrides, their trials (one per row, column and seed) and the table printed in
-the paper's layout; the tables, their rows and commands: docs/retrieval-news.md.
+"""Liu et al.'s news image selection tables (issue #18) as grids: rows and columns as TrainConfig
+overrides, one trial per row, column and seed, printed in the paper's layout (docs/retrieval-news.md).
 
-Every row is the project's news model (``training/news/``), the paper's external baselines
-included (ORDER, CHAIN, HAL as losses and encoders). The paper's embedding rows are pre-trained
-fastText files: offline the rows use the base's vectors, so "w/o subword" vs "full" is the
-embedding contrast measured here. Table 2's fusers load single-source encoders (``--init-from``,
-or ``--init-from-grid``: ``training/grid/init_grid.py``); without them every row trains jointly
-from scratch, which the table's notes say. A cell is the mean over the repeats (seeds
-base.seed, base.seed + 1, ...); MedR's "±" is their sample standard deviation.
-"""
+Offline the embedding rows use the base's vectors; a cell is the mean over seeds, MedR's "±" their
+sample standard deviation."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""Alikhani et al.'s Tables 4 (CITE++) and 5 (Clue) as a grid: the retrieval family's rows,
-their trials (one per model and seed) and the table in the paper's layout (rows, columns and
-commands: docs/retrieval-news.md).
+"""Alikhani et al.'s Tables 4 (CITE++) and 5 (Clue) as a grid: the retrieval family's rows, one
+trial per model and seed, printed in the paper's layout (docs/retrieval-news.md).
 
-CMCM_c has one model per relation, so its rows come from the manifest's vocabulary
-(``"relation": "*"`` in a template point). A cell is the mean over the repeats and MedR's "±"
-their sample standard deviation (ddof 1), which is how "3 repeats with the standard deviation of
-the main metric" reads here (the paper does not say what its ± is taken over). Selective
-similarity refinement is applied at inference, so it needs no trial of its own: every CAM
-model's trial is evaluated with and without it (the "+ SSR" rows); CMCA has no CAM, hence none.
-"""
+CMCM_c's rows come from the manifest's relations (``"relation": "*"``); a cell is the mean over
+seeds, MedR's "±" their sample standard deviation (ddof 1). The "+ SSR" rows need no trial:
+refinement is applied at inference to every CAM model's trial."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """The GRU backbone's image side, chosen by measuring the corpus at hand (issue #60).
 
-``--image-centring auto`` (the default) trains each candidate of ``CANDIDATES`` briefly, on the
-first ``TRIAL_DOCS`` training documents for ``trial_epochs`` epochs, scores it on the validation
-split by a label-free within-document criterion (``training.metrics.link_structure``: how much
-one-to-one structure its scores hold inside a document beyond chance), and the run trains the best
-one. The bag baseline is a candidate, so the choice has the simplest model's floor whenever the
-criterion ranks it right (docs/benchmarks-linking.md measures how often it does).
-
-Why measured, not a rule: the rule it replaces read the training split's image ratio and a
-residual ratio against thresholds (5, 1) that sat in gaps of one generator's grid; on corpora of
-2-3 images per document, or whose topics have several looks, it picked the image side that lost
-6-12 AUC to the bag. A look's form (added, a gain, one of several per topic, on some images only)
-decides which image side links, and the training run itself is the one measure that sees every
-form.
-
+``--image-centring auto`` trains each of ``CANDIDATES`` briefly and keeps the one whose
+validation scores hold the most label-free within-document link structure
+(``training.metrics.link_structure``); the bag is a candidate, so the simplest model is the floor.
+Why measured, not a rule: a threshold rule on the image ratio lost 6-12 AUC to the bag on
+corpora of 2-3 images or several looks per topic (docs/training.md, docs/benchmarks-linking.md).
 Its own module because it trains (the registration module only declares)."""
 
 from __future__ import annotations

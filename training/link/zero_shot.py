@@ -1,14 +1,8 @@
 """mmc4's zero-shot linker as a baseline (``mmlinks baseline --method clip-zero-shot``).
 
-mmc4 (Zhu et al. 2023) links the images of a web document to its sentences by the cosine of
-CLIP's image and text embeddings and one linear assignment per document, with no training. Here
-the image embeddings are the dataset's stored ``clip-vit-b32`` features (the build ran CLIP's
-image tower through RunInference), the sentences go through the text tower of the same weight
-file (the version in the manifest must match), and every document of the split is scored like a
-trained model: AUC, p@1, p@5 of its cosine matrix. The predicted links are the maximum-weight
-one-to-one assignment (mmc4's; ``--min-score`` drops weaker links) and, where the data has
-ground truth, their precision/recall/F1.
-"""
+Why a baseline: mmc4 (Zhu et al. 2023) links with CLIP cosines and one assignment per document,
+no training; scored like a trained model on the dataset's stored ``clip-vit-b32`` features and
+the text tower of the same weight file (its version must match the manifest)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""CHAIN (Wehrmann & Barros, "Bidirectional Retrieval Made Simple", CVPR 2018), Liu et al.'s
-Table 1 line 1.4: a character-level convolutional text encoder with no word embedding. Pure torch.
+"""CHAIN (Wehrmann & Barros, CVPR 2018), Liu et al.'s Table 1 line 1.4: a character-level
+convolutional text encoder with no word embedding. Pure torch.
 
-What is kept of CHAIN-VSE: characters -> a learned character embedding -> 1-D convolutions ->
-global max pooling -> a linear map into the joint space. Wehrmann's encoder stacks several
-inception-like blocks; this one is a single block (parallel convolutions of widths 3, 5 and 7,
-concatenated, then a width-3 convolution), enough for the baseline's point in Table 1: it reads
-characters, not word vectors (Liu et al.: "CHAIN fails significantly ... it does not explicitly
-have a word embedding module").
-
-Characters come from the vocabulary's words (the model config holds them, as for the subword
-n-grams): a text is its words' characters joined by spaces, as the tokenizer left them
-(lower-cased, punctuation split off); a word outside the vocabulary (UNK) is one UNK character.
-"""
+Why one inception-like block, not Wehrmann's stack: the baseline's point is that it reads
+characters, not word vectors. A text is its words' characters joined by spaces; an unknown word
+is one UNK character."""
 
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
 """The news image selection model of Liu et al. ("Upgrading the Newsroom", Sect. 4.3 and 5.1).
-Pure torch.
+Pure torch; its parts and fusers: docs/retrieval-news.md.
 
-- Words: a word embedding plus, with ``subword_buckets``, hashed character n-grams (Liu et al.
-  Sect. 4.3.1; docs/retrieval-news.md, "News text"). The model tokenises its own text with the
-  training vocabulary kept in its config (``words``) and the per-source token limits, so a served
-  model encodes exactly as training did.
-- One text encoder per source (headline, lead, body, caption), sharing the word embedding
-  (paper: "the four single models share a common word embedding"): multi-head self-attention
-  without positional encoding or causal mask, with a residual connection (Eq. 2-3) ->
-  point-wise (kernel-1) CNN ReLU(A W1 + b1) W2 + b2 -> global max pooling over the words.
-- Image: a frozen CNN feature (computed by the build) standardised with the training set's
-  statistics -> linear (``BottleneckImageEncoder``, the core's ``training/joint_space.py``).
-- Fusion of the per-source vectors (``FUSERS``): ``max`` (element-wise max over the present
-  sources), ``add`` (their sum), ``mlp`` (concatenation -> two Linear+ReLU blocks, Yu et al.),
-  ``attention`` (the paper's Feature Fuser: single-head self-attention over the S source
-  vectors -> concatenation -> Linear(Sd, Sd) -> ReLU -> Linear(Sd, d)). A missing or dropped
-  source is a zero vector and is masked out of max, add and the attention's keys.
-- ``encoder = "chain"`` replaces the word embedding and the attention encoders by CHAIN's
-  character-level convolutions (``chain.py``; Table 1's baseline line 1.4).
-- Both sides end L2-normalised, so text x image scores are cosines; ``score = "order"`` (ORDER,
-  Vendrov et al., Table 1's line 1.3) takes their absolute values (the order embeddings live in
-  the non-negative orthant) and scores by the negative order violation (``losses.order_scores``).
-  ``NewsRetrieval.score`` is the one place a text x image score is computed (loss, validation,
-  test, serving).
-"""
+Why the model tokenises its own text (the vocabulary and token limits live in its config): a
+served model encodes exactly as training did. ``NewsRetrieval.score`` is the one place a text x
+image score is computed (loss, validation, test, serving)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """The ``news`` objective in the training stack: what ``--objective news`` plugs into the
-objective and backbone registries, the Ray Train loop and the experiment (the options and
-recipes: docs/retrieval-news.md).
+registries, the loop and the experiment (options and recipes: docs/retrieval-news.md).
 
-``--random-drop p`` keeps one random present source of each sample and drops every other one
-with probability p while training; validation and test use the complete inputs. Samples with no
-source left (a caption-only model on an article without caption) leave the loss. Validation is
-text-to-image MedR and R@10 over every validation sample (``val_medr`` chooses the checkpoint);
-test is the retrieval family's evaluation, which ``NewsRetrieval`` answers as a model without
-coherence module. A sample without any source the model reads gets a zero text vector, so it
-counts as a miss (ties are pessimistic).
-"""
+A sample whose sources were all dropped leaves the loss; one without any source the model reads
+gets a zero text vector, so it counts as a miss (ties are pessimistic)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""The training recipes of Liu et al. that start a news model from other weights (issue #18):
-one for all (Sect. 5.2.2: frozen aligned word vectors, every language mixed, so the aligned space
-is not broken), all for one (Sect. 5.2.3: every weight but the word embeddings from a model of
-another language) and divide and conquer (Sect. 6.2: each source encoder from its own
-single-source model, the fuser fresh and trained alone first); what each does and refuses:
-docs/retrieval-news.md. A vocabulary word without an aligned vector keeps a fixed random vector
-where the paper maps it to <unk>: it keeps two such words apart, which we found harmless.
-Loading happens once, when the run builds its model (``apply_init``); a checkpoint read back
-later (resume, evaluation, serving) holds the trained weights and does not need the files.
-"""
+"""The recipes of Liu et al. that start a news model from other weights (issue #18): one for all,
+all for one and divide and conquer (docs/retrieval-news.md).
+
+A word without an aligned vector keeps a fixed random vector (the paper maps it to <unk>), which
+keeps two such words apart. Why loaded only at build time (``apply_init``): a checkpoint read
+back later holds the trained weights and needs no files."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""The news family's default recipe (issue #46): Liu et al.'s divide and conquer (Sect. 6.2) in
-one ``mmlinks train --objective news`` command (docs/retrieval-news.md, "the default staged
-recipe").
+"""The news family's default recipe (issue #46): Liu et al.'s divide and conquer in one
+``mmlinks train --objective news`` command (docs/retrieval-news.md).
 
-Why the default: on every synthetic corpus of docs/benchmarks.md, a fused model trained from its
-single-source models beats one trained jointly from scratch in text-to-image R@10 (issue #34's
-corpora: 80.8 / 85.8 / 88.7 vs 78.8 / 82.3 / 80.1; issue #46's: 89.8 / 89.9 vs 88.8 / 86.9).
-Every stage is an ordinary ``run_experiment`` nested under one MLflow parent run, which gets the
-config, the final stage's run ID and its test metrics. The stages' checkpoints are read back
-through MLflow (``training.grid.init_grid.logged_checkpoint``), so a remote tracking server
-works too.
-"""
+Why the default: on every synthetic corpus measured, the fused model beats one trained jointly
+(docs/benchmarks-news.md). Each stage is a ``run_experiment`` under one MLflow parent run; the
+stages' checkpoints come back through MLflow, so a remote tracking server works too."""
 
 from __future__ import annotations
 

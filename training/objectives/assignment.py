@@ -1,19 +1,10 @@
 """Exact k-cardinality maximum-weight bipartite matching (the AP similarity's inner problem).
 
-Two solvers with the same optimum: ``max_weight_matching`` solves one problem with SciPy's
-``linear_sum_assignment`` (the reference, kept as the oracle; ``looped_max_weight_matching`` calls
-it per problem), ``batched_max_weight_matching`` solves the B^2 problems of a batch together with
-vectorised successive shortest paths.
-
-For k < min(n, m) the reduction follows the reference solver: with the smaller side as rows, add
-(min - k) dummy columns of a high value that can only absorb rows, and solve one rectangular
-assignment. Every dummy is used (each is worth more than any real edge), so exactly k real rows
-remain, and they get the best k-edge matching among all real pairs.
-
-Why SciPy, not lapjv (the solver until issue #63): on a document's small blocks SciPy's call costs
-~1-2 us against lapjv's ~6 us, takes rectangular matrices as they are (no padding to square) and is
-installed wherever torch's image is (the GPU image has no lapjv); at 64 x 64 the two are level.
-"""
+``max_weight_matching`` (SciPy's ``linear_sum_assignment``, the oracle; ``looped_max_weight_matching``
+calls it per problem) and ``batched_max_weight_matching`` (vectorised successive shortest paths)
+have the same optimum. For k < min(n, m), (min - k) high-value dummy columns absorb rows of the
+smaller side (the reference solver's reduction). Why SciPy, not lapjv (until issue #63): ~1-2 us a
+small block against lapjv's ~6 us, rectangular blocks as they are, and on the GPU image too."""
 
 from __future__ import annotations
 

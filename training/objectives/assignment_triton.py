@@ -1,23 +1,10 @@
 """AP's k-edge matchings solved on the GPU: one Triton program per problem, no host round trip.
 
-Why a kernel: on a GPU the encoders of a training step get ~100x faster than on a CPU, but the
-numpy solvers (``assignment.py``) do not, and they need the similarity matrices copied to the host
-and back (a synchronisation per step). At B = 64 the B^2 = 4,096 small problems then cost more than
-the rest of the step. Each problem is tiny (documents of ~16 x 16), so one GPU program per problem,
-holding the problem's whole state in registers, solves all of them in one launch.
-
-Algorithm: the Hungarian method with shortest augmenting paths (the Jonker-Volgenant form that adds
-one row at a time, O(r^2 c)), on costs ``-w``, with rows the smaller side of each problem
-(transposed where n > m). k < min(n, m) uses the reference reduction (``assignment.py``): r - k
-dummy columns worth more than any real edge absorb r - k rows, so the remaining k rows take the best
-k-edge matching. Row potentials are kept per column (``uc[j]`` is the potential of the row matched
-to column j; slot 0 holds the row being added), which turns the method's scatter ``u[p[j]] +=
-delta`` into a vector op; the row then moves with its column when the path is flipped. float64
-throughout, like the numpy solvers.
-
-The same kernel runs on CPU tensors through Triton's interpreter (slowly: for tests), so the suite
-checks it against the SciPy reference without a GPU.
-"""
+Why a kernel: the numpy solvers need the matrices copied to the host every step, and at B = 64
+the 4,096 tiny problems cost more than the rest of the step. Hungarian with shortest augmenting
+paths (Jonker-Volgenant), the smaller side as rows and ``assignment.py``'s dummy reduction for
+k < min(n, m); row potentials are kept per column (``uc[j]``; slot 0 the row being added) so the
+scatter becomes a vector op. float64 throughout; on CPU it runs in Triton's interpreter (tests)."""
 
 from __future__ import annotations
 

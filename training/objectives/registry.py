@@ -1,14 +1,8 @@
 """The objective registry: the one module that defines every ``--objective`` name.
 
-An objective is a loss over a batch of encoded documents; every objective sees the same padded
-[B, n, d] sentence and [B, m, d] image tensors. The families register theirs (``dc``, ``tk``,
-``ap``, ``nostruct``, ``li2021``: ``training/link/``; ``cmca``, ``cmcm``, ``cmcm-c``:
-``training/retrieval/``; ``news``: ``training/news/``), the latter two plugging their own model,
-loss and validation in through ``model_loss``, ``val_metrics`` and ``backbone``. ``TrainConfig``
-validation, run labels, the training loop, the report and the grid's rows all read these specs;
-adding an objective is one ``register_objective(ObjectiveSpec(...))`` call. No torch at import
-time (``training.config`` reads it): the losses import their tensor code when called.
-"""
+Why one registry: config validation, run labels, the loop, the report and the grid all read these
+specs, so adding an objective is one ``register_objective(ObjectiveSpec(...))`` call in its
+family. No torch at import time (``training.config`` reads it)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""Per-attribute retrieval report (issue #45): does a retrieval model rank by what a text names,
-or only by what dominates the image features? (the measures: docs/evaluation.md, "Per
-attribute").
+"""Per-attribute retrieval report (issue #45; docs/evaluation.md, "Per attribute").
 
-A model that ranks by colour alone matches the ink and backdrop and leaves the digit at chance;
-the linear probe says what the frozen features carry, so top-5 match / probe says how much of it
-the model uses. The probe oracle (``probe_oracle_scores``) ranks by each image's attributes as
-the probes read them: the MedR a model reaches whose image side is as good as a linear read-out
-of the frozen features and whose text side is perfect.
-"""
+Why: does a model rank by what a text names, or only by what dominates the image features? Top-5
+match over the linear probe says how much of what the features carry the model uses; the probe
+oracle is a model with a linear read-out image side and a perfect text side."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""The end of a retrieval run (and of a news run: the ``news`` objective's family is
-"retrieval"): test evaluation, MLflow metrics and artifacts, the packaged and registered model,
-the HTML report.
+"""The end of a retrieval run (and a news run: its family is "retrieval"): test evaluation, MLflow
+metrics and artifacts, the packaged and registered model, the HTML report.
 
-``training.experiment.run_experiment`` calls ``finish_run`` through the core's run-finish hook
-(``training.family_hooks``, filled by ``training/retrieval/registration.py``). What is another
-family's here comes through the core too: a news run's warnings (``BackboneSpec.run_warnings``).
-The model is packaged and registered by the ``package`` the run was handed
-(``training.experiment.Packager``: ``models.experiment.package_run``), as its objective's
-``packaging`` says ("pairs"; a news run's "news-archive").
-"""
+Why a hook: ``training.experiment.run_experiment`` reaches ``finish_run`` through
+``training.family_hooks`` and never imports this family."""
 
 from __future__ import annotations
 

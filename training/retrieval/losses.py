@@ -1,23 +1,12 @@
 """CMCA / CMCM losses (Alikhani et al. Eq. 1-3) and the selective similarity refinement
 (Eq. 4-6). Pure torch.
 
-- Retrieval (Eq. 1, VSE++): for each matched pair i of the batch, the hardest in-batch negative
-  image of text i and the hardest negative text of image i,
-  ``max(0, m - s(t_i, v_i) + max_{j != i} s(t_i, v_j)) + max(0, m - s(t_i, v_i) + max_{j != i} s(t_j, v_i))``,
-  margin m (the paper's 0.3; ``--retrieval-margin``, 0.5 by default since issue #45, which the
-  objective always passes); averaged over the batch (Eq. 3's 1/N). The paper prints the hinge as
-  ``min{0, trip}`` with ``trip = s(a, p) - s(a, n) - alpha``: a sign slip, the hinge written here
-  is the one a triplet loss means.
-- Warm-up: from random weights the hardest-negative hinge collapses the embeddings (measured
-  on the synthetic coherence corpus: validation MedR stays at chance); the first
-  ``--hard-negative-warmup`` epochs (default 1) average the hinge over every negative instead.
-- Coherence (Eq. 2): per pair, sum over relations c of w_c x BCE(x_c, y_c), w_c = 1 / (share of
-  training pairs with relation c) (``relation_weights``); averaged over the batch.
-- Total (Eq. 3): retrieval + lambda_cls x coherence, lambda_cls = 0.1.
-- Refinement: eta_ij = sum_c exp(lambda |x_ijc - 0.5|) from the CAM's probabilities of pair
-  (i, j); refined theta_ij x eta_ij, only for "difficult" queries i whose two best similarities
-  differ by less than T (lambda 0.13 CITE++ / 0.12 Clue, T 0.1).
-"""
+The retrieval hinge is VSE++'s hardest negative both ways (the paper's ``min{0, trip}`` is a sign
+slip), margin ``--retrieval-margin``; why a warm-up: from random weights the hardest-negative
+hinge collapses the embeddings, so the first ``--hard-negative-warmup`` epochs average every
+negative. Coherence is relation-weighted BCE (w_c = 1 / positive share); total = retrieval +
+lambda_cls x coherence. Refinement multiplies difficult queries' scores (top-2 gap < T) by
+sum_c exp(lambda |x_c - 0.5|)."""
 
 from __future__ import annotations
 

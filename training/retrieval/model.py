@@ -1,20 +1,9 @@
-"""CMCA and CMCM (Alikhani et al.): text and image encoders into a shared 300-d cosine space,
-plus CMCM's Coherence Aware Module (CAM). Pure torch.
+"""CMCA and CMCM (Alikhani et al.): text and image encoders into a shared cosine space, plus
+CMCM's Coherence Aware Module (CAM). Pure torch.
 
-- Text: word embeddings (initialised from pretrained word vectors, ``training/word_vectors.py``
-  via ``training/text.py``) -> one-layer bidirectional LSTM -> word attention (a learned query
-  scores each LSTM state, softmax over the real tokens) -> linear -> L2. ``pooling`` "mean" or
-  "last" replaces the attention (the paper's NoAttn variant); "bag" is the simplest model, the
-  floor the others are measured against: the mean of the word embeddings -> linear -> L2 (no LSTM).
-- Image: a CNN feature (e.g. EfficientNet-Lite0 1280-d) standardised with the training set's
-  mean/std (buffers, as ``training/model.py``; the paper's extra batch norm) -> linear
-  bottleneck -> L2.
-- CAM: one linear layer (the paper: "one fully-connected layer, adding more layers does not
-  improve performance"; ``cam_hidden`` > 0 adds a ReLU layer) on concat(text, image) of the
-  normalised embeddings -> one logit per relation. A layer on a concatenation is a sum of one
-  term per side, so ``pair_logits`` scores every (text, image) pair of a pool without building
-  the [Q, N, 2d] concatenation.
-"""
+Text: word embeddings -> BiLSTM -> word attention (``pooling`` mean/last: NoAttn; bag: no LSTM,
+the floor) -> linear -> L2; image: standardised CNN feature -> linear -> L2. Why ``pair_logits``
+needs no [Q, N, 2d] concatenation: a layer on concat(text, image) is a sum of one term per side."""
 
 from __future__ import annotations
 

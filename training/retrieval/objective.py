@@ -1,14 +1,8 @@
 """The retrieval objectives in the training stack: what ``--objective cmca|cmcm|cmcm-c`` plugs
-into the objective and backbone registries, the Ray Train loop and the experiment.
+into the registries, the loop and the experiment.
 
-Data: a pair dataset (docs/design.md, "Pair datasets"); the CAM predicts the manifest's
-relations (cmcm) or ``--relation`` (cmcm-c), with loss weights w_c = 1 / positive rate from the
-training shards. Loss: Eq. 3 (``losses.py``). Validation: text-to-image MedR and R@K over pools
-as the test's (``--select-by val_medr``, the paper's best epoch, is the default). Test: MedR and
-R@K both ways, with and without selective refinement (the configured lambda and T, and those
-``tune_refinement`` picks on validation), per relation subset, the CAM's relation AP, and on
-pairs with attribute truth the per-attribute report (``attributes.py``).
-"""
+Data: pair datasets (docs/design.md); validation: text-to-image MedR and R@K over pools, as the
+test's, so ``val_medr`` picks the paper's best epoch. What the test reports: docs/evaluation.md."""
 
 from __future__ import annotations
 

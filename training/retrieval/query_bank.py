@@ -1,18 +1,10 @@
-"""The query bank of a coherence retrieval model: embeddings of training captions kept with the
-model, so that an image's score for a text is its cosine minus its soft-maximum cosine to those
-captions (``CoherenceRetrieval.image_bias``).
+"""The query bank of a coherence retrieval model: training captions' embeddings kept with the
+model, so an image's score is its cosine minus its soft-maximum cosine to them.
 
-Why: a model trained on the hardest in-batch negative leaves a few images near many captions
-(hubs); they crowd the top ranks of queries they do not answer. Subtracting each image's
-log-mean-exp cosine over a bank of training captions ranks an image by how much better it fits
-this text than texts in general: the inverted softmax of querybank normalisation (Bogolin et
-al., "Cross Modal Retrieval with Querybank Normalisation", CVPR 2022). It is one term per image,
-so it changes text -> image rankings only (image -> text rankings are untouched), it costs one
-[Q, d] x [d, N] product per set of candidates, and it needs no test data: the bank is drawn
-from the training split when the run ends, stored in the model's state (the ``query_bank``
-buffer) and packaged with it. Graded corpus (issue #45, docs/benchmarks.md): CMCA MedR
-8.0 / 7.5 / 8.0 / 9.0 -> 7.0 on each of 4 seeds.
-"""
+Why (querybank normalisation, Bogolin et al. CVPR 2022): hardest-negative training leaves hub
+images near many captions, crowding queries they do not answer; the term ranks an image by how
+much better it fits this text than texts in general. Text -> image only, drawn from the training
+split and packaged in the model's state (issue #45: MedR ~8 -> 7, docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""Reddit submissions: candidate r/DIY imgur-album posts from dumps plus an incremental crawl.
+"""Reddit submissions: candidate r/DIY imgur-album posts from dumps plus an incremental crawl
+(docs/sources.md).
 
-The paper (Hessel et al. 2019, supplement "DIY") took every r/DIY submission from Jan 2013 to
-Oct 2018 out of pushshift's monthly dumps, kept link posts to imgur albums with score >= 25,
-then scraped the albums (``pipelines.sources.imgur``; ``diy`` composes the two). Here the Reddit
-half: ``ReadCandidatePosts`` (dump files -> the latest copy of each post, filtered, its score
-refreshed through the API because dump scores were taken minutes to days after posting) and
-``crawl_new_posts`` (``/r/<sub>/new`` with praw, checkpointed, written in the dump format so the
-same reader takes both); docs/sources.md has the details. The submodules' public names are
-re-exported, each imported on first use: Beam and praw load only when needed (the CLI's parser
-reads ``config``). Credentials come only from praw's own environment variables, and their
-values are never logged, put in options, metadata or error messages.
-"""
+``ReadCandidatePosts`` reads dumps (latest copy of each post, score refreshed through the API:
+dump scores were taken too early); ``crawl_new_posts`` crawls ``/r/<sub>/new`` into the same
+format. Why names are imported on first use: Beam and praw load only when needed. Credentials
+come only from praw's environment variables and are never logged."""
 
 from __future__ import annotations
 
