@@ -1,10 +1,7 @@
 """How an ivfpq archive index's search is set: by measurement at build time (issue #38).
 
-``calibrate`` tries the re-rank factors of ``CALIBRATION_FACTORS`` and, for each, the IVF cells
-to probe, against ``ArchiveIndex.exact_search_rows`` on the calibration queries, and keeps the
-cheapest setting that reaches ``TARGET_RECALL`` (``ArchiveIndex.calibrate`` calls it; the
-streamed build, ``archive.build``, calibrates the finished index).
-"""
+``calibrate`` keeps the cheapest re-rank factor and probe count (``CALIBRATION_FACTORS``) that
+reaches ``TARGET_RECALL`` against the exact search on the calibration queries."""
 
 from __future__ import annotations
 

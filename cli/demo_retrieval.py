@@ -1,10 +1,7 @@
 """``mmlinks demo --family retrieval``: the coherence-retrieval family end to end offline.
 
-synth-coherence -> Beam build (a pair dataset) -> Ray Train CMCA and CMCM -> test metrics and
-the HTML report with CMCM's top 5 beside CMCA's (Figure 6) -> both registered as candidates ->
-CMCM promoted through the gate on validation MedR / R@10 -> one text queried against the
-production model's packaged gallery. Each step calls the code its own command calls.
-"""
+synth-coherence -> build -> train CMCA and CMCM -> report (Figure 6) -> register -> promote CMCM
+through the gate -> query the production model's gallery; each step calls its own command's code."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """One line for the failures of the machine around a command (issue #62): a full disk, a tracking
 server that does not answer, a tracking database another process holds locked.
 
-They surface from deep inside MLflow, SQLAlchemy, Ray or a Beam worker, wrapped in their
-tracebacks (``mmlinks train`` printed 245-624 lines for them, ``mmlinks link`` a 94-line Beam
-traceback ending in ``OSError: [Errno 28] ... [while running 'WriteShards']``). ``explain`` reads the
-exception chain and the text a runner wraps it in, and names what failed and what to do; the
-traceback goes to the log only. Anything else is left to the caller (a bug keeps its traceback)."""
+Why: they surface deep inside MLflow, SQLAlchemy, Ray or Beam (``mmlinks train`` printed 245-624
+traceback lines). ``explain`` reads the exception chain and names what failed and what to do; the
+traceback goes to the log. Anything else is left to the caller (a bug keeps its traceback)."""
 
 from __future__ import annotations
 

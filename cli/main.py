@@ -1,10 +1,7 @@
 """``mmlinks``: the command line over the dataset pipelines and the training stack.
 
-Every command prints human-readable output by default and exactly one JSON object on stdout
-with ``--json``. Expected failures (missing paths, bad manifests, unknown schema versions) end
-with a one-line ``mmlinks: error: ...`` and exit code 2 (with ``--json``, stdout's object is then
-``{"error": ..., "exit_code": ...}``); ``--debug`` shows the traceback.
-"""
+Human-readable output, or one JSON object with ``--json``; expected failures end with one
+``mmlinks: error: ...`` line and exit code 2 (``--debug`` shows the traceback)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Image feature extractors and image decoding; no Beam, no pipelines imports.
 
-``features.registry`` names the built-in extractors (light: CLI help reads it without torch);
-``features.base`` holds the extractor contract and class registry, ``features.images`` decodes
-and fingerprints image bytes, ``features.cpu_heap`` tunes a CPU worker's allocator.
-``get_extractor(name, **options)`` gives a configured extractor;
-``EXTRACTORS`` maps names to classes. The torch-backed names below load on first access, so
-``import features.registry`` stays cheap.
-"""
+``get_extractor(name, **options)`` gives a configured extractor and ``EXTRACTORS`` maps names to
+classes. Why the torch-backed names load on first access: ``import features.registry`` (the
+CLI's help) stays cheap."""
 
 from __future__ import annotations
 

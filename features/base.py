@@ -1,18 +1,10 @@
 """The extractor contract and registry: adding a backbone is one small registered class.
 
-An :class:`Extractor` names its weights (``version``), output size (``dim``) and preprocessing,
-loads its model, runs batched forwards and turns raw model outputs into :class:`ImageFeatures`;
-``kind`` is ``"global"`` (one vector per image) or ``"regions"`` (boxes, vectors, labels and
-scores). The pipeline runs ``preprocess`` -> RunInference(``pipelines.inference``'s handler) ->
-``postprocess``; this package never imports Beam. Region extractors report boxes in original
-image pixels: ``preprocess`` tags its tensor with the original (width, height), a plain attribute
-that pickling and Beam's coders keep.
-
-Determinism: CPU kernels pick different code paths for different batch sizes, and Beam sizes
-batches by timing, so a feature could change in the last bits with the batch it lands in.
-Extractors therefore never forward a Beam batch as-is: global/grid extractors forward fixed
-chunks of ``FORWARD_CHUNK`` images (the last one zero-padded), detectors one image at a time.
-"""
+An :class:`Extractor` runs as ``preprocess`` -> RunInference -> ``postprocess``, giving
+``"global"`` vectors or ``"regions"`` (boxes in original pixels); this package never imports Beam.
+Why fixed forward chunks (``FORWARD_CHUNK``, zero-padded; detectors one image at a time): CPU
+kernels differ by batch size and Beam sizes batches by timing, so a feature would otherwise
+change in the last bits with the batch it lands in."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """CLIP (open_clip architectures) from a local weight file: image embeddings as an extractor,
-and the loader the CLIP text tower and the zero-shot baseline share (the files it reads:
-docs/training.md).
+and the loader the CLIP text tower and the zero-shot baseline share (files: docs/training.md).
 
-mmc4 links the images of a document to its sentences with zero-shot CLIP similarities; the image
-side here is the CLIP image embedding (``encode_image``, before its L2 normalisation), stored in
-the shards like any other global feature, so the zero-shot baseline and the ``clip`` backbone
-read it through the same RunInference and feature-cache path as DenseNet169. Nothing is
-downloaded: the architecture comes from open_clip's bundled configs (or a JSON config file), the
-weights from the file, read by open_clip's own ``load_checkpoint``. The version recorded in the
-manifest is ``<model>-<sha256[:8]>`` of the file.
-"""
+Why an ordinary global feature: the zero-shot baseline and the ``clip`` backbone then read it
+through the same RunInference and feature-cache path as any extractor. Nothing is downloaded;
+the manifest's version is ``<model>-<sha256[:8]>`` of the weight file."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Faster R-CNN (ResNet-50 FPN, COCO) region features: top-N boxes with their 1024-d box-head vectors.
 
-Per image: the model's own detections (per-class NMS, ordered by score) with a low score
-threshold so ``num_regions`` boxes are usually available; each kept box is pooled again with the
-box head's MultiScaleRoIAlign and passed through its TwoMLPHead, giving the 1024-d
-representation the classifier sees. One image per forward: the detector pads a batch to its
-largest image, so batching would make an image's features depend on its neighbours.
-"""
+Each kept detection is pooled again through the box head (the vector the classifier sees). Why
+one image per forward: the detector pads a batch to its largest image, so batching would make an
+image's features depend on its neighbours."""
 
 from __future__ import annotations
 

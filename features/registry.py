@@ -1,11 +1,7 @@
 """The one list of built-in feature extractors: name -> :class:`ExtractorSpec`.
 
-Every extractor name is spelled here and nowhere else: the extractor classes take ``name`` and
-``kind`` from their spec, and the CLI, the build config and training read the names through
-:func:`extractor_names`, :func:`global_extractor_names` and :func:`region_extractor_names`.
-This module imports nothing heavy (no torch, no Beam), so ``--help`` can list the names without
-loading a model library; :func:`load_builtin` imports the module that implements a spec.
-"""
+Why one list that imports nothing heavy: every name is spelled here only, and ``--help`` lists
+them without loading a model library; :func:`load_builtin` imports a spec's implementation."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """Predicted links from padded score matrices, a whole batch of documents at a time.
 
-Two ways to turn a document's sentence x image scores into links:
-
-- ``matching``: the one-to-one maximum-weight matching with min(n, m) edges (exact, the AP
-  similarity's own problem, ``training.objectives.assignment.solve_matchings``): no sentence
-  describes two images, which is what the model was trained to find;
-- ``argmax``: each image to its best sentence (the way mmc4 assigns images to text), so several
-  images may share a sentence.
-
-Either way an image whose link scores below ``min_score`` stays unlinked. Input is padded:
-``scores [B, N, M]`` with document b in its top-left ``n[b] x m[b]`` block (the rest ignored).
-Output per image: the linked sentence (-1: unlinked) and the link's score (NaN: unlinked).
-"""
+``matching`` is the one-to-one maximum-weight matching (what the model was trained to find);
+``argmax`` gives each image its best sentence (mmc4's way). Either way an image scoring below
+``min_score`` stays unlinked (-1, NaN). Document b is the top-left ``n[b] x m[b]`` block of
+``scores [B, N, M]``."""
 
 from __future__ import annotations
 

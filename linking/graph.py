@@ -1,11 +1,8 @@
-"""The link job's Beam graph, top to bottom: row groups spread over workers -> documents in fixed
-chunks -> RunInference (the link model, once per worker) -> predicted links -> link shards, dead
-letters and evaluation records.
+"""The link job's Beam graph: row groups over workers -> fixed chunks of documents ->
+RunInference -> predicted links -> link shards, dead letters and evaluation records.
 
-Documents come from a built dataset's shards, or from raw documents through the build's own
-read/validate/features stages (``pipelines/graph.py``), so raw documents get exactly the
-features the model was trained on. Step labels are stable names (runner UIs, metrics).
-"""
+Why raw documents go through the build's own stages (``pipelines/graph.py``): they get exactly
+the features the model was trained on. Step labels are stable names (runner UIs, metrics)."""
 
 from __future__ import annotations
 

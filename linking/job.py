@@ -1,10 +1,8 @@
 """The batch-linking job: resolve and check the model, run the Beam graph, commit the links
 (docs/design.md, "Batch linking").
 
-Everything that can refuse the job does so before any folder is created or document read. The
-output follows the dataset build's protocol (``pipelines/commit.py``), and the same inputs, model
-version and options give byte-identical shards.
-"""
+Everything that can refuse the job does so before any folder is created; the same inputs, model
+and options give byte-identical shards (``pipelines/commit.py``'s protocol)."""
 
 from __future__ import annotations
 

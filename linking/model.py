@@ -1,11 +1,8 @@
 """The link model inside Beam: resolve the MLflow model once, check it fits the data, score
 padded batches of documents in a ``RunInference`` ModelHandler loaded once per worker.
 
-The registered pyfunc model (``models/packaging.py``) is loaded through ``load_linker``; its
-torch model encodes a whole batch at once (sentences of every document as one token tensor,
-images as one feature tensor, ``training.data``), and the sentence x image cosines of all the
-batch's documents come from one padded batched product, not a Python loop over documents.
-"""
+Why padded batches: all of a batch's sentence x image cosines come from one batched product, not
+a Python loop over documents."""
 
 from __future__ import annotations
 

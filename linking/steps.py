@@ -1,10 +1,8 @@
 """The link job's element functions and DoFns, each small enough to test alone.
 
-Documents travel as dicts: ``doc_id``, ``split``, ``sentences``, ``features`` ([m, D] float32),
-``links`` (ground truth or None) and ``shard`` (the output shard they belong to). They are cut
-into chunks of at most ``batch_docs`` in a fixed order (shard order, or doc-id order for raw
-input), so the scores of a document never depend on how a runner bundled its neighbours.
-"""
+Documents travel as dicts (``doc_id``, ``split``, ``sentences``, ``features``, ``links``,
+``shard``). Why chunks in a fixed order: a document's scores never depend on how a runner
+bundled its neighbours."""
 
 from __future__ import annotations
 

@@ -1,7 +1,3 @@
-"""What a trained model becomes: packaged as an MLflow pyfunc (link, retrieval, news), registered,
-promoted to ``production`` behind the evaluation gate (and rolled back), served.
-
-A training run reaches this layer through one call: ``training.experiment.run_experiment`` is
-handed ``models.experiment.package_run`` and calls it to log and register the run's model.
-Above ``training`` and ``archive``, below ``linking`` and the front ends.
-"""
+"""What a trained model becomes: packaged as an MLflow pyfunc, registered, promoted behind the
+gate (and rolled back), served. Above ``training`` and ``archive``, below ``linking``; a run
+reaches it only through ``models.experiment.package_run``."""

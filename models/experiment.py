@@ -1,13 +1,9 @@
 """A training run's model, packaged and registered: the one call from a run's end into models/.
 
-``training.experiment.run_experiment`` trains and evaluates but never imports this layer, so it is
-handed ``package_run`` (a ``training.experiment.Packager``) and calls it once, inside the run's
-MLflow run, with the best checkpoint: the pyfunc of the objective's packaging
-(``ObjectiveSpec.packaging``: "link", "pairs" or "news-archive") is logged and, with a model name,
-registered under its alias. ``run_experiment`` here is that call with ``package_run`` handed
-over, what ``mmlinks train``, the demo, the Ray job and Dagster run; the grid hands
-``package_run`` to its trials the same way.
-"""
+Why handed over: ``training.experiment.run_experiment`` never imports this layer, so it is given
+``package_run`` and calls it once, inside the run's MLflow run, with the best checkpoint.
+``run_experiment`` here is that call with ``package_run`` handed over (``mmlinks train``, the
+demo, the Ray job, Dagster); the grid hands ``package_run`` to its trials the same way."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """Digests of a packaged model's artifact files, recorded when it is logged and verified on every
 load (issue #62).
 
-A model file damaged in place (zeros or NaNs written over part of ``state.pt``, a file cut short or
-deleted) may still load and score, at chance: without a digest nothing tells it from the model the
-run trained, and ``promote`` moved ``production`` to such a version. Each family's ``log_model``
-records the sha256 of every file of every artifact in the pyfunc's ``model_config`` (stored in the
-model's MLmodel file, handed back as ``context.model_config``), and each ``load_context`` checks them
-first, so every loader (serving, ``link``, ``evaluate``, ``promote``'s gate, Dagster) refuses a
-damaged model in one line naming the file. Versions logged before the digests existed have none
-and load as before. hashlib, not a library: the dataset shards are checked the same way."""
+Why: a model damaged in place may still load and score at chance, and ``promote`` once moved
+``production`` to such a version. Each ``log_model`` records every file's sha256 in the pyfunc's
+``model_config`` and each ``load_context`` checks them first, refusing in one line naming the
+file; older versions without digests load as before. hashlib, as the shards are checked."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Job entry point: one tracked experiment from a config file, its result as one JSON line.
 
-``--config`` is a ``TrainConfig`` dict (a file, or the JSON itself, as Ray Jobs submit it;
-unknown keys are ignored). It runs ``models.experiment.run_experiment`` and prints
-``ExperimentResult.to_dict()`` as the last line of stdout (Ray's and MLflow's chatter goes to
-stderr), which ``ExperimentResult.from_json`` reads back: a cluster job submits this instead of
-rebuilding a CLI command line. Errors: one ``mmlinks: error: ...`` line, exit code 2. Defaults
-follow ``mmlinks train`` (tracking URI, the objective's model name, alias ``candidate``;
-``production`` is refused: promotion goes through the gate).
-"""
+Why: a cluster job submits this (``--config``: a ``TrainConfig`` dict, file or JSON) instead of
+rebuilding a CLI command line; the last stdout line is ``ExperimentResult.to_dict()``, read back
+by ``ExperimentResult.from_json``. Errors: one ``mmlinks: error: ...`` line, exit code 2.
+Defaults follow ``mmlinks train`` (``production`` is refused: promotion goes through the gate)."""
 
 from __future__ import annotations
 

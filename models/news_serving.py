@@ -1,24 +1,11 @@
 """The registered news image selection model (issue #18): an ``mlflow.pyfunc`` that ranks the
-archive's images for an article.
+archive's images for an article: a row of ``language`` and any of ``headline``, ``lead``,
+``body``, ``caption`` in; ``image_ids``, ``scores`` and ``uris`` out, best first (``top_k``).
 
-- Input: one row per article with ``language`` (required) and any of ``headline``, ``lead``,
-  ``body``, ``caption`` (strings; a missing or empty one is fine, random_drop trained the model
-  for that). At least one source the model reads must have words.
-- Output per article: ``image_ids`` (archive content ids, best first), ``scores`` (cosines; an
-  ORDER model's negative order violations, ``archive_search``) and
-  ``uris`` (where the build read each image).
-- Params: ``top_k`` (default 10, at most ``MAX_TOP_K``).
-- Errors are MLflow ``INVALID_PARAMETER_VALUE`` exceptions, which ``mlflow models serve``
-  answers with HTTP 400 and the reason: an article in a language the model was not trained on
-  (its vocabulary and embeddings do not cover it, so its ranking would be noise), an article
-  without any source the model reads, a bad ``top_k``.
-
-The archive is an ``ArchiveIndex`` (``archive/index.py``) packaged with the model: every
-distinct image of the training dataset, embedded by this model's image tower. The environment
-variable ``MMLINKS_NEWS_ARCHIVE`` names a newer index folder built for the same model (the
-Dagster asset ``news_archive_index`` writes one when the archive grows); it must have been built
-from this model's run, or the model refuses to load it.
-"""
+Why a language the model was not trained on is refused (HTTP 400 through
+``INVALID_PARAMETER_VALUE``): its vocabulary does not cover it, so the ranking would be noise.
+The archive (``archive/index.py``) is packaged with the model; ``MMLINKS_NEWS_ARCHIVE`` names a
+newer index built from this model's run (the Dagster asset writes one), or the model refuses it."""
 
 from __future__ import annotations
 

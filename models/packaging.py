@@ -1,15 +1,9 @@
 """The registered model: an ``mlflow.pyfunc`` wrapper, so downstream stages call one ``predict``.
 
-Loading it needs the installed ``mmlinks`` package (the wrapper class is pickled by reference),
-not this repository's source tree.
-
-Input: one row per document with ``sentences`` (list of strings) and ``image_features`` (list of
-CNN feature vectors, same extractor as the training data) or ``images`` (raw images, run through
-the extractor the model recorded: its name, version and build options, ``served_extractor``).
-Output per document: the sentence x image cosine matrix and the predicted links (the max-weight
-assignment, kept where the score is at least ``threshold``), as in the paper's qualitative
-examples.
-"""
+Input per document: ``sentences`` and ``image_features`` (same extractor as the training data) or
+raw ``images``, run through the extractor the model recorded (``served_extractor``); output: the
+cosine matrix and the links kept at ``threshold``. Loading needs the installed ``mmlinks``
+package (the wrapper class is pickled by reference)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The promotion lock: concurrent promotions (and rollbacks) of one registered model take turns.
 
-The lock is itself a registered model, ``<name>.promotion-lock``: registered-model names are
-unique in every MLflow store, so creating it is an atomic compare-and-set on SQLite, PostgreSQL
-or a tracking server alike. A holder's token and start time are its tags; one older than
-``ttl_s`` is a crashed holder's and is broken (``models/registry.py`` takes it).
-"""
+Why a registered model (``<name>.promotion-lock``): names are unique in every MLflow store, so
+creating it is an atomic compare-and-set anywhere. A holder older than ``ttl_s`` has crashed and
+is broken."""
 
 from __future__ import annotations
 

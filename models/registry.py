@@ -1,14 +1,9 @@
 """Gated promotion of registered models, with rollback and a store-level lock (docs/design.md,
 "Registry and promotion").
 
-``promote`` moves ``production`` only when every gate holds on the same frozen evaluation split
-and records why in tags, so ``rollback`` can restore the previous version and a refused promotion
-names the failing metric. The lock is itself a registered model (``<name>.promotion-lock``,
-``models/promotion_lock.py``) because registered-model names are unique in every MLflow store, so
-creating it is an atomic compare-and-set on SQLite, PostgreSQL or a tracking server alike. After
-taking the lock the production alias is re-read: a candidate is never judged against a decision
-someone else has replaced.
-"""
+Why the lock is a registered model (``<name>.promotion-lock``): names are unique in every MLflow
+store, so creating it is an atomic compare-and-set on any backend. After taking it the production
+alias is re-read, so a candidate is never judged against a replaced decision."""
 
 from __future__ import annotations
 

@@ -2,15 +2,10 @@
 ranks candidate images for a text, and the evaluation promotion applies to it (its input, output
 and params: docs/retrieval-news.md).
 
-Candidates come as ``image_features`` or as ``images`` run through the extractor recorded with
-the model (``ImageFeaturizer``, refused when this machine's weights differ); without them a query
-ranks the packaged gallery (the test split's features, at most ``GALLERY_MAX``), so a served
-model answers a bare text. Selective refinement of a query depends only on its own row (its
-top-2 gap and the CAM on its pairs), so a query is ranked the same alone as in a batch.
-Promotion scores a version through ``evaluate_retrieval`` over fixed pools (``GATE_POOL_SIZE`` x
-``GATE_POOLS``, seed 0), so the candidate and production are measured on the same pools of the
-same split, whatever their training configs said.
-"""
+Without candidates a query ranks the packaged gallery, so a served model answers a bare text.
+Why refinement is per row: a query ranks the same alone as in a batch. Promotion scores over fixed
+pools (``GATE_POOL_SIZE`` x ``GATE_POOLS``, seed 0), so candidate and production are measured
+alike whatever their training configs said."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The asset graph (docs/orchestration.md, "Asset graph"): raw snapshots -> dataset versions ->
-per-objective models -> evaluations -> the production alias, then linked corpora and news
-archives. Each asset is a small function of its upstream assets that calls what the CLI calls;
-I/O and external systems come from resources. Assets return small JSON-able dicts that point at
-the data (paths, versions, run ids); the data itself stays where the libraries write it.
-Expected failures (a missing input, a refused config or credential, a dataset that fails its
-checks) raise ``dg.Failure`` with the one-line cause and no retry; flaky ones (networks, the
-cluster) are retried by the step's RetryPolicy, with backoff.
-"""
+models -> evaluations -> the production alias, then linked corpora and news archives.
+
+Each asset calls what the CLI calls and returns a small dict pointing at the data. Why two kinds
+of failure: expected ones raise ``dg.Failure`` with the one-line cause and no retry; flaky ones
+(networks, the cluster) are retried by the step's RetryPolicy."""
 
 import dagster as dg
 

@@ -1,11 +1,7 @@
-"""Jobs, the weekly schedule and the sensors that chain them (docs/orchestration.md,
-"Automation").
+"""Jobs, the weekly schedule and the sensors that chain them (docs/orchestration.md, "Automation").
 
-A sensor advances past a materialization only once the run that made it has finished, so a
-dataset whose checks are still running is not trained on, and one whose checks failed never is.
-Run keys carry the dataset version or model version: the same version is never trained or
-promoted twice by a sensor.
-"""
+Why a sensor waits for the run to finish: a dataset whose checks are running is not trained on,
+one whose checks failed never is; run keys carry versions, so none is trained or promoted twice."""
 
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime

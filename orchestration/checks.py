@@ -1,10 +1,7 @@
 """Asset checks: the rules of ``orchestration/quality.py`` shown on the assets in the UI.
 
-Every check is blocking: when one fails, the run fails and the steps after it in the same run
-(training after a dataset, promotion after an evaluation) do not start. Runs started later see
-the same rules through the guards in ``orchestration/assets.py``; the training sensor also
-waits for a dataset run that succeeded, checks included.
-"""
+Every check blocks the later steps of its run; later runs see the same rules through the guards
+in ``orchestration/assets.py``."""
 
 import warnings
 

@@ -1,10 +1,6 @@
-"""The mmlinks Dagster code location: ``dagster dev`` (pyproject [tool.dagster]) and the
-Kubernetes code-location pod (``dagster api grpc -m orchestration.definitions``) load ``defs``.
-
-Settings come from the environment when the module loads (``orchestration/settings.py``),
-resources too (``orchestration/resources.py``); tests call ``build_definitions`` with their own.
-Library logs go to a file before anything imports Beam (``orchestration/library_logs.py``).
-"""
+"""The mmlinks Dagster code location (``dagster dev``, or ``dagster api grpc -m
+orchestration.definitions``): ``defs``, from the environment's settings and resources; tests call
+``build_definitions``. Library logs go to a file before anything imports Beam."""
 
 import dagster as dg
 

@@ -1,18 +1,10 @@
-"""Library chatter off a Dagster run's log: Python logging records of the libraries the code
-location imports go to one file, ``DAGSTER_HOME/mmlinks-libraries.log``.
+"""Library chatter off a Dagster run's log: the libraries' Python logging records go to one file,
+``DAGSTER_HOME/mmlinks-libraries.log``.
 
-Every process that loads the code location (the code server, the daemon, each run and, under the
-multiprocess executor, each step) imports Beam, whose optional-dependency checks log at import:
-"Failed to import GCSFileSystem ..." from ``apache_beam.io.filesystems`` and "apitools not found
-..." through the root logger. A run showed them 11 times (issue #46). The root logger's records
-would otherwise reach stderr through ``logging.lastResort`` or through the handler that a bare
-``logging.warning()`` installs (``basicConfig``); with a handler on the root logger first, neither
-happens. Beam's own logger stops propagating, so its INFO lines go to the file alone.
-
-What Beam's worker processes print goes through their stderr, not this process's logging: the
-assets that run Beam point their file descriptor 2 at the job's own log
-(``schemas.library_output.library_output_to``), as the CLI does.
-"""
+Why: every process loading the code location imports Beam, whose import-time warnings showed 11
+times in one run (issue #46); a handler on the root logger first keeps them off stderr, and
+Beam's logger stops propagating. Beam workers' stderr goes to the job's own log
+(``schemas.library_output.library_output_to``), as in the CLI."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Per objective: ``linked_<obj>[source]``, every document of the source's current dataset
 version linked by the objective's production model (``linking.job.link_documents``).
 
-It depends on ``dataset`` and ``production_<obj>`` but reads neither's output: it links what is
-current when it runs (the manifest on disk, the alias resolved once to a version), which is what
-``linking_sensor`` asks for whenever either moves. The dataset guard runs first, so a dataset
-that fails its checks is never linked.
-"""
+Why it reads neither upstream's output: it links what is current when it runs, which is what
+``linking_sensor`` asks for whenever either moves; the dataset guard runs first."""
 
 import dagster as dg
 from dagster import AssetExecutionContext

@@ -1,13 +1,9 @@
-"""Per news objective (an objective whose registry ``packaging`` is "news-archive"):
-``archive_index_<obj>[source]``, the FAISS index of every image of the source's current dataset
-version under the objective's production model (``models.news_archive.build_model_archive``).
+"""Per news objective: ``archive_index_<obj>[source]``, the FAISS index of every image of the
+source's current dataset under the objective's production model.
 
-It depends on ``dataset`` and ``production_<obj>``: when either moves, the index is rebuilt, in
-its own folder ``ROOT/archive/<source>/<obj>/<model version>@<dataset version>`` (versioned next
-to the model it came from). The served model picks it up through ``MMLINKS_NEWS_ARCHIVE``.
-The build is streamed and checkpointed in that folder, so a retried run resumes it; the
-metadata carries the index's version, fingerprint, size on disk and withdrawn images (#38).
-"""
+Why versioned by both: it is rebuilt when ``dataset`` or ``production_<obj>`` moves, into
+``ROOT/archive/<source>/<obj>/<model version>@<dataset version>``, which the served model picks up
+through ``MMLINKS_NEWS_ARCHIVE``. The build is checkpointed there, so a retried run resumes it."""
 
 import dagster as dg
 from dagster import AssetExecutionContext

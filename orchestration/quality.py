@@ -1,11 +1,7 @@
 """Data and model quality rules, as plain functions over a manifest or an evaluation.
 
-Dagster's asset checks (``orchestration/checks.py``) show these in the UI and block downstream
-steps of the same run. A training or promotion started in a later run (a sensor, a person in
-the UI) cannot see that verdict, so the downstream assets call ``require`` on the same rules
-before they touch the data: a dataset that fails a rule is never trained on, whichever way the
-run was started. No Dagster import here: the rules are testable and reusable on their own.
-"""
+Why not only Dagster's checks: a run started later cannot see their verdict, so the downstream
+assets ``require`` the same rules before touching the data. No Dagster import."""
 
 from __future__ import annotations
 

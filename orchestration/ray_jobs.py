@@ -1,14 +1,9 @@
 """Training on a Ray cluster through the Ray Jobs API (docs/orchestration.md, "Training on a Ray
-cluster").
+cluster"): submit ``python -m models.job``, stream its log, return its JSON result.
 
-The job runs ``python -m models.job --config '<TrainConfig JSON>'``: this module submits it with a
-runtime environment, streams the driver's log back and returns the job's JSON result. FAILED or
-STOPPED raises ``RayJobError`` with the cause from the log; the job is stopped if the caller is
-interrupted, so a cancelled Dagster run does not leave training behind. No Dagster import: the
-orchestrator calls ``submit_training``; so could a script. ``RAY_AUTH_TOKEN`` is sent as a header
-and never logged or put into the runtime environment; the job's own credentials belong to the
-cluster's environment, not here.
-"""
+FAILED or STOPPED raises ``RayJobError`` with the log's cause; why the job is stopped on
+interruption: a cancelled Dagster run must not leave training behind. No Dagster import.
+``RAY_AUTH_TOKEN`` is a header, never logged or put into the runtime environment."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Dagster resources: where data lives, the MLflow store, training (in-process or on a Ray
-cluster) and the Reddit crawl, each configured from the environment variables the deployment
-already sets (``infra/env/*.env``; the list: docs/orchestration.md, "Settings"). Assets stay
-small functions of their upstream assets; every external system is reached through one of these.
-Credentials are never resource fields (the UI shows those): the code that needs them reads them
-from the environment.
-"""
+cluster) and the Reddit crawl, configured from the deployment's environment (docs/orchestration.md,
+"Settings"). Why credentials are never resource fields: the UI shows those."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""The Dagster layer's settings: which sources and objectives exist, and the knobs of each step.
+"""The Dagster layer's settings: which sources and objectives exist, and the knobs of each step
+(from ``MMLINKS_DAGSTER_CONFIG``, then ``MMLINKS_SOURCES``, ``MMLINKS_OBJECTIVES``,
+``MMLINKS_AUTOMATION``; docs/orchestration.md).
 
-Sources and objectives shape the asset graph (one partition per source, one model asset per
-objective), so they are read once, when the code location loads: from the JSON file named by
-``MMLINKS_DAGSTER_CONFIG`` (any subset of the fields below), then ``MMLINKS_SOURCES`` (comma
-list), ``MMLINKS_OBJECTIVES`` (JSON) and ``MMLINKS_AUTOMATION`` (1 = schedules and sensors
-start running). Everything is checked here, so a typo in an objective's overrides fails
-``dagster definitions validate`` instead of a training run hours later. Endpoints (Ray, MLflow,
-storage) are resources (``orchestration/resources.py``); credentials are in neither.
-"""
+Why read and checked once, at load: they shape the asset graph, and a typo then fails
+``dagster definitions validate`` instead of a training run hours later. Endpoints are resources;
+credentials are in neither."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The output folder protocol: staging, ``versions/<version>/``, the manifest-last commit.
 
-A build writes into ``OUT/.staging-<id>/`` (with an owner file, so a later build on the same host
-can remove the staging folders of killed builds), then moves the shards and the dead-letter file
-to ``OUT/versions/<dataset_version>/`` and writes ``OUT/manifest.json`` last: that write is the
-commit, so a reader sees the old version or the new one, never a mix. Versions other than the
-new one and the one it replaced are pruned; each build appends a line to ``build-log.jsonl``
-(how it got its images and features, which is not part of the dataset).
-"""
+A build writes into ``OUT/.staging-<id>/`` (with an owner file, so a later build removes killed
+builds' folders), moves the shards to ``OUT/versions/<dataset_version>/`` and writes
+``manifest.json`` last: why, a reader sees the old version or the new one, never a mix. Older
+versions are pruned; ``build-log.jsonl`` records how each build got its images and features."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Exact near-duplicate image removal (Hessel et al. 2019): drop documents sharing a near-identical image.
-
-The paper's rule: two images are duplicates when the Hamming distance of their 64-bit DCT perceptual
-hashes (``features.images.phash64``) is at most 3; a document containing a duplicate is removed.
-``FindDuplicateDocuments`` is the Beam transform that applies it at document level, one (block index,
-block value) group at a time; the exact, near-linear hash search it runs inside a block group (and
-why it is exact) is ``pipelines/near_duplicates.py``.
-"""
+"""Exact near-duplicate image removal (Hessel et al. 2019): drop documents sharing a near-identical
+image (64-bit DCT phashes within Hamming distance 3). ``FindDuplicateDocuments`` applies it per
+block group; the exact hash search: ``pipelines/near_duplicates.py``."""
 
 from __future__ import annotations
 

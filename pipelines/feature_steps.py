@@ -1,10 +1,7 @@
 """The features stage of the build: each distinct image's features, then features joined back.
 
-Features come from the feature cache when present, else from ``RunInference`` over the missing
-content ids (model loaded once per worker, fixed batches; each batch reads its own pixels from
-the image store) and are written back to the cache. A failed batch dead-letters
-its images; a document missing any image's features is dead-lettered once, by document id.
-"""
+Cache hits are reused; misses go through ``RunInference`` and back into the cache. A failed
+batch dead-letters its images, and a document missing any image's features is dead-lettered once."""
 
 from __future__ import annotations
 

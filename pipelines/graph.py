@@ -1,11 +1,6 @@
-"""The build's Beam graph, top to bottom: read -> validate -> unique ids -> near-duplicates ->
-filters -> splits -> features -> shards.
-
-Each stage is a small function from PCollections to PCollections (its DoFns next to it, or in
-``pipelines.feature_steps`` / ``pipelines.shards_writer``); every stage hands its dead letters
-on, and ``write_outputs`` writes them to one JSONL file next to the shards. Step labels are
-stable names (they appear in runner UIs and metrics).
-"""
+"""The build's Beam graph: read -> validate -> unique ids -> near-duplicates -> filters ->
+splits -> features -> shards; every stage hands its dead letters on to one JSONL file. Step
+labels are stable names (runner UIs, metrics)."""
 
 from __future__ import annotations
 

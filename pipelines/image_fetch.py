@@ -1,10 +1,6 @@
-"""How the image store gets bytes: the ``Fetcher`` protocol and its implementations.
-
-``FileSystemFetcher`` reads local paths and any Beam FileSystems URI; ``HttpFetcher`` is a plain
-streamed, byte-limited GET; ``PoliteFetcher`` goes through a source's ``PoliteClient``
-(allowlist, rate gate, retries). A failure is a ``FetchFailed`` with one of the fetch reasons;
-``transient`` ones are not recorded by the store, so a later build retries them.
-"""
+"""How the image store gets bytes: the ``Fetcher`` protocol (files and Beam URIs, plain HTTP, a
+source's ``PoliteClient``). A ``transient`` ``FetchFailed`` is not recorded, so a later build
+retries it."""
 
 from __future__ import annotations
 

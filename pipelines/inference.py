@@ -1,10 +1,6 @@
-"""Feature extractors inside Beam: the ``RunInference`` ModelHandlers over a ``features`` extractor.
-
-``features/`` never imports Beam; this module adapts its :class:`~features.base.Extractor`
-contract (``load_model`` / ``preprocess`` / ``forward``) to Beam's ``ModelHandler``: over
-preprocessed tensors (:func:`model_handler`) or over content ids of the image store
-(:func:`stored_image_handler`, what the build uses).
-"""
+"""Feature extractors inside Beam: ``RunInference`` ModelHandlers over a ``features`` extractor
+(over tensors, or over image-store content ids: what the build uses). Why here: ``features/``
+never imports Beam."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Documents -> size-bounded Parquet shards in the staging folder, plus the shard index and the
-dead-letter file.
-
-Each split's documents are hashed into enough buckets that a bucket fits ``max_shard_rows`` and
-``max_shard_mb``; a bucket's documents are sorted by doc id and cut into consecutive shards, so
-the same documents give the same shard bytes whatever the runner did.
-"""
+dead-letter file. Why hashed buckets sorted by doc id: the same documents give the same shard
+bytes whatever the runner did."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Load a document's images through the image store, drop what is unusable, remap links.
 
-A bad image or an empty sentence costs only that item; a document is dropped only when nothing
-usable is left (no valid image, no sentence with tokens), so one corrupt file never sinks a post.
-Images are fetched and decoded at most once ever: the store remembers bytes, decode facts and
-rejections by URI, so a rebuild (or a rerun after an interruption) does no fetching or decoding.
-"""
+Why item by item: one corrupt file never sinks a post (a document goes only when nothing usable
+is left); the store remembers every fetch and decode, so a rebuild repeats none."""
 
 from __future__ import annotations
 

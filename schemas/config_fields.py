@@ -1,25 +1,11 @@
 """Config dataclass fields that own their default, help text and allowed values.
 
-A config (``TrainConfig``, ``BuildConfig``, ``Gate``, ...) declares each field once with
-:func:`option`; everything else is derived from that declaration:
-
-- ``validate(config)`` checks every field against its choices and rule, and names every bad
-  field in one line (configs call it from ``__post_init__``, so a config is checked once, when
-  it is made, wherever it is made: CLI, Dagster settings, a Ray job's JSON);
-- ``add_arguments(parser, Config)`` adds one ``--flag`` per field with the field's help, its
-  choices and its default in the help text; ``from_args(Config, namespace)`` builds the config
-  from what the user gave (flags not given keep the dataclass default, not a second copy of it);
-- ``to_dict``/``from_dict`` move a config between processes as JSON, refusing unknown keys.
-
-Why not a library (tyro, jsonargparse, simple-parsing): they derive flag names and help layout
-from the types, and the CLI's flags, spellings and grouping are a public interface users and
-scripts already rely on; what is needed here is the small part they share (field metadata ->
-argparse options + validation), which is easier to read than to configure.
-
-"Off" is a value of its own: a field that can be switched off takes the string ``"off"`` (see
-:data:`OFF`), never ``None``; ``None`` is left to mean "not given, derive it" where a field
-documents that.
-"""
+A config declares each field once with :func:`option`; validation (one line naming every bad
+field, at construction), argparse flags (``add_arguments`` / ``from_args``) and JSON
+(``to_dict`` / ``from_dict``) are derived from it. Why not tyro, jsonargparse or simple-parsing:
+they derive flag names and help from types, and the CLI's flags are a public interface; the small
+shared part is easier to read than to configure. "Off" is the string ``"off"`` (:data:`OFF`),
+never ``None``, which means "not given, derive it" where a field says so."""
 
 from __future__ import annotations
 

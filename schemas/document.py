@@ -1,11 +1,8 @@
 """The document-shard schema: one Parquet row per multi-image, multi-sentence document.
 
-The schema version lives in the Arrow schema metadata of every shard (and in the manifest), so
-a reader can refuse a shard written by a future layout instead of mis-reading it. Everything is
-plain Arrow types, so pyarrow, DuckDB and polars read the shards without this package; the one
-column stored otherwise than ``document_schema`` describes it, an image's global feature vector,
-is little-endian bytes (``schemas.feature_bytes``: ``numpy.frombuffer`` reads one).
-"""
+Why the schema version sits in every shard's metadata: a reader refuses a future layout instead
+of mis-reading it. Plain Arrow types (pyarrow, DuckDB, polars read them) but for the feature
+bytes (``schemas.feature_bytes``)."""
 
 from __future__ import annotations
 

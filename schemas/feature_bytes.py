@@ -1,18 +1,9 @@
 """How a shard stores each image's global feature vector: one little-endian byte string.
 
-Schema v3 stores ``images.features`` as ``binary`` (D float32 or float16 values, per the shard's
-``mmlinks.feature_dtype`` metadata) instead of v2's ``list<float>``. The values are the same; a
-Parquet reader no longer decodes a repetition and a definition level per float, which was most
-of what reading a shard cost (5,000 documents of ~6.5 x 1,280 floats: ~54 -> ~20 CPU-us per
-document, docs/benchmarks.md, issue #16; every reader of features gains, the link job and
-training alike). ``fixed_size_list<float>`` was measured too: Parquet stores it as a list, with
-the same levels (~51 us).
-
-Readers see the logical layout (``list<float>``, as ``document_schema`` describes it) through
-``decode_features``, which is nearly free: the values are viewed in place, only the offsets are
-divided by the item size. ``encode_features`` is its inverse, used by the shard writer. Outside
-mmlinks, ``numpy.frombuffer(value, "<f4")`` (``"<f2"`` for float16 shards) reads one vector.
-"""
+Why binary (schema v3) over ``list<float>``: Parquet decoded a repetition and definition level
+per float, most of a shard's read cost (~54 -> ~20 CPU-us per document, issue #16,
+docs/benchmarks.md; ``fixed_size_list`` kept the levels). ``decode_features`` gives readers the
+logical ``list<float>`` view almost free; outside mmlinks, ``numpy.frombuffer(value, "<f4")``."""
 
 from __future__ import annotations
 

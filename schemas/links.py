@@ -1,12 +1,8 @@
 """Batch-linking output: the link-shard schema and the link manifest (``mmlinks link``).
 
-A link folder mirrors a dataset folder (``pipelines/commit.py``): ``versions/<link_version>/``
-holds one Parquet shard per input shard plus ``dead_letter.jsonl``, and ``manifest.json`` is
-written last. One row per linked document: for each image the linked sentence index (null =
-left unlinked) and the link's score, optionally the whole sentence x image score matrix. The
-manifest pins what produced the links (model name, version, run id; dataset version; feature
-extractor), so a reader can tell whether the links are still current.
-"""
+A link folder mirrors a dataset folder (``versions/<link_version>/`` shards, ``manifest.json``
+last); a row holds each image's linked sentence (null: unlinked) and score. Why the manifest pins
+model, dataset version and extractor: a reader can tell whether the links are still current."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """The news sample layout in document shards (issue #18): one row per (article, image).
 
-A news sample is the paper's (image, caption, body, headline, lead): one image and up to four
-text sources. In a shard row the sources that are present (have tokens) are the row's
-``sentences`` in the order of ``NEWS_SOURCES``, every one linked to image 0, and
-``metadata["news_sources"]`` names them, comma-separated, in the same order (a missing source
-is simply absent). ``metadata`` also carries ``language``, ``date`` (YYYY-MM-DD) and
-``article_id`` (shared by an article's samples).
-"""
+The present sources are the row's ``sentences`` in ``NEWS_SOURCES`` order, each linked to image
+0, named in ``metadata["news_sources"]``; ``metadata`` also holds ``language``, ``date`` and
+``article_id``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """The one progress-reporting path: a tqdm bar on stderr fed by polling what the work reports.
 
-Both long steps run out of this process's sight: Ray Train in worker processes (the driver
-sees their per-epoch metrics only in the MLflow store) and a Beam build in the runner (the
-direct runner exposes no live counters). So a bar is fed by a ``poll`` function called every
-``interval_s`` from one background thread; without ``poll`` it shows the elapsed time, which
-says that work goes on and for how long (not how much is left). tqdm draws; this module only
-decides when to ask.
-"""
+Why polling: Ray Train workers and a Beam runner work out of this process's sight, so a
+``poll`` function is called every ``interval_s`` from one thread; without it the bar shows
+elapsed time."""
 
 from __future__ import annotations
 

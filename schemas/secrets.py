@@ -1,11 +1,8 @@
 """The credentials mmlinks and its libraries read from the environment, and one function that
 takes their values out of a message before a user or a log sees it.
 
-Why a scrub and not only care: a server (an auth proxy, a misconfigured tracking server) may echo
-the request's ``Authorization`` header into its error body, and MLflow or Ray put that body into
-the exception the CLI prints. The CLI's one-line error therefore passes through
-:func:`scrub_credentials` (issue #19, ``tests/faults/test_secrets.py``).
-"""
+Why a scrub: a server may echo the ``Authorization`` header into an error body, which MLflow or
+Ray put into the exception the CLI prints (issue #19)."""
 
 from __future__ import annotations
 

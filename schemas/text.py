@@ -1,10 +1,6 @@
-"""The tokenizer is part of the data contract: the dataset build drops sentences with no
-tokens, and training builds its vocabulary from the same tokens, so both import it from here.
-
-It follows the behaviour of a tweet-style tokenizer as the paper uses it (lowercase; URLs,
-@handles, #tags, emoticons and word-internal apostrophes/hyphens kept whole; other
-punctuation split off).
-"""
+"""The tokenizer is part of the data contract: the build drops token-less sentences and training
+builds its vocabulary from the same tokens. Tweet-style, as the paper's (lowercase; URLs,
+handles, tags, emoticons and inner apostrophes/hyphens kept whole)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The backbone registry: the one module that defines every ``--backbone`` name.
 
-A backbone is a model class plus the builder of its config from a ``TrainConfig`` and the
-dataset. Checkpoints store the model config dict with its ``backbone`` key, so loading code
-(evaluation, packaging, resume) rebuilds the right class without knowing the training flags
-(``build_model``). No torch at import time: ``training.config`` reads the names.
-"""
+Why checkpoints store the model config with its ``backbone`` key: loading code rebuilds the
+right class without the training flags (``build_model``). No torch at import time."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Checkpoints of a training run and the rules for resuming one.
 
-A checkpoint folder holds ``state.pt`` (model, optimizer, scheduler, epoch counters, history),
-``meta.json`` (the model config, the public train config, the history) and ``vocab.json``, so
-it evaluates on its own. A run resumes only with a config that continues the same model and
-loss (``MODEL_FIELDS``); all randomness of an epoch derives from (seed, rank, epoch), so a
-resumed run replays the next epoch exactly as an uninterrupted one would.
-"""
+A folder (``state.pt``, ``meta.json``, ``vocab.json``) evaluates on its own. A run resumes only
+with a config continuing the same model and loss (``MODEL_FIELDS``); why exact: an epoch's
+randomness derives from (seed, rank, epoch), so a resumed run replays it as an uninterrupted one."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Training configuration: one dataclass users, the CLI and a Ray job see, declared in parts.
 
-``TrainConfig`` is the core's options (``CoreFields``: the data, objective and backbone, the
-optimiser and its schedule, vocabulary, checkpoint selection, the shared text-image space and its
-ranking pools, Ray Train) joined with each model family's (``training/link/config.py``,
-``training/retrieval/config.py``, ``training/news/config.py``; ``training.families.FIELDS`` names
-them). Each field declares its default, help and allowed values once
-(``schemas.config_fields.option``); the CLI, the Dagster settings and the Ray job payloads are
-generated from the joined class, with ``--help`` grouped core first, then family by family."""
+``TrainConfig`` joins the core's options (``CoreFields``) with each family's
+(``training.families.FIELDS``). Why declared once per field (``option``): the CLI, the Dagster
+settings and the Ray job payloads are generated from it, ``--help`` grouped core first."""
 
 from __future__ import annotations
 

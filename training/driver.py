@@ -1,12 +1,6 @@
 """The Ray driver of a training run: checks the data, builds vocabulary and model config,
-connects to Ray, and runs ``training.loop.train_loop_per_worker`` under a TorchTrainer (or,
-with ``--workers 0``, ``training.loop.train_in_process`` in this process).
-
-``fit`` (``fit_inputs`` on what ``training.run_inputs.read_inputs`` read of the config)
-returns the lowest-validation-loss model (``TrainResult``); the loop itself, the
-checkpoint rules, the test-only fault hooks and joining Ray live in ``training/loop.py``,
-``training/checkpoints.py``, ``training/fault_hooks.py`` and ``training/ray_session.py``.
-"""
+connects to Ray, and runs ``training.loop`` under a TorchTrainer (or in this process with
+``--workers 0``). ``fit`` returns the best model (``TrainResult``)."""
 
 from __future__ import annotations
 

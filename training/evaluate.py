@@ -1,11 +1,7 @@
 """Evaluate a trained model on a split: per-document metrics, the Random baseline, spread.
 
-Every labelled document of the split is scored (its n x m cosine matrix against its links);
-the summary is the macro average x100 (see ``training.metrics``). The per-document rows are
-what a user needs to analyse errors (which documents fail, and whether size or spread explains
-it), so ``write_per_doc`` saves them as JSON Lines: one object per document, readable with
-``pandas.read_json(path, lines=True)`` or ``jq``, appendable, and diffable line by line.
-"""
+The summary is the macro average x100 (``training.metrics``). Why per-document rows as JSON
+Lines (``write_per_doc``): error analysis reads them with pandas or jq, line by line."""
 
 from __future__ import annotations
 

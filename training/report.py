@@ -1,12 +1,6 @@
-"""A self-contained HTML report of one evaluation (no server, no external assets).
-
-Sections: test metrics against Random; learning curves as in the paper's Figure 3
-(inter-document validation loss against intra-document validation AUC, by epoch); the
-per-document AUC histogram; and document cards as in the paper's Figure 4: image thumbnails,
-sentences, the predicted links (the max-weight assignment) with their scores, and the
-ground-truth links in another colour. Images are embedded as data URIs, so the file can be
-attached to MLflow and opened anywhere.
-"""
+"""A self-contained HTML report of one evaluation: metrics against Random, the paper's Figure 3
+curves, the per-document AUC histogram and Figure 4's document cards. Why images as data URIs:
+the file attaches to MLflow and opens anywhere."""
 
 from __future__ import annotations
 

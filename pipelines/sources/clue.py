@@ -1,12 +1,8 @@
-"""Clue (Alikhani et al. 2020): Conceptual Captions pairs labelled with image-text coherence
-relations, the retrieval family's real dataset (issue #17). Columns, relations and dead letters:
-docs/sources.md.
+"""Clue (Alikhani et al. 2020): Conceptual Captions pairs labelled with coherence relations, the
+retrieval family's real dataset (issue #17; docs/sources.md).
 
-Images are fetched through the polite client into the image store, like imgur images (dead links
-become dead letters there); the HTTP allowlist is the set of hosts the CSV files name, so
-redirects cannot leave it. A file whose name says ``test`` (``val``) is that split; the rest is
-train, of which the build keeps 10 % as validation (the paper: 6,047 / 1,512 train / test).
-"""
+Why the allowlist is the CSV files' hosts: images come through the polite client and redirects
+cannot leave it. A file named ``test`` (``val``) is that split; 10 % of train becomes validation."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """GoodNews (Biten et al., CVPR 2019): New York Times articles with captioned images, read into
-the news samples of ``schemas/news.py`` (issue #18); its layout: docs/sources.md.
+the news samples of ``schemas/news.py`` (issue #18; docs/sources.md).
 
-``captioning_dataset.json`` is streamed member by member (``jsonstream``), never loaded whole.
-Each member becomes an article of the news JSONL layout (language ``en``) and goes through the
-same parser (``news_jsonl.py``), so its samples and dead letters are that source's. Checked
-against the layout GoodNews's preprocessing scripts read, on ``tests/fixtures/goodnews/``; not
-run on the full release here.
-"""
+``captioning_dataset.json`` is streamed (``jsonstream``) and each member goes through
+``news_jsonl.py``'s parser. Checked on ``tests/fixtures/goodnews/``, not the full release."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Seeded sampling for the constructed crowd-labelled sets (MSCOCO documents, DII-Stress).
 
-Each document draws from its own ``random.Random`` seeded by a string of (seed, document id,
-...), so its sentences do not depend on which worker built it, in which order, or on how many
-other documents came before: the output is a function of the input and the seed alone. String
-seeds are hashed with SHA-512 by ``random.seed`` (version 2), stable across processes and
-Python's hash randomisation.
-"""
+Why one ``random.Random`` per document seeded by a string: its output does not depend on worker,
+order or other documents, and string seeds (SHA-512) are stable across processes."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Reads the synthetic corpus (see ``pipelines.synthetic_corpus``) as RawDocuments.
-
-Malformed lines go to the dead-letter output instead of failing the build. A record may name its
-split (``"split": "train" | "val" | "test"``, written by ``mmlinks data synth-coherence
---split-sizes``); the build keeps it (``pipelines.graph.with_split``), and records without one are
-split by the build's ratios or sizes as before.
-"""
+"""Reads the synthetic corpus (``pipelines.synthetic_corpus``) as RawDocuments; malformed lines
+are dead letters. A record's own ``split`` (``synth-coherence --split-sizes``) is kept."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The SSRF guard: which hosts a request may reach, and what of a URL may be logged.
 
-Only allowlisted hosts (``host`` = any port, ``host:port`` = that port, ``*.example.com`` = any
-subdomain); unless a policy allows private addresses, a host that is or resolves to a
-loopback/private/link-local/reserved/multicast address is refused, also one embedded in an
-IPv6 address (IPv4-mapped and -compatible, 6to4, Teredo, NAT64). Credential headers never
-cross origins (see ``CREDENTIAL_HEADERS``) and logged URLs lose user info, query and fragment.
-"""
+Only allowlisted hosts; unless a policy allows private addresses, one that is or resolves to a
+non-public address (also embedded in IPv6) is refused. Credential headers never cross origins;
+logged URLs lose user info, query and fragment."""
 
 from __future__ import annotations
 

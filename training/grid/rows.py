@@ -1,11 +1,8 @@
 """The grid's rows: the paper's variants of each objective, named from the objective registry.
 
-Hessel et al. 2019 (Sec. 4.1, supplement Sec. 3) train every objective that has a table name
-(``ObjectiveSpec.table_name``) with mean or hard negatives, and the objectives whose similarity
-takes a k (TK, AP) also with k = ceil(min(n, m) / 2). The supplement's Tables S1-S4 list ten
-trained rows per b (1/2 k only with hard negatives); the main Tables 2 and 3 print one variant of
-each objective (``ObjectiveSpec.main_negatives``) plus the 1/2 k rows.
-"""
+Hessel et al. 2019 train each objective with a ``table_name`` with mean or hard negatives (TK, AP
+also with half k); supplement Tables S1-S4 list ten rows per b, the main Tables 2-3 one variant
+each (``ObjectiveSpec.main_negatives``) plus the 1/2 k rows."""
 
 from __future__ import annotations
 

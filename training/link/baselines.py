@@ -1,12 +1,9 @@
 """Baselines of Hessel et al. 2019 that need no trained link model: Random and Object Detection
-(docs/evaluation.md).
+(docs/evaluation.md; NoStruct is a trained objective).
 
-Object Detection's classes come from the dataset's own CNN: its ImageNet classifier (a linear
-layer) applied to the stored pooled features gives exactly the logits the CNN would have
-produced, so nothing is recomputed from pixels. The paper reports the K with the best *test*
-score, an oracle upper bound; here K is chosen on the validation split and the oracle is
-reported beside it. NoStruct, the third baseline, is a trained model (``objective="nostruct"``).
-"""
+Object Detection applies the CNN's ImageNet classifier to the stored pooled features, so nothing
+is recomputed from pixels. Why K is chosen on validation: the paper's best-test K is an oracle,
+reported beside it."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Document similarity sim(S, V) for every (sentence set, image set) pair of a batch.
 
-All B x B pairs come from one batched product of padded sentence and image embeddings
-([B, n, d] x [B, m, d] -> [B, B, n, m]); padding is masked. DC and TK are pure tensor ops; AP
-solves all B^2 k-edge matchings in one call on the detached matrices (the selection is a constant;
-``solve_matchings`` picks the faster exact solver) and masks the selected entries, so only those
-carry gradient.
-"""
+All B x B pairs come from one batched, masked product ([B, B, n, m]). AP solves the B^2
+matchings on detached matrices (the selection is a constant) and masks the chosen entries, so
+only those carry gradient."""
 
 from __future__ import annotations
 

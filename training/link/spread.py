@@ -1,12 +1,8 @@
 """Error analysis of Hessel et al. 2019 (section 4.1): is a document hard because of its spread
-or its content? (the measures: docs/evaluation.md, "Spread and content").
+or its content? (docs/evaluation.md, "Spread and content").
 
-As in the paper (footnote 12), the vectors describe the dataset, not a model: the stored CNN
-features and the mean word vector of each sentence; sentences without a known word have no
-direction and are left out. R^2 alone grows with every regressor, so the adjusted R^2 and the
-F-test p-value come with it; with fewer documents than regressors + 2 the fit is saturated (R^2
-= 1 says nothing) and both are null.
-"""
+As in the paper, the vectors describe the dataset, not a model. Why adjusted R^2 and the F-test:
+R^2 alone grows with every regressor; a saturated fit gives null for both."""
 
 from __future__ import annotations
 

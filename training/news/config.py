@@ -1,10 +1,6 @@
-"""The news family's training options (Liu et al.; --objective news): the sources read, the
-fuser, loss and encoder, subwords, token limits, the multilingual recipes, --init-from and the
-default staged recipe (``training/news/staged.py``).
-
-A dataclass of ``option`` fields that ``training.config.TrainConfig`` takes in as a base
-(``training.families.FIELDS`` names it), so users and the CLI still see one config while each
-option is declared with the family that reads it. No torch: the CLI imports it for its flags."""
+"""The news family's training options (Liu et al.; --objective news): sources, fuser, loss,
+encoder, subwords, token limits, the multilingual recipes, --init-from and the staged recipe.
+Joined into ``TrainConfig`` (``training.families.FIELDS``). No torch: the CLI imports it."""
 
 from __future__ import annotations
 

@@ -1,26 +1,11 @@
 """The bidirectional in-batch losses of Liu et al.'s Table 1 (Sect. 4.1 and 6.1.1). Pure torch.
 
-All take S [B, B], the score of text i with image j, pair i being (text i, image i): the cosine,
-except for ``order`` (the negative order violation, ``order_scores``).
-
-- ``vse`` (Eq. 1, Kiros et al.; the paper's choice for weakly labelled news): the sum of the
-  hinges over every in-batch negative, both directions, averaged over the B pairs:
-  ``1/B sum_i [sum_{j != i} [m - S_ii + S_ij]_+ + sum_{j != i} [m - S_ii + S_ji]_+]``.
-- ``vsepp`` (Eq. 4, Faghri et al.): only the hardest negative of each direction
-  (``training.joint_space.hardest_triplet_loss``, the same formula).
-- ``hal`` (Eq. 5, Liu et al. AAAI 2020): ``1/B sum_i [1/a log(1 + sum_{m != i} exp(a (S_mi - e)))
-  + 1/a log(1 + sum_{n != i} exp(a (S_in - e))) - log(1 + b S_ii)]`` with a = 20, b = 30,
-  e = 0.2. ``log(1 + b S_ii)`` is undefined for S_ii <= -1/b; S_ii is clamped to
-  -1/b + 1e-4 there (an assumption of ours: the paper does not say), and the log-sum-exps are
-  computed stably.
-- ``order`` (ORDER, Vendrov et al. 2016, the paper's line 1.3): the embeddings are non-negative
-  (absolute values, ``NewsConfig.score = "order"``) and an image is a *specialisation* of its
-  text (text is the more abstract partial-order element, as Vendrov's captions of images):
-  the order-violation penalty ``E(image, text) = ||max(0, text - image)||^2`` is 0 when every
-  coordinate of the image is at least the text's. The score is ``S = -E`` (``order_scores``)
-  and the loss is Vendrov's contrastive hinge over every in-batch negative, both directions:
-  the ``vse`` formula on that S (Vendrov's margin is 0.05, Table 1's ORDER row sets it).
-"""
+All take S [B, B] (text i x image j; pair i matched). ``vse`` (Eq. 1): the sum of hinges over
+every in-batch negative, both ways, the paper's choice for weak labels; ``vsepp`` (Eq. 4): the
+hardest negative; ``hal`` (Eq. 5, a = 20, b = 30, e = 0.2; S_ii is clamped above -1/b, our
+assumption, where log(1 + b S_ii) is undefined); ``order`` (Vendrov et al. 2016): non-negative
+embeddings, image a specialisation of its text, scored by ``S = -||max(0, text - image)||^2``
+(``order_scores``) under ``vse``'s hinges."""
 
 from __future__ import annotations
 

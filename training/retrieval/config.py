@@ -1,10 +1,6 @@
 """The coherence-retrieval family's training options (Alikhani et al.; --objective
-cmca|cmcm|cmcm-c): the relation, the coherence loss, pooling and refinement.
-
-A dataclass of ``option`` fields that ``training.config.TrainConfig`` takes in as a base
-(``training.families.FIELDS`` names it), so users and the CLI still see one config while each
-option is declared with the family that reads it. The shared space's width and the ranking
-pools (``d_shared``, ``pool_size``, ``n_pools``) are the core's: the news family reads them too."""
+cmca|cmcm|cmcm-c), joined into ``TrainConfig`` (``training.families.FIELDS``). The shared space
+and ranking pools are the core's: the news family reads them too."""
 
 from __future__ import annotations
 

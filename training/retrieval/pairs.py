@@ -1,10 +1,5 @@
-"""A pair dataset's texts and images, and how a retrieval net ranks them: what the run's test
-evaluation, its report and the served retrieval model (``models/retrieval_serving.py``) share.
-
-- ``split_pairs``: the (doc ids, texts, image features) of a pair dataset's shards, refusing
-  documents that are not one sentence and one image.
-- ``ranking_scores``: texts x images scores of a net, with CMCM's selective refinement.
-"""
+"""A pair dataset's texts and images (``split_pairs``) and how a retrieval net ranks them
+(``ranking_scores``): shared by the test evaluation, its report and the served model."""
 
 from __future__ import annotations
 

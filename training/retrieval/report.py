@@ -1,12 +1,6 @@
 """`mmlinks evaluate` for retrieval models, and their HTML report (the paper's Figure 6;
-docs/evaluation.md).
-
-``evaluate_retrieval_split`` gives the paper's test metrics of one model on a split plus one row
-per query: its rank among every image of the split (one pool of all, unlike the pooled metrics)
-and its top-5 images, both by the served ranking. ``retrieval_report`` is a self-contained HTML
-page: images are embedded as data URIs, so images the dataset names by a remote URL show as grey
-boxes.
-"""
+docs/evaluation.md): the test metrics plus each query's rank among all the split's images and its
+top 5. Images are data URIs, so remotely named ones show as grey boxes."""
 
 from __future__ import annotations
 

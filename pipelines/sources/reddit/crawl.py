@@ -1,10 +1,6 @@
 """The incremental crawl of ``/r/<sub>/new`` with praw, checkpointed in a ``CrawlState`` cursor,
-writing files in the dump format so the same reader takes both.
-
-:func:`run_crawl` is the entry for callers (the CLI, Dagster): it builds the client from the
-environment and turns API failures into one-line ``MmlinksError``s; :func:`crawl_new_posts`
-takes a ready client (tests, fixtures).
-"""
+written in the dump format so the same reader takes both. :func:`run_crawl` builds the client
+from the environment (one-line errors); :func:`crawl_new_posts` takes a ready one (tests)."""
 
 from __future__ import annotations
 
