@@ -74,10 +74,6 @@ BUILTIN_EXTRACTORS: dict[str, ExtractorSpec] = {
 DEFAULT_EXTRACTOR = LITE0.name
 
 
-def extractor_names() -> list[str]:
-    return list(BUILTIN_EXTRACTORS)
-
-
 def global_extractor_names() -> list[str]:
     return [n for n, s in BUILTIN_EXTRACTORS.items() if s.kind == "global"]
 

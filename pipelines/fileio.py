@@ -194,10 +194,6 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
         fh.write(data)
 
 
-def write_text_atomic(uri: str, text: str, encoding: str = "utf-8") -> None:
-    write_bytes_atomic(uri, text.encode(encoding))
-
-
 def input_files(input_uri: str, *suffixes: str) -> list[str]:
     """A source's input files: the input itself when it ends with one of ``suffixes``, else the
     files of that folder that do (one level, sorted)."""

@@ -113,27 +113,20 @@ class ExperimentResult:
         return cls.from_dict(json.loads(lines[-1]))
 
 
-def _log_model(
-    cfg, manifest, run, result, test_paths, model_name, alias, tracking_uri, package: Packager
-) -> tuple[str, str | None]:
-    """Log vocabulary, history and, through ``package``, the packaged model (its input example
-    from ``test_paths``; none: no example), registered when ``model_name`` is given. (model URI,
-    registered version or None)."""
+def log_model(
+    packaging: str, cfg, manifest, run, result, model_name, alias, tracking_uri, package: Packager, **details
+) -> tuple[str | None, str | None]:
+    """Log vocabulary, history and, through ``package``, the model of the objective's
+    ``packaging`` (every family's run ends here; "none" packages nothing), registered when
+    ``model_name`` is given: (model URI or None, registered version or None)."""
     mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
     mlflow.log_dict({"history": result.history}, "training_history.json")
+    if packaging == "none":
+        mlflow.set_tag("mmlinks.model", f"not packaged (objective {cfg.objective})")
+        return None, None
     with result.checkpoint.as_directory() as ckpt_dir:  # works for local and remote storage
-        return package(
-            "link",
-            ckpt_dir,
-            cfg,
-            manifest,
-            run,
-            result,
-            model_name,
-            alias,
-            tracking_uri,
-            test_paths=test_paths,
-        )
+        args = (ckpt_dir, cfg, manifest, run, result, model_name, alias, tracking_uri)
+        return package(packaging, *args, **details)
 
 
 def _log_scores(scores: dict, best_epoch: int) -> None:
@@ -246,9 +239,8 @@ def run_experiment(
             )
             _log_scores(scores, result.best_epoch)
             report_path = _report(inputs, run, result, scores, report_dir, warnings, confounds)
-            model_uri, version = _log_model(
-                cfg, manifest, run, result, inputs.test_paths, model_name, alias, tracking_uri, package
-            )
+            args = (cfg, manifest, run, result, model_name, alias, tracking_uri, package)
+            model_uri, version = log_model("link", *args, test_paths=inputs.test_paths)
             return ExperimentResult(
                 run_id=run.info.run_id,
                 model_uri=model_uri,
@@ -266,9 +258,8 @@ def run_experiment(
         # logged and registered; there is nothing to score it against.
         mlflow.set_tag("mmlinks.test", "not evaluated: the test split has no labelled document")
         mlflow.log_metric("best_epoch", result.best_epoch)
-        model_uri, version = _log_model(
-            cfg, manifest, run, result, [], model_name, alias, tracking_uri, package
-        )
+        args = (cfg, manifest, run, result, model_name, alias, tracking_uri, package)
+        model_uri, version = log_model("link", *args, test_paths=[])
         return ExperimentResult(
             run.info.run_id,
             model_uri,

@@ -498,7 +498,7 @@ def test_fasterrcnn_resizes_like_the_detector_transform():
 def test_the_registry_module_names_every_builtin_once():
     from features import registry
 
-    assert sorted(registry.extractor_names()) == sorted(EXTRACTORS)
+    assert sorted(registry.BUILTIN_EXTRACTORS) == sorted(EXTRACTORS)
     assert registry.global_extractor_names() == ["efficientnet-lite0", "densenet169", "clip-vit-b32"]
     assert registry.region_extractor_names() == ["fasterrcnn-r50-fpn", "grid-lite0"]
     for name, spec in registry.BUILTIN_EXTRACTORS.items():

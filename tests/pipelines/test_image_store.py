@@ -455,7 +455,7 @@ def test_store_and_fetchers_pickle(tmp_path, server):
 
 def test_fileio_local(tmp_path):
     target = str(tmp_path / "a" / "b" / "x.json")
-    fileio.write_text_atomic(target, '{"k": 1}')  # parents are created
+    fileio.write_bytes_atomic(target, b'{"k": 1}')  # parents are created
     assert fileio.read_text(target) == '{"k": 1}'
     fileio.write_bytes_atomic(target, b"v2")  # replaces
     assert fileio.read_bytes(target) == b"v2" and fileio.exists(target)

@@ -13,7 +13,7 @@ import mlflow
 
 from training.backbone import get_backbone
 from training.config import TrainConfig
-from training.experiment import ExperimentResult, Packager
+from training.experiment import ExperimentResult, Packager, log_model
 from training.objectives.registry import get_objective
 
 
@@ -73,14 +73,12 @@ def finish_run(
     mlflow.log_metrics(flat_retrieval_metrics(scores))
     mlflow.log_metric("best_epoch", result.best_epoch)
     mlflow.log_dict(scores, "test_retrieval.json")
-    mlflow.log_dict({"words": result.vocab.words}, "config/vocab.json")
-    mlflow.log_dict({"history": result.history}, "training_history.json")
     refine = tuned or {"refine_lambda": cfg.refine_lambda, "refine_threshold": cfg.refine_threshold}
     warnings = _run_warnings(cfg, result.model)
     report_path = _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir, warnings)
-    model_uri, version = _package_retrieval(
-        cfg, manifest, run, result, test_paths, refine, model_name, alias, tracking_uri, package
-    )
+    packaging = get_objective(cfg.objective).packaging
+    args = (cfg, manifest, run, result, model_name, alias, tracking_uri, package)
+    model_uri, version = log_model(packaging, *args, test_paths=test_paths, refine=refine)
     return ExperimentResult(
         run_id=run.info.run_id,
         model_uri=model_uri,
@@ -99,42 +97,6 @@ def _run_warnings(cfg: TrainConfig, model) -> list[str]:
     model's texts cut by ``--news-max-tokens``), logged by the hook; [] for a backbone without."""
     hook = get_backbone(cfg.model_backbone).run_warnings
     return hook(model) if hook is not None else []
-
-
-def _package_retrieval(
-    cfg: TrainConfig,
-    manifest,
-    run,
-    result,
-    test_paths: list[str],
-    refine: dict,
-    model_name: str | None,
-    alias: str | None,
-    tracking_uri: str,
-    package: Packager,
-) -> tuple[str | None, str | None]:
-    """The run's pyfunc, as its objective's ``packaging`` says: "pairs" ranks the test split's
-    images for a text, "news-archive" ranks the whole dataset's images (a FAISS archive index)
-    for an article, "none" packages nothing (the URI is then None); (model URI, registered
-    version or None)."""
-    packaging = get_objective(cfg.objective).packaging
-    if packaging == "none":
-        mlflow.set_tag("mmlinks.model", f"not packaged (objective {cfg.objective})")
-        return None, None
-    with result.checkpoint.as_directory() as ckpt_dir:
-        return package(
-            packaging,
-            ckpt_dir,
-            cfg,
-            manifest,
-            run,
-            result,
-            model_name,
-            alias,
-            tracking_uri,
-            test_paths=test_paths,
-            refine=refine,
-        )
 
 
 def _retrieval_report(cfg, manifest, run, result, scores, batches, refine, report_dir, warnings=()) -> str:
