@@ -188,3 +188,40 @@ def test_candidates_train_in_processes_of_their_own_with_the_runs_inputs(dataset
     here = choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=1)
     # the same scores to float rounding (the first trial of a process may sum in another order)
     assert here.scores == pytest.approx(choice.scores, rel=1e-6) and here.name == choice.name
+
+
+@pytest.mark.parametrize("how", ["raises", "killed"])
+def test_a_candidate_failing_in_its_process_fails_the_choice_in_one_line_and_leaves_no_process(
+    dataset, monkeypatch, how
+):
+    """A trial that raises (a full disk) or whose process dies (the OOM killer) ends the choice
+    with one line naming the candidate and the cause; every trial process is gone after it."""
+    from schemas.errors import MmlinksError
+
+    started = []
+    real_start = side_mod.TrialProcess.__init__
+
+    def counted(self):
+        real_start(self)
+        started.append(self.proc)
+
+    monkeypatch.setattr(side_mod.TrialProcess, "__init__", counted)
+    monkeypatch.setattr(side_mod, "PARALLEL_MIN_DOC_EPOCHS", 0)
+
+    def trial(trial_cfg, limit, folder):  # pickled by value into the trial processes
+        import os
+        import types
+
+        if trial_cfg.backbone == "gru" and trial_cfg.image_dropout > 0:  # balanced+dropout only
+            if how == "killed":
+                os._exit(9)
+            raise OSError(28, "No space left on device")
+        return types.SimpleNamespace(eval=lambda: None), None  # no validation paths: nothing scored
+
+    cfg = TrainConfig(data=str(dataset), epochs=3)
+    with pytest.raises(MmlinksError) as err:
+        choose(cfg, _train_paths(dataset), [], trial, jobs=2)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("image side: training candidate balanced+dropout")
+    assert ("No space left on device" if how == "raises" else "exit 9") in message, message
+    assert len(started) == 2 and all(p.poll() is not None for p in started)

@@ -170,8 +170,8 @@ class TrialProcess:
             env={**os.environ, "PYTHONPATH": path},
         )
 
-    def score(self, args: tuple) -> list[float | None]:
-        """``scored_trial(*args)`` in this process."""
+    def score(self, args: tuple, name: str) -> list[float | None]:
+        """``scored_trial(*args)`` in this process (candidate ``name``, for a failure's line)."""
         import json
         from pathlib import Path
 
@@ -192,7 +192,7 @@ class TrialProcess:
             self.proc.wait()
             self.stderr.seek(0)
             why = (self.stderr.read().strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]
-            raise MmlinksError(f"image side: training candidate {args[1].label} failed: {why}")
+            raise MmlinksError(f"image side: training candidate {name} failed: {why}")
         return json.loads(line)["values"]
 
     def close(self) -> None:
@@ -337,7 +337,7 @@ def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[f
                     name = names.get_nowait()
                 except queue.Empty:
                     return out
-                out[name] = proc.score(one[name])
+                out[name] = proc.score(one[name], name)
         finally:
             proc.close()
 
