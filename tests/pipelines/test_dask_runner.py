@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import shutil
 import time
 from pathlib import Path
 
@@ -302,7 +303,22 @@ def test_joins_and_side_inputs_keep_the_graph_linear_in_partitions():
         assert side.compute() == list(range(100))
 
 
-def test_one_reader_chains_of_pardos_run_fused_in_one_task_named_by_their_labels():
+@pytest.fixture
+def new_pipeline():
+    """Pipelines only translated here, never run: Beam makes a temp folder for each when it is
+    built and removes it only in ``run()``, so those folders are removed here."""
+    made: list[beam.Pipeline] = []
+
+    def make() -> beam.Pipeline:
+        made.append(beam.Pipeline())
+        return made[-1]
+
+    yield make
+    for p in made:
+        shutil.rmtree(p.local_tempdir, ignore_errors=True)
+
+
+def test_one_reader_chains_of_pardos_run_fused_in_one_task_named_by_their_labels(new_pipeline):
     """``Double it`` -> ``Keep/Odd`` (each output read by the next only) is one task per partition,
     named by both labels; a PCollection read twice ends a chain. The outputs and counters are the
     unfused ones. No cluster: translated, then computed with dask's synchronous scheduler."""
@@ -317,7 +333,7 @@ def test_one_reader_chains_of_pardos_run_fused_in_one_task_named_by_their_labels
         beam.metrics.Metrics.counter("t", "seen").inc()
         return x
 
-    p = beam.Pipeline()
+    p = new_pipeline()
     doubled = p | beam.Create(list(range(10))) | "Double it" >> beam.Map(lambda x: 2 * counted(x))
     kept = doubled | "Keep/Big" >> beam.Filter(lambda x: x > 6) | "Then" >> beam.Map(lambda x: x + 1)
     halves = doubled | "Halve" >> beam.Map(lambda x: x // 2)
@@ -335,7 +351,7 @@ def test_one_reader_chains_of_pardos_run_fused_in_one_task_named_by_their_labels
     assert task_name("CNN/BeamML RunInference/ParDo(x)") == "CNN/BeamML_RunInference/ParDo(x)"
 
 
-def test_a_fused_stage_streams_each_element_through_its_members():
+def test_a_fused_stage_streams_each_element_through_its_members(new_pipeline):
     """A fused chain runs element by element, as a Beam SDK worker runs fused steps: ``Inflate``'s
     1 MB output per element is read by ``Shrink`` before the next element is inflated, so one task
     over 200 elements holds about one megabyte in flight, not 200 (run member after member over
@@ -367,7 +383,7 @@ def test_a_fused_stage_streams_each_element_through_its_members():
         def finish_bundle(self):
             yield beam.transforms.window.GlobalWindows.windowed_value(("seen", self.seen))
 
-    p = beam.Pipeline()
+    p = new_pipeline()
     shrunk = (
         p
         | beam.Create(list(range(200)))
@@ -391,7 +407,7 @@ def test_a_fused_stage_streams_each_element_through_its_members():
     assert peak < 40 << 20, f"{peak >> 20} MiB traced at peak"  # member after member: > 200 MiB
 
 
-def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path, monkeypatch):
+def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path, monkeypatch, new_pipeline):
     """A Read is cut into bundles of at most READ_BUNDLE_BYTES and a GroupByKey after it keeps
     that many partitions (up to MAX_PARTITIONS_PER_SLOT a slot), so a task's partition stays
     small as the corpus grows (cut into twice the task slots whatever the size, a 20,000-document
@@ -410,7 +426,7 @@ def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path, monk
     wanted = -(-(tmp_path / "in.txt").stat().st_size // READ_BUNDLE_BYTES)
 
     def translated(slots: int):
-        p = beam.Pipeline()
+        p = new_pipeline()
         read = p | beam.io.ReadFromText(str(tmp_path / "in.txt"))
         keyed = read | beam.Map(lambda line: (line.split()[0], line))
         grouped = keyed | beam.GroupByKey() | "Sorted" >> beam.MapTuple(lambda k, v: (k, sorted(v)))
@@ -432,7 +448,7 @@ def test_a_reads_partitions_and_its_groupings_grow_with_the_input(tmp_path, monk
     assert grouped.npartitions == MAX_PARTITIONS_PER_SLOT < wanted <= keyed.npartitions
 
 
-def test_reading_a_stages_output_or_a_flatten_costs_no_task_of_its_own(dask_cluster):
+def test_reading_a_stages_output_or_a_flatten_costs_no_task_of_its_own(dask_cluster, new_pipeline):
     """What reads a fused stage's tagged output selects its tag itself, a Flatten is only a list
     of its inputs' partitions and a grouping runs its own shuffle (N + N x M + M tasks), so a
     graph of two tagged outputs, a Flatten and a GroupByKey holds the stages' tasks, the
@@ -454,7 +470,7 @@ def test_reading_a_stages_output_or_a_flatten_costs_no_task_of_its_own(dask_clus
         def process(self, x):
             yield beam.pvalue.TaggedOutput("odd", x) if x % 2 else x
 
-    p = beam.Pipeline()
+    p = new_pipeline()
     parts = p | beam.Create(list(range(40))) | beam.ParDo(Split()).with_outputs("odd", main="even")
     tens = parts.even | "Tens" >> beam.Map(lambda x: (x // 10, x))
     ones = parts.odd | "Ones" >> beam.Map(lambda x: (x % 10, x))

@@ -9,6 +9,7 @@ import itertools
 import json
 import logging
 import lzma
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -470,8 +471,12 @@ def test_options_are_checked(tmp_path, no_creds):
         "reddit_api_base": None,
     }
     assert [o.name for o in rd.REDDIT_OPTIONS if not o.defines_data] == ["reddit_api_base"]
-    with pytest.raises(MmlinksError, match="no Reddit submission files"):
-        rd.ReadCandidatePosts(ctx_for(tmp_path, tmp_path)).expand(beam.Pipeline() | beam.Impulse())
+    p = beam.Pipeline()  # expanded, never run: its temp folder is removed here (Beam's run() would)
+    try:
+        with pytest.raises(MmlinksError, match="no Reddit submission files"):
+            rd.ReadCandidatePosts(ctx_for(tmp_path, tmp_path)).expand(p | beam.Impulse())
+    finally:
+        shutil.rmtree(p.local_tempdir, ignore_errors=True)
 
 
 def test_dedupe_keeps_latest_retrieved_copy(tmp_path, no_creds):
