@@ -192,10 +192,11 @@ def test_candidates_train_in_processes_of_their_own_with_the_runs_inputs(dataset
 
 @pytest.mark.parametrize("how", ["raises", "killed"])
 def test_a_candidate_failing_in_its_process_fails_the_choice_in_one_line_and_leaves_no_process(
-    dataset, monkeypatch, how
+    dataset, monkeypatch, tmp_path, how
 ):
     """A trial that raises (a full disk) or whose process dies (the OOM killer) ends the choice
-    with one line naming the candidate and the cause; every trial process is gone after it."""
+    with one line naming the candidate and the cause; the other process starts no candidate
+    after it (the bag, last, never trains) and every trial process is gone."""
     from schemas.errors import MmlinksError
 
     started = []
@@ -208,10 +209,17 @@ def test_a_candidate_failing_in_its_process_fails_the_choice_in_one_line_and_lea
     monkeypatch.setattr(side_mod.TrialProcess, "__init__", counted)
     monkeypatch.setattr(side_mod, "PARALLEL_MIN_DOC_EPOCHS", 0)
 
+    started_log = tmp_path / "started"
+
     def trial(trial_cfg, limit, folder):  # pickled by value into the trial processes
         import os
+        import time
         import types
 
+        with open(started_log, "a") as log:
+            log.write(f"{trial_cfg.backbone}:{trial_cfg.image_centring}:{trial_cfg.image_dropout}\n")
+        if trial_cfg.image_centring == "balanced" and trial_cfg.image_dropout == 0:
+            time.sleep(3)  # balanced: still training in its process when balanced+dropout fails
         if trial_cfg.backbone == "gru" and trial_cfg.image_dropout > 0:  # balanced+dropout only
             if how == "killed":
                 os._exit(9)
@@ -225,3 +233,4 @@ def test_a_candidate_failing_in_its_process_fails_the_choice_in_one_line_and_lea
     assert "\n" not in message and message.startswith("image side: training candidate balanced+dropout")
     assert ("No space left on device" if how == "raises" else "exit 9") in message, message
     assert len(started) == 2 and all(p.poll() is not None for p in started)
+    assert not [t for t in started_log.read_text().split() if t.startswith("bag:")], started_log.read_text()

@@ -337,7 +337,12 @@ def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[f
                     name = names.get_nowait()
                 except queue.Empty:
                     return out
-                out[name] = proc.score(one[name], name)
+                try:
+                    out[name] = proc.score(one[name], name)
+                except BaseException:  # the choice fails: no other process starts another candidate
+                    while not names.empty():
+                        names.get_nowait()
+                    raise
         finally:
             proc.close()
 
