@@ -176,6 +176,23 @@ def shared_dir(tmp_path_factory, name: str, make) -> Path:
     return out
 
 
+@pytest.fixture
+def new_pipeline():
+    """Beam pipelines only translated or expanded, never run: Beam makes a temp folder for each
+    when it is built and removes it only in ``run()``, so those folders are removed here."""
+    import apache_beam as beam
+
+    made: list = []
+
+    def make():
+        made.append(beam.Pipeline())
+        return made[-1]
+
+    yield make
+    for p in made:
+        shutil.rmtree(p.local_tempdir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     from pipelines.synthetic_corpus import SynthConfig, write_corpus

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-import shutil
 import time
 from pathlib import Path
 
@@ -301,21 +300,6 @@ def test_joins_and_side_inputs_keep_the_graph_linear_in_partitions():
         side = _materialized(_Parts.of(db.from_sequence(range(100), npartitions=7)))
         assert len(dict(side.__dask_graph__())) == 7 + 1  # the partitions and one task over them
         assert side.compute() == list(range(100))
-
-
-@pytest.fixture
-def new_pipeline():
-    """Pipelines only translated here, never run: Beam makes a temp folder for each when it is
-    built and removes it only in ``run()``, so those folders are removed here."""
-    made: list[beam.Pipeline] = []
-
-    def make() -> beam.Pipeline:
-        made.append(beam.Pipeline())
-        return made[-1]
-
-    yield make
-    for p in made:
-        shutil.rmtree(p.local_tempdir, ignore_errors=True)
 
 
 def test_one_reader_chains_of_pardos_run_fused_in_one_task_named_by_their_labels(new_pipeline):

@@ -9,7 +9,6 @@ import itertools
 import json
 import logging
 import lzma
-import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -444,7 +443,7 @@ def test_gallery_posts_need_the_option(tmp_path, no_creds):
     assert set(posts) == {"ga1", "ga2"} and posts["ga2"]["album_kind"] == "gallery"
 
 
-def test_options_are_checked(tmp_path, no_creds):
+def test_options_are_checked(tmp_path, no_creds, new_pipeline):
     for bad, match in [
         ({"start": "2013-13"}, "start"),
         ({"end": "2018/10"}, "end"),
@@ -471,12 +470,8 @@ def test_options_are_checked(tmp_path, no_creds):
         "reddit_api_base": None,
     }
     assert [o.name for o in rd.REDDIT_OPTIONS if not o.defines_data] == ["reddit_api_base"]
-    p = beam.Pipeline()  # expanded, never run: its temp folder is removed here (Beam's run() would)
-    try:
-        with pytest.raises(MmlinksError, match="no Reddit submission files"):
-            rd.ReadCandidatePosts(ctx_for(tmp_path, tmp_path)).expand(p | beam.Impulse())
-    finally:
-        shutil.rmtree(p.local_tempdir, ignore_errors=True)
+    with pytest.raises(MmlinksError, match="no Reddit submission files"):
+        rd.ReadCandidatePosts(ctx_for(tmp_path, tmp_path)).expand(new_pipeline() | beam.Impulse())
 
 
 def test_dedupe_keeps_latest_retrieved_copy(tmp_path, no_creds):

@@ -219,7 +219,13 @@ def test_a_candidate_failing_in_its_process_fails_the_choice_in_one_line_and_lea
         with open(started_log, "a") as log:
             log.write(f"{trial_cfg.backbone}:{trial_cfg.image_centring}:{trial_cfg.image_dropout}\n")
         if trial_cfg.image_centring == "balanced" and trial_cfg.image_dropout == 0:
-            time.sleep(3)  # balanced: still training in its process when balanced+dropout fails
+            # balanced: still training in its process when balanced+dropout fails (waits for it to
+            # start, whatever the processes' start-up skew, then for its failure to reach the parent)
+            for _ in range(600):
+                if ":balanced:0.4" in open(started_log).read():
+                    break
+                time.sleep(0.1)
+            time.sleep(2)
         if trial_cfg.backbone == "gru" and trial_cfg.image_dropout > 0:  # balanced+dropout only
             if how == "killed":
                 os._exit(9)
