@@ -422,6 +422,22 @@ def dead_letters(dataset_dir) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def expected_within_epoch(history: list[dict], signal: str, warmup: int, epochs: int) -> int | None:
+    """The checkpoint ``--select-by val_within`` / ``val_structure`` must keep, recomputed from a
+    run's history: the latest epoch within WITHIN_TOLERANCE of the widest ``signal`` so far, never
+    an epoch of the mean-negatives warm-up when epochs follow it."""
+    from training.loop import WITHIN_TOLERANCE
+
+    expected, widest = None, float("-inf")
+    for h in sorted(history, key=lambda h: h["epoch"]):
+        if h["epoch"] < warmup < epochs:
+            continue
+        widest = max(widest, h[signal])
+        if h[signal] >= widest - WITHIN_TOLERANCE * abs(widest):
+            expected = int(h["epoch"])
+    return expected
+
+
 def small_train_config(dataset, storage, **kw):
     from training.config import TrainConfig
 

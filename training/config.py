@@ -31,7 +31,8 @@ def workers_or_auto(text: str) -> int:
 
 
 # --select-by: which epoch's checkpoint becomes the model, and whether its metric is minimised.
-SELECTION_ORDER = {"val_loss": "min", "val_within": "max", "val_medr": "min", "last": "max"}
+SELECTION_ORDER = dict(val_loss="min", val_within="max", val_structure="max", val_medr="min", last="max")
+WITHIN_SIGNALS = ("val_within", "val_structure")  # label-free, read inside documents: the link family's
 
 # Options whose "auto" value ``TrainConfig.__post_init__`` resolves by objective and backbone
 # (select_by's default, val_within, becomes val_medr for the retrieval objectives).
@@ -182,8 +183,10 @@ class CoreFields:
         "val_within",
         help="which epoch's checkpoint is the model: val_loss = lowest validation loss (paper); "
         "val_within = widest within-document gap on validation documents (label-free; a model that "
-        "only tells documents apart by their style keeps it near 0); val_medr = lowest validation MedR "
-        "(the retrieval objectives' default, Alikhani et al.); last = the last epoch",
+        "only tells documents apart by their style keeps it near 0); val_structure = most link "
+        "structure (the gap double-centred, in units of its spread, minus chance: scale-free); "
+        "val_medr = lowest validation MedR (the retrieval objectives' default, Alikhani et al.); "
+        "last = the last epoch",
         choices=lambda: tuple(SELECTION_ORDER),
         group=CORE,
     )
@@ -402,6 +405,8 @@ class TrainConfig(*reversed(FAMILY_FIELDS), CoreFields):
         bad = problems(self)
         if self.select_by == "val_medr" and self._family() != "retrieval":
             bad.append("select_by (val_medr: only the retrieval objectives report it)")
+        if self.select_by in WITHIN_SIGNALS and self._family() == "retrieval":
+            bad.append(f"select_by ({self.select_by} measures inside documents; pairs have none: val_medr)")
         if self.num_workers == 0 and "://" in (self.storage_path or ""):
             bad.append("storage_path (--workers 0 keeps its checkpoints on local disk, not at a URI)")
         if self.model_backbone in backbone_names():

@@ -18,23 +18,23 @@ import torch
 
 from training import checkpoints, fault_hooks
 from training.backbone import build_model, optimizer_groups
-from training.config import SELECTION_ORDER, TrainConfig
+from training.config import SELECTION_ORDER, WITHIN_SIGNALS, TrainConfig
 from training.cores import torch_threads
 from training.data import DocBatch, link_scores, make_batch
 from training.epoch_batches import epoch_steps, validation_sets
 from training.epoch_reports import keep_epoch, log_metrics, report_epoch
-from training.metrics import document_metrics, within_document_gap
+from training.metrics import document_metrics, link_structure, within_document_gap
 from training.objectives.registry import ObjectiveSpec, objective_loss
 from training.text import Vocabulary
 
-# --select-by val_within keeps the latest epoch within this share of the widest gap so far.
+# --select-by val_within (val_structure) keeps the latest epoch within this share of the widest so far.
 WITHIN_TOLERANCE = 0.1
 
 
 def plateau_on_within(cfg: TrainConfig) -> bool:
-    """Whether the learning-rate plateau follows the within-document gap (the checkpoint's
-    signal under ``--select-by val_within``) rather than the validation loss (the paper's)."""
-    return cfg.select_by == "val_within"
+    """Whether the learning-rate plateau follows a within-document signal (the checkpoint's under
+    ``--select-by val_within`` or ``val_structure``) rather than the validation loss (the paper's)."""
+    return cfg.select_by in WITHIN_SIGNALS
 
 
 class DivergedError(RuntimeError):
@@ -269,10 +269,11 @@ def train_epoch(w: Worker, shard, epoch: int, rng: np.random.Generator, gen: tor
 
 
 def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
-    """[loss x docs, docs, auc sum, auc docs, skipped docs, within-document gap sum, gap docs],
-    summed over all workers (the gap: ``training.metrics.within_document_gap``, label-free)."""
+    """[loss x docs, docs, auc sum, auc docs, skipped docs, within-document gap sum, gap docs, link
+    structure sum, its docs], summed over all workers (the gap: ``training.metrics.within_document_gap``;
+    the structure: ``training.metrics.link_structure``, scale-free; both label-free)."""
     w.model.eval()
-    sums = torch.zeros(7, dtype=torch.float64, device=w.device)
+    sums = torch.zeros(9, dtype=torch.float64, device=w.device)
     sums[4] = skipped
     # The unwrapped module: workers hold different numbers of validation batches, and a DDP
     # forward would wait for a matching forward (buffer sync) on every other worker.
@@ -286,6 +287,7 @@ def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
             if not w.objective.link_metrics:  # one fused text per document (news samples)
                 continue
             full = loss_batch if w.objective.prepare is None else w.batch(table, None, reduce=False)
+            rng = np.random.default_rng([w.cfg.seed, w.rank, i])  # link_structure's shuffles
             for doc_id, scores, links in zip(full.doc_ids, link_scores(net, full), full.links, strict=True):
                 m = document_metrics(doc_id, scores, links)
                 if m is not None:
@@ -295,6 +297,10 @@ def validate_epoch(w: Worker, val_batches: list, skipped: int) -> torch.Tensor:
                 if gap is not None:
                     sums[5] += gap
                     sums[6] += 1
+                structure = link_structure(scores, rng)
+                if structure is not None:
+                    sums[7] += structure
+                    sums[8] += 1
     if w.world > 1:
         torch.distributed.all_reduce(sums)
     return sums
@@ -319,6 +325,7 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
     val_loss = float(sums[0] / sums[1]) if sums[1] else float("nan")
     val_auc = float(100 * sums[2] / sums[3]) if sums[3] else float("nan")
     val_within = float(sums[5] / sums[6]) if sums[6] else float("nan")
+    val_structure = float(sums[7] / sums[8]) if sums[8] else float("nan")
     if not np.isfinite(val_loss) and sums[1]:
         raise DivergedError(
             f"validation loss diverged ({val_loss}) at epoch {epoch}; training stopped, the last good "
@@ -337,22 +344,22 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
     # (issue #33: test AUC 59 on a 600-document corpus at image ratio 12).
     if state.step >= cfg.warmup_steps and not warm:
         if plateau_on_within(cfg):
-            if np.isfinite(val_within):
-                w.sched.step(val_within)
+            signal = val_structure if cfg.select_by == "val_structure" else val_within
+            if np.isfinite(signal):
+                w.sched.step(signal)
         else:
             w.sched.step(val_loss if np.isfinite(val_loss) else tr["total"] / max(steps, 1))
     # The checkpoint kept: lowest validation loss (the paper's), or widest within-document gap;
     # never an epoch of the mean-negatives warm-up when epochs after it follow (its losses and
     # gaps are on another scale than the hard-negative epochs', so they would not compare).
     extra = extra or {}
-    value = {"val_loss": val_loss, "val_within": val_within, "last": float(epoch), **extra}.get(
-        cfg.select_by, float("nan")
-    )
+    signals = {"val_loss": val_loss, "val_within": val_within, "val_structure": val_structure}
+    value = {**signals, "last": float(epoch), **extra}.get(cfg.select_by, float("nan"))
     minimise = SELECTION_ORDER[cfg.select_by] == "min"
     worst = checkpoints.UNSELECTABLE if minimise else -checkpoints.UNSELECTABLE
     select_score = worst if warm else value
     score = value if minimise else -value
-    if cfg.select_by == "val_within":
+    if plateau_on_within(cfg):
         # The latest epoch whose gap is within WITHIN_TOLERANCE of the widest so far: the gap
         # peaks when the model first links inside documents and then eases off by a few hundredths
         # while the links still improve (issue #33: validation AUC 98.5 at the peak, 99.1 later),
@@ -372,6 +379,7 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
         "val_loss": val_loss,
         "val_auc": val_auc,
         "val_within": val_within,
+        "val_structure": val_structure,
         "lr": w.opt.param_groups[0]["lr"],
         "docs_per_s": tr["docs"] * w.world / max(train_time, 1e-9),
         # steady state: time blocked on the loader after the first batch / that time's total

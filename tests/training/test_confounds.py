@@ -8,7 +8,7 @@ them, clearly above Random; the paper's configuration must not be the default ag
 
 import pytest
 
-from tests.conftest import shared_dir
+from tests.conftest import expected_within_epoch, shared_dir
 from training.config import TrainConfig
 
 # 192 / 24 / 24 documents. Fewer training documents, or 64-pixel images, and the default model
@@ -55,13 +55,4 @@ def test_the_default_training_links_inside_confounded_documents(confounded, tmp_
     assert model["p_at_1"] >= random["p_at_1"] + 10, (model, random)
     assert flat_within_warning(res.history) is None, res.history  # the label-free signal saw it
     # The default checkpoint: the latest epoch within WITHIN_TOLERANCE of the widest gap so far.
-    from training.loop import WITHIN_TOLERANCE
-
-    expected, widest = None, float("-inf")
-    for h in sorted(res.history, key=lambda h: h["epoch"]):
-        if h["epoch"] < cfg.negatives_warmup:  # the mean-negatives warm-up is never kept
-            continue
-        widest = max(widest, h["val_within"])
-        if h["val_within"] >= widest - WITHIN_TOLERANCE * abs(widest):
-            expected = int(h["epoch"])
-    assert res.best_epoch == expected, res.history
+    assert res.best_epoch == expected_within_epoch(res.history, "val_within", cfg.negatives_warmup, 16)

@@ -12,7 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from models.experiment import run_experiment
-from tests.conftest import param_digests, small_train_config, tracking_uri
+from tests.conftest import expected_within_epoch, param_digests, small_train_config, tracking_uri
 from training.config import TrainConfig
 from training.driver import check_inputs, fit, worker_loop_config
 from training.link.image_side import CANDIDATES
@@ -31,6 +31,17 @@ def test_fit_keeps_the_lowest_validation_loss_checkpoint(trained):
     assert res.model.cfg.image_dim == 1280 and res.model.cfg.d_multi == 32
     # feature standardisation statistics travel with the weights
     assert not np.allclose(res.model.image.feature_mean.numpy(), 0)
+
+
+def test_select_by_val_structure_keeps_the_latest_epoch_near_the_most_link_structure(dataset, tmp_path):
+    """Issue #60: the link structure (scale-free, chance subtracted) is logged every epoch beside
+    the raw gap and, under ``--select-by val_structure``, is the checkpoint's and the plateau's
+    signal, with the raw gap's rule (the latest epoch within tolerance of the widest so far)."""
+    cfg = small_cfg(dataset, tmp_path, select_by="val_structure", epochs=4, negatives_warmup=1)
+    res = fit(cfg)
+    structure = [h["val_structure"] for h in res.history]
+    assert len(structure) == 4 and np.isfinite(structure).all(), res.history
+    assert res.best_epoch == expected_within_epoch(res.history, "val_structure", 1, 4) >= 1
 
 
 def test_an_in_process_gpu_run_trains_on_the_first_gpu(dataset, tmp_path, monkeypatch):
@@ -208,6 +219,8 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
     # the label-free within-document signal, summed over both workers' validation documents
     within = client.get_metric_history(res.run_id, "val_within")
     assert [m.step for m in within] == [0, 1] and all(m.value >= 0 for m in within)
+    structure = client.get_metric_history(res.run_id, "val_structure")  # scale-free, chance subtracted
+    assert [m.step for m in structure] == [0, 1] and all(np.isfinite(m.value) for m in structure)
     assert str(client.get_model_version_by_alias("test-model", "production").version) == res.model_version
 
     # The registered model loads by alias in a fresh process and scores a document.

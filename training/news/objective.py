@@ -234,16 +234,3 @@ def evaluate_samples(
     )
     out["pairs"] = len(s)
     return out
-
-
-def check(cfg: TrainConfig) -> list[str]:
-    bad = []
-    try:
-        sources = parse_sources(cfg.news_sources)
-    except ValueError as exc:
-        return [f"news_sources ({exc})"]
-    if len(sources) == 1 and drop_rate(cfg) > 0:
-        bad.append("random_drop (a single-source model has nothing to drop)")
-    if cfg.select_by == "val_within":
-        bad.append("select_by (val_within measures inside documents: val_medr or val_loss)")
-    return bad

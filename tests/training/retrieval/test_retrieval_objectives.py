@@ -93,6 +93,8 @@ def test_registry_and_config_rules():
         ({"objective": "cmcm-c"}, "relation"),
         ({"objective": "cmcm", "relation": "Action"}, "relation"),
         ({"objective": "ap", "select_by": "val_medr"}, "val_medr"),
+        ({"objective": "cmcm", "select_by": "val_structure"}, "val_structure measures inside documents"),
+        ({"objective": "news", "select_by": "val_structure"}, "val_structure measures inside documents"),
         ({"objective": "ap", "backbone": "coherence"}, "coherence trains only"),
     ):
         with pytest.raises(MmlinksError, match=match):
