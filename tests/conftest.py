@@ -359,6 +359,17 @@ TRAINED_GROUP = (
     "test_report.py",
 )
 
+# The longest files of the rest, longest first (`--durations`, docs/benchmarks.md "Test suite"):
+# handed out next, so that neither worker is left with one of them at the end while the other idles.
+LONGEST_FILES = (
+    "training/test_bag_backbone.py",
+    "training/test_image_confound.py",
+    "training/test_ddp_uneven.py",
+    "training/test_confounds.py",
+    "faults/test_ray_head_loss.py",
+    "faults/test_train_faults.py",
+)
+
 # test_objectives_train.py's fits that do not compare with `trained` (the longest file): a unit apart.
 OWN_RAY_RUNS = (
     "test_every_objective_trains",
@@ -378,7 +389,15 @@ def pytest_collection_modifyitems(config, items):
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):  # an xdist worker: every worker must collect the same order
-        items.sort(key=lambda item: item.path.name not in TRAINED_GROUP)  # stable: files keep their order
+        items.sort(key=_unit_rank)  # stable: the other files keep their order
+
+
+def _unit_rank(item) -> int:
+    """The trained group's files first, then LONGEST_FILES in order, then the rest."""
+    if item.path.name in TRAINED_GROUP:
+        return -1
+    path = f"{item.path.parent.name}/{item.path.name}"
+    return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent under -p no:xdist
