@@ -342,18 +342,17 @@ def epoch_metrics(w: Worker, epoch: int, tr: dict, sums: torch.Tensor, extra: di
     # loss is lowest at random weights and rises while the mean-negative warm-up teaches the
     # content, so a plateau on it cut the rate 125x before the model had linked anything
     # (issue #33: test AUC 59 on a 600-document corpus at image ratio 12).
+    signals = {"val_loss": val_loss, "val_within": val_within, "val_structure": val_structure}
     if state.step >= cfg.warmup_steps and not warm:
         if plateau_on_within(cfg):
-            signal = val_structure if cfg.select_by == "val_structure" else val_within
-            if np.isfinite(signal):
-                w.sched.step(signal)
+            if np.isfinite(signals[cfg.select_by]):
+                w.sched.step(signals[cfg.select_by])
         else:
             w.sched.step(val_loss if np.isfinite(val_loss) else tr["total"] / max(steps, 1))
     # The checkpoint kept: lowest validation loss (the paper's), or widest within-document gap;
     # never an epoch of the mean-negatives warm-up when epochs after it follow (its losses and
     # gaps are on another scale than the hard-negative epochs', so they would not compare).
     extra = extra or {}
-    signals = {"val_loss": val_loss, "val_within": val_within, "val_structure": val_structure}
     value = {**signals, "last": float(epoch), **extra}.get(cfg.select_by, float("nan"))
     minimise = SELECTION_ORDER[cfg.select_by] == "min"
     worst = checkpoints.UNSELECTABLE if minimise else -checkpoints.UNSELECTABLE

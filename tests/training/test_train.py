@@ -44,6 +44,17 @@ def test_select_by_val_structure_keeps_the_latest_epoch_near_the_most_link_struc
     assert res.best_epoch == expected_within_epoch(res.history, "val_structure", 1, 4) >= 1
 
 
+def test_select_by_val_structure_refuses_a_validation_split_it_cannot_measure(tmp_path):
+    """One sentence and one image a document: no link structure to keep an epoch by, so the run
+    is refused in one line before it trains, instead of keeping an arbitrary epoch."""
+    from schemas.errors import MmlinksError
+    from tests.training.test_ddp_uneven import write_dataset
+
+    data = write_dataset(tmp_path / "pairs", "retrieval")
+    with pytest.raises(MmlinksError, match=r"no validation document .* has two sentences and two images"):
+        fit(small_cfg(data, tmp_path, objective="ap", select_by="val_structure"))
+
+
 def test_an_in_process_gpu_run_trains_on_the_first_gpu(dataset, tmp_path, monkeypatch):
     """``--workers 0 --gpu``: the config is valid anywhere (a checkpoint's, resumed on another
     machine); the run hands ``cuda:0`` to its worker, which moves the model there before its
