@@ -128,6 +128,34 @@ def test_choose_trains_every_candidate_and_keeps_the_best(dataset, monkeypatch):
     assert len(trained) == 4
 
 
+def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_measured(
+    dataset, monkeypatch
+):
+    """Issue #60: the criterion scores each trial's last epoch. Where no candidate beat chance
+    after the first round, the trials go on to the run's epochs, and the run then keeps its last
+    epoch too (it had kept epoch 3 of 10 by the raw gap: 51.1 AUC where the last tested 59.8);
+    so does a run no longer than a trial. After a first round that measured, the run's own rule."""
+    trained = []
+
+    def trial(trial_cfg, limit, folder):
+        trained.append(trial_cfg.epochs)
+        return "model", "vocab"
+
+    chance = [0.0] * 60  # no candidate above chance: the second round
+    measured = iter([chance] * 4 + [_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
+    monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
+    choice = choose(TrainConfig(data=str(dataset), epochs=10), _train_paths(dataset), [], trial)
+    assert trained == [3] * 4 + [10] * 4 and choice.trial_epochs == 10
+    assert choice.name == "none" and choice.overrides == {**CANDIDATES["none"], "select_by": "last"}
+    assert choice.summary().endswith("; the run keeps its last epoch")
+    measured = iter([_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
+    short = choose(TrainConfig(data=str(dataset), epochs=3), _train_paths(dataset), [], trial)
+    assert short.overrides["select_by"] == "last" and trained[8:] == [3] * 4
+    measured = iter([_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
+    first = choose(TrainConfig(data=str(dataset), epochs=4), _train_paths(dataset), [], trial)
+    assert first.overrides == CANDIDATES["none"] and "last epoch" not in first.summary()
+
+
 def test_a_resumed_run_keeps_what_it_chose_without_training():
     cfg = TrainConfig(data="x")
     saved = TrainConfig(data="x", **CANDIDATES["balanced+dropout"]).to_dict()
