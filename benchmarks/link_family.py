@@ -150,7 +150,11 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
         "best_epoch": best_epoch,
         "seconds": round(time.perf_counter() - t0, 1),
         "device": "cuda" if settings.get("use_gpu") else "cpu",
-        **({"choice": choice["name"], "scores": choice["scores"]} if choice else {}),
+        **(
+            {"choice": choice["name"], "scores": choice["scores"], "trial_epochs": choice["trial_epochs"]}
+            if choice
+            else {}
+        ),
     }
 
 

@@ -81,6 +81,7 @@ def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkey
     assert entry["ratio"][0] >= 5 and entry["residual"][0] < 1
     measured = entry["rows"]["default"][0]
     assert measured["choice"] in measured["scores"] and len(measured["scores"]) == 4
+    assert measured["trial_epochs"] == 1  # the run's one epoch
     for row in ("default", "bag"):
         run = entry["rows"][row][0]
         assert 0 <= run["auc"] <= 100 and 0 <= run["p_at_1"] <= 100
