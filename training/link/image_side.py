@@ -305,24 +305,13 @@ def choose(
             if any(map(beats_chance, per_doc.values())):
                 break
     name = pick(per_doc)
-    scores = {k: mean_score(v) for k, v in per_doc.items()}
-    return Choice(
-        name, run_overrides(name, epochs, cfg.epochs), scores, time.perf_counter() - t0, docs, epochs
-    )
-
-
-def run_overrides(name: str, trialled: int, epochs: int) -> dict:
-    """What the run takes from the choice: the candidate's fields, and where its trials ran the
-    run's own epochs (a second round, or a run of ``TRIAL_MIN_EPOCHS`` or fewer), the trials'
-    checkpoint rule too (``select_by last``): the criterion scored each candidate's last epoch, so
-    the run keeps the model that was measured. Retrained under ``val_within`` instead, the
-    8-15-image seed-1 corpus kept epoch 3 of 10 and tested 51.1 AUC (bag 60.2), its last epoch 59.8:
-    on a corpus that links nothing for the first round's epochs, the raw gap of an early epoch is
-    no guide (docs/benchmarks-linking.md)."""
     overrides = dict(CANDIDATES[name])
-    if trialled >= epochs:
+    # the trials ran the run's epochs: it keeps the last, the one scored (by val_within an
+    # 8-15-image run kept epoch 3 of 10: 51.1 AUC; its last 59.8)
+    if epochs >= cfg.epochs:
         overrides["select_by"] = "last"
-    return overrides
+    scores = {k: mean_score(v) for k, v in per_doc.items()}
+    return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs)
 
 
 def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[float | None]]:
