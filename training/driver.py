@@ -325,7 +325,7 @@ def train(inputs: RunInputs, mlflow_run_id: str | None, mlflow_tracking_uri: str
     import ray.data
 
     inp = check_trainable(inputs)
-    choice = choose_settings(inp)
+    choice = choose_settings(inp, mlflow_run_id, mlflow_tracking_uri)
     if choice is not None:
         inp = dataclasses.replace(inp, cfg=dataclasses.replace(inp.cfg, **choice.overrides))
     cfg = inp.cfg
@@ -368,18 +368,22 @@ def train(inputs: RunInputs, mlflow_run_id: str | None, mlflow_tracking_uri: str
 TRIAL_JOBS = 4  # candidates trained at once, one process (one core) each, by choose_settings
 
 
-def choose_settings(inp: RunInputs):
+def choose_settings(inp: RunInputs, run_id: str | None = None, tracking_uri: str | None = None):
     """What the backbone chooses by measuring the corpus (``BackboneSpec.choose``: the gru
     backbone's image side, issue #60), its candidates trained here by ``train_trial``; None when
-    the config names everything."""
+    the config names everything. What is under way goes to the run's ``mmlinks.stage`` tag."""
     choose = get_backbone(inp.cfg.model_backbone).choose
     if choose is None:
         return None
-    logger = logging.getLogger("mmlinks.train")
-    jobs = min(TRIAL_JOBS, usable_cores())
-    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, functools.partial(train_trial, inp), jobs=jobs)
+    stage = None
+    if run_id and tracking_uri:  # mlflow only where tracked (the GPU image has none)
+        from training import tracking
+
+        stage = functools.partial(tracking.set_stage, run_id, tracking_uri)
+    trial, jobs = functools.partial(train_trial, inp), min(TRIAL_JOBS, usable_cores())
+    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=jobs, stage=stage)
     if choice is not None:
-        logger.info("image side: %s", choice.summary())
+        logging.getLogger("mmlinks.train").info("image side: %s", choice.summary())
     return choice
 
 

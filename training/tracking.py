@@ -330,19 +330,23 @@ def open_run(inputs: RunInputs, tracking_uri: str, parent_run_id: str | None):
         yield run
 
 
-def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
-    """(epochs logged so far, the bar's postfix) from the run's metrics; None if the store is
-    busy (that only delays the bar; training is unaffected)."""
-    from mlflow.exceptions import MlflowException
+def set_stage(run_id: str, tracking_uri: str, text: str) -> None:
+    """What the run is doing before its first epoch (the image side's trials), for the epoch bar."""
+    MlflowClient(tracking_uri).set_tag(run_id, "mmlinks.stage", text)
 
+
+def poll_epochs(client, run_id: str) -> tuple[int, dict] | None:
+    """(epochs logged so far, the bar's postfix) from the run's metrics, before the first epoch
+    its ``mmlinks.stage`` tag; None if the store is busy (that only delays the bar)."""
     try:
         hist = client.get_metric_history(run_id, "val_loss")
         auc = client.get_metric_history(run_id, "val_auc")
         within = client.get_metric_history(run_id, "val_within")
+        stage = None if hist else client.get_run(run_id).data.tags.get("mmlinks.stage")
     except MlflowException:
         return None
     if not hist:
-        return 0, {}
+        return 0, {"stage": stage} if stage else {}
     post = {"val_loss": f"{hist[-1].value:.4f}"}
     if auc:
         post["val_auc"] = f"{auc[-1].value:.1f}"

@@ -144,8 +144,14 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
     chance = [0.0] * 60  # no candidate above chance: the second round
     measured = iter([chance] * 4 + [_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
     monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
-    choice = choose(TrainConfig(data=str(dataset), epochs=10), _train_paths(dataset), [], trial)
+    stages = []  # what the epoch bar shows meanwhile (the run's mmlinks.stage tag)
+    choice = choose(
+        TrainConfig(data=str(dataset), epochs=10), _train_paths(dataset), [], trial, stage=stages.append
+    )
     assert trained == [3] * 4 + [10] * 4 and choice.trial_epochs == 10
+    assert stages == [f"choosing the image side: 4 candidates x {n} epochs" for n in (3, 10)] + [
+        "image side chosen: none"
+    ]
     assert choice.name == "none" and choice.overrides == {**CANDIDATES["none"], "select_by": "last"}
     assert choice.summary().endswith("; the run keeps its last epoch")
     measured = iter([_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])

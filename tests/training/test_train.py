@@ -210,6 +210,8 @@ def test_two_worker_ddp_run_with_mlflow_sqlite_and_registry(dataset, tmp_path, r
     assert run.data.params["model.image_centring"] == ("none" if bag else chosen["image_centring"])
     assert float(run.data.params["model.image_dropout"]) == (0.0 if bag else chosen["image_dropout"])
     assert {f"choice_score.{k.replace('+', '_')}" for k in CANDIDATES} <= set(run.data.metrics)
+    # what the epoch bar showed before the first epoch (the trials' stages), the last one kept
+    assert run.data.tags["mmlinks.stage"] == f"image side chosen: {run.data.params['choice']}"
     assert run.data.params["model.d_multi"] == str(cfg.d_multi)
     # Credentials from the environment (or inside a URI) never reach params, tags or artifacts.
     assert secret not in json.dumps(run.data.params) + json.dumps(run.data.tags)
@@ -264,16 +266,24 @@ def test_the_epoch_progress_bar_reads_the_logged_epochs(capsys):
     from training.tracking import epoch_progress, poll_epochs
 
     class Store:
-        busy = False
+        busy, epochs, tags = False, 2, None
 
         def get_metric_history(self, run_id, key):
             if self.busy:
                 raise MlflowException("database is locked")
             values = {"val_loss": [0.5, 0.25], "val_auc": [60.0, 71.25], "val_within": [0.02, 0.1234]}[key]
-            return [SimpleNamespace(value=v) for v in values]
+            return [SimpleNamespace(value=v) for v in values[: self.epochs]]
+
+        def get_run(self, run_id):
+            return SimpleNamespace(data=SimpleNamespace(tags=self.tags or {}))
 
     store = Store()
     assert poll_epochs(store, "r") == (2, {"val_loss": "0.2500", "val_auc": "71.2", "val_within": "0.123"})
+    # before the first epoch: what the run is doing (the image side's trials take minutes, issue #60)
+    store.epochs = 0
+    assert poll_epochs(store, "r") == (0, {})
+    store.tags = {"mmlinks.stage": "choosing the image side: 4 candidates x 3 epochs"}
+    assert poll_epochs(store, "r") == (0, {"stage": "choosing the image side: 4 candidates x 3 epochs"})
     store.busy = True
     assert poll_epochs(store, "r") is None  # a busy store only delays the bar
     with epoch_progress("sqlite:///unused.db", "r", 3, enabled=False):

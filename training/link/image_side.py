@@ -9,11 +9,21 @@ Its own module because it trains (the registration module only declares)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,9 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # balanced: the image minus its document's mean plus the mean at weight 1 (issue #44's looks of
 # hundreds of topics or of each document: none stayed at 51-72 there); +dropout: the paper's 0.4 on
 # the image feature (issue #33's photo-crop looks linked at 92.7 with it, 68.3 without). The
-# paper's none with dropout 0.4 is no candidate: trained in full beside none without dropout it was
-# behind on both corpora tried (98.6 vs 98.7 at 2-3 images per document; 76.6 vs 97.7 where each
-# image takes one of its topic's three looks).
+# paper's none + dropout 0.4 is no candidate: it trailed none in full on both corpora (docs/training.md).
 CANDIDATES: dict[str, dict] = {
     "none": {"image_centring": "none", "image_dropout": 0.0, "image_mean_weight": 0.5},
     "balanced": {"image_centring": "balanced", "image_dropout": 0.0, "image_mean_weight": 1.0},
@@ -153,12 +161,6 @@ class TrialProcess:
     loss functions are closures (as Ray's workers receive it)."""
 
     def __init__(self):
-        import os
-        import subprocess
-        import sys
-        import tempfile
-        from pathlib import Path
-
         root = str(Path(__file__).resolve().parents[2])  # the project, importable from anywhere
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         self.stderr = tempfile.TemporaryFile("w+")  # read back only for a failure's last line
@@ -173,9 +175,6 @@ class TrialProcess:
 
     def score(self, args: tuple, name: str) -> list[float | None]:
         """``scored_trial(*args)`` in this process (candidate ``name``, for a failure's line)."""
-        import json
-        from pathlib import Path
-
         import cloudpickle
 
         from schemas.errors import MmlinksError
@@ -198,8 +197,6 @@ class TrialProcess:
 
     def close(self) -> None:
         """End the process once its current candidate is done (its stdin closes)."""
-        import contextlib
-
         with contextlib.suppress(BrokenPipeError):  # a process that already failed
             self.proc.stdin.close()
         self.proc.wait()
@@ -262,13 +259,15 @@ def choose(
     trial: Trial | None,
     saved: dict | None = None,
     jobs: int = 1,
+    stage: Callable[[str], None] | None = None,
 ) -> Choice | None:
     """The image side of ``cfg``'s run, or None when the config names it (nothing to choose).
 
     ``saved``: a resumed run's checkpoint config, whose choice is kept (no trials). ``trial``
     trains a candidate; None only with ``saved``. ``jobs`` > 1 trains that many candidates at
     once, each in a process of its own (``trial`` must then pickle): the trials are one-thread
-    loops, so on 2 cores two at a time halve their wall time."""
+    loops, so on 2 cores two at a time halve their wall time. ``stage``: told what is under way (the
+    epoch bar shows it: the trials take minutes before the run's first epoch)."""
     if not needs_choice(cfg):
         return None
     if saved is not None and (saved.get("image_centring") != "auto" or saved.get("backbone") != "gru"):
@@ -277,8 +276,7 @@ def choose(
         return Choice(next(same, "resumed"), overrides)
     if trial is None:
         return None
-    import tempfile
-
+    stage = stage or (lambda text: None)
     import pyarrow.parquet as pq
 
     t0 = time.perf_counter()
@@ -289,6 +287,7 @@ def choose(
     rounds = dict.fromkeys([trial_epochs(cfg.epochs), cfg.epochs])
     with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-") as tmp:
         for epochs in rounds:
+            stage(f"choosing the image side: {len(CANDIDATES)} candidates x {epochs} epochs")
             jobs_args = {
                 name: (
                     trial,
@@ -305,6 +304,7 @@ def choose(
             if any(map(beats_chance, per_doc.values())):
                 break
     name = pick(per_doc)
+    stage(f"image side chosen: {name}")
     overrides = dict(CANDIDATES[name])
     # the trials ran the run's epochs: it keeps the last, the one scored (by val_within an
     # 8-15-image run kept epoch 3 of 10: 51.1 AUC; its last 59.8)
@@ -321,9 +321,6 @@ def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[f
     jobs = max(1, min(jobs, len(jobs_args)))
     if jobs == 1 or doc_epochs < PARALLEL_MIN_DOC_EPOCHS:
         return {name: scored_trial(*a) for name, a in jobs_args.items()}
-    import queue
-    from concurrent.futures import ThreadPoolExecutor
-
     # the cores shared between the processes (each would otherwise take them all: torch_threads)
     from training.cores import usable_cores
 
@@ -394,11 +391,6 @@ def image_side(cfg: TrainConfig, train_paths: list[str]) -> ImageSide:
 
 
 if __name__ == "__main__":  # a TrialProcess: one candidate's args file per stdin line, one JSON line each
-    import json
-    import pickle
-    import sys
-    from pathlib import Path
-
     for line in sys.stdin:
         values = scored_trial(*pickle.loads(Path(line.strip()).read_bytes()))
         clean = [v if v is not None and np.isfinite(v) else None for v in values]
