@@ -38,7 +38,7 @@ def polled_progress(
         def pump() -> None:
             while not stop.wait(interval_s):
                 polled = poll() if poll is not None else None
-                if polled and polled[0] > bar.n:
+                if polled and (polled[0] > bar.n or not bar.n):  # before the first: what goes on
                     bar.update(polled[0] - bar.n)
                     bar.set_postfix(polled[1])
                 else:
