@@ -149,8 +149,10 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
         TrainConfig(data=str(dataset), epochs=10), _train_paths(dataset), [], trial, stage=stages.append
     )
     assert trained == [3] * 4 + [10] * 4 and choice.trial_epochs == 10
-    assert stages == [f"choosing the image side: 4 candidates x {n} epochs" for n in (3, 10)] + [
-        "image side chosen: none"
+    assert stages == [
+        "choosing the image side: 4 candidates x 3 epochs",
+        "choosing the image side: 4 candidates, none linking after 3 epochs: on to 10 epochs",
+        "image side chosen: none",
     ]
     assert choice.name == "none" and choice.overrides == {**CANDIDATES["none"], "select_by": "last"}
     assert choice.summary().endswith("; the run keeps its last epoch")
@@ -160,6 +162,13 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
     measured = iter([_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
     first = choose(TrainConfig(data=str(dataset), epochs=4), _train_paths(dataset), [], trial)
     assert first.overrides == CANDIDATES["none"] and "last epoch" not in first.summary()
+    # a --select-by given by hand is the run's, whichever side wins (the bag's own rule is last)
+    for best, given in [((0.4, 0.1, 0.1, 0.2), "val_loss"), ((-0.1, -0.1, -0.1, -0.1), "val_structure")]:
+        measured = iter([_docs(m) for m in best])
+        cfg = TrainConfig(data=str(dataset), epochs=3, select_by=given)
+        kept = choose(cfg, _train_paths(dataset), [], trial)
+        assert "select_by" not in kept.overrides and "last epoch" not in kept.summary()
+    assert kept.name == "bag"
 
 
 def test_a_resumed_run_keeps_what_it_chose_without_training():

@@ -24,12 +24,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from training.config import TrainConfig
+from training.config import AUTO_VALUES, TrainConfig
 
 # name -> the TrainConfig fields it sets. none: each image's feature as it is (the bag's image side);
 # balanced: the image minus its document's mean plus the mean at weight 1 (issue #44's looks of
@@ -284,10 +282,12 @@ def choose(
     # A first round of trial_epochs; where no candidate beats chance yet (a small corpus:
     # 400 documents of issue #33's looks linked nothing in 3 epochs), the same runs go on to the
     # run's own epochs before the floor (the bag) is taken: too few steps are not evidence.
-    rounds = dict.fromkeys([trial_epochs(cfg.epochs), cfg.epochs])
+    first = trial_epochs(cfg.epochs)
+    rounds = dict.fromkeys([first, cfg.epochs])
     with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-") as tmp:
         for epochs in rounds:
-            stage(f"choosing the image side: {len(CANDIDATES)} candidates x {epochs} epochs")
+            more = f", none linking after {first} epochs: on to" if epochs > first else " x"
+            stage(f"choosing the image side: {len(CANDIDATES)} candidates{more} {epochs} epochs")
             jobs_args = {
                 name: (
                     trial,
@@ -306,9 +306,11 @@ def choose(
     name = pick(per_doc)
     stage(f"image side chosen: {name}")
     overrides = dict(CANDIDATES[name])
+    if cfg.select_by != AUTO_VALUES["select_by"]:  # a --select-by given by hand: the run keeps it
+        overrides.pop("select_by", None)
     # the trials ran the run's epochs: it keeps the last, the one scored (by val_within an
     # 8-15-image run kept epoch 3 of 10: 51.1 AUC; its last 59.8)
-    if epochs >= cfg.epochs:
+    elif epochs >= cfg.epochs:
         overrides["select_by"] = "last"
     scores = {k: mean_score(v) for k, v in per_doc.items()}
     return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs)
