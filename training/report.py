@@ -42,11 +42,13 @@ def learning_curve_png(history: list[dict]) -> str | None:
     ax2 = ax.twinx()
     ax2.plot(epochs, [h.get("val_auc") for h in history], color=TRUE, marker="s", label="val AUC")
     ax2.set_ylabel("intra-document val AUC", color=TRUE)
-    if any(h.get("val_within") is not None for h in history):  # label-free: x100 on the AUC axis
-        within = [100 * h["val_within"] if h.get("val_within") is not None else None for h in history]
-        ax2.plot(epochs, within, color=BOTH, marker="^", label="within-document gap x100 (no labels)")
-        ax2.legend(loc="lower right", fontsize=8)
-    ax.set_title("Validation loss, link AUC and within-document gap by epoch")
+    signals = {"val_within": (BOTH, "within-document gap"), "val_structure": ("#862e9c", "link structure")}
+    for key, (color, what) in signals.items():  # label-free (--select-by): x100 on the AUC axis
+        if any(h.get(key) is not None for h in history):
+            values = [100 * h[key] if h.get(key) is not None else None for h in history]
+            ax2.plot(epochs, values, color=color, marker="^", label=f"{what} x100 (no labels)")
+            ax2.legend(loc="lower right", fontsize=8)
+    ax.set_title("Validation loss, link AUC and the label-free signals by epoch")
     return _png(fig)
 
 

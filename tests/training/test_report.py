@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import missing_tool
-from training.report import document_card, render_report
+from training.report import document_card, learning_curve_png, render_report
 
 
 def chromium() -> str:
@@ -68,6 +68,9 @@ def test_a_flat_within_document_signal_shows_as_a_warning_with_its_curve():
     assert "<p class=warning>warning: the within-document signal stayed &lt;flat&gt;</p>" in page
     assert "data:image/png;base64," in page  # the curve, with the gap, rendered
     assert "class=warning" not in render_report("t", m, m, history, [], [], {})
+    # the link structure (--select-by val_structure's signal) is drawn where it was logged
+    structure = [{**h, "val_structure": 0.1 * h["epoch"]} for h in history]
+    assert learning_curve_png(history) == learning_curve_png(history) != learning_curve_png(structure)
 
 
 @pytest.mark.slow
