@@ -44,7 +44,7 @@ def learning_curve_png(history: list[dict]) -> str | None:
     ax2.set_ylabel("intra-document val AUC", color=TRUE)
     signals = {"val_within": (BOTH, "within-document gap"), "val_structure": ("#862e9c", "link structure")}
     for key, (color, what) in signals.items():  # label-free (--select-by): x100 on the AUC axis
-        if any(h.get(key) is not None for h in history):
+        if any(np.isfinite(h[key]) for h in history if h.get(key) is not None):  # NaN: not measured
             values = [100 * h[key] if h.get(key) is not None else None for h in history]
             ax2.plot(epochs, values, color=color, marker="^", label=f"{what} x100 (no labels)")
             ax2.legend(loc="lower right", fontsize=8)

@@ -151,7 +151,7 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
     assert trained == [3] * 4 + [10] * 4 and choice.trial_epochs == 10
     assert stages == [
         "choosing the image side: 4 candidates x 3 epochs",
-        "choosing the image side: 4 candidates, none linking after 3 epochs: on to 10 epochs",
+        "choosing the image side: 4 candidates, no candidate linking after 3 epochs: on to 10 epochs",
         "image side chosen: none",
     ]
     assert choice.name == "none" and choice.overrides == {**CANDIDATES["none"], "select_by": "last"}
@@ -167,8 +167,15 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
         measured = iter([_docs(m) for m in best])
         cfg = TrainConfig(data=str(dataset), epochs=3, select_by=given)
         kept = choose(cfg, _train_paths(dataset), [], trial)
-        assert "select_by" not in kept.overrides and "last epoch" not in kept.summary()
+        assert kept.overrides["select_by"] == given and "last epoch" not in kept.summary()
     assert kept.name == "bag"
+    measured = iter([_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
+    given = choose(
+        TrainConfig(data=str(dataset), epochs=4, select_by="last"), _train_paths(dataset), [], trial
+    )
+    assert given.overrides["select_by"] == "last" and given.summary().endswith(
+        "; the run keeps its last epoch"
+    )
 
 
 def test_a_resumed_run_keeps_what_it_chose_without_training():
@@ -182,6 +189,8 @@ def test_a_resumed_run_keeps_what_it_chose_without_training():
     assert kept.name == "balanced+dropout" and kept.overrides["image_dropout"] == 0.4
     bag_saved = TrainConfig(data="x", **CANDIDATES["bag"]).to_dict()
     assert choose(cfg, [], [], trial, saved=bag_saved).overrides["backbone"] == "bag"
+    by_hand = TrainConfig(data="x", **{**CANDIDATES["bag"], "select_by": "val_structure"}).to_dict()
+    assert choose(cfg, [], [], trial, saved=by_hand).name == "bag"  # its side, whatever rule it kept
     assert choose(cfg, [], [], None, saved=None) is None  # nothing saved and no trial: nothing chosen
 
 

@@ -269,9 +269,9 @@ def choose(
     if not needs_choice(cfg):
         return None
     if saved is not None and (saved.get("image_centring") != "auto" or saved.get("backbone") != "gru"):
-        overrides = {k: saved[k] for k in CHOICE_FIELDS if k in saved}
-        same = (n for n, c in CANDIDATES.items() if all(overrides.get(k) == v for k, v in c.items()))
-        return Choice(next(same, "resumed"), overrides)
+        kept = {k: saved[k] for k in CHOICE_FIELDS if k in saved}  # its side, whatever its checkpoint rule
+        same = (n for n, c in CANDIDATES.items() if all(kept.get(k) == c[k] for k in c if k != "select_by"))
+        return Choice(next(same, "resumed"), kept)
     if trial is None:
         return None
     stage = stage or (lambda text: None)
@@ -286,7 +286,7 @@ def choose(
     rounds = dict.fromkeys([first, cfg.epochs])
     with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-") as tmp:
         for epochs in rounds:
-            more = f", none linking after {first} epochs: on to" if epochs > first else " x"
+            more = f", no candidate linking after {first} epochs: on to" if epochs > first else " x"
             stage(f"choosing the image side: {len(CANDIDATES)} candidates{more} {epochs} epochs")
             jobs_args = {
                 name: (
@@ -307,7 +307,7 @@ def choose(
     stage(f"image side chosen: {name}")
     overrides = dict(CANDIDATES[name])
     if cfg.select_by != AUTO_VALUES["select_by"]:  # a --select-by given by hand: the run keeps it
-        overrides.pop("select_by", None)
+        overrides["select_by"] = cfg.select_by
     # the trials ran the run's epochs: it keeps the last, the one scored (by val_within an
     # 8-15-image run kept epoch 3 of 10: 51.1 AUC; its last 59.8)
     elif epochs >= cfg.epochs:
