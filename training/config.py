@@ -186,7 +186,8 @@ class CoreFields:
         "only tells documents apart by their style keeps it near 0); val_structure = most link "
         "structure (the gap double-centred, in units of its spread, minus chance: scale-free); "
         "val_medr = lowest validation MedR (the retrieval objectives' default, Alikhani et al.); "
-        "last = the last epoch",
+        "last = the last epoch (what --image-centring auto sets where its trials ran the run's epochs, "
+        "unless a rule other than val_within is given here)",
         choices=lambda: tuple(SELECTION_ORDER),
         group=CORE,
     )
