@@ -2,6 +2,7 @@
 candidate briefly and keeps the one whose validation scores hold the most within-document link
 structure; a side given by hand is kept, and a resumed run keeps what it chose."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,9 @@ def test_a_resumed_run_keeps_what_it_chose_without_training():
     assert choose(cfg, [], [], trial, saved=bag_saved).overrides["backbone"] == "bag"
     by_hand = TrainConfig(data="x", **{**CANDIDATES["bag"], "select_by": "val_structure"}).to_dict()
     assert choose(cfg, [], [], trial, saved=by_hand).name == "bag"  # its side, whatever rule it kept
+    assert choose(cfg, [], [], trial, saved=by_hand).overrides["select_by"] == "val_structure"
+    again = dataclasses.replace(cfg, select_by="val_loss")  # a rule given by hand when resuming wins
+    assert choose(again, [], [], trial, saved=bag_saved).overrides["select_by"] == "val_loss"
     assert choose(cfg, [], [], None, saved=None) is None  # nothing saved and no trial: nothing chosen
 
 

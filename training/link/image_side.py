@@ -130,14 +130,12 @@ def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) ->
 
     rng = np.random.default_rng(seed)
     values: list[float | None] = []
-    seen = 0
     model.eval()
     with torch.no_grad():
         for table in iter_tables(val_paths, 64, TRAINING_COLUMNS):
             batch = make_batch(table, vocab, max_tokens, None)
             values.extend(link_structure(scores, rng) for scores in link_scores(model, batch))
-            seen += table.num_rows
-            if seen >= VAL_DOCS:
+            if len(values) >= VAL_DOCS:  # one value per document
                 break
     return values[:VAL_DOCS]
 
@@ -241,9 +239,7 @@ def beats_chance(values: list[float | None]) -> bool:
 
 def _tied(best: list[float | None], other: list[float | None]) -> bool:
     """Whether ``best``'s lead over ``other`` is within TIE_SE standard errors of its paired mean."""
-    d = np.array(
-        [a - b for a, b in zip(best, other, strict=True) if a is not None and b is not None], dtype=np.float64
-    )
+    d = np.array([a - b for a, b in zip(best, other, strict=True) if a is not None and b is not None], float)
     d = d[np.isfinite(d)]
     if len(d) < 2:
         return False
@@ -270,6 +266,8 @@ def choose(
         return None
     if saved is not None and (saved.get("image_centring") != "auto" or saved.get("backbone") != "gru"):
         kept = {k: saved[k] for k in CHOICE_FIELDS if k in saved}  # its side, whatever its checkpoint rule
+        if cfg.select_by != AUTO_VALUES["select_by"]:  # a rule given by hand on this command wins
+            kept["select_by"] = cfg.select_by
         same = (n for n, c in CANDIDATES.items() if all(kept.get(k) == c[k] for k in c if k != "select_by"))
         return Choice(next(same, "resumed"), kept)
     if trial is None:
