@@ -72,12 +72,8 @@ def parse_cell(cell: str) -> dict:
         raise SystemExit(
             f"bad cell {cell!r}: SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE]"
         )
-    out = {
-        "look_sharing": parts[0],
-        "topics": int(parts[1]),
-        "look_mixing": parts[2],
-        "look_strength": float(parts[3]),
-    }
+    out = {"look_sharing": parts[0], "topics": int(parts[1]), "look_mixing": parts[2]}
+    out["look_strength"] = float(parts[3])
     if len(parts) >= 5:
         out["topic_words"] = int(parts[4])
     if len(parts) == 6:
@@ -225,12 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--jsonl",
         help="append each run's result to this file as it finishes; runs already in it are not run again",
     )
-    p.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="cuda: every row trains on this machine's GPU",
-    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: every row on the GPU here")
     p.add_argument(
         "--loop",
         choices=("experiment", "fit"),
@@ -298,14 +289,11 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{cell} {row} seed {seed}: {res}", file=sys.stderr, flush=True)
     for entry in out["cells"].values():
         entry.pop("data", None)
-    for entry in out["cells"].values():
         for runs in entry["rows"].values():
-            runs["mean_auc"] = round(
-                statistics.mean(r["auc"] for r in runs.values() if isinstance(r, dict)), 1
-            )
-            runs["mean_p_at_1"] = round(
-                statistics.mean(r["p_at_1"] for r in runs.values() if isinstance(r, dict)), 1
-            )
+            for key in ("auc", "p_at_1"):
+                runs[f"mean_{key}"] = round(
+                    statistics.mean(r[key] for r in runs.values() if isinstance(r, dict)), 1
+                )
         entry["rank_correlation"] = rank_correlation(entry["rows"], seeds)
         if "default" in entry["rows"] and "bag" in entry["rows"]:
             entry["default_minus_bag"] = round(

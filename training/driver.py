@@ -173,15 +173,16 @@ def check_inputs(cfg: TrainConfig) -> RunInputs:
 
 
 def _structure_measurable(val_paths: list[str]) -> bool:
-    """Whether a validation document has the two sentences and two images ``link_structure`` needs:
-    else ``val_structure`` is NaN every epoch and no checkpoint could be chosen by it."""
+    """Whether a validation document has the sentences and images ``link_structure`` needs (three
+    each): else ``val_structure`` is NaN every epoch and no checkpoint could be chosen by it."""
     import pyarrow.compute as pc
 
     from schemas.shards import read_table
+    from training.metrics import STRUCTURE_MIN_SIDE as SIDE
 
     t = read_table(val_paths, columns=["sentences", "images"])
     n, m = (pc.list_value_length(t[c]) for c in ("sentences", "images"))
-    return bool(pc.any(pc.and_(pc.greater_equal(n, 2), pc.greater_equal(m, 2))).as_py())
+    return bool(pc.any(pc.and_(pc.greater_equal(n, SIDE), pc.greater_equal(m, SIDE))).as_py())
 
 
 def check_trainable(inputs: RunInputs) -> RunInputs:
@@ -207,8 +208,8 @@ def check_trainable(inputs: RunInputs) -> RunInputs:
         raise MmlinksError(f"{cfg.data} has {n_val} validation document(s); the validation loss needs >= 2")
     if cfg.select_by == "val_structure" and not _structure_measurable(inp.val_paths):
         raise MmlinksError(
-            f"--select-by val_structure: no validation document of {cfg.data} has two sentences and two "
-            "images to measure it on (val_loss needs none)"
+            f"--select-by val_structure: no validation document of {cfg.data} has three sentences and "
+            "three images to measure it on (val_loss needs none)"
         )
     storage = inp.storage or str(Path(cfg.data).resolve().parent / "ray_results")
     if cfg.run_name:

@@ -166,6 +166,11 @@ def within_document_gap(scores: np.ndarray) -> float | None:
     return float(scores[rows, cols].mean() - scores.mean())
 
 
+# link_structure's smallest document side: with two sentences or images the double-centred scores are one
+# row and its negative, blind to what is linked (2 x 2: always 0; strong links: 2 x 3 ~0.05, 3 x 3 ~0.3)
+STRUCTURE_MIN_SIDE = 3
+
+
 def link_structure(scores: np.ndarray, rng: np.random.Generator, shuffles: int = 8) -> float | None:
     """How much one-to-one structure a document's scores hold beyond chance (label-free, issue #60).
 
@@ -176,9 +181,10 @@ def link_structure(scores: np.ndarray, rng: np.random.Generator, shuffles: int =
     subtracted, so a model that scores a document flat, or at random, lands near 0 whatever n
     and m are, and one that links inside it stands above. Scale-free, unlike
     ``within_document_gap``, so models whose cosines spread differently (the
-    GRU and the bag backbone) compare. None where min(n, m) < 2 or a score is not finite."""
+    GRU and the bag backbone) compare. None where min(n, m) < ``STRUCTURE_MIN_SIDE`` or a score
+    is not finite."""
     scores = np.asarray(scores, dtype=np.float64)
-    if min(scores.shape, default=0) < 2 or not np.isfinite(scores).all():
+    if min(scores.shape, default=0) < STRUCTURE_MIN_SIDE or not np.isfinite(scores).all():
         return None
 
     from training.objectives.assignment import max_weight_matching

@@ -179,6 +179,27 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
     )
 
 
+def test_where_no_validation_document_can_be_measured_one_round_is_trained_and_none_kept(
+    dataset, monkeypatch
+):
+    """Documents of two images or two sentences give ``link_structure`` nothing (None): the
+    choice does not train a second, longer round that could measure no more, keeps ``none`` and
+    says why (before, their exact 0s read as 'no candidate linking': two rounds, then the bag)."""
+    trained = []
+
+    def trial(trial_cfg, limit, folder):
+        trained.append(trial_cfg.epochs)
+        return "model", "vocab"
+
+    monkeypatch.setattr(side_mod, "criterion", lambda *a: [None] * 60)
+    stages = []
+    cfg = TrainConfig(data=str(dataset), epochs=10)
+    choice = choose(cfg, _train_paths(dataset), [], trial, stage=stages.append)
+    assert trained == [3] * 4 and stages[-1] == "image side chosen: none"
+    assert choice.name == "none" and choice.scores == dict.fromkeys(CANDIDATES)
+    assert "no validation document has 3 sentences and images to measure" in choice.summary()
+
+
 def test_a_resumed_run_keeps_what_it_chose_without_training():
     cfg = TrainConfig(data="x")
     saved = TrainConfig(data="x", **CANDIDATES["balanced+dropout"]).to_dict()

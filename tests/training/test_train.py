@@ -51,7 +51,7 @@ def test_select_by_val_structure_refuses_a_validation_split_it_cannot_measure(tm
     from tests.training.test_ddp_uneven import write_dataset
 
     data = write_dataset(tmp_path / "pairs", "retrieval")
-    with pytest.raises(MmlinksError, match=r"no validation document .* has two sentences and two images"):
+    with pytest.raises(MmlinksError, match=r"no validation document .* has three sentences and three images"):
         fit(small_cfg(data, tmp_path, objective="ap", select_by="val_structure"))
 
 
