@@ -53,7 +53,7 @@ TRIAL_SHARE = 0.3
 TRIAL_MIN_EPOCHS = 3
 VAL_DOCS = 1000  # validation documents the criterion reads
 # link_structure's chance draws a document: with validation's 8 the pick moved with the draws (4 corpora
-CRITERION_SHUFFLES = 64  # of 19, 1 draw in 6 each; with 64, one: docs/benchmarks-linking.md)
+CRITERION_SHUFFLES = 64  # of 20, 1 draw in 6 each; with 64, one: docs/benchmarks-linking.md)
 # Below this many document-epochs a trial takes a few seconds, less than a process of its own
 # costs to start (~2 s importing torch and the project on 2 cores): the trials then run here, in turn.
 PARALLEL_MIN_DOC_EPOCHS = 600
