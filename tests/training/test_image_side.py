@@ -197,7 +197,7 @@ def test_where_no_validation_document_can_be_measured_one_round_is_trained_and_n
     choice = choose(cfg, _train_paths(dataset), [], trial, stage=stages.append)
     assert trained == [3] * 4 and stages[-1] == "image side chosen: none"
     assert choice.name == "none" and choice.scores == dict.fromkeys(CANDIDATES)
-    assert "no validation document has 3 sentences and images to measure" in choice.summary()
+    assert "no validation document of >= 3 sentences and images scored" in choice.summary()
 
 
 def test_a_resumed_run_keeps_what_it_chose_without_training():

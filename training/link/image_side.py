@@ -90,8 +90,8 @@ class Choice:
         ranked = sorted(self.scores.items(), key=lambda kv: -(kv[1] if kv[1] is not None else -math.inf))
         parts = ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in ranked)
         last = "; the run keeps its last epoch" if self.overrides.get("select_by") == "last" else ""
-        if all(v is None for v in self.scores.values()):  # pick's fallback: nothing to compare
-            last = f"; no validation document has {STRUCTURE_MIN_SIDE} sentences and images to measure{last}"
+        if all(v is None for v in self.scores.values()):  # pick's fallback (or every score not finite)
+            last = f"; no validation document of >= {STRUCTURE_MIN_SIDE} sentences and images scored{last}"
         return (
             f"{self.name}, by within-document link structure on validation after "
             f"{self.trial_epochs} epochs on {self.trial_docs} documents: {parts} ({self.seconds:.0f} s){last}"
