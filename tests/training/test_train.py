@@ -55,6 +55,21 @@ def test_select_by_val_structure_refuses_a_validation_split_it_cannot_measure(tm
         fit(small_cfg(data, tmp_path, objective="ap", select_by="val_structure"))
 
 
+def test_select_by_val_structure_refuses_documents_of_two_images(tmp_path):
+    """Two images a document: every document's centred scores are one row and its negative, so
+    ``link_structure`` has nothing to measure (a 2 x 2 read exactly 0 whatever was linked): refused
+    in one line, where two sentences and two images used to pass."""
+    from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+    from schemas.errors import MmlinksError
+
+    data = tmp_path / "two"
+    write_feature_corpus(
+        data, FeatureCorpusConfig(docs=40, val_docs=10, test_docs=10, images_min=2, images_max=2)
+    )
+    with pytest.raises(MmlinksError, match=r"no validation document .* has three sentences and three images"):
+        fit(small_cfg(data, tmp_path, objective="ap", select_by="val_structure"))
+
+
 def test_an_in_process_gpu_run_trains_on_the_first_gpu(dataset, tmp_path, monkeypatch):
     """``--workers 0 --gpu``: the config is valid anywhere (a checkpoint's, resumed on another
     machine); the run hands ``cuda:0`` to its worker, which moves the model there before its
