@@ -197,3 +197,17 @@ def link_scores(model, batch: DocBatch) -> list[np.ndarray]:
         out.append((s[so : so + n] @ v[vo : vo + m].T).detach().cpu().numpy())
         so, vo = so + n, vo + m
     return out
+
+
+def structure_measurable(val_paths: list[str]) -> bool:
+    """Whether a validation document has the sentences and images ``link_structure`` needs (three
+    each): else it is None for every document, each epoch's ``val_structure`` and every candidate
+    of the image-side choice alike (their list lengths read, not their features)."""
+    from schemas.shards import read_table
+    from training.metrics import STRUCTURE_MIN_SIDE as SIDE
+
+    if not val_paths:
+        return False
+    t = read_table(val_paths, columns=["sentences", "images"])
+    n, m = (pc.list_value_length(t[c]) for c in ("sentences", "images"))
+    return bool(pc.any(pc.and_(pc.greater_equal(n, SIDE), pc.greater_equal(m, SIDE))).as_py())

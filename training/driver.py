@@ -25,7 +25,7 @@ from training.checkpoints import (
 )
 from training.config import SELECTION_ORDER, TrainConfig
 from training.cores import usable_cores
-from training.data import TRAINING_COLUMNS
+from training.data import TRAINING_COLUMNS, structure_measurable
 from training.loop import train_loop_per_worker
 from training.ray_session import connect_ray, failure_message
 from training.run_inputs import RunInputs, read_inputs
@@ -172,19 +172,6 @@ def check_inputs(cfg: TrainConfig) -> RunInputs:
     return check_trainable(read_inputs(cfg))
 
 
-def _structure_measurable(val_paths: list[str]) -> bool:
-    """Whether a validation document has the sentences and images ``link_structure`` needs (three
-    each): else ``val_structure`` is NaN every epoch and no checkpoint could be chosen by it."""
-    import pyarrow.compute as pc
-
-    from schemas.shards import read_table
-    from training.metrics import STRUCTURE_MIN_SIDE as SIDE
-
-    t = read_table(val_paths, columns=["sentences", "images"])
-    n, m = (pc.list_value_length(t[c]) for c in ("sentences", "images"))
-    return bool(pc.any(pc.and_(pc.greater_equal(n, SIDE), pc.greater_equal(m, SIDE))).as_py())
-
-
 def check_trainable(inputs: RunInputs) -> RunInputs:
     """What ``fit_inputs`` trains on: ``inputs`` (what ``training.run_inputs.read_inputs`` read
     of a config) with the config's data path made absolute and what training needs beyond a
@@ -206,7 +193,7 @@ def check_trainable(inputs: RunInputs) -> RunInputs:
     n_val = count_rows(inp.val_paths)
     if n_val < 2:
         raise MmlinksError(f"{cfg.data} has {n_val} validation document(s); the validation loss needs >= 2")
-    if cfg.select_by == "val_structure" and not _structure_measurable(inp.val_paths):
+    if cfg.select_by == "val_structure" and not structure_measurable(inp.val_paths):
         raise MmlinksError(
             f"--select-by val_structure: no validation document of {cfg.data} has three sentences and "
             "three images to measure it on (val_loss needs none)"

@@ -28,6 +28,10 @@ def _train_paths(data: Path) -> list[str]:
     return [str(p) for p in Manifest.read(data).shard_paths(data, "train")]
 
 
+def _val_paths(data: Path) -> list[str]:
+    return [str(p) for p in Manifest.read(data).shard_paths(data, "val")]
+
+
 @pytest.fixture(scope="module")
 def looked(dataset, tmp_path_factory):
     from pipelines.image_look import blend_look
@@ -110,7 +114,7 @@ def test_choose_trains_every_candidate_and_keeps_the_best(dataset, monkeypatch):
         return "model", "vocab"
 
     monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
-    choice = choose(cfg, _train_paths(dataset), [], trial)
+    choice = choose(cfg, _train_paths(dataset), _val_paths(dataset), trial)
     n_train = Manifest.read(dataset).counts["splits"]["train"]
     assert [t[:3] for t in trained[:3]] == [
         ("gru", "none", 0.0),
@@ -147,7 +151,11 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
     monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
     stages = []  # what the epoch bar shows meanwhile (the run's mmlinks.stage tag)
     choice = choose(
-        TrainConfig(data=str(dataset), epochs=10), _train_paths(dataset), [], trial, stage=stages.append
+        TrainConfig(data=str(dataset), epochs=10),
+        _train_paths(dataset),
+        _val_paths(dataset),
+        trial,
+        stage=stages.append,
     )
     assert trained == [3] * 4 + [10] * 4 and choice.trial_epochs == 10
     assert stages == [
@@ -158,46 +166,65 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
     assert choice.name == "none" and choice.overrides == {**CANDIDATES["none"], "select_by": "last"}
     assert choice.summary().endswith("; the run keeps its last epoch")
     measured = iter([_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
-    short = choose(TrainConfig(data=str(dataset), epochs=3), _train_paths(dataset), [], trial)
+    short = choose(
+        TrainConfig(data=str(dataset), epochs=3), _train_paths(dataset), _val_paths(dataset), trial
+    )
     assert short.overrides["select_by"] == "last" and trained[8:] == [3] * 4
     measured = iter([_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
-    first = choose(TrainConfig(data=str(dataset), epochs=4), _train_paths(dataset), [], trial)
+    first = choose(
+        TrainConfig(data=str(dataset), epochs=4), _train_paths(dataset), _val_paths(dataset), trial
+    )
     assert first.overrides == CANDIDATES["none"] and "last epoch" not in first.summary()
     # a --select-by given by hand is the run's, whichever side wins (the bag's own rule is last)
     for best, given in [((0.4, 0.1, 0.1, 0.2), "val_loss"), ((-0.1, -0.1, -0.1, -0.1), "val_structure")]:
         measured = iter([_docs(m) for m in best])
         cfg = TrainConfig(data=str(dataset), epochs=3, select_by=given)
-        kept = choose(cfg, _train_paths(dataset), [], trial)
+        kept = choose(cfg, _train_paths(dataset), _val_paths(dataset), trial)
         assert kept.overrides["select_by"] == given and "last epoch" not in kept.summary()
     assert kept.name == "bag"
     measured = iter([_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
     given = choose(
-        TrainConfig(data=str(dataset), epochs=4, select_by="last"), _train_paths(dataset), [], trial
+        TrainConfig(data=str(dataset), epochs=4, select_by="last"),
+        _train_paths(dataset),
+        _val_paths(dataset),
+        trial,
     )
     assert given.overrides["select_by"] == "last" and given.summary().endswith(
         "; the run keeps its last epoch"
     )
 
 
-def test_where_no_validation_document_can_be_measured_one_round_is_trained_and_none_kept(
-    dataset, monkeypatch
+def test_where_no_validation_document_can_be_measured_no_candidate_is_trained_and_none_kept(
+    dataset, tmp_path, monkeypatch
 ):
-    """Documents of two images or two sentences give ``link_structure`` nothing (None): the
-    choice does not train a second, longer round that could measure no more, keeps ``none`` and
-    says why (before, their exact 0s read as 'no candidate linking': two rounds, then the bag)."""
+    """Documents of two images or two sentences give ``link_structure`` nothing (None): on a
+    corpus of two images a document the choice trains no candidate (their list lengths say so
+    before any trial), keeps ``none`` and says why (before, their exact 0s read as 'no candidate
+    linking': two rounds of four, then the bag). Where documents could be measured but every
+    score came back non-finite, one round and ``none``: a longer one could measure no more."""
+    from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+
     trained = []
 
     def trial(trial_cfg, limit, folder):
         trained.append(trial_cfg.epochs)
         return "model", "vocab"
 
-    monkeypatch.setattr(side_mod, "criterion", lambda *a: [None] * 60)
+    two = tmp_path / "two"
+    write_feature_corpus(
+        two, FeatureCorpusConfig(docs=40, val_docs=10, test_docs=10, images_min=2, images_max=2)
+    )
     stages = []
+    cfg = TrainConfig(data=str(two), epochs=10)
+    choice = choose(cfg, _train_paths(two), _val_paths(two), trial, stage=stages.append)
+    assert trained == [] and stages == ["image side chosen: none"]
+    assert choice.name == "none" and choice.overrides == CANDIDATES["none"]
+    assert choice.scores == dict.fromkeys(CANDIDATES) and choice.trial_epochs == 0
+    assert "none: no validation document of >= 3 sentences and images scored" in choice.summary()
+    monkeypatch.setattr(side_mod, "criterion", lambda *a: [None] * 60)
     cfg = TrainConfig(data=str(dataset), epochs=10)
-    choice = choose(cfg, _train_paths(dataset), [], trial, stage=stages.append)
-    assert trained == [3] * 4 and stages[-1] == "image side chosen: none"
-    assert choice.name == "none" and choice.scores == dict.fromkeys(CANDIDATES)
-    assert "no validation document of >= 3 sentences and images scored" in choice.summary()
+    choice = choose(cfg, _train_paths(dataset), _val_paths(dataset), trial)
+    assert trained == [3] * 4 and choice.name == "none" and choice.scores == dict.fromkeys(CANDIDATES)
 
 
 def test_a_resumed_run_keeps_what_it_chose_without_training():
@@ -310,6 +337,7 @@ def test_a_candidate_failing_in_its_process_fails_the_choice_in_one_line_and_lea
         return types.SimpleNamespace(eval=lambda: None), None  # no validation paths: nothing scored
 
     cfg = TrainConfig(data=str(dataset), epochs=3)
+    monkeypatch.setattr("training.data.structure_measurable", lambda paths: True)  # no paths: none read
     with pytest.raises(MmlinksError) as err:
         choose(cfg, _train_paths(dataset), [], trial, jobs=2)
     message = str(err.value)

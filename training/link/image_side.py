@@ -91,7 +91,10 @@ class Choice:
         parts = ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in ranked)
         last = "; the run keeps its last epoch" if self.overrides.get("select_by") == "last" else ""
         if all(v is None for v in self.scores.values()):  # pick's fallback (or every score not finite)
-            last = f"; no validation document of >= {STRUCTURE_MIN_SIDE} sentences and images scored{last}"
+            return (
+                f"{self.name}: no validation document of >= {STRUCTURE_MIN_SIDE} sentences and images scored "
+                f"(candidates trained {self.trial_epochs} epochs; {self.seconds:.0f} s){last}"
+            )
         return (
             f"{self.name}, by within-document link structure on validation after "
             f"{self.trial_epochs} epochs on {self.trial_docs} documents: {parts} ({self.seconds:.0f} s){last}"
@@ -281,13 +284,18 @@ def choose(
     stage = stage or (lambda text: None)
     import pyarrow.parquet as pq
 
+    from training.data import structure_measurable
+
     t0 = time.perf_counter()
     docs = min(TRIAL_DOCS, sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths))
     # A first round of trial_epochs; where no candidate beats chance yet (a small corpus:
     # 400 documents of issue #33's looks linked nothing in 3 epochs), the same runs go on to the
     # run's own epochs before the floor (the bag) is taken: too few steps are not evidence.
     first = trial_epochs(cfg.epochs)
-    rounds = dict.fromkeys([first, cfg.epochs])
+    # no validation document of 3 sentences and 3 images (all of 2): no trial could be scored, none is
+    # trained; none is kept (pick)
+    rounds = dict.fromkeys([first, cfg.epochs] if structure_measurable(val_paths) else [])
+    per_doc, epochs = {k: [] for k in CANDIDATES}, 0
     with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-") as tmp:
         for epochs in rounds:
             more = f", no candidate linking after {first} epochs: on to" if epochs > first else " x"
