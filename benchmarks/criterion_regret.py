@@ -1,0 +1,134 @@
+"""The image side's label-free criterion against the trials' own labels (issue #60): regret.
+
+Per cell and seed (``benchmarks/link_family.py``'s cells, corpora and settings), the choice of
+``--image-centring auto`` runs here, its trials in this process, and each candidate's last trial
+scores the validation split: its labelled AUC, which the criterion stands in for, and the
+criterion, as shipped (``link_structure``) and in the double-centred cells' units alone (before
+issue #60's offsets fix). Both read the same trials (the rounds the shipped one ran). Prints one
+JSON object: per corpus each candidate's validation AUC and criterion means, each criterion's pick
+and regret (the best candidate's AUC less the pick's); per criterion the mean and max regret and
+the corpora above 1 AUC. docs/benchmarks-linking.md holds the figures and the command.
+
+    python benchmarks/criterion_regret.py --cells topic+document:40:added:4.1:looks=2:share=0.5 --seeds 0,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import link_family  # the cells, corpora and settings of the family
+
+
+def trial_scores(data: str, seed: int) -> dict[str, list]:
+    """{candidate: [(scores, links)] of its last trial, per validation document (<= VAL_DOCS)}."""
+    import torch
+
+    from schemas.shards import iter_tables
+    from training.config import TrainConfig
+    from training.data import TRAINING_COLUMNS, link_scores, make_batch
+    from training.driver import check_trainable, train_trial
+    from training.link import image_side
+    from training.run_inputs import read_inputs
+
+    inp = check_trainable(read_inputs(TrainConfig(data=data, seed=seed, **link_family.BASE)))
+    models = {}
+
+    def trial(cfg, limit, folder):  # the choice's own trial; its model kept (a second round's replaces it)
+        models[Path(folder).name] = out = train_trial(inp, cfg, limit, folder)
+        return out
+
+    image_side.choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=1)
+    kept = {}
+    for name, (model, vocab) in models.items():
+        rows = []
+        model.eval()
+        with torch.no_grad():
+            for table in iter_tables(inp.val_paths, 64, TRAINING_COLUMNS):
+                batch = make_batch(table, vocab, inp.cfg.max_tokens, None)
+                rows += zip(link_scores(model, batch), batch.links, strict=True)
+        kept[name] = rows[: image_side.VAL_DOCS]
+    return kept
+
+
+def centred_units(scores, rng) -> float | None:
+    """``link_structure`` before the offsets' dilution: undone by its factor (the same draws)."""
+    from training.link.image_side import CRITERION_SHUFFLES
+    from training.metrics import link_structure
+
+    value = link_structure(scores, rng, CRITERION_SHUFFLES)
+    s = np.asarray(scores, dtype=np.float64)
+    centred = (s - s.mean(0) - s.mean(1, keepdims=True) + s.mean()).std()
+    return value * s.std() / centred if value is not None and centred > 1e-12 else value
+
+
+def shipped(scores, rng) -> float | None:
+    from training.link.image_side import CRITERION_SHUFFLES
+    from training.metrics import link_structure
+
+    return link_structure(scores, rng, CRITERION_SHUFFLES)
+
+
+CRITERIA = {"shipped": shipped, "centred_units": centred_units}
+
+
+def regret(kept: dict[str, list], seed: int) -> dict:
+    """Each candidate's validation AUC; per criterion its means, pick and regret."""
+    from training.link.image_side import mean_score, pick
+    from training.metrics import document_metrics
+
+    auc = {}
+    for name, rows in kept.items():
+        docs = [document_metrics(str(i), s, links) for i, (s, links) in enumerate(rows)]
+        auc[name] = 100 * float(np.mean([d.auc for d in docs if d is not None]))
+    out: dict = {"auc": {k: round(v, 1) for k, v in auc.items()}}
+    for crit, fn in CRITERIA.items():
+        per = {}
+        for n, rows in kept.items():
+            rng = np.random.default_rng(seed)  # a generator per candidate, seeded as the choice seeds it
+            per[n] = [fn(s, rng) for s, _ in rows]
+        chosen = pick(per)
+        means = {n: mean_score(v) for n, v in per.items()}
+        out[crit] = {
+            "pick": chosen,
+            "regret": round(max(auc.values()) - auc[chosen], 1),
+            "means": {n: None if m is None else round(m, 3) for n, m in means.items()},
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cells", required=True, help="comma-separated cells (link_family.py syntax)")
+    p.add_argument("--seeds", default="0", help="seeds: corpus and training")
+    p.add_argument("--docs", type=int, default=1500, help="training documents (val and test: a tenth)")
+    p.add_argument("--dim", type=int, default=256, help="feature width of the corpora")
+    p.add_argument("--corpora", default="/tmp/mmlinks-link-family", help="folder caching the corpora")
+    args = p.parse_args(argv)
+    logging.disable(logging.WARNING)
+    sizes = {"docs": args.docs, "val_docs": max(50, args.docs // 10), "test_docs": max(50, args.docs // 10)}
+    sizes["dim"] = args.dim
+    Path(args.corpora).mkdir(parents=True, exist_ok=True)
+    out: dict = {"base": link_family.BASE, "sizes": sizes, "corpora": []}
+    for seed in [int(s) for s in args.seeds.split(",") if s]:
+        for cell in [c for c in args.cells.split(",") if c]:
+            data, _ = link_family.make_corpus(Path(args.corpora), cell, sizes, seed)
+            out["corpora"].append({"cell": cell, "seed": seed, **regret(trial_scores(data, seed), seed)})
+            print(json.dumps(out["corpora"][-1]), file=sys.stderr, flush=True)
+    for crit in CRITERIA:
+        r = np.array([c[crit]["regret"] for c in out["corpora"]])
+        out[crit] = {"mean_regret": round(float(r.mean()), 2), "max_regret": float(r.max())}
+        out[crit]["above_1"] = int((r > 1).sum())
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""``benchmarks/criterion_regret.py`` (issue #60): the criterion before the offsets fix is
+recovered exactly, and a criterion's regret is read against the candidates' labelled AUC."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+# by path: an installed dependency ships a top-level ``benchmarks`` package of its own
+_ROOT = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(_ROOT))
+_SPEC = importlib.util.spec_from_file_location("criterion_regret", _ROOT / "criterion_regret.py")
+criterion_regret = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(criterion_regret)
+
+
+def _centred_units_oracle(scores: np.ndarray, rng: np.random.Generator, shuffles: int) -> float:
+    """The criterion as it was before the offsets fix, written out: each draw double-centred and
+    read in its own spread's units, the shuffles' mean subtracted."""
+    from scipy.optimize import linear_sum_assignment
+
+    draws = [scores, *(rng.permutation(scores.ravel()).reshape(scores.shape) for _ in range(shuffles))]
+    peaks = []
+    for x in draws:
+        c = x - x.mean(0) - x.mean(1, keepdims=True) + x.mean()
+        rows, cols = linear_sum_assignment(c, maximize=True)
+        peaks.append(c[rows, cols].mean() / c.std())
+    return peaks[0] - float(np.mean(peaks[1:]))
+
+
+@given(st.integers(3, 6), st.integers(3, 6), st.integers(0, 1000))
+@settings(max_examples=20, deadline=None)
+def test_the_criterion_before_the_offsets_fix_is_recovered_exactly(n, m, seed):
+    from training.link.image_side import CRITERION_SHUFFLES
+
+    g = np.random.default_rng(seed)
+    scores = np.eye(n, m) + g.normal(size=(n, m)) + g.normal(size=m) * 2  # links, noise, image offsets
+    got = criterion_regret.centred_units(scores, np.random.default_rng(7))
+    assert got == pytest.approx(_centred_units_oracle(scores, np.random.default_rng(7), CRITERION_SHUFFLES))
+    shipped = criterion_regret.shipped(scores, np.random.default_rng(7))
+    assert abs(shipped) <= abs(got) + 1e-12  # the fix only dilutes
+
+
+def test_regret_is_the_best_candidates_auc_less_the_picks():
+    """Two candidates link alike inside documents; one also lifts two images' every score (an
+    offset): its AUC is lower. Read in the centred units the two tie (the simpler one, the bag,
+    is taken); shipped, the offset dilutes the bag's value and ``none`` is taken."""
+    g = np.random.default_rng(0)
+    links = [(i, i) for i in range(5)]
+    kept = {"none": [], "bag": []}
+    for _ in range(60):
+        clean = np.eye(5) + 0.4 * g.normal(size=(5, 5))
+        kept["none"].append((clean, links))
+        kept["bag"].append((clean + np.array([1.5, 1.5, 0, 0, 0]), links))
+    out = criterion_regret.regret(kept, seed=0)
+    assert out["auc"]["none"] > out["auc"]["bag"] + 5
+    assert out["shipped"]["pick"] == "none" and out["shipped"]["regret"] == 0
+    assert out["centred_units"]["pick"] == "bag"
+    assert out["centred_units"]["regret"] == pytest.approx(out["auc"]["none"] - out["auc"]["bag"], abs=0.11)
