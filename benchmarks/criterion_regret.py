@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import link_family  # the cells, corpora and settings of the family
+import link_family  # the cells, corpora and settings of the family (beside this script, on its path)
 
 
 def trial_scores(data: str, seed: int) -> dict[str, list]:

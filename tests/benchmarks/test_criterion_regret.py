@@ -12,12 +12,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-# by path: an installed dependency ships a top-level ``benchmarks`` package of its own
+# by path: an installed dependency ships a top-level ``benchmarks`` package of its own; the script
+# imports link_family from beside it, registered here (not the whole folder put on sys.path)
 _ROOT = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(_ROOT))
-_SPEC = importlib.util.spec_from_file_location("criterion_regret", _ROOT / "criterion_regret.py")
-criterion_regret = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(criterion_regret)
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, _ROOT / f"{name}.py")
+    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+_load("link_family")
+criterion_regret = _load("criterion_regret")
 
 
 def _centred_units_oracle(scores: np.ndarray, rng: np.random.Generator, shuffles: int) -> float:
