@@ -28,11 +28,7 @@ import link_family  # the cells, corpora and settings of the family (beside this
 
 def trial_scores(data: str, seed: int) -> dict[str, list]:
     """{candidate: [(scores, links)] of its last trial, per validation document (<= VAL_DOCS)}."""
-    import torch
-
-    from schemas.shards import iter_tables
     from training.config import TrainConfig
-    from training.data import TRAINING_COLUMNS, link_scores, make_batch
     from training.driver import check_trainable, train_trial
     from training.link import image_side
     from training.run_inputs import read_inputs
@@ -45,16 +41,8 @@ def trial_scores(data: str, seed: int) -> dict[str, list]:
         return out
 
     image_side.choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=1)
-    kept = {}
-    for name, (model, vocab) in models.items():
-        rows = []
-        model.eval()
-        with torch.no_grad():
-            for table in iter_tables(inp.val_paths, 64, TRAINING_COLUMNS):
-                batch = make_batch(table, vocab, inp.cfg.max_tokens, None)
-                rows += zip(link_scores(model, batch), batch.links, strict=True)
-        kept[name] = rows[: image_side.VAL_DOCS]
-    return kept
+    max_tokens = inp.cfg.max_tokens
+    return {n: image_side.validation_scores(m, v, inp.val_paths, max_tokens) for n, (m, v) in models.items()}
 
 
 def centred_units(scores, rng) -> float | None:
@@ -86,7 +74,10 @@ def regret(kept: dict[str, list], seed: int) -> dict:
     auc = {}
     for name, rows in kept.items():
         docs = [document_metrics(str(i), s, links) for i, (s, links) in enumerate(rows)]
-        auc[name] = 100 * float(np.mean([d.auc for d in docs if d is not None]))
+        labelled = [d.auc for d in docs if d is not None]
+        if not labelled:  # no validation document with a link and a non-link: nothing to regret
+            raise SystemExit(f"criterion_regret: candidate {name} scored no labelled validation document")
+        auc[name] = 100 * float(np.mean(labelled))
     out: dict = {"auc": {k: round(v, 1) for k, v in auc.items()}}
     for crit, fn in CRITERIA.items():
         per = {}
@@ -111,13 +102,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dim", type=int, default=256, help="feature width of the corpora")
     p.add_argument("--corpora", default="/tmp/mmlinks-link-family", help="folder caching the corpora")
     args = p.parse_args(argv)
+    cells, seeds = [c for c in args.cells.split(",") if c], [int(s) for s in args.seeds.split(",") if s]
+    if not cells or not seeds:
+        p.error("--cells and --seeds must each name at least one")
     logging.disable(logging.WARNING)
-    sizes = {"docs": args.docs, "val_docs": max(50, args.docs // 10), "test_docs": max(50, args.docs // 10)}
-    sizes["dim"] = args.dim
+    sizes = link_family.corpus_sizes(args.docs, args.dim)
     Path(args.corpora).mkdir(parents=True, exist_ok=True)
     out: dict = {"base": link_family.BASE, "sizes": sizes, "corpora": []}
-    for seed in [int(s) for s in args.seeds.split(",") if s]:
-        for cell in [c for c in args.cells.split(",") if c]:
+    for seed in seeds:
+        for cell in cells:
             data, _ = link_family.make_corpus(Path(args.corpora), cell, sizes, seed)
             out["corpora"].append({"cell": cell, "seed": seed, **regret(trial_scores(data, seed), seed)})
             print(json.dumps(out["corpora"][-1]), file=sys.stderr, flush=True)

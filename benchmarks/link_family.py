@@ -206,6 +206,11 @@ def _corpus_job(args: tuple) -> tuple:
     return cell, seed, make_corpus(root, cell, sizes, seed)
 
 
+def corpus_sizes(docs: int, dim: int) -> dict:
+    """A family corpus's sizes: ``docs`` training documents, a tenth (>= 50) each validation and test."""
+    return {"docs": docs, "val_docs": max(50, docs // 10), "test_docs": max(50, docs // 10), "dim": dim}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", choices=("issue",), help="a named grid of cells")
@@ -241,13 +246,14 @@ def main(argv: list[str] | None = None) -> dict:
 
         BASE["threads_per_worker"] = max(1, usable_cores() // args.jobs)
     cells = (issue_grid() if args.grid else []) + [c for c in args.cells.split(",") if c]
+    if not cells:
+        p.error("no cell: name one with --cells or --grid")
     rows: dict[str, dict] = {}
     for r in re.split(r",(?![^{]*})", args.rows):  # commas inside a JSON object stay
         name, _, js = r.partition("=")
         rows[name] = json.loads(js) if js else ROWS[name]
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    sizes = {"docs": args.docs, "val_docs": max(50, args.docs // 10), "test_docs": max(50, args.docs // 10)}
-    sizes["dim"] = args.dim
+    sizes = corpus_sizes(args.docs, args.dim)
     root = Path(args.corpora)
     root.mkdir(parents=True, exist_ok=True)
     out: dict = {"base": BASE, "rows": rows, "seeds": seeds, "sizes": sizes, "cells": {}}

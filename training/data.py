@@ -202,12 +202,20 @@ def link_scores(model, batch: DocBatch) -> list[np.ndarray]:
 def structure_measurable(val_paths: list[str]) -> bool:
     """Whether a validation document has the sentences and images ``link_structure`` needs (three
     each): else it is None for every document, each epoch's ``val_structure`` and every candidate
-    of the image-side choice alike (their list lengths read, not their features)."""
-    from schemas.shards import read_table
+    of the image-side choice alike. Reads the sentences and one small leaf of the images (their
+    ids: the list lengths, not the features), shard by shard until one document qualifies."""
+    import pyarrow.parquet as pq
+
+    from schemas.shards import check_shards
     from training.metrics import STRUCTURE_MIN_SIDE as SIDE
 
-    if not val_paths:
-        return False
-    t = read_table(val_paths, columns=["sentences", "images"])
-    n, m = (pc.list_value_length(t[c]) for c in ("sentences", "images"))
-    return bool(pc.any(pc.and_(pc.greater_equal(n, SIDE), pc.greater_equal(m, SIDE))).as_py())
+    for path in val_paths:
+        check_shards([path])
+        try:
+            t = pq.ParquetFile(path).read(columns=["sentences", "images.list.element.content_id"])
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise MmlinksError(f"cannot read shard {path}: {exc}") from exc
+        n, m = (pc.list_value_length(t[c]) for c in ("sentences", "images"))
+        if pc.any(pc.and_(pc.greater_equal(n, SIDE), pc.greater_equal(m, SIDE))).as_py():
+            return True
+    return False

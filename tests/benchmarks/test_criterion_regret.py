@@ -71,3 +71,18 @@ def test_regret_is_the_best_candidates_auc_less_the_picks():
     assert out["shipped"]["pick"] == "none" and out["shipped"]["regret"] == 0
     assert out["centred_units"]["pick"] == "bag"
     assert out["centred_units"]["regret"] == pytest.approx(out["auc"]["none"] - out["auc"]["bag"], abs=0.11)
+
+
+@pytest.mark.parametrize("argv", [["--cells", ","], ["--cells", "topic:40:added:4.1", "--seeds", ","]])
+def test_naming_no_cell_or_no_seed_is_a_one_line_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        criterion_regret.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("--cells and --seeds must each name at least one"), err
+
+
+def test_a_candidate_with_no_labelled_document_is_named():
+    unlinked = [(np.eye(3), [])]  # a link-free document: no AUC
+    with pytest.raises(SystemExit, match="candidate bag scored no labelled validation document"):
+        criterion_regret.regret({"none": [(np.eye(3), [(0, 0)])], "bag": unlinked}, seed=0)

@@ -177,3 +177,10 @@ def test_a_failed_run_drops_the_queued_ones():
             list(link_family.completed(pool, job, list(range(50))))
         release.set()
     assert len(ran) <= 1  # at most the run that had started (uncancelled, all 49 ran)
+
+
+def test_naming_no_cell_is_a_one_line_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        link_family.main(["--cells", ","])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("no cell: name one with --cells or --grid")

@@ -5,8 +5,10 @@ structure; a side given by hand is kept, and a resumed run keeps what it chose."
 import dataclasses
 from pathlib import Path
 
+import hypothesis
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from pipelines.confounds import dataset_confounds
 from schemas.manifest import Manifest
@@ -367,3 +369,29 @@ def test_the_choice_sees_an_offset_that_two_looks_on_half_the_images_give_the_ba
     choice = choose_settings(check_trainable(read_inputs(cfg)))
     assert choice.name in ("none", "balanced"), choice.summary()
     assert choice.scores["bag"] < min(choice.scores["none"], choice.scores["balanced"]), choice.summary()
+
+
+@hypothesis.given(st.lists(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=4), max_size=3))
+@hypothesis.settings(max_examples=25, deadline=None)
+def test_structure_measurable_reads_list_lengths_as_the_documents_have_them(shards):
+    """Against the brute-force answer: some document of some shard has >= 3 sentences and >= 3
+    images (``STRUCTURE_MIN_SIDE``); read from the lengths of the sentences and image ids alone."""
+    import tempfile
+
+    from schemas.document import Document, ImageRecord
+    from schemas.shards import write_shard
+    from training.data import structure_measurable
+    from training.metrics import STRUCTURE_MIN_SIDE
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for s, shard in enumerate(shards):
+            docs = [
+                Document(f"d{s}-{i}", "synthetic", "val", ["a word"] * n,
+                         [ImageRecord(f"{s}{i}{k:062x}", "i.jpg", 4, 4, k, [0.5, 1.0]) for k in range(m)])
+                for i, (n, m) in enumerate(shard)
+            ]  # fmt: skip
+            paths.append(f"{tmp}/val-{s:05d}.parquet")
+            write_shard(paths[-1], docs)
+        want = any(n >= STRUCTURE_MIN_SIDE and m >= STRUCTURE_MIN_SIDE for shard in shards for n, m in shard)
+        assert structure_measurable(paths) is want

@@ -126,26 +126,36 @@ def trial_config(cfg: TrainConfig, name: str, epochs: int | None = None) -> Trai
     return dataclasses.replace(cfg, **values)
 
 
-def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) -> list[float | None]:
-    """``link_structure`` of each of the first ``VAL_DOCS`` validation documents, in order (None
-    where a document has no value: fewer than two sentences or images); no labels read."""
+def validation_scores(model, vocab, val_paths: list[str], max_tokens: int) -> list[tuple]:
+    """(score matrix, links) of each of the first ``VAL_DOCS`` validation documents, in order: what
+    the criterion reads (links only for a benchmark's labelled check: ``benchmarks/criterion_regret.py``)."""
     import torch
 
     from schemas.shards import iter_tables
     from training.data import TRAINING_COLUMNS, make_batch
     from training.loop import link_scores
-    from training.metrics import link_structure
 
-    rng = np.random.default_rng(seed)
-    values: list[float | None] = []
+    rows: list[tuple] = []
     model.eval()
     with torch.no_grad():
         for table in iter_tables(val_paths, 64, TRAINING_COLUMNS):
             batch = make_batch(table, vocab, max_tokens, None)
-            values.extend(link_structure(s, rng, CRITERION_SHUFFLES) for s in link_scores(model, batch))
-            if len(values) >= VAL_DOCS:  # one value per document
+            rows.extend(zip(link_scores(model, batch), batch.links, strict=True))
+            if len(rows) >= VAL_DOCS:  # one row per document
                 break
-    return values[:VAL_DOCS]
+    return rows[:VAL_DOCS]
+
+
+def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) -> list[float | None]:
+    """``link_structure`` of each of the first ``VAL_DOCS`` validation documents, in order (None
+    where a document has no value: fewer than two sentences or images); no labels read."""
+    from training.metrics import link_structure
+
+    rng = np.random.default_rng(seed)
+    return [
+        link_structure(s, rng, CRITERION_SHUFFLES)
+        for s, _ in validation_scores(model, vocab, val_paths, max_tokens)
+    ]
 
 
 def scored_trial(trial: Trial, trial_cfg: TrainConfig, docs: int, folder: str, val_paths, max_tokens, seed):
