@@ -147,7 +147,12 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
         "seconds": round(time.perf_counter() - t0, 1),
         "device": "cuda" if settings.get("use_gpu") else "cpu",
         **(
-            {"choice": choice["name"], "scores": choice["scores"], "trial_epochs": choice["trial_epochs"]}
+            {
+                "choice": choice["name"],
+                "scores": choice["scores"],
+                "trial_epochs": choice["trial_epochs"],
+                "trial_is_run": bool(choice.get("trial_kept")),
+            }
             if choice
             else {}
         ),

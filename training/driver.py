@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import time
 import uuid
@@ -313,14 +314,16 @@ def train(inputs: RunInputs, mlflow_run_id: str | None, mlflow_tracking_uri: str
     import ray.data
 
     inp = check_trainable(inputs)
-    choice = choose_settings(inp, mlflow_run_id, mlflow_tracking_uri)
-    if choice is not None:
-        inp = dataclasses.replace(inp, cfg=dataclasses.replace(inp.cfg, **choice.overrides))
-    cfg = inp.cfg
     # A fresh name per run: Ray resumes any run whose name already exists under storage, so
     # reusing a fixed name would silently continue (or re-register) an old run. Pass the same
     # run_name and storage_path explicitly to resume after a crash.
-    run_name = cfg.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    run_name = inp.cfg.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    # an in-process run may take the chosen candidate's trial as its own (image_side.choose's keep)
+    keep = None if inp.cfg.num_workers else str(Path(inp.storage) / run_name)
+    choice = choose_settings(inp, mlflow_run_id, mlflow_tracking_uri, keep)
+    if choice is not None:
+        inp = dataclasses.replace(inp, cfg=dataclasses.replace(inp.cfg, **choice.overrides))
+    cfg = inp.cfg
     loop_config, vocab = worker_loop_config(inp, run_name, mlflow_run_id, mlflow_tracking_uri)
     if mlflow_run_id and mlflow_tracking_uri:
         from training import tracking  # mlflow: the driver's, not every worker's import
@@ -328,6 +331,15 @@ def train(inputs: RunInputs, mlflow_run_id: str | None, mlflow_tracking_uri: str
         tracking.log_model_params(mlflow_run_id, mlflow_tracking_uri, loop_config["model"])
         if choice is not None:
             tracking.log_choice(mlflow_run_id, mlflow_tracking_uri, choice)
+        if choice is not None and choice.trial_kept:  # its epochs' metrics, as the loop logs a run's
+            from mlflow.tracking import MlflowClient
+
+            from training.epoch_reports import log_metrics
+
+            client = MlflowClient(mlflow_tracking_uri)
+            meta = json.loads((checkpoints.latest_local(Path(keep)) / "meta.json").read_text())
+            for metrics in meta["history"]:
+                log_metrics(client, mlflow_run_id, metrics, int(metrics["epoch"]))
     if cfg.num_workers:  # --workers 0 reads its shards itself (LocalShards): no Ray to start
         connect_ray(cfg)
         data_ctx = ray.data.DataContext.get_current()
@@ -356,7 +368,9 @@ def train(inputs: RunInputs, mlflow_run_id: str | None, mlflow_tracking_uri: str
 TRIAL_JOBS = 4  # candidates trained at once, one process (one core) each, by choose_settings
 
 
-def choose_settings(inp: RunInputs, run_id: str | None = None, tracking_uri: str | None = None):
+def choose_settings(
+    inp: RunInputs, run_id: str | None = None, tracking_uri: str | None = None, keep: str | None = None
+):
     """What the backbone chooses by measuring the corpus (``BackboneSpec.choose``: the gru
     backbone's image side, issue #60), its candidates trained here by ``train_trial``; None when
     the config names everything. What is under way goes to the run's ``mmlinks.stage`` tag."""
@@ -369,7 +383,7 @@ def choose_settings(inp: RunInputs, run_id: str | None = None, tracking_uri: str
 
         stage = functools.partial(tracking.set_stage, run_id, tracking_uri)
     trial, jobs = functools.partial(train_trial, inp), min(TRIAL_JOBS, usable_cores())
-    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=jobs, stage=stage)
+    choice = choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=jobs, stage=stage, keep=keep)
     if choice is not None:
         logging.getLogger("mmlinks.train").info("image side: %s", choice.summary())
     return choice

@@ -183,4 +183,5 @@ def test_naming_no_cell_is_a_one_line_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         link_family.main(["--cells", ","])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("no cell: name one with --cells or --grid")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith("no cell: name one with --cells or --grid"), last

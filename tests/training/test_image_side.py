@@ -395,3 +395,62 @@ def test_structure_measurable_reads_list_lengths_as_the_documents_have_them(shar
             write_shard(paths[-1], docs)
         want = any(n >= STRUCTURE_MIN_SIDE and m >= STRUCTURE_MIN_SIDE for shard in shards for n, m in shard)
         assert structure_measurable(paths) is want
+
+
+def test_a_pick_whose_trial_trained_the_run_is_the_run_itself(dataset, tmp_path, monkeypatch):
+    """Where the trials ran the run's epochs on every training document (here: 2 epochs, the
+    first round), the pick's trial is what an in-process run would train anew with the same config
+    and draws: its checkpoints become the run's, which trains no epoch more. The result is the run
+    trained anew with the chosen side: the same history and test metrics, its epochs' metrics in
+    MLflow, and a summary that says so."""
+    from mlflow.tracking import MlflowClient
+
+    from models.experiment import run_experiment
+    from tests.conftest import small_train_config, tracking_uri
+    from training.fault_hooks import EPOCH_LOG_ENV
+
+    base = dict(image_centring="auto", select_by="val_within", epochs=2, d_multi=16)
+    cfg = small_train_config(dataset, tmp_path / "kept", run_name="kept", **base)
+    monkeypatch.setenv(EPOCH_LOG_ENV, str(tmp_path / "kept.log"))  # the run's epochs (not its trials')
+    kept = run_experiment(cfg, tracking_uri(tmp_path / "kept"), None, None)
+    assert not (tmp_path / "kept.log").exists()  # it trained none
+    choice = kept.choice
+    assert choice["trial_kept"] == str(tmp_path / "kept" / "kept") and choice["trial_epochs"] == 2
+    overrides = {**choice["overrides"], "run_name": "anew"}
+    anew_cfg = dataclasses.replace(cfg, storage_path=str(tmp_path / "anew"), **overrides)
+    monkeypatch.setenv(EPOCH_LOG_ENV, str(tmp_path / "anew.log"))
+    anew = run_experiment(anew_cfg, tracking_uri(tmp_path / "anew"), None, None)
+    assert (tmp_path / "anew.log").read_text().split() == ["0", "1"]
+    assert anew.choice is None and kept.best_epoch == anew.best_epoch == 1
+    for key in ("auc", "p_at_1", "p_at_5"):
+        assert kept.test[key] == pytest.approx(anew.test[key], rel=1e-5), key
+    client = MlflowClient(kept.tracking_uri)
+    logged = [m.value for m in client.get_metric_history(kept.run_id, "val_loss")]
+    trained = [m.value for m in MlflowClient(anew.tracking_uri).get_metric_history(anew.run_id, "val_loss")]
+    assert logged == pytest.approx(trained, rel=1e-5) and len(logged) == 2
+    summary = side_mod.Choice(**choice).summary()
+    assert summary.endswith("; the run is its trial (the run's epochs on all its documents)"), summary
+
+
+@pytest.mark.parametrize(("winner", "kept"), [("none", False), ("bag", True)])
+def test_a_second_rounds_trial_is_the_run_only_where_its_warm_up_was_the_runs(
+    dataset, tmp_path, monkeypatch, winner, kept
+):
+    """A second round resumes the first's trials, whose hard-negative warm-up was scaled to 3
+    epochs (1 of the run's 3): a GRU pick's trial is not what the run trains, so the run trains
+    anew; the bag has no warm-up, so its trial is the run (its folder moves to ``keep``)."""
+
+    def trial(trial_cfg, limit, folder):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"epochs-{trial_cfg.epochs}").touch()
+        return "model", "vocab"
+
+    lead = {"none": (0.4, 0.1, 0.1, 0.0), "bag": (-0.1, -0.1, -0.1, 0.0)}[winner]  # bag: no GRU above chance
+    measured = iter([[0.0] * 60] * 4 + [_docs(m) for m in lead])
+    monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
+    keep = tmp_path / "storage" / "run"
+    cfg = TrainConfig(data=str(dataset), epochs=10)
+    choice = choose(cfg, _train_paths(dataset), _val_paths(dataset), trial, keep=str(keep))
+    assert choice.name == winner and choice.trial_epochs == 10
+    assert choice.trial_kept == (str(keep) if kept else "")
+    assert sorted(p.name for p in keep.glob("*")) == (["epochs-10", "epochs-3"] if kept else [])
