@@ -432,25 +432,34 @@ def test_a_pick_whose_trial_trained_the_run_is_the_run_itself(dataset, tmp_path,
     assert summary.endswith("; the run is its trial (the run's epochs on all its documents)"), summary
 
 
-@pytest.mark.parametrize(("winner", "kept"), [("none", False), ("bag", True)])
-def test_a_second_rounds_trial_is_the_run_only_where_its_warm_up_was_the_runs(
-    dataset, tmp_path, monkeypatch, winner, kept
+@pytest.mark.parametrize("winner", ["none", "bag"])
+def test_a_second_round_trains_anew_with_the_runs_warm_up_and_its_pick_is_the_run(
+    dataset, tmp_path, monkeypatch, winner
 ):
-    """A second round resumes the first's trials, whose hard-negative warm-up was scaled to 3
-    epochs (1 of the run's 3): a GRU pick's trial is not what the run trains, so the run trains
-    anew; the bag has no warm-up, so its trial is the run (its folder moves to ``keep``)."""
+    """Where no candidate beat chance after the first round, each trains again from scratch for
+    the run's epochs with the run's warm-up (resuming the first round's would keep its warm-up of
+    1 epoch, scaled to 3: as a run, three looks s0 read 96.7 where the run's 3 reached 97.7), so the
+    pick's trial is the run: its folder moves to ``keep``, the first round's does not."""
+    trained = []
 
     def trial(trial_cfg, limit, folder):
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / f"epochs-{trial_cfg.epochs}").touch()
+        assert not Path(folder).exists()  # nothing resumed
+        Path(folder).mkdir(parents=True)
+        (Path(folder) / f"warmup-{trial_cfg.negatives_warmup}").touch()
+        trained.append((trial_cfg.epochs, trial_cfg.negatives_warmup))
         return "model", "vocab"
 
     lead = {"none": (0.4, 0.1, 0.1, 0.0), "bag": (-0.1, -0.1, -0.1, 0.0)}[winner]  # bag: no GRU above chance
     measured = iter([[0.0] * 60] * 4 + [_docs(m) for m in lead])
     monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
     keep = tmp_path / "storage" / "run"
-    cfg = TrainConfig(data=str(dataset), epochs=10)
-    choice = choose(cfg, _train_paths(dataset), _val_paths(dataset), trial, keep=str(keep))
-    assert choice.name == winner and choice.trial_epochs == 10
-    assert choice.trial_kept == (str(keep) if kept else "")
-    assert sorted(p.name for p in keep.glob("*")) == (["epochs-10", "epochs-3"] if kept else [])
+    choice = choose(
+        TrainConfig(data=str(dataset), epochs=10),
+        _train_paths(dataset),
+        _val_paths(dataset),
+        trial,
+        keep=str(keep),
+    )
+    assert trained == [(3, 1)] * 3 + [(3, 0)] + [(10, 3)] * 3 + [(10, 0)]
+    assert choice.name == winner and choice.trial_epochs == 10 and choice.trial_kept == str(keep)
+    assert [p.name for p in keep.iterdir()] == [f"warmup-{0 if winner == 'bag' else 3}"]

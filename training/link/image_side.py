@@ -305,8 +305,8 @@ def choose(
     total = sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths)
     docs = min(TRIAL_DOCS, total)
     # A first round of trial_epochs; where no candidate beats chance yet (a small corpus:
-    # 400 documents of issue #33's looks linked nothing in 3 epochs), the same runs go on to the
-    # run's own epochs before the floor (the bag) is taken: too few steps are not evidence.
+    # 400 documents of issue #33's looks linked nothing in 3 epochs), the candidates train again for
+    # the run's epochs before the floor (the bag) is taken: too few steps are not evidence.
     first = trial_epochs(cfg.epochs)
     # no validation document of 3 sentences and 3 images (all of 2): no trial could be scored, none is
     # trained; none is kept (pick)
@@ -321,7 +321,7 @@ def choose(
                     trial,
                     trial_config(cfg, name, epochs),
                     docs,
-                    f"{tmp}/{name}",  # the second round resumes the first's checkpoints
+                    f"{tmp}/{name}-{epochs}",  # a second round anew: the run's warm-up, not the first's
                     val_paths,
                     cfg.max_tokens,
                     cfg.seed,
@@ -341,16 +341,14 @@ def choose(
         # 8-15-image run kept epoch 3 of 10: 51.1 AUC; its last 59.8)
         elif epochs >= cfg.epochs:
             overrides["select_by"] = "last"
-        # the pick's trial is the run itself where it trained the run's epochs on all its documents,
-        # kept the last epoch, and had the run's warm-up in every round: a second round resumes the
-        # first's, whose warm-up was scaled to its 3 epochs (1 of the run's 3: three looks, s0, 96.7
-        # AUC as a trial against 97.7 trained anew); the bag's is 0 in both
+        # the pick's trial is the run itself where it trained the run's epochs on all its documents
+        # and kept the last: a second round trains anew with the run's warm-up (resuming the first
+        # round's, scaled to 3 epochs: 1 of 3, three looks s0 read 96.7 as a trial, 97.7 as a run)
         kept = ""
-        warmups = {trial_config(cfg, name, e).negatives_warmup for e in (first, cfg.epochs)}
-        as_run = epochs >= cfg.epochs and docs == total and len(warmups) == 1
-        if keep and as_run and overrides["select_by"] == "last" and not Path(keep).exists():
+        as_run = epochs >= cfg.epochs and docs == total and overrides["select_by"] == "last"
+        if keep and as_run and not Path(keep).exists():
             Path(keep).parent.mkdir(parents=True, exist_ok=True)
-            kept = str(shutil.move(f"{tmp}/{name}", keep))
+            kept = str(shutil.move(f"{tmp}/{name}-{epochs}", keep))
     scores = {k: mean_score(v) for k, v in per_doc.items()}
     return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs, kept)
 
