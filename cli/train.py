@@ -90,6 +90,7 @@ def show_train(result: dict) -> None:
         print(
             f"image side: {result['choice']['name']}"
             + (f" (within-document link structure: {measured})" if measured else "")
+            + ("; the run is its trial, not trained again" if result["choice"].get("trial_kept") else "")
         )
     if result.get("already_finished"):
         version = f"version {result['model_version']}" if result["model_version"] else "no registered version"

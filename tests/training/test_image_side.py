@@ -397,7 +397,7 @@ def test_structure_measurable_reads_list_lengths_as_the_documents_have_them(shar
         assert structure_measurable(paths) is want
 
 
-def test_a_pick_whose_trial_trained_the_run_is_the_run_itself(dataset, tmp_path, monkeypatch):
+def test_a_pick_whose_trial_trained_the_run_is_the_run_itself(dataset, tmp_path, monkeypatch, capsys):
     """Where the trials ran the run's epochs on every training document (here: 2 epochs, the
     first round), the pick's trial is what an in-process run would train anew with the same config
     and draws: its checkpoints become the run's, which trains no epoch more. The result is the run
@@ -430,6 +430,12 @@ def test_a_pick_whose_trial_trained_the_run_is_the_run_itself(dataset, tmp_path,
     assert logged == pytest.approx(trained, rel=1e-5) and len(logged) == 2
     summary = side_mod.Choice(**choice).summary()
     assert summary.endswith("; the run is its trial (the run's epochs on all its documents)"), summary
+    from cli.train import show_train  # what `mmlinks train` prints of it
+
+    capsys.readouterr()
+    show_train(kept.to_dict())
+    said = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("image side: ")]
+    assert len(said) == 1 and said[0].endswith("; the run is its trial, not trained again"), said
 
 
 @pytest.mark.parametrize("winner", ["none", "bag"])
