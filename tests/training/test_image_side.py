@@ -450,6 +450,7 @@ def test_a_second_round_trains_anew_with_the_runs_warm_up_and_its_pick_is_the_ru
 
     def trial(trial_cfg, limit, folder):
         assert not Path(folder).exists()  # nothing resumed
+        assert Path(folder).parent.parent == tmp_path / "storage"  # beside the run: its move is a rename
         Path(folder).mkdir(parents=True)
         (Path(folder) / f"warmup-{trial_cfg.negatives_warmup}").touch()
         trained.append((trial_cfg.epochs, trial_cfg.negatives_warmup))

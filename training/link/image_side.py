@@ -16,7 +16,6 @@ import math
 import os
 import pickle
 import queue
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -312,7 +311,10 @@ def choose(
     # trained; none is kept (pick)
     rounds = dict.fromkeys([first, cfg.epochs] if structure_measurable(val_paths) else [])
     per_doc, epochs = {k: [] for k in CANDIDATES}, 0
-    with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-") as tmp:
+    beside = Path(keep).parent if keep else None  # the trials beside the run's folder: the pick's moves
+    if beside:  # there by a rename (atomic), not a copy across filesystems a kill could cut short
+        beside.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-", dir=beside) as tmp:
         for epochs in rounds:
             more = f", no candidate linking after {first} epochs: on to" if epochs > first else " x"
             stage(f"choosing the image side: {len(CANDIDATES)} candidates{more} {epochs} epochs")
@@ -347,8 +349,7 @@ def choose(
         kept = ""
         as_run = epochs >= cfg.epochs and docs == total and overrides["select_by"] == "last"
         if keep and as_run and not Path(keep).exists():
-            Path(keep).parent.mkdir(parents=True, exist_ok=True)
-            kept = str(shutil.move(f"{tmp}/{name}-{epochs}", keep))
+            kept = str(Path(f"{tmp}/{name}-{epochs}").rename(keep))
     scores = {k: mean_score(v) for k, v in per_doc.items()}
     return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs, kept)
 
