@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,9 +18,18 @@ if TYPE_CHECKING:
 
 
 def log_metrics(client, run_id: str, metrics: dict, epoch: int) -> None:
-    for k, v in metrics.items():
-        if k not in ("epoch", "best_epoch", "best_val_loss", checkpoints.SELECT_SCORE) and np.isfinite(v):
-            client.log_metric(run_id, k, v, step=epoch)
+    """An epoch's finite metrics in one ``log_batch``: one request (one SQLite transaction), where a
+    ``log_metric`` each took ~14 x the time (12 metrics: 0.14 s an epoch against 0.01 s, issue #63)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    batch = [
+        Metric(k, float(v), now, epoch)
+        for k, v in metrics.items()
+        if k not in ("epoch", "best_epoch", "best_val_loss", checkpoints.SELECT_SCORE) and np.isfinite(v)
+    ]
+    if batch:
+        client.log_batch(run_id, metrics=batch)
 
 
 def checkpoint_writer(w: Worker, config: dict, epoch: int, metrics: dict):
