@@ -60,12 +60,18 @@ def issue_grid() -> list[str]:
 
 
 # A cell's optional KEY=VALUE parts (issue #60's structures), e.g. ``topic:15:added:4.1:images=2-3``.
-CELL_KEYS = {"looks": "looks_per_topic", "share": "look_share", "noise": "feature_noise"}
+CELL_KEYS = {
+    "looks": "looks_per_topic",
+    "share": "look_share",
+    "noise": "feature_noise",
+    "extra": "extra_sentences",
+}
 
 
 def parse_cell(cell: str) -> dict:
     """``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE...]`` -> corpus options;
-    keys: ``images=A-B`` (images per document), ``looks=L``, ``share=F``, ``noise=S``."""
+    keys: ``images=A-B`` (images per document), ``looks=L``, ``share=F``, ``noise=S``, ``extra=N``
+    (distractor sentences a document: no image, no link)."""
     keyed = [p for p in cell.split(":") if "=" in p]
     parts = [p for p in cell.split(":") if "=" not in p]
     if len(parts) not in (4, 5, 6):
@@ -84,7 +90,7 @@ def parse_cell(cell: str) -> dict:
             low, _, high = value.partition("-")
             out["images_min"], out["images_max"] = int(low), int(high or low)
         elif key in CELL_KEYS:
-            out[CELL_KEYS[key]] = int(value) if key == "looks" else float(value)
+            out[CELL_KEYS[key]] = int(value) if key in ("looks", "extra") else float(value)
         else:
             raise SystemExit(f"bad cell {cell!r}: unknown key {key!r} (images, {', '.join(CELL_KEYS)})")
     return out

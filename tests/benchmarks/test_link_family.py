@@ -46,6 +46,7 @@ def test_the_issue_grid_is_the_issues_cells():
         "look_share": 0.5,
         "feature_noise": 1.0,
     }
+    assert link_family.parse_cell("topic:40:added:4.1:extra=2")["extra_sentences"] == 2  # distractors
     with pytest.raises(SystemExit, match="unknown key"):
         link_family.parse_cell("topic:40:added:4:colour=red")
 
