@@ -78,21 +78,24 @@ def parse_cell(cell: str) -> dict:
         raise SystemExit(
             f"bad cell {cell!r}: SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE]"
         )
-    out = {"look_sharing": parts[0], "topics": int(parts[1]), "look_mixing": parts[2]}
-    out["look_strength"] = float(parts[3])
-    if len(parts) >= 5:
-        out["topic_words"] = int(parts[4])
-    if len(parts) == 6:
-        out["topic_skew"] = float(parts[5])
-    for item in keyed:
-        key, _, value = item.partition("=")
-        if key == "images":
-            low, _, high = value.partition("-")
-            out["images_min"], out["images_max"] = int(low), int(high or low)
-        elif key in CELL_KEYS:
-            out[CELL_KEYS[key]] = int(value) if key in ("looks", "extra") else float(value)
-        else:
-            raise SystemExit(f"bad cell {cell!r}: unknown key {key!r} (images, {', '.join(CELL_KEYS)})")
+    try:  # a number that is not one ends in the cell's one line, not a traceback
+        out = {"look_sharing": parts[0], "topics": int(parts[1]), "look_mixing": parts[2]}
+        out["look_strength"] = float(parts[3])
+        if len(parts) >= 5:
+            out["topic_words"] = int(parts[4])
+        if len(parts) == 6:
+            out["topic_skew"] = float(parts[5])
+        for item in keyed:
+            key, _, value = item.partition("=")
+            if key == "images":
+                low, _, high = value.partition("-")
+                out["images_min"], out["images_max"] = int(low), int(high or low)
+            elif key in CELL_KEYS:
+                out[CELL_KEYS[key]] = int(value) if key in ("looks", "extra") else float(value)
+            else:
+                raise SystemExit(f"bad cell {cell!r}: unknown key {key!r} (images, {', '.join(CELL_KEYS)})")
+    except ValueError as exc:
+        raise SystemExit(f"bad cell {cell!r}: {exc}") from None
     return out
 
 

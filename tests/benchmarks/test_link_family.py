@@ -49,6 +49,9 @@ def test_the_issue_grid_is_the_issues_cells():
     assert link_family.parse_cell("topic:40:added:4.1:extra=2")["extra_sentences"] == 2  # distractors
     with pytest.raises(SystemExit, match="unknown key"):
         link_family.parse_cell("topic:40:added:4:colour=red")
+    for bad in ("topic:40:added:4:extra=1.5", "topic:40:added:4:looks=x", "topic:forty:added:4"):
+        with pytest.raises(SystemExit, match=r"bad cell .*invalid literal"):  # one line, not a traceback
+            link_family.parse_cell(bad)
 
 
 @pytest.mark.slow
