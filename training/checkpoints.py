@@ -158,10 +158,13 @@ def saved_train_config(storage: str, run_name: str, part: str = "train") -> dict
 def resumed_config(storage: str, run_name: str) -> dict | None:
     """The train config a rerun of run ``run_name`` resumes (``saved_train_config``), if any. A
     checkpoint written before issue #60 recorded ``image_centring`` auto: its model config holds
-    what the threshold rule resolved the image side to, which the resumed run must keep."""
+    what the threshold rule resolved the image side to, which the resumed run must keep; one
+    whose model centred before ``image_centre`` existed centred on the mean."""
     saved = saved_train_config(storage, run_name)
+    model = (saved_train_config(storage, run_name, "model") or {}) if saved is not None else {}
+    if saved is not None and "image_centre" not in saved and model.get("image_centring", "none") != "none":
+        saved = {**saved, "image_centre": "mean"}  # centred before the median existed (issue #60)
     if saved is not None and saved.get("image_centring") == "auto":
-        model = saved_train_config(storage, run_name, "model") or {}
         sides = ("image_centring", "image_dropout", "image_mean_weight")
         saved = {**saved, **{k: model[k] for k in sides if k in model}}
     return saved

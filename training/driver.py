@@ -46,11 +46,14 @@ class TrainResult:
     choice: object | None = None  # what the backbone chose by measuring (BackboneSpec.choose)
 
 
-def training_feature_stats(paths: list[str], centred: bool = False) -> tuple[np.ndarray, ...]:
+def training_feature_stats(
+    paths: list[str], centred: bool = False, centre: str = "mean"
+) -> tuple[np.ndarray, ...]:
     """Per-dimension mean and std of the training images' CNN features (streamed by shard);
     with ``centred``, a third array: the std of the standardised features minus their
-    document's mean, over documents with >= 2 images (``training.model.ImageEncoder``'s
-    document centring; a second pass)."""
+    document's mean (``centre`` median: its per-channel median, as the encoder takes it), over
+    documents with >= 2 images (``training.model.ImageEncoder``'s document centring; a second
+    pass), and a fourth: the spread of those documents' means (or medians)."""
     from schemas.shards import read_table
     from training.data import features_of
 
@@ -77,9 +80,10 @@ def training_feature_stats(paths: list[str], centred: bool = False) -> tuple[np.
         for f in feats:
             if len(f) >= 2:
                 z = (f.astype(np.float64) - mean) / np.maximum(std, 1e-6)
-                sq += ((z - z.mean(0)) ** 2).sum(0)
+                look = np.median(z, 0) if centre == "median" else z.mean(0)
+                sq += ((z - look) ** 2).sum(0)
                 m += len(f)
-                bsq += len(f) * z.mean(0) ** 2  # per image, as the encoder sees each mean
+                bsq += len(f) * look**2  # per image, as the encoder sees each mean
                 b += len(f)
     centred_std = np.sqrt(sq / m) if m else np.ones_like(mean)
     between_std = np.sqrt(bsq / b) if b else np.ones_like(mean)
@@ -419,7 +423,9 @@ def worker_loop_config(
     emb, _ = embedding_matrix(vocab, cfg.word_vectors, seed=cfg.seed)
     model_cfg = backbone.model_config(cfg, inp.manifest, len(vocab), emb.shape[1], train_paths)
     feature_stats = training_feature_stats(
-        train_paths, centred=model_cfg.get("image_centring", "none") != "none"
+        train_paths,
+        centred=model_cfg.get("image_centring", "none") != "none",
+        centre=model_cfg.get("image_centre", "mean"),
     )
     loop_config = {
         "train": dataclasses.replace(cfg, run_name=run_name),  # the config itself, as validated

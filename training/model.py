@@ -22,6 +22,9 @@ from training.text_pooling import TEXT_POOLING
 IMAGE_CENTRING = ("none", "doc", "doc+raw", "balanced")
 # "balanced": the within-document part and the document-mean part of the feature, each standardised
 # over the training split, summed with the mean part weighted by ``image_mean_weight``.
+IMAGE_CENTRES = ("mean", "median")
+# What centring takes as a document's shared look: the per-channel mean of its images, or their
+# per-channel median (issue #60), which one odd image (a close-up among room shots) does not move.
 
 
 def document_means(x: torch.Tensor, n_images: list[int] | None) -> torch.Tensor:
@@ -31,6 +34,27 @@ def document_means(x: torch.Tensor, n_images: list[int] | None) -> torch.Tensor:
     doc = torch.repeat_interleave(torch.arange(len(counts), device=x.device), counts)  # [N]
     sums = torch.zeros(len(counts), x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, doc, x)
     return (sums / counts.clamp(min=1)[:, None].to(x.dtype))[doc]
+
+
+def document_medians(x: torch.Tensor, n_images: list[int] | None) -> torch.Tensor:
+    """x [N, D] as in ``document_means`` -> each row's document median per channel [N, D] (the
+    mean of the two middle values for an even count, as ``numpy.median``: two images' median is
+    their mean). The documents are padded with +inf to the longest and sorted once, so a batch
+    costs one sort, not a loop over its documents."""
+    counts = torch.as_tensor([len(x)] if n_images is None else n_images, device=x.device)
+    if not len(x):
+        return x.clone()
+    doc = torch.repeat_interleave(torch.arange(len(counts), device=x.device), counts)  # [N]
+    pos = torch.arange(len(x), device=x.device) - (torch.cumsum(counts, 0) - counts)[doc]  # [N]
+    padded = x.new_full((len(counts), int(counts.max()), x.shape[1]), float("inf"))  # [B, max n, D]
+    padded[doc, pos] = x
+    ordered = padded.sort(dim=1).values
+    rows = torch.arange(len(counts), device=x.device)
+    low, high = ordered[rows, ((counts - 1) // 2).clamp(min=0)], ordered[rows, counts // 2]  # [B, D]
+    return ((low + high) / 2)[doc]
+
+
+DOCUMENT_CENTRES = {"mean": document_means, "median": document_medians}
 
 
 @dataclass
@@ -44,6 +68,7 @@ class ModelConfig:
     text_pooling: str = "last"  # one of TEXT_POOLING; configs saved before it were "last"
     image_centring: str = "none"  # one of IMAGE_CENTRING; configs saved before it were "none"
     image_mean_weight: float = 0.5  # "balanced" only; configs saved before it were 0.5
+    image_centre: str = "mean"  # one of IMAGE_CENTRES; configs saved before it were "mean"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,7 +126,8 @@ class ImageEncoder(nn.Module):
     images apart is a small remainder; a projection of the raw vector keeps the look, and the
     document's images land on nearly one point. Subtracting the document's mean image removes
     whatever all of them share, using only the document itself (so it applies at test time and
-    in serving without labels); the centred part is rescaled by its training-set spread
+    in serving without labels), or their per-channel median (``image_centre``), which one odd
+    image does not drag towards itself and so off the others; the centred part is rescaled by its training-set spread
     (``centred_std``) so that it is on the raw part's scale.
     """
 
@@ -111,6 +137,10 @@ class ImageEncoder(nn.Module):
         self.mean_weight = float(getattr(cfg, "image_mean_weight", 0.5))
         if self.centring not in IMAGE_CENTRING:
             raise ValueError(f"unknown image centring {self.centring!r}; known: {', '.join(IMAGE_CENTRING)}")
+        centre = getattr(cfg, "image_centre", "mean")
+        if centre not in IMAGE_CENTRES:
+            raise ValueError(f"unknown image centre {centre!r}; known: {', '.join(IMAGE_CENTRES)}")
+        self.document_centres = DOCUMENT_CENTRES[centre]
         self.register_buffer("feature_mean", torch.zeros(cfg.image_dim))
         self.register_buffer("feature_std", torch.ones(cfg.image_dim))
         if self.centring != "none":
@@ -140,7 +170,7 @@ class ImageEncoder(nn.Module):
         all of one document) -> unit vectors [N, d_multi]."""
         x = (features - self.feature_mean) / self.feature_std
         if self.centring != "none":
-            means = document_means(x, n_images)
+            means = self.document_centres(x, n_images)  # the "mean" part: a mean or a median
             centred = (x - means) / self.centred_std
             if self.centring == "balanced":
                 x = centred + self.mean_weight * means / self.between_std

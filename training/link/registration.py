@@ -132,6 +132,7 @@ def _gru_config(cfg: TrainConfig, manifest, vocab_size: int, word_dim: int, trai
         text_pooling=cfg.text_pooling,
         image_centring=side.centring,
         image_mean_weight=side.mean_weight,
+        image_centre=cfg.image_centre,
     ).to_dict()
 
 
