@@ -127,8 +127,8 @@ class ImageEncoder(nn.Module):
     document's images land on nearly one point. Subtracting the document's mean image removes
     whatever all of them share, using only the document itself (so it applies at test time and
     in serving without labels), or their per-channel median (``image_centre``), which one odd
-    image does not drag towards itself and so off the others; the centred part is rescaled by its training-set spread
-    (``centred_std``) so that it is on the raw part's scale.
+    image does not drag towards itself and so off the others; the centred part is rescaled by
+    its training-set spread (``centred_std``) so that it is on the raw part's scale.
     """
 
     def __init__(self, cfg: ModelConfig):

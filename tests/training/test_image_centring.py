@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.model import ImageEncoder, ModelConfig, MulLink, document_means
+from training.model import ImageEncoder, ModelConfig, MulLink, document_means, document_medians
 
 
 @settings(max_examples=50, deadline=None)
@@ -22,10 +22,48 @@ def test_document_means_match_a_loop_over_documents(counts, seed):
         start += n
 
 
-def _encoder(centring: str, dim: int = 6) -> ImageEncoder:
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 7), min_size=1, max_size=8), st.integers(0, 1000))
+def test_document_medians_match_numpys_median_of_each_document(counts, seed):
+    """Documents of 0-7 images (even counts: the mean of the two middle values), one sort a batch."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(sum(counts), 3)).round(1)  # ties too
+    got = document_medians(torch.from_numpy(x), counts).numpy()
+    assert got.shape == x.shape
+    start = 0
+    for n in counts:
+        if n:
+            assert np.allclose(got[start : start + n], np.median(x[start : start + n], 0))
+        start += n
+    two = rng.normal(size=(2, 3))  # None: one document; two images' median is their mean
+    assert np.allclose(document_medians(torch.from_numpy(two), None).numpy(), two.mean(0))
+
+
+def test_one_odd_image_does_not_move_the_median_beyond_the_other_images():
+    """Issue #60: a document whose images share a look but one is odd (a close-up among room shots).
+    The mean follows the odd image out of the others' range, so centring on it leaves every other
+    image a share of the odd one; the median stays inside the others' range, channel by channel."""
+    rng = np.random.default_rng(0)
+    others = torch.from_numpy(rng.normal(size=(4, 8)))
+    odd = torch.from_numpy(40 * rng.normal(size=(1, 8)))
+    doc = torch.cat([odd, others])
+    median, mean = document_medians(doc, [5])[0], document_means(doc, [5])[0]
+    low, high = others.min(0).values, others.max(0).values
+    assert ((median >= low) & (median <= high)).all()
+    assert ((mean < low) | (mean > high)).sum() >= 6  # the mean leaves it on most channels
+
+
+def _encoder(centring: str, dim: int = 6, centre: str = "mean") -> ImageEncoder:
     torch.manual_seed(0)
     enc = ImageEncoder(
-        ModelConfig(vocab_size=2, image_dim=dim, d_multi=4, image_dropout=0.0, image_centring=centring)
+        ModelConfig(
+            vocab_size=2,
+            image_dim=dim,
+            d_multi=4,
+            image_dropout=0.0,
+            image_centring=centring,
+            image_centre=centre,
+        )
     )
     rng = np.random.default_rng(1)
     enc.set_feature_stats(
@@ -46,12 +84,45 @@ def test_a_look_shared_by_a_documents_images_does_not_reach_a_centred_encoder():
     assert not torch.allclose(raw(x), raw(x + look), atol=1e-2)  # the paper's encoder sees it
 
 
-def test_a_batch_is_centred_per_document_as_each_document_alone():
+@pytest.mark.parametrize("centre", ["mean", "median"])
+def test_a_batch_is_centred_per_document_as_each_document_alone(centre):
     for centring in ("doc", "doc+raw", "balanced"):
-        enc = _encoder(centring)
+        enc = _encoder(centring, centre=centre)
         a, b = torch.randn(3, 6), torch.randn(5, 6) + 4
         batch = enc(torch.cat([a, b]), [3, 5])
         assert torch.allclose(batch, torch.cat([enc(a), enc(b)]), atol=1e-6)
+
+
+def test_a_median_centred_encoder_keeps_the_other_images_where_they_were_when_one_turns_odd():
+    """The encoder end to end: when one image of a six-image document becomes an outlier, the
+    other five move far less with the median than with the mean (their sums of distances)."""
+    torch.manual_seed(10)
+    x = torch.randn(6, 6)
+    odd = x.clone()
+    odd[0] += 30 * torch.randn(6)
+    moved = {}
+    for centre in ("mean", "median"):
+        enc = _encoder("balanced", centre=centre)
+        with torch.no_grad():
+            moved[centre] = float((enc(odd)[1:] - enc(x)[1:]).norm(dim=-1).sum())
+    assert moved["median"] < 0.5 * moved["mean"], moved
+
+
+@pytest.mark.parametrize("bad", ["middle", ""])
+def test_an_unknown_centre_is_refused(bad):
+    with pytest.raises(ValueError, match="image centre"):
+        ImageEncoder(
+            ModelConfig(vocab_size=2, image_dim=3, d_multi=2, image_centring="doc", image_centre=bad)
+        )
+
+
+def test_configs_saved_before_the_median_centre_on_the_mean_and_new_runs_on_the_median():
+    from training.config import TrainConfig
+
+    saved = ModelConfig(vocab_size=2, image_centring="balanced").to_dict()
+    saved.pop("image_centre")
+    assert ModelConfig(**saved).image_centre == "mean"
+    assert TrainConfig(data="d").image_centre == "median"
 
 
 def test_the_raw_part_keeps_a_single_image_document_apart_from_the_others():
@@ -135,11 +206,11 @@ def test_the_training_statistics_give_the_within_and_between_spreads(tmp_path):
         all_z.append(feats)
     path = tmp_path / "train.parquet"
     write_shard(path, docs)
-    _, _, centred, between = training_feature_stats([str(path)], centred=True)
     allx = np.concatenate(all_z)
     z = [(f - allx.mean(0)) / allx.std(0) for f in all_z]
-    assert np.allclose(
-        centred, np.sqrt(np.mean(np.concatenate([f - f.mean(0) for f in z]) ** 2, 0)), rtol=1e-4
-    )
-    assert np.allclose(between, np.sqrt(np.mean(np.stack([f.mean(0) for f in z]) ** 2, 0)), rtol=1e-4)
-    assert (between > 2 * centred).all()  # the look dominates here
+    for centre, look in (("mean", lambda f: f.mean(0)), ("median", lambda f: np.median(f, 0))):
+        _, _, centred, between = training_feature_stats([str(path)], centred=True, centre=centre)
+        within = np.concatenate([f - look(f) for f in z])  # as the encoder centres each document
+        assert np.allclose(centred, np.sqrt(np.mean(within**2, 0)), rtol=1e-4), centre
+        assert np.allclose(between, np.sqrt(np.mean(np.stack([look(f) for f in z]) ** 2, 0)), rtol=1e-4)
+        assert (between > 2 * centred).all()  # the look dominates here

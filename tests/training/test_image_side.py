@@ -265,6 +265,32 @@ def test_a_run_resumed_from_before_the_choice_keeps_the_side_its_checkpoint_was_
     assert not side_mod.needs_choice(kept)
 
 
+def test_a_run_resumed_from_before_the_median_centres_as_its_checkpoint_did(dataset, tmp_path):
+    """A checkpoint written before ``image_centre`` whose model centred did so on the mean: a rerun
+    with the new default (median) would continue another model, so it is refused by name, and
+    resumes with ``--image-centre mean``; one whose model did not centre resumes as it is."""
+    import json
+
+    from schemas.errors import MmlinksError
+    from training.driver import check_inputs
+
+    for run, centring in (("centred", "balanced"), ("plain", "none")):
+        cfg = TrainConfig(data=str(dataset), storage_path=str(tmp_path), run_name=run, num_workers=0)
+        ckpt = tmp_path / run / "checkpoint_000001"
+        ckpt.mkdir(parents=True)
+        train = {k: v for k, v in cfg.to_dict().items() if k != "image_centre"}
+        model = {"image_centring": centring, "image_dropout": 0.0, "image_mean_weight": 1.0}
+        (ckpt / "meta.json").write_text(json.dumps({"epoch": 1, "train": train, "model": model}))
+    with pytest.raises(MmlinksError, match=r"image_centre='mean' \(asked 'median'\); use a new --run-name"):
+        check_inputs(TrainConfig(data=str(dataset), storage_path=str(tmp_path), run_name="centred"))
+    kept = check_inputs(
+        TrainConfig(data=str(dataset), storage_path=str(tmp_path), run_name="centred", image_centre="mean")
+    ).cfg
+    assert (kept.image_centring, kept.image_centre) == ("balanced", "mean")
+    plain = check_inputs(TrainConfig(data=str(dataset), storage_path=str(tmp_path), run_name="plain")).cfg
+    assert (plain.image_centring, plain.image_centre) == ("none", "median")
+
+
 @pytest.mark.slow
 def test_candidates_train_in_processes_of_their_own_with_the_runs_inputs(dataset, tmp_path, monkeypatch):
     """Two trials at a time run in processes of their own, each handed the run's inputs: those
