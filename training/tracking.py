@@ -266,16 +266,9 @@ DRIVER_TAGS = ("mmlinks.driver_host", "mmlinks.driver_pid")
 def _driver_alive(tags: dict) -> bool:
     """Whether the run's driver process still lives on this machine (a command resuming a run
     that is in fact still training must not end it); a driver on another host counts as gone."""
-    host, pid = (tags.get(t) for t in DRIVER_TAGS)
-    if host != platform.node() or not (pid or "").isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return int(pid) != os.getpid()
+    from training.processes import process_alive
+
+    return process_alive(*(tags.get(t) for t in DRIVER_TAGS))
 
 
 def close_abandoned_runs(client: MlflowClient, run, key: str) -> list[str]:

@@ -291,6 +291,40 @@ def test_a_run_resumed_from_before_the_median_centres_as_its_checkpoint_did(data
     assert (plain.image_centring, plain.image_centre) == ("none", "median")
 
 
+def test_a_killed_runs_trials_folder_is_swept_by_the_next_and_no_live_ones(tmp_path):
+    """A SIGKILL skips the trials' ``TemporaryDirectory`` cleanup and left four candidates'
+    checkpoints beside the run for good; the next choice removes the folders whose process is gone
+    and keeps a live process's (this one's too), another host's and any other folder."""
+    import os
+    import platform
+    import subprocess
+    import sys
+    import tempfile
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = platform.node()
+    prefix = side_mod.TRIALS_PREFIX
+
+    def folder(owner: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}-", dir=tmp_path))
+        (path / "none-3").mkdir()  # a candidate's checkpoints
+        return path
+
+    gone = folder(f"{host}-{dead.pid}")
+    kept = [
+        folder(f"{host}-{os.getppid()}"),
+        folder(f"{host}-{os.getpid()}"),
+        folder(f"elsewhere-{dead.pid}"),
+    ]
+    kept += [tmp_path / f"{prefix}old", tmp_path / "run"]  # named otherwise (before the pid was)
+    for path in kept[-2:]:
+        path.mkdir()
+    assert side_mod.trials_prefix() == f"{prefix}{host}-{os.getpid()}-"
+    assert side_mod.sweep_killed_trials(tmp_path) == [str(gone)]
+    assert not gone.exists() and all(p.exists() for p in kept)
+
+
 @pytest.mark.slow
 def test_candidates_train_in_processes_of_their_own_with_the_runs_inputs(dataset, tmp_path, monkeypatch):
     """Two trials at a time run in processes of their own, each handed the run's inputs: those

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import pickle
+import platform
 import queue
 import subprocess
 import sys
@@ -314,7 +315,8 @@ def choose(
     beside = Path(keep).parent if keep else None  # the trials beside the run's folder: the pick's moves
     if beside:  # there by a rename (atomic), not a copy across filesystems a kill could cut short
         beside.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="mmlinks-image-side-", dir=beside) as tmp:
+        sweep_killed_trials(beside)
+    with tempfile.TemporaryDirectory(prefix=trials_prefix(), dir=beside) as tmp:
         for epochs in rounds:
             more = f", no candidate linking after {first} epochs: on to" if epochs > first else " x"
             stage(f"choosing the image side: {len(CANDIDATES)} candidates{more} {epochs} epochs")
@@ -352,6 +354,35 @@ def choose(
             kept = str(Path(f"{tmp}/{name}-{epochs}").rename(keep))
     scores = {k: mean_score(v) for k, v in per_doc.items()}
     return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs, kept)
+
+
+TRIALS_PREFIX = "mmlinks-image-side-"
+
+
+def trials_prefix() -> str:
+    """The trials folder's name up to tempfile's random part: whose it is (host and pid), so that
+    a later run can tell a killed run's folder from a live one's (``sweep_killed_trials``)."""
+    return f"{TRIALS_PREFIX}{platform.node()}-{os.getpid()}-"
+
+
+def sweep_killed_trials(folder: Path) -> list[str]:
+    """Remove the trials folders in ``folder`` that a killed run left (its process gone; a SIGKILL
+    skips the ``TemporaryDirectory``'s cleanup: four candidates' checkpoints each time); a live
+    process's (this one's too: another run in one of its threads), another host's and a folder
+    named otherwise are kept. Returns those removed."""
+    import shutil
+
+    from training.processes import process_alive
+
+    removed = []
+    for path in folder.glob(f"{TRIALS_PREFIX}*"):
+        owner = path.name[len(TRIALS_PREFIX) :].rpartition("-")[0]  # less tempfile's random part
+        host, _, pid = owner.rpartition("-")
+        ours = host == platform.node() and pid.isdigit() and pid != str(os.getpid())
+        if ours and path.is_dir() and not process_alive(host, pid):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
 
 
 def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[float | None]]:
