@@ -88,9 +88,9 @@ class LinkFields:
     image_centring: str = option(
         "auto",
         help="what the image encoder reads (gru backbone): none = each image's feature alone (paper); "
-        "balanced = its within-document part (the image minus its document's mean image) plus its "
-        "document-mean part, each standardised over the training split, the mean part weighted by "
-        "--image-mean-weight, so a look all of a document's images share (a room, a light, a camera) "
+        "balanced = its within-document part (the image minus its document's look, the median image: "
+        "--image-centre) plus that look, each standardised over the training split, the look weighted "
+        "by --image-mean-weight, so a look all of a document's images share (a room, a light, a camera) "
         "cannot drown what tells them apart; doc = the within-document part alone; doc+raw = it and "
         "the raw feature, concatenated (separate weights: unstable, docs/training.md); auto = measured on "
         "the corpus: none, balanced and balanced with dropout 0.4 (gru) and the bag backbone are each "
@@ -113,10 +113,10 @@ class LinkFields:
     )
     image_centre: str = option(
         "median",
-        help="--image-centring balanced, doc or doc+raw: a document's shared look as the per-channel "
-        "median of its images (one odd image, a close-up among room shots, does not move it) or "
-        "their mean (before issue #60's median; models saved before it keep the mean). On held-out "
-        "corpora with distractor sentences the mean cost balanced 2 AUC where one image was odd: "
+        help="--image-centring balanced, doc or doc+raw: what a document's shared look is taken to be: "
+        "median = the per-channel median of its images, which one odd image (a close-up among room "
+        "shots) does not move; mean = their mean (issue #33's; models saved before the median keep "
+        "it). The median lifted balanced 1.2-2.3 AUC on corpora the mean lost to the bag: "
         "docs/benchmarks-linking.md",
         choices=("median", "mean"),
         group=LINK,
