@@ -22,9 +22,6 @@ from training.text_pooling import TEXT_POOLING
 IMAGE_CENTRING = ("none", "doc", "doc+raw", "balanced")
 # "balanced": the within-document part and the document-mean part of the feature, each standardised
 # over the training split, summed with the mean part weighted by ``image_mean_weight``.
-IMAGE_CENTRES = ("mean", "median")
-# What centring takes as a document's shared look: the per-channel mean of its images, or their
-# per-channel median (issue #60), which one odd image (a close-up among room shots) does not move.
 
 
 def document_means(x: torch.Tensor, n_images: list[int] | None) -> torch.Tensor:
@@ -54,6 +51,9 @@ def document_medians(x: torch.Tensor, n_images: list[int] | None) -> torch.Tenso
     return ((low + high) / 2)[doc]
 
 
+# What centring takes as a document's shared look (``image_centre``): the per-channel mean of its
+# images, or their per-channel median (issue #60), which one odd image (a close-up among room shots)
+# does not move.
 DOCUMENT_CENTRES = {"mean": document_means, "median": document_medians}
 
 
@@ -68,7 +68,7 @@ class ModelConfig:
     text_pooling: str = "last"  # one of TEXT_POOLING; configs saved before it were "last"
     image_centring: str = "none"  # one of IMAGE_CENTRING; configs saved before it were "none"
     image_mean_weight: float = 0.5  # "balanced" only; configs saved before it were 0.5
-    image_centre: str = "mean"  # one of IMAGE_CENTRES; configs saved before it were "mean"
+    image_centre: str = "mean"  # one of DOCUMENT_CENTRES; configs saved before it were "mean"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,8 +138,8 @@ class ImageEncoder(nn.Module):
         if self.centring not in IMAGE_CENTRING:
             raise ValueError(f"unknown image centring {self.centring!r}; known: {', '.join(IMAGE_CENTRING)}")
         centre = getattr(cfg, "image_centre", "mean")
-        if centre not in IMAGE_CENTRES:
-            raise ValueError(f"unknown image centre {centre!r}; known: {', '.join(IMAGE_CENTRES)}")
+        if centre not in DOCUMENT_CENTRES:
+            raise ValueError(f"unknown image centre {centre!r}; known: {', '.join(DOCUMENT_CENTRES)}")
         self.document_centres = DOCUMENT_CENTRES[centre]
         self.register_buffer("feature_mean", torch.zeros(cfg.image_dim))
         self.register_buffer("feature_std", torch.ones(cfg.image_dim))
