@@ -108,6 +108,8 @@ def make_corpus(root: Path, cell: str, sizes: dict, seed: int) -> tuple[str, dic
     from schemas.shards import read_documents
 
     folder = root / f"{cell.replace(':', '_')}-s{seed}-{sizes['docs']}-d{sizes['dim']}"
+    if sizes != corpus_sizes(sizes["docs"], sizes["dim"]):  # other splits: a corpus of their own
+        folder = folder.with_name(f"{folder.name}-v{sizes['val_docs']}-t{sizes['test_docs']}")
     if not (folder / "manifest.json").exists():
         write_feature_corpus(folder, FeatureCorpusConfig(**parse_cell(cell), **sizes, seed=seed))
     train = [str(p) for p in Manifest.read(folder).shard_paths(folder, "train")]
@@ -220,9 +222,11 @@ def _corpus_job(args: tuple) -> tuple:
     return cell, seed, make_corpus(root, cell, sizes, seed)
 
 
-def corpus_sizes(docs: int, dim: int) -> dict:
-    """A family corpus's sizes: ``docs`` training documents, a tenth (>= 50) each validation and test."""
-    return {"docs": docs, "val_docs": max(50, docs // 10), "test_docs": max(50, docs // 10), "dim": dim}
+def corpus_sizes(docs: int, dim: int, val_docs: int | None = None, test_docs: int | None = None) -> dict:
+    """A family corpus's sizes: ``docs`` training documents; validation and test ``val_docs`` and
+    ``test_docs``, by default a tenth (>= 50) each."""
+    tenth = max(50, docs // 10)
+    return {"docs": docs, "val_docs": val_docs or tenth, "test_docs": test_docs or tenth, "dim": dim}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -231,7 +235,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cells", default="", help="comma-separated SHARING:K:MIXING:STRENGTH[:WORDS[:SKEW]]")
     p.add_argument("--rows", default="default,bag", help="comma-separated row names or NAME=JSON")
     p.add_argument("--seeds", default="0,1", help="seeds: corpus and training (one corpus per seed)")
-    p.add_argument("--docs", type=int, default=3000, help="training documents (val and test: a tenth)")
+    p.add_argument("--docs", type=int, default=3000, help="training documents")
+    p.add_argument("--val-docs", type=int, help="validation documents (default: a tenth of --docs, >= 50)")
+    p.add_argument("--test-docs", type=int, help="test documents (default: a tenth of --docs, >= 50)")
     p.add_argument("--dim", type=int, default=256, help="feature width of the corpora")
     p.add_argument("--corpora", default="/tmp/mmlinks-link-family", help="folder caching the corpora")
     p.add_argument("--jobs", type=int, default=1, help="training runs in parallel (processes)")
@@ -267,7 +273,10 @@ def main(argv: list[str] | None = None) -> dict:
         name, _, js = r.partition("=")
         rows[name] = json.loads(js) if js else ROWS[name]
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    sizes = corpus_sizes(args.docs, args.dim)
+    for name in ("val_docs", "test_docs"):
+        if getattr(args, name) is not None and getattr(args, name) < 2:
+            p.error(f"--{name.replace('_', '-')} must be >= 2")
+    sizes = corpus_sizes(args.docs, args.dim, args.val_docs, args.test_docs)
     root = Path(args.corpora)
     root.mkdir(parents=True, exist_ok=True)
     out: dict = {"base": BASE, "rows": rows, "seeds": seeds, "sizes": sizes, "cells": {}}

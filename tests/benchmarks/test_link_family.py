@@ -189,3 +189,24 @@ def test_naming_no_cell_is_a_one_line_error(capsys):
     assert exit_.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.endswith("no cell: name one with --cells or --grid"), last
+
+
+def test_other_validation_and_test_sizes_write_a_corpus_of_their_own(tmp_path, capsys):
+    """``--val-docs`` / ``--test-docs``: a corpus with those splits, cached apart from the default
+    sizes' (whose folder keeps its name, so caches written before still serve)."""
+    from schemas.manifest import Manifest
+
+    default = link_family.corpus_sizes(80, 16)
+    assert default == {"docs": 80, "val_docs": 50, "test_docs": 50, "dim": 16}
+    assert link_family.corpus_sizes(80, 16, None, None) == default
+    sizes = link_family.corpus_sizes(80, 16, 60, 70)
+    plain, _ = link_family.make_corpus(tmp_path, "topic:4:added:3", default, 0)
+    other, _ = link_family.make_corpus(tmp_path, "topic:4:added:3", sizes, 0)
+    assert Path(plain).name == "topic_4_added_3-s0-80-d16"
+    assert Path(other).name == "topic_4_added_3-s0-80-d16-v60-t70"
+    assert Manifest.read(Path(other)).counts["splits"] == {"train": 80, "val": 60, "test": 70}
+    assert Manifest.read(Path(plain)).counts["splits"] == {"train": 80, "val": 50, "test": 50}
+    with pytest.raises(SystemExit) as exit_:
+        link_family.main(["--cells", "topic:4:added:3", "--test-docs", "1"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--test-docs must be >= 2")
