@@ -24,11 +24,18 @@ IMAGE_CENTRING = ("none", "doc", "doc+raw", "balanced")
 # over the training split, summed with the mean part weighted by ``image_mean_weight``.
 
 
+def document_rows(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """counts [B] (images per document, summing to ``n``) -> each of the ``n`` rows' document [n].
+    ``output_size`` given: on a GPU ``repeat_interleave`` would otherwise copy the counts' sum to
+    the host, a synchronisation per batch."""
+    return torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts, output_size=n)
+
+
 def document_means(x: torch.Tensor, n_images: list[int] | None) -> torch.Tensor:
     """x [N, D], consecutive documents of ``n_images`` images (None: one document) -> each row's
     document mean [N, D]."""
     counts = torch.as_tensor([len(x)] if n_images is None else n_images, device=x.device)
-    doc = torch.repeat_interleave(torch.arange(len(counts), device=x.device), counts)  # [N]
+    doc = document_rows(counts, len(x))  # [N]
     sums = torch.zeros(len(counts), x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, doc, x)
     return (sums / counts.clamp(min=1)[:, None].to(x.dtype))[doc]
 
@@ -38,12 +45,14 @@ def document_medians(x: torch.Tensor, n_images: list[int] | None) -> torch.Tenso
     mean of the two middle values for an even count, as ``numpy.median``: two images' median is
     their mean). The documents are padded with +inf to the longest and sorted once, so a batch
     costs one sort, not a loop over its documents."""
-    counts = torch.as_tensor([len(x)] if n_images is None else n_images, device=x.device)
+    sizes = [len(x)] if n_images is None else list(n_images)
     if not len(x):
         return x.clone()
-    doc = torch.repeat_interleave(torch.arange(len(counts), device=x.device), counts)  # [N]
+    counts = torch.as_tensor(sizes, device=x.device)
+    doc = document_rows(counts, len(x))  # [N]
     pos = torch.arange(len(x), device=x.device) - (torch.cumsum(counts, 0) - counts)[doc]  # [N]
-    padded = x.new_full((len(counts), int(counts.max()), x.shape[1]), float("inf"))  # [B, max n, D]
+    # the longest document from the host's list: counts.max() read back would synchronise a GPU
+    padded = x.new_full((len(counts), max(sizes), x.shape[1]), float("inf"))  # [B, max n, D]
     padded[doc, pos] = x
     ordered = padded.sort(dim=1).values
     rows = torch.arange(len(counts), device=x.device)

@@ -39,6 +39,16 @@ def test_document_medians_match_numpys_median_of_each_document(counts, seed):
     assert np.allclose(document_medians(torch.from_numpy(two), None).numpy(), two.mean(0))
 
 
+@pytest.mark.parametrize("centre", [document_means, document_medians])
+def test_a_documents_centre_reads_nothing_back_from_the_device(centre):
+    """A meta tensor has shapes and no values, so reading any of its values on the host fails:
+    the centres find each row's document and the longest document from the batch's list of image
+    counts, so on a GPU a batch costs no synchronisation (``repeat_interleave`` without its output
+    size and ``counts.max()`` each copied a value back)."""
+    x = torch.empty(7, 5, device="meta")
+    assert centre(x, [3, 4]).shape == (7, 5) and centre(x, None).shape == (7, 5)
+
+
 def test_one_odd_image_does_not_move_the_median_beyond_the_other_images():
     """Issue #60: a document whose images share a look but one is odd (a close-up among room shots).
     The mean follows the odd image out of the others' range, so centring on it leaves every other
