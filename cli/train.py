@@ -74,6 +74,23 @@ def cmd_train(args) -> dict:
     return res.to_dict()
 
 
+def choice_line(choice: dict) -> str:
+    """What ``mmlinks train`` prints of the image side ``--image-centring auto`` measured (a
+    ``Choice.to_dict()``): the pick, every candidate's score and, where the pick is not the top
+    score, why."""
+    from training.link.image_side import PICK_REASONS
+
+    scores = choice.get("scores") or {}
+    measured = ", ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None)
+    reason = choice.get("reason")
+    return (
+        f"image side: {choice['name']}"
+        + (f" (within-document link structure: {measured})" if measured else "")
+        + (f"; {PICK_REASONS[reason]}" if reason in PICK_REASONS else "")
+        + ("; the run is its trial, not trained again" if choice.get("trial_kept") else "")
+    )
+
+
 def show_train(result: dict) -> None:
     from cli.output import table
 
@@ -85,13 +102,7 @@ def show_train(result: dict) -> None:
     for warning in result.get("warnings") or []:
         print(f"warning: {warning}", file=sys.stderr)
     if result.get("choice"):  # what --image-centring auto measured (issue #60)
-        scores = result["choice"].get("scores") or {}
-        measured = ", ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None)
-        print(
-            f"image side: {result['choice']['name']}"
-            + (f" (within-document link structure: {measured})" if measured else "")
-            + ("; the run is its trial, not trained again" if result["choice"].get("trial_kept") else "")
-        )
+        print(choice_line(result["choice"]))
     if result.get("already_finished"):
         version = f"version {result['model_version']}" if result["model_version"] else "no registered version"
         print(

@@ -22,6 +22,7 @@ from training.link.image_side import (
     choose,
     image_side,
     pick,
+    pick_reason,
     trial_config,
 )
 
@@ -88,6 +89,32 @@ def test_pick_takes_the_best_unless_a_simpler_side_is_within_noise_and_the_bag_b
     assert pick({"none": _docs(-0.2), "balanced": _docs(-0.05), "bag": _docs(-0.1)}) == "bag"
     assert pick({"none": [None, float("nan")], "bag": [None, None]}) == "none"  # nothing measured
     assert pick({"none": [None, 0.3, 0.4], "bag": [0.1, None, 0.1]}) == "none"
+
+
+def test_the_pick_says_why_where_it_is_not_the_top_score():
+    """The bag picked below `none`'s mean reads as a mistake unless the line says why: `none`'s
+    lead within noise (the simpler side) or no candidate above chance (the floor)."""
+    from cli.train import choice_line
+
+    lead, tied = _docs(0.4), _docs(0.38, seed=1)
+    assert (
+        pick_reason(
+            pick({"none": lead, "bag": _docs(0.1, seed=1)}), {"none": lead, "bag": _docs(0.1, seed=1)}
+        )
+        == ""
+    )
+    per_doc = {"none": lead, "bag": tied}
+    assert pick(per_doc) == "bag" and pick_reason("bag", per_doc) == "tied"
+    at_chance = {"none": _docs(0.01, spread=1.0), "bag": _docs(-0.01, spread=1.0, seed=1)}
+    assert pick(at_chance) == "bag" and pick_reason("bag", at_chance) == "chance"
+    assert pick_reason("none", {"none": [None], "bag": [None]}) == ""  # nothing measured: none's own line
+    choice = side_mod.Choice("bag", CANDIDATES["bag"], {"none": 0.4, "bag": 0.38}, 1.0, 100, 3, reason="tied")
+    assert "; the top score's lead is within two standard errors: the simpler side (1 s)" in choice.summary()
+    line = choice_line(choice.to_dict())
+    assert line == (
+        "image side: bag (within-document link structure: none 0.400, bag 0.380); "
+        "the top score's lead is within two standard errors: the simpler side"
+    )
 
 
 def test_a_trial_is_the_candidate_briefly_in_this_process_the_last_epoch_kept(tmp_path):
@@ -529,4 +556,6 @@ def test_a_second_round_trains_anew_with_the_runs_warm_up_and_its_pick_is_the_ru
     )
     assert trained == [(3, 1)] * 3 + [(3, 0)] + [(10, 3)] * 3 + [(10, 0)]
     assert choice.name == winner and choice.trial_epochs == 10 and choice.trial_kept == str(keep)
+    # either pick is the top score (the bag's 0 above the GRU sides' -0.1): no reason to give
+    assert choice.reason == "" == choice.to_dict()["reason"] and "standard errors" not in choice.summary()
     assert [p.name for p in keep.iterdir()] == [f"warmup-{0 if winner == 'bag' else 3}"]

@@ -84,6 +84,9 @@ class Choice:
     trial_docs: int = 0
     trial_epochs: int = 0
     trial_kept: str = ""  # the pick's trial folder, kept as the run's own (``choose``'s ``keep``)
+    # why the pick, where it is not simply the top score (``PICK_REASONS``): "tied" (a simpler side
+    # within noise of the top), "chance" (no candidate beat chance: the floor); "" otherwise
+    reason: str = ""
 
     def summary(self) -> str:
         """One line for a log, the report and the CLI: the pick, then every candidate's score."""
@@ -99,9 +102,10 @@ class Choice:
                 f"{self.name}: no validation document of >= {STRUCTURE_MIN_SIDE} sentences and images scored "
                 f"(candidates trained {self.trial_epochs} epochs; {self.seconds:.0f} s){last}"
             )
+        why = f"; {PICK_REASONS[self.reason]}" if self.reason else ""  # the pick is not the top score
         return (
-            f"{self.name}, by within-document link structure on validation after "
-            f"{self.trial_epochs} epochs on {self.trial_docs} documents: {parts} ({self.seconds:.0f} s){last}"
+            f"{self.name}, by within-document link structure on validation after {self.trial_epochs} "
+            f"epochs on {self.trial_docs} documents: {parts}{why} ({self.seconds:.0f} s){last}"
         )
 
     def to_dict(self) -> dict:
@@ -251,6 +255,22 @@ def pick(per_doc: dict[str, list[float | None]]) -> str:
     return best
 
 
+# Why ``pick`` took a candidate other than the top score, as the summary and `mmlinks train` say it.
+PICK_REASONS = {
+    "tied": "the top score's lead is within two standard errors: the simpler side",
+    "chance": "no candidate linked beyond chance (two standard errors): the floor",
+}
+
+
+def pick_reason(name: str, per_doc: dict[str, list[float | None]]) -> str:
+    """Which of ``PICK_REASONS`` made ``pick`` take ``name``; "" where it is the top score (or
+    nothing was measured)."""
+    known = {k: m for k, m in ((k, mean_score(v)) for k, v in per_doc.items()) if m is not None}
+    if not known or known.get(name) == max(known.values()):
+        return ""
+    return "chance" if name == "bag" and not any(map(beats_chance, per_doc.values())) else "tied"
+
+
 def beats_chance(values: list[float | None]) -> bool:
     """Whether a candidate's mean criterion is above chance (0) by more than ``TIE_SE`` standard
     errors: the tie rule's evidence, against a model that links nothing. A mean just above 0 (a
@@ -353,7 +373,8 @@ def choose(
         if keep and as_run and not Path(keep).exists():
             kept = str(Path(f"{tmp}/{name}-{epochs}").rename(keep))
     scores = {k: mean_score(v) for k, v in per_doc.items()}
-    return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs, kept)
+    reason = pick_reason(name, per_doc)
+    return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs, kept, reason)
 
 
 TRIALS_PREFIX = "mmlinks-image-side-"
