@@ -129,7 +129,8 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
     ``mmlinks train --workers 0`` (``run_experiment``: MLflow run, registry, report); ``fit`` is
     the same training and checkpoint choice (``fit``) and test scoring (``evaluate``) without
     MLflow, for a machine that has none (the GPU image; ``settings`` with ``use_gpu`` trains on
-    this process's GPU)."""
+    this process's GPU), and scores the validation split too (``val_auc``, ``val_p_at_1``: where
+    validation and test disagree, the choice read the one and the table the other)."""
     from training.config import TrainConfig
 
     cfg = TrainConfig(data=data, **settings)
@@ -141,8 +142,11 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
 
         with tempfile.TemporaryDirectory(prefix="link-family-") as wd:
             result = fit(dataclasses.replace(cfg, storage_path=wd))
-            scores = evaluate(result.model, result.vocab, cfg.data, "test", cfg.max_tokens, seed=cfg.seed)
-        test = scores["model"]
+            test, val = (
+                evaluate(result.model, result.vocab, cfg.data, split, cfg.max_tokens, seed=cfg.seed)["model"]
+                for split in ("test", "val")
+            )
+        validation = {"val_auc": round(val["auc"], 1), "val_p_at_1": round(val["p_at_1"], 1)}
         best_epoch = result.best_epoch
         choice = result.choice.to_dict() if result.choice is not None else None
     else:
@@ -150,10 +154,11 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
 
         with tempfile.TemporaryDirectory(prefix="link-family-") as wd:
             r = run_experiment(cfg, f"sqlite:///{wd}/mlflow.db", None, None, report_dir=wd)
-        test, best_epoch, choice = r.test, r.best_epoch, r.choice
+        test, best_epoch, choice, validation = r.test, r.best_epoch, r.choice, {}
     return {
         "auc": round(test["auc"], 1),
         "p_at_1": round(test["p_at_1"], 1),
+        **validation,
         "best_epoch": best_epoch,
         "seconds": round(time.perf_counter() - t0, 1),
         "device": "cuda" if settings.get("use_gpu") else "cpu",

@@ -136,6 +136,8 @@ def test_the_fit_loop_trains_the_experiments_model_and_a_rerun_resumes_from_its_
     other = experiment["cells"]["topic:4:added:3"]["rows"]["default"][0]
     for key in ("auc", "p_at_1", "best_epoch"):
         assert run[key] == other[key]
+    # the fit loop scores validation too, the model the test scores were of
+    assert 0 <= run["val_auc"] <= 100 and 0 <= run["val_p_at_1"] <= 100 and "val_auc" not in other
     assert again["cells"]["topic:4:added:3"]["rows"]["default"][0] == run
     # another setting is another run: not reused
     assert changed["cells"]["topic:4:added:3"]["rows"]["default"][0]["auc"] == -1.0
