@@ -24,17 +24,27 @@ IMAGE_CENTRING = ("none", "doc", "doc+raw", "balanced")
 # over the training split, summed with the mean part weighted by ``image_mean_weight``.
 
 
+def document_sizes(x: torch.Tensor, n_images: list[int] | None) -> list[int]:
+    """The images of each of ``x``'s consecutive documents (None: one document), checked on the
+    host against ``x``'s rows: ``document_rows`` gives ``repeat_interleave`` its output size, which
+    a GPU then trusts (a CPU raises on a mismatch; a GPU reads past or leaves rows unset)."""
+    sizes = [len(x)] if n_images is None else list(n_images)
+    if sum(sizes) != len(x):
+        raise ValueError(f"image counts sum to {sum(sizes)}, the batch has {len(x)} image rows")
+    return sizes
+
+
 def document_rows(counts: torch.Tensor, n: int) -> torch.Tensor:
-    """counts [B] (images per document, summing to ``n``) -> each of the ``n`` rows' document [n].
-    ``output_size`` given: on a GPU ``repeat_interleave`` would otherwise copy the counts' sum to
-    the host, a synchronisation per batch."""
+    """counts [B] (images per document, summing to ``n``: ``document_sizes``) -> each of the ``n``
+    rows' document [n]. ``output_size`` given: on a GPU ``repeat_interleave`` would otherwise copy
+    the counts' sum to the host, a synchronisation per batch."""
     return torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts, output_size=n)
 
 
 def document_means(x: torch.Tensor, n_images: list[int] | None) -> torch.Tensor:
     """x [N, D], consecutive documents of ``n_images`` images (None: one document) -> each row's
     document mean [N, D]."""
-    counts = torch.as_tensor([len(x)] if n_images is None else n_images, device=x.device)
+    counts = torch.as_tensor(document_sizes(x, n_images), device=x.device)
     doc = document_rows(counts, len(x))  # [N]
     sums = torch.zeros(len(counts), x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, doc, x)
     return (sums / counts.clamp(min=1)[:, None].to(x.dtype))[doc]
@@ -45,7 +55,7 @@ def document_medians(x: torch.Tensor, n_images: list[int] | None) -> torch.Tenso
     mean of the two middle values for an even count, as ``numpy.median``: two images' median is
     their mean). The documents are padded with +inf to the longest and sorted once, so a batch
     costs one sort, not a loop over its documents."""
-    sizes = [len(x)] if n_images is None else list(n_images)
+    sizes = document_sizes(x, n_images)
     if not len(x):
         return x.clone()
     counts = torch.as_tensor(sizes, device=x.device)

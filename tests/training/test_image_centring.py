@@ -49,6 +49,18 @@ def test_a_documents_centre_reads_nothing_back_from_the_device(centre):
     assert centre(x, [3, 4]).shape == (7, 5) and centre(x, None).shape == (7, 5)
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("centre", [document_means, document_medians])
+def test_image_counts_that_do_not_match_the_rows_are_refused_on_the_host(centre, device):
+    """With its output size given, ``repeat_interleave`` trusts the counts on a GPU (and on a meta
+    tensor: it raised nothing before this check) where a CPU checks them: one check on the host
+    list, for every device."""
+    x = torch.zeros(7, 5, device=device)
+    for counts in ([3, 3], [4, 4], [8]):
+        with pytest.raises(ValueError, match="image counts sum to"):
+            centre(x, counts)
+
+
 def test_one_odd_image_does_not_move_the_median_beyond_the_other_images():
     """Issue #60: a document whose images share a look but one is odd (a close-up among room shots).
     The mean follows the odd image out of the others' range, so centring on it leaves every other
