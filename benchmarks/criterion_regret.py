@@ -84,7 +84,7 @@ def regret(kept: dict[str, list], seed: int) -> dict:
         for n, rows in kept.items():
             rng = np.random.default_rng(seed)  # a generator per candidate, seeded as the choice seeds it
             per[n] = [fn(s, rng) for s, _ in rows]
-        chosen = pick(per)
+        chosen = pick(per).name
         means = {n: mean_score(v) for n, v in per.items()}
         out[crit] = {
             "pick": chosen,

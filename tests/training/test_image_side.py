@@ -22,7 +22,6 @@ from training.link.image_side import (
     choose,
     image_side,
     pick,
-    pick_reason,
     trial_config,
 )
 
@@ -78,17 +77,17 @@ def test_pick_takes_the_best_unless_a_simpler_side_is_within_noise_and_the_bag_b
     # a clear lead: the best
     assert pick(
         {"none": _docs(0.1), "balanced": _docs(0.4), "balanced+dropout": _docs(0.3), "bag": _docs(0.2)}
-    ) == ("balanced")
+    ) == ("balanced", "")
     # the same documents score every candidate: a small lead that every document shows is real
-    assert pick({"none": _docs(0.30), "balanced": _docs(0.32), "bag": _docs(0.1, seed=1)}) == "balanced"
+    assert pick({"none": _docs(0.30), "balanced": _docs(0.32), "bag": _docs(0.1, seed=1)}).name == "balanced"
     # a lead the documents cannot tell from noise: the simpler side (PREFERENCE)
     tied = {"none": _docs(0.30, seed=2), "balanced": _docs(0.31, seed=3), "bag": _docs(0.0, seed=4)}
-    assert pick(tied) == "none"
-    assert pick({"bag": _docs(0.5, seed=5), "none": _docs(0.5, seed=6)}) == "bag"
+    assert pick(tied).name == "none"
+    assert pick({"bag": _docs(0.5, seed=5), "none": _docs(0.5, seed=6)}).name == "bag"
     # no trial linked beyond chance: nothing favours a GRU side, the bag (the floor)
-    assert pick({"none": _docs(-0.2), "balanced": _docs(-0.05), "bag": _docs(-0.1)}) == "bag"
-    assert pick({"none": [None, float("nan")], "bag": [None, None]}) == "none"  # nothing measured
-    assert pick({"none": [None, 0.3, 0.4], "bag": [0.1, None, 0.1]}) == "none"
+    assert pick({"none": _docs(-0.2), "balanced": _docs(-0.05), "bag": _docs(-0.1)}).name == "bag"
+    assert pick({"none": [None, float("nan")], "bag": [None, None]}).name == "none"  # nothing measured
+    assert pick({"none": [None, 0.3, 0.4], "bag": [0.1, None, 0.1]}).name == "none"
 
 
 def test_the_pick_says_why_where_it_is_not_the_top_score():
@@ -97,17 +96,13 @@ def test_the_pick_says_why_where_it_is_not_the_top_score():
     from cli.train import choice_line
 
     lead, tied = _docs(0.4), _docs(0.38, seed=1)
-    assert (
-        pick_reason(
-            pick({"none": lead, "bag": _docs(0.1, seed=1)}), {"none": lead, "bag": _docs(0.1, seed=1)}
-        )
-        == ""
-    )
-    per_doc = {"none": lead, "bag": tied}
-    assert pick(per_doc) == "bag" and pick_reason("bag", per_doc) == "tied"
+    assert pick({"none": lead, "bag": _docs(0.1, seed=1)}) == ("none", "")  # the top: no reason
+    assert pick({"none": lead, "bag": tied}) == ("bag", "tied")
     at_chance = {"none": _docs(0.01, spread=1.0), "bag": _docs(-0.01, spread=1.0, seed=1)}
-    assert pick(at_chance) == "bag" and pick_reason("bag", at_chance) == "chance"
-    assert pick_reason("none", {"none": [None], "bag": [None]}) == ""  # nothing measured: none's own line
+    assert pick(at_chance) == ("bag", "chance")
+    noise = _docs(0.0, spread=1.0)  # at chance, and the bag a little above it: the floor is the top
+    assert pick({"none": noise, "bag": [v + 0.01 for v in noise]}) == ("bag", "")
+    assert pick({"none": [None], "bag": [None]}) == ("none", "")  # nothing measured: none's own line
     choice = side_mod.Choice("bag", CANDIDATES["bag"], {"none": 0.4, "bag": 0.38}, 1.0, 100, 3, reason="tied")
     assert "; the top score's lead is within two standard errors: the simpler side (1 s)" in choice.summary()
     line = choice_line(choice.to_dict())

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -230,29 +231,11 @@ def mean_score(values: list[float | None]) -> float | None:
     return float(np.mean(known)) if known else None
 
 
-def pick(per_doc: dict[str, list[float | None]]) -> str:
-    """The candidate whose validation documents hold the most link structure on average, unless a
-    simpler one (``PREFERENCE``) is within ``TIE_SE`` standard errors of it, paired document by
-    document (the same documents score every candidate): a difference the validation split
-    cannot tell from noise is no evidence for the more complex side. Where no candidate beats
-    chance by more than that noise (``beats_chance``: no trial linked inside documents, as on
-    8-15-image documents at the demo's settings, where every model stays near chance), nothing
-    measured favours a GRU side: the bag, the floor. ``none`` (the bag's image side) where nothing
-    could be measured (no validation document has ``STRUCTURE_MIN_SIDE`` sentences and images: on
-    2-3-image corpora ``none`` linked at or above the bag in all five, docs/benchmarks-linking.md)."""
-    means = {k: mean_score(v) for k, v in per_doc.items()}
-    known = {k: m for k, m in means.items() if m is not None}
-    if not known:
-        return "none"
-    if "bag" in known and not any(beats_chance(per_doc[k]) for k in known):
-        return "bag"
-    best = max(known, key=lambda k: (known[k], -PREFERENCE.index(k)))
-    for k in PREFERENCE:
-        if k == best:
-            return best
-        if k in known and _tied(per_doc[best], per_doc[k]):
-            return k
-    return best
+class Pick(NamedTuple):
+    """``pick``'s candidate and why, where it is not simply the top score (``PICK_REASONS``)."""
+
+    name: str
+    reason: str = ""
 
 
 # Why ``pick`` took a candidate other than the top score, as the summary and `mmlinks train` say it.
@@ -262,13 +245,30 @@ PICK_REASONS = {
 }
 
 
-def pick_reason(name: str, per_doc: dict[str, list[float | None]]) -> str:
-    """Which of ``PICK_REASONS`` made ``pick`` take ``name``; "" where it is the top score (or
-    nothing was measured)."""
-    known = {k: m for k, m in ((k, mean_score(v)) for k, v in per_doc.items()) if m is not None}
-    if not known or known.get(name) == max(known.values()):
-        return ""
-    return "chance" if name == "bag" and not any(map(beats_chance, per_doc.values())) else "tied"
+def pick(per_doc: dict[str, list[float | None]]) -> Pick:
+    """The candidate whose validation documents hold the most link structure on average, unless a
+    simpler one (``PREFERENCE``) is within ``TIE_SE`` standard errors of it, paired document by
+    document (the same documents score every candidate): a difference the validation split
+    cannot tell from noise is no evidence for the more complex side ("tied"). Where no candidate
+    beats chance by more than that noise (``beats_chance``: no trial linked inside documents, as on
+    8-15-image documents at the demo's settings, where every model stays near chance), nothing
+    measured favours a GRU side: the bag, the floor ("chance", unless it is the top score too).
+    ``none`` (the bag's image side) where nothing could be measured (no validation document has
+    ``STRUCTURE_MIN_SIDE`` sentences and images: on 2-3-image corpora ``none`` linked at or above
+    the bag in all five, docs/benchmarks-linking.md)."""
+    means = {k: mean_score(v) for k, v in per_doc.items()}
+    known = {k: m for k, m in means.items() if m is not None}
+    if not known:
+        return Pick("none")
+    best = max(known, key=lambda k: (known[k], -PREFERENCE.index(k)))
+    if "bag" in known and not any(beats_chance(per_doc[k]) for k in known):
+        return Pick("bag", "chance" if best != "bag" else "")
+    for k in PREFERENCE:
+        if k == best:
+            return Pick(best)
+        if k in known and _tied(per_doc[best], per_doc[k]):
+            return Pick(k, "tied")
+    return Pick(best)
 
 
 def beats_chance(values: list[float | None]) -> bool:
@@ -356,7 +356,7 @@ def choose(
             unmeasured = all(mean_score(v) is None for v in per_doc.values())  # longer trials cannot either
             if unmeasured or any(map(beats_chance, per_doc.values())):
                 break
-        name = pick(per_doc)
+        name, reason = pick(per_doc)
         stage(f"image side chosen: {name}")
         overrides = dict(CANDIDATES[name])
         if cfg.select_by != AUTO_VALUES["select_by"]:  # a --select-by given by hand: the run keeps it
@@ -373,7 +373,6 @@ def choose(
         if keep and as_run and not Path(keep).exists():
             kept = str(Path(f"{tmp}/{name}-{epochs}").rename(keep))
     scores = {k: mean_score(v) for k, v in per_doc.items()}
-    reason = pick_reason(name, per_doc)
     return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs, kept, reason)
 
 
