@@ -139,9 +139,9 @@ def load_checkpoint_model(path: str | Path) -> tuple[torch.nn.Module, dict]:
     return model.eval(), {**meta, **{k: state[k] for k in ("epoch", "val_loss", "best_epoch")}}
 
 
-def saved_train_config(storage: str, run_name: str, part: str = "train") -> dict | None:
-    """The train config (``part="model"``: the model config) of the newest readable checkpoint of
-    a local run directory, if any (a checkpoint cut short by a full disk may hold a truncated
+def saved_meta(storage: str, run_name: str) -> dict | None:
+    """The ``meta.json`` (train and model configs) of the newest readable checkpoint of a local
+    run directory, if any (a checkpoint cut short by a full disk may hold a truncated
     ``meta.json``: the next one is used)."""
     root = Path(storage) / run_name
     if "://" in storage or not root.is_dir():
@@ -149,22 +149,33 @@ def saved_train_config(storage: str, run_name: str, part: str = "train") -> dict
     metas = sorted(root.glob("checkpoint_*/meta.json"), key=lambda p: p.stat().st_mtime)
     for meta in reversed(metas):
         try:
-            return json.loads(meta.read_text())[part]
-        except (OSError, ValueError, KeyError):
+            found = json.loads(meta.read_text())
+        except (OSError, ValueError):
             continue
+        if isinstance(found, dict) and isinstance(found.get("train"), dict):
+            return found
     return None
 
 
+def saved_train_config(storage: str, run_name: str) -> dict | None:
+    """The train config of the newest readable checkpoint of a local run (``saved_meta``), if any."""
+    meta = saved_meta(storage, run_name)
+    return None if meta is None else meta["train"]
+
+
 def resumed_config(storage: str, run_name: str) -> dict | None:
-    """The train config a rerun of run ``run_name`` resumes (``saved_train_config``), if any. A
+    """The train config a rerun of run ``run_name`` resumes (``saved_meta``), if any. A
     checkpoint written before issue #60 recorded ``image_centring`` auto: its model config holds
     what the threshold rule resolved the image side to, which the resumed run must keep; one
-    whose model centred before ``image_centre`` existed centred on the mean."""
-    saved = saved_train_config(storage, run_name)
-    model = (saved_train_config(storage, run_name, "model") or {}) if saved is not None else {}
-    if saved is not None and "image_centre" not in saved and model.get("image_centring", "none") != "none":
+    whose model centred before ``image_centre`` existed centred on the mean. Both configs come
+    from one checkpoint's ``meta.json``, read once."""
+    meta = saved_meta(storage, run_name)
+    if meta is None:
+        return None
+    saved, model = meta["train"], meta.get("model") or {}
+    if "image_centre" not in saved and model.get("image_centring", "none") != "none":
         saved = {**saved, "image_centre": "mean"}  # centred before the median existed (issue #60)
-    if saved is not None and saved.get("image_centring") == "auto":
+    if saved.get("image_centring") == "auto":
         sides = ("image_centring", "image_dropout", "image_mean_weight")
         saved = {**saved, **{k: model[k] for k in sides if k in model}}
     return saved

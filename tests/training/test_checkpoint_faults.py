@@ -5,7 +5,7 @@ fault hooks read from the environment."""
 import json
 
 from schemas.errors import MmlinksError
-from training.checkpoints import out_of_space_message, saved_train_config
+from training.checkpoints import out_of_space_message, resumed_config, saved_train_config
 from training.fault_hooks import after_epoch, kill_config
 
 RAY_TEXT = (  # what Ray Train's failure says when pyarrow cannot write a checkpoint to storage
@@ -44,6 +44,25 @@ def test_resume_check_skips_a_checkpoint_cut_short(tmp_path):
     (cut / "meta.json").write_text('{"train": {"ep')  # the disk filled up mid-file
     os.utime(whole / "meta.json", (1, 1))  # the cut one is the newest
     assert saved_train_config(str(tmp_path), "r") == {"epochs": 3}
+
+
+def test_a_resumed_config_takes_both_its_parts_from_one_checkpoint(tmp_path):
+    """The train and model configs come from the same ``meta.json``: the newest holding no model
+    config does not borrow an older checkpoint's image side (two reads took each part's newest)."""
+    import os
+
+    run = tmp_path / "r"
+    old, new = run / "checkpoint_a", run / "checkpoint_b"
+    old.mkdir(parents=True), new.mkdir()
+    side = {"image_centring": "balanced", "image_dropout": 0.4, "image_mean_weight": 1.0}
+    (old / "meta.json").write_text(
+        json.dumps({"train": {"image_centring": "auto", "epochs": 3}, "model": side})
+    )
+    (new / "meta.json").write_text(json.dumps({"train": {"image_centring": "auto", "epochs": 4}}))
+    os.utime(old / "meta.json", (1, 1))
+    assert resumed_config(str(tmp_path), "r") == {"image_centring": "auto", "epochs": 4}
+    os.utime(new / "meta.json", (0, 0))  # the older one newest: its own side, the pre-#60 way
+    assert resumed_config(str(tmp_path), "r") == {**side, "epochs": 3, "image_centre": "mean"}
 
 
 def test_fault_hooks_log_epochs_and_do_nothing_unasked(tmp_path):
