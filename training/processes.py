@@ -22,3 +22,11 @@ def process_alive(host: str | None, pid: str | int | None) -> bool:
     except PermissionError:  # alive, another user's
         return True
     return int(pid) != os.getpid()
+
+
+def process_gone(host: str | None, pid: str | int | None) -> bool:
+    """Whether process ``pid`` of this machine has ended: what it left may be removed. Not for
+    another host's (it cannot be asked from here), a pid that is no number, or this process's own
+    (it may be at work in another thread) - each of which ``process_alive`` counts as gone."""
+    mine = host == platform.node() and str(pid or "").isdigit() and int(pid) != os.getpid()
+    return mine and not process_alive(host, pid)

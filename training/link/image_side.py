@@ -392,14 +392,13 @@ def sweep_killed_trials(folder: Path) -> list[str]:
     named otherwise are kept. Returns those removed."""
     import shutil
 
-    from training.processes import process_alive
+    from training.processes import process_gone
 
     removed = []
     for path in folder.glob(f"{TRIALS_PREFIX}*"):
         owner = path.name[len(TRIALS_PREFIX) :].rpartition("-")[0]  # less tempfile's random part
         host, _, pid = owner.rpartition("-")
-        ours = host == platform.node() and pid.isdigit() and pid != str(os.getpid())
-        if ours and path.is_dir() and not process_alive(host, pid):
+        if path.is_dir() and process_gone(host, pid):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed
