@@ -42,10 +42,13 @@ def shard_bytes(out: Path) -> dict[str, bytes]:
 
 
 def kill_build_at(stage: str, corpus: Path, out: Path) -> None:
-    """Run the tiny build in a child process that SIGKILLs itself at ``stage``."""
+    """Run the tiny build in a child process that SIGKILLs itself at ``stage``. Its temporary
+    folder is the test's: a SIGKILL skips the cleanup of the one Beam makes for each pipeline."""
+    tmp = out.parent / "child-tmp"
+    tmp.mkdir(exist_ok=True)
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(corpus), str(out)],
-        env=venv_env(**{KILL_BUILD_AT_ENV: stage}),
+        env=venv_env(**{KILL_BUILD_AT_ENV: stage, "TMPDIR": str(tmp)}),
         cwd=ROOT,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
