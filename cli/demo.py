@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cli.common import EPILOG, add_common, writable_dir
 from cli.models import add_gate_args
-from cli.output import heartbeat, step, table
+from cli.output import auc_noise, heartbeat, step, table
 from cli.train_options import add_registration_args, add_train_args, demo_workers, train_config_from_args
 from schemas import config_fields
 from schemas.library_output import build_log_path, library_output_to
@@ -162,6 +162,7 @@ def run_demo(args) -> dict:
         "p_at_1": res.test["p_at_1"],
         "p_at_5": res.test["p_at_5"],
         "n_test_docs": res.test["n_docs"],
+        "auc_se": res.test.get("auc_se"),
         "random_auc": res.random["auc"],
         "random_p_at_1": res.random["p_at_1"],
         "random_p_at_5": res.random["p_at_5"],
@@ -244,7 +245,7 @@ def _show(summary: dict, objective: str, res, dataset: Path) -> None:
         return [f"{m[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5")]
 
     rows = [[f"{objective.upper()} (this run)", *cells(res.test)], ["Random", *cells(res.random)]]
-    print(f"\nTest split, {res.test['n_docs']} documents (macro-averaged, x100):")
+    print(f"\nTest split, {res.test['n_docs']} documents (macro-averaged, x100{auc_noise(res.test)}):")
     print(table(rows, ["method", "AUC", "p@1", "p@5"]))
     print(f"\nmodel:     {summary['model_uri']}  (version {summary['production_version']})")
     print(f"manifest:  {dataset / 'manifest.json'}   (mmlinks data inspect {dataset})")

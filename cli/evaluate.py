@@ -369,7 +369,7 @@ def _nostruct_baseline(args, cfg) -> dict:
 
 def show_evaluation(r: dict) -> None:
     """Tables of `evaluate` and `baseline` (``--json`` prints every field)."""
-    from cli.output import table
+    from cli.output import auc_noise, table
 
     def cells(m: dict) -> list[str]:
         return [f"{m[k]:.1f}" if m.get(k) is not None else "-" for k in ("auc", "p_at_1", "p_at_5")]
@@ -378,7 +378,8 @@ def show_evaluation(r: dict) -> None:
     if r.get("family") == "retrieval":
         _show_retrieval(r)
     elif "method" not in r:  # evaluate
-        print(f"{r['split']} split, {r['n_docs']} labelled documents ({r['n_skipped']} skipped)")
+        skipped = f"{r['n_skipped']} skipped{auc_noise(r)}"
+        print(f"{r['split']} split, {r['n_docs']} labelled documents ({skipped})")
         print(f"model: {r['model']}")
         print(table([["model", *cells(r)], ["Random", *cells(r["random"])]], header))
         sp = r.get("spread")

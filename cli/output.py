@@ -68,6 +68,13 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def auc_noise(m: dict) -> str:
+    """``; AUC standard error 0.22`` where a summary has one (``training.metrics.summarize``'s
+    ``auc_se``), else "": a table's AUC is read against the split's noise."""
+    se = m.get("auc_se")
+    return f"; AUC standard error {se:.2f}" if isinstance(se, float) and math.isfinite(se) else ""
+
+
 def heartbeat(desc: str, enabled: bool = True):
     """An elapsed-time bar for steps that report no progress of their own (a Beam run)."""
     return polled_progress(desc, enabled=enabled)

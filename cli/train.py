@@ -92,7 +92,7 @@ def choice_line(choice: dict) -> str:
 
 
 def show_train(result: dict) -> None:
-    from cli.output import table
+    from cli.output import auc_noise, table
 
     if "table_text" in result:
         from cli.grid import print_grid
@@ -123,7 +123,7 @@ def show_train(result: dict) -> None:
         ["model", *(f"{t[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5"))],
         ["Random", *(f"{r[k]:.1f}" for k in ("auc", "p_at_1", "p_at_5"))],
     ]
-    print(f"test split, {t['n_docs']} documents (best epoch {result['best_epoch']}):")
+    print(f"test split, {t['n_docs']} documents (best epoch {result['best_epoch']}{auc_noise(t)}):")
     print(table(rows, ["method", "AUC", "p@1", "p@5"]))
     print(f"model: {result['model_uri']}   run: {result['run_id']}   tracking: {result['tracking_uri']}")
 

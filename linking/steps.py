@@ -365,25 +365,30 @@ def eval_record(doc: dict, scores: np.ndarray, row: dict) -> dict:
 class EvalTotals(beam.CombineFn):
     """Evaluation records -> the job's evaluation totals, combined where they are made: one
     process never holds a record per document (the corpus-scale issue #47). Accumulator:
-    (documents, tp, predicted, gold, scored documents, [sum auc, sum p@1, sum p@5]); the sums
-    are exact ``Fraction``s of the floats, so the totals do not depend on how a runner bundled
-    or merged them and a rerun writes the same manifest bytes."""
+    (documents, tp, predicted, gold, scored documents, [sum auc, sum p@1, sum p@5, sum auc^2]);
+    the sums are exact ``Fraction``s of the floats, so the totals do not depend on how a runner
+    bundled or merged them and a rerun writes the same manifest bytes (the squares give the AUC's
+    standard error, ``summarize``'s ``auc_se``, without a record per document)."""
 
     def create_accumulator(self):
-        return (0, 0, 0, 0, 0, (Fraction(0), Fraction(0), Fraction(0)))
+        return (0, 0, 0, 0, 0, (Fraction(0),) * 4)
 
     def add_input(self, acc, record: dict):
         n, tp, pred, gold, scored, sums = acc
         m = record["metrics"]
         if m is not None:
             scored += 1
-            sums = tuple(_add_exact(s, m[k]) for s, k in zip(sums, ("auc", "p_at_1", "p_at_5"), strict=True))
+            keys = ("auc", "p_at_1", "p_at_5")
+            sums = (
+                *(_add_exact(s, m[k]) for s, k in zip(sums[:3], keys, strict=True)),
+                _add_exact(sums[3], m["auc"], squared=True),  # the square of the exact value
+            )
         return (n + 1, tp + record["tp"], pred + record["predicted"], gold + record["gold"], scored, sums)
 
     def merge_accumulators(self, accs):
         accs = list(accs)
         ints = [sum(a[i] for a in accs) for i in range(5)]
-        sums = [Fraction(0)] * 3
+        sums = [Fraction(0)] * 4
         for a in accs:
             sums = [None if x is None or y is None else x + y for x, y in zip(sums, a[5], strict=True)]
         return (*ints, tuple(sums))
@@ -394,20 +399,29 @@ class EvalTotals(beam.CombineFn):
         from training.metrics import link_prf
 
         n, tp, pred, gold, scored, sums = acc
-        means = [100 * float(s / scored) if scored and s is not None else float("nan") for s in sums]
+        means = [100 * float(s / scored) if scored and s is not None else float("nan") for s in sums[:3]]
+        se = float("nan")
+        if scored >= 2 and sums[0] is not None and sums[3] is not None:  # sd(ddof=1) / sqrt(n), exact
+            var = (sums[3] - sums[0] * sums[0] / scored) / (scored - 1)
+            se = 100 * math.sqrt(max(float(var), 0.0) / scored)
         return {
             "labelled_documents": n,
             "links": link_prf(tp, pred, gold),
-            "scores": {"auc": means[0], "p_at_1": means[1], "p_at_5": means[2], "n_docs": scored},
+            "scores": {
+                **dict(zip(("auc", "p_at_1", "p_at_5"), means, strict=True)),
+                "n_docs": scored,
+                "auc_se": se,
+            },
         }
 
 
-def _add_exact(total: Fraction | None, value: float) -> Fraction | None:
-    """``total + value`` exactly; None (the mean is NaN, as ``np.mean`` gives) once a value is
-    not finite: ``Fraction`` refuses NaN and infinities, and a job must not die on one document."""
+def _add_exact(total: Fraction | None, value: float, squared: bool = False) -> Fraction | None:
+    """``total + value`` (``squared``: ``+ value ** 2``) exactly; None (the mean is NaN, as
+    ``np.mean`` gives) once a value is not finite: ``Fraction`` refuses NaN and infinities, and a
+    job must not die on one document."""
     if total is None or not math.isfinite(value):
         return None
-    return total + Fraction(value)
+    return total + Fraction(value) ** (2 if squared else 1)
 
 
 def rows_of_block(block: bytes) -> list[dict]:

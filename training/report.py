@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -139,8 +140,11 @@ def render_report(
     warnings: list[str] = (),
 ) -> str:
     def row(name, m):
+        se = m.get("auc_se", float("nan"))  # the AUC's standard error over the documents
+        known = isinstance(se, float) and math.isfinite(se)
+        auc = f"{m['auc']:.1f}" + (f" &plusmn; {se:.2f}" if known else "")
         return (
-            f"<tr><td>{html.escape(name)}</td><td>{m['auc']:.1f}</td><td>{m['p_at_1']:.1f}</td>"
+            f"<tr><td>{html.escape(name)}</td><td>{auc}</td><td>{m['p_at_1']:.1f}</td>"
             f"<td>{m['p_at_5']:.1f}</td><td>{m['n_docs']}</td></tr>"
         )
 
@@ -158,7 +162,7 @@ def render_report(
 <h1>{html.escape(title)}</h1>
 <table>{meta_rows}</table>
 {"".join(f"<p class=warning>warning: {html.escape(w)}</p>" for w in warnings)}
-<h2>Test metrics (macro-averaged over documents, x100)</h2>
+<h2>Test metrics (macro-averaged over documents, x100; AUC &plusmn; its standard error)</h2>
 <table><tr><th>method</th><th>AUC</th><th>p@1</th><th>p@5</th><th>documents</th></tr>
 {row("model", metrics)}{row("Random", random)}</table>
 <h2>Learning curves</h2>{f'<img src="{curve}" alt="learning curves">' if curve else "<p>no history</p>"}
@@ -264,8 +268,9 @@ def report_for_run(tracking_uri: str, run_ref: str, data: str | None = None) -> 
     except (MlflowException, OSError, KeyError, ValueError) as exc:  # ValueError: corrupt JSON
         raise MmlinksError(f"cannot build a report for {run_ref}: {exc}") from exc
     m, p = run.data.metrics, run.data.params
-    metrics = {k: m.get(f"test_{k}", float("nan")) for k in ("auc", "p_at_1", "p_at_5", "n_docs")}
-    rand = {k: m.get(f"random_{k}", float("nan")) for k in ("auc", "p_at_1", "p_at_5", "n_docs")}
+    keys = ("auc", "p_at_1", "p_at_5", "n_docs", "auc_se")
+    metrics = {k: m.get(f"test_{k}", float("nan")) for k in keys}
+    rand = {k: m.get(f"random_{k}", float("nan")) for k in keys}
     data = data or p.get("data")
     try:
         cards = []

@@ -255,3 +255,22 @@ def test_build_that_keeps_nothing_fails_and_keeps_the_current_version(dataset, t
     assert f"the current version {version} (" in error and "--allow-empty" in error
     assert (out / "manifest.json").read_bytes() == before  # nothing committed
     assert sorted(p.name for p in (out / "versions").iterdir()) == [version]
+
+
+def test_train_prints_the_test_auc_with_its_standard_error(capsys):
+    """A run's AUC is read against the split's noise: `mmlinks train` says the standard error over
+    the test documents (``summarize``'s ``auc_se``), and nothing where there is none (one document)."""
+    from cli.train import show_train
+
+    result = {
+        "test": {"auc": 99.1, "p_at_1": 98.2, "p_at_5": 60.0, "n_docs": 56, "auc_se": 0.2234},
+        "random": {"auc": 50.0, "p_at_1": 30.0, "p_at_5": 40.0, "n_docs": 56, "auc_se": 3.1},
+        "best_epoch": 9,
+        "model_uri": "models:/mmlinks-ap@candidate",
+        "run_id": "r",
+        "tracking_uri": "sqlite:///x",
+    }
+    show_train(result)
+    assert "test split, 56 documents (best epoch 9; AUC standard error 0.22):" in capsys.readouterr().out
+    show_train({**result, "test": {**result["test"], "n_docs": 1, "auc_se": float("nan")}})
+    assert "test split, 1 documents (best epoch 9):" in capsys.readouterr().out

@@ -112,7 +112,9 @@ def test_evaluate_a_checkpoint_with_spread_json(data, checkpoint, tmp_path):
     assert out["n_docs"] == len(want) == 8 and out["n_skipped"] == 1 and out["split"] == "test"
     assert out["auc"] == pytest.approx(100 * np.mean([w["auc"] for w in want.values()]))
     assert out["p_at_1"] == pytest.approx(100 * np.mean([w["p_at_1"] for w in want.values()]))
-    assert set(out["random"]) == {"auc", "p_at_1", "p_at_5", "n_docs"}
+    aucs = [100 * w["auc"] for w in want.values()]
+    assert out["auc_se"] == pytest.approx(np.std(aucs, ddof=1) / np.sqrt(len(aucs)))
+    assert set(out["random"]) == {"auc", "p_at_1", "p_at_5", "n_docs", "auc_se"}
     assert out["per_doc"] == str(per_doc_file.resolve())
     rows = [json.loads(line) for line in per_doc_file.read_text().splitlines()]
     assert [r["doc_id"] for r in rows] == sorted(want)
@@ -152,6 +154,8 @@ def test_evaluate_a_model_uri_gives_the_checkpoint_figures(data, checkpoint, tmp
     model, vocab, max_tokens = load_checkpoint(checkpoint)
     want = evaluate(model, vocab, data, "test", max_tokens)
     assert f"model   {want['model']['auc']:.1f}" in text and "Random" in text
+    aucs = [100 * d["auc"] for d in want["per_doc"]]  # the AUC's noise over the split's documents
+    assert f"AUC standard error {np.std(aucs, ddof=1) / np.sqrt(len(aucs)):.2f})" in text
     assert [json.loads(line) for line in target.read_text().splitlines()] == want["per_doc"]
     assert main(args) == 0  # default file: WORKDIR/evaluations/model-test-TIME.jsonl, never overwritten
     assert main(args) == 0

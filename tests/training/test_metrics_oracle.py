@@ -97,6 +97,9 @@ def test_document_metrics_and_macro_average(doc):
     assert s["auc"] == pytest.approx(50.0)
     assert s["p_at_1"] == pytest.approx(50 * (m.p_at_1 + other.p_at_1))
     assert s["n_docs"] == 2
+    # two documents' AUC: sd(ddof=1) / sqrt(2) is half their difference (x100)
+    assert s["auc_se"] == pytest.approx(50 * abs(m.auc - other.auc))
+    assert np.isnan(summarize([m])["auc_se"]) and np.isnan(summarize([])["auc_se"])
 
 
 def test_constant_scores_get_the_link_rate_not_the_first_cell():

@@ -68,6 +68,9 @@ def test_a_flat_within_document_signal_shows_as_a_warning_with_its_curve():
     assert "<p class=warning>warning: the within-document signal stayed &lt;flat&gt;</p>" in page
     assert "data:image/png;base64," in page  # the curve, with the gap, rendered
     assert "class=warning" not in render_report("t", m, m, history, [], [], {})
+    # the AUC with its standard error where the summary has one (none here: no `auc_se`)
+    assert "<td>51.0 &plusmn; 0.25</td>" in render_report("t", {**m, "auc_se": 0.251}, m, history, [], [], {})
+    assert "&plusmn; nan" not in page and "<td>51.0</td>" in page
     # the link structure (--select-by val_structure's signal) is drawn where it was logged
     structure = [{**h, "val_structure": 0.1 * h["epoch"]} for h in history]
     assert learning_curve_png(history) == learning_curve_png(history) != learning_curve_png(structure)
