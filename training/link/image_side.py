@@ -325,12 +325,13 @@ def choose(
     total = sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths)
     docs = min(TRIAL_DOCS, total)
     # A first round of trial_epochs; the bag (the floor: another text encoder too, not another image
-    # side) is not taken on its evidence alone: where it would be, the candidates train again for the
-    # run's epochs, as too few steps are not evidence. By chance: no candidate beats it yet (400
-    # documents of issue #33's looks linked nothing in 3 epochs); by a tie: on 400 documents of 2-3
-    # images the bag tied balanced + dropout after 3 epochs, 77.6 AUC, where balanced + dropout in
-    # full reached 96.3 (and the second round balanced, 95.4). A tie between GRU sides is decided
-    # after the first round: a second round there changed 0.0, +1.1, 0.0, +1.5 AUC at 2.1-3.2x the time.
+    # side, and without the GRU's warm-up, so ahead in brief trials) is never taken on them: where the
+    # first round would take it, the candidates train again for the run's epochs, as too few steps are
+    # not evidence. By chance: no candidate beats it yet (400 documents of issue #33's looks linked
+    # nothing in 3 epochs); by a tie: on 400 documents of 2-3 images the bag tied balanced + dropout
+    # after 3 epochs, 77.6 AUC, where balanced + dropout in full reached 96.3 (the second round took
+    # balanced, 95.4); on top. A tie between GRU sides is decided by the first round: a second round
+    # there changed 0.0, +1.1, +1.5, 0.0 AUC at 2.1-3.2x the time (docs/benchmarks-linking-outside.md).
     first = trial_epochs(cfg.epochs)
     # no validation document of 3 sentences and 3 images (all of 2): no trial could be scored, none is
     # trained; none is kept (pick)
@@ -358,11 +359,11 @@ def choose(
             }
             per_doc = _run_trials(jobs_args, jobs, docs * epochs)
             unmeasured = all(mean_score(v) is None for v in per_doc.values())  # longer trials cannot either
-            linking = any(map(beats_chance, per_doc.values()))
-            if unmeasured or (linking and pick(per_doc) != ("bag", "tied")):
+            linking, decided = any(map(beats_chance, per_doc.values())), pick(per_doc)
+            if unmeasured or (linking and decided.name != "bag"):
                 break
-            why = "the bag tied with the top" if linking else "no candidate linking"
-            more = f", {why} after {first} epochs: on to"
+            why = "the bag tied with the top" if decided.reason == "tied" else "the bag on top"
+            more = f", {why if linking else 'no candidate linking'} after {first} epochs: on to"
         name, reason = pick(per_doc)
         stage(f"image side chosen: {name}")
         overrides = dict(CANDIDATES[name])
