@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from cli.common import EPILOG, add_common, existing_dir
@@ -156,12 +157,17 @@ def show_promote(result: dict) -> None:
 
 
 def _metrics_text(metrics: dict) -> str:
-    """``{"auc": 61.23, "p_at_1": 40.0, "n_docs": 12}`` -> ``AUC 61.2, p@1 40.0 (12 documents)``."""
+    """``{"auc": 61.23, "p_at_1": 40.0, "n_docs": 12, "auc_se": 2.1}`` -> ``AUC 61.2, p@1 40.0, AUC
+    standard error 2.10 (12 documents)``; no standard error where there is none (one document)."""
     names = {"auc": "AUC", "p_at_1": "p@1", "p_at_5": "p@5", "medr": "MedR", "r10": "R@10", "r1": "R@1"}
+    names["auc_se"] = "AUC standard error"
     parts = [
-        f"{names.get(k, k)} {v:.1f}"
+        f"{names.get(k, k)} {v:.2f}" if k == "auc_se" else f"{names.get(k, k)} {v:.1f}"
         for k, v in metrics.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and not k.startswith("n_")
+        if isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and not k.startswith("n_")
+        and (k != "auc_se" or math.isfinite(v))
     ]
     counts = [f"{v} {k[2:]}" for k, v in metrics.items() if k.startswith("n_") and isinstance(v, int)]
     return ", ".join(parts) + (f" ({', '.join(counts)})" if counts else "")

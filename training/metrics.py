@@ -104,9 +104,10 @@ def document_metrics(
 
 def summarize(per_doc: list[DocMetrics]) -> dict[str, float]:
     """Macro averages x100 (each document counts once, whatever its size), and ``auc_se``: the
-    macro AUC's standard error over the documents (sample sd / sqrt(n), x100; NaN below two), so
-    that a difference between two runs on one split can be read against its noise (on the demo's
-    56 test documents 0.22: 99.1 and 99.3 are the same result)."""
+    macro AUC's standard error over the documents (sample sd / sqrt(n), x100; NaN below two): how
+    far one run's AUC could move with another draw of documents of the same kind (on the demo's 56
+    test documents 0.22: 99.1 is no evidence against 99.3). Not the noise of a difference between two
+    models on the same documents (paired: smaller, as ``pick`` reads it) nor between seeds."""
     if not per_doc:
         nan = float("nan")
         return {"auc": nan, "p_at_1": nan, "p_at_5": nan, "n_docs": 0, "auc_se": nan}

@@ -274,3 +274,12 @@ def test_train_prints_the_test_auc_with_its_standard_error(capsys):
     assert "test split, 56 documents (best epoch 9; AUC standard error 0.22):" in capsys.readouterr().out
     show_train({**result, "test": {**result["test"], "n_docs": 1, "auc_se": float("nan")}})
     assert "test split, 1 documents (best epoch 9):" in capsys.readouterr().out
+
+
+def test_a_promotions_metrics_line_names_the_standard_error():
+    from cli.models import _metrics_text
+
+    metrics = {"auc": 61.23, "p_at_1": 40.0, "n_docs": 12, "auc_se": 2.104}
+    assert _metrics_text(metrics) == "AUC 61.2, p@1 40.0, AUC standard error 2.10 (12 docs)"
+    one = {"auc": 61.23, "n_docs": 1, "auc_se": float("nan")}
+    assert _metrics_text(one) == "AUC 61.2 (1 docs)"
