@@ -34,6 +34,17 @@ def _val_paths(data: Path) -> list[str]:
     return [str(p) for p in Manifest.read(data).shard_paths(data, "val")]
 
 
+def _choose_ten_epochs(data: Path, trial, stages: list[str]):
+    """``choose`` for a 10-epoch run on ``data``, its stage lines appended to ``stages``."""
+    return choose(
+        TrainConfig(data=str(data), epochs=10),
+        _train_paths(data),
+        _val_paths(data),
+        trial,
+        stage=stages.append,
+    )
+
+
 @pytest.fixture(scope="module")
 def looked(dataset, tmp_path_factory):
     from pipelines.image_look import blend_look
@@ -174,13 +185,7 @@ def test_where_the_trials_ran_the_runs_epochs_the_run_keeps_the_last_epoch_they_
     measured = iter([chance] * 4 + [_docs(m) for m in (0.4, 0.1, 0.1, 0.2)])
     monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
     stages = []  # what the epoch bar shows meanwhile (the run's mmlinks.stage tag)
-    choice = choose(
-        TrainConfig(data=str(dataset), epochs=10),
-        _train_paths(dataset),
-        _val_paths(dataset),
-        trial,
-        stage=stages.append,
-    )
+    choice = _choose_ten_epochs(dataset, trial, stages)
     assert trained == [3] * 4 + [10] * 4 and choice.trial_epochs == 10
     assert stages == [
         "choosing the image side: 4 candidates x 3 epochs",
@@ -249,13 +254,7 @@ def test_the_bag_is_never_taken_after_the_first_round(dataset, monkeypatch, seco
     measured = iter(first + later.get(second, []))
     monkeypatch.setattr(side_mod, "criterion", lambda *a: next(measured))
     stages = []
-    choice = choose(
-        TrainConfig(data=str(dataset), epochs=10),
-        _train_paths(dataset),
-        _val_paths(dataset),
-        trial,
-        stage=stages.append,
-    )
+    choice = _choose_ten_epochs(dataset, trial, stages)
     if second == "a gru side tied":
         assert trained == [3] * 4 and (choice.name, choice.reason, choice.trial_epochs) == ("none", "tied", 3)
         return
