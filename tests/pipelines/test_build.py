@@ -231,8 +231,14 @@ def test_a_killed_build_resumes_without_repeating_work(corpus, dataset, tmp_path
     out = tmp_path / "out"
     cmd = [str(Path(sys.executable).parent / "mmlinks"), "data", "build", "--input", str(corpus)]
     cmd += ["--out", str(out), "--split", "0.6,0.2,0.2", "--batch-size", "8"]
+    tmp = tmp_path / "child-tmp"  # a SIGKILL skips the cleanup of the temporary folder Beam makes
+    tmp.mkdir()
     proc = subprocess.Popen(
-        cmd, env=venv_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        cmd,
+        env=venv_env(TMPDIR=str(tmp)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     cached = []
     deadline = time.time() + 300
