@@ -61,6 +61,8 @@ def best_time(fn, repeats: int) -> tuple[float, object]:
 def bench_beam(n_docs: int, t: int, rng: np.random.Generator) -> dict:
     import apache_beam as beam
 
+    from pipelines.direct_runner import DirectRunner
+
     docs, owner, hashes = [], [], []
     for k in range(n_docs):
         imgs = rng.integers(0, 2**64, int(rng.integers(1, 5)), dtype=np.uint64)
@@ -85,7 +87,7 @@ def bench_beam(n_docs: int, t: int, rng: np.random.Generator) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        with beam.Pipeline(runner="DirectRunner") as p:
+        with beam.Pipeline(runner=DirectRunner()) as p:
             (
                 p
                 | beam.Create(docs)

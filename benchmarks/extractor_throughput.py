@@ -89,8 +89,8 @@ def beam_run(ext, base: list, n: int, batch_size: int, device: str = "cpu") -> t
     import apache_beam as beam
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.ml.inference.base import RunInference
-    from apache_beam.options.pipeline_options import PipelineOptions
 
+    from pipelines.direct_runner import DirectRunner
     from pipelines.inference import model_handler
 
     k = len(base)
@@ -100,7 +100,7 @@ def beam_run(ext, base: list, n: int, batch_size: int, device: str = "cpu") -> t
             raise RuntimeError(f"counted {total} results, expected {n}")
 
     t0 = time.perf_counter()
-    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
+    p = beam.Pipeline(runner=DirectRunner())
     _ = (
         p
         | "Keys" >> beam.Create(range(n))

@@ -33,9 +33,12 @@ DIRECT, DATAFLOW, FLINK, SPARK, DASK = (
     "DaskRunner",
 )
 KNOWN_RUNNERS = (DIRECT, DATAFLOW, FLINK, SPARK, DASK)
-# Beam's DaskRunner with the translation the graphs need (pipelines/dask_runner.py says why);
-# named by path so that this module stays cheap to import (the CLI's parser reads it).
+# Beam's DaskRunner with the translation the graphs need (pipelines/dask_runner.py says why) and
+# Beam's DirectRunner that downloads nothing (pipelines/direct_runner.py); named by path so that
+# this module stays cheap to import (the CLI's parser reads it).
 DASK_RUNNER_PATH = "pipelines.dask_runner.DaskRunner"
+DIRECT_RUNNER_PATH = "pipelines.direct_runner.DirectRunner"
+RUNNER_PATHS = {DASK: DASK_RUNNER_PATH, DIRECT: DIRECT_RUNNER_PATH}
 ENVIRONMENT_TYPES = ("DOCKER", "PROCESS", "EXTERNAL", "LOOPBACK")
 
 # GPU workers for feature extraction on Dataflow (one T4 per worker, driver installed by Dataflow).
@@ -135,7 +138,9 @@ def pipeline_options(
                 raise MmlinksError(
                     f"pass the runner once, with --runner ({name}), not in the Beam options ({a})"
                 )
-    args = [f"--runner={DASK_RUNNER_PATH if name == DASK else name}", *beam_args]
+    # the same runner named again in beam_args: dropped, or Beam would take its own class by name
+    beam_args = [a for a in beam_args if not a.startswith("--runner=")]
+    args = [f"--runner={RUNNER_PATHS.get(name, name)}", *beam_args]
     if job_name and not _given(beam_args, "job_name"):
         args.append(f"--job_name={dataflow_job_name(job_name) if name == DATAFLOW else job_name}")
     if direct_workers is not None:

@@ -318,6 +318,22 @@ def fresh_tracking_uri():
     _restore_mlflow_uris(state)
 
 
+_PRISM = "apache_beam.runners.portability.prism_runner"  # imported by Beam only to try Prism
+
+
+@pytest.fixture(autouse=True)
+def no_prism_download():
+    """Fails the test in which Beam first tried its Prism runner: Beam's own DirectRunner offers a
+    graph to Prism, a binary it downloads from GitHub at run time, and the suite reaches no network.
+    Every graph here runs on mmlinks' DirectRunner (pipelines/direct_runner.py), which never does."""
+    import sys
+
+    tried_before = _PRISM in sys.modules
+    yield
+    if not tried_before and _PRISM in sys.modules:
+        pytest.fail("Beam tried to download its Prism runner: run the graph on pipelines.direct_runner")
+
+
 @pytest.fixture(autouse=True)
 def fresh_cli_stdout():
     """Each test's in-process CLI calls start as a fresh process's would: ``--json`` keeps the

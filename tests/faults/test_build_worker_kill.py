@@ -161,10 +161,11 @@ def test_an_http_connection_reset_in_a_fetch_is_not_a_lost_worker(serve, fault_s
     import apache_beam as beam
 
     from pipelines.build import worker_lost
+    from pipelines.direct_runner import DirectRunner
 
     server = serve(_reset_mid_body)
     with pytest.raises(Exception) as err:
-        with beam.Pipeline() as p:
+        with beam.Pipeline(runner=DirectRunner()) as p:
             _ = p | beam.Create([server.url("/a.jpg")]) | beam.Map(_fetch)
     chain, exc = [], err.value
     while exc is not None:

@@ -295,6 +295,8 @@ def test_beam_handler_batches_and_results_do_not_depend_on_batching():
     from apache_beam.ml.inference.base import RunInference
     from apache_beam.testing.util import assert_that, equal_to
 
+    from pipelines.direct_runner import DirectRunner
+
     ext = get_extractor("grid-lite0", grid=3)
     images = dict(enumerate(_noise_images(11)))
     model = ext.load_model()
@@ -306,7 +308,7 @@ def test_beam_handler_batches_and_results_do_not_depend_on_batching():
     expected = [(k, signature(ext.extract([im], model=model)[0])) for k, im in images.items()]
     handler = model_handler(ext, "cpu", batch_size=8)
     assert handler.batch_elements_kwargs() == {"min_batch_size": 8, "max_batch_size": 8}
-    with beam.Pipeline(runner="DirectRunner") as p:
+    with beam.Pipeline(runner=DirectRunner()) as p:
         out = (
             p
             | beam.Create(sorted(images))

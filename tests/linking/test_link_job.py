@@ -14,6 +14,7 @@ import pytest
 from cli.main import main
 from linking.config import LinkConfig
 from linking.job import link_documents
+from pipelines.direct_runner import DirectRunner
 from schemas.document import ImageRecord
 from schemas.links import LinkManifest
 from schemas.manifest import Manifest, ShardInfo
@@ -139,7 +140,7 @@ def test_unlinkable_documents_go_to_the_dead_letter_with_a_reason(dataset, link_
         "shards": [("versions/v/test-00000-000.parquet", "t.parquet")],
     }
     staging = open_staging(cfg.out)
-    with TestPipeline() as p:
+    with TestPipeline(runner=DirectRunner()) as p:
         link_pipeline(p, cfg, job, staging)
     rows = read_links([Path(staging) / "shards" / s.path for s in read_shard_index(staging)]).to_pylist()
     assert sorted(r["doc_id"] for r in rows) == sorted(d.doc_id for d in good)

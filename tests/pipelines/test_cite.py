@@ -9,6 +9,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
+from pipelines.direct_runner import DirectRunner
 from pipelines.records import DEAD_LETTER
 from pipelines.sources import get_spec
 from pipelines.sources.cite import RELATIONS, ReadCite, clean_text, parse_cite_csv, recipe_of
@@ -61,7 +62,7 @@ def test_beam_transform_joins_recipeqa_images(tmp_path):
     assert spec.relations(ctx) == list(RELATIONS)
     with pytest.raises(MmlinksError, match="recipeqa=DIR"):
         spec.check(spec.context(str(FIXTURE), {}, str(tmp_path / "state")))
-    with beam.Pipeline() as p:
+    with beam.Pipeline(runner=DirectRunner()) as p:
         out = p | ReadCite(str(FIXTURE), str(root))
         assert_that(
             out.documents | beam.Map(lambda d: (d.doc_id, Path(d.image_uris[0]).parent.parent.name)),

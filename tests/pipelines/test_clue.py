@@ -8,6 +8,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
+from pipelines.direct_runner import DirectRunner
 from pipelines.records import DEAD_LETTER, RawDocument
 from pipelines.sources import get_spec
 from pipelines.sources.clue import RELATIONS, ReadClue, hosts_of, parse_clue_csv
@@ -52,7 +53,7 @@ def test_spec_vocabulary_hosts_and_beam_transform(tmp_path):
     spec.check(ctx)
     assert spec.relations(ctx) == list(RELATIONS)
     assert hosts_of(str(FIXTURES)) == {"img.example-cdn.org", "media.example.net"}
-    with beam.Pipeline() as p:
+    with beam.Pipeline(runner=DirectRunner()) as p:
         out = p | ReadClue(str(FIXTURES))
         assert_that(
             out.documents | beam.Map(lambda d: d.doc_id),

@@ -175,6 +175,7 @@ def test_the_synthetic_build_keeps_the_generators_splits(tmp_path):
     from apache_beam.testing.util import assert_that, equal_to
 
     from pipelines.build_config import BuildConfig
+    from pipelines.direct_runner import DirectRunner
     from pipelines.graph import assign_splits
     from pipelines.records import DEAD_LETTER
     from pipelines.sources.synthetic import ReadSyntheticCorpus
@@ -191,7 +192,7 @@ def test_the_synthetic_build_keeps_the_generators_splits(tmp_path):
     build = BuildConfig(
         source="synthetic", input=str(tmp_path), out=str(tmp_path / "ds"), split_sizes={"test": 1}
     )
-    with beam.Pipeline() as p:
+    with beam.Pipeline(runner=DirectRunner()) as p:
         read = p | ReadSyntheticCorpus(str(tmp_path))
         docs = read.documents | beam.Map(lambda d: {"doc_id": d.doc_id, "split": d.split})
         split = assign_splits(docs, build) | beam.Map(lambda d: (d["doc_id"], d["split"]))

@@ -17,6 +17,7 @@ from PIL import Image
 import pipelines.near_duplicates as near_duplicates
 from features.images import phash64
 from pipelines.dedupe import DuplicateVerdict, FindDuplicateDocuments, document_order
+from pipelines.direct_runner import DirectRunner
 from pipelines.near_duplicates import (
     TWO_LEVEL_MIN_GROUP,
     _argsort_u64,
@@ -351,7 +352,7 @@ def oracle(docs: list[dict], t: int, policy: str, min_bits: int = 8) -> list[Dup
 
 def run_both_policies(docs: list[dict], t: int = 3, min_bits: int = 8):
     """One DirectRunner pipeline, both policies; returns the counters of the drop_all branch."""
-    p = beam.Pipeline(runner="DirectRunner")
+    p = beam.Pipeline(runner=DirectRunner())
     pc = p | beam.Create(docs)
     for policy in ("drop_all", "keep_first"):
         got = pc | f"Find_{policy}" >> FindDuplicateDocuments(threshold=t, policy=policy, min_bits=min_bits)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.crawl_state import CrawlState
+from pipelines.direct_runner import DirectRunner
 from pipelines.records import DEAD_LETTER, DeadLetter, RawDocument
 from pipelines.sources import get_spec
 from pipelines.sources.http_options import policy_from_context
@@ -808,7 +809,7 @@ def _run_diy(ctx, posts: list[dict], check_docs, check_dead) -> None:
     from pipelines.sources.base import source_outputs
     from pipelines.sources.diy import ReadDiy
 
-    with beam.Pipeline(runner="DirectRunner") as p:
+    with beam.Pipeline(runner=DirectRunner()) as p:
         docs, dead = source_outputs(p | ReadDiy(ctx, candidates=_Posts(posts)))
         assert_that(docs, check_docs, label="Docs")
         assert_that(dead, check_dead, label="Dead")
@@ -886,7 +887,7 @@ def test_read_diy_repairs_lone_surrogates_and_counts_them(tmp_path):
         def check_docs(docs):
             assert [d.sentences for d in docs] == [SURROGATES_WANT]
 
-        p = beam.Pipeline(runner="DirectRunner")
+        p = beam.Pipeline(runner=DirectRunner())
         docs, _dead_letters = source_outputs(p | ReadDiy(ctx, candidates=_Posts(posts)))
         assert_that(docs, check_docs)
         result = p.run()
@@ -931,7 +932,7 @@ def test_read_diy_from_a_reddit_dump(tmp_path):
             got = {(d.kind, d.source_id, d.reason) for d in dead}
             assert ("document", "diy-aaa3", "album_not_found") in got
 
-        with beam.Pipeline(runner="DirectRunner") as p:
+        with beam.Pipeline(runner=DirectRunner()) as p:
             docs, dead = source_outputs(p | get_spec("diy").make(ctx))
             assert_that(docs, check_docs, label="Docs")
             assert_that(dead, check_dead, label="Dead")

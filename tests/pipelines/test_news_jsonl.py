@@ -13,6 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipelines.direct_runner import DirectRunner
 from pipelines.news_corpus import FILLER, GLUE, LEXICON, NEARBY, NewsSynthConfig, generate_article, translate
 from pipelines.records import DEAD_LETTER, RawDocument
 from pipelines.sources import get_spec
@@ -138,7 +139,7 @@ def test_read_news_jsonl_graph(tmp_path):
     (tmp_path / "export.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe\n")
     spec = get_spec("news-jsonl")
     ctx = spec.context(str(tmp_path), {"languages": "de", "split": "ratio"}, str(tmp_path / "state"))
-    with TestPipeline() as p:
+    with TestPipeline(runner=DirectRunner()) as p:
         out = p | ReadNewsJsonl(ctx)
         ids = out["documents"] | beam.Map(
             lambda d: (d.doc_id, tuple(d.sentences), isinstance(d, RawDocument))
@@ -168,7 +169,7 @@ def test_goodnews_members_become_news_samples():
     assert list(stream_members(['{"a": 1, "b": {"c": [2]}}'])) == [("a", 1), ("b", {"c": [2]})]
     spec = get_spec("goodnews")
     ctx = spec.context(str(root), {}, str(root / "state"))
-    with TestPipeline() as p:
+    with TestPipeline(runner=DirectRunner()) as p:
         out = p | ReadGoodNews(ctx)
         docs = out["documents"] | beam.Map(
             lambda d: (d.doc_id, tuple(d.metadata[k] for k in ("news_sources", "date")))
@@ -276,7 +277,7 @@ def test_wit_rows_become_news_samples_grouped_by_page(tmp_path):
     spec = get_spec("wit")
     ctx = spec.context(str(tmp_path / "wit"), {"languages": "de,fr"}, str(tmp_path / "state"))
     de = page_key({"language": "de", "page_url": DE_PAGE})
-    with TestPipeline() as p:
+    with TestPipeline(runner=DirectRunner()) as p:
         out = p | ReadWit(ctx)
         docs = out["documents"] | beam.Map(
             lambda d: (

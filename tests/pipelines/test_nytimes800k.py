@@ -15,6 +15,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipelines.direct_runner import DirectRunner
 from pipelines.records import DEAD_LETTER, RawDocument
 from pipelines.sources import get_spec
 from pipelines.sources.news_jsonl import SplitRule
@@ -116,7 +117,7 @@ def test_any_line_gives_samples_or_reasoned_dead_letters(line, rule):
 def test_read_nytimes800k_graph_on_the_fixture():
     spec = get_spec("nytimes800k")
     ctx = spec.context(str(ROOT), {}, str(ROOT / "state"))
-    with TestPipeline() as p:
+    with TestPipeline(runner=DirectRunner()) as p:
         out = p | ReadNYTimes800k(ctx)
         docs = out["documents"] | beam.Map(
             lambda d: (d.doc_id, d.metadata["news_sources"], d.metadata["date"], d.split)

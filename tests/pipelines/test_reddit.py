@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from pipelines import fileio
 from pipelines.crawl_state import CrawlState
+from pipelines.direct_runner import DirectRunner
 from pipelines.records import COUNTS_NAMESPACE, DEAD_LETTER, DROPPED_NAMESPACE
 from pipelines.sources import reddit as rd
 from pipelines.sources.base import SourceContext
@@ -43,7 +44,7 @@ def ctx_for(input_uri, tmp_path: Path, **options: str) -> SourceContext:
 def run_reader(ctx: SourceContext, tmp_path: Path, **kwargs):
     """Run ReadCandidatePosts; returns (posts by id, dead letters, counters by name)."""
     out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
-    p = beam.Pipeline(runner="DirectRunner")
+    p = beam.Pipeline(runner=DirectRunner())
     res = p | rd.ReadCandidatePosts(ctx, **kwargs)
     assert set(res) == {"posts", DEAD_LETTER}
     (

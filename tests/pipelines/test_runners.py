@@ -26,6 +26,7 @@ from apache_beam.options.pipeline_options import (
 from pipelines.runners import (
     DATAFLOW_GPU_ARGS,
     DATAFLOW_GPU_SERVICE_OPTION,
+    DIRECT_RUNNER_PATH,
     KNOWN_RUNNERS,
     advisories,
     canonical_runner,
@@ -42,7 +43,7 @@ DATAFLOW_REQUIRED = ["--project=proj", "--region=europe-west4", "--temp_location
 
 def test_direct_runner_defaults_and_workers():
     opts = pipeline_options("DirectRunner", ["--save_main_session"])
-    assert opts.view_as(StandardOptions).runner == "DirectRunner"
+    assert opts.view_as(StandardOptions).runner == DIRECT_RUNNER_PATH  # the one without Prism
     assert opts.view_as(SetupOptions).save_main_session is False  # always, whatever was passed
     assert opts.view_as(DirectOptions).direct_num_workers == 1
 
@@ -176,7 +177,8 @@ def test_unknown_and_conflicting_runners():
         pipeline_options("SamzaRunner", [])
     with pytest.raises(MmlinksError, match="pass the runner once"):
         pipeline_options("DirectRunner", ["--runner=DataflowRunner"])
-    assert pipeline_options("DirectRunner", ["--runner=DirectRunner"])
+    again = pipeline_options("DirectRunner", ["--runner=DirectRunner"])  # not Beam's own class by name
+    assert again.view_as(StandardOptions).runner == DIRECT_RUNNER_PATH
     assert [canonical_runner(r) for r in ("spark", "FLINKRUNNER", "Dataflow")] == [
         "SparkRunner",
         "FlinkRunner",

@@ -105,6 +105,7 @@ def test_a_bad_line_is_dead_lettered_with_its_file_and_line_number(tmp_path):
     from apache_beam.testing.test_pipeline import TestPipeline
     from apache_beam.testing.util import assert_that, equal_to
 
+    from pipelines.direct_runner import DirectRunner
     from pipelines.records import DEAD_LETTER
     from pipelines.sources.synthetic import ReadSyntheticCorpus
 
@@ -112,7 +113,7 @@ def test_a_bad_line_is_dead_lettered_with_its_file_and_line_number(tmp_path):
     lines = [json.dumps(good), "{oops", json.dumps({**good, "doc_id": "d2"}), '{"doc_id": "x"}']
     (tmp_path / "documents.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe\n")
     path = str(tmp_path / "documents.jsonl")
-    with TestPipeline() as p:
+    with TestPipeline(runner=DirectRunner()) as p:
         out = p | ReadSyntheticCorpus(str(tmp_path))
         dead = out[DEAD_LETTER] | beam.Map(lambda d: (d.source_id, d.reason, "the line starts" in d.detail))
         want = [(f"{path}:2", "malformed_record", True), (f"{path}:4", "malformed_record", True)]

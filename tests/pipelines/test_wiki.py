@@ -15,6 +15,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.direct_runner import DirectRunner
 from pipelines.records import COUNTS_NAMESPACE, DROPPED_NAMESPACE, DeadLetter, RawDocument
 from pipelines.sources import get_spec, source_outputs
 from pipelines.sources.wiki.common import HARD_MAX_SENTENCES
@@ -238,7 +239,7 @@ def test_html_to_text_keeps_paragraphs_only():
 def run_source(ctx, out_dir: Path, *, options: PipelineOptions | None = None):
     """(documents, dead letters, counters) of one DirectRunner run of the wiki source."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    p = beam.Pipeline(runner="DirectRunner", options=options)
+    p = beam.Pipeline(runner=DirectRunner(), options=options)
     d, dl = source_outputs(p | SPEC.make(ctx))
     for name, pcoll in (("docs", d), ("dead", dl)):
         _ = (
