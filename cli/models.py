@@ -158,7 +158,7 @@ def show_promote(result: dict) -> None:
 
 def _metrics_text(metrics: dict) -> str:
     """``{"auc": 61.23, "p_at_1": 40.0, "n_docs": 12, "auc_se": 2.1}`` -> ``AUC 61.2, p@1 40.0, AUC
-    standard error 2.10 (12 documents)``; no standard error where there is none (one document)."""
+    standard error 2.10 (12 docs)``; no standard error where there is none (one document)."""
     names = {"auc": "AUC", "p_at_1": "p@1", "p_at_5": "p@5", "medr": "MedR", "r10": "R@10", "r1": "R@1"}
     names["auc_se"] = "AUC standard error"
     parts = [
