@@ -3,8 +3,9 @@ command run once with pytest's JUnit report, its tests' times summed per file an
 
 A test's time is pytest's setup + call + teardown, so a module fixture counts in its file's first
 test. Two xdist workers run files side by side: the files' times add up to about twice the wall
-time when both stay busy. Prints one JSON object (the ``--top`` longest files); docs/benchmarks.md
-("Test suite") holds the figures::
+time when both stay busy; a file's time includes its waits for a session fixture another worker
+builds. ``folders`` sums the files directly in each folder. Prints one JSON object (the ``--top``
+longest files); docs/benchmarks.md ("Test suite") holds the figures::
 
     python benchmarks/suite_profile.py               # runs `MMLINKS_CI=1 make test`, ~27 min on 2 cores
     python benchmarks/suite_profile.py --junit F.xml # reads the report of a run made before
@@ -29,7 +30,10 @@ COMMAND = ["make", "test"]  # the README's test command, with MMLINKS_CI=1 as .c
 
 def file_of(classname: str, root: Path = ROOT) -> str:
     """The test file of a JUnit ``classname``: ``tests.a.test_b`` or ``tests.a.test_b.TestC``
-    -> ``tests/a/test_b.py`` (the longest dotted prefix that is a file under ``root``)."""
+    -> ``tests/a/test_b.py`` (the longest dotted prefix that is a file under ``root``); a report
+    entry of no test (a module skipped or failing at collection) has no class name."""
+    if not classname:
+        return "(collection)"
     parts = classname.split(".")
     for n in range(len(parts), 0, -1):
         path = "/".join(parts[:n]) + ".py"
@@ -55,7 +59,7 @@ def profile(junit: Path, root: Path = ROOT, top: int = 15) -> dict:
         outcomes[outcome(case)] += 1
     folders: dict[str, float] = defaultdict(float)
     for path, times in files.items():
-        folders[path.rsplit("/", 1)[0] if "/" in path else "."] += sum(times)
+        folders[path.rsplit("/", 1)[0] if "/" in path else path] += sum(times)
     rows = sorted(
         ({"file": f, "seconds": round(sum(t), 1), "tests": len(t)} for f, t in files.items()),
         key=lambda r: -r["seconds"],

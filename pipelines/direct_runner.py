@@ -10,15 +10,20 @@ or the BundleBasedDirectRunner for a graph the FnApiRunner cannot run."""
 
 from __future__ import annotations
 
-from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner
+from apache_beam.runners.direct import direct_runner as beam_direct
 
 RUNNER_PATH = f"{__name__}.DirectRunner"  # what --runner names for Beam
 
 
-class DirectRunner(SwitchingDirectRunner):
-    """Beam's DirectRunner (``SwitchingDirectRunner``) that never tries Prism (module docstring).
+class SwitchingDirectRunner(beam_direct.SwitchingDirectRunner):
+    """Beam's DirectRunner that never tries Prism (module docstring).
 
-    Beam skips Prism for an interactive pipeline and reads this flag nowhere else (2.77);
-    ``tests/pipelines/test_direct_runner.py`` fails if a Beam upgrade changes that."""
+    Beam skips Prism for an interactive pipeline and reads this flag nowhere else (2.77). The class
+    keeps Beam's name: ``Pipeline.run`` skips its runner-API round trip (every transform pickled,
+    the graph rebuilt from its proto) only for a runner of that name. tests/pipelines/
+    test_direct_runner.py fails if a Beam upgrade changes either."""
 
     _is_interactive = True
+
+
+DirectRunner = SwitchingDirectRunner  # as Beam names its own

@@ -182,10 +182,12 @@ def new_pipeline():
     when it is built and removes it only in ``run()``, so those folders are removed here."""
     import apache_beam as beam
 
+    from pipelines.direct_runner import DirectRunner
+
     made: list = []
 
     def make():
-        made.append(beam.Pipeline())
+        made.append(beam.Pipeline(runner=DirectRunner()))
         return made[-1]
 
     yield make
@@ -318,19 +320,30 @@ def fresh_tracking_uri():
     _restore_mlflow_uris(state)
 
 
-_PRISM = "apache_beam.runners.portability.prism_runner"  # imported by Beam only to try Prism
+_PRISM_TRIES: list[str] = []  # the tests in which Beam tried to start Prism
+
+
+@pytest.fixture(autouse=True, scope="session")
+def refuse_prism():
+    """Beam's Prism job server fails before its download and says which test tried: Beam's own
+    DirectRunner offers a graph to Prism, a binary it downloads from GitHub at run time, and the
+    suite reaches no network (Beam then falls back quietly, so ``no_prism_download`` fails the test).
+    Every graph here runs on mmlinks' DirectRunner (pipelines/direct_runner.py), which never tries."""
+    from apache_beam.runners.portability import prism_runner
+
+    def refuse(self):
+        _PRISM_TRIES.append(os.environ.get("PYTEST_CURRENT_TEST", "?"))
+        raise RuntimeError("the test suite reaches no network: Prism is not downloaded")
+
+    prism_runner.PrismJobServer.start = refuse
 
 
 @pytest.fixture(autouse=True)
-def no_prism_download():
-    """Fails the test in which Beam first tried its Prism runner: Beam's own DirectRunner offers a
-    graph to Prism, a binary it downloads from GitHub at run time, and the suite reaches no network.
-    Every graph here runs on mmlinks' DirectRunner (pipelines/direct_runner.py), which never does."""
-    import sys
-
-    tried_before = _PRISM in sys.modules
+def no_prism_download(refuse_prism):
+    """Fails the test in which Beam tried to start Prism (``refuse_prism``)."""
+    tried = len(_PRISM_TRIES)
     yield
-    if not tried_before and _PRISM in sys.modules:
+    if len(_PRISM_TRIES) > tried:
         pytest.fail("Beam tried to download its Prism runner: run the graph on pipelines.direct_runner")
 
 

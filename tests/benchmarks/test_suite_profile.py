@@ -86,6 +86,7 @@ def test_a_class_name_maps_to_its_file_and_the_list_is_cut_at_top(report):
     root, junit = report
     assert suite_profile.file_of("tests.b.test_two.TestGroup", root) == "tests/b/test_two.py"
     assert suite_profile.file_of("tests.b.test_two", root) == "tests/b/test_two.py"
+    assert suite_profile.file_of("", root) == "(collection)"  # a module skipped at collection
     assert len(suite_profile.profile(junit, root=root, top=1)["files"]) == 1
 
 
