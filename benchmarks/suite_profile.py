@@ -5,10 +5,11 @@ A test's time is pytest's setup + call + teardown, so a module fixture counts in
 test. Two xdist workers run files side by side: the files' times add up to about twice the wall
 time when both stay busy; a file's time includes its waits for a session fixture another worker
 builds. ``folders`` sums the files directly in each folder. Prints one JSON object (the ``--top``
-longest files); docs/benchmarks.md ("Test suite") holds the figures::
+longest files and tests); docs/benchmarks.md ("Test suite") holds the figures::
 
     python benchmarks/suite_profile.py               # runs `MMLINKS_CI=1 make test`, ~27 min on 2 cores
     python benchmarks/suite_profile.py --junit F.xml # reads the report of a run made before
+    python benchmarks/suite_profile.py --keep F.xml  # runs it and keeps its report
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,11 +53,15 @@ def outcome(case: ET.Element) -> str:
 
 
 def profile(junit: Path, root: Path = ROOT, top: int = 15) -> dict:
-    """Per-file and per-folder sums of a JUnit report's test times, longest first."""
+    """Per-file and per-folder sums of a JUnit report's test times, and the longest tests, longest
+    first."""
     files: dict[str, list[float]] = defaultdict(list)
     outcomes: dict[str, int] = defaultdict(int)
+    tests: list[tuple[float, str]] = []
     for case in ET.parse(junit).getroot().iter("testcase"):
-        files[file_of(case.get("classname", ""), root)].append(float(case.get("time", 0.0)))
+        path, seconds = file_of(case.get("classname", ""), root), float(case.get("time", 0.0))
+        files[path].append(seconds)
+        tests.append((seconds, f"{path}::{case.get('name', '')}"))
         outcomes[outcome(case)] += 1
     folders: dict[str, float] = defaultdict(float)
     for path, times in files.items():
@@ -70,6 +76,7 @@ def profile(junit: Path, root: Path = ROOT, top: int = 15) -> dict:
         "test_seconds": round(sum(r["seconds"] for r in rows), 1),
         "folders": {k: round(v, 1) for k, v in sorted(folders.items(), key=lambda kv: -kv[1])},
         "files": rows[:top],
+        "longest_tests": [{"test": t, "seconds": round(x, 1)} for x, t in sorted(tests, reverse=True)[:top]],
     }
 
 
@@ -95,7 +102,8 @@ def run_suite(junit: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--junit", type=Path, help="a JUnit report to read instead of running the suite")
-    ap.add_argument("--top", type=int, default=15, help="how many of the longest files to list")
+    ap.add_argument("--top", type=int, default=15, help="how many of the longest files and tests to list")
+    ap.add_argument("--keep", type=Path, help="also keep the run's JUnit report here (for per-test detail)")
     args = ap.parse_args(argv)
     if args.junit is not None:
         if not args.junit.is_file():
@@ -109,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         if not junit.is_file():
             print(f"suite_profile: the suite wrote no JUnit report ({run['summary']})", file=sys.stderr)
             return 1
+        if args.keep is not None:
+            shutil.copyfile(junit, args.keep)
         print(json.dumps({**run, **profile(junit, top=args.top)}))
     return 0 if run["returncode"] == 0 else 1
 

@@ -80,6 +80,15 @@ def test_every_test_is_counted_in_its_file_with_its_outcome(report):
     assert got["test_seconds"] == pytest.approx(cases, abs=0.1)
     assert set(got["folders"]) == {"tests/a", "tests/b"}
     assert sum(got["folders"].values()) == pytest.approx(cases, abs=0.1)
+    # the longest test first, named by file and test; its time is the longest case's
+    longest = got["longest_tests"][0]
+    assert longest["test"] == "tests/a/test_one.py::test_first"  # it sets up the module fixture
+    assert longest["seconds"] == round(
+        max(float(c.get("time")) for c in ET.parse(junit).getroot().iter("testcase")), 1
+    )
+    assert len(got["longest_tests"]) == 8 and "tests/b/test_two.py::test_param[2]" in str(
+        got["longest_tests"]
+    )
 
 
 def test_a_class_name_maps_to_its_file_and_the_list_is_cut_at_top(report):
@@ -87,7 +96,8 @@ def test_a_class_name_maps_to_its_file_and_the_list_is_cut_at_top(report):
     assert suite_profile.file_of("tests.b.test_two.TestGroup", root) == "tests/b/test_two.py"
     assert suite_profile.file_of("tests.b.test_two", root) == "tests/b/test_two.py"
     assert suite_profile.file_of("", root) == "(collection)"  # a module skipped at collection
-    assert len(suite_profile.profile(junit, root=root, top=1)["files"]) == 1
+    cut = suite_profile.profile(junit, root=root, top=1)
+    assert len(cut["files"]) == len(cut["longest_tests"]) == 1
 
 
 def test_the_command_reads_a_report_or_says_there_is_none(report, tmp_path, capsys):
