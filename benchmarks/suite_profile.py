@@ -44,6 +44,9 @@ def file_of(classname: str, root: Path = ROOT) -> str:
     return "/".join(parts) + ".py"
 
 
+OUTCOMES = ("passed", "skipped", "failed", "error")  # a test's is the worst of its report entries
+
+
 def outcome(case: ET.Element) -> str:
     """passed, skipped, failed or error: JUnit marks all but the first by a child element."""
     for tag in ("error", "failure", "skipped"):
@@ -54,15 +57,18 @@ def outcome(case: ET.Element) -> str:
 
 def profile(junit: Path, root: Path = ROOT, top: int = 15) -> dict:
     """Per-file and per-folder sums of a JUnit report's test times, and the longest tests, longest
-    first."""
+    first. A test that fails and then errors in its teardown has two report entries, each with its
+    phases' time: one test, both times, the worse outcome."""
+    tests: dict[tuple[str, str], list] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        key = (file_of(case.get("classname", ""), root), case.get("name", ""))
+        seconds, worst = tests.get(key, (0.0, "passed"))
+        tests[key] = [seconds + float(case.get("time", 0.0)), max(worst, outcome(case), key=OUTCOMES.index)]
     files: dict[str, list[float]] = defaultdict(list)
     outcomes: dict[str, int] = defaultdict(int)
-    tests: list[tuple[float, str]] = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        path, seconds = file_of(case.get("classname", ""), root), float(case.get("time", 0.0))
+    for (path, _), (seconds, result) in tests.items():
         files[path].append(seconds)
-        tests.append((seconds, f"{path}::{case.get('name', '')}"))
-        outcomes[outcome(case)] += 1
+        outcomes[result] += 1
     folders: dict[str, float] = defaultdict(float)
     for path, times in files.items():
         folders[path.rsplit("/", 1)[0] if "/" in path else path] += sum(times)
@@ -76,7 +82,10 @@ def profile(junit: Path, root: Path = ROOT, top: int = 15) -> dict:
         "test_seconds": round(sum(r["seconds"] for r in rows), 1),
         "folders": {k: round(v, 1) for k, v in sorted(folders.items(), key=lambda kv: -kv[1])},
         "files": rows[:top],
-        "longest_tests": [{"test": t, "seconds": round(x, 1)} for x, t in sorted(tests, reverse=True)[:top]],
+        "longest_tests": [
+            {"test": f"{path}::{name}", "seconds": round(seconds, 1)}
+            for (path, name), (seconds, _) in sorted(tests.items(), key=lambda kv: -kv[1][0])[:top]
+        ],
     }
 
 

@@ -47,6 +47,12 @@ class TestGroup:
 @pytest.fixture
 def broken(): raise RuntimeError("setup breaks")
 def test_error(broken): pass
+
+@pytest.fixture
+def breaks_after():
+    yield
+    raise RuntimeError("teardown breaks")
+def test_fails_then_errors(breaks_after): assert False
 """,
 }
 
@@ -69,10 +75,11 @@ def report(tmp_path_factory) -> tuple[Path, Path]:
 def test_every_test_is_counted_in_its_file_with_its_outcome(report):
     root, junit = report
     got = suite_profile.profile(junit, root=root)
-    assert got["tests"] == 8
-    assert got["outcomes"] == {"error": 1, "failed": 1, "passed": 5, "skipped": 1}
+    # a test that fails and errors in teardown has two report entries: one test, its worse outcome
+    assert got["tests"] == 9
+    assert got["outcomes"] == {"error": 2, "failed": 1, "passed": 5, "skipped": 1}
     files = {r["file"]: r for r in got["files"]}
-    assert {f: r["tests"] for f, r in files.items()} == {"tests/a/test_one.py": 4, "tests/b/test_two.py": 4}
+    assert {f: r["tests"] for f, r in files.items()} == {"tests/a/test_one.py": 4, "tests/b/test_two.py": 5}
     # the module fixture's 0.2 s is in its file's time
     assert files["tests/a/test_one.py"]["seconds"] >= 0.2
     # the files' and the folders' sums are the report's own times, to rounding
@@ -86,7 +93,7 @@ def test_every_test_is_counted_in_its_file_with_its_outcome(report):
     assert longest["seconds"] == round(
         max(float(c.get("time")) for c in ET.parse(junit).getroot().iter("testcase")), 1
     )
-    assert len(got["longest_tests"]) == 8 and "tests/b/test_two.py::test_param[2]" in str(
+    assert len(got["longest_tests"]) == 9 and "tests/b/test_two.py::test_param[2]" in str(
         got["longest_tests"]
     )
 
@@ -103,6 +110,6 @@ def test_a_class_name_maps_to_its_file_and_the_list_is_cut_at_top(report):
 def test_the_command_reads_a_report_or_says_there_is_none(report, tmp_path, capsys):
     _, junit = report
     assert suite_profile.main(["--junit", str(junit)]) == 0
-    assert json.loads(capsys.readouterr().out)["tests"] == 8
+    assert json.loads(capsys.readouterr().out)["tests"] == 9
     assert suite_profile.main(["--junit", str(tmp_path / "missing.xml")]) == 1
     assert "no JUnit report" in capsys.readouterr().err

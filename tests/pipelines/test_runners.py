@@ -24,6 +24,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines.runners import (
+    DASK_RUNNER_PATH,
     DATAFLOW_GPU_ARGS,
     DATAFLOW_GPU_SERVICE_OPTION,
     DIRECT_RUNNER_PATH,
@@ -179,6 +180,8 @@ def test_unknown_and_conflicting_runners():
         pipeline_options("DirectRunner", ["--runner=DataflowRunner"])
     again = pipeline_options("DirectRunner", ["--runner=DirectRunner"])  # not Beam's own class by name
     assert again.view_as(StandardOptions).runner == DIRECT_RUNNER_PATH
+    dask = pipeline_options("dask", ["--runner=dask"])  # the last --runner would otherwise be Beam's own
+    assert dask.view_as(StandardOptions).runner == DASK_RUNNER_PATH
     assert [canonical_runner(r) for r in ("spark", "FLINKRUNNER", "Dataflow")] == [
         "SparkRunner",
         "FlinkRunner",
