@@ -114,11 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=15, help="how many of the longest files and tests to list")
     ap.add_argument("--keep", type=Path, help="also keep the run's JUnit report here (for per-test detail)")
     args = ap.parse_args(argv)
+    if args.top < 1:
+        ap.error(f"--top must be at least 1, not {args.top}")
     if args.junit is not None:
         if not args.junit.is_file():
             print(f"suite_profile: no JUnit report at {args.junit}", file=sys.stderr)
             return 1
-        print(json.dumps({"junit": str(args.junit), **profile(args.junit, top=args.top)}))
+        try:
+            found = profile(args.junit, top=args.top)
+        except ET.ParseError as exc:  # a report cut short (a killed run) or not XML
+            print(f"suite_profile: {args.junit} is not a JUnit XML report ({exc})", file=sys.stderr)
+            return 1
+        print(json.dumps({"junit": str(args.junit), **found}))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "suite.xml"

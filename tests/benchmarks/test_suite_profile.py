@@ -113,3 +113,10 @@ def test_the_command_reads_a_report_or_says_there_is_none(report, tmp_path, caps
     assert json.loads(capsys.readouterr().out)["tests"] == 9
     assert suite_profile.main(["--junit", str(tmp_path / "missing.xml")]) == 1
     assert "no JUnit report" in capsys.readouterr().err
+    cut = tmp_path / "cut.xml"  # a report a killed run left half written
+    cut.write_text(junit.read_text()[:200])
+    assert suite_profile.main(["--junit", str(cut)]) == 1
+    assert "is not a JUnit XML report" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        suite_profile.main(["--junit", str(junit), "--top", "0"])
+    assert "--top must be at least 1" in capsys.readouterr().err
