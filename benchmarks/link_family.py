@@ -65,13 +65,15 @@ CELL_KEYS = {
     "share": "look_share",
     "noise": "feature_noise",
     "extra": "extra_sentences",
+    "unlinked": "extra_images",
 }
 
 
 def parse_cell(cell: str) -> dict:
     """``SHARING:K:MIXING:STRENGTH[:TOPIC_WORDS[:TOPIC_SKEW]][:KEY=VALUE...]`` -> corpus options;
     keys: ``images=A-B`` (images per document), ``looks=L``, ``share=F``, ``noise=S``, ``extra=N``
-    (distractor sentences a document: no image, no link)."""
+    (distractor sentences a document: no image, no link), ``unlinked=N`` (distractor images a
+    document: a digit no sentence names)."""
     keyed = [p for p in cell.split(":") if "=" in p]
     parts = [p for p in cell.split(":") if "=" not in p]
     if len(parts) not in (4, 5, 6):
@@ -91,7 +93,7 @@ def parse_cell(cell: str) -> dict:
                 low, _, high = value.partition("-")
                 out["images_min"], out["images_max"] = int(low), int(high or low)
             elif key in CELL_KEYS:
-                out[CELL_KEYS[key]] = int(value) if key in ("looks", "extra") else float(value)
+                out[CELL_KEYS[key]] = int(value) if key in ("looks", "extra", "unlinked") else float(value)
             else:
                 raise SystemExit(f"bad cell {cell!r}: unknown key {key!r} (images, {', '.join(CELL_KEYS)})")
     except ValueError as exc:

@@ -30,7 +30,13 @@ SPLIT_SHARE = {"train": 0.7, "val": 0.15, "test": 0.15}  # of the 1,797 digit bi
 MAX_IMAGES = 15  # per document: above 10 a digit repeats (at most twice)
 # Options added after corpora were published (issue #47, #60): the manifest names one only when it
 # differs from this value, so a corpus written without it keeps its bytes and version id.
-LATER_DEFAULTS = {"topic_skew": 0.0, "looks_per_topic": 1, "look_share": 1.0, "feature_noise": 0.0}
+LATER_DEFAULTS = {
+    "topic_skew": 0.0,
+    "looks_per_topic": 1,
+    "look_share": 1.0,
+    "feature_noise": 0.0,
+    "extra_images": 0,
+}
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # Real English nouns (in GloVe): a topic is two of them, so 500 topics need no invented words.
@@ -125,6 +131,12 @@ class FeatureCorpusConfig:
         help="distractor sentences per document (name the topic, no digit, no link)",
         at_least=0,
     )
+    extra_images: int = option(
+        0,
+        help="distractor images per document (a digit no sentence names, no link; the document's look), "
+        "placed among the linked ones",
+        at_least=0,
+    )
     dim: int = option(256, help="feature vector width", at_least=8)
     seed: int = option(0, help="random seed (topics, looks, documents)")
     shard_docs: int = option(10_000, help="documents per Parquet shard", at_least=1)
@@ -139,6 +151,11 @@ class FeatureCorpusConfig:
         validate(self)
         if self.images_min > self.images_max:
             raise MmlinksError(f"images_min ({self.images_min}) > images_max ({self.images_max})")
+        if self.extra_images and self.images_max + self.extra_images > 10:
+            raise MmlinksError(
+                f"images_max + extra_images ({self.images_max} + {self.extra_images}) > 10: a distractor "
+                "shows a digit no sentence of its document names"
+            )
 
 
 # ------------------------------------------------------------------------------ the features
@@ -271,15 +288,22 @@ def split_documents(world: _World, split: str, n: int) -> Iterator[dict]:
         n_img = int(rng.integers(cfg.images_min, cfg.images_max + 1))
         digits = _digits(rng, n_img)
         rows = [int(rng.choice(world.pools[split][int(d)])) for d in digits]
+        place = np.arange(n_img)  # where each linked image sits among the document's images
+        if cfg.extra_images:  # distractors: digits no sentence names, at random places among the rest
+            unnamed = extra.choice(np.setdiff1d(np.arange(10), digits), size=cfg.extra_images, replace=False)
+            rows += [int(extra.choice(world.pools[split][int(d)])) for d in unnamed]
+            order = extra.permutation(n_img + cfg.extra_images)
+            rows = [rows[int(k)] for k in order]
+            place = np.argsort(order)[:n_img]
         v = content_features(world.pixels[rows], cfg.dim)
         own = rng.normal(0, 1, cfg.dim)  # drawn always, so sharing does not shift later draws
         if cfg.feature_noise > 0:
             v = v + cfg.feature_noise * world.scale * extra.normal(0, 1, v.shape)
         if cfg.look_sharing != "none":
-            look = _image_looks(world, extra, topic, own, n_img)
+            look = _image_looks(world, extra, topic, own, len(rows))
             v = mix_look(v, look, cfg.look_mixing, cfg.look_strength, world.scale)
         sentences = [_sentence(rng, int(d), world.topic_words[topic], cfg.topic_words) for d in digits]
-        links = [(k, k) for k in range(n_img)]
+        links = [(k, int(place[k])) for k in range(n_img)]
         for _ in range(cfg.extra_sentences):
             sentences.append(_sentence(rng, None, world.topic_words[topic], cfg.topic_words))
         order = rng.permutation(len(sentences))  # sentences in a random order; links follow them

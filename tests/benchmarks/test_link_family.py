@@ -47,6 +47,7 @@ def test_the_issue_grid_is_the_issues_cells():
         "feature_noise": 1.0,
     }
     assert link_family.parse_cell("topic:40:added:4.1:extra=2")["extra_sentences"] == 2  # distractors
+    assert link_family.parse_cell("topic:40:added:4.1:unlinked=2")["extra_images"] == 2
     with pytest.raises(SystemExit, match="unknown key"):
         link_family.parse_cell("topic:40:added:4:colour=red")
     for bad in ("topic:40:added:4:extra=1.5", "topic:40:added:4:looks=x", "topic:forty:added:4"):

@@ -182,11 +182,12 @@ def test_the_options_of_issue_60_leave_earlier_corpora_byte_identical(tmp_path):
     base = dict(SMALL, seed=5, look_mixing="clipped")
     write_feature_corpus(tmp_path / "a", FeatureCorpusConfig(**base))
     write_feature_corpus(
-        tmp_path / "b", FeatureCorpusConfig(**base, looks_per_topic=1, look_share=1.0, feature_noise=0.0)
+        tmp_path / "b",
+        FeatureCorpusConfig(**base, looks_per_topic=1, look_share=1.0, feature_noise=0.0, extra_images=0),
     )
     a, b = Manifest.read(tmp_path / "a"), Manifest.read(tmp_path / "b")
     assert a.dataset_version == b.dataset_version
-    assert "looks_per_topic" not in a.build_params["feature_corpus"]
+    assert not {"looks_per_topic", "extra_images"} & set(a.build_params["feature_corpus"])
     write_feature_corpus(tmp_path / "c", FeatureCorpusConfig(**base, looks_per_topic=3))
     c = Manifest.read(tmp_path / "c")
     assert c.dataset_version != a.dataset_version and c.build_params["feature_corpus"]["looks_per_topic"] == 3
@@ -237,3 +238,39 @@ def test_above_ten_images_a_digit_repeats_at_most_twice(n_img, seed):
 def test_images_per_document_beyond_fifteen_are_refused():
     with pytest.raises(MmlinksError, match="images_max"):
         FeatureCorpusConfig(images_max=16)
+    with pytest.raises(MmlinksError, match="images_max \\+ extra_images"):  # a distractor's digit is unnamed
+        FeatureCorpusConfig(images_min=4, images_max=8, extra_images=3)
+
+
+@given(st.integers(2, 6), st.integers(1, 4), st.integers(0, 10))
+@settings(max_examples=12, deadline=None)
+def test_distractor_images_show_a_digit_no_sentence_names_and_the_links_find_the_rest(n_img, n_extra, seed):
+    """``extra_images``: each document gains unlinked images at random places; every linked
+    sentence still points at the image of the digit it names (the same image as in the corpus
+    without distractors), and no sentence names a distractor's digit."""
+    from pipelines.feature_corpus import content_features
+
+    kw = dict(SMALL, docs=8, images_min=n_img, images_max=n_img, look_sharing="none", seed=seed)
+    world = _world(FeatureCorpusConfig(**kw, extra_images=n_extra))
+    bitmaps = content_features(world.pixels, 32)  # every bitmap's features (no look, no noise)
+
+    def digit_of(f: np.ndarray) -> int:
+        gap = np.abs(bitmaps - f).max(1)
+        assert gap.min() < 1e-4  # an image is a bitmap's features (stored as float32)
+        return int(world.labels[gap.argmin()])
+
+    plain = list(split_documents(_world(FeatureCorpusConfig(**kw)), "train", 8))
+    moved = 0
+    for p, d in zip(plain, split_documents(world, "train", 8), strict=True):
+        assert len(d["features"]) == n_img + n_extra and d["sentences"] == p["sentences"]
+        shown = [digit_of(f) for f in d["features"]]
+        named = set()
+        for (s, im), (ps, pim) in zip(d["links"], p["links"], strict=True):
+            word = next(w for w in d["sentences"][s].split() if w in DIGIT_WORDS)
+            assert s == ps and DIGIT_WORDS[shown[im]] == word  # the link finds the digit it names
+            np.testing.assert_array_equal(d["features"][im], p["features"][pim])
+            named.add(shown[im])
+            moved += im != pim
+        unlinked = set(range(len(shown))) - {im for _, im in d["links"]}
+        assert len(unlinked) == n_extra and not {shown[k] for k in unlinked} & named
+    assert moved > 0  # the distractors sit among the linked images, not only after them
