@@ -272,7 +272,8 @@ def _sentence(rng: np.random.Generator, digit: int | None, topic: tuple[str, str
 
 
 def split_documents(world: _World, split: str, n: int) -> Iterator[dict]:
-    """The documents of one split, in order: {doc_id, topic, sentences, features [n_img, D], links}."""
+    """The documents of one split, in order: {doc_id, topic, sentences, features [images, D], links}
+    (``extra_images`` of the images unlinked)."""
     cfg = world.cfg
     rng = np.random.default_rng([cfg.seed, 2, ("train", "val", "test").index(split)])
     weights = np.arange(1, cfg.topics + 1, dtype=np.float64) ** -cfg.topic_skew
