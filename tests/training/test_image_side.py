@@ -134,8 +134,10 @@ def test_a_trial_is_the_candidate_briefly_in_this_process_the_last_epoch_kept(tm
         0.4,
         1.0,
     )
-    assert balanced.negatives_warmup == 1 and balanced.backbone == "gru"  # warm-up scaled: 3 of 10 -> 1 of 3
-    assert trial_config(TrainConfig(data="x", epochs=50), "none").epochs == 15
+    # the run's first 3 epochs: its warm-up of 3 as it is (mean negatives throughout), not scaled to the trial
+    assert (balanced.negatives_warmup, balanced.negatives, balanced.backbone) == (3, "hard", "gru")
+    long = trial_config(TrainConfig(data="x", epochs=50), "none")
+    assert (long.epochs, long.negatives_warmup) == (15, 3)
     assert trial_config(TrainConfig(data="x", epochs=2), "none").epochs == 2  # never more than the run
 
 
@@ -571,9 +573,8 @@ def test_a_second_round_trains_anew_with_the_runs_warm_up_and_its_pick_is_the_ru
     dataset, tmp_path, monkeypatch, winner
 ):
     """Where no candidate beat chance after the first round, each trains again from scratch for
-    the run's epochs with the run's warm-up (resuming the first round's would keep its warm-up of
-    1 epoch, scaled to 3: as a run, three looks s0 read 96.7 where the run's 3 reached 97.7), so the
-    pick's trial is the run: its folder moves to ``keep``, the first round's does not."""
+    the run's epochs with the run's warm-up, so the pick's trial is the run: its folder moves to
+    ``keep``, the first round's does not."""
     trained = []
 
     def trial(trial_cfg, limit, folder):
@@ -595,7 +596,7 @@ def test_a_second_round_trains_anew_with_the_runs_warm_up_and_its_pick_is_the_ru
         trial,
         keep=str(keep),
     )
-    assert trained == [(3, 1)] * 3 + [(3, 0)] + [(10, 3)] * 3 + [(10, 0)]
+    assert trained == [(3, 3)] * 3 + [(3, 0)] + [(10, 3)] * 3 + [(10, 0)]
     assert choice.name == winner and choice.trial_epochs == 10 and choice.trial_kept == str(keep)
     # either pick is the top score (the bag's 0 above the GRU sides' -0.1): no reason to give
     assert choice.reason == "" == choice.to_dict()["reason"] and "standard errors" not in choice.summary()
