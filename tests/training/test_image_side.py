@@ -422,8 +422,10 @@ def test_candidates_train_in_processes_of_their_own_with_the_runs_inputs(dataset
     assert choice.name in CANDIDATES and list(choice.scores) == list(CANDIDATES)
     assert len(started) == 2, started
     here = choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=1)
-    # the same scores to float rounding (the first trial of a process may sum in another order)
-    assert here.scores == pytest.approx(choice.scores, rel=1e-6) and here.name == choice.name
+    # the same scores to float rounding (the first trial of a process may sum in another order, and
+    # two epochs of training carry it on: 7e-8 apart on a score of 0.013, 5.5e-6 of it, in one suite
+    # run); the pick's noise, two standard errors, is ~1e-2
+    assert here.scores == pytest.approx(choice.scores, rel=1e-4, abs=1e-6) and here.name == choice.name
 
 
 @pytest.mark.parametrize("how", ["raises", "killed"])
