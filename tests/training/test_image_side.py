@@ -141,6 +141,43 @@ def test_a_trial_is_the_candidate_briefly_in_this_process_the_last_epoch_kept(tm
     assert trial_config(TrainConfig(data="x", epochs=2), "none").epochs == 2  # never more than the run
 
 
+def test_every_epoch_of_a_first_round_trial_pools_mean_negatives_as_the_runs_warm_up_does(dataset):
+    """The loss a trial trains on, not only its config: the run's first 3 epochs pool mean
+    negatives (its warm-up), so every epoch of a 3-epoch trial must too; the run's 4th is hard."""
+    import torch
+
+    from schemas.shards import read_table
+    from training.backbone import build_model, get_backbone
+    from training.data import TRAINING_COLUMNS, make_batch
+    from training.epoch_batches import drop_empty
+    from training.objectives.registry import objective_loss
+    from training.text import Vocabulary, embedding_matrix
+
+    run = TrainConfig(data=str(dataset), epochs=10, d_multi=16, min_word_count=1, word_vectors="random")
+    trial = trial_config(run, "none")
+    assert (trial.epochs, trial.negatives) == (3, "hard")
+    manifest = Manifest.read(dataset)
+    table, _ = drop_empty(read_table(manifest.shard_paths(dataset, "train"), columns=TRAINING_COLUMNS))
+    table = table.sort_by("doc_id").slice(0, 6)
+    vocab = Vocabulary.build([s for doc in table.column("sentences").to_pylist() for s in doc], 1)
+    emb, _ = embedding_matrix(vocab, "random", seed=0)
+    paths = manifest.shard_paths(dataset, "train")
+    model = build_model(
+        get_backbone("gru").model_config(trial, manifest, len(vocab), emb.shape[1], paths), emb
+    )
+    batch = make_batch(table, vocab, 20, np.random.default_rng(0))
+
+    def loss(cfg: TrainConfig, epoch: int) -> float:
+        with torch.no_grad():
+            return float(
+                objective_loss(model.eval(), batch, cfg, torch.Generator().manual_seed(0), epoch=epoch)[0]
+            )
+
+    mean = dataclasses.replace(trial, negatives="mean")
+    assert [loss(trial, e) for e in range(trial.epochs)] == [loss(mean, e) for e in range(trial.epochs)]
+    assert loss(run, 3) != loss(dataclasses.replace(run, negatives="mean"), 3)  # the two poolings differ here
+
+
 def test_choose_trains_every_candidate_and_keeps_the_best(dataset, monkeypatch):
     cfg = TrainConfig(data=str(dataset), epochs=10)
     trained = []  # in CANDIDATES order: balanced wins by a lead every document shows
