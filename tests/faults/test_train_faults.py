@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -71,10 +72,14 @@ def tagged(tag: str) -> dict[int, str]:
     return found
 
 
-def leftovers(tag: str, wait_s: float = 60) -> dict[int, str]:
-    """The tagged processes still alive after ``wait_s``; SIGKILLs them so none outlives the test."""
+def leftovers(tag: str, wait_s: float = 60, allowed: re.Pattern | None = None) -> dict[int, str]:
+    """The tagged processes still alive after ``wait_s``, or once only ``allowed`` ones (a
+    command line it matches: processes the test lets linger, killed here without waiting for
+    them) are; SIGKILLs them so none outlives the test."""
     deadline = time.monotonic() + wait_s
     while (left := tagged(tag)) and time.monotonic() < deadline:
+        if allowed is not None and all(allowed.match(line) for line in left.values()):
+            break
         time.sleep(0.5)
     for pid in left:
         try:
