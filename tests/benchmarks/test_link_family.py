@@ -108,6 +108,26 @@ def test_a_tiny_cell_trains_both_rows_and_prints_the_docs_table(tmp_path, monkey
     ]
 
 
+def test_the_image_centred_auc_takes_each_images_offset_off_and_nothing_else():
+    """One document, 3 sentences and 4 images (the 4th named by none): the links score 0.5, the
+    rest 0; image 3 scores 0.9 with every sentence (an offset) and image 1 gets +0.3 on all three.
+    Raw, image 3's cells outrank every link (AUC 66.7); centred per image, every link is on top."""
+    import numpy as np
+
+    from training.metrics import document_metrics
+
+    scores = np.zeros((3, 4))
+    links = [(0, 0), (1, 1), (2, 2)]
+    for s, i in links:
+        scores[s, i] = 0.5
+    scores[:, 3] = 0.9
+    scores[:, 1] += 0.3
+    raw = document_metrics("d", scores, links).auc
+    predictions = [{"doc_id": "d", "scores": scores.tolist()}, {"doc_id": "u", "scores": [[0.1, 0.2]]}]
+    assert round(100 * raw, 1) == 66.7
+    assert link_family.image_centred_auc(predictions, {"d": links, "u": None}) == 100.0
+
+
 @pytest.mark.slow
 def test_the_fit_loop_trains_the_experiments_model_and_a_rerun_resumes_from_its_jsonl(tmp_path, monkeypatch):
     """``--loop fit`` (no MLflow: the GPU image's path) scores the same model as ``mmlinks train
@@ -139,6 +159,7 @@ def test_the_fit_loop_trains_the_experiments_model_and_a_rerun_resumes_from_its_
         assert run[key] == other[key]
     # the fit loop scores validation too, the model the test scores were of
     assert 0 <= run["val_auc"] <= 100 and 0 <= run["val_p_at_1"] <= 100 and "val_auc" not in other
+    assert 0 <= run["auc_image_centred"] <= 100
     assert again["cells"]["topic:4:added:3"]["rows"]["default"][0] == run
     # another setting is another run: not reused
     assert changed["cells"]["topic:4:added:3"]["rows"]["default"][0]["auc"] == -1.0
