@@ -37,7 +37,8 @@ def trial_scores(data: str, seed: int) -> dict[str, list]:
     models = {}
 
     def trial(cfg, limit, folder):  # the choice's own trial; its model kept (a second round's replaces it)
-        models[Path(folder).name] = out = train_trial(inp, cfg, limit, folder)
+        # the choice names a trial's folder NAME-EPOCHS (its round): the candidate is what precedes the dash
+        models[Path(folder).name.rpartition("-")[0]] = out = train_trial(inp, cfg, limit, folder)
         return out
 
     image_side.choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=1)

@@ -24,7 +24,7 @@ def _load(name: str):
     return module
 
 
-_load("link_family")
+link_family = _load("link_family")
 criterion_regret = _load("criterion_regret")
 
 
@@ -86,3 +86,17 @@ def test_a_candidate_with_no_labelled_document_is_named():
     unlinked = [(np.eye(3), [])]  # a link-free document: no AUC
     with pytest.raises(SystemExit, match="candidate bag scored no labelled validation document"):
         criterion_regret.regret({"none": [(np.eye(3), [(0, 0)])], "bag": unlinked}, seed=0)
+
+
+@pytest.mark.slow
+def test_the_trials_are_read_by_candidate_name(dataset, monkeypatch):
+    """The choice names a trial's folder NAME-EPOCHS: read by folder name, every key was
+    ``none-3``-like and the regret failed on the first corpus ("x not in tuple")."""
+    from training.link.image_side import CANDIDATES
+
+    monkeypatch.setattr(
+        link_family, "BASE", {**link_family.BASE, "epochs": 2, "d_multi": 16, "min_word_count": 1}
+    )
+    kept = criterion_regret.trial_scores(str(dataset), 0)
+    assert set(kept) == set(CANDIDATES)
+    assert set(criterion_regret.regret(kept, 0)["shipped"]["means"]) == set(CANDIDATES)
