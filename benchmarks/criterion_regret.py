@@ -3,13 +3,17 @@
 Per cell and seed (``benchmarks/link_family.py``'s cells, corpora and settings), the choice of
 ``--image-centring auto`` runs here, its trials in this process, and each candidate's last trial
 scores the validation split: its labelled AUC, which the criterion stands in for, and the
-criterion, as shipped (``link_structure``) and in the double-centred cells' units alone (before
-issue #60's offsets fix). Both read the same trials (the rounds the shipped one ran). Prints one
+criterion, as shipped (``link_structure``), in the double-centred cells' units alone (before
+issue #60's offsets fix) and ``consensus`` (each candidate against the links the others agree
+on). All read the same trials (the rounds the shipped one ran; ``--trial-share 1``: every
+candidate trained for the run's epochs). ``--trials`` keeps the trials' scores, so that a
+criterion changed here re-reads them without training. Prints one
 JSON object: per corpus each candidate's validation AUC and criterion means, each criterion's pick
 and regret (the best candidate's AUC less the pick's); per criterion the mean and max regret and
 the corpora above 1 AUC. docs/benchmarks-linking.md holds the figures and the command.
 
     python benchmarks/criterion_regret.py --cells topic+document:40:added:4.1:looks=2:share=0.5 --seeds 0,1
+    python benchmarks/criterion_regret.py --cells ... --trials /tmp/trials   # again: no training
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import pickle
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import link_family  # the cells, corpora and settings of the family (beside this script, on its path)
 
 
-def trial_scores(data: str, seed: int) -> dict[str, list]:
-    """{candidate: [(scores, links)] of its last trial, per validation document (<= VAL_DOCS)}."""
+def trial_scores(data: str, seed: int, share: float | None = None) -> dict[str, list]:
+    """{candidate: [(scores, links)] of its last trial, per validation document (<= VAL_DOCS)};
+    ``share``: the trials' share of the run's epochs in place of the choice's own."""
     from training.config import TrainConfig
     from training.driver import check_trainable, train_trial
     from training.link import image_side
@@ -41,9 +48,30 @@ def trial_scores(data: str, seed: int) -> dict[str, list]:
         models[Path(folder).name.rpartition("-")[0]] = out = train_trial(inp, cfg, limit, folder)
         return out
 
-    image_side.choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=1)
+    shipped_share = image_side.TRIAL_SHARE
+    image_side.TRIAL_SHARE = share or shipped_share
+    try:
+        image_side.choose(inp.cfg, inp.train_paths, inp.val_paths, trial, jobs=1)
+    finally:
+        image_side.TRIAL_SHARE = shipped_share
     max_tokens = inp.cfg.max_tokens
     return {n: image_side.validation_scores(m, v, inp.val_paths, max_tokens) for n, (m, v) in models.items()}
+
+
+def cached_trials(folder: str | None, key: str, train) -> dict[str, list]:
+    """``train()``'s trial scores, read from ``folder``/``key``.pkl where an earlier run left them
+    (then written there); no folder: trained every time."""
+    if folder is None:
+        return train()
+    path = Path(folder) / f"{key}.pkl"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    kept = train()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(kept))
+    tmp.replace(path)  # whole or absent: a killed run leaves no half pickle to read
+    return kept
 
 
 def centred_units(scores, rng) -> float | None:
@@ -64,7 +92,40 @@ def shipped(scores, rng) -> float | None:
     return link_structure(scores, rng, CRITERION_SHUFFLES)
 
 
+def consensus(kept: dict[str, list]) -> dict[str, list[float | None]]:
+    """Each candidate's within-document AUC (less 0.5) against the links the other candidates agree on.
+
+    Per document, the others' double-centred scores, each in its own spread's units, are averaged
+    and their maximum-weight matching taken as links; the candidate's raw scores (offsets and
+    all, as the labelled AUC reads them) are ranked against them. Leave-one-out, so a candidate
+    scoring at random lands at 0 whatever the others agree on (its own matching would reward
+    it for agreeing with itself). Scores every candidate jointly: not a per-model criterion the
+    trials could compute on their own. None where ``link_structure`` has none."""
+    from training.metrics import STRUCTURE_MIN_SIDE, roc_auc
+    from training.objectives.assignment import max_weight_matching
+
+    names = list(kept)
+    out: dict[str, list[float | None]] = {n: [] for n in names}
+    for docs in zip(*(kept[n] for n in names), strict=True):
+        raw = [np.asarray(s, dtype=np.float64) for s, _ in docs]
+        if min(raw[0].shape) < STRUCTURE_MIN_SIDE or not all(np.isfinite(x).all() for x in raw):
+            for n in names:
+                out[n].append(None)
+            continue
+        z = []
+        for x in raw:
+            c = x - x.mean(0) - x.mean(1, keepdims=True) + x.mean()
+            z.append(c / c.std() if c.std() > 1e-12 else np.zeros_like(c))
+        for i, n in enumerate(names):
+            agreed = np.mean([zj for j, zj in enumerate(z) if j != i], axis=0)
+            links = np.zeros(agreed.shape, dtype=bool)
+            links[max_weight_matching(agreed)] = True
+            out[n].append(roc_auc(raw[i], links) - 0.5)
+    return out
+
+
 CRITERIA = {"shipped": shipped, "centred_units": centred_units}
+JOINT = {"consensus": consensus}  # criteria that read every candidate's scores at once
 
 
 def regret(kept: dict[str, list], seed: int) -> dict:
@@ -80,11 +141,11 @@ def regret(kept: dict[str, list], seed: int) -> dict:
             raise SystemExit(f"criterion_regret: candidate {name} scored no labelled validation document")
         auc[name] = 100 * float(np.mean(labelled))
     out: dict = {"auc": {k: round(v, 1) for k, v in auc.items()}}
-    for crit, fn in CRITERIA.items():
-        per = {}
-        for n, rows in kept.items():
+    for crit in [*CRITERIA, *JOINT]:
+        per = JOINT[crit](kept) if crit in JOINT else {}
+        for n, rows in kept.items() if crit in CRITERIA else ():
             rng = np.random.default_rng(seed)  # a generator per candidate, seeded as the choice seeds it
-            per[n] = [fn(s, rng) for s, _ in rows]
+            per[n] = [CRITERIA[crit](s, rng) for s, _ in rows]
         chosen = pick(per).name
         means = {n: mean_score(v) for n, v in per.items()}
         out[crit] = {
@@ -102,10 +163,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--docs", type=int, default=1500, help="training documents (val and test: a tenth)")
     p.add_argument("--dim", type=int, default=256, help="feature width of the corpora")
     p.add_argument("--corpora", default="/tmp/mmlinks-link-family", help="folder caching the corpora")
+    p.add_argument(
+        "--trial-share",
+        type=float,
+        help="the trials' share of the run's epochs (the choice's TRIAL_SHARE; 1: every candidate trained "
+        "in full, so a criterion reads the models a run would end with)",
+    )
+    p.add_argument(
+        "--trials",
+        help="folder caching each corpus's trial scores (a pickle per cell and seed): a second run re-scores "
+        "them without training, so criteria compare on the same trials",
+    )
     args = p.parse_args(argv)
     cells, seeds = [c for c in args.cells.split(",") if c], [int(s) for s in args.seeds.split(",") if s]
     if not cells or not seeds:
         p.error("--cells and --seeds must each name at least one")
+    if args.trial_share is not None and not 0 < args.trial_share <= 1:
+        p.error("--trial-share must be in (0, 1]")
     logging.disable(logging.WARNING)
     sizes = link_family.corpus_sizes(args.docs, args.dim)
     Path(args.corpora).mkdir(parents=True, exist_ok=True)
@@ -113,9 +187,11 @@ def main(argv: list[str] | None = None) -> dict:
     for seed in seeds:
         for cell in cells:
             data, _ = link_family.make_corpus(Path(args.corpora), cell, sizes, seed)
-            out["corpora"].append({"cell": cell, "seed": seed, **regret(trial_scores(data, seed), seed)})
+            key = Path(data).name + (f"-share{args.trial_share:g}" if args.trial_share else "")
+            kept = cached_trials(args.trials, key, partial(trial_scores, data, seed, args.trial_share))
+            out["corpora"].append({"cell": cell, "seed": seed, **regret(kept, seed)})
             print(json.dumps(out["corpora"][-1]), file=sys.stderr, flush=True)
-    for crit in CRITERIA:
+    for crit in [*CRITERIA, *JOINT]:
         r = np.array([c[crit]["regret"] for c in out["corpora"]])
         out[crit] = {"mean_regret": round(float(r.mean()), 2), "max_regret": float(r.max())}
         out[crit]["above_1"] = int((r > 1).sum())

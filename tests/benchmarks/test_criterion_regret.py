@@ -70,6 +70,7 @@ def test_regret_is_the_best_candidates_auc_less_the_picks():
     assert out["auc"]["none"] > out["auc"]["bag"] + 5
     assert out["shipped"]["pick"] == "none" and out["shipped"]["regret"] == 0
     assert out["centred_units"]["pick"] == "bag"
+    assert out["consensus"]["pick"] == "none" and out["consensus"]["regret"] == 0  # raw AUC: offsets count
     assert out["centred_units"]["regret"] == pytest.approx(out["auc"]["none"] - out["auc"]["bag"], abs=0.11)
 
 
@@ -97,6 +98,77 @@ def test_the_trials_are_read_by_candidate_name(dataset, monkeypatch):
     monkeypatch.setattr(
         link_family, "BASE", {**link_family.BASE, "epochs": 2, "d_multi": 16, "min_word_count": 1}
     )
+    from training.link import image_side
+
     kept = criterion_regret.trial_scores(str(dataset), 0)
     assert set(kept) == set(CANDIDATES)
+    share = image_side.TRIAL_SHARE
+    full = criterion_regret.trial_scores(str(dataset), 0, share=1.0)  # every candidate for the run's epochs
+    assert set(full) == set(CANDIDATES) and image_side.TRIAL_SHARE == share  # the choice's own share restored
     assert set(criterion_regret.regret(kept, 0)["shipped"]["means"]) == set(CANDIDATES)
+
+
+def test_cached_trials_train_once_and_read_the_same_scores_back(tmp_path):
+    calls = []
+
+    def train():
+        calls.append(1)
+        return {"none": [(np.eye(3), [(0, 0)])]}
+
+    first = criterion_regret.cached_trials(str(tmp_path), "corpus-s0", train)
+    again = criterion_regret.cached_trials(str(tmp_path), "corpus-s0", train)
+    assert len(calls) == 1 and (tmp_path / "corpus-s0.pkl").exists()
+    assert np.array_equal(again["none"][0][0], first["none"][0][0]) and again["none"][0][1] == [(0, 0)]
+    criterion_regret.cached_trials(None, "corpus-s0", train)  # no folder: trained every time
+    assert len(calls) == 2
+
+
+def _consensus_oracle(mine: np.ndarray, others: list[np.ndarray]) -> float:
+    """One candidate's consensus value, written out: the others' double-centred scores in their own
+    spread's units averaged, matched one to one, and the candidate's raw cells ranked pair by pair."""
+    from scipy.optimize import linear_sum_assignment
+
+    def z(x):
+        c = x - x.mean(0) - x.mean(1, keepdims=True) + x.mean()
+        return c / c.std()
+
+    rows, cols = linear_sum_assignment(np.mean([z(x) for x in others], axis=0), maximize=True)
+    linked = {(int(r), int(c)) for r, c in zip(rows, cols, strict=True)}
+    pos = [mine[r, c] for r, c in linked]
+    neg = [mine[r, c] for r in range(mine.shape[0]) for c in range(mine.shape[1]) if (r, c) not in linked]
+    wins = [1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg]
+    return float(np.mean(wins)) - 0.5
+
+
+@given(st.integers(3, 6), st.integers(3, 6), st.integers(0, 1000))
+@settings(max_examples=20, deadline=None)
+def test_consensus_ranks_each_candidate_against_the_others_matching(n, m, seed):
+    g = np.random.default_rng(seed)
+    mats = {k: np.eye(n, m) + g.normal(size=(n, m)) for k in ("none", "balanced", "bag")}
+    got = criterion_regret.consensus({k: [(x, None)] for k, x in mats.items()})
+    for k, x in mats.items():
+        others = [y for j, y in mats.items() if j != k]
+        assert got[k][0] == pytest.approx(_consensus_oracle(x, others))
+
+
+def test_consensus_gives_a_random_candidate_chance_and_skips_small_documents():
+    """Leave-one-out: a candidate scoring at random is not rewarded for agreeing with itself."""
+    g = np.random.default_rng(1)
+    docs = 300
+    kept = {
+        k: [(np.eye(4) * 2 + g.normal(size=(4, 4)), None) for _ in range(docs)] for k in ("none", "balanced")
+    }
+    kept["bag"] = [(g.normal(size=(4, 4)), None) for _ in range(docs)]
+    for k in kept:
+        kept[k].append((np.eye(2), None))  # 2 x 2: below STRUCTURE_MIN_SIDE, no value
+    got = criterion_regret.consensus(kept)
+    assert all(v[-1] is None for v in got.values())
+    assert abs(np.mean(got["bag"][:-1])) < 0.03
+    assert np.mean(got["none"][:-1]) > 0.15 and np.mean(got["balanced"][:-1]) > 0.15  # the random one dilutes
+
+
+def test_a_trial_share_outside_0_1_is_a_one_line_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        criterion_regret.main(["--cells", "topic:40:added:4.1", "--trial-share", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--trial-share must be in (0, 1]")
