@@ -128,9 +128,8 @@ CRITERIA = {"shipped": shipped, "centred_units": centred_units}
 JOINT = {"consensus": consensus}  # criteria that read every candidate's scores at once
 
 
-def regret(kept: dict[str, list], seed: int) -> dict:
-    """Each candidate's validation AUC; per criterion its means, pick and regret."""
-    from training.link.image_side import mean_score, pick
+def labelled_auc(kept: dict[str, list]) -> dict[str, float]:
+    """Each candidate's macro validation AUC (x100) by the links the criteria do not read."""
     from training.metrics import document_metrics
 
     auc = {}
@@ -140,6 +139,50 @@ def regret(kept: dict[str, list], seed: int) -> dict:
         if not labelled:  # no validation document with a link and a non-link: nothing to regret
             raise SystemExit(f"criterion_regret: candidate {name} scored no labelled validation document")
         auc[name] = 100 * float(np.mean(labelled))
+    return auc
+
+
+def shipped_values(kept: dict[str, list], seed: int) -> dict[str, list[float | None]]:
+    per = {}
+    for n, rows in kept.items():
+        rng = np.random.default_rng(seed)  # a generator per candidate, seeded as the choice seeds it
+        per[n] = [shipped(s, rng) for s, _ in rows]
+    return per
+
+
+def designs(trials: dict[str, list], full: dict[str, list], seed: int) -> dict:
+    """How ways of choosing would fare, read on one corpus's candidates trained briefly (``trials``,
+    the choice's own rounds) and for the run's epochs (``full``): each design's pick and its regret
+    against the best candidate in full (labelled validation AUC). ``today``: the shipped criterion
+    on the trials (the bag on top: the second round, in full); ``top2_shipped``: the trials' two best
+    by the shipped criterion, continued to the run's length and read there by it; ``top2_consensus``
+    and ``all_consensus``: those two, or every candidate, in full by ``consensus`` (the bag where no
+    candidate's shipped value beats chance)."""
+    from training.link.image_side import beats_chance, mean_score, pick
+
+    auc = labelled_auc(full)
+    brief, ended = shipped_values(trials, seed), shipped_values(full, seed)
+    today = pick(brief).name
+    if today == "bag":  # the choice never takes the bag on its first round: the candidates in full decide
+        today = pick(ended).name
+    means = {k: mean_score(v) for k, v in brief.items()}
+    top2 = sorted(means, key=lambda k: -np.inf if means[k] is None else -means[k])[:2]
+    linking = any(beats_chance(v) for v in ended.values())
+    picks = {
+        "today": today,
+        "top2_shipped": pick({k: ended[k] for k in top2}).name,
+        "top2_consensus": pick(consensus({k: full[k] for k in top2})).name if linking else "bag",
+        "all_consensus": pick(consensus(full)).name if linking else "bag",
+    }
+    best = max(auc.values())
+    return {"top2": top2, **{d: {"pick": n, "regret": round(best - auc[n], 1)} for d, n in picks.items()}}
+
+
+def regret(kept: dict[str, list], seed: int) -> dict:
+    """Each candidate's validation AUC; per criterion its means, pick and regret."""
+    from training.link.image_side import mean_score, pick
+
+    auc = labelled_auc(kept)
     out: dict = {"auc": {k: round(v, 1) for k, v in auc.items()}}
     for crit in [*CRITERIA, *JOINT]:
         per = JOINT[crit](kept) if crit in JOINT else {}
@@ -170,6 +213,12 @@ def main(argv: list[str] | None = None) -> dict:
         "in full, so a criterion reads the models a run would end with)",
     )
     p.add_argument(
+        "--designs",
+        action="store_true",
+        help="also train every candidate in full and compare ways of choosing (designs(): today's, the "
+        "trials' top two continued, consensus) by their regret in full",
+    )
+    p.add_argument(
         "--trials",
         help="folder caching each corpus's trial scores (a pickle per cell and seed): a second run re-scores "
         "them without training, so criteria compare on the same trials",
@@ -180,6 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--cells and --seeds must each name at least one")
     if args.trial_share is not None and not 0 < args.trial_share <= 1:
         p.error("--trial-share must be in (0, 1]")
+    if args.designs and args.trial_share is not None:
+        p.error("--designs reads the choice's own trials and the candidates in full: no --trial-share")
     logging.disable(logging.WARNING)
     sizes = link_family.corpus_sizes(args.docs, args.dim)
     Path(args.corpora).mkdir(parents=True, exist_ok=True)
@@ -190,11 +241,20 @@ def main(argv: list[str] | None = None) -> dict:
             key = Path(data).name + (f"-share{args.trial_share:g}" if args.trial_share else "")
             kept = cached_trials(args.trials, key, partial(trial_scores, data, seed, args.trial_share))
             out["corpora"].append({"cell": cell, "seed": seed, **regret(kept, seed)})
+            if args.designs:
+                full = cached_trials(
+                    args.trials, f"{Path(data).name}-share1", partial(trial_scores, data, seed, 1.0)
+                )
+                out["corpora"][-1]["designs"] = designs(kept, full, seed)
             print(json.dumps(out["corpora"][-1]), file=sys.stderr, flush=True)
     for crit in [*CRITERIA, *JOINT]:
         r = np.array([c[crit]["regret"] for c in out["corpora"]])
         out[crit] = {"mean_regret": round(float(r.mean()), 2), "max_regret": float(r.max())}
         out[crit]["above_1"] = int((r > 1).sum())
+    for design in ("today", "top2_shipped", "top2_consensus", "all_consensus") if args.designs else ():
+        r = np.array([c["designs"][design]["regret"] for c in out["corpora"]])
+        out[design] = {"mean_regret": round(float(r.mean()), 2), "max_regret": float(r.max())}
+        out[design]["above_1"] = int((r > 1).sum())
     print(json.dumps(out, indent=1))
     return out
 

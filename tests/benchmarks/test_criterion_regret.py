@@ -172,3 +172,42 @@ def test_a_trial_share_outside_0_1_is_a_one_line_error(capsys):
         criterion_regret.main(["--cells", "topic:40:added:4.1", "--trial-share", "0"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--trial-share must be in (0, 1]")
+
+
+def _docs(g: np.random.Generator, strength: float, n: int = 60) -> list:
+    """n 4 x 4 documents linking the diagonal, as strongly as ``strength`` (0: scores at random)."""
+    return [(strength * np.eye(4) + g.normal(size=(4, 4)), [(i, i) for i in range(4)]) for _ in range(n)]
+
+
+def test_designs_read_the_trials_top_two_in_full():
+    """``balanced`` leads the brief trials and fades; ``none`` ends best: today's choice keeps the
+    trials' leader, the top two continued find ``none``; the bag (random throughout) never wins."""
+    g = np.random.default_rng(3)
+    strengths = {
+        "none": (1.0, 3.0),
+        "balanced": (2.0, 1.0),
+        "balanced+dropout": (0.3, 0.5),
+        "bag": (0.0, 0.0),
+    }
+    trials = {k: _docs(g, brief) for k, (brief, _) in strengths.items()}
+    full = {k: _docs(g, ended) for k, (_, ended) in strengths.items()}
+    out = criterion_regret.designs(trials, full, seed=0)
+    assert out["top2"] == ["balanced", "none"]
+    assert out["today"]["pick"] == "balanced" and out["today"]["regret"] > 5
+    for design in ("top2_shipped", "top2_consensus", "all_consensus"):
+        assert out[design] == {"pick": "none", "regret": 0.0}, (design, out)
+
+
+def test_designs_by_consensus_take_the_bag_where_nothing_links_in_full():
+    g = np.random.default_rng(4)
+    trials = {k: _docs(g, 1.0 if k == "none" else 0.0) for k in ("none", "balanced", "bag")}
+    full = {k: _docs(g, 0.0) for k in trials}  # at chance: agreeing on noise is no link
+    out = criterion_regret.designs(trials, full, seed=0)
+    assert out["top2_consensus"]["pick"] == "bag" and out["all_consensus"]["pick"] == "bag"
+
+
+def test_designs_with_a_trial_share_is_a_one_line_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        criterion_regret.main(["--cells", "topic:40:added:4.1", "--designs", "--trial-share", "1"])
+    assert exit_.value.code == 2
+    assert "--designs reads the choice's own trials" in capsys.readouterr().err.strip().splitlines()[-1]
