@@ -10,7 +10,7 @@ candidate trained for the run's epochs). ``--trials`` keeps the trials' scores, 
 criterion changed here re-reads them without training. Prints one
 JSON object: per corpus each candidate's validation AUC and criterion means, each criterion's pick
 and regret (the best candidate's AUC less the pick's); per criterion the mean and max regret and
-the corpora above 1 AUC. docs/benchmarks-linking.md holds the figures and the command.
+the corpora above 1 AUC. docs/benchmarks-linking-criteria.md holds the figures and the commands.
 
     python benchmarks/criterion_regret.py --cells topic+document:40:added:4.1:looks=2:share=0.5 --seeds 0,1
     python benchmarks/criterion_regret.py --cells ... --trials /tmp/trials   # again: no training
@@ -115,7 +115,8 @@ def consensus(kept: dict[str, list]) -> dict[str, list[float | None]]:
         z = []
         for x in raw:
             c = x - x.mean(0) - x.mean(1, keepdims=True) + x.mean()
-            z.append(c / c.std() if c.std() > 1e-12 else np.zeros_like(c))
+            sd = c.std()
+            z.append(c / sd if sd > 1e-12 else np.zeros_like(c))
         for i, n in enumerate(names):
             agreed = np.mean([zj for j, zj in enumerate(z) if j != i], axis=0)
             links = np.zeros(agreed.shape, dtype=bool)
@@ -142,11 +143,12 @@ def labelled_auc(kept: dict[str, list]) -> dict[str, float]:
     return auc
 
 
-def shipped_values(kept: dict[str, list], seed: int) -> dict[str, list[float | None]]:
+def criterion_values(kept: dict[str, list], seed: int, fn=shipped) -> dict[str, list[float | None]]:
+    """Each candidate's per-document values of the per-model criterion ``fn``."""
     per = {}
     for n, rows in kept.items():
         rng = np.random.default_rng(seed)  # a generator per candidate, seeded as the choice seeds it
-        per[n] = [shipped(s, rng) for s, _ in rows]
+        per[n] = [fn(s, rng) for s, _ in rows]
     return per
 
 
@@ -161,18 +163,19 @@ def designs(trials: dict[str, list], full: dict[str, list], seed: int) -> dict:
     from training.link.image_side import beats_chance, mean_score, pick
 
     auc = labelled_auc(full)
-    brief, ended = shipped_values(trials, seed), shipped_values(full, seed)
+    brief, ended = criterion_values(trials, seed), criterion_values(full, seed)
     today = pick(brief).name
     if today == "bag":  # the choice never takes the bag on its first round: the candidates in full decide
         today = pick(ended).name
     means = {k: mean_score(v) for k, v in brief.items()}
     top2 = sorted(means, key=lambda k: -np.inf if means[k] is None else -means[k])[:2]
-    linking = any(beats_chance(v) for v in ended.values())
+    # the chance test reads only the candidates a design trains in full
+    top2_links, all_link = any(beats_chance(ended[k]) for k in top2), any(map(beats_chance, ended.values()))
     picks = {
         "today": today,
         "top2_shipped": pick({k: ended[k] for k in top2}).name,
-        "top2_consensus": pick(consensus({k: full[k] for k in top2})).name if linking else "bag",
-        "all_consensus": pick(consensus(full)).name if linking else "bag",
+        "top2_consensus": pick(consensus({k: full[k] for k in top2})).name if top2_links else "bag",
+        "all_consensus": pick(consensus(full)).name if all_link else "bag",
     }
     best = max(auc.values())
     return {"top2": top2, **{d: {"pick": n, "regret": round(best - auc[n], 1)} for d, n in picks.items()}}
@@ -185,10 +188,7 @@ def regret(kept: dict[str, list], seed: int) -> dict:
     auc = labelled_auc(kept)
     out: dict = {"auc": {k: round(v, 1) for k, v in auc.items()}}
     for crit in [*CRITERIA, *JOINT]:
-        per = JOINT[crit](kept) if crit in JOINT else {}
-        for n, rows in kept.items() if crit in CRITERIA else ():
-            rng = np.random.default_rng(seed)  # a generator per candidate, seeded as the choice seeds it
-            per[n] = [CRITERIA[crit](s, rng) for s, _ in rows]
+        per = JOINT[crit](kept) if crit in JOINT else criterion_values(kept, seed, CRITERIA[crit])
         chosen = pick(per).name
         means = {n: mean_score(v) for n, v in per.items()}
         out[crit] = {

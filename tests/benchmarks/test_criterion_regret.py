@@ -211,3 +211,16 @@ def test_designs_with_a_trial_share_is_a_one_line_error(capsys):
         criterion_regret.main(["--cells", "topic:40:added:4.1", "--designs", "--trial-share", "1"])
     assert exit_.value.code == 2
     assert "--designs reads the choice's own trials" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_top_two_design_reads_chance_only_from_the_two_it_trains_in_full():
+    """The trials' two best link nothing in full; a third candidate, not trained in full by that
+    design, does: the top two's consensus design takes the bag (it cannot know the third)."""
+    g = np.random.default_rng(5)
+    brief = {"none": 2.0, "balanced": 1.5, "balanced+dropout": 0.2, "bag": 0.0}
+    ended = {"none": 0.0, "balanced": 0.0, "balanced+dropout": 3.0, "bag": 0.0}
+    trials = {k: _docs(g, v) for k, v in brief.items()}
+    full = {k: _docs(g, v) for k, v in ended.items()}
+    out = criterion_regret.designs(trials, full, seed=0)
+    assert out["top2"] == ["none", "balanced"]
+    assert out["top2_consensus"]["pick"] == "bag"
