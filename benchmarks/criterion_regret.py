@@ -43,10 +43,11 @@ def trial_scores(data: str, seed: int, share: float | None = None) -> dict[str, 
     inp = check_trainable(read_inputs(TrainConfig(data=data, seed=seed, **link_family.BASE)))
     models = {}
 
-    def trial(cfg, limit, folder):  # the choice's own trial; its model kept (a second round's replaces it)
-        # the choice names a trial's folder NAME-EPOCHS (its round): the candidate is what precedes the dash
-        models[Path(folder).name.rpartition("-")[0]] = out = train_trial(inp, cfg, limit, folder)
-        return out
+    def trial(cfg, limit, folder, stop):  # the choice's own first-round trial (its folder: the candidate)
+        name = Path(folder).name
+        if name not in models:  # the finalists' second round is what --designs reads in full: not trained
+            models[name] = train_trial(inp, cfg, limit, folder, stop)
+        return models[name]
 
     shipped_share = image_side.TRIAL_SHARE
     image_side.TRIAL_SHARE = share or shipped_share
@@ -155,25 +156,30 @@ def criterion_values(kept: dict[str, list], seed: int, fn=shipped) -> dict[str, 
 def designs(trials: dict[str, list], full: dict[str, list], seed: int) -> dict:
     """How ways of choosing would fare, read on one corpus's candidates trained briefly (``trials``,
     the choice's own rounds) and for the run's epochs (``full``): each design's pick and its regret
-    against the best candidate in full (labelled validation AUC). ``today``: the shipped criterion
-    on the trials (the bag on top: the second round, in full); ``top2_shipped``: the trials' two best
-    by the shipped criterion, continued to the run's length and read there by it; ``top2_consensus``
+    against the best candidate in full (labelled validation AUC). ``today``: the choice up to
+    0717774, the shipped criterion on the trials (the bag on top: the second round, in full);
+    ``top2_shipped``: the choice since (``image_side.choose``), the trials' two best by the shipped
+    criterion (``finalists_of``; all where none links on the trials; the bag too where neither links in
+    full), continued to the run's length and read there by it; ``top2_consensus``
     and ``all_consensus``: those two, or every candidate, in full by ``consensus`` (the bag where no
     candidate's shipped value beats chance)."""
-    from training.link.image_side import beats_chance, mean_score, pick
+    from training.link.image_side import beats_chance, finalists_of, pick
 
     auc = labelled_auc(full)
     brief, ended = criterion_values(trials, seed), criterion_values(full, seed)
     today = pick(brief).name
     if today == "bag":  # the choice never takes the bag on its first round: the candidates in full decide
         today = pick(ended).name
-    means = {k: mean_score(v) for k, v in brief.items()}
-    top2 = sorted(means, key=lambda k: -np.inf if means[k] is None else -means[k])[:2]
+    # the choice continues every candidate where none links on the trials (their order is noise there)
+    top2 = finalists_of(brief) if any(map(beats_chance, brief.values())) else list(brief)
     # the chance test reads only the candidates a design trains in full
     top2_links, all_link = any(beats_chance(ended[k]) for k in top2), any(map(beats_chance, ended.values()))
+    finals = {k: ended[k] for k in top2}
+    if "bag" not in finals and not any(map(beats_chance, finals.values())):  # the choice's floor: the bag too
+        finals["bag"] = ended["bag"]
     picks = {
         "today": today,
-        "top2_shipped": pick({k: ended[k] for k in top2}).name,
+        "top2_shipped": pick(finals).name,
         "top2_consensus": pick(consensus({k: full[k] for k in top2})).name if top2_links else "bag",
         "all_consensus": pick(consensus(full)).name if all_link else "bag",
     }

@@ -204,6 +204,7 @@ def run_one(data: str, settings: dict, loop: str = "experiment") -> dict:
             {
                 "choice": choice["name"],
                 "scores": choice["scores"],
+                "finalists": choice.get("finalists") or {},
                 "trial_epochs": choice["trial_epochs"],
                 "trial_is_run": bool(choice.get("trial_kept")),
             }

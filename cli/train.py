@@ -80,12 +80,16 @@ def choice_line(choice: dict) -> str:
     score, why."""
     from training.link.image_side import PICK_REASONS
 
-    scores = choice.get("scores") or {}
-    measured = ", ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None)
+    def measured(scores: dict) -> str:
+        return ", ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None)
+
+    first, final = measured(choice.get("scores") or {}), measured(choice.get("finalists") or {})
+    if final:  # the first round's best two, read again after the run's epochs
+        first = f"{final} after {choice['trial_epochs']} epochs; {first} after {choice['first_epochs']}"
     reason = choice.get("reason")
     return (
         f"image side: {choice['name']}"
-        + (f" (within-document link structure: {measured})" if measured else "")
+        + (f" (within-document link structure: {first})" if first else "")
         + (f"; {PICK_REASONS[reason]}" if reason in PICK_REASONS else "")
         + ("; the run is its trial, not trained again" if choice.get("trial_kept") else "")
     )

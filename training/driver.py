@@ -393,10 +393,12 @@ def choose_settings(
     return choice
 
 
-def train_trial(inp: RunInputs, cfg: TrainConfig, limit: int, run_dir: str) -> tuple:
-    """(model, vocabulary) of a candidate's brief run (``BackboneSpec.choose``): ``cfg`` trained
-    in this process on the first ``limit`` training documents, on its GPU where ``--gpu`` asks
-    for one and this process sees one, the last epoch kept."""
+def train_trial(inp: RunInputs, cfg: TrainConfig, limit: int, run_dir: str, stop: int) -> tuple:
+    """(model, vocabulary) of a candidate's run (``BackboneSpec.choose``): ``cfg`` trained in this
+    process on the first ``limit`` training documents up to epoch ``stop`` (continued from
+    ``run_dir``'s latest checkpoint where an earlier round left one), on its GPU where ``--gpu``
+    asks for one and this process sees one; the last epoch's model. The latest checkpoint, not the
+    best-ranked: a trial stopped inside the run's warm-up has only unselectable epochs."""
     from training.objectives.registry import adopt_objective
 
     adopt_objective(inp.objective)  # a candidate may train in a process of its own
@@ -404,8 +406,9 @@ def train_trial(inp: RunInputs, cfg: TrainConfig, limit: int, run_dir: str) -> t
     trial = dataclasses.replace(inp, cfg=dataclasses.replace(cfg, use_gpu=gpu), train_limit=limit)
     loop_config, vocab = worker_loop_config(trial, Path(run_dir).name)
     loop_config["test_kill"] = None  # a fault test's kill is for the run, not its candidates
-    _, best = run_in_process(trial, loop_config, Path(run_dir))
-    with best.as_directory() as d:
+    loop_config["stop_epoch"] = stop
+    latest, _ = run_in_process(trial, loop_config, Path(run_dir))
+    with latest.as_directory() as d:
         model, _ = load_checkpoint_model(d)
     return model, vocab
 

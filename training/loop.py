@@ -459,7 +459,8 @@ def run_epochs(w: Worker, config: dict, train_shard, report) -> None:
         val_paths, cfg.batch_docs, rank, world, columns, every=bool(w.objective.val_metrics)
     )
     w.spare = val.spare
-    for epoch in range(w.state.start, cfg.epochs):
+    # a candidate's trial may stop before the run's epochs (``training.link.image_side.choose``)
+    for epoch in range(w.state.start, min(cfg.epochs, config.get("stop_epoch") or cfg.epochs)):
         seed = epoch_seed(cfg, rank, epoch)
         rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout masks

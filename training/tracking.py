@@ -211,8 +211,9 @@ def log_model_params(run_id: str, tracking_uri: str, model_cfg: dict) -> None:
 
 def log_choice(run_id: str, tracking_uri: str, choice) -> None:
     """What the backbone chose by measuring the corpus (issue #60): ``choice.<field>`` params, the
-    pick as ``choice``, and each candidate's criterion as ``choice_score.<candidate>`` metrics,
-    so a user sees what was chosen and why (``choice.json`` holds the whole record)."""
+    pick as ``choice``, each candidate's first-round criterion as ``choice_score.<candidate>``
+    and each finalist's after the run's epochs as ``choice_final_score.<candidate>`` metrics, so a
+    user sees what was chosen and why (``choice.json`` holds the whole record)."""
     from mlflow.entities import Metric, Param
 
     client = MlflowClient(tracking_uri)
@@ -222,8 +223,9 @@ def log_choice(run_id: str, tracking_uri: str, choice) -> None:
     ]
     now = int(time.time() * 1000)
     metrics = [
-        Metric(f"choice_score.{k.replace('+', '_')}", float(v), now, 0)
-        for k, v in choice.scores.items()
+        Metric(f"{prefix}.{k.replace('+', '_')}", float(v), now, 0)
+        for prefix, scores in [("choice_score", choice.scores), ("choice_final_score", choice.finalists)]
+        for k, v in scores.items()
         if v is not None
     ]
     client.log_batch(run_id, params=params, metrics=metrics)

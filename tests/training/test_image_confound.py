@@ -65,7 +65,7 @@ def test_the_default_training_links_inside_documents_whose_images_look_alike(loo
     )
     res = fit(cfg)
     # issue #60: the image side is measured (its candidates trained briefly); 400 training documents
-    # link nothing in the first round's 3 epochs, so the trials train the run's 10 anew before choosing,
+    # link nothing in the first round's 3 epochs, so every trial goes on to the run's 10 before choosing,
     # and the pick's trial is this run (not trained again)
     assert res.choice is not None and res.choice.trial_epochs == 10 and res.choice.trial_kept, res.choice
     assert res.choice.name != "bag", res.choice.summary()  # a GRU side linked beyond chance

@@ -1,8 +1,9 @@
 """The GRU backbone's image side, chosen by measuring the corpus at hand (issue #60).
 
-``--image-centring auto`` trains each of ``CANDIDATES`` briefly and keeps the one whose
+``--image-centring auto`` trains each of ``CANDIDATES`` briefly, continues the two whose
 validation scores hold the most label-free within-document link structure
-(``training.metrics.link_structure``); the bag is a candidate, so the simplest model is the floor.
+(``training.metrics.link_structure``) to the run's epochs and keeps the one that holds the most
+there; the bag is a candidate, so the simplest model is the floor.
 Why measured, not a rule: a threshold rule on the image ratio lost 6-12 AUC to the bag on
 corpora of 2-3 images or several looks per topic (docs/training.md, docs/benchmarks-linking.md).
 Its own module because it trains (the registration module only declares)."""
@@ -68,10 +69,12 @@ TIE_SE = 2.0
 AUTO_RATIO = 5.0
 AUTO_WEIGHTS = (0.5, 1.0)
 
-# (trial config, training-document limit, run folder) -> (model, vocabulary): the driver's
-# in-process training (``training.driver.train_trial``), passed in so the family never imports
-# the driver.
-Trial = Callable[["TrainConfig", int, str], tuple]
+# (trial config, training-document limit, run folder, epoch to stop after) -> (model, vocabulary):
+# the driver's in-process training (``training.driver.train_trial``: resumed from the folder's
+# latest checkpoint, so a second round continues the first), passed in so the family never
+# imports the driver.
+Trial = Callable[["TrainConfig", int, str, int], tuple]
+FINALISTS = 2  # the first round's best, continued to the run's epochs (``choose``)
 
 
 @dataclass
@@ -80,21 +83,22 @@ class Choice:
 
     name: str
     overrides: dict
-    scores: dict[str, float | None] = field(default_factory=dict)
+    scores: dict[str, float | None] = field(default_factory=dict)  # every candidate's, the first round's
     seconds: float = 0.0
     trial_docs: int = 0
-    trial_epochs: int = 0
+    trial_epochs: int = 0  # the epochs the pick was read after: the first round's, or the run's
     trial_kept: str = ""  # the pick's trial folder, kept as the run's own (``choose``'s ``keep``)
     # why the pick, where it is not simply the top score (``PICK_REASONS``): "tied" (a simpler side
     # within noise of the top), "chance" (no candidate beat chance: the floor); "" otherwise
     reason: str = ""
+    # the first round's best (``FINALISTS``) continued to the run's epochs: their scores there
+    finalists: dict[str, float | None] = field(default_factory=dict)
+    first_epochs: int = 0  # the first round's epochs
 
     def summary(self) -> str:
         """One line for a log, the report and the CLI: the pick, then every candidate's score."""
         if not self.scores:
             return f"{self.name} (the resumed run's)"
-        ranked = sorted(self.scores.items(), key=lambda kv: -(kv[1] if kv[1] is not None else -math.inf))
-        parts = ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in ranked)
         last = "; the run keeps its last epoch" if self.overrides.get("select_by") == "last" else ""
         if self.trial_kept:
             last = "; the run is its trial (the run's epochs on all its documents)"
@@ -104,13 +108,26 @@ class Choice:
                 f"(candidates trained {self.trial_epochs} epochs; {self.seconds:.0f} s){last}"
             )
         why = f"; {PICK_REASONS[self.reason]}" if self.reason else ""  # the pick is not the top score
+        first = f"after {self.first_epochs or self.trial_epochs} epochs on {self.trial_docs} documents"
+        if self.finalists:
+            return (
+                f"{self.name}, by within-document link structure on validation after the run's "
+                f"{self.trial_epochs} epochs: {ranked(self.finalists)}{why}; the best {len(self.finalists)} "
+                f"of {len(self.scores)} {first}: {ranked(self.scores)} ({self.seconds:.0f} s){last}"
+            )
         return (
-            f"{self.name}, by within-document link structure on validation after {self.trial_epochs} "
-            f"epochs on {self.trial_docs} documents: {parts}{why} ({self.seconds:.0f} s){last}"
+            f"{self.name}, by within-document link structure on validation {first}: "
+            f"{ranked(self.scores)}{why} ({self.seconds:.0f} s){last}"
         )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def ranked(scores: dict[str, float | None]) -> str:
+    """``name score, ...``, the highest first (``-`` where a candidate gave none)."""
+    order = sorted(scores.items(), key=lambda kv: -(kv[1] if kv[1] is not None else -math.inf))
+    return ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in order)
 
 
 def needs_choice(cfg: TrainConfig) -> bool:
@@ -124,15 +141,15 @@ def trial_epochs(epochs: int) -> int:
     return min(epochs, max(TRIAL_MIN_EPOCHS, math.ceil(TRIAL_SHARE * epochs)))
 
 
-def trial_config(cfg: TrainConfig, name: str, epochs: int | None = None) -> TrainConfig:
-    """Candidate ``name``'s brief run: its fields and the run's first ``epochs`` epochs
-    (``trial_epochs``) with the run's own warm-up (a trial inside it trains on mean negatives
-    throughout), the last epoch kept, in this process. Not a warm-up scaled to the trial: with 1
-    mean-negative epoch of 3 the hard negatives came before the run's, and `none`, slowed by them,
-    trailed `balanced` (0.048 vs 0.106) on unlinked images where in full it read 98.6 and
-    `balanced` 89.5; as the run's first 3 epochs, 0.150 vs 0.148, a tie (the simpler side)."""
-    epochs = epochs or trial_epochs(cfg.epochs)
-    values = {**CANDIDATES[name], "epochs": epochs, "select_by": "last", "num_workers": 0}
+def trial_config(cfg: TrainConfig, name: str) -> TrainConfig:
+    """Candidate ``name``'s run: its fields on the run's config, the last epoch kept, in this
+    process. It keeps the run's epochs, so its warm-up is the run's (mean negatives for the first
+    ``negatives_warmup`` epochs, no plateau step meanwhile): a trial stopped after a few epochs is
+    the run's first epochs, and a second round resumed from it is the run. Not a warm-up scaled to a
+    brief trial: with 1 mean-negative epoch of 3 the hard negatives came before the run's, and
+    `none`, slowed by them, trailed `balanced` (0.048 vs 0.106) on unlinked images where in full it
+    read 98.6 and `balanced` 89.5; as the run's first 3 epochs, 0.150 vs 0.148, a tie."""
+    values = {**CANDIDATES[name], "select_by": "last", "num_workers": 0}
     return dataclasses.replace(cfg, **values, run_name="", max_failures=0)
 
 
@@ -168,9 +185,12 @@ def criterion(model, vocab, val_paths: list[str], max_tokens: int, seed: int) ->
     ]
 
 
-def scored_trial(trial: Trial, trial_cfg: TrainConfig, docs: int, folder: str, val_paths, max_tokens, seed):
-    """One candidate's per-document criterion: its brief run, then ``criterion`` on validation."""
-    model, vocab = trial(trial_cfg, docs, folder)
+def scored_trial(
+    trial: Trial, trial_cfg: TrainConfig, docs: int, folder: str, stop: int, val_paths, max_tokens, seed
+):
+    """One candidate's per-document criterion: its run up to epoch ``stop`` (continued from what
+    ``folder`` holds), then ``criterion`` on validation."""
+    model, vocab = trial(trial_cfg, docs, folder, stop)
     return criterion(model, vocab, val_paths, max_tokens, seed)
 
 
@@ -325,64 +345,82 @@ def choose(
     t0 = time.perf_counter()
     total = sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths)
     docs = min(TRIAL_DOCS, total)
-    # A first round of trial_epochs; the bag (the floor: another text encoder too, not another image
-    # side, and without the GRU's warm-up, so ahead in brief trials) is never taken on them: where the
-    # first round would take it, the candidates train again for the run's epochs, as too few steps are
-    # not evidence. By chance: no candidate beats it yet (400 documents of issue #33's looks linked
-    # nothing in 3 epochs); by a tie: on 400 documents of 2-3 images the bag tied balanced + dropout
-    # after 3 epochs, 77.6 AUC, where balanced + dropout in full reached 96.3 (the second round took
-    # balanced, 95.4); on top. A tie between GRU sides is decided by the first round: a second round
-    # there changed 0.0, +1.1, +1.5, 0.0 AUC at 2.1-3.2x the time (docs/benchmarks-linking-outside.md).
+    # Two rounds. The first trains every candidate for trial_epochs and keeps the FINALISTS best; they
+    # go on to the run's epochs (resumed: the first round's trials are the run's first epochs) and the
+    # pick is read there. Not the first round's pick: brief trials misrank sides that start slowly
+    # (unlinked images beside 40 topics: balanced + dropout read 77.0 by labels after 3 epochs, 89.0
+    # in full; the first round's pick lost 14.2 AUC to it). Where no candidate links after the first
+    # round, all go on; the bag is a finalist where it is among the best two, and goes on too where
+    # neither finalist links beyond chance: the floor (pick) holds. Across 23 structures x 2 seeds this
+    # lost 0.67 and 0.48 validation AUC on average to the best candidate in full, the first round's pick
+    # (with a second round of all where it took the bag) 1.38 and 0.60 (docs/benchmarks-linking-criteria.md).
     first = trial_epochs(cfg.epochs)
     # no validation document of 3 sentences and 3 images (all of 2): no trial could be scored, none is
     # trained; none is kept (pick)
-    rounds = dict.fromkeys([first, cfg.epochs] if structure_measurable(val_paths) else [])
-    per_doc, epochs = {k: [] for k in CANDIDATES}, 0
+    measurable = structure_measurable(val_paths)
     beside = Path(keep).parent if keep else None  # the trials beside the run's folder: the pick's moves
     if beside:  # there by a rename (atomic), not a copy across filesystems a kill could cut short
         beside.mkdir(parents=True, exist_ok=True)
         sweep_killed_trials(beside)
     with tempfile.TemporaryDirectory(prefix=trials_prefix(), dir=beside) as tmp:
-        more = " x"  # what the stage line says of a second round: why it runs
-        for epochs in rounds:
-            stage(f"choosing the image side: {len(CANDIDATES)} candidates{more} {epochs} epochs")
-            jobs_args = {
-                name: (
-                    trial,
-                    trial_config(cfg, name, epochs),
-                    docs,
-                    f"{tmp}/{name}-{epochs}",  # a second round anew
-                    val_paths,
-                    cfg.max_tokens,
-                    cfg.seed,
-                )
-                for name in CANDIDATES
-            }
-            per_doc = _run_trials(jobs_args, jobs, docs * epochs)
-            unmeasured = all(mean_score(v) is None for v in per_doc.values())  # longer trials cannot either
-            linking, decided = any(map(beats_chance, per_doc.values())), pick(per_doc)
-            if unmeasured or (linking and decided.name != "bag"):
-                break
-            why = "the bag tied with the top" if decided.reason == "tied" else "the bag on top"
-            more = f", {why if linking else 'no candidate linking'} after {first} epochs: on to"
-        name, reason = pick(per_doc)
+
+        def run_round(names, stop: int, done: int) -> dict[str, list[float | None]]:
+            args = {n: (trial, trial_config(cfg, n), docs, f"{tmp}/{n}", stop) for n in names}
+            args = {n: (*a, val_paths, cfg.max_tokens, cfg.seed) for n, a in args.items()}
+            return _run_trials(args, jobs, docs * (stop - done))
+
+        scores: dict[str, list[float | None]] = {k: [] for k in CANDIDATES}
+        finalists: dict[str, list[float | None]] = {}
+        if measurable:
+            stage(f"choosing the image side: {len(CANDIDATES)} candidates x {first} epochs")
+            scores = run_round(CANDIDATES, first, 0)
+            measured = any(mean_score(v) is not None for v in scores.values())  # longer trials could not
+            if measured and first < cfg.epochs:
+                # where no candidate links yet, the first round's order is noise: every one goes on (on
+                # 400 documents of issue #33's looks none linked in 3 epochs; in 10, balanced + dropout did)
+                linking = any(map(beats_chance, scores.values()))
+                best = finalists_of(scores) if linking else list(CANDIDATES)
+                what = " and ".join(best) if linking else f"no candidate linking after {first} epochs: all"
+                stage(f"choosing the image side: {what} on to {cfg.epochs} epochs")
+                finalists = run_round(best, cfg.epochs, first)
+                if "bag" not in finalists and not any(map(beats_chance, finalists.values())):
+                    # the floor (pick's chance rule) needs the bag read at the same length
+                    stage(
+                        f"choosing the image side: no finalist linking after {cfg.epochs} epochs: "
+                        f"bag on to {cfg.epochs} epochs"
+                    )
+                    finalists |= run_round(["bag"], cfg.epochs, first)
+        name, reason = pick(finalists or scores)
+        epochs = cfg.epochs if finalists else first if measurable else 0
         stage(f"image side chosen: {name}")
         overrides = dict(CANDIDATES[name])
         if cfg.select_by != AUTO_VALUES["select_by"]:  # a --select-by given by hand: the run keeps it
             overrides["select_by"] = cfg.select_by
-        # the trials ran the run's epochs: it keeps the last, the one scored (by val_within an
-        # 8-15-image run kept epoch 3 of 10: 51.1 AUC; its last 59.8)
-        elif epochs >= cfg.epochs:
+        # the pick was read after the run's epochs: the run keeps the last, the one read (by
+        # val_within an 8-15-image run kept epoch 3 of 10: 51.1 AUC; its last 59.8; unlinked images
+        # beside 40 topics, balanced + dropout: epoch 3, 82.6; its last 87.9)
+        elif measurable and epochs >= cfg.epochs:
             overrides["select_by"] = "last"
         # the pick's trial is the run itself where it trained the run's epochs on all its documents
-        # and kept the last: a second round trains anew (the first round's trials are the run's first
-        # epochs, so resuming them would save those; not done)
+        # and kept the last
         kept = ""
-        as_run = epochs >= cfg.epochs and docs == total and overrides["select_by"] == "last"
+        as_run = measurable and epochs >= cfg.epochs and docs == total and overrides["select_by"] == "last"
         if keep and as_run and not Path(keep).exists():
-            kept = str(Path(f"{tmp}/{name}-{epochs}").rename(keep))
-    scores = {k: mean_score(v) for k, v in per_doc.items()}
-    return Choice(name, overrides, scores, time.perf_counter() - t0, docs, epochs, kept, reason)
+            kept = str(Path(f"{tmp}/{name}").rename(keep))
+    means = {k: mean_score(v) for k, v in scores.items()}
+    ended = {k: mean_score(v) for k, v in finalists.items()}
+    seconds = time.perf_counter() - t0
+    return Choice(
+        name, overrides, means, seconds, docs, epochs, kept, reason, ended, first if measurable else 0
+    )
+
+
+def finalists_of(per_doc: dict[str, list[float | None]]) -> list[str]:
+    """The ``FINALISTS`` candidates of the highest mean criterion (none: last), in ``CANDIDATES``
+    order; a tie: the earlier."""
+    means = {k: mean_score(v) for k, v in per_doc.items()}
+    order = sorted(means, key=lambda k: math.inf if means[k] is None else -means[k])
+    return [k for k in per_doc if k in order[:FINALISTS]]
 
 
 TRIALS_PREFIX = "mmlinks-image-side-"
