@@ -49,9 +49,9 @@ def _add_listings(dsub) -> None:
         "--choose",
         action="store_true",
         help="also run the choice `mmlinks train` makes by default (--image-centring auto): train each "
-        "image-side candidate briefly at the demo's settings (d_multi 256, lr 1e-3, 10 epochs) and print "
-        "every candidate's within-document score and the pick (about a minute per 1,000 training "
-        "documents on 2 cores; docs/training.md, 'The image side')",
+        "image-side candidate briefly at the demo's settings (d_multi 256, lr 1e-3, 10 epochs), continue "
+        "the best two to the 10 epochs and print every candidate's within-document score and the pick "
+        "(about a minute per 1,000 training documents on 2 cores; docs/training.md, 'The image side')",
     )
     add_common(inspect)
     inspect.set_defaults(func=cmd_inspect, show=show_manifest)

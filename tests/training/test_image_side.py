@@ -635,6 +635,10 @@ def test_a_pick_whose_trial_trained_the_run_is_the_run_itself(dataset, tmp_path,
     for key in ("auc", "p_at_1", "p_at_5"):
         assert kept.test[key] == pytest.approx(anew.test[key], rel=1e-5), key
     client = MlflowClient(kept.tracking_uri)
+    metrics = client.get_run(kept.run_id).data.metrics  # both rounds' scores, as the record holds them
+    for prefix, scores in [("choice_score", choice["scores"]), ("choice_final_score", choice["finalists"])]:
+        for name, value in ((n, v) for n, v in scores.items() if v is not None):  # None: not logged
+            assert metrics[f"{prefix}.{name.replace('+', '_')}"] == pytest.approx(value), (prefix, name)
     logged = [m.value for m in client.get_metric_history(kept.run_id, "val_loss")]
     trained = [m.value for m in MlflowClient(anew.tracking_uri).get_metric_history(anew.run_id, "val_loss")]
     assert logged == pytest.approx(trained, rel=1e-5) and len(logged) == 4
