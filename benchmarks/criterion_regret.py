@@ -163,19 +163,18 @@ def designs(trials: dict[str, list], full: dict[str, list], seed: int) -> dict:
     full), continued to the run's length and read there by it; ``top2_consensus``
     and ``all_consensus``: those two, or every candidate, in full by ``consensus`` (the bag where no
     candidate's shipped value beats chance)."""
-    from training.link.image_side import beats_chance, finalists_of, pick
+    from training.link.image_side import beats_chance, finalists_of, needs_floor, pick
 
     auc = labelled_auc(full)
     brief, ended = criterion_values(trials, seed), criterion_values(full, seed)
     today = pick(brief).name
     if today == "bag":  # the choice never takes the bag on its first round: the candidates in full decide
         today = pick(ended).name
-    # the choice continues every candidate where none links on the trials (their order is noise there)
-    top2 = finalists_of(brief) if any(map(beats_chance, brief.values())) else list(brief)
+    top2 = finalists_of(brief)  # every candidate where none links on the trials
     # the chance test reads only the candidates a design trains in full
     top2_links, all_link = any(beats_chance(ended[k]) for k in top2), any(map(beats_chance, ended.values()))
     finals = {k: ended[k] for k in top2}
-    if "bag" not in finals and not any(map(beats_chance, finals.values())):  # the choice's floor: the bag too
+    if needs_floor(finals):  # the choice's floor: the bag too
         finals["bag"] = ended["bag"]
     picks = {
         "today": today,

@@ -378,12 +378,12 @@ def choose(
             if measured and first < cfg.epochs:
                 # where no candidate links yet, the first round's order is noise: every one goes on (on
                 # 400 documents of issue #33's looks none linked in 3 epochs; in 10, balanced + dropout did)
-                linking = any(map(beats_chance, scores.values()))
-                best = finalists_of(scores) if linking else list(CANDIDATES)
+                best = finalists_of(scores)
+                linking = len(best) < len(scores)
                 what = " and ".join(best) if linking else f"no candidate linking after {first} epochs: all"
                 stage(f"choosing the image side: {what} on to {cfg.epochs} epochs")
                 finalists = run_round(best, cfg.epochs, first)
-                if "bag" not in finalists and not any(map(beats_chance, finalists.values())):
+                if needs_floor(finalists):
                     # the floor (pick's chance rule) needs the bag read at the same length
                     stage(
                         f"choosing the image side: no finalist linking after {cfg.epochs} epochs: "
@@ -417,10 +417,18 @@ def choose(
 
 def finalists_of(per_doc: dict[str, list[float | None]]) -> list[str]:
     """The ``FINALISTS`` candidates of the highest mean criterion (none: last), in ``CANDIDATES``
-    order; a tie: the earlier."""
+    order, a tie the earlier; every candidate where none beats chance (the order is noise then)."""
+    if not any(map(beats_chance, per_doc.values())):
+        return list(per_doc)
     means = {k: mean_score(v) for k, v in per_doc.items()}
     order = sorted(means, key=lambda k: math.inf if means[k] is None else -means[k])
     return [k for k in per_doc if k in order[:FINALISTS]]
+
+
+def needs_floor(finalists: dict[str, list[float | None]]) -> bool:
+    """Whether the bag must go on too: no finalist beats chance and the bag is none of them, so
+    ``pick``'s floor could not hold."""
+    return "bag" not in finalists and not any(map(beats_chance, finalists.values()))
 
 
 TRIALS_PREFIX = "mmlinks-image-side-"
