@@ -691,3 +691,32 @@ def test_the_finalists_continue_their_own_trials_and_the_picks_is_the_run(
     assert choice.reason == "" == choice.to_dict()["reason"] and "standard errors" not in choice.summary()
     assert sorted(p.name for p in keep.iterdir()) == ["epochs-10", "epochs-3"]
     assert not list(keep.parent.glob(f"{side_mod.TRIALS_PREFIX}*"))  # the others went with the folder
+
+
+def test_a_run_that_can_be_its_trial_trains_the_trials_on_all_its_documents_up_to_a_limit(
+    dataset, tmp_path, monkeypatch
+):
+    """Above ``TRIAL_DOCS`` training documents the trials see the first ``TRIAL_DOCS`` and the run
+    trains again; a run that can take its pick's trial (``keep``) trains them on all its documents
+    up to ``KEPT_TRIAL_DOCS`` instead, and is its trial (on 3,000 documents that spared the run's
+    10 epochs: docs/training.md). A run that cannot (Ray workers: no ``keep``) keeps the subset."""
+    n_train = Manifest.read(dataset).counts["splits"]["train"]
+    monkeypatch.setattr(side_mod, "TRIAL_DOCS", n_train // 2)
+    monkeypatch.setattr(side_mod, "criterion", lambda *a: _docs(0.4))
+    limits = []
+
+    def trial(trial_cfg, docs_limit, folder, stop):
+        limits.append(docs_limit)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        return "model", "vocab"
+
+    cases = ((True, n_train, n_train), (True, n_train - 1, n_train // 2), (False, n_train, n_train // 2))
+    for i, (kept, limit, docs) in enumerate(cases):
+        monkeypatch.setattr(side_mod, "KEPT_TRIAL_DOCS", limit)
+        limits.clear()
+        keep = tmp_path / f"storage-{i}" / "run"
+        cfg = TrainConfig(data=str(dataset), epochs=10)
+        paths = (_train_paths(dataset), _val_paths(dataset))
+        choice = choose(cfg, *paths, trial, keep=str(keep) if kept else None)
+        assert set(limits) == {docs} and choice.trial_docs == docs, (kept, limit, limits)
+        assert bool(choice.trial_kept) == (docs == n_train) == keep.exists(), (kept, limit, choice)

@@ -52,6 +52,11 @@ CHOICE_FIELDS = tuple(dict.fromkeys(k for c in CANDIDATES.values() for k in c))
 # 1,500 documents of a topic-looks corpus at lr 1e-3 the none candidate's validation AUC was 59
 # after 2 epochs, 67 after 3, and no criterion can rank what has not started to link).
 TRIAL_DOCS = 2000
+# ... or on all of them, up to KEPT_TRIAL_DOCS, where the pick's trial can be the run (``choose``'s
+# keep: a --workers 0 run). The trials train 3 x 3 + 2 x 7 GRU epochs at ~1.4x the run's
+# documents/s (two one-thread processes against one two-thread loop): ~17 n document-epochs on all
+# n documents, against ~17 x 2,000 + 10 n on 2,000 and the run trained again; even at n ~ 4,900.
+KEPT_TRIAL_DOCS = 4800
 TRIAL_SHARE = 0.3
 TRIAL_MIN_EPOCHS = 3
 VAL_DOCS = 1000  # validation documents the criterion reads
@@ -344,7 +349,7 @@ def choose(
 
     t0 = time.perf_counter()
     total = sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths)
-    docs = min(TRIAL_DOCS, total)
+    docs = total if keep and total <= KEPT_TRIAL_DOCS else min(TRIAL_DOCS, total)
     # Two rounds. The first trains every candidate for trial_epochs and keeps the FINALISTS best; they
     # go on to the run's epochs (resumed: the first round's trials are the run's first epochs) and the
     # pick is read there. Not the first round's pick: brief trials misrank sides that start slowly
