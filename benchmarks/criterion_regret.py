@@ -59,18 +59,44 @@ def trial_scores(data: str, seed: int, share: float | None = None) -> dict[str, 
     return {n: image_side.validation_scores(m, v, inp.val_paths, max_tokens) for n, (m, v) in models.items()}
 
 
+# What the cached trials were trained with: the choice's settings and what its first round is. A
+# pickle written under other ones (before 4cfa465 the cache held the choice's last round) is stale.
+TRIALS_FORMAT = "first-round-1"
+
+
+def trials_fingerprint() -> dict:
+    from training.link import image_side
+
+    names = ("TRIAL_DOCS", "KEPT_TRIAL_DOCS", "TRIAL_SHARE", "TRIAL_MIN_EPOCHS", "VAL_DOCS")
+    return {
+        "format": TRIALS_FORMAT,
+        "base": link_family.BASE,
+        "candidates": image_side.CANDIDATES,
+        **{n.lower(): getattr(image_side, n) for n in names},
+    }
+
+
 def cached_trials(folder: str | None, key: str, train) -> dict[str, list]:
     """``train()``'s trial scores, read from ``folder``/``key``.pkl where an earlier run left them
-    (then written there); no folder: trained every time."""
+    under the same settings (``trials_fingerprint``; then written there); a stale or unreadable
+    pickle is trained again, said on stderr; no folder: trained every time."""
     if folder is None:
         return train()
     path = Path(folder) / f"{key}.pkl"
     if path.exists():
-        return pickle.loads(path.read_bytes())
+        try:
+            cached = pickle.loads(path.read_bytes())
+        except Exception as exc:  # a pickle of other code, or cut short: trained again
+            cached, why = None, f"unreadable ({type(exc).__name__})"
+        else:
+            why = "written under other settings"
+        if isinstance(cached, dict) and cached.get("fingerprint") == trials_fingerprint():
+            return cached["trials"]
+        print(f"criterion_regret: {path} {why}: training its trials again", file=sys.stderr, flush=True)
     kept = train()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(pickle.dumps(kept))
+    tmp.write_bytes(pickle.dumps({"fingerprint": trials_fingerprint(), "trials": kept}))
     tmp.replace(path)  # whole or absent: a killed run leaves no half pickle to read
     return kept
 

@@ -224,3 +224,29 @@ def test_a_top_two_design_reads_chance_only_from_the_two_it_trains_in_full():
     out = criterion_regret.designs(trials, full, seed=0)
     assert out["top2"] == ["none", "balanced"]
     assert out["top2_consensus"]["pick"] == "bag"
+
+
+def test_the_trials_cache_is_read_only_under_the_settings_it_was_written_with(tmp_path, monkeypatch, capsys):
+    """A cached pickle is the trials only where the choice's settings match its fingerprint: the
+    cache written before 4cfa465 held the choice's last round (10-epoch models where it ran a
+    second) and was re-scored as if it were the first; an unreadable pickle ended in a traceback."""
+    trained = []
+
+    def train():
+        trained.append(1)
+        return {"none": [([[1.0, 0.0], [0.0, 1.0]], [(0, 0)])]}  # lists: compared with ==
+
+    first = criterion_regret.cached_trials(str(tmp_path), "cell", train)
+    assert criterion_regret.cached_trials(str(tmp_path), "cell", train) == first and len(trained) == 1
+    monkeypatch.setattr(
+        criterion_regret.link_family, "BASE", {**criterion_regret.link_family.BASE, "epochs": 3}
+    )
+    assert criterion_regret.cached_trials(str(tmp_path), "cell", train) == first and len(trained) == 2
+    assert "written under other settings: training its trials again" in capsys.readouterr().err
+    (tmp_path / "cell.pkl").write_bytes(b"not a pickle")
+    assert criterion_regret.cached_trials(str(tmp_path), "cell", train) == first and len(trained) == 3
+    assert "unreadable (UnpicklingError): training its trials again" in capsys.readouterr().err
+    import pickle  # a pickle of the old format: the scores alone, no fingerprint
+
+    (tmp_path / "cell.pkl").write_bytes(pickle.dumps(first))
+    assert criterion_regret.cached_trials(str(tmp_path), "cell", train) == first and len(trained) == 4
