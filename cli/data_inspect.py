@@ -4,6 +4,7 @@ its changes in place."""
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 from cli.common import EPILOG, add_common, existing_dir
@@ -156,11 +157,15 @@ def preview_choice(data: str) -> dict:
     inp = check_inputs(
         TrainConfig(data=str(Path(data).resolve()), epochs=10, d_multi=256, lr=1e-3, num_workers=0)
     )
-    choice = choose_settings(inp)
+    # as such a run chooses (its trials on all its documents up to KEPT_TRIAL_DOCS, the pick's then
+    # its run: image_side.choose's keep), the pick's trial left in a folder thrown away
+    with tempfile.TemporaryDirectory(prefix="mmlinks-choose-") as tmp:
+        choice = choose_settings(inp, keep=str(Path(tmp) / "run"))
     if choice is None:
         raise MmlinksError(
             f"{data}: nothing to choose (the default backbone's image side is measured only for linking)"
         )
+    choice.trial_kept = ""  # thrown away with its folder: the run would keep it
     return {**choice.to_dict(), "summary": choice.summary()}
 
 

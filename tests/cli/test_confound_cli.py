@@ -29,17 +29,21 @@ def test_inspect_measures_the_confounds_of_every_split(capfd, dataset):
 
 
 @pytest.mark.slow
-def test_inspect_choose_runs_the_image_side_choice_train_makes(capfd, tmp_path):
-    """``--choose`` trains the default's candidates briefly and names the pick with every score."""
+def test_inspect_choose_runs_the_image_side_choice_train_makes(capfd, tmp_path, monkeypatch):
+    """``--choose`` trains the default's candidates briefly and names the pick with every score,
+    as a ``--workers 0`` run chooses: its trials on all its documents up to ``KEPT_TRIAL_DOCS``,
+    not the first ``TRIAL_DOCS`` (made smaller than the corpus here)."""
     from pipelines.feature_corpus import FeatureCorpusConfig, write_feature_corpus
+    from training.link import image_side
 
+    monkeypatch.setattr(image_side, "TRIAL_DOCS", 30)
     data = tmp_path / "ds"
     write_feature_corpus(data, FeatureCorpusConfig(docs=60, val_docs=12, test_docs=12, topics=4, dim=16))
     proc = run_here(capfd, "data", "inspect", str(data), "--confounds", "--choose", "--json")
     assert proc.returncode == 0, proc.stderr
     choice = json.loads(proc.stdout)["image_side_choice"]
     assert set(choice["scores"]) == {"none", "balanced", "balanced+dropout", "bag"}
-    assert choice["name"] in choice["scores"] and choice["trial_docs"] == 60
+    assert choice["name"] in choice["scores"] and choice["trial_docs"] == 60 and not choice["trial_kept"]
     human = run_here(capfd, "data", "inspect", str(data), "--choose").stdout
     assert "image side train's default picks: " in human
 
