@@ -67,7 +67,7 @@ TRIALS_FORMAT = "first-round-1"
 def trials_fingerprint() -> dict:
     from training.link import image_side
 
-    names = ("TRIAL_DOCS", "KEPT_TRIAL_DOCS", "TRIAL_SHARE", "TRIAL_MIN_EPOCHS", "VAL_DOCS")
+    names = ("TRIAL_DOCS", "TRIAL_SHARE", "TRIAL_MIN_EPOCHS", "VAL_DOCS")  # its choice has no keep
     return {
         "format": TRIALS_FORMAT,
         "base": link_family.BASE,

@@ -720,3 +720,10 @@ def test_a_run_that_can_be_its_trial_trains_the_trials_on_all_its_documents_up_t
         choice = choose(cfg, *paths, trial, keep=str(keep) if kept else None)
         assert set(limits) == {docs} and choice.trial_docs == docs, (kept, limit, limits)
         assert bool(choice.trial_kept) == (docs == n_train) == keep.exists(), (kept, limit, choice)
+    # a --select-by by hand other than last: the run is trained anew whatever the trials saw, so the subset
+    monkeypatch.setattr(side_mod, "KEPT_TRIAL_DOCS", n_train)
+    limits.clear()
+    keep = tmp_path / "storage-by-hand" / "run"
+    cfg = TrainConfig(data=str(dataset), epochs=10, select_by="val_loss")
+    choice = choose(cfg, _train_paths(dataset), _val_paths(dataset), trial, keep=str(keep))
+    assert set(limits) == {n_train // 2} and not choice.trial_kept and not keep.exists(), (limits, choice)

@@ -349,7 +349,10 @@ def choose(
 
     t0 = time.perf_counter()
     total = sum(pq.ParquetFile(p).metadata.num_rows for p in train_paths)
-    docs = total if keep and total <= KEPT_TRIAL_DOCS else min(TRIAL_DOCS, total)
+    # all documents only where the pick's trial can become the run: one kept by its last epoch (a
+    # --select-by given by hand other than last trains the run anew, which the subset serves as well)
+    can_keep = keep and cfg.select_by in (AUTO_VALUES["select_by"], "last")
+    docs = total if can_keep and total <= KEPT_TRIAL_DOCS else min(TRIAL_DOCS, total)
     # Two rounds. The first trains every candidate for trial_epochs and keeps the FINALISTS best; they
     # go on to the run's epochs (resumed: the first round's trials are the run's first epochs) and the
     # pick is read there. Not the first round's pick: brief trials misrank sides that start slowly
