@@ -370,12 +370,15 @@ def choose(
     if beside:  # there by a rename (atomic), not a copy across filesystems a kill could cut short
         beside.mkdir(parents=True, exist_ok=True)
         sweep_killed_trials(beside)
-    with tempfile.TemporaryDirectory(prefix=trials_prefix(), dir=beside) as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix=trials_prefix(), dir=beside) as tmp,
+        contextlib.closing(TrialPool(jobs)) as pool,
+    ):
 
         def run_round(names, stop: int, done: int) -> dict[str, list[float | None]]:
             args = {n: (trial, trial_config(cfg, n), docs, f"{tmp}/{n}", stop) for n in names}
             args = {n: (*a, val_paths, cfg.max_tokens, cfg.seed) for n, a in args.items()}
-            return _run_trials(args, jobs, docs * (stop - done))
+            return pool.run(args, docs * (stop - done))
 
         scores: dict[str, list[float | None]] = {k: [] for k in CANDIDATES}
         finalists: dict[str, list[float | None]] = {}
@@ -467,27 +470,39 @@ def sweep_killed_trials(folder: Path) -> list[str]:
     return removed
 
 
-def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[float | None]]:
-    """Every candidate's per-document criterion: here in turn, or ``jobs`` at a time in
-    ``jobs`` processes of their own (``TrialProcess``) when the trials are long enough to pay for
-    one; each takes the next candidate not yet taken, so a quick one (the bag) frees its process."""
-    jobs = max(1, min(jobs, len(jobs_args)))
-    if jobs == 1 or doc_epochs < PARALLEL_MIN_DOC_EPOCHS:
-        return {name: scored_trial(*a) for name, a in jobs_args.items()}
-    # the cores shared between the processes (each would otherwise take them all: torch_threads)
-    from training.cores import usable_cores
+class TrialPool:
+    """Where a choice's trials train: here in turn, or ``jobs`` at a time in ``jobs`` processes of
+    their own (``TrialProcess``) when a round's trials are long enough to pay for one. The processes
+    start with the first round that needs them and serve every later round (the finalists, the
+    bag's floor): a process per round paid its torch import and first optimizer again (~3.5 CPU-s
+    each on 2 cores), twice or three times a choice. Each process takes the next candidate not yet
+    taken, so a quick one (the bag) frees its process."""
 
-    threads = max(1, usable_cores() // jobs)
-    one = {
-        k: (a[0], dataclasses.replace(a[1], threads_per_worker=threads), *a[2:]) for k, a in jobs_args.items()
-    }
-    names = queue.SimpleQueue()
-    for name in one:
-        names.put(name)
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.procs: list[TrialProcess] = []
 
-    def serve() -> dict[str, list[float | None]]:  # one process: candidates until none is left
-        proc, out = TrialProcess(), {}
-        try:
+    def run(self, jobs_args: dict, doc_epochs: int) -> dict[str, list[float | None]]:
+        """Every candidate's per-document criterion, in ``jobs_args``' order."""
+        jobs = max(1, min(self.jobs, len(jobs_args)))
+        if jobs == 1 or doc_epochs < PARALLEL_MIN_DOC_EPOCHS:
+            return {name: scored_trial(*a) for name, a in jobs_args.items()}
+        # the cores shared between the processes (each would otherwise take them all: torch_threads)
+        from training.cores import usable_cores
+
+        threads = max(1, usable_cores() // jobs)
+        one = {
+            k: (a[0], dataclasses.replace(a[1], threads_per_worker=threads), *a[2:])
+            for k, a in jobs_args.items()
+        }
+        while len(self.procs) < jobs:
+            self.procs.append(TrialProcess())
+        names = queue.SimpleQueue()
+        for name in one:
+            names.put(name)
+
+        def serve(proc: TrialProcess) -> dict[str, list[float | None]]:  # candidates until none is left
+            out = {}
             while True:
                 try:
                     name = names.get_nowait()
@@ -499,12 +514,17 @@ def _run_trials(jobs_args: dict, jobs: int, doc_epochs: int) -> dict[str, list[f
                     while not names.empty():
                         names.get_nowait()
                     raise
-        finally:
-            proc.close()
 
-    with ThreadPoolExecutor(jobs) as pool:  # threads that only wait on their processes
-        done = {k: v for f in [pool.submit(serve) for _ in range(jobs)] for k, v in f.result().items()}
-    return {name: done[name] for name in one}  # the candidates' order, whichever process took them
+        with ThreadPoolExecutor(jobs) as pool:  # threads that only wait on their processes
+            futures = [pool.submit(serve, proc) for proc in self.procs[:jobs]]
+            done = {k: v for f in futures for k, v in f.result().items()}
+        return {name: done[name] for name in one}  # the candidates' order, whichever process took them
+
+    def close(self) -> None:
+        """End every process once its current candidate is done."""
+        for proc in self.procs:
+            proc.close()
+        self.procs = []
 
 
 @dataclass(frozen=True)
