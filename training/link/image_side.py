@@ -473,10 +473,10 @@ def sweep_killed_trials(folder: Path) -> list[str]:
 class TrialPool:
     """Where a choice's trials train: here in turn, or ``jobs`` at a time in ``jobs`` processes of
     their own (``TrialProcess``) when a round's trials are long enough to pay for one. The processes
-    start with the first round that needs them and serve every later round (the finalists, the
-    bag's floor): a process per round paid its torch import and first optimizer again (~3.5 CPU-s
-    each on 2 cores), twice or three times a choice. Each process takes the next candidate not yet
-    taken, so a quick one (the bag) frees its process."""
+    start with the first round that needs them and serve the later one (the finalists; the bag's
+    floor, one candidate, trains here): a pair per round paid its torch imports and first optimizer
+    again (~3.5 CPU-s a process on 2 cores), four processes a choice, now two. Each process takes the
+    next candidate not yet taken, so a quick one (the bag) frees its process."""
 
     def __init__(self, jobs: int):
         self.jobs = jobs
@@ -521,10 +521,12 @@ class TrialPool:
         return {name: done[name] for name in one}  # the candidates' order, whichever process took them
 
     def close(self) -> None:
-        """End every process once its current candidate is done."""
-        for proc in self.procs:
-            proc.close()
-        self.procs = []
+        """End every process once its current candidate is done (each waited for, whatever the
+        others' close raised: a second Ctrl-C)."""
+        procs, self.procs = self.procs, []
+        with contextlib.ExitStack() as stack:
+            for proc in procs:
+                stack.callback(proc.close)
 
 
 @dataclass(frozen=True)
