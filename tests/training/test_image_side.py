@@ -560,6 +560,51 @@ def test_a_candidate_failing_in_its_process_fails_the_choice_in_one_line_and_lea
     assert not [t for t in started_log.read_text().split() if t.startswith("bag:")], started_log.read_text()
 
 
+def test_a_trial_process_ended_between_rounds_is_replaced_and_the_choice_goes_on(
+    dataset, monkeypatch, tmp_path, caplog
+):
+    """The processes serve every round (``TrialPool``): one that ended while idle between rounds (the
+    OOM killer) held no candidate, so a new one takes its place and every candidate of the next
+    round trains; before, the next candidate sent to it failed the choice under its own name."""
+    import os
+    import signal
+
+    started = []
+    real_start, real_run = side_mod.TrialProcess.__init__, side_mod.TrialPool.run
+
+    def counted(self):
+        real_start(self)
+        started.append(self.proc)
+
+    def run_after_a_kill(self, jobs_args, doc_epochs):
+        if self.procs:  # the second round: the first round's processes are idle
+            os.kill(self.procs[0].proc.pid, signal.SIGKILL)
+            self.procs[0].proc.wait()
+        return real_run(self, jobs_args, doc_epochs)
+
+    monkeypatch.setattr(side_mod.TrialProcess, "__init__", counted)
+    monkeypatch.setattr(side_mod.TrialPool, "run", run_after_a_kill)
+    monkeypatch.setattr(side_mod, "PARALLEL_MIN_DOC_EPOCHS", 0)
+    monkeypatch.setattr("training.data.structure_measurable", lambda paths: True)  # no paths: none read
+    # a score for every trial (no validation paths: none reads any), none beyond chance: all go on
+    monkeypatch.setattr(side_mod, "mean_score", lambda values: 0.0)
+    trained = tmp_path / "trained"
+
+    def trial(trial_cfg, limit, folder, stop):  # pickled by value into the trial processes
+        import types
+
+        with open(trained, "a") as log:
+            log.write(f"{trial_cfg.backbone}:{trial_cfg.image_centring}:{trial_cfg.image_dropout}:{stop}\n")
+        return types.SimpleNamespace(eval=lambda: None), None
+
+    with caplog.at_level("WARNING", logger=side_mod.__name__):
+        choice = choose(TrainConfig(data=str(dataset), epochs=4), _train_paths(dataset), [], trial, jobs=2)
+    assert choice.trial_epochs == 4 and set(choice.finalists) == set(CANDIDATES), choice
+    assert sorted(line.rsplit(":", 1)[1] for line in trained.read_text().split()) == ["3"] * 4 + ["4"] * 4
+    assert len(started) == 3 and all(p.poll() is not None for p in started)
+    assert "a trial process ended between rounds (exit -9)" in caplog.text
+
+
 @pytest.mark.slow
 def test_the_choice_sees_an_offset_that_two_looks_on_half_the_images_give_the_bag(tmp_path):
     """Issue #60: a topic's two looks and a document's own, each on half the images, lift every

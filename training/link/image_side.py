@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import pickle
@@ -32,6 +33,8 @@ import numpy as np
 
 from training.config import AUTO_VALUES, TrainConfig
 from training.metrics import STRUCTURE_MIN_SIDE
+
+log = logging.getLogger(__name__)
 
 # name -> the TrainConfig fields it sets. none: each image's feature as it is (the bag's image side);
 # balanced: the image minus its document's mean plus the mean at weight 1 (issue #44's looks of
@@ -495,6 +498,15 @@ class TrialPool:
             k: (a[0], dataclasses.replace(a[1], threads_per_worker=threads), *a[2:])
             for k, a in jobs_args.items()
         }
+        for i, proc in enumerate(self.procs):
+            # ended while idle between rounds (the OOM killer): it held no candidate, so another takes
+            # its place (not the next candidate's failure under that candidate's name)
+            if proc.proc.poll() is not None:
+                log.warning(
+                    "image side: a trial process ended between rounds (exit %s)", proc.proc.returncode
+                )
+                proc.close()
+                self.procs[i] = TrialProcess()
         while len(self.procs) < jobs:
             self.procs.append(TrialProcess())
         names = queue.SimpleQueue()
